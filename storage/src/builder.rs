@@ -1,0 +1,147 @@
+use std::{path::PathBuf, time::Duration};
+
+use crate::{error::StoreError, store::Store};
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+/// foyer aligns entries to 4 KiB pages; blocks must hold a full chunk plus its entry header.
+const PAGE: usize = 4 * KIB;
+
+/// Settings of a [`Store`]. Every setting has a default chosen for a small appliance; see each method.
+#[derive(Debug, Clone)]
+pub struct StoreBuilder {
+    pub(crate) dir: PathBuf,
+    pub(crate) memory_bytes: usize,
+    pub(crate) disk_bytes: usize,
+    pub(crate) chunk_size: usize,
+    pub(crate) flushers: usize,
+    pub(crate) metadata_cache_bytes: usize,
+    pub(crate) max_variants: usize,
+    pub(crate) sweep_interval: Duration,
+}
+
+impl StoreBuilder {
+    /// A store in `dir`: sled metadata in `dir/meta`, foyer bodies in `dir/bodies`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            memory_bytes: 256 * MIB,
+            disk_bytes: 1024 * MIB,
+            chunk_size: 256 * KIB,
+            flushers: 2,
+            metadata_cache_bytes: 64 * MIB,
+            max_variants: 16,
+            sweep_interval: Duration::from_secs(60),
+        }
+    }
+
+    /// Bytes of body chunks held in the memory tier. Default: 256 MiB.
+    pub fn with_memory_bytes(mut self, bytes: usize) -> Self {
+        self.memory_bytes = bytes;
+        self
+    }
+
+    /// Bytes of disk the body tier may use; never derived from free space. Default: 1 GiB.
+    pub fn with_disk_bytes(mut self, bytes: usize) -> Self {
+        self.disk_bytes = bytes;
+        self
+    }
+
+    /// Size of the pieces bodies are split into: a range or a first byte reads one chunk. Default: 256 KiB
+    /// (see `docs/architecture.md` for the measurement behind it).
+    pub fn with_chunk_size(mut self, bytes: usize) -> Self {
+        self.chunk_size = bytes;
+        self
+    }
+
+    /// foyer flusher tasks writing blocks to disk concurrently. Default: 2.
+    pub fn with_flushers(mut self, flushers: usize) -> Self {
+        self.flushers = flushers;
+        self
+    }
+
+    /// Bytes of object metadata kept in memory so that hits never touch sled. Default: 64 MiB.
+    pub fn with_metadata_cache_bytes(mut self, bytes: usize) -> Self {
+        self.metadata_cache_bytes = bytes;
+        self
+    }
+
+    /// Most `Vary` variants kept per cache key; the oldest is dropped past it. Default: 16.
+    pub fn with_max_variants(mut self, max: usize) -> Self {
+        self.max_variants = max;
+        self
+    }
+
+    /// How often expired metadata and metadata of evicted bodies is swept from sled. Default: 60 s.
+    pub fn with_sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// Size of a foyer disk block: the unit of disk eviction. Sized so the disk holds at least 64 blocks (so
+    /// eviction frees a small share at a time) and at most 16 MiB, foyer's default.
+    pub(crate) fn block_size(&self) -> usize {
+        let floor = align_up(4 * (self.chunk_size + PAGE));
+        align_up(self.disk_bytes / 64).clamp(floor, (16 * MIB).max(floor))
+    }
+
+    /// Flush buffers: room for two blocks per flusher, so one fills while the other is written.
+    pub(crate) fn buffer_pool_bytes(&self) -> usize {
+        2 * self.flushers * self.block_size()
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), StoreError> {
+        let bad = |what: String| Err(StoreError::Config(what));
+        if self.chunk_size < 4 * KIB || self.chunk_size > 4 * MIB {
+            return bad(format!("chunk size {} must be between 4 KiB and 4 MiB", self.chunk_size));
+        }
+        if self.memory_bytes < 4 * self.chunk_size {
+            return bad(format!("memory {} must hold at least four chunks of {}", self.memory_bytes, self.chunk_size));
+        }
+        if self.disk_bytes < 8 * self.block_size() {
+            return bad(format!(
+                "disk size {} is too small: it must hold at least 8 blocks of {} bytes",
+                self.disk_bytes,
+                self.block_size()
+            ));
+        }
+        if self.flushers == 0 || self.max_variants == 0 {
+            return bad("flushers and max variants must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Opens (or creates) the store. Disk tasks, the write pipeline and the sweeper run on `runtime`, which
+    /// should not be a runtime that serves clients.
+    pub async fn open(self, runtime: tokio::runtime::Handle) -> Result<Store, StoreError> {
+        self.validate()?;
+        Store::open(self, runtime).await
+    }
+}
+
+fn align_up(n: usize) -> usize {
+    n.div_ceil(PAGE) * PAGE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_size_follows_disk_and_chunk() {
+        let b = StoreBuilder::new("/x");
+        assert_eq!(b.block_size(), 16 * MIB);
+        let small = StoreBuilder::new("/x").with_disk_bytes(64 * MIB);
+        assert_eq!(small.block_size(), 4 * (256 * KIB + PAGE));
+        let big_chunks = StoreBuilder::new("/x").with_chunk_size(4 * MIB);
+        assert!(big_chunks.block_size() >= 4 * 4 * MIB);
+        assert!(small.validate().is_ok());
+    }
+
+    #[test]
+    fn rejects_settings_that_cannot_work() {
+        assert!(StoreBuilder::new("/x").with_disk_bytes(MIB).validate().is_err());
+        assert!(StoreBuilder::new("/x").with_chunk_size(100).validate().is_err());
+        assert!(StoreBuilder::new("/x").with_memory_bytes(10 * KIB).validate().is_err());
+    }
+}

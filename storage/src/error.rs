@@ -1,0 +1,22 @@
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the store, with the context an operator needs to act on it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create store directory {path}: {source}")]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot open metadata database in {path}: {source}")]
+    OpenMetadata { path: PathBuf, source: sled::Error },
+    #[error("cannot open body cache in {path}: {source}")]
+    OpenBodies { path: PathBuf, source: foyer::Error },
+    #[error("metadata database: {0}")]
+    Metadata(#[from] sled::Error),
+    #[error("metadata record for {key:?} is unreadable: {reason}")]
+    CorruptMetadata { key: String, reason: String },
+    #[error("body cache: {0}")]
+    Bodies(#[from] foyer::Error),
+    #[error("store is shutting down")]
+    Closed,
+    #[error("invalid store setting: {0}")]
+    Config(String),
+}

@@ -1,0 +1,24 @@
+//! Lacquer's object store.
+//!
+//! Bodies are split into fixed-size chunks and kept in a foyer hybrid cache (memory tier in front of a disk
+//! tier). Chunk keys carry the object's generation, which is never reused, so a replaced or removed object can
+//! never lend a stale chunk to its successor, even if foyer resurrects a removed entry after a restart.
+//! Object metadata lives in sled, which is the authority on what exists; a bounded in-memory copy of hot
+//! metadata keeps memory hits away from sled and the disk.
+
+mod builder;
+mod chunk;
+mod error;
+mod meta;
+mod stats;
+mod store;
+mod sweep;
+mod writer;
+
+pub use builder::StoreBuilder;
+pub use chunk::ChunkKey;
+pub use error::StoreError;
+pub use meta::{ObjectMeta, ObjectSet};
+pub use stats::{StoreStats, StoreStatsSnapshot};
+pub use store::{ChunkRead, Store, Tier};
+pub use writer::ObjectWriter;

@@ -1,0 +1,82 @@
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+/// Counters the store keeps; read with [`StoreStats::snapshot`].
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    pub(crate) objects: AtomicU64,
+    pub(crate) stored_bytes: AtomicU64,
+    pub(crate) objects_published: AtomicU64,
+    pub(crate) objects_durable: AtomicU64,
+    pub(crate) objects_removed: AtomicU64,
+    pub(crate) objects_swept: AtomicU64,
+    pub(crate) chunks_written: AtomicU64,
+    pub(crate) chunk_bytes_written: AtomicU64,
+    pub(crate) chunk_reads_memory: AtomicU64,
+    pub(crate) chunk_reads_disk: AtomicU64,
+    pub(crate) chunks_missing: AtomicU64,
+    pub(crate) variants_overflowed: AtomicU64,
+    pub(crate) write_waits: AtomicU64,
+    pub(crate) corrupt_records: AtomicU64,
+}
+
+/// A consistent-enough copy of the store's counters and gauges.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StoreStatsSnapshot {
+    /// Stored variants (gauge).
+    pub objects: u64,
+    /// Body bytes of stored variants (gauge).
+    pub stored_bytes: u64,
+    /// Bytes of chunks in the memory tier (gauge).
+    pub memory_bytes_used: u64,
+    pub memory_bytes_capacity: u64,
+    pub disk_bytes_capacity: u64,
+    /// Bytes written to the disk device since start.
+    pub disk_bytes_written: u64,
+    pub objects_published: u64,
+    /// Published objects whose chunks foyer has finished writing to disk.
+    pub objects_durable: u64,
+    pub objects_removed: u64,
+    pub objects_swept: u64,
+    pub chunks_written: u64,
+    pub chunk_bytes_written: u64,
+    pub chunk_reads_memory: u64,
+    pub chunk_reads_disk: u64,
+    /// Chunks that metadata promised but the body cache no longer had (evicted or lost in a crash).
+    pub chunks_missing: u64,
+    pub variants_overflowed: u64,
+    /// Entries foyer refused to write because its queues were full (should stay 0: the writer applies
+    /// backpressure).
+    pub foyer_drops: u64,
+    pub write_waits: u64,
+    pub corrupt_records: u64,
+}
+
+impl StoreStats {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn sub(counter: &AtomicU64, n: u64) {
+        let _ = counter.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
+    }
+
+    pub(crate) fn fill(&self, s: &mut StoreStatsSnapshot) {
+        let get = |c: &AtomicU64| c.load(Relaxed);
+        s.objects = get(&self.objects);
+        s.stored_bytes = get(&self.stored_bytes);
+        s.objects_published = get(&self.objects_published);
+        s.objects_durable = get(&self.objects_durable);
+        s.objects_removed = get(&self.objects_removed);
+        s.objects_swept = get(&self.objects_swept);
+        s.chunks_written = get(&self.chunks_written);
+        s.chunk_bytes_written = get(&self.chunk_bytes_written);
+        s.chunk_reads_memory = get(&self.chunk_reads_memory);
+        s.chunk_reads_disk = get(&self.chunk_reads_disk);
+        s.chunks_missing = get(&self.chunks_missing);
+        s.variants_overflowed = get(&self.variants_overflowed);
+        s.write_waits = get(&self.write_waits);
+        s.corrupt_records = get(&self.corrupt_records);
+    }
+}

@@ -1,0 +1,361 @@
+use std::{
+    hash::{Hash, Hasher},
+    sync::{
+        atomic::{AtomicBool, Ordering::Relaxed},
+        Arc, Mutex,
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use bytes::Bytes;
+use foyer::{
+    BlockEngineConfig, Cache, CacheBuilder, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder,
+    HybridCachePolicy, PsyncIoEngineConfig, RecoverMode, Source, Spawner,
+};
+use mixtrics::registry::prometheus_0_14::PrometheusMetricsRegistry;
+use tokio::sync::mpsc;
+
+use crate::{
+    builder::StoreBuilder,
+    chunk::ChunkKey,
+    error::StoreError,
+    meta::{ObjectMeta, ObjectSet},
+    stats::{StoreStats, StoreStatsSnapshot},
+    writer::{self, Job, ObjectWriter},
+};
+
+/// Which tier served a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Memory,
+    Disk,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChunkRead {
+    pub data: Bytes,
+    pub tier: Tier,
+}
+
+/// Handle on the store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) chunks: HybridCache<ChunkKey, Bytes>,
+    db: sled::Db,
+    objects: sled::Tree,
+    hot: Cache<String, Arc<ObjectSet>>,
+    /// Serialises every change to an object set, so the hot copy and sled never disagree.
+    mutate: Mutex<()>,
+    pub(crate) jobs: mpsc::Sender<Job>,
+    pub(crate) stats: StoreStats,
+    pub(crate) config: StoreBuilder,
+    registry: prometheus::Registry,
+    pub(crate) closed: AtomicBool,
+    runtime: tokio::runtime::Handle,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Store {
+    pub(crate) async fn open(config: StoreBuilder, runtime: tokio::runtime::Handle) -> Result<Self, StoreError> {
+        let meta_dir = config.dir.join("meta");
+        let body_dir = config.dir.join("bodies");
+        for dir in [&config.dir, &meta_dir, &body_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir { path: dir.clone(), source })?;
+        }
+        let db = sled::Config::new()
+            .path(&meta_dir)
+            .flush_every_ms(Some(200))
+            .open()
+            .map_err(|source| StoreError::OpenMetadata { path: meta_dir.clone(), source })?;
+        let objects = db.open_tree("objects")?;
+
+        let registry = prometheus::Registry::new();
+        let device = FsDeviceBuilder::new(&body_dir)
+            .with_capacity(config.disk_bytes)
+            .build()
+            .map_err(|source| StoreError::OpenBodies { path: body_dir.clone(), source })?;
+        let buffer_pool = config.buffer_pool_bytes();
+        let chunks = HybridCacheBuilder::new()
+            .with_name("bodies")
+            .with_policy(HybridCachePolicy::WriteOnInsertion)
+            .with_metrics_registry(Box::new(PrometheusMetricsRegistry::new(registry.clone())))
+            .memory(config.memory_bytes)
+            .with_weighter(|_: &ChunkKey, v: &Bytes| v.len() + 64)
+            .storage()
+            .with_io_engine_config(PsyncIoEngineConfig::new())
+            .with_engine_config(
+                BlockEngineConfig::new(device)
+                    .with_block_size(config.block_size())
+                    .with_flushers(config.flushers)
+                    .with_buffer_pool_size(buffer_pool)
+                    .with_submit_queue_size_threshold(2 * buffer_pool),
+            )
+            .with_recover_mode(RecoverMode::Quiet)
+            .with_spawner(Spawner::from(runtime.clone()))
+            .build()
+            .await
+            .map_err(|source| StoreError::OpenBodies { path: body_dir.clone(), source })?;
+
+        let hot = CacheBuilder::new(config.metadata_cache_bytes)
+            .with_weighter(|k: &String, v: &Arc<ObjectSet>| k.len() + v.approx_size())
+            .build();
+        let (jobs, rx) = mpsc::channel(64);
+        let store = Store {
+            inner: Arc::new(Inner {
+                chunks,
+                db,
+                objects,
+                hot,
+                mutate: Mutex::new(()),
+                jobs,
+                stats: StoreStats::default(),
+                config,
+                registry,
+                closed: AtomicBool::new(false),
+                runtime: runtime.clone(),
+            }),
+        };
+        store.count_objects()?;
+        runtime.spawn(writer::run(store.clone(), rx, buffer_pool / 2));
+        runtime.spawn(crate::sweep::run(Arc::downgrade(&store.inner), store.inner.config.sweep_interval));
+        Ok(store)
+    }
+
+    fn count_objects(&self) -> Result<(), StoreError> {
+        let (mut objects, mut bytes) = (0, 0);
+        for item in self.inner.objects.iter() {
+            let (k, v) = item?;
+            if let Ok(set) = ObjectSet::decode(&String::from_utf8_lossy(&k), &v) {
+                objects += set.variants.len() as u64;
+                bytes += set.variants.iter().map(|m| m.length).sum::<u64>();
+            }
+        }
+        self.inner.stats.objects.store(objects, Relaxed);
+        self.inner.stats.stored_bytes.store(bytes, Relaxed);
+        Ok(())
+    }
+
+    pub fn chunk_size(&self) -> usize {
+        self.inner.config.chunk_size
+    }
+
+    /// A stable id for a cache key and variant.
+    pub fn object_id(primary: &str, variant: &[(String, String)]) -> u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        primary.hash(&mut h);
+        variant.hash(&mut h);
+        h.finish()
+    }
+
+    /// Every stored variant of `primary`. Served from memory when hot; reads sled otherwise.
+    pub fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        if let Some(entry) = self.inner.hot.get(primary) {
+            return Ok(Some(entry.value().clone()));
+        }
+        let _guard = self.inner.mutate.lock().expect("store mutex");
+        self.load_set(primary)
+    }
+
+    /// Reads the set from the hot copy or sled; the caller holds the mutation lock.
+    fn load_set(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        if let Some(entry) = self.inner.hot.get(primary) {
+            return Ok(Some(entry.value().clone()));
+        }
+        let Some(bytes) = self.inner.objects.get(primary.as_bytes())? else {
+            return Ok(None);
+        };
+        match ObjectSet::decode(primary, &bytes) {
+            Ok(set) => {
+                let set = Arc::new(set);
+                self.inner.hot.insert(primary.to_owned(), set.clone());
+                Ok(Some(set))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping unreadable metadata record");
+                StoreStats::add(&self.inner.stats.corrupt_records, 1);
+                self.inner.objects.remove(primary.as_bytes())?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Replaces the set of `primary` (or removes it when empty) in sled and the hot copy; the caller holds the
+    /// mutation lock. Chunks of `dropped` variants are removed from the body cache.
+    fn save_set(&self, primary: &str, set: ObjectSet, dropped: &[ObjectMeta]) -> Result<(), StoreError> {
+        if set.variants.is_empty() {
+            self.inner.objects.remove(primary.as_bytes())?;
+            self.inner.hot.remove(primary);
+        } else {
+            self.inner.objects.insert(primary.as_bytes(), set.encode())?;
+            self.inner.hot.insert(primary.to_owned(), Arc::new(set));
+        }
+        for meta in dropped {
+            self.forget_body(meta);
+        }
+        StoreStats::sub(&self.inner.stats.objects, dropped.len() as u64);
+        StoreStats::sub(&self.inner.stats.stored_bytes, dropped.iter().map(|m| m.length).sum());
+        Ok(())
+    }
+
+    fn forget_body(&self, meta: &ObjectMeta) {
+        for index in 0..meta.chunk_count() {
+            self.inner.chunks.remove(&ChunkKey { object: meta.object, generation: meta.generation, index });
+        }
+    }
+
+    /// Makes a fully written body visible, replacing the variant it shares a selection with.
+    pub(crate) fn publish(&self, primary: &str, meta: ObjectMeta) -> Result<(), StoreError> {
+        let _guard = self.inner.mutate.lock().expect("store mutex");
+        let mut set = self.load_set(primary)?.map(|s| (*s).clone()).unwrap_or_default();
+        let mut dropped = Vec::new();
+        if let Some(pos) = set.variants.iter().position(|v| v.variant == meta.variant) {
+            dropped.push(set.variants.remove(pos));
+        }
+        StoreStats::add(&self.inner.stats.objects, 1);
+        StoreStats::add(&self.inner.stats.stored_bytes, meta.length);
+        set.variants.insert(0, meta);
+        while set.variants.len() > self.inner.config.max_variants {
+            dropped.push(set.variants.pop().expect("non-empty"));
+            StoreStats::add(&self.inner.stats.variants_overflowed, 1);
+        }
+        self.save_set(primary, set, &dropped)?;
+        StoreStats::add(&self.inner.stats.objects_published, 1);
+        Ok(())
+    }
+
+    /// Removes every variant of `primary`; returns how many there were.
+    pub fn remove(&self, primary: &str) -> Result<usize, StoreError> {
+        let _guard = self.inner.mutate.lock().expect("store mutex");
+        let Some(set) = self.load_set(primary)? else {
+            return Ok(0);
+        };
+        let dropped = set.variants.clone();
+        self.save_set(primary, ObjectSet::default(), &dropped)?;
+        StoreStats::add(&self.inner.stats.objects_removed, dropped.len() as u64);
+        Ok(dropped.len())
+    }
+
+    /// Removes one stored body (for instance one whose chunks were lost) if it is still the current one.
+    pub fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
+        self.retain(primary, |m| m.generation != generation).map(|_| ())
+    }
+
+    /// Keeps the variants of `primary` for which `keep` holds; returns how many were dropped.
+    pub(crate) fn retain(&self, primary: &str, keep: impl Fn(&ObjectMeta) -> bool) -> Result<usize, StoreError> {
+        let _guard = self.inner.mutate.lock().expect("store mutex");
+        let Some(set) = self.load_set(primary)? else {
+            return Ok(0);
+        };
+        let (kept, dropped): (Vec<_>, Vec<_>) = set.variants.iter().cloned().partition(|m| keep(m));
+        if dropped.is_empty() {
+            return Ok(0);
+        }
+        self.save_set(primary, ObjectSet { variants: kept }, &dropped)?;
+        Ok(dropped.len())
+    }
+
+    pub(crate) fn objects_tree(&self) -> &sled::Tree {
+        &self.inner.objects
+    }
+
+    /// Whether every chunk of the body is still held by memory or disk: checked before a response is started,
+    /// so that a body lost to eviction or a crash becomes a miss instead of a truncated response.
+    pub fn has_body(&self, meta: &ObjectMeta) -> bool {
+        (0..meta.chunk_count()).all(|index| {
+            self.inner.chunks.contains(&ChunkKey { object: meta.object, generation: meta.generation, index })
+        })
+    }
+
+    /// Reads chunk `index` of a body; `None` when it is gone or not the length the metadata promised.
+    pub async fn read_chunk(&self, meta: &ObjectMeta, index: u32) -> Result<Option<ChunkRead>, StoreError> {
+        let key = ChunkKey { object: meta.object, generation: meta.generation, index };
+        let Some(entry) = self.inner.chunks.get(&key).await? else {
+            StoreStats::add(&self.inner.stats.chunks_missing, 1);
+            return Ok(None);
+        };
+        let data = entry.value().clone();
+        if data.len() != meta.chunk_len(index) {
+            tracing::warn!(object = meta.object, generation = meta.generation, index, "chunk has the wrong length");
+            StoreStats::add(&self.inner.stats.chunks_missing, 1);
+            return Ok(None);
+        }
+        let tier = match entry.source() {
+            Source::Disk => {
+                StoreStats::add(&self.inner.stats.chunk_reads_disk, 1);
+                Tier::Disk
+            }
+            Source::Memory | Source::Outer => {
+                StoreStats::add(&self.inner.stats.chunk_reads_memory, 1);
+                Tier::Memory
+            }
+        };
+        Ok(Some(ChunkRead { data, tier }))
+    }
+
+    /// Starts writing a new body for `primary` and its variant selection.
+    pub fn writer(&self, primary: &str, variant: &[(String, String)]) -> Result<ObjectWriter, StoreError> {
+        if self.inner.closed.load(Relaxed) {
+            return Err(StoreError::Closed);
+        }
+        let generation = self.inner.db.generate_id()?;
+        Ok(ObjectWriter::new(self.clone(), Self::object_id(primary, variant), generation))
+    }
+
+    pub fn stats(&self) -> StoreStatsSnapshot {
+        let mut s = StoreStatsSnapshot::default();
+        self.inner.stats.fill(&mut s);
+        s.memory_bytes_used = self.inner.chunks.memory().usage() as u64;
+        s.memory_bytes_capacity = self.inner.chunks.memory().capacity() as u64;
+        s.disk_bytes_capacity = self.inner.config.disk_bytes as u64;
+        s.disk_bytes_written = self.inner.chunks.statistics().disk_write_bytes() as u64;
+        s.foyer_drops = self.foyer_drops();
+        s
+    }
+
+    /// foyer counts entries it ignored because a flush queue or buffer was full; read them from its metrics.
+    fn foyer_drops(&self) -> u64 {
+        self.inner
+            .registry
+            .gather()
+            .iter()
+            .filter(|family| family.name() == "foyer_storage_inner_op_total")
+            .flat_map(|family| family.get_metric())
+            .filter(|m| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == "op" && matches!(l.value(), "buffer_overflow" | "channel_overflow"))
+            })
+            .map(|m| m.get_counter().value() as u64)
+            .sum()
+    }
+
+    /// The Prometheus registry holding foyer's own metrics.
+    pub fn metrics_registry(&self) -> &prometheus::Registry {
+        &self.inner.registry
+    }
+
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.runtime
+    }
+
+    /// Finishes pending writes, waits for foyer's disk writes, closes foyer and flushes sled.
+    pub async fn close(&self, timeout: Duration) -> Result<(), StoreError> {
+        self.inner.closed.store(true, Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.inner.jobs.send(Job::Drain(tx)).await.is_ok() {
+            let _ = tokio::time::timeout(timeout, rx).await;
+        }
+        self.inner.chunks.close().await?;
+        // Not `flush_async`: it runs on sled's thread pool, which keeps the database (and its directory lock)
+        // alive for a moment after the future resolves.
+        self.inner.db.flush()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,62 @@
+use crate::{
+    meta::{ObjectMeta, ObjectSet},
+    stats::StoreStats,
+    store::{now_ms, Store},
+};
+use crate::store::Inner;
+use std::{
+    sync::{atomic::Ordering::Relaxed, Weak},
+    time::Duration,
+};
+
+/// Bodies younger than this may still sit in foyer's flush queue, where `contains` can miss them.
+const SETTLE_MS: u64 = 10_000;
+
+/// Periodically removes metadata of objects past their keep time and of bodies foyer has evicted, so sled
+/// stays bounded by what the body cache holds.
+/// Holds the store weakly so that dropping every handle closes sled.
+pub(crate) async fn run(store: Weak<Inner>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(inner) = store.upgrade() else { return };
+        if inner.closed.load(Relaxed) {
+            return;
+        }
+        match sweep_once(&Store { inner }) {
+            Ok(n) if n > 0 => tracing::debug!(removed = n, "swept metadata"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "metadata sweep failed"),
+        }
+    }
+}
+
+fn gone(store: &Store, meta: &ObjectMeta, now: u64) -> bool {
+    now >= meta.expires_at_ms() || (now.saturating_sub(meta.stored_at_ms) > SETTLE_MS && !store.has_body(meta))
+}
+
+pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
+    let now = now_ms();
+    let mut removed = 0;
+    let (mut objects, mut bytes) = (0u64, 0u64);
+    for item in store.objects_tree().iter() {
+        let (key, value) = item?;
+        let primary = String::from_utf8_lossy(&key).into_owned();
+        let Ok(set) = ObjectSet::decode(&primary, &value) else {
+            store.objects_tree().remove(&key)?;
+            continue;
+        };
+        if set.variants.iter().any(|m| gone(store, m, now)) {
+            removed += store.retain(&primary, |m| !gone(store, m, now))?;
+        }
+        for m in set.variants.iter().filter(|m| !gone(store, m, now)) {
+            objects += 1;
+            bytes += m.length;
+        }
+    }
+    StoreStats::add(&store.inner.stats.objects_swept, removed as u64);
+    store.inner.stats.objects.store(objects, Relaxed);
+    store.inner.stats.stored_bytes.store(bytes, Relaxed);
+    Ok(removed)
+}

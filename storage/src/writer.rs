@@ -1,0 +1,163 @@
+use bytes::{Bytes, BytesMut};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{
+    chunk::ChunkKey,
+    error::StoreError,
+    meta::ObjectMeta,
+    stats::StoreStats,
+    store::{now_ms, Store},
+};
+
+pub(crate) enum Job {
+    Chunk { key: ChunkKey, data: Bytes },
+    Publish { primary: String, meta: Box<ObjectMeta>, done: oneshot::Sender<Result<(), StoreError>> },
+    Discard { object: u64, generation: u64, chunks: u32 },
+    Drain(oneshot::Sender<()>),
+}
+
+/// Writes one body: split into chunks as bytes arrive, published with its metadata once complete.
+/// Dropping a writer without [`ObjectWriter::finish`] discards what it wrote.
+pub struct ObjectWriter {
+    store: Store,
+    object: u64,
+    generation: u64,
+    buf: BytesMut,
+    chunks: u32,
+    length: u64,
+    finished: bool,
+}
+
+impl ObjectWriter {
+    pub(crate) fn new(store: Store, object: u64, generation: u64) -> Self {
+        Self { store, object, generation, buf: BytesMut::new(), chunks: 0, length: 0, finished: false }
+    }
+
+    pub fn length(&self) -> u64 {
+        self.length
+    }
+
+    /// Appends body bytes. Waits when the disk falls behind, which slows the origin read instead of letting
+    /// foyer drop entries.
+    pub async fn push(&mut self, data: &[u8]) -> Result<(), StoreError> {
+        self.length += data.len() as u64;
+        self.buf.extend_from_slice(data);
+        let chunk_size = self.store.chunk_size();
+        while self.buf.len() >= chunk_size {
+            let chunk = self.buf.split_to(chunk_size).freeze();
+            self.send_chunk(chunk).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_chunk(&mut self, data: Bytes) -> Result<(), StoreError> {
+        let key = ChunkKey { object: self.object, generation: self.generation, index: self.chunks };
+        self.chunks += 1;
+        self.store.inner.jobs.send(Job::Chunk { key, data }).await.map_err(|_| StoreError::Closed)
+    }
+
+    /// Writes the last chunk and publishes the object. `meta` supplies the response's description; identity,
+    /// length and chunk layout are filled in here. Returns once the object is visible to lookups.
+    pub async fn finish(mut self, primary: String, mut meta: ObjectMeta) -> Result<(), StoreError> {
+        if !self.buf.is_empty() {
+            let rest = self.buf.split().freeze();
+            self.send_chunk(rest).await?;
+        }
+        meta.object = self.object;
+        meta.generation = self.generation;
+        meta.length = self.length;
+        meta.chunk_size = self.store.chunk_size() as u32;
+        let (done, wait) = oneshot::channel();
+        self.finished = true;
+        self.store
+            .inner
+            .jobs
+            .send(Job::Publish { primary, meta: Box::new(meta), done })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        wait.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+impl Drop for ObjectWriter {
+    fn drop(&mut self) {
+        if !self.finished && self.chunks > 0 {
+            let job = Job::Discard { object: self.object, generation: self.generation, chunks: self.chunks };
+            let jobs = self.store.inner.jobs.clone();
+            self.store.runtime().spawn(async move {
+                let _ = jobs.send(job).await;
+            });
+        }
+    }
+}
+
+/// The single task that inserts chunks into foyer. It asks foyer to finish its disk writes (`wait`) whenever
+/// `budget` bytes were inserted since the last time, or when it has nothing else to do, so foyer's flush queue
+/// never overflows; objects published before a completed wait are counted durable.
+pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize) {
+    let inner = &store.inner;
+    let mut unflushed = 0usize;
+    let mut undurable = 0u64;
+    let mut closing = None;
+    loop {
+        let job = if unflushed > 0 || undurable > 0 {
+            match rx.try_recv() {
+                Ok(job) => job,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    settle(&store, &mut unflushed, &mut undurable).await;
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv().await {
+                Some(job) => job,
+                None => break,
+            }
+        };
+        match job {
+            Job::Chunk { key, data } => {
+                unflushed += data.len();
+                StoreStats::add(&inner.stats.chunks_written, 1);
+                StoreStats::add(&inner.stats.chunk_bytes_written, data.len() as u64);
+                inner.chunks.insert(key, data);
+                if unflushed >= budget {
+                    settle(&store, &mut unflushed, &mut undurable).await;
+                }
+            }
+            Job::Publish { primary, mut meta, done } => {
+                meta.stored_at_ms = meta.stored_at_ms.min(now_ms());
+                let result = store.publish(&primary, *meta);
+                if result.is_ok() {
+                    undurable += 1;
+                }
+                let _ = done.send(result);
+            }
+            Job::Discard { object, generation, chunks } => {
+                for index in 0..chunks {
+                    inner.chunks.remove(&ChunkKey { object, generation, index });
+                }
+            }
+            Job::Drain(done) => {
+                settle(&store, &mut unflushed, &mut undurable).await;
+                if inner.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                    closing = Some(done);
+                    break;
+                }
+                let _ = done.send(());
+            }
+        }
+    }
+    // Acknowledge the close only once this task no longer holds the store, so the caller can reopen it.
+    drop(store);
+    if let Some(done) = closing {
+        let _ = done.send(());
+    }
+}
+
+async fn settle(store: &Store, unflushed: &mut usize, undurable: &mut u64) {
+    store.inner.chunks.storage().wait().await;
+    StoreStats::add(&store.inner.stats.write_waits, 1);
+    StoreStats::add(&store.inner.stats.objects_durable, std::mem::take(undurable));
+    *unflushed = 0;
+}
