@@ -1,1 +1,178 @@
-fn main(){}
+//! `lacquerd`: the Lacquer caching reverse proxy.
+
+mod admin;
+mod backend;
+mod body;
+mod coalesce;
+mod config;
+mod policy;
+mod proxy;
+mod secret;
+mod server;
+mod stats;
+mod worker;
+
+use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Instant};
+
+use anyhow::Context;
+use bytesize::ByteSize;
+use clap::Parser;
+use tokio::sync::watch;
+use tracing_subscriber::EnvFilter;
+
+use crate::{
+    config::{Config, Overrides},
+    server::WorkerSettings,
+    worker::Shared,
+};
+
+/// Persistent, disk-tiered HTTP caching reverse proxy.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// TOML configuration file; the flags below override it.
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+    /// Client listen address (repeatable). Default: 0.0.0.0:6081.
+    #[arg(long)]
+    listen: Vec<SocketAddr>,
+    /// Origin as HOST:PORT or http://HOST:PORT.
+    #[arg(long, short = 'b')]
+    backend: Option<String>,
+    /// Admin API address. Default: 127.0.0.1:6082.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Admin secret file. Default: <disk dir>/secret, generated on first start.
+    #[arg(long)]
+    secret: Option<PathBuf>,
+    /// Memory tier size, e.g. 256MiB.
+    #[arg(long)]
+    memory: Option<ByteSize>,
+    /// Store directory. Default: /var/lib/lacquer (or ~/.local/state/lacquer when that is not writable).
+    #[arg(long)]
+    disk: Option<PathBuf>,
+    /// Disk tier size, e.g. 1GiB.
+    #[arg(long)]
+    disk_size: Option<ByteSize>,
+    /// Validate the configuration, print the problem if any, and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let overrides = Overrides {
+        listen: cli.listen,
+        backend: cli.backend,
+        admin: cli.admin,
+        secret: cli.secret,
+        memory: cli.memory,
+        disk: cli.disk,
+        disk_size: cli.disk_size,
+    };
+    let config = match Config::load(cli.config.as_deref(), overrides) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("lacquerd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.check {
+        println!("configuration ok");
+        return ExitCode::SUCCESS;
+    }
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("lacquerd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: Config) -> anyhow::Result<()> {
+    // The store (foyer's disk tasks, the write pipeline, the sweeper) and the admin API run here, apart from
+    // the per-core client runtimes.
+    let control = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("lacquer-store")
+        .enable_all()
+        .build()
+        .context("cannot start the store runtime")?;
+    let store = control
+        .block_on(config.store_builder().open(control.handle().clone()))
+        .with_context(|| format!("cannot open the store in {}", config.storage_dir().display()))?;
+    let secret = secret::load_or_create(config.secret_file())?;
+    let shared = Arc::new(Shared {
+        policy: config.policy(),
+        store: store.clone(),
+        stats: Arc::default(),
+        coalescer: Default::default(),
+        started: Instant::now(),
+    });
+
+    let workers = config.workers();
+    let (sockets, bound) = server::bind(&config.server.listen, workers)?;
+    let admin_listener = control
+        .block_on(tokio::net::TcpListener::bind(config.admin.listen))
+        .with_context(|| format!("cannot listen on admin address {}", config.admin.listen))?;
+    let admin_addr = admin_listener.local_addr()?;
+    let (stop, stopped) = watch::channel(false);
+    let settings = Arc::new(WorkerSettings {
+        origin: config.origin()?,
+        backend: config.backend.clone(),
+        shutdown_timeout: config.server.shutdown_timeout,
+    });
+    let threads = server::spawn_workers(shared.clone(), settings, sockets, stopped.clone())?;
+    let app = admin::router(admin::AdminState { shared: shared.clone(), secret: secret.into() });
+    let mut admin_stop = stopped.clone();
+    control.spawn(async move {
+        let serve = axum::serve(admin_listener, app)
+            .with_graceful_shutdown(async move { drop(admin_stop.wait_for(|s| *s).await) });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "admin API stopped");
+        }
+    });
+    for addr in &bound {
+        tracing::info!(%addr, "listening");
+    }
+    tracing::info!(addr = %admin_addr, "admin listening");
+    tracing::info!(
+        backend = %config.origin()?.authority,
+        store = %config.storage_dir().display(),
+        secret = %config.secret_file().display(),
+        workers,
+        "lacquerd ready"
+    );
+
+    control.block_on(wait_for_signal())?;
+    tracing::info!("shutting down: finishing in-flight responses");
+    stop.send_replace(true);
+    for thread in threads {
+        let _ = thread.join();
+    }
+    tracing::info!("flushing the store");
+    control.block_on(store.close(config.server.shutdown_timeout)).context("flushing the store failed")?;
+    drop(shared);
+    control.shutdown_timeout(std::time::Duration::from_secs(5));
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

@@ -90,7 +90,8 @@ impl StoreBuilder {
         2 * self.flushers * self.block_size()
     }
 
-    pub(crate) fn validate(&self) -> Result<(), StoreError> {
+    /// Checks the settings without touching the disk (used by `lacquerd --check`).
+    pub fn validate(&self) -> Result<(), StoreError> {
         let bad = |what: String| Err(StoreError::Config(what));
         if self.chunk_size < 4 * KIB || self.chunk_size > 4 * MIB {
             return bad(format!("chunk size {} must be between 4 KiB and 4 MiB", self.chunk_size));

@@ -1,0 +1,94 @@
+//! The origin connection pool: one per worker thread, HTTP/1.1 keep-alive.
+
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::{TokioExecutor, TokioTimer},
+};
+
+use crate::{body::Body, config};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend {authority} unreachable: {reason}")]
+    Connect { authority: String, reason: String },
+    #[error("backend {authority} sent no response head within {timeout:?}")]
+    FirstByteTimeout { authority: String, timeout: Duration },
+    #[error("backend {authority} failed: {reason}")]
+    Failed { authority: String, reason: String },
+}
+
+impl BackendError {
+    /// The status a client gets when no stale object can stand in.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            BackendError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            BackendError::Connect { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            BackendError::Failed { .. } => StatusCode::BAD_GATEWAY,
+        }
+    }
+}
+
+pub struct Backend {
+    client: Client<HttpConnector, Body>,
+    authority: String,
+    first_byte_timeout: Duration,
+    pub between_bytes_timeout: Duration,
+}
+
+impl Backend {
+    pub fn new(origin: &config::Origin, cfg: &config::Backend) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(cfg.connect_timeout));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(cfg.max_idle_connections)
+            .build(connector);
+        Self {
+            client,
+            authority: origin.authority.clone(),
+            first_byte_timeout: cfg.first_byte_timeout,
+            between_bytes_timeout: cfg.between_bytes_timeout,
+        }
+    }
+
+    /// Sends a request whose URI holds only the path and query; the origin's authority is filled in here.
+    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        *req.uri_mut() = format!("http://{}{}", self.authority, path).parse().map_err(|e| BackendError::Failed {
+            authority: self.authority.clone(),
+            reason: format!("bad request target: {e}"),
+        })?;
+        match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
+            Err(_) => Err(BackendError::FirstByteTimeout {
+                authority: self.authority.clone(),
+                timeout: self.first_byte_timeout,
+            }),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) if e.is_connect() => Err(BackendError::Connect {
+                authority: self.authority.clone(),
+                reason: error_chain(&e),
+            }),
+            Ok(Err(e)) => Err(BackendError::Failed { authority: self.authority.clone(), reason: error_chain(&e) }),
+        }
+    }
+}
+
+/// `a: b: c` from an error and its sources: hyper's top-level messages alone say little.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

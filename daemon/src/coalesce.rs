@@ -1,0 +1,277 @@
+//! Request coalescing: concurrent misses for one key share one backend fetch, and every waiter streams the
+//! body as it arrives. A key whose response proved uncacheable is remembered for a while (hit-for-miss) so
+//! that later requests go straight to the backend instead of queueing behind each other.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use http_body::Frame;
+use tokio::sync::watch;
+
+use crate::body::{self, Body, BoxError};
+
+/// What a fetch learned from the backend's response head, shared by every reader.
+#[derive(Debug)]
+pub struct FetchedHead {
+    pub status: StatusCode,
+    /// Headers as they will be stored and delivered (hop-by-hop fields removed, `Date` ensured).
+    pub headers: HeaderMap,
+    /// Whether the response is being stored; when not, only the reader that started the fetch may use it.
+    pub shareable: bool,
+    /// The variant selection the response was fetched under (empty without `Vary`).
+    pub selection: Vec<(String, String)>,
+    /// Corrected initial age in seconds, at `received_at`.
+    pub initial_age: u64,
+    pub received_at: Instant,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct FetchError(pub Arc<str>);
+
+impl FetchError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        Self(Arc::from(msg.into()))
+    }
+}
+
+/// A head failure carries the status the client should see.
+#[derive(Debug, Clone)]
+pub struct HeadError {
+    pub status: StatusCode,
+    pub error: FetchError,
+}
+
+#[derive(Default)]
+struct State {
+    head: Option<Result<Arc<FetchedHead>, HeadError>>,
+    body: Vec<Bytes>,
+    end: Option<Result<(), FetchError>>,
+}
+
+/// One backend fetch and the body bytes received so far.
+pub struct Fetch {
+    state: Mutex<State>,
+    changed: watch::Sender<()>,
+}
+
+impl Fetch {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self { state: Mutex::new(State::default()), changed: watch::Sender::new(()) })
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.state.lock().expect("fetch mutex"));
+        self.changed.send_replace(());
+    }
+
+    pub fn set_head(&self, head: Result<Arc<FetchedHead>, HeadError>) {
+        self.update(|s| s.head = Some(head));
+    }
+
+    pub fn push(&self, data: Bytes) {
+        self.update(|s| s.body.push(data));
+    }
+
+    pub fn end(&self, result: Result<(), FetchError>) {
+        self.update(|s| s.end = Some(result));
+    }
+
+    pub fn reader(self: &Arc<Self>) -> FetchReader {
+        FetchReader { fetch: self.clone(), rx: self.changed.subscribe(), pos: 0 }
+    }
+}
+
+pub struct FetchReader {
+    fetch: Arc<Fetch>,
+    rx: watch::Receiver<()>,
+    pos: usize,
+}
+
+impl FetchReader {
+    /// Waits for the response head.
+    pub async fn head(&mut self) -> Result<Arc<FetchedHead>, HeadError> {
+        loop {
+            self.rx.borrow_and_update();
+            if let Some(head) = &self.fetch.state.lock().expect("fetch mutex").head {
+                return head.clone();
+            }
+            if self.rx.changed().await.is_err() {
+                return Err(HeadError {
+                    status: StatusCode::BAD_GATEWAY,
+                    error: FetchError::new("fetch abandoned"),
+                });
+            }
+        }
+    }
+
+    async fn next_chunk(&mut self) -> Option<Result<Bytes, FetchError>> {
+        loop {
+            self.rx.borrow_and_update();
+            {
+                let state = self.fetch.state.lock().expect("fetch mutex");
+                if let Some(data) = state.body.get(self.pos) {
+                    self.pos += 1;
+                    return Some(Ok(data.clone()));
+                }
+                match &state.end {
+                    Some(Ok(())) => return None,
+                    Some(Err(e)) => return Some(Err(e.clone())),
+                    None => {}
+                }
+            }
+            if self.rx.changed().await.is_err() {
+                return Some(Err(FetchError::new("fetch abandoned")));
+            }
+        }
+    }
+
+    /// The body as it arrives; an error if the fetch fails or is cut short, so the client never takes a
+    /// truncated body for a whole one.
+    pub fn into_body(self) -> Body {
+        body::from_stream(futures_util::stream::unfold(self, |mut reader| async move {
+            let item = reader.next_chunk().await?;
+            Some((item.map(Frame::data).map_err(BoxError::from), reader))
+        }))
+    }
+}
+
+enum Slot {
+    Fetching(Arc<Fetch>),
+    HitForMiss(Instant),
+}
+
+/// How a miss proceeds.
+pub enum Joined {
+    /// No fetch was in flight: the caller must start one with this handle.
+    Leader(Arc<Fetch>),
+    /// A fetch is in flight: read it.
+    Waiter(Arc<Fetch>),
+    /// The key recently proved uncacheable: fetch alone, without registering.
+    HitForMiss,
+}
+
+/// Hit-for-miss entries are pruned once the table grows past this many keys.
+const PRUNE_AT: usize = 4096;
+
+#[derive(Default)]
+pub struct Coalescer {
+    slots: Mutex<HashMap<String, Slot>>,
+}
+
+impl Coalescer {
+    pub fn join(&self, key: &str) -> Joined {
+        let mut slots = self.slots.lock().expect("coalescer mutex");
+        match slots.get(key) {
+            Some(Slot::Fetching(fetch)) => return Joined::Waiter(fetch.clone()),
+            Some(Slot::HitForMiss(until)) if *until > Instant::now() => return Joined::HitForMiss,
+            _ => {}
+        }
+        let fetch = Fetch::new();
+        slots.insert(key.to_owned(), Slot::Fetching(fetch.clone()));
+        Joined::Leader(fetch)
+    }
+
+    /// Unregisters `fetch` so later requests look the key up again; with `hit_for_miss`, they bypass
+    /// coalescing for that long.
+    pub fn finish(&self, key: &str, fetch: &Arc<Fetch>, hit_for_miss: Option<Duration>) {
+        let mut slots = self.slots.lock().expect("coalescer mutex");
+        let ours = matches!(slots.get(key), Some(Slot::Fetching(f)) if Arc::ptr_eq(f, fetch));
+        if !ours {
+            return;
+        }
+        match hit_for_miss.filter(|d| !d.is_zero()) {
+            Some(d) => {
+                slots.insert(key.to_owned(), Slot::HitForMiss(Instant::now() + d));
+            }
+            None => {
+                slots.remove(key);
+            }
+        }
+        if slots.len() > PRUNE_AT {
+            let now = Instant::now();
+            slots.retain(|_, slot| !matches!(slot, Slot::HitForMiss(until) if *until <= now));
+        }
+    }
+
+    /// Forgets a hit-for-miss marker once the key turned out cacheable after all.
+    pub fn clear_hit_for_miss(&self, key: &str) {
+        let mut slots = self.slots.lock().expect("coalescer mutex");
+        if matches!(slots.get(key), Some(Slot::HitForMiss(_))) {
+            slots.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn head(shareable: bool) -> Arc<FetchedHead> {
+        Arc::new(FetchedHead {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            shareable,
+            selection: vec![],
+            initial_age: 0,
+            received_at: Instant::now(),
+        })
+    }
+
+    #[tokio::test]
+    async fn waiters_stream_bytes_as_they_arrive() {
+        let c = Coalescer::default();
+        let Joined::Leader(fetch) = c.join("k") else { panic!("first is leader") };
+        let Joined::Waiter(same) = c.join("k") else { panic!("second waits") };
+        assert!(Arc::ptr_eq(&fetch, &same));
+        let mut reader = same.reader();
+        fetch.set_head(Ok(head(true)));
+        assert_eq!(reader.head().await.unwrap().status, StatusCode::OK);
+        fetch.push(Bytes::from_static(b"first"));
+        let mut body = reader.into_body();
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "first");
+        fetch.push(Bytes::from_static(b"second"));
+        fetch.end(Ok(()));
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "second");
+        c.finish("k", &fetch, None);
+        assert!(matches!(c.join("k"), Joined::Leader(_)));
+    }
+
+    #[tokio::test]
+    async fn a_failed_fetch_reaches_readers_as_an_error() {
+        let fetch = Fetch::new();
+        let reader = fetch.reader();
+        fetch.set_head(Ok(head(true)));
+        fetch.push(Bytes::from_static(b"part"));
+        fetch.end(Err(FetchError::new("reset")));
+        assert!(reader.into_body().collect().await.is_err());
+    }
+
+    #[test]
+    fn hit_for_miss_bypasses_and_expires() {
+        let c = Coalescer::default();
+        let Joined::Leader(fetch) = c.join("k") else { panic!() };
+        c.finish("k", &fetch, Some(Duration::from_secs(60)));
+        assert!(matches!(c.join("k"), Joined::HitForMiss));
+        c.clear_hit_for_miss("k");
+        let Joined::Leader(fetch) = c.join("k") else { panic!() };
+        c.finish("k", &fetch, Some(Duration::from_nanos(1)));
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(matches!(c.join("k"), Joined::Leader(_)));
+    }
+
+    #[test]
+    fn finishing_someone_elses_fetch_changes_nothing() {
+        let c = Coalescer::default();
+        let Joined::Leader(fetch) = c.join("k") else { panic!() };
+        c.finish("k", &Fetch::new(), None);
+        assert!(matches!(c.join("k"), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch)));
+    }
+}

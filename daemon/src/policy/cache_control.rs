@@ -1,0 +1,197 @@
+//! `Cache-Control` parsing (RFC 9111 §5.2), tolerant the way caches must be: directive names are
+//! case-insensitive, values may be quoted, the header may repeat, and for a repeated directive the first
+//! occurrence wins.
+
+use http::{header::CACHE_CONTROL, HeaderMap};
+
+/// RFC 9111 §1.2.2: delta-seconds beyond what a cache can represent are taken as 2^31.
+pub const DELTA_SECONDS_MAX: u64 = 2_147_483_648;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheControl {
+    pub no_store: bool,
+    pub no_cache: bool,
+    pub private: bool,
+    pub public: bool,
+    pub must_revalidate: bool,
+    pub proxy_revalidate: bool,
+    pub must_understand: bool,
+    pub immutable: bool,
+    pub only_if_cached: bool,
+    /// `Some(0)` when present but invalid: invalid freshness counts as stale (RFC 9111 §4.2.1).
+    pub max_age: Option<u64>,
+    pub s_maxage: Option<u64>,
+    pub stale_while_revalidate: Option<u64>,
+    pub stale_if_error: Option<u64>,
+    pub min_fresh: Option<u64>,
+    /// `Some(None)` for `max-stale` without a value: any staleness.
+    pub max_stale: Option<Option<u64>>,
+}
+
+impl CacheControl {
+    pub fn from_headers(headers: &HeaderMap) -> Self {
+        Self::from_header_values(headers, CACHE_CONTROL.as_str())
+    }
+
+    /// Parses every line of the named field (also used for `CDN-Cache-Control`).
+    pub fn from_header_values(headers: &HeaderMap, name: &str) -> Self {
+        let mut cc = CacheControl::default();
+        let mut seen: Vec<String> = Vec::new();
+        for value in headers.get_all(name) {
+            let Ok(value) = value.to_str() else { continue };
+            for (name, arg) in Directives::new(value) {
+                let name = name.to_ascii_lowercase();
+                if seen.contains(&name) {
+                    continue;
+                }
+                cc.apply(&name, arg);
+                seen.push(name);
+            }
+        }
+        cc
+    }
+
+    fn apply(&mut self, name: &str, arg: Option<&str>) {
+        let seconds = || Some(arg.and_then(parse_delta_seconds).unwrap_or(0));
+        match name {
+            "no-store" => self.no_store = true,
+            // A qualified no-cache (with field names) restricts only those fields; we have no partial reuse,
+            // so it is treated as unqualified, which is the safe reading.
+            "no-cache" => self.no_cache = true,
+            "private" => self.private = true,
+            "public" => self.public = true,
+            "must-revalidate" => self.must_revalidate = true,
+            "proxy-revalidate" => self.proxy_revalidate = true,
+            "must-understand" => self.must_understand = true,
+            "immutable" => self.immutable = true,
+            "only-if-cached" => self.only_if_cached = true,
+            "max-age" => self.max_age = seconds(),
+            "s-maxage" => self.s_maxage = seconds(),
+            "stale-while-revalidate" => self.stale_while_revalidate = arg.and_then(parse_delta_seconds),
+            "stale-if-error" => self.stale_if_error = arg.and_then(parse_delta_seconds),
+            "min-fresh" => self.min_fresh = arg.and_then(parse_delta_seconds),
+            "max-stale" => self.max_stale = Some(arg.and_then(parse_delta_seconds)),
+            _ => {}
+        }
+    }
+}
+
+/// delta-seconds: digits only; overflow saturates at 2^31.
+pub fn parse_delta_seconds(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(s.parse::<u64>().map_or(DELTA_SECONDS_MAX, |v| v.min(DELTA_SECONDS_MAX)))
+}
+
+/// Splits a `Cache-Control` value into `(name, argument)` pairs, honouring quoted strings (which may contain
+/// commas and escaped quotes).
+struct Directives<'a> {
+    rest: &'a str,
+}
+
+impl<'a> Directives<'a> {
+    fn new(value: &'a str) -> Self {
+        Self { rest: value }
+    }
+}
+
+impl<'a> Iterator for Directives<'a> {
+    type Item = (&'a str, Option<&'a str>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let s = self.rest.trim_start_matches([' ', '\t', ',']);
+            if s.is_empty() {
+                self.rest = s;
+                return None;
+            }
+            let name_end = s.find(['=', ',']).unwrap_or(s.len());
+            let name = s[..name_end].trim();
+            if s[name_end..].starts_with('=') {
+                let after = s[name_end + 1..].trim_start();
+                let (arg, rest) = if let Some(quoted) = after.strip_prefix('"') {
+                    let mut escaped = false;
+                    let end = quoted
+                        .char_indices()
+                        .find(|&(_, c)| {
+                            let close = c == '"' && !escaped;
+                            escaped = c == '\\' && !escaped;
+                            close
+                        })
+                        .map(|(i, _)| i);
+                    match end {
+                        Some(i) => (&quoted[..i], &quoted[i + 1..]),
+                        None => (quoted, ""),
+                    }
+                } else {
+                    let end = after.find(',').unwrap_or(after.len());
+                    (after[..end].trim(), &after[end..])
+                };
+                self.rest = rest.find(',').map_or("", |i| &rest[i..]);
+                if name.is_empty() {
+                    continue;
+                }
+                return Some((name, Some(arg)));
+            }
+            self.rest = &s[name_end..];
+            if name.is_empty() {
+                continue;
+            }
+            return Some((name, None));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cc(lines: &[&str]) -> CacheControl {
+        let mut h = HeaderMap::new();
+        for l in lines {
+            h.append(CACHE_CONTROL, l.parse().unwrap());
+        }
+        CacheControl::from_headers(&h)
+    }
+
+    #[test]
+    fn table() {
+        let cases: &[(&[&str], CacheControl)] = &[
+            (&["max-age=60"], CacheControl { max_age: Some(60), ..Default::default() }),
+            (&["MAX-AGE=60, Public"], CacheControl { max_age: Some(60), public: true, ..Default::default() }),
+            (&["max-age=\"60\""], CacheControl { max_age: Some(60), ..Default::default() }),
+            (&["max-age = 60"], CacheControl { max_age: Some(60), ..Default::default() }),
+            (&["max-age=60", "max-age=10"], CacheControl { max_age: Some(60), ..Default::default() }),
+            (&["max-age=60, max-age=10"], CacheControl { max_age: Some(60), ..Default::default() }),
+            (&["max-age=abc"], CacheControl { max_age: Some(0), ..Default::default() }),
+            (&["max-age=-5"], CacheControl { max_age: Some(0), ..Default::default() }),
+            (&["max-age=1.5"], CacheControl { max_age: Some(0), ..Default::default() }),
+            (&["max-age=99999999999999999999"], CacheControl { max_age: Some(DELTA_SECONDS_MAX), ..Default::default() }),
+            (&["s-maxage=5, max-age=60"], CacheControl { s_maxage: Some(5), max_age: Some(60), ..Default::default() }),
+            (&["no-store"], CacheControl { no_store: true, ..Default::default() }),
+            (&["private=\"set-cookie, x-foo\", max-age=3"], CacheControl { private: true, max_age: Some(3), ..Default::default() }),
+            (&["no-cache=\"set-cookie\""], CacheControl { no_cache: true, ..Default::default() }),
+            (&["must-revalidate,proxy-revalidate"], CacheControl { must_revalidate: true, proxy_revalidate: true, ..Default::default() }),
+            (&["max-age=10, stale-while-revalidate=30, stale-if-error=600"], CacheControl { max_age: Some(10), stale_while_revalidate: Some(30), stale_if_error: Some(600), ..Default::default() }),
+            (&["max-stale"], CacheControl { max_stale: Some(None), ..Default::default() }),
+            (&["max-stale=5, min-fresh=2, only-if-cached"], CacheControl { max_stale: Some(Some(5)), min_fresh: Some(2), only_if_cached: true, ..Default::default() }),
+            (&[",, ,max-age=7,,"], CacheControl { max_age: Some(7), ..Default::default() }),
+            (&["foo=\"a,b\\\"c\", max-age=8"], CacheControl { max_age: Some(8), ..Default::default() }),
+            (&["unknown, immutable, max-age=9"], CacheControl { immutable: true, max_age: Some(9), ..Default::default() }),
+            (&[""], CacheControl::default()),
+        ];
+        for (lines, want) in cases {
+            assert_eq!(&cc(lines), want, "Cache-Control: {lines:?}");
+        }
+    }
+
+    #[test]
+    fn delta_seconds() {
+        assert_eq!(parse_delta_seconds("0"), Some(0));
+        assert_eq!(parse_delta_seconds("2147483649"), Some(DELTA_SECONDS_MAX));
+        assert_eq!(parse_delta_seconds(""), None);
+        assert_eq!(parse_delta_seconds("+1"), None);
+        assert_eq!(parse_delta_seconds("1e3"), None);
+    }
+}

@@ -1,0 +1,151 @@
+//! Whether a response may be stored, and for how long (RFC 9111 §3, §4.2, §5.2.2).
+
+use std::time::{Duration, SystemTime};
+
+use http::{header, HeaderMap, StatusCode};
+
+use super::{
+    cache_control::CacheControl,
+    freshness::{self, Lifetime},
+    vary::{self, Vary},
+    Policy,
+};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Storable {
+    pub ttl: Duration,
+    pub grace: Duration,
+    pub keep: Duration,
+    /// Never serve stale: `must-revalidate`, `proxy-revalidate` or `no-cache`.
+    pub no_stale: bool,
+    /// Lower-cased `Vary` names; empty when the response does not vary.
+    pub vary: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Store(Storable),
+    /// Deliver but do not store, with the reason (for logs and `Cache-Status`).
+    DontStore(&'static str),
+}
+
+fn has_validator(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED)
+}
+
+/// Decides on a response to a request that was eligible for lookup. `request_authorized` is whether the
+/// request carried `Authorization` (only reachable when the policy caches such requests).
+pub fn decide(
+    request_authorized: bool,
+    status: StatusCode,
+    headers: &HeaderMap,
+    policy: &Policy,
+    response_time: SystemTime,
+) -> Decision {
+    use Decision::DontStore;
+    if status.is_informational() || matches!(status, StatusCode::PARTIAL_CONTENT | StatusCode::NOT_MODIFIED) {
+        return DontStore("status");
+    }
+    let cc = CacheControl::from_headers(headers);
+    // must-understand lets a cache that understands the status ignore no-store (RFC 9111 §5.2.2.3); every
+    // final status but 206 and 304 is understood here.
+    if cc.no_store && !cc.must_understand {
+        return DontStore("no-store");
+    }
+    if cc.private {
+        return DontStore("private");
+    }
+    if request_authorized && !(cc.public || cc.must_revalidate || cc.s_maxage.is_some()) {
+        return DontStore("authorization");
+    }
+    if headers.contains_key(header::SET_COOKIE) && !policy.cache_set_cookie {
+        return DontStore("set-cookie");
+    }
+    let vary = match vary::parse(headers) {
+        Vary::Any => return DontStore("vary *"),
+        Vary::None => Vec::new(),
+        Vary::Headers(names) => names,
+    };
+    let lifetime = freshness::lifetime(status, headers, &cc, policy, response_time);
+    if let Lifetime::Default(_) = lifetime {
+        if !freshness::heuristically_cacheable(status) {
+            return DontStore("status without freshness");
+        }
+    }
+    let no_stale = cc.no_cache || cc.must_revalidate || cc.proxy_revalidate;
+    let ttl = if cc.no_cache { Duration::ZERO } else { lifetime.duration() };
+    if ttl.is_zero() && !(cc.no_cache && has_validator(headers)) {
+        return DontStore(if cc.no_cache { "no-cache without validator" } else { "not fresh" });
+    }
+    let grace = if no_stale {
+        Duration::ZERO
+    } else {
+        cc.stale_while_revalidate.map_or(policy.default_grace, Duration::from_secs)
+    };
+    Decision::Store(Storable { ttl, grace, keep: policy.keep, no_stale, vary })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        h
+    }
+
+    fn store(ttl: u64, grace: u64, no_stale: bool, vary: &[&str]) -> Decision {
+        Decision::Store(Storable {
+            ttl: Duration::from_secs(ttl),
+            grace: Duration::from_secs(grace),
+            keep: Duration::ZERO,
+            no_stale,
+            vary: vary.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    #[test]
+    fn table() {
+        let d = Decision::DontStore;
+        let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let cases: &[(bool, u16, &[(&str, &str)], Decision)] = &[
+            (false, 200, &[("cache-control", "max-age=60")], store(60, 10, false, &[])),
+            (false, 200, &[("cache-control", "max-age=60, stale-while-revalidate=30")], store(60, 30, false, &[])),
+            (false, 200, &[("cache-control", "max-age=60, must-revalidate")], store(60, 0, true, &[])),
+            (false, 200, &[("cache-control", "s-maxage=60, proxy-revalidate")], store(60, 0, true, &[])),
+            (false, 200, &[("cache-control", "no-store, max-age=60")], d("no-store")),
+            (false, 200, &[("cache-control", "no-store, must-understand, max-age=60")], store(60, 10, false, &[])),
+            (false, 200, &[("cache-control", "private, max-age=60")], d("private")),
+            (false, 200, &[("cache-control", "no-cache"), ("etag", "\"v1\"")], store(0, 0, true, &[])),
+            (false, 200, &[("cache-control", "no-cache, max-age=60")], d("no-cache without validator")),
+            (false, 200, &[], d("not fresh")),
+            (false, 200, &[("cache-control", "max-age=0")], d("not fresh")),
+            (false, 200, &[("expires", "0")], d("not fresh")),
+            (false, 200, &[("date", date), ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT")], store(360, 10, false, &[])),
+            (false, 302, &[("date", date), ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT")], d("status without freshness")),
+            (false, 302, &[("cache-control", "max-age=5")], store(5, 10, false, &[])),
+            (false, 206, &[("cache-control", "max-age=60")], d("status")),
+            (false, 304, &[("cache-control", "max-age=60")], d("status")),
+            (false, 200, &[("cache-control", "max-age=60"), ("set-cookie", "a=b")], d("set-cookie")),
+            (false, 200, &[("cache-control", "max-age=60"), ("vary", "*")], d("vary *")),
+            (false, 200, &[("cache-control", "max-age=60"), ("vary", "Accept-Encoding")], store(60, 10, false, &["accept-encoding"])),
+            (true, 200, &[("cache-control", "max-age=60")], d("authorization")),
+            (true, 200, &[("cache-control", "max-age=60, public")], store(60, 10, false, &[])),
+            (true, 200, &[("cache-control", "s-maxage=60")], store(60, 10, false, &[])),
+        ];
+        for (auth, status, h, want) in cases {
+            let got = decide(*auth, StatusCode::from_u16(*status).unwrap(), &headers(h), &Policy::default(), SystemTime::now());
+            assert_eq!(&got, want, "{status} {h:?} authorized={auth}");
+        }
+    }
+
+    #[test]
+    fn configured_set_cookie_and_default_ttl() {
+        let policy = Policy { cache_set_cookie: true, default_ttl: Duration::from_secs(30), ..Policy::default() };
+        let got = decide(false, StatusCode::OK, &headers(&[("set-cookie", "a=b")]), &policy, SystemTime::now());
+        assert_eq!(got, store(30, 10, false, &[]));
+    }
+}

@@ -1,0 +1,196 @@
+//! The client-facing request flow: classify, look up, coalesce misses, pass the rest.
+
+mod fetch;
+mod forward;
+mod respond;
+
+use std::{
+    net::IpAddr,
+    sync::{atomic::Ordering::Relaxed, Arc},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use http::{request::Parts, Method, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use lacquer_storage::Tier;
+
+use self::respond::Outcome;
+use crate::{
+    body::{self, Body},
+    coalesce::Joined,
+    policy::{
+        headers::strip_hop_by_hop,
+        key::primary_key,
+        request::{classify, RequestClass},
+        vary,
+    },
+    stats::{add, inc, Stats},
+    worker::Worker,
+};
+
+pub async fn handle(worker: Arc<Worker>, client: IpAddr, req: Request<Incoming>) -> Response<Body> {
+    let stats = &worker.shared.stats;
+    inc(&stats.requests);
+    let (parts, body) = req.into_parts();
+    let resp = match classify(&parts.method, &parts.headers, &worker.shared.policy) {
+        RequestClass::Lookup => lookup(&worker, client, parts).await,
+        RequestClass::Pass(_) => pass(&worker, client, parts, body, false).await,
+        RequestClass::Invalidate => pass(&worker, client, parts, body, true).await,
+    };
+    counted(resp, worker.shared.stats.clone())
+}
+
+/// Counts body bytes as they go out to the client.
+fn counted(resp: Response<Body>, stats: Arc<Stats>) -> Response<Body> {
+    resp.map(|b| {
+        b.map_frame(move |frame| {
+            if let Some(data) = frame.data_ref() {
+                add(&stats.bytes_out, data.len() as u64);
+            }
+            frame
+        })
+        .boxed_unsync()
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<Body> {
+    let shared = &worker.shared;
+    let key = primary_key(&parts);
+    let head_only = parts.method == Method::HEAD;
+    let now = now_ms();
+    let found = shared.store.lookup(&key).unwrap_or_else(|e| {
+        tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
+        None
+    });
+    if let Some(set) = found {
+        let variant = set.variants.iter().position(|m| vary::matches(&m.variant, &parts.headers));
+        if let Some(index) = variant.filter(|&i| set.variants[i].remaining_ttl_ms(now) > 0) {
+            let meta = &set.variants[index];
+            let first = if meta.length == 0 || !shared.store.has_body(meta) {
+                Ok(None)
+            } else {
+                shared.store.read_chunk(meta, 0).await
+            };
+            match first {
+                Ok(Some(chunk)) => {
+                    record_hit(&shared.stats, chunk.tier);
+                    let data = Some(chunk.data);
+                    return respond::hit(shared.store.clone(), set.clone(), index, data, now, head_only);
+                }
+                Ok(None) if meta.length == 0 => {
+                    record_hit(&shared.stats, Tier::Memory);
+                    return respond::hit(shared.store.clone(), set.clone(), index, None, now, head_only);
+                }
+                Ok(None) => {
+                    inc(&shared.stats.bodies_lost);
+                    if let Err(e) = shared.store.remove_generation(&key, meta.generation) {
+                        tracing::warn!(key, error = %e, "cannot drop metadata of a lost body");
+                    }
+                }
+                Err(e) => tracing::warn!(key, error = %e, "reading a stored body failed; refetching"),
+            }
+        }
+    }
+    miss(worker, client, key, parts).await
+}
+
+fn record_hit(stats: &Stats, tier: Tier) {
+    inc(&stats.hits);
+    inc(match tier {
+        Tier::Memory => &stats.hits_memory,
+        Tier::Disk => &stats.hits_disk,
+    });
+}
+
+async fn miss(worker: &Arc<Worker>, client: IpAddr, key: String, parts: Parts) -> Response<Body> {
+    let shared = &worker.shared;
+    inc(&shared.stats.misses);
+    let head_only = parts.method == Method::HEAD;
+    let parts = Arc::new(parts);
+    let start = |registered: bool, fetch: Arc<crate::coalesce::Fetch>| {
+        let task = fetch::run(worker.clone(), fetch, key.clone(), registered, parts.clone(), client);
+        tokio::spawn(task);
+    };
+    let (fetch, mut owner) = match shared.coalescer.join(&key) {
+        Joined::Leader(fetch) => {
+            start(true, fetch.clone());
+            (fetch, true)
+        }
+        Joined::Waiter(fetch) => {
+            inc(&shared.stats.coalesced_waiters);
+            (fetch, false)
+        }
+        Joined::HitForMiss => {
+            inc(&shared.stats.hit_for_miss);
+            let fetch = crate::coalesce::Fetch::new();
+            start(false, fetch.clone());
+            (fetch, true)
+        }
+    };
+    let mut reader = fetch.reader();
+    let mut head = reader.head().await;
+    let unusable = matches!(&head, Ok(h) if !h.shareable || !vary::matches(&h.selection, &parts.headers));
+    if !owner && unusable {
+        // The shared response is not for this request (uncacheable, or another variant): fetch alone at
+        // once rather than queueing behind anyone.
+        let fetch = crate::coalesce::Fetch::new();
+        start(false, fetch.clone());
+        reader = fetch.reader();
+        head = reader.head().await;
+        owner = true;
+    }
+    match head {
+        Ok(head) => {
+            let outcome = Outcome::Miss { stored: head.shareable, collapsed: !owner, detail: None };
+            respond::fetched(&head, reader, outcome, head_only)
+        }
+        Err(e) => {
+            let outcome = Outcome::Miss { stored: false, collapsed: !owner, detail: Some("backend-error") };
+            respond::error(e.status, outcome, &e.error.to_string())
+        }
+    }
+}
+
+async fn pass(worker: &Worker, client: IpAddr, parts: Parts, body: Incoming, unsafe_method: bool) -> Response<Body> {
+    let shared = &worker.shared;
+    inc(&shared.stats.passes);
+    inc(&shared.stats.backend_requests);
+    let outcome = Outcome::Pass { unsafe_method };
+    let invalidation_target = unsafe_method.then(|| parts.clone());
+    let mut parts = parts;
+    forward::prepare_headers(&mut parts.headers, client);
+    let resp = match worker.backend.send(Request::from_parts(parts, body::incoming(body))).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            inc(&shared.stats.backend_errors);
+            tracing::warn!(error = %e, "pass failed");
+            return respond::error(e.status(), outcome, &e.to_string());
+        }
+    };
+    let (mut head, body) = resp.into_parts();
+    if let Some(req) = invalidation_target {
+        if head.status.is_success() || head.status.is_redirection() {
+            for key in forward::invalidation_keys(&req, &head.headers) {
+                match shared.store.remove(&key) {
+                    Ok(n) => add(&shared.stats.invalidations, n as u64),
+                    Err(e) => tracing::warn!(key, error = %e, "invalidation failed"),
+                }
+            }
+        }
+    }
+    strip_hop_by_hop(&mut head.headers);
+    respond::decorate(&mut head.headers, outcome, None);
+    let stats = shared.stats.clone();
+    let body = body.map_frame(move |f| {
+        if let Some(d) = f.data_ref() {
+            stats.bytes_in.fetch_add(d.len() as u64, Relaxed);
+        }
+        f
+    });
+    Response::from_parts(head, body::incoming(body))
+}

@@ -1,0 +1,21 @@
+//! State shared by every worker thread, and what each worker owns.
+
+use std::{sync::Arc, time::Instant};
+
+use lacquer_storage::Store;
+
+use crate::{backend::Backend, coalesce::Coalescer, policy::Policy, stats::Stats};
+
+pub struct Shared {
+    pub policy: Policy,
+    pub store: Store,
+    pub stats: Arc<Stats>,
+    pub coalescer: Coalescer,
+    pub started: Instant,
+}
+
+/// One client-serving thread: its own runtime, listener sockets and backend connection pool.
+pub struct Worker {
+    pub shared: Arc<Shared>,
+    pub backend: Backend,
+}

@@ -1,0 +1,52 @@
+//! A minimal HTTP/1.1 client for tests.
+
+use std::{net::SocketAddr, time::Duration};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+
+    pub fn x_cache(&self) -> &str {
+        self.header("x-cache")
+    }
+}
+
+pub async fn get(addr: SocketAddr, path: &str) -> Reply {
+    request(addr, Method::GET, path, &[], Bytes::new()).await.expect("request failed")
+}
+
+/// Sends one request on a fresh connection; an error when the response (including its body) fails.
+pub async fn request(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Reply, String> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let req = req.body(Full::new(body)).unwrap();
+    let fut = async {
+        let resp = client.request(req).await.map_err(|e| format!("request: {e:?}"))?;
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.map_err(|e| format!("body: {e:?}"))?.to_bytes();
+        Ok(Reply { status: parts.status, headers: parts.headers, body })
+    };
+    tokio::time::timeout(Duration::from_secs(30), fut).await.map_err(|_| "timed out".to_string())?
+}

@@ -1,0 +1,157 @@
+//! The real `lacquerd` binary, started on ephemeral ports with a store directory of its own.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use http::Method;
+
+use crate::client::{request, Reply};
+
+/// Path of a binary built by this workspace (`cargo test` builds them next to the test executables).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target directory");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing: run the tests with `cargo test --workspace`", path.display());
+    path
+}
+
+pub struct Daemon {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: Arc<tempfile::TempDir>,
+    backend: SocketAddr,
+    extra: Vec<String>,
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    /// Starts `lacquerd` in front of `backend` with a fresh store.
+    pub fn start(backend: SocketAddr, extra: &[&str]) -> Daemon {
+        let dir = Arc::new(tempfile::tempdir().expect("store directory"));
+        Self::launch(backend, dir, extra.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn launch(backend: SocketAddr, dir: Arc<tempfile::TempDir>, extra: Vec<String>) -> Daemon {
+        let mut child = Command::new(binary("lacquerd"))
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--backend"])
+            .arg(backend.to_string())
+            .arg("--disk")
+            .arg(dir.path().join("store"))
+            .args(["--memory", "64MiB", "--disk-size", "256MiB"])
+            .args(&extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("lacquerd starts");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let addr = |marker: &str| {
+                    line.find(marker).and_then(|i| line[i + marker.len()..].split_whitespace().next()?.parse().ok())
+                };
+                if let Some(a) = addr("admin listening addr=") {
+                    let _ = tx.send(("admin", a));
+                } else if let Some(a) = addr(" listening addr=") {
+                    let _ = tx.send(("client", a));
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let (mut addr, mut admin) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while addr.is_none() || admin.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(("admin", a)) => admin = Some(a),
+                Ok((_, a)) => addr = Some(a),
+                Err(_) => panic!("lacquerd did not start; log:\n{}", log.lock().unwrap().join("\n")),
+            }
+        }
+        Daemon {
+            addr: addr.unwrap(),
+            admin: admin.unwrap(),
+            dir,
+            backend,
+            extra,
+            child: Some(child),
+            log,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub fn secret(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("store/secret")).expect("secret file").trim().to_owned()
+    }
+
+    pub async fn admin_get(&self, path: &str, secret: Option<&str>) -> Reply {
+        let auth = secret.map(|s| format!("Bearer {s}"));
+        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        request(self.admin, Method::GET, path, &headers, Default::default()).await.expect("admin request")
+    }
+
+    pub async fn stats(&self) -> serde_json::Value {
+        let reply = self.admin_get("/v1/stats", Some(&self.secret())).await;
+        assert_eq!(reply.status, 200, "stats: {:?}", reply.body);
+        serde_json::from_slice(&reply.body).expect("stats JSON")
+    }
+
+    /// Waits until `check` holds for the stats, or panics after 20 s.
+    pub async fn wait_for_stats(&self, what: &str, check: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let stats = self.stats().await;
+            if check(&stats) {
+                return stats;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; stats: {stats}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn signal(&mut self, signal: i32) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        child.wait().expect("lacquerd exits")
+    }
+
+    /// SIGTERM, then waits; the daemon must exit 0.
+    pub fn stop(&mut self) {
+        let status = self.signal(libc::SIGTERM);
+        assert!(status.success(), "lacquerd exited with {status}; log:\n{}", self.log());
+    }
+
+    pub fn kill9(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    /// A new process on the same store directory (and new ports).
+    pub fn restart(&self) -> Daemon {
+        assert!(self.child.is_none(), "stop or kill the daemon first");
+        Self::launch(self.backend, self.dir.clone(), self.extra.clone())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! A scripted origin: each test supplies a function from request to [`Reply`]; the origin records every
+//! request it receives.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::{body::Incoming, server::conn::http1, service::service_fn};
+use hyper_util::rt::TokioIo;
+use tokio::sync::Notify;
+
+/// One step of a response body.
+#[derive(Clone)]
+pub enum Step {
+    Data(Bytes),
+    Sleep(Duration),
+    /// Waits until the test calls `notify_one`/`notify_waiters` on the gate.
+    Gate(Arc<Notify>),
+    /// Drops the connection mid-body.
+    Reset,
+}
+
+#[derive(Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    /// Delay before the response head.
+    pub delay: Duration,
+    pub body: Vec<Step>,
+}
+
+impl Reply {
+    pub fn ok(body: impl Into<Bytes>) -> Self {
+        let body: Bytes = body.into();
+        Self {
+            status: 200,
+            headers: vec![("content-length".into(), body.len().to_string())],
+            delay: Duration::ZERO,
+            body: vec![Step::Data(body)],
+        }
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    pub fn status(mut self, status: u16) -> Self {
+        self.status = status;
+        self
+    }
+
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Replaces the body with steps; `content_length` is announced when given, else the body is chunked.
+    pub fn steps(mut self, steps: Vec<Step>, content_length: Option<usize>) -> Self {
+        self.headers.retain(|(n, _)| n != "content-length");
+        if let Some(len) = content_length {
+            self.headers.push(("content-length".into(), len.to_string()));
+        }
+        self.body = steps;
+        self
+    }
+}
+
+/// What the origin saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+type Script = dyn Fn(&Seen) -> Reply + Send + Sync;
+
+pub struct Origin {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    max_in_flight: Arc<AtomicUsize>,
+}
+
+impl Origin {
+    pub async fn start(script: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Origin {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let script: Arc<Script> = Arc::new(script);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let max_in_flight = Arc::new(AtomicUsize::new(0));
+        let state = (seen.clone(), in_flight.clone(), max_in_flight.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let (script, state) = (script.clone(), state.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| serve(script.clone(), state.clone(), req));
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+        });
+        Origin { addr, seen, max_in_flight }
+    }
+
+    /// Every request seen, in arrival order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// How many requests for `path` (path and query) the origin received.
+    pub fn count(&self, path: &str) -> usize {
+        self.seen.lock().unwrap().iter().filter(|s| s.path == path).count()
+    }
+
+    pub fn total(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// The most requests that were being answered at the same time.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn counts(&self) -> HashMap<String, usize> {
+        let mut m = HashMap::new();
+        for s in self.seen.lock().unwrap().iter() {
+            *m.entry(s.path.clone()).or_default() += 1;
+        }
+        m
+    }
+}
+
+type State = (Arc<Mutex<Vec<Seen>>>, Arc<AtomicUsize>, Arc<AtomicUsize>);
+type OriginBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn serve(script: Arc<Script>, state: State, req: Request<Incoming>) -> Result<Response<OriginBody>, Infallible> {
+    let (seen, in_flight, max) = state;
+    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    max.fetch_max(now, Ordering::SeqCst);
+    let guard = InFlight(in_flight);
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let record = Seen {
+        method: parts.method.to_string(),
+        path: parts.uri.path_and_query().map_or("/".into(), |p| p.to_string()),
+        headers: parts.headers,
+        body,
+    };
+    seen.lock().unwrap().push(record.clone());
+    let reply = script(&record);
+    tokio::time::sleep(reply.delay).await;
+    let mut resp = Response::builder().status(StatusCode::from_u16(reply.status).unwrap());
+    for (n, v) in &reply.headers {
+        resp = resp.header(n, v);
+    }
+    let steps = futures_util::stream::unfold((reply.body.into_iter(), Some(guard)), |(mut steps, guard)| async move {
+        loop {
+            match steps.next() {
+                None => return None,
+                Some(Step::Data(d)) => return Some((Ok(Frame::data(d)), (steps, guard))),
+                Some(Step::Sleep(d)) => tokio::time::sleep(d).await,
+                Some(Step::Gate(g)) => g.notified().await,
+                Some(Step::Reset) => {
+                    return Some((Err(std::io::Error::other("scripted reset")), (steps, guard)));
+                }
+            }
+        }
+    });
+    Ok(resp.body(StreamBody::new(steps).boxed()).unwrap())
+}
