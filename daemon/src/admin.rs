@@ -44,13 +44,24 @@ struct ApiError {
 }
 
 fn api_error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Response {
-    (status, Json(ApiError { code, message: message.into() })).into_response()
+    (
+        status,
+        Json(ApiError {
+            code,
+            message: message.into(),
+        }),
+    )
+        .into_response()
 }
 
 pub fn router(state: AdminState) -> Router {
-    let guarded = Router::new()
-        .route("/v1/stats", get(stats))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_secret));
+    let guarded =
+        Router::new()
+            .route("/v1/stats", get(stats))
+            .route_layer(middleware::from_fn_with_state(
+                state.clone(),
+                require_secret,
+            ));
     Router::new()
         .route("/v1/health", get(health))
         .merge(guarded)
@@ -66,8 +77,14 @@ async fn require_secret(State(state): State<AdminState>, req: Request, next: Nex
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        Some(token) if bool::from(token.as_bytes().ct_eq(state.secret.as_bytes())) => next.run(req).await,
-        Some(_) => api_error(StatusCode::UNAUTHORIZED, "unauthorized", "the admin secret does not match"),
+        Some(token) if bool::from(token.as_bytes().ct_eq(state.secret.as_bytes())) => {
+            next.run(req).await
+        }
+        Some(_) => api_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the admin secret does not match",
+        ),
         None => api_error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",

@@ -16,7 +16,10 @@ pub enum BackendError {
     #[error("backend {authority} unreachable: {reason}")]
     Connect { authority: String, reason: String },
     #[error("backend {authority} sent no response head within {timeout:?}")]
-    FirstByteTimeout { authority: String, timeout: Duration },
+    FirstByteTimeout {
+        authority: String,
+        timeout: Duration,
+    },
     #[error("backend {authority} failed: {reason}")]
     Failed { authority: String, reason: String },
 }
@@ -62,10 +65,12 @@ impl Backend {
     /// Sends a request whose URI holds only the path and query; the origin's authority is filled in here.
     pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        *req.uri_mut() = format!("http://{}{}", self.authority, path).parse().map_err(|e| BackendError::Failed {
-            authority: self.authority.clone(),
-            reason: format!("bad request target: {e}"),
-        })?;
+        *req.uri_mut() = format!("http://{}{}", self.authority, path)
+            .parse()
+            .map_err(|e| BackendError::Failed {
+                authority: self.authority.clone(),
+                reason: format!("bad request target: {e}"),
+            })?;
         match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
             Err(_) => Err(BackendError::FirstByteTimeout {
                 authority: self.authority.clone(),
@@ -76,7 +81,10 @@ impl Backend {
                 authority: self.authority.clone(),
                 reason: error_chain(&e),
             }),
-            Ok(Err(e)) => Err(BackendError::Failed { authority: self.authority.clone(), reason: error_chain(&e) }),
+            Ok(Err(e)) => Err(BackendError::Failed {
+                authority: self.authority.clone(),
+                reason: error_chain(&e),
+            }),
         }
     }
 }

@@ -13,7 +13,9 @@ pub fn empty() -> Body {
 }
 
 pub fn full(data: impl Into<Bytes>) -> Body {
-    Full::new(data.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(data.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 pub fn from_stream<S>(stream: S) -> Body

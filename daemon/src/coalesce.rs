@@ -62,7 +62,10 @@ pub struct Fetch {
 
 impl Fetch {
     pub fn new() -> Arc<Self> {
-        Arc::new(Self { state: Mutex::new(State::default()), changed: watch::Sender::new(()) })
+        Arc::new(Self {
+            state: Mutex::new(State::default()),
+            changed: watch::Sender::new(()),
+        })
     }
 
     fn update(&self, f: impl FnOnce(&mut State)) {
@@ -83,7 +86,11 @@ impl Fetch {
     }
 
     pub fn reader(self: &Arc<Self>) -> FetchReader {
-        FetchReader { fetch: self.clone(), rx: self.changed.subscribe(), pos: 0 }
+        FetchReader {
+            fetch: self.clone(),
+            rx: self.changed.subscribe(),
+            pos: 0,
+        }
     }
 }
 
@@ -134,10 +141,13 @@ impl FetchReader {
     /// The body as it arrives; an error if the fetch fails or is cut short, so the client never takes a
     /// truncated body for a whole one.
     pub fn into_body(self) -> Body {
-        body::from_stream(futures_util::stream::unfold(self, |mut reader| async move {
-            let item = reader.next_chunk().await?;
-            Some((item.map(Frame::data).map_err(BoxError::from), reader))
-        }))
+        body::from_stream(futures_util::stream::unfold(
+            self,
+            |mut reader| async move {
+                let item = reader.next_chunk().await?;
+                Some((item.map(Frame::data).map_err(BoxError::from), reader))
+            },
+        ))
     }
 }
 
@@ -227,8 +237,12 @@ mod tests {
     #[tokio::test]
     async fn waiters_stream_bytes_as_they_arrive() {
         let c = Coalescer::default();
-        let Joined::Leader(fetch) = c.join("k") else { panic!("first is leader") };
-        let Joined::Waiter(same) = c.join("k") else { panic!("second waits") };
+        let Joined::Leader(fetch) = c.join("k") else {
+            panic!("first is leader")
+        };
+        let Joined::Waiter(same) = c.join("k") else {
+            panic!("second waits")
+        };
         assert!(Arc::ptr_eq(&fetch, &same));
         let mut reader = same.reader();
         fetch.set_head(Ok(head(true)));
@@ -257,11 +271,15 @@ mod tests {
     #[test]
     fn hit_for_miss_bypasses_and_expires() {
         let c = Coalescer::default();
-        let Joined::Leader(fetch) = c.join("k") else { panic!() };
+        let Joined::Leader(fetch) = c.join("k") else {
+            panic!()
+        };
         c.finish("k", &fetch, Some(Duration::from_secs(60)));
         assert!(matches!(c.join("k"), Joined::HitForMiss));
         c.clear_hit_for_miss("k");
-        let Joined::Leader(fetch) = c.join("k") else { panic!() };
+        let Joined::Leader(fetch) = c.join("k") else {
+            panic!()
+        };
         c.finish("k", &fetch, Some(Duration::from_nanos(1)));
         std::thread::sleep(Duration::from_millis(2));
         assert!(matches!(c.join("k"), Joined::Leader(_)));
@@ -270,7 +288,9 @@ mod tests {
     #[test]
     fn finishing_someone_elses_fetch_changes_nothing() {
         let c = Coalescer::default();
-        let Joined::Leader(fetch) = c.join("k") else { panic!() };
+        let Joined::Leader(fetch) = c.join("k") else {
+            panic!()
+        };
         c.finish("k", &Fetch::new(), None);
         assert!(matches!(c.join("k"), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch)));
     }

@@ -90,7 +90,10 @@ pub struct Admin {
 
 impl Default for Admin {
     fn default() -> Self {
-        Self { listen: SocketAddr::from(([127, 0, 0, 1], 6082)), secret_file: None }
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 6082)),
+            secret_file: None,
+        }
     }
 }
 
@@ -176,7 +179,9 @@ pub struct Log {
 
 impl Default for Log {
     fn default() -> Self {
-        Self { level: "info".into() }
+        Self {
+            level: "info".into(),
+        }
     }
 }
 
@@ -204,8 +209,9 @@ impl Config {
     pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
         let mut config = match path {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError(format!("cannot read config file {}: {e}", path.display()))
+                })?;
                 Self::parse(&text, &path.display().to_string())?
             }
             None => Config::default(),
@@ -224,8 +230,16 @@ impl Config {
                 format!(":{line}:{column}")
             });
             let key = e.path().to_string();
-            let key = if key == "." { String::new() } else { format!(" {key}:") };
-            ConfigError(format!("{origin}{}:{key} {}", position.unwrap_or_default(), e.inner().message().trim().replace('\n', "; ")))
+            let key = if key == "." {
+                String::new()
+            } else {
+                format!(" {key}:")
+            };
+            ConfigError(format!(
+                "{origin}{}:{key} {}",
+                position.unwrap_or_default(),
+                e.inner().message().trim().replace('\n', "; ")
+            ))
         })
     }
 
@@ -268,27 +282,44 @@ impl Config {
         let dir = self.storage_dir();
         std::fs::create_dir_all(dir)
             .and_then(|_| tempfile_probe(dir))
-            .or_else(|e| bad("storage.dir", format!("{} is not a writable directory: {e}", dir.display())))?;
+            .or_else(|e| {
+                bad(
+                    "storage.dir",
+                    format!("{} is not a writable directory: {e}", dir.display()),
+                )
+            })?;
         if self.admin.secret_file.is_none() {
             self.admin.secret_file = Some(dir.join("secret"));
         }
-        self.store_builder().validate().map_err(|e| ConfigError(format!("storage: {e}")))?;
+        self.store_builder()
+            .validate()
+            .map_err(|e| ConfigError(format!("storage: {e}")))?;
         Ok(())
     }
 
     pub fn origin(&self) -> Result<Origin, ConfigError> {
         let Some(address) = self.backend.address.as_deref() else {
             return Err(ConfigError(
-                "backend.address: no backend given (use --backend HOST:PORT or [backend] address)".into(),
+                "backend.address: no backend given (use --backend HOST:PORT or [backend] address)"
+                    .into(),
             ));
         };
-        let authority = address.strip_prefix("http://").unwrap_or(address).trim_end_matches('/');
+        let authority = address
+            .strip_prefix("http://")
+            .unwrap_or(address)
+            .trim_end_matches('/');
         if address.contains("://") && !address.starts_with("http://") {
-            return Err(ConfigError(format!("backend.address: {address:?}: only http:// origins are supported")));
+            return Err(ConfigError(format!(
+                "backend.address: {address:?}: only http:// origins are supported"
+            )));
         }
         match authority.parse::<http::uri::Authority>() {
-            Ok(a) if a.port_u16().is_some() && !a.host().is_empty() => Ok(Origin { authority: a.to_string() }),
-            _ => Err(ConfigError(format!("backend.address: {address:?} is not HOST:PORT or http://HOST:PORT"))),
+            Ok(a) if a.port_u16().is_some() && !a.host().is_empty() => Ok(Origin {
+                authority: a.to_string(),
+            }),
+            _ => Err(ConfigError(format!(
+                "backend.address: {address:?} is not HOST:PORT or http://HOST:PORT"
+            ))),
         }
     }
 
@@ -346,7 +377,10 @@ fn default_dir() -> PathBuf {
         return PathBuf::from(dir);
     }
     let system = PathBuf::from("/var/lib/lacquer");
-    if std::fs::create_dir_all(&system).and_then(|_| tempfile_probe(&system)).is_ok() {
+    if std::fs::create_dir_all(&system)
+        .and_then(|_| tempfile_probe(&system))
+        .is_ok()
+    {
         return system;
     }
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
@@ -390,15 +424,27 @@ mod tests {
     #[test]
     fn errors_name_the_key_and_position() {
         let cases = [
-            ("[server]\nlistn = []", "lacquer.toml:2:1: server.listn: unknown field `listn`"),
-            ("[storage]\nmemory = \"12 parsecs\"", "lacquer.toml:2:10: storage.memory:"),
-            ("[cache]\ndefault_ttl = \"soon\"", "lacquer.toml:2:15: cache.default_ttl:"),
+            (
+                "[server]\nlistn = []",
+                "lacquer.toml:2:1: server.listn: unknown field `listn`",
+            ),
+            (
+                "[storage]\nmemory = \"12 parsecs\"",
+                "lacquer.toml:2:10: storage.memory:",
+            ),
+            (
+                "[cache]\ndefault_ttl = \"soon\"",
+                "lacquer.toml:2:15: cache.default_ttl:",
+            ),
             ("[nope]\n", "unknown field `nope`"),
             ("[server\n", "lacquer.toml:1:"),
         ];
         for (text, want) in cases {
             let got = err(text);
-            assert!(got.starts_with(want) || got.contains(want), "{text:?}: {got}");
+            assert!(
+                got.starts_with(want) || got.contains(want),
+                "{text:?}: {got}"
+            );
             assert!(!got.contains('\n'), "one line: {got:?}");
         }
     }
@@ -433,18 +479,38 @@ mod tests {
         .unwrap();
         assert_eq!(c.storage.disk_size, ByteSize::mib(512));
         assert_eq!(c.secret_file(), dir.path().join("store/secret"));
-        assert_eq!(c.server.listen, vec!["127.0.0.1:0".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(
+            c.server.listen,
+            vec!["127.0.0.1:0".parse::<SocketAddr>().unwrap()]
+        );
     }
 
     #[test]
     fn unusable_directory_and_tiny_disk_are_rejected() {
         let file = tempfile::NamedTempFile::new().unwrap();
-        let o = || Overrides { backend: Some("127.0.0.1:9".into()), ..Default::default() };
-        let e = Config::load(None, Overrides { disk: Some(file.path().join("x")), ..o() }).unwrap_err();
+        let o = || Overrides {
+            backend: Some("127.0.0.1:9".into()),
+            ..Default::default()
+        };
+        let e = Config::load(
+            None,
+            Overrides {
+                disk: Some(file.path().join("x")),
+                ..o()
+            },
+        )
+        .unwrap_err();
         assert!(e.to_string().starts_with("storage.dir:"), "{e}");
         let dir = tempfile::tempdir().unwrap();
-        let e = Config::load(None, Overrides { disk: Some(dir.path().into()), disk_size: Some(ByteSize::mib(1)), ..o() })
-            .unwrap_err();
+        let e = Config::load(
+            None,
+            Overrides {
+                disk: Some(dir.path().into()),
+                disk_size: Some(ByteSize::mib(1)),
+                ..o()
+            },
+        )
+        .unwrap_err();
         assert!(e.to_string().starts_with("storage:"), "{e}");
     }
 }

@@ -12,7 +12,9 @@ mod server;
 mod stats;
 mod worker;
 
-use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Instant};
+use std::{
+    io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Instant,
+};
 
 use anyhow::Context;
 use bytesize::ByteSize;
@@ -81,7 +83,8 @@ fn main() -> ExitCode {
         println!("configuration ok");
         return ExitCode::SUCCESS;
     }
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -108,7 +111,12 @@ fn run(config: Config) -> anyhow::Result<()> {
         .context("cannot start the store runtime")?;
     let store = control
         .block_on(config.store_builder().open(control.handle().clone()))
-        .with_context(|| format!("cannot open the store in {}", config.storage_dir().display()))?;
+        .with_context(|| {
+            format!(
+                "cannot open the store in {}",
+                config.storage_dir().display()
+            )
+        })?;
     let secret = secret::load_or_create(config.secret_file())?;
     let shared = Arc::new(Shared {
         policy: config.policy(),
@@ -131,7 +139,10 @@ fn run(config: Config) -> anyhow::Result<()> {
         shutdown_timeout: config.server.shutdown_timeout,
     });
     let threads = server::spawn_workers(shared.clone(), settings, sockets, stopped.clone())?;
-    let app = admin::router(admin::AdminState { shared: shared.clone(), secret: secret.into() });
+    let app = admin::router(admin::AdminState {
+        shared: shared.clone(),
+        secret: secret.into(),
+    });
     let mut admin_stop = stopped.clone();
     control.spawn(async move {
         let serve = axum::serve(admin_listener, app)
@@ -159,7 +170,9 @@ fn run(config: Config) -> anyhow::Result<()> {
         let _ = thread.join();
     }
     tracing::info!("flushing the store");
-    control.block_on(store.close(config.server.shutdown_timeout)).context("flushing the store failed")?;
+    control
+        .block_on(store.close(config.server.shutdown_timeout))
+        .context("flushing the store failed")?;
     drop(shared);
     control.shutdown_timeout(std::time::Duration::from_secs(5));
     tracing::info!("stopped");

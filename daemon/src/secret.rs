@@ -1,10 +1,6 @@
 //! The admin secret: read from a file, or generated into one on first start.
 
-use std::{
-    io::Write,
-    os::unix::fs::OpenOptionsExt,
-    path::Path,
-};
+use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path};
 
 use anyhow::{bail, Context};
 
@@ -14,16 +10,21 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<String> {
         Ok(text) => {
             let secret = text.trim().to_owned();
             if secret.len() < 16 {
-                bail!("admin secret in {} is shorter than 16 characters", path.display());
+                bail!(
+                    "admin secret in {} is shorter than 16 characters",
+                    path.display()
+                );
             }
             Ok(secret)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut raw = [0u8; 32];
-            getrandom::fill(&mut raw).map_err(|e| anyhow::anyhow!("no randomness for the admin secret: {e}"))?;
+            getrandom::fill(&mut raw)
+                .map_err(|e| anyhow::anyhow!("no randomness for the admin secret: {e}"))?;
             let secret: String = raw.iter().map(|b| format!("{b:02x}")).collect();
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
             }
             let mut file = std::fs::OpenOptions::new()
                 .write(true)
@@ -31,7 +32,8 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<String> {
                 .mode(0o600)
                 .open(path)
                 .with_context(|| format!("cannot create admin secret {}", path.display()))?;
-            writeln!(file, "{secret}").with_context(|| format!("cannot write admin secret {}", path.display()))?;
+            writeln!(file, "{secret}")
+                .with_context(|| format!("cannot write admin secret {}", path.display()))?;
             tracing::info!(path = %path.display(), "generated admin secret");
             Ok(secret)
         }
@@ -51,7 +53,10 @@ mod tests {
         let path = dir.path().join("sub/secret");
         let first = load_or_create(&path).unwrap();
         assert_eq!(first.len(), 64);
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert_eq!(load_or_create(&path).unwrap(), first);
     }
 
@@ -60,6 +65,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret");
         std::fs::write(&path, "abc\n").unwrap();
-        assert!(load_or_create(&path).unwrap_err().to_string().contains("shorter than 16"));
+        assert!(load_or_create(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("shorter than 16"));
     }
 }

@@ -22,17 +22,26 @@ use hyper_util::{
 use socket2::{Domain, Socket, Type};
 use tokio::sync::watch;
 
-use crate::{backend::Backend, config, proxy, stats::inc, worker::{Shared, Worker}};
+use crate::{
+    backend::Backend,
+    config, proxy,
+    stats::inc,
+    worker::{Shared, Worker},
+};
 
 /// Binds `workers` sockets per address. A port of 0 is resolved by the first socket and reused by the rest.
 /// Returns the sockets per worker and the addresses actually bound.
-pub fn bind(addrs: &[SocketAddr], workers: usize) -> anyhow::Result<(Vec<Vec<TcpListener>>, Vec<SocketAddr>)> {
+pub fn bind(
+    addrs: &[SocketAddr],
+    workers: usize,
+) -> anyhow::Result<(Vec<Vec<TcpListener>>, Vec<SocketAddr>)> {
     let mut per_worker: Vec<Vec<TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
     let mut bound = Vec::new();
     for &addr in addrs {
         let mut actual = addr;
         for sockets in per_worker.iter_mut() {
-            let listener = reuseport_listener(actual).with_context(|| format!("cannot listen on {actual}"))?;
+            let listener =
+                reuseport_listener(actual).with_context(|| format!("cannot listen on {actual}"))?;
             actual = listener.local_addr()?;
             sockets.push(listener);
         }
@@ -91,15 +100,29 @@ async fn serve(
     listeners: Vec<TcpListener>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let worker = Arc::new(Worker { shared, backend: Backend::new(&settings.origin, &settings.backend) });
+    let worker = Arc::new(Worker {
+        shared,
+        backend: Backend::new(&settings.origin, &settings.backend),
+    });
     let graceful = GracefulShutdown::new();
     let listeners: Vec<_> = listeners
         .into_iter()
         .map(|l| tokio::net::TcpListener::from_std(l).expect("listener registers with the runtime"))
         .collect();
-    join_all(listeners.into_iter().map(|l| accept(l, &worker, &graceful, shutdown.clone()))).await;
-    if tokio::time::timeout(settings.shutdown_timeout, graceful.shutdown()).await.is_err() {
-        tracing::warn!("connections still open after {:?}; closing them", settings.shutdown_timeout);
+    join_all(
+        listeners
+            .into_iter()
+            .map(|l| accept(l, &worker, &graceful, shutdown.clone())),
+    )
+    .await;
+    if tokio::time::timeout(settings.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "connections still open after {:?}; closing them",
+            settings.shutdown_timeout
+        );
     }
 }
 

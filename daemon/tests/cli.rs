@@ -3,17 +3,31 @@
 use std::process::Command;
 
 fn lacquerd(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_lacquerd")).args(args).output().expect("lacquerd runs");
+    let out = Command::new(env!("CARGO_BIN_EXE_lacquerd"))
+        .args(args)
+        .output()
+        .expect("lacquerd runs");
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
 }
 
 #[test]
 fn check_accepts_a_good_configuration() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("store");
-    let (code, out, err) =
-        lacquerd(&["--check", "--backend", "127.0.0.1:8080", "--disk", disk.to_str().unwrap(), "--memory", "64MiB"]);
+    let (code, out, err) = lacquerd(&[
+        "--check",
+        "--backend",
+        "127.0.0.1:8080",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--memory",
+        "64MiB",
+    ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "configuration ok");
 }
@@ -24,17 +38,59 @@ fn configuration_errors_exit_2_with_one_line() {
     let disk = dir.path().join("store");
     let disk = disk.to_str().unwrap();
     let file = dir.path().join("lacquer.toml");
-    std::fs::write(&file, "[backend]\naddress = \"127.0.0.1:8080\"\n\n[storage]\nmemroy = \"1GiB\"\n").unwrap();
+    std::fs::write(
+        &file,
+        "[backend]\naddress = \"127.0.0.1:8080\"\n\n[storage]\nmemroy = \"1GiB\"\n",
+    )
+    .unwrap();
     let blocker = dir.path().join("a-file");
     std::fs::write(&blocker, "").unwrap();
     let unusable = blocker.join("store");
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--check", "--config", file.to_str().unwrap(), "--disk", disk], "lacquer.toml:5:1: storage.memroy: unknown field `memroy`"),
-        (vec!["--check", "--disk", disk], "backend.address: no backend given"),
-        (vec!["--check", "--backend", "nonsense", "--disk", disk], "backend.address: \"nonsense\" is not HOST:PORT"),
-        (vec!["--check", "--backend", "127.0.0.1:1", "--disk", unusable.to_str().unwrap()], "storage.dir:"),
-        (vec!["--check", "--backend", "127.0.0.1:1", "--disk", disk, "--disk-size", "1MiB"], "storage: invalid store setting: disk size"),
-        (vec!["--check", "--config", "/nonexistent/lacquer.toml"], "cannot read config file /nonexistent/lacquer.toml"),
+        (
+            vec![
+                "--check",
+                "--config",
+                file.to_str().unwrap(),
+                "--disk",
+                disk,
+            ],
+            "lacquer.toml:5:1: storage.memroy: unknown field `memroy`",
+        ),
+        (
+            vec!["--check", "--disk", disk],
+            "backend.address: no backend given",
+        ),
+        (
+            vec!["--check", "--backend", "nonsense", "--disk", disk],
+            "backend.address: \"nonsense\" is not HOST:PORT",
+        ),
+        (
+            vec![
+                "--check",
+                "--backend",
+                "127.0.0.1:1",
+                "--disk",
+                unusable.to_str().unwrap(),
+            ],
+            "storage.dir:",
+        ),
+        (
+            vec![
+                "--check",
+                "--backend",
+                "127.0.0.1:1",
+                "--disk",
+                disk,
+                "--disk-size",
+                "1MiB",
+            ],
+            "storage: invalid store setting: disk size",
+        ),
+        (
+            vec!["--check", "--config", "/nonexistent/lacquer.toml"],
+            "cannot read config file /nonexistent/lacquer.toml",
+        ),
     ];
     for (args, want) in cases {
         let (code, _, err) = lacquerd(&args);

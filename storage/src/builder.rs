@@ -94,10 +94,16 @@ impl StoreBuilder {
     pub fn validate(&self) -> Result<(), StoreError> {
         let bad = |what: String| Err(StoreError::Config(what));
         if self.chunk_size < 4 * KIB || self.chunk_size > 4 * MIB {
-            return bad(format!("chunk size {} must be between 4 KiB and 4 MiB", self.chunk_size));
+            return bad(format!(
+                "chunk size {} must be between 4 KiB and 4 MiB",
+                self.chunk_size
+            ));
         }
         if self.memory_bytes < 4 * self.chunk_size {
-            return bad(format!("memory {} must hold at least four chunks of {}", self.memory_bytes, self.chunk_size));
+            return bad(format!(
+                "memory {} must hold at least four chunks of {}",
+                self.memory_bytes, self.chunk_size
+            ));
         }
         if self.disk_bytes < 8 * self.block_size() {
             return bad(format!(
@@ -141,8 +147,17 @@ mod tests {
 
     #[test]
     fn rejects_settings_that_cannot_work() {
-        assert!(StoreBuilder::new("/x").with_disk_bytes(MIB).validate().is_err());
-        assert!(StoreBuilder::new("/x").with_chunk_size(100).validate().is_err());
-        assert!(StoreBuilder::new("/x").with_memory_bytes(10 * KIB).validate().is_err());
+        assert!(StoreBuilder::new("/x")
+            .with_disk_bytes(MIB)
+            .validate()
+            .is_err());
+        assert!(StoreBuilder::new("/x")
+            .with_chunk_size(100)
+            .validate()
+            .is_err());
+        assert!(StoreBuilder::new("/x")
+            .with_memory_bytes(10 * KIB)
+            .validate()
+            .is_err());
     }
 }

@@ -26,7 +26,9 @@ impl Code for ChunkKey {
 
     fn decode(reader: &mut impl Read) -> foyer::Result<Self> {
         let mut buf = [0u8; ENCODED_LEN];
-        reader.read_exact(&mut buf).map_err(foyer::Error::io_error)?;
+        reader
+            .read_exact(&mut buf)
+            .map_err(foyer::Error::io_error)?;
         Ok(Self {
             object: u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")),
             generation: u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes")),
@@ -45,7 +47,11 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let key = ChunkKey { object: u64::MAX - 3, generation: 42, index: 7 };
+        let key = ChunkKey {
+            object: u64::MAX - 3,
+            generation: 42,
+            index: 7,
+        };
         let mut buf = Vec::new();
         key.encode(&mut buf).unwrap();
         assert_eq!(buf.len(), key.estimated_size());

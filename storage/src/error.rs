@@ -4,7 +4,10 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot create store directory {path}: {source}")]
-    CreateDir { path: PathBuf, source: std::io::Error },
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot open metadata database in {path}: {source}")]
     OpenMetadata { path: PathBuf, source: sled::Error },
     #[error("cannot open body cache in {path}: {source}")]

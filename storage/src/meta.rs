@@ -63,16 +63,29 @@ impl ObjectMeta {
     /// When the store may forget the object (unix milliseconds).
     pub fn expires_at_ms(&self) -> u64 {
         let born = self.stored_at_ms.saturating_sub(self.initial_age_s * 1000);
-        born.saturating_add(self.ttl_ms).saturating_add(self.grace_ms).saturating_add(self.keep_ms)
+        born.saturating_add(self.ttl_ms)
+            .saturating_add(self.grace_ms)
+            .saturating_add(self.keep_ms)
     }
 
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice())
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
     }
 
     pub(crate) fn approx_size(&self) -> usize {
-        let headers: usize = self.headers.iter().map(|(n, v)| n.len() + v.len() + 48).sum();
-        let variant: usize = self.variant.iter().map(|(n, v)| n.len() + v.len() + 48).sum();
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + 48)
+            .sum();
+        let variant: usize = self
+            .variant
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + 48)
+            .sum();
         std::mem::size_of::<Self>() + headers + variant
     }
 }
@@ -92,11 +105,15 @@ impl ObjectSet {
     }
 
     pub(crate) fn decode(key: &str, bytes: &[u8]) -> Result<Self, StoreError> {
-        let corrupt = |reason: String| StoreError::CorruptMetadata { key: key.to_owned(), reason };
+        let corrupt = |reason: String| StoreError::CorruptMetadata {
+            key: key.to_owned(),
+            reason,
+        };
         match bytes.split_first() {
             Some((&FORMAT_VERSION, rest)) => {
-                let (set, used) = bincode::serde::decode_from_slice(rest, bincode::config::standard())
-                    .map_err(|e| corrupt(e.to_string()))?;
+                let (set, used) =
+                    bincode::serde::decode_from_slice(rest, bincode::config::standard())
+                        .map_err(|e| corrupt(e.to_string()))?;
                 if used != rest.len() {
                     return Err(corrupt(format!("{} trailing bytes", rest.len() - used)));
                 }
@@ -108,7 +125,11 @@ impl ObjectSet {
     }
 
     pub(crate) fn approx_size(&self) -> usize {
-        64 + self.variants.iter().map(ObjectMeta::approx_size).sum::<usize>()
+        64 + self
+            .variants
+            .iter()
+            .map(ObjectMeta::approx_size)
+            .sum::<usize>()
     }
 }
 
@@ -122,7 +143,10 @@ pub(crate) mod tests {
             generation: 1,
             variant: vec![("accept-encoding".into(), "gzip".into())],
             status: 200,
-            headers: vec![("content-type".into(), b"text/plain".to_vec()), ("ETag".into(), b"\"x\"".to_vec())],
+            headers: vec![
+                ("content-type".into(), b"text/plain".to_vec()),
+                ("ETag".into(), b"\"x\"".to_vec()),
+            ],
             length,
             chunk_size,
             stored_at_ms: 1_000_000,
@@ -136,7 +160,9 @@ pub(crate) mod tests {
 
     #[test]
     fn record_round_trips_with_version_byte() {
-        let set = ObjectSet { variants: vec![meta(10, 4)] };
+        let set = ObjectSet {
+            variants: vec![meta(10, 4)],
+        };
         let bytes = set.encode();
         assert_eq!(bytes[0], FORMAT_VERSION);
         assert_eq!(ObjectSet::decode("k", &bytes).unwrap(), set);
@@ -146,7 +172,10 @@ pub(crate) mod tests {
     fn unknown_version_and_garbage_are_reported() {
         let mut bytes = ObjectSet::default().encode();
         bytes[0] = 99;
-        assert!(ObjectSet::decode("k", &bytes).unwrap_err().to_string().contains("unknown format version 99"));
+        assert!(ObjectSet::decode("k", &bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown format version 99"));
         assert!(ObjectSet::decode("k", &[]).is_err());
         assert!(ObjectSet::decode("k", &[FORMAT_VERSION, 0xff, 0xff]).is_err());
     }

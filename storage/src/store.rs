@@ -9,8 +9,8 @@ use std::{
 
 use bytes::Bytes;
 use foyer::{
-    BlockEngineConfig, Cache, CacheBuilder, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder,
-    HybridCachePolicy, PsyncIoEngineConfig, RecoverMode, Source, Spawner,
+    BlockEngineConfig, Cache, CacheBuilder, DeviceBuilder, FsDeviceBuilder, HybridCache,
+    HybridCacheBuilder, HybridCachePolicy, PsyncIoEngineConfig, RecoverMode, Source, Spawner,
 };
 use mixtrics::registry::prometheus_0_14::PrometheusMetricsRegistry;
 use tokio::sync::mpsc;
@@ -59,28 +59,43 @@ pub(crate) struct Inner {
 }
 
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl Store {
-    pub(crate) async fn open(config: StoreBuilder, runtime: tokio::runtime::Handle) -> Result<Self, StoreError> {
+    pub(crate) async fn open(
+        config: StoreBuilder,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, StoreError> {
         let meta_dir = config.dir.join("meta");
         let body_dir = config.dir.join("bodies");
         for dir in [&config.dir, &meta_dir, &body_dir] {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir { path: dir.clone(), source })?;
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                path: dir.clone(),
+                source,
+            })?;
         }
         let db = sled::Config::new()
             .path(&meta_dir)
             .flush_every_ms(Some(200))
             .open()
-            .map_err(|source| StoreError::OpenMetadata { path: meta_dir.clone(), source })?;
+            .map_err(|source| StoreError::OpenMetadata {
+                path: meta_dir.clone(),
+                source,
+            })?;
         let objects = db.open_tree("objects")?;
 
         let registry = prometheus::Registry::new();
         let device = FsDeviceBuilder::new(&body_dir)
             .with_capacity(config.disk_bytes)
             .build()
-            .map_err(|source| StoreError::OpenBodies { path: body_dir.clone(), source })?;
+            .map_err(|source| StoreError::OpenBodies {
+                path: body_dir.clone(),
+                source,
+            })?;
         let buffer_pool = config.buffer_pool_bytes();
         let chunks = HybridCacheBuilder::new()
             .with_name("bodies")
@@ -101,7 +116,10 @@ impl Store {
             .with_spawner(Spawner::from(runtime.clone()))
             .build()
             .await
-            .map_err(|source| StoreError::OpenBodies { path: body_dir.clone(), source })?;
+            .map_err(|source| StoreError::OpenBodies {
+                path: body_dir.clone(),
+                source,
+            })?;
 
         let hot = CacheBuilder::new(config.metadata_cache_bytes)
             .with_weighter(|k: &String, v: &Arc<ObjectSet>| k.len() + v.approx_size())
@@ -124,7 +142,10 @@ impl Store {
         };
         store.count_objects()?;
         runtime.spawn(writer::run(store.clone(), rx, buffer_pool / 2));
-        runtime.spawn(crate::sweep::run(Arc::downgrade(&store.inner), store.inner.config.sweep_interval));
+        runtime.spawn(crate::sweep::run(
+            Arc::downgrade(&store.inner),
+            store.inner.config.sweep_interval,
+        ));
         Ok(store)
     }
 
@@ -188,32 +209,49 @@ impl Store {
 
     /// Replaces the set of `primary` (or removes it when empty) in sled and the hot copy; the caller holds the
     /// mutation lock. Chunks of `dropped` variants are removed from the body cache.
-    fn save_set(&self, primary: &str, set: ObjectSet, dropped: &[ObjectMeta]) -> Result<(), StoreError> {
+    fn save_set(
+        &self,
+        primary: &str,
+        set: ObjectSet,
+        dropped: &[ObjectMeta],
+    ) -> Result<(), StoreError> {
         if set.variants.is_empty() {
             self.inner.objects.remove(primary.as_bytes())?;
             self.inner.hot.remove(primary);
         } else {
-            self.inner.objects.insert(primary.as_bytes(), set.encode())?;
+            self.inner
+                .objects
+                .insert(primary.as_bytes(), set.encode())?;
             self.inner.hot.insert(primary.to_owned(), Arc::new(set));
         }
         for meta in dropped {
             self.forget_body(meta);
         }
         StoreStats::sub(&self.inner.stats.objects, dropped.len() as u64);
-        StoreStats::sub(&self.inner.stats.stored_bytes, dropped.iter().map(|m| m.length).sum());
+        StoreStats::sub(
+            &self.inner.stats.stored_bytes,
+            dropped.iter().map(|m| m.length).sum(),
+        );
         Ok(())
     }
 
     fn forget_body(&self, meta: &ObjectMeta) {
         for index in 0..meta.chunk_count() {
-            self.inner.chunks.remove(&ChunkKey { object: meta.object, generation: meta.generation, index });
+            self.inner.chunks.remove(&ChunkKey {
+                object: meta.object,
+                generation: meta.generation,
+                index,
+            });
         }
     }
 
     /// Makes a fully written body visible, replacing the variant it shares a selection with.
     pub(crate) fn publish(&self, primary: &str, meta: ObjectMeta) -> Result<(), StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
-        let mut set = self.load_set(primary)?.map(|s| (*s).clone()).unwrap_or_default();
+        let mut set = self
+            .load_set(primary)?
+            .map(|s| (*s).clone())
+            .unwrap_or_default();
         let mut dropped = Vec::new();
         if let Some(pos) = set.variants.iter().position(|v| v.variant == meta.variant) {
             dropped.push(set.variants.remove(pos));
@@ -244,11 +282,16 @@ impl Store {
 
     /// Removes one stored body (for instance one whose chunks were lost) if it is still the current one.
     pub fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
-        self.retain(primary, |m| m.generation != generation).map(|_| ())
+        self.retain(primary, |m| m.generation != generation)
+            .map(|_| ())
     }
 
     /// Keeps the variants of `primary` for which `keep` holds; returns how many were dropped.
-    pub(crate) fn retain(&self, primary: &str, keep: impl Fn(&ObjectMeta) -> bool) -> Result<usize, StoreError> {
+    pub(crate) fn retain(
+        &self,
+        primary: &str,
+        keep: impl Fn(&ObjectMeta) -> bool,
+    ) -> Result<usize, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
         let Some(set) = self.load_set(primary)? else {
             return Ok(0);
@@ -261,6 +304,11 @@ impl Store {
         Ok(dropped.len())
     }
 
+    pub(crate) async fn flush_metadata(&self) -> Result<(), StoreError> {
+        self.inner.db.flush_async().await?;
+        Ok(())
+    }
+
     pub(crate) fn objects_tree(&self) -> &sled::Tree {
         &self.inner.objects
     }
@@ -269,20 +317,37 @@ impl Store {
     /// so that a body lost to eviction or a crash becomes a miss instead of a truncated response.
     pub fn has_body(&self, meta: &ObjectMeta) -> bool {
         (0..meta.chunk_count()).all(|index| {
-            self.inner.chunks.contains(&ChunkKey { object: meta.object, generation: meta.generation, index })
+            self.inner.chunks.contains(&ChunkKey {
+                object: meta.object,
+                generation: meta.generation,
+                index,
+            })
         })
     }
 
     /// Reads chunk `index` of a body; `None` when it is gone or not the length the metadata promised.
-    pub async fn read_chunk(&self, meta: &ObjectMeta, index: u32) -> Result<Option<ChunkRead>, StoreError> {
-        let key = ChunkKey { object: meta.object, generation: meta.generation, index };
+    pub async fn read_chunk(
+        &self,
+        meta: &ObjectMeta,
+        index: u32,
+    ) -> Result<Option<ChunkRead>, StoreError> {
+        let key = ChunkKey {
+            object: meta.object,
+            generation: meta.generation,
+            index,
+        };
         let Some(entry) = self.inner.chunks.get(&key).await? else {
             StoreStats::add(&self.inner.stats.chunks_missing, 1);
             return Ok(None);
         };
         let data = entry.value().clone();
         if data.len() != meta.chunk_len(index) {
-            tracing::warn!(object = meta.object, generation = meta.generation, index, "chunk has the wrong length");
+            tracing::warn!(
+                object = meta.object,
+                generation = meta.generation,
+                index,
+                "chunk has the wrong length"
+            );
             StoreStats::add(&self.inner.stats.chunks_missing, 1);
             return Ok(None);
         }
@@ -300,12 +365,20 @@ impl Store {
     }
 
     /// Starts writing a new body for `primary` and its variant selection.
-    pub fn writer(&self, primary: &str, variant: &[(String, String)]) -> Result<ObjectWriter, StoreError> {
+    pub fn writer(
+        &self,
+        primary: &str,
+        variant: &[(String, String)],
+    ) -> Result<ObjectWriter, StoreError> {
         if self.inner.closed.load(Relaxed) {
             return Err(StoreError::Closed);
         }
         let generation = self.inner.db.generate_id()?;
-        Ok(ObjectWriter::new(self.clone(), Self::object_id(primary, variant), generation))
+        Ok(ObjectWriter::new(
+            self.clone(),
+            Self::object_id(primary, variant),
+            generation,
+        ))
     }
 
     pub fn stats(&self) -> StoreStatsSnapshot {
@@ -328,9 +401,9 @@ impl Store {
             .filter(|family| family.name() == "foyer_storage_inner_op_total")
             .flat_map(|family| family.get_metric())
             .filter(|m| {
-                m.get_label()
-                    .iter()
-                    .any(|l| l.name() == "op" && matches!(l.value(), "buffer_overflow" | "channel_overflow"))
+                m.get_label().iter().any(|l| {
+                    l.name() == "op" && matches!(l.value(), "buffer_overflow" | "channel_overflow")
+                })
             })
             .map(|m| m.get_counter().value() as u64)
             .sum()

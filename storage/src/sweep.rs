@@ -1,9 +1,9 @@
+use crate::store::Inner;
 use crate::{
     meta::{ObjectMeta, ObjectSet},
     stats::StoreStats,
     store::{now_ms, Store},
 };
-use crate::store::Inner;
 use std::{
     sync::{atomic::Ordering::Relaxed, Weak},
     time::Duration,
@@ -33,7 +33,8 @@ pub(crate) async fn run(store: Weak<Inner>, interval: Duration) {
 }
 
 fn gone(store: &Store, meta: &ObjectMeta, now: u64) -> bool {
-    now >= meta.expires_at_ms() || (now.saturating_sub(meta.stored_at_ms) > SETTLE_MS && !store.has_body(meta))
+    now >= meta.expires_at_ms()
+        || (now.saturating_sub(meta.stored_at_ms) > SETTLE_MS && !store.has_body(meta))
 }
 
 pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {

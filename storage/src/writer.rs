@@ -10,9 +10,20 @@ use crate::{
 };
 
 pub(crate) enum Job {
-    Chunk { key: ChunkKey, data: Bytes },
-    Publish { primary: String, meta: Box<ObjectMeta>, done: oneshot::Sender<Result<(), StoreError>> },
-    Discard { object: u64, generation: u64, chunks: u32 },
+    Chunk {
+        key: ChunkKey,
+        data: Bytes,
+    },
+    Publish {
+        primary: String,
+        meta: Box<ObjectMeta>,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Discard {
+        object: u64,
+        generation: u64,
+        chunks: u32,
+    },
     Drain(oneshot::Sender<()>),
 }
 
@@ -30,7 +41,15 @@ pub struct ObjectWriter {
 
 impl ObjectWriter {
     pub(crate) fn new(store: Store, object: u64, generation: u64) -> Self {
-        Self { store, object, generation, buf: BytesMut::new(), chunks: 0, length: 0, finished: false }
+        Self {
+            store,
+            object,
+            generation,
+            buf: BytesMut::new(),
+            chunks: 0,
+            length: 0,
+            finished: false,
+        }
     }
 
     pub fn length(&self) -> u64 {
@@ -51,9 +70,18 @@ impl ObjectWriter {
     }
 
     async fn send_chunk(&mut self, data: Bytes) -> Result<(), StoreError> {
-        let key = ChunkKey { object: self.object, generation: self.generation, index: self.chunks };
+        let key = ChunkKey {
+            object: self.object,
+            generation: self.generation,
+            index: self.chunks,
+        };
         self.chunks += 1;
-        self.store.inner.jobs.send(Job::Chunk { key, data }).await.map_err(|_| StoreError::Closed)
+        self.store
+            .inner
+            .jobs
+            .send(Job::Chunk { key, data })
+            .await
+            .map_err(|_| StoreError::Closed)
     }
 
     /// Writes the last chunk and publishes the object. `meta` supplies the response's description; identity,
@@ -72,7 +100,11 @@ impl ObjectWriter {
         self.store
             .inner
             .jobs
-            .send(Job::Publish { primary, meta: Box::new(meta), done })
+            .send(Job::Publish {
+                primary,
+                meta: Box::new(meta),
+                done,
+            })
             .await
             .map_err(|_| StoreError::Closed)?;
         wait.await.map_err(|_| StoreError::Closed)?
@@ -82,7 +114,11 @@ impl ObjectWriter {
 impl Drop for ObjectWriter {
     fn drop(&mut self) {
         if !self.finished && self.chunks > 0 {
-            let job = Job::Discard { object: self.object, generation: self.generation, chunks: self.chunks };
+            let job = Job::Discard {
+                object: self.object,
+                generation: self.generation,
+                chunks: self.chunks,
+            };
             let jobs = self.store.inner.jobs.clone();
             self.store.runtime().spawn(async move {
                 let _ = jobs.send(job).await;
@@ -125,7 +161,11 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                     settle(&store, &mut unflushed, &mut undurable).await;
                 }
             }
-            Job::Publish { primary, mut meta, done } => {
+            Job::Publish {
+                primary,
+                mut meta,
+                done,
+            } => {
                 meta.stored_at_ms = meta.stored_at_ms.min(now_ms());
                 let result = store.publish(&primary, *meta);
                 if result.is_ok() {
@@ -133,9 +173,17 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 }
                 let _ = done.send(result);
             }
-            Job::Discard { object, generation, chunks } => {
+            Job::Discard {
+                object,
+                generation,
+                chunks,
+            } => {
                 for index in 0..chunks {
-                    inner.chunks.remove(&ChunkKey { object, generation, index });
+                    inner.chunks.remove(&ChunkKey {
+                        object,
+                        generation,
+                        index,
+                    });
                 }
             }
             Job::Drain(done) => {
@@ -155,9 +203,19 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
     }
 }
 
+/// Waits for foyer's disk writes, then flushes sled, so that objects counted durable survive a `kill -9`.
 async fn settle(store: &Store, unflushed: &mut usize, undurable: &mut u64) {
     store.inner.chunks.storage().wait().await;
+    if *undurable > 0 {
+        if let Err(e) = store.flush_metadata().await {
+            tracing::warn!(error = %e, "flushing metadata failed");
+            return;
+        }
+    }
     StoreStats::add(&store.inner.stats.write_waits, 1);
-    StoreStats::add(&store.inner.stats.objects_durable, std::mem::take(undurable));
+    StoreStats::add(
+        &store.inner.stats.objects_durable,
+        std::mem::take(undurable),
+    );
     *unflushed = 0;
 }

@@ -9,7 +9,10 @@ const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
 
 fn builder(dir: &std::path::Path) -> StoreBuilder {
-    StoreBuilder::new(dir).with_memory_bytes(8 * MIB).with_disk_bytes(256 * MIB).with_chunk_size(64 * KIB)
+    StoreBuilder::new(dir)
+        .with_memory_bytes(8 * MIB)
+        .with_disk_bytes(256 * MIB)
+        .with_chunk_size(64 * KIB)
 }
 
 fn meta() -> ObjectMeta {
@@ -31,7 +34,9 @@ fn meta() -> ObjectMeta {
 }
 
 fn body(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 async fn write(store: &Store, key: &str, data: &[u8]) {
@@ -75,7 +80,10 @@ async fn reopen(store: Store, dir: &std::path::Path) -> Store {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_survive_a_reopen_and_are_read_from_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path()).open(tokio::runtime::Handle::current()).await.unwrap();
+    let store = builder(dir.path())
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap();
     let a = body(1, 200 * KIB + 17);
     write(&store, "h/a", &a).await;
     let (got, tiers) = read(&store, "h/a").await.unwrap();
@@ -93,7 +101,10 @@ async fn bodies_survive_a_reopen_and_are_read_from_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_objects_stay_removed_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path()).open(tokio::runtime::Handle::current()).await.unwrap();
+    let store = builder(dir.path())
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap();
     write(&store, "h/gone", &body(2, 3000)).await;
     write(&store, "h/kept", &body(3, 3000)).await;
     assert_eq!(store.remove("h/gone").unwrap(), 1);
@@ -106,7 +117,10 @@ async fn removed_objects_stay_removed_after_reopen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_body_never_lends_old_chunks() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path()).open(tokio::runtime::Handle::current()).await.unwrap();
+    let store = builder(dir.path())
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap();
     write(&store, "h/x", &body(4, 150 * KIB)).await;
     let old = store.lookup("h/x").unwrap().unwrap().variants[0].clone();
     write(&store, "h/x", &body(5, 70 * KIB)).await;
@@ -122,15 +136,25 @@ async fn a_replaced_body_never_lends_old_chunks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn variants_are_capped() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path()).with_max_variants(2).open(tokio::runtime::Handle::current()).await.unwrap();
+    let store = builder(dir.path())
+        .with_max_variants(2)
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap();
     for lang in ["en", "de", "fr"] {
         let variant = vec![("accept-language".to_owned(), lang.to_owned())];
         let mut w = store.writer("h/v", &variant).unwrap();
         w.push(lang.as_bytes()).await.unwrap();
-        w.finish("h/v".into(), ObjectMeta { variant, ..meta() }).await.unwrap();
+        w.finish("h/v".into(), ObjectMeta { variant, ..meta() })
+            .await
+            .unwrap();
     }
     let set = store.lookup("h/v").unwrap().unwrap();
-    let langs: Vec<_> = set.variants.iter().map(|m| m.variant[0].1.as_str()).collect();
+    let langs: Vec<_> = set
+        .variants
+        .iter()
+        .map(|m| m.variant[0].1.as_str())
+        .collect();
     assert_eq!(langs, ["fr", "de"]);
     assert_eq!(store.stats().variants_overflowed, 1);
 }
@@ -139,7 +163,10 @@ async fn variants_are_capped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_large_bodies_is_not_dropped() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path()).open(tokio::runtime::Handle::current()).await.unwrap();
+    let store = builder(dir.path())
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap();
     let big = body(6, 4 * MIB);
     let writes: Vec<_> = (0..30)
         .map(|i| {
@@ -152,7 +179,9 @@ async fn a_burst_of_large_bodies_is_not_dropped() {
     }
     let store = reopen(store, dir.path()).await;
     for i in 0..30 {
-        let (got, _) = read(&store, &format!("h/big{i}")).await.expect("object survived");
+        let (got, _) = read(&store, &format!("h/big{i}"))
+            .await
+            .expect("object survived");
         assert!(got == big, "body {i} differs");
     }
     assert_eq!(store.stats().foyer_drops, 0);

@@ -16,7 +16,10 @@ pub struct Reply {
 
 impl Reply {
     pub fn header(&self, name: &str) -> &str {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
     }
 
     pub fn x_cache(&self) -> &str {
@@ -25,7 +28,9 @@ impl Reply {
 }
 
 pub async fn get(addr: SocketAddr, path: &str) -> Reply {
-    request(addr, Method::GET, path, &[], Bytes::new()).await.expect("request failed")
+    request(addr, Method::GET, path, &[], Bytes::new())
+        .await
+        .expect("request failed")
 }
 
 /// Sends one request on a fresh connection; an error when the response (including its body) fails.
@@ -37,16 +42,44 @@ pub async fn request(
     body: Bytes,
 ) -> Result<Reply, String> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut req = Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
     for (n, v) in headers {
         req = req.header(*n, *v);
     }
     let req = req.body(Full::new(body)).unwrap();
     let fut = async {
-        let resp = client.request(req).await.map_err(|e| format!("request: {e:?}"))?;
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| format!("request: {e:?}"))?;
         let (parts, body) = resp.into_parts();
-        let body = body.collect().await.map_err(|e| format!("body: {e:?}"))?.to_bytes();
-        Ok(Reply { status: parts.status, headers: parts.headers, body })
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e:?}"))?
+            .to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
     };
-    tokio::time::timeout(Duration::from_secs(30), fut).await.map_err(|_| "timed out".to_string())?
+    tokio::time::timeout(Duration::from_secs(30), fut)
+        .await
+        .map_err(|_| "timed out".to_string())?
+}
+
+/// Sends a GET and returns as soon as the head arrives, leaving the body to be read frame by frame.
+pub async fn open(addr: SocketAddr, path: &str) -> http::Response<hyper::body::Incoming> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = Request::builder()
+        .uri(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), client.request(req))
+        .await
+        .expect("head in time")
+        .expect("head")
 }

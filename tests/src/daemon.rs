@@ -16,9 +16,16 @@ use crate::client::{request, Reply};
 /// Path of a binary built by this workspace (`cargo test` builds them next to the test executables).
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(Path::parent).expect("target directory");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory");
     let path = dir.join(name);
-    assert!(path.exists(), "{} is missing: run the tests with `cargo test --workspace`", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`",
+        path.display()
+    );
     path
 }
 
@@ -41,7 +48,13 @@ impl Daemon {
 
     fn launch(backend: SocketAddr, dir: Arc<tempfile::TempDir>, extra: Vec<String>) -> Daemon {
         let mut child = Command::new(binary("lacquerd"))
-            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--backend"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+                "--backend",
+            ])
             .arg(backend.to_string())
             .arg("--disk")
             .arg(dir.path().join("store"))
@@ -59,7 +72,13 @@ impl Daemon {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let addr = |marker: &str| {
-                    line.find(marker).and_then(|i| line[i + marker.len()..].split_whitespace().next()?.parse().ok())
+                    line.find(marker).and_then(|i| {
+                        line[i + marker.len()..]
+                            .split_whitespace()
+                            .next()?
+                            .parse()
+                            .ok()
+                    })
                 };
                 if let Some(a) = addr("admin listening addr=") {
                     let _ = tx.send(("admin", a));
@@ -76,7 +95,10 @@ impl Daemon {
             match rx.recv_timeout(left) {
                 Ok(("admin", a)) => admin = Some(a),
                 Ok((_, a)) => addr = Some(a),
-                Err(_) => panic!("lacquerd did not start; log:\n{}", log.lock().unwrap().join("\n")),
+                Err(_) => panic!(
+                    "lacquerd did not start; log:\n{}",
+                    log.lock().unwrap().join("\n")
+                ),
             }
         }
         Daemon {
@@ -95,13 +117,19 @@ impl Daemon {
     }
 
     pub fn secret(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("store/secret")).expect("secret file").trim().to_owned()
+        std::fs::read_to_string(self.dir.path().join("store/secret"))
+            .expect("secret file")
+            .trim()
+            .to_owned()
     }
 
     pub async fn admin_get(&self, path: &str, secret: Option<&str>) -> Reply {
         let auth = secret.map(|s| format!("Bearer {s}"));
-        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
-        request(self.admin, Method::GET, path, &headers, Default::default()).await.expect("admin request")
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        request(self.admin, Method::GET, path, &headers, Default::default())
+            .await
+            .expect("admin request")
     }
 
     pub async fn stats(&self) -> serde_json::Value {
@@ -111,14 +139,21 @@ impl Daemon {
     }
 
     /// Waits until `check` holds for the stats, or panics after 20 s.
-    pub async fn wait_for_stats(&self, what: &str, check: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub async fn wait_for_stats(
+        &self,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let stats = self.stats().await;
             if check(&stats) {
                 return stats;
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}; stats: {stats}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; stats: {stats}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -133,7 +168,11 @@ impl Daemon {
     /// SIGTERM, then waits; the daemon must exit 0.
     pub fn stop(&mut self) {
         let status = self.signal(libc::SIGTERM);
-        assert!(status.success(), "lacquerd exited with {status}; log:\n{}", self.log());
+        assert!(
+            status.success(),
+            "lacquerd exited with {status}; log:\n{}",
+            self.log()
+        );
     }
 
     pub fn kill9(&mut self) {

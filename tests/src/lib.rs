@@ -5,6 +5,6 @@ pub mod client;
 pub mod daemon;
 pub mod origin;
 
-pub use client::{get, request, Reply as ClientReply};
+pub use client::{get, open, request, Reply as ClientReply};
 pub use daemon::Daemon;
 pub use origin::{Origin, Reply, Step};

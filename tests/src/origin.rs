@@ -70,7 +70,8 @@ impl Reply {
     pub fn steps(mut self, steps: Vec<Step>, content_length: Option<usize>) -> Self {
         self.headers.retain(|(n, _)| n != "content-length");
         if let Some(len) = content_length {
-            self.headers.push(("content-length".into(), len.to_string()));
+            self.headers
+                .push(("content-length".into(), len.to_string()));
         }
         self.body = steps;
         self
@@ -105,15 +106,23 @@ impl Origin {
         let state = (seen.clone(), in_flight.clone(), max_in_flight.clone());
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let (script, state) = (script.clone(), state.clone());
                 tokio::spawn(async move {
                     let service = service_fn(move |req| serve(script.clone(), state.clone(), req));
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
                 });
             }
         });
-        Origin { addr, seen, max_in_flight }
+        Origin {
+            addr,
+            seen,
+            max_in_flight,
+        }
     }
 
     /// Every request seen, in arrival order.
@@ -123,7 +132,12 @@ impl Origin {
 
     /// How many requests for `path` (path and query) the origin received.
     pub fn count(&self, path: &str) -> usize {
-        self.seen.lock().unwrap().iter().filter(|s| s.path == path).count()
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.path == path)
+            .count()
     }
 
     pub fn total(&self) -> usize {
@@ -155,16 +169,27 @@ impl Drop for InFlight {
     }
 }
 
-async fn serve(script: Arc<Script>, state: State, req: Request<Incoming>) -> Result<Response<OriginBody>, Infallible> {
+async fn serve(
+    script: Arc<Script>,
+    state: State,
+    req: Request<Incoming>,
+) -> Result<Response<OriginBody>, Infallible> {
     let (seen, in_flight, max) = state;
     let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     max.fetch_max(now, Ordering::SeqCst);
     let guard = InFlight(in_flight);
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let record = Seen {
         method: parts.method.to_string(),
-        path: parts.uri.path_and_query().map_or("/".into(), |p| p.to_string()),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or("/".into(), |p| p.to_string()),
         headers: parts.headers,
         body,
     };
@@ -175,18 +200,24 @@ async fn serve(script: Arc<Script>, state: State, req: Request<Incoming>) -> Res
     for (n, v) in &reply.headers {
         resp = resp.header(n, v);
     }
-    let steps = futures_util::stream::unfold((reply.body.into_iter(), Some(guard)), |(mut steps, guard)| async move {
-        loop {
-            match steps.next() {
-                None => return None,
-                Some(Step::Data(d)) => return Some((Ok(Frame::data(d)), (steps, guard))),
-                Some(Step::Sleep(d)) => tokio::time::sleep(d).await,
-                Some(Step::Gate(g)) => g.notified().await,
-                Some(Step::Reset) => {
-                    return Some((Err(std::io::Error::other("scripted reset")), (steps, guard)));
+    let steps = futures_util::stream::unfold(
+        (reply.body.into_iter(), Some(guard)),
+        |(mut steps, guard)| async move {
+            loop {
+                match steps.next() {
+                    None => return None,
+                    Some(Step::Data(d)) => return Some((Ok(Frame::data(d)), (steps, guard))),
+                    Some(Step::Sleep(d)) => tokio::time::sleep(d).await,
+                    Some(Step::Gate(g)) => g.notified().await,
+                    Some(Step::Reset) => {
+                        return Some((
+                            Err(std::io::Error::other("scripted reset")),
+                            (steps, guard),
+                        ));
+                    }
                 }
             }
-        }
-    });
+        },
+    );
     Ok(resp.body(StreamBody::new(steps).boxed()).unwrap())
 }

@@ -13,7 +13,8 @@ fn cacheable(body: &str) -> Reply {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn second_request_is_a_hit_with_age() {
-    let origin = Origin::start(|s| cacheable(&format!("body of {}", s.path)).header("age", "5")).await;
+    let origin =
+        Origin::start(|s| cacheable(&format!("body of {}", s.path)).header("age", "5")).await;
     let d = Daemon::start(origin.addr, &[]);
     let first = get(d.addr, "/a").await;
     assert_eq!((first.status.as_u16(), first.x_cache()), (200, "MISS"));
@@ -22,13 +23,24 @@ async fn second_request_is_a_hit_with_age() {
     let second = get(d.addr, "/a").await;
     assert_eq!(second.x_cache(), "HIT");
     assert_eq!(second.body, "body of /a");
-    assert!(second.header("cache-status").starts_with("lacquer; hit; ttl="));
+    assert!(second
+        .header("cache-status")
+        .starts_with("lacquer; hit; ttl="));
     let age: u64 = second.header("age").parse().unwrap();
     assert!((5..60).contains(&age), "age {age}");
     assert_eq!(second.header("via"), "1.1 lacquer");
     assert_eq!(origin.count("/a"), 1);
-    let head = request(d.addr, Method::HEAD, "/a", &[], Bytes::new()).await.unwrap();
-    assert_eq!((head.x_cache(), head.body.len(), head.header("content-length")), ("HIT", 0, "10"));
+    let head = request(d.addr, Method::HEAD, "/a", &[], Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            head.x_cache(),
+            head.body.len(),
+            head.header("content-length")
+        ),
+        ("HIT", 0, "10")
+    );
     assert_eq!(origin.count("/a"), 1);
     let stats = d.stats().await;
     assert_eq!(stats["proxy"]["hits"], 2);
@@ -43,7 +55,12 @@ async fn forwarding_headers() {
         d.addr,
         Method::GET,
         "/h?q=1",
-        &[("host", "Example.com"), ("x-forwarded-for", "203.0.113.9"), ("connection", "x-hop"), ("x-hop", "1")],
+        &[
+            ("host", "Example.com"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
+        ],
         Bytes::new(),
     )
     .await
@@ -74,24 +91,39 @@ async fn uncacheable_responses_and_requests_pass() {
             assert_eq!(r.status, 200, "{path}");
             assert_eq!(r.x_cache(), "MISS", "{path}");
         }
-        assert_eq!(origin.count(path), 3, "{path} must reach the origin every time");
+        assert_eq!(
+            origin.count(path),
+            3,
+            "{path} must reach the origin every time"
+        );
     }
     for (name, value) in [("cookie", "a=b"), ("authorization", "Bearer t")] {
         let path = format!("/req-{name}");
         for _ in 0..2 {
-            let r = request(d.addr, Method::GET, &path, &[(name, value)], Bytes::new()).await.unwrap();
+            let r = request(d.addr, Method::GET, &path, &[(name, value)], Bytes::new())
+                .await
+                .unwrap();
             assert_eq!(r.x_cache(), "PASS");
             assert_eq!(r.header("cache-status"), "lacquer; fwd=bypass");
         }
         assert_eq!(origin.count(&path), 2);
-        assert_eq!(origin.seen().iter().filter(|s| s.headers.get(name).is_some()).count() % 2, 0);
+        assert_eq!(
+            origin
+                .seen()
+                .iter()
+                .filter(|s| s.headers.get(name).is_some())
+                .count()
+                % 2,
+            0
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn successful_unsafe_methods_invalidate() {
     let origin = Origin::start(|s| match s.method.as_str() {
-        "POST" => Reply::ok(format!("echo {}", String::from_utf8_lossy(&s.body))).header("location", "/other"),
+        "POST" => Reply::ok(format!("echo {}", String::from_utf8_lossy(&s.body)))
+            .header("location", "/other"),
         "DELETE" => Reply::ok("no").status(500),
         _ => cacheable(&format!("v{}", s.path)),
     })
@@ -101,47 +133,95 @@ async fn successful_unsafe_methods_invalidate() {
         get(d.addr, path).await;
     }
     assert_eq!(get(d.addr, "/doc").await.x_cache(), "HIT");
-    let failed = request(d.addr, Method::DELETE, "/doc", &[], Bytes::new()).await.unwrap();
+    let failed = request(d.addr, Method::DELETE, "/doc", &[], Bytes::new())
+        .await
+        .unwrap();
     assert_eq!((failed.status.as_u16(), failed.x_cache()), (500, "PASS"));
-    assert_eq!(get(d.addr, "/doc").await.x_cache(), "HIT", "a failed DELETE invalidates nothing");
-    let post = request(d.addr, Method::POST, "/doc", &[], Bytes::from_static(b"payload")).await.unwrap();
+    assert_eq!(
+        get(d.addr, "/doc").await.x_cache(),
+        "HIT",
+        "a failed DELETE invalidates nothing"
+    );
+    let post = request(
+        d.addr,
+        Method::POST,
+        "/doc",
+        &[],
+        Bytes::from_static(b"payload"),
+    )
+    .await
+    .unwrap();
     assert_eq!(post.body, "echo payload");
     assert_eq!(post.header("cache-status"), "lacquer; fwd=method");
     assert_eq!(get(d.addr, "/doc").await.x_cache(), "MISS");
-    assert_eq!(get(d.addr, "/other").await.x_cache(), "MISS", "Location target invalidated");
+    assert_eq!(
+        get(d.addr, "/other").await.x_cache(),
+        "MISS",
+        "Location target invalidated"
+    );
     assert_eq!(origin.count("/doc"), 2 + 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn vary_keeps_one_variant_per_selection() {
     let origin = Origin::start(|s| {
-        let lang = s.headers.get("accept-language").map_or("none", |v| v.to_str().unwrap()).to_owned();
+        let lang = s
+            .headers
+            .get("accept-language")
+            .map_or("none", |v| v.to_str().unwrap())
+            .to_owned();
         cacheable(&format!("hello in {lang}")).header("vary", "Accept-Language")
     })
     .await;
     let d = Daemon::start(origin.addr, &[]);
     let get_lang = |lang: &'static str| {
         let addr = d.addr;
-        async move { request(addr, Method::GET, "/v", &[("accept-language", lang)], Bytes::new()).await.unwrap() }
+        async move {
+            request(
+                addr,
+                Method::GET,
+                "/v",
+                &[("accept-language", lang)],
+                Bytes::new(),
+            )
+            .await
+            .unwrap()
+        }
     };
     assert_eq!(get_lang("en").await.x_cache(), "MISS");
     assert_eq!(get_lang("de").await.x_cache(), "MISS");
     let en = get_lang("en").await;
     let de = get_lang("de").await;
-    assert_eq!((en.x_cache(), en.body.as_ref()), ("HIT", &b"hello in en"[..]));
-    assert_eq!((de.x_cache(), de.body.as_ref()), ("HIT", &b"hello in de"[..]));
+    assert_eq!(
+        (en.x_cache(), en.body.as_ref()),
+        ("HIT", &b"hello in en"[..])
+    );
+    assert_eq!(
+        (de.x_cache(), de.body.as_ref()),
+        ("HIT", &b"hello in de"[..])
+    );
     let none = get(d.addr, "/v").await;
-    assert_eq!((none.x_cache(), none.body.as_ref()), ("MISS", &b"hello in none"[..]));
+    assert_eq!(
+        (none.x_cache(), none.body.as_ref()),
+        ("MISS", &b"hello in none"[..])
+    );
     assert_eq!(origin.count("/v"), 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn backend_down_is_a_clear_error() {
-    let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let unused = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let d = Daemon::start(unused, &[]);
     let r = get(d.addr, "/x").await;
     assert_eq!(r.status, 503);
-    assert!(String::from_utf8_lossy(&r.body).contains("unreachable"), "{:?}", r.body);
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("unreachable"),
+        "{:?}",
+        r.body
+    );
     let stats = d.stats().await;
     assert_eq!(stats["proxy"]["backend_errors"], 1);
     tokio::time::sleep(Duration::from_millis(10)).await;

@@ -21,12 +21,20 @@ pub fn http_date(headers: &HeaderMap, name: http::header::HeaderName) -> Option<
 }
 
 /// RFC 9111 §4.2.3 `corrected_initial_age`, in whole seconds.
-pub fn corrected_initial_age(headers: &HeaderMap, request_time: SystemTime, response_time: SystemTime) -> u64 {
+pub fn corrected_initial_age(
+    headers: &HeaderMap,
+    request_time: SystemTime,
+    response_time: SystemTime,
+) -> u64 {
     let apparent_age = http_date(headers, DATE)
         .and_then(|date| response_time.duration_since(date).ok())
         .map_or(0, |d| d.as_secs());
-    let response_delay = response_time.duration_since(request_time).map_or(0, |d| d.as_secs());
-    let corrected_age_value = age_header(headers).unwrap_or(0).saturating_add(response_delay);
+    let response_delay = response_time
+        .duration_since(request_time)
+        .map_or(0, |d| d.as_secs());
+    let corrected_age_value = age_header(headers)
+        .unwrap_or(0)
+        .saturating_add(response_delay);
     apparent_age.max(corrected_age_value)
 }
 
@@ -39,7 +47,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            h.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         h
     }
@@ -68,7 +79,10 @@ mod tests {
             (&[], 2),
             (&[("date", "Sun, 06 Nov 1994 08:49:37 GMT")], 2),
             (&[("date", "Sun, 06 Nov 1994 08:48:37 GMT")], 60),
-            (&[("date", "Sun, 06 Nov 1994 08:49:37 GMT"), ("age", "100")], 102),
+            (
+                &[("date", "Sun, 06 Nov 1994 08:49:37 GMT"), ("age", "100")],
+                102,
+            ),
             (&[("date", "Sun, 06 Nov 1994 08:50:37 GMT")], 2),
             (&[("date", "garbage"), ("age", "10")], 12),
         ];

@@ -67,7 +67,9 @@ impl CacheControl {
             "only-if-cached" => self.only_if_cached = true,
             "max-age" => self.max_age = seconds(),
             "s-maxage" => self.s_maxage = seconds(),
-            "stale-while-revalidate" => self.stale_while_revalidate = arg.and_then(parse_delta_seconds),
+            "stale-while-revalidate" => {
+                self.stale_while_revalidate = arg.and_then(parse_delta_seconds)
+            }
             "stale-if-error" => self.stale_if_error = arg.and_then(parse_delta_seconds),
             "min-fresh" => self.min_fresh = arg.and_then(parse_delta_seconds),
             "max-stale" => self.max_stale = Some(arg.and_then(parse_delta_seconds)),
@@ -81,7 +83,10 @@ pub fn parse_delta_seconds(s: &str) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    Some(s.parse::<u64>().map_or(DELTA_SECONDS_MAX, |v| v.min(DELTA_SECONDS_MAX)))
+    Some(
+        s.parse::<u64>()
+            .map_or(DELTA_SECONDS_MAX, |v| v.min(DELTA_SECONDS_MAX)),
+    )
 }
 
 /// Splits a `Cache-Control` value into `(name, argument)` pairs, honouring quoted strings (which may contain
@@ -158,27 +163,162 @@ mod tests {
     #[test]
     fn table() {
         let cases: &[(&[&str], CacheControl)] = &[
-            (&["max-age=60"], CacheControl { max_age: Some(60), ..Default::default() }),
-            (&["MAX-AGE=60, Public"], CacheControl { max_age: Some(60), public: true, ..Default::default() }),
-            (&["max-age=\"60\""], CacheControl { max_age: Some(60), ..Default::default() }),
-            (&["max-age = 60"], CacheControl { max_age: Some(60), ..Default::default() }),
-            (&["max-age=60", "max-age=10"], CacheControl { max_age: Some(60), ..Default::default() }),
-            (&["max-age=60, max-age=10"], CacheControl { max_age: Some(60), ..Default::default() }),
-            (&["max-age=abc"], CacheControl { max_age: Some(0), ..Default::default() }),
-            (&["max-age=-5"], CacheControl { max_age: Some(0), ..Default::default() }),
-            (&["max-age=1.5"], CacheControl { max_age: Some(0), ..Default::default() }),
-            (&["max-age=99999999999999999999"], CacheControl { max_age: Some(DELTA_SECONDS_MAX), ..Default::default() }),
-            (&["s-maxage=5, max-age=60"], CacheControl { s_maxage: Some(5), max_age: Some(60), ..Default::default() }),
-            (&["no-store"], CacheControl { no_store: true, ..Default::default() }),
-            (&["private=\"set-cookie, x-foo\", max-age=3"], CacheControl { private: true, max_age: Some(3), ..Default::default() }),
-            (&["no-cache=\"set-cookie\""], CacheControl { no_cache: true, ..Default::default() }),
-            (&["must-revalidate,proxy-revalidate"], CacheControl { must_revalidate: true, proxy_revalidate: true, ..Default::default() }),
-            (&["max-age=10, stale-while-revalidate=30, stale-if-error=600"], CacheControl { max_age: Some(10), stale_while_revalidate: Some(30), stale_if_error: Some(600), ..Default::default() }),
-            (&["max-stale"], CacheControl { max_stale: Some(None), ..Default::default() }),
-            (&["max-stale=5, min-fresh=2, only-if-cached"], CacheControl { max_stale: Some(Some(5)), min_fresh: Some(2), only_if_cached: true, ..Default::default() }),
-            (&[",, ,max-age=7,,"], CacheControl { max_age: Some(7), ..Default::default() }),
-            (&["foo=\"a,b\\\"c\", max-age=8"], CacheControl { max_age: Some(8), ..Default::default() }),
-            (&["unknown, immutable, max-age=9"], CacheControl { immutable: true, max_age: Some(9), ..Default::default() }),
+            (
+                &["max-age=60"],
+                CacheControl {
+                    max_age: Some(60),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["MAX-AGE=60, Public"],
+                CacheControl {
+                    max_age: Some(60),
+                    public: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age=\"60\""],
+                CacheControl {
+                    max_age: Some(60),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age = 60"],
+                CacheControl {
+                    max_age: Some(60),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age=60", "max-age=10"],
+                CacheControl {
+                    max_age: Some(60),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age=60, max-age=10"],
+                CacheControl {
+                    max_age: Some(60),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age=abc"],
+                CacheControl {
+                    max_age: Some(0),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age=-5"],
+                CacheControl {
+                    max_age: Some(0),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age=1.5"],
+                CacheControl {
+                    max_age: Some(0),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age=99999999999999999999"],
+                CacheControl {
+                    max_age: Some(DELTA_SECONDS_MAX),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["s-maxage=5, max-age=60"],
+                CacheControl {
+                    s_maxage: Some(5),
+                    max_age: Some(60),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["no-store"],
+                CacheControl {
+                    no_store: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                &["private=\"set-cookie, x-foo\", max-age=3"],
+                CacheControl {
+                    private: true,
+                    max_age: Some(3),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["no-cache=\"set-cookie\""],
+                CacheControl {
+                    no_cache: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                &["must-revalidate,proxy-revalidate"],
+                CacheControl {
+                    must_revalidate: true,
+                    proxy_revalidate: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-age=10, stale-while-revalidate=30, stale-if-error=600"],
+                CacheControl {
+                    max_age: Some(10),
+                    stale_while_revalidate: Some(30),
+                    stale_if_error: Some(600),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-stale"],
+                CacheControl {
+                    max_stale: Some(None),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["max-stale=5, min-fresh=2, only-if-cached"],
+                CacheControl {
+                    max_stale: Some(Some(5)),
+                    min_fresh: Some(2),
+                    only_if_cached: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                &[",, ,max-age=7,,"],
+                CacheControl {
+                    max_age: Some(7),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["foo=\"a,b\\\"c\", max-age=8"],
+                CacheControl {
+                    max_age: Some(8),
+                    ..Default::default()
+                },
+            ),
+            (
+                &["unknown, immutable, max-age=9"],
+                CacheControl {
+                    immutable: true,
+                    max_age: Some(9),
+                    ..Default::default()
+                },
+            ),
             (&[""], CacheControl::default()),
         ];
         for (lines, want) in cases {

@@ -29,7 +29,10 @@ impl Lifetime {
 
 /// Statuses that may be cached without explicit freshness (RFC 9110 §15.1).
 pub fn heuristically_cacheable(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 200 | 203 | 204 | 206 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501)
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 206 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
 }
 
 pub fn lifetime(
@@ -43,7 +46,10 @@ pub fn lifetime(
         return Lifetime::Explicit(Duration::from_secs(s));
     }
     if let Some(expires) = headers.get(EXPIRES) {
-        let expires = expires.to_str().ok().and_then(|v| httpdate::parse_http_date(v.trim()).ok());
+        let expires = expires
+            .to_str()
+            .ok()
+            .and_then(|v| httpdate::parse_http_date(v.trim()).ok());
         let Some(expires) = expires else {
             // An invalid Expires ("0" included) means already expired.
             return Lifetime::Explicit(Duration::ZERO);
@@ -55,7 +61,11 @@ pub fn lifetime(
         if let Some(modified) = http_date(headers, LAST_MODIFIED) {
             let date = http_date(headers, DATE).unwrap_or(response_time);
             let since = date.duration_since(modified).unwrap_or_default();
-            return Lifetime::Heuristic(since.mul_f64(policy.heuristic_fraction).min(policy.heuristic_max));
+            return Lifetime::Heuristic(
+                since
+                    .mul_f64(policy.heuristic_fraction)
+                    .min(policy.heuristic_max),
+            );
         }
     }
     Lifetime::Default(policy.default_ttl)
@@ -68,7 +78,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            h.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         h
     }
@@ -80,34 +93,121 @@ mod tests {
         let now = httpdate::parse_http_date(DATE_S).unwrap();
         let secs = Duration::from_secs;
         let cases: &[(u16, &[(&str, &str)], Lifetime)] = &[
-            (200, &[("cache-control", "max-age=60")], Lifetime::Explicit(secs(60))),
-            (200, &[("cache-control", "max-age=60, s-maxage=5")], Lifetime::Explicit(secs(5))),
-            (200, &[("cache-control", "max-age=60"), ("expires", "Sun, 06 Nov 1994 09:49:37 GMT")], Lifetime::Explicit(secs(60))),
-            (200, &[("date", DATE_S), ("expires", "Sun, 06 Nov 1994 08:50:37 GMT")], Lifetime::Explicit(secs(60))),
-            (200, &[("expires", "Sun, 06 Nov 1994 08:50:37 GMT")], Lifetime::Explicit(secs(60))),
-            (200, &[("date", DATE_S), ("expires", "Sun, 06 Nov 1994 08:40:37 GMT")], Lifetime::Explicit(secs(0))),
+            (
+                200,
+                &[("cache-control", "max-age=60")],
+                Lifetime::Explicit(secs(60)),
+            ),
+            (
+                200,
+                &[("cache-control", "max-age=60, s-maxage=5")],
+                Lifetime::Explicit(secs(5)),
+            ),
+            (
+                200,
+                &[
+                    ("cache-control", "max-age=60"),
+                    ("expires", "Sun, 06 Nov 1994 09:49:37 GMT"),
+                ],
+                Lifetime::Explicit(secs(60)),
+            ),
+            (
+                200,
+                &[
+                    ("date", DATE_S),
+                    ("expires", "Sun, 06 Nov 1994 08:50:37 GMT"),
+                ],
+                Lifetime::Explicit(secs(60)),
+            ),
+            (
+                200,
+                &[("expires", "Sun, 06 Nov 1994 08:50:37 GMT")],
+                Lifetime::Explicit(secs(60)),
+            ),
+            (
+                200,
+                &[
+                    ("date", DATE_S),
+                    ("expires", "Sun, 06 Nov 1994 08:40:37 GMT"),
+                ],
+                Lifetime::Explicit(secs(0)),
+            ),
             (200, &[("expires", "0")], Lifetime::Explicit(secs(0))),
-            (200, &[("expires", "garbage"), ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT")], Lifetime::Explicit(secs(0))),
-            (200, &[("date", DATE_S), ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT")], Lifetime::Heuristic(secs(360))),
-            (404, &[("date", DATE_S), ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT")], Lifetime::Heuristic(secs(360))),
-            (200, &[("date", DATE_S), ("last-modified", "Tue, 06 Nov 1984 08:49:37 GMT")], Lifetime::Heuristic(secs(86_400))),
-            (302, &[("date", DATE_S), ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT")], Lifetime::Default(secs(0))),
+            (
+                200,
+                &[
+                    ("expires", "garbage"),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                Lifetime::Explicit(secs(0)),
+            ),
+            (
+                200,
+                &[
+                    ("date", DATE_S),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                Lifetime::Heuristic(secs(360)),
+            ),
+            (
+                404,
+                &[
+                    ("date", DATE_S),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                Lifetime::Heuristic(secs(360)),
+            ),
+            (
+                200,
+                &[
+                    ("date", DATE_S),
+                    ("last-modified", "Tue, 06 Nov 1984 08:49:37 GMT"),
+                ],
+                Lifetime::Heuristic(secs(86_400)),
+            ),
+            (
+                302,
+                &[
+                    ("date", DATE_S),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                Lifetime::Default(secs(0)),
+            ),
             (200, &[], Lifetime::Default(secs(0))),
-            (500, &[("cache-control", "max-age=30")], Lifetime::Explicit(secs(30))),
+            (
+                500,
+                &[("cache-control", "max-age=30")],
+                Lifetime::Explicit(secs(30)),
+            ),
         ];
         for (status, h, want) in cases {
             let h = headers(h);
             let cc = CacheControl::from_headers(&h);
-            let got = lifetime(StatusCode::from_u16(*status).unwrap(), &h, &cc, &Policy::default(), now);
+            let got = lifetime(
+                StatusCode::from_u16(*status).unwrap(),
+                &h,
+                &cc,
+                &Policy::default(),
+                now,
+            );
             assert_eq!(got, *want, "{status} {h:?}");
         }
     }
 
     #[test]
     fn default_ttl_applies_without_information() {
-        let policy = Policy { default_ttl: Duration::from_secs(120), ..Policy::default() };
+        let policy = Policy {
+            default_ttl: Duration::from_secs(120),
+            ..Policy::default()
+        };
         let h = HeaderMap::new();
-        let got = lifetime(StatusCode::OK, &h, &CacheControl::default(), &policy, SystemTime::now());
+        let got = lifetime(
+            StatusCode::OK,
+            &h,
+            &CacheControl::default(),
+            &policy,
+            SystemTime::now(),
+        );
         assert_eq!(got, Lifetime::Default(Duration::from_secs(120)));
     }
 }

@@ -18,7 +18,9 @@ pub enum RequestClass {
 pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> RequestClass {
     match *method {
         Method::GET | Method::HEAD => {}
-        Method::POST | Method::PUT | Method::DELETE | Method::PATCH => return RequestClass::Invalidate,
+        Method::POST | Method::PUT | Method::DELETE | Method::PATCH => {
+            return RequestClass::Invalidate
+        }
         _ => return RequestClass::Pass("method"),
     }
     if headers.contains_key(header::UPGRADE) {
@@ -43,7 +45,11 @@ mod tests {
     #[test]
     fn table() {
         let p = Policy::default();
-        let permissive = Policy { cache_authorized: true, cache_cookie_requests: true, ..Policy::default() };
+        let permissive = Policy {
+            cache_authorized: true,
+            cache_cookie_requests: true,
+            ..Policy::default()
+        };
         let cases: &[(&Policy, &str, &[(&str, &str)], RequestClass)] = &[
             (&p, "GET", &[], RequestClass::Lookup),
             (&p, "HEAD", &[("accept", "*/*")], RequestClass::Lookup),
@@ -52,19 +58,56 @@ mod tests {
             (&p, "DELETE", &[], RequestClass::Invalidate),
             (&p, "PATCH", &[], RequestClass::Invalidate),
             (&p, "OPTIONS", &[], RequestClass::Pass("method")),
-            (&p, "GET", &[("authorization", "Bearer x")], RequestClass::Pass("authorization")),
-            (&p, "GET", &[("cookie", "a=b")], RequestClass::Pass("cookie")),
-            (&permissive, "GET", &[("authorization", "Bearer x"), ("cookie", "a=b")], RequestClass::Lookup),
-            (&p, "GET", &[("upgrade", "websocket")], RequestClass::Pass("upgrade")),
-            (&p, "GET", &[("cache-control", "no-store")], RequestClass::Pass("request no-store")),
-            (&p, "GET", &[("cache-control", "no-cache")], RequestClass::Lookup),
+            (
+                &p,
+                "GET",
+                &[("authorization", "Bearer x")],
+                RequestClass::Pass("authorization"),
+            ),
+            (
+                &p,
+                "GET",
+                &[("cookie", "a=b")],
+                RequestClass::Pass("cookie"),
+            ),
+            (
+                &permissive,
+                "GET",
+                &[("authorization", "Bearer x"), ("cookie", "a=b")],
+                RequestClass::Lookup,
+            ),
+            (
+                &p,
+                "GET",
+                &[("upgrade", "websocket")],
+                RequestClass::Pass("upgrade"),
+            ),
+            (
+                &p,
+                "GET",
+                &[("cache-control", "no-store")],
+                RequestClass::Pass("request no-store"),
+            ),
+            (
+                &p,
+                "GET",
+                &[("cache-control", "no-cache")],
+                RequestClass::Lookup,
+            ),
         ];
         for (policy, method, h, want) in cases {
             let mut headers = HeaderMap::new();
             for (k, v) in *h {
-                headers.append(http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+                headers.append(
+                    http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
             }
-            assert_eq!(classify(&method.parse().unwrap(), &headers, policy), *want, "{method} {h:?}");
+            assert_eq!(
+                classify(&method.parse().unwrap(), &headers, policy),
+                *want,
+                "{method} {h:?}"
+            );
         }
     }
 }

@@ -43,7 +43,12 @@ pub fn decide(
     response_time: SystemTime,
 ) -> Decision {
     use Decision::DontStore;
-    if status.is_informational() || matches!(status, StatusCode::PARTIAL_CONTENT | StatusCode::NOT_MODIFIED) {
+    if status.is_informational()
+        || matches!(
+            status,
+            StatusCode::PARTIAL_CONTENT | StatusCode::NOT_MODIFIED
+        )
+    {
         return DontStore("status");
     }
     let cc = CacheControl::from_headers(headers);
@@ -73,16 +78,31 @@ pub fn decide(
         }
     }
     let no_stale = cc.no_cache || cc.must_revalidate || cc.proxy_revalidate;
-    let ttl = if cc.no_cache { Duration::ZERO } else { lifetime.duration() };
+    let ttl = if cc.no_cache {
+        Duration::ZERO
+    } else {
+        lifetime.duration()
+    };
     if ttl.is_zero() && !(cc.no_cache && has_validator(headers)) {
-        return DontStore(if cc.no_cache { "no-cache without validator" } else { "not fresh" });
+        return DontStore(if cc.no_cache {
+            "no-cache without validator"
+        } else {
+            "not fresh"
+        });
     }
     let grace = if no_stale {
         Duration::ZERO
     } else {
-        cc.stale_while_revalidate.map_or(policy.default_grace, Duration::from_secs)
+        cc.stale_while_revalidate
+            .map_or(policy.default_grace, Duration::from_secs)
     };
-    Decision::Store(Storable { ttl, grace, keep: policy.keep, no_stale, vary })
+    Decision::Store(Storable {
+        ttl,
+        grace,
+        keep: policy.keep,
+        no_stale,
+        vary,
+    })
 }
 
 #[cfg(test)]
@@ -92,7 +112,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            h.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         h
     }
@@ -112,40 +135,157 @@ mod tests {
         let d = Decision::DontStore;
         let date = "Sun, 06 Nov 1994 08:49:37 GMT";
         let cases: &[(bool, u16, &[(&str, &str)], Decision)] = &[
-            (false, 200, &[("cache-control", "max-age=60")], store(60, 10, false, &[])),
-            (false, 200, &[("cache-control", "max-age=60, stale-while-revalidate=30")], store(60, 30, false, &[])),
-            (false, 200, &[("cache-control", "max-age=60, must-revalidate")], store(60, 0, true, &[])),
-            (false, 200, &[("cache-control", "s-maxage=60, proxy-revalidate")], store(60, 0, true, &[])),
-            (false, 200, &[("cache-control", "no-store, max-age=60")], d("no-store")),
-            (false, 200, &[("cache-control", "no-store, must-understand, max-age=60")], store(60, 10, false, &[])),
-            (false, 200, &[("cache-control", "private, max-age=60")], d("private")),
-            (false, 200, &[("cache-control", "no-cache"), ("etag", "\"v1\"")], store(0, 0, true, &[])),
-            (false, 200, &[("cache-control", "no-cache, max-age=60")], d("no-cache without validator")),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60")],
+                store(60, 10, false, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60, stale-while-revalidate=30")],
+                store(60, 30, false, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60, must-revalidate")],
+                store(60, 0, true, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "s-maxage=60, proxy-revalidate")],
+                store(60, 0, true, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "no-store, max-age=60")],
+                d("no-store"),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "no-store, must-understand, max-age=60")],
+                store(60, 10, false, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "private, max-age=60")],
+                d("private"),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "no-cache"), ("etag", "\"v1\"")],
+                store(0, 0, true, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "no-cache, max-age=60")],
+                d("no-cache without validator"),
+            ),
             (false, 200, &[], d("not fresh")),
-            (false, 200, &[("cache-control", "max-age=0")], d("not fresh")),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=0")],
+                d("not fresh"),
+            ),
             (false, 200, &[("expires", "0")], d("not fresh")),
-            (false, 200, &[("date", date), ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT")], store(360, 10, false, &[])),
-            (false, 302, &[("date", date), ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT")], d("status without freshness")),
-            (false, 302, &[("cache-control", "max-age=5")], store(5, 10, false, &[])),
+            (
+                false,
+                200,
+                &[
+                    ("date", date),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                store(360, 10, false, &[]),
+            ),
+            (
+                false,
+                302,
+                &[
+                    ("date", date),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                d("status without freshness"),
+            ),
+            (
+                false,
+                302,
+                &[("cache-control", "max-age=5")],
+                store(5, 10, false, &[]),
+            ),
             (false, 206, &[("cache-control", "max-age=60")], d("status")),
             (false, 304, &[("cache-control", "max-age=60")], d("status")),
-            (false, 200, &[("cache-control", "max-age=60"), ("set-cookie", "a=b")], d("set-cookie")),
-            (false, 200, &[("cache-control", "max-age=60"), ("vary", "*")], d("vary *")),
-            (false, 200, &[("cache-control", "max-age=60"), ("vary", "Accept-Encoding")], store(60, 10, false, &["accept-encoding"])),
-            (true, 200, &[("cache-control", "max-age=60")], d("authorization")),
-            (true, 200, &[("cache-control", "max-age=60, public")], store(60, 10, false, &[])),
-            (true, 200, &[("cache-control", "s-maxage=60")], store(60, 10, false, &[])),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60"), ("set-cookie", "a=b")],
+                d("set-cookie"),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60"), ("vary", "*")],
+                d("vary *"),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60"), ("vary", "Accept-Encoding")],
+                store(60, 10, false, &["accept-encoding"]),
+            ),
+            (
+                true,
+                200,
+                &[("cache-control", "max-age=60")],
+                d("authorization"),
+            ),
+            (
+                true,
+                200,
+                &[("cache-control", "max-age=60, public")],
+                store(60, 10, false, &[]),
+            ),
+            (
+                true,
+                200,
+                &[("cache-control", "s-maxage=60")],
+                store(60, 10, false, &[]),
+            ),
         ];
         for (auth, status, h, want) in cases {
-            let got = decide(*auth, StatusCode::from_u16(*status).unwrap(), &headers(h), &Policy::default(), SystemTime::now());
+            let got = decide(
+                *auth,
+                StatusCode::from_u16(*status).unwrap(),
+                &headers(h),
+                &Policy::default(),
+                SystemTime::now(),
+            );
             assert_eq!(&got, want, "{status} {h:?} authorized={auth}");
         }
     }
 
     #[test]
     fn configured_set_cookie_and_default_ttl() {
-        let policy = Policy { cache_set_cookie: true, default_ttl: Duration::from_secs(30), ..Policy::default() };
-        let got = decide(false, StatusCode::OK, &headers(&[("set-cookie", "a=b")]), &policy, SystemTime::now());
+        let policy = Policy {
+            cache_set_cookie: true,
+            default_ttl: Duration::from_secs(30),
+            ..Policy::default()
+        };
+        let got = decide(
+            false,
+            StatusCode::OK,
+            &headers(&[("set-cookie", "a=b")]),
+            &policy,
+            SystemTime::now(),
+        );
         assert_eq!(got, store(30, 10, false, &[]));
     }
 }

@@ -15,7 +15,9 @@ pub enum Vary {
 pub fn parse(headers: &HeaderMap) -> Vary {
     let mut names: Vec<String> = Vec::new();
     for value in headers.get_all(VARY) {
-        let Ok(value) = value.to_str() else { return Vary::Any };
+        let Ok(value) = value.to_str() else {
+            return Vary::Any;
+        };
         for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             if name == "*" {
                 return Vary::Any;
@@ -54,12 +56,17 @@ fn request_value(req: &HeaderMap, name: &str) -> String {
 
 /// The variant selection a request makes under the given `Vary` names.
 pub fn selection(names: &[String], req: &HeaderMap) -> Vec<(String, String)> {
-    names.iter().map(|n| (n.clone(), request_value(req, n))).collect()
+    names
+        .iter()
+        .map(|n| (n.clone(), request_value(req, n)))
+        .collect()
 }
 
 /// Whether a stored selection is the one this request makes.
 pub fn matches(stored: &[(String, String)], req: &HeaderMap) -> bool {
-    stored.iter().all(|(name, value)| request_value(req, name) == *value)
+    stored
+        .iter()
+        .all(|(name, value)| request_value(req, name) == *value)
 }
 
 #[cfg(test)]
@@ -69,7 +76,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            h.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         h
     }
@@ -81,7 +91,10 @@ mod tests {
             (&[], Vary::None),
             (&[("vary", "")], Vary::None),
             (&[("vary", "Accept-Encoding")], names(&["accept-encoding"])),
-            (&[("vary", "  accept-encoding ,ACCEPT-LANGUAGE,, ")], names(&["accept-encoding", "accept-language"])),
+            (
+                &[("vary", "  accept-encoding ,ACCEPT-LANGUAGE,, ")],
+                names(&["accept-encoding", "accept-language"]),
+            ),
             (&[("vary", "a"), ("vary", "b, A")], names(&["a", "b"])),
             (&[("vary", "*")], Vary::Any),
             (&[("vary", "accept, *")], Vary::Any),
@@ -97,10 +110,22 @@ mod tests {
         let names = vec!["accept-encoding".to_string(), "x-lang".to_string()];
         let req = headers(&[("accept-encoding", "gzip,br"), ("accept-encoding", "zstd")]);
         let sel = selection(&names, &req);
-        assert_eq!(sel, vec![("accept-encoding".into(), "gzip, br, zstd".into()), ("x-lang".into(), "".into())]);
-        assert!(matches(&sel, &headers(&[("accept-encoding", "gzip, br, zstd")])));
+        assert_eq!(
+            sel,
+            vec![
+                ("accept-encoding".into(), "gzip, br, zstd".into()),
+                ("x-lang".into(), "".into())
+            ]
+        );
+        assert!(matches(
+            &sel,
+            &headers(&[("accept-encoding", "gzip, br, zstd")])
+        ));
         assert!(!matches(&sel, &headers(&[("accept-encoding", "gzip")])));
-        assert!(!matches(&sel, &headers(&[("accept-encoding", "gzip, br, zstd"), ("x-lang", "de")])));
+        assert!(!matches(
+            &sel,
+            &headers(&[("accept-encoding", "gzip, br, zstd"), ("x-lang", "de")])
+        ));
         assert!(matches(&[], &headers(&[("x", "y")])));
     }
 }

@@ -34,7 +34,14 @@ enum Ending {
 
 /// Runs a fill for `key` on behalf of the request `parts`. With `registered`, the fetch is the coalescer's
 /// entry for the key and is unregistered when done.
-pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, key: String, registered: bool, parts: Arc<Parts>, client: IpAddr) {
+pub async fn run(
+    worker: Arc<Worker>,
+    fetch: Arc<Fetch>,
+    key: String,
+    registered: bool,
+    parts: Arc<Parts>,
+    client: IpAddr,
+) {
     let stats = &worker.shared.stats;
     inc(&stats.fetches_in_flight);
     inc(&stats.backend_requests);
@@ -50,24 +57,33 @@ pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, key: String, registered
         Ending::NotStored => inc(&stats.uncacheable),
     }
     if registered {
-        let hit_for_miss = matches!(ending, Ending::NotStored).then_some(worker.shared.policy.hit_for_miss);
+        let hit_for_miss =
+            matches!(ending, Ending::NotStored).then_some(worker.shared.policy.hit_for_miss);
         coalescer.finish(&key, &fetch, hit_for_miss);
     }
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: IpAddr) -> Ending {
     let shared = &worker.shared;
     let policy = &shared.policy;
     let request_time = SystemTime::now();
-    let resp = match worker.backend.send(forward::fill_request(parts, client)).await {
+    let resp = match worker
+        .backend
+        .send(forward::fill_request(parts, client))
+        .await
+    {
         Ok(resp) => resp,
         Err(e) => {
             tracing::warn!(key, error = %e, "fetch failed");
-            fetch.set_head(Err(HeadError { status: e.status(), error: FetchError::new(e.to_string()) }));
+            fetch.set_head(Err(HeadError {
+                status: e.status(),
+                error: FetchError::new(e.to_string()),
+            }));
             return Ending::Failed;
         }
     };
@@ -76,7 +92,10 @@ async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: 
     let (mut head, mut body) = resp.into_parts();
     strip_hop_by_hop(&mut head.headers);
     if !head.headers.contains_key(header::DATE) {
-        head.headers.insert(header::DATE, HeaderValue::from_str(&httpdate::fmt_http_date(response_time)).expect("date"));
+        head.headers.insert(
+            header::DATE,
+            HeaderValue::from_str(&httpdate::fmt_http_date(response_time)).expect("date"),
+        );
     }
     let initial_age = corrected_initial_age(&head.headers, request_time, response_time);
     head.headers.remove(header::AGE);
@@ -87,7 +106,13 @@ async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: 
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         .is_some_and(|len| len > policy.max_object_size);
-    let decision = match storable::decide(authorized, head.status, &head.headers, policy, response_time) {
+    let decision = match storable::decide(
+        authorized,
+        head.status,
+        &head.headers,
+        policy,
+        response_time,
+    ) {
         Decision::Store(_) if too_large => Decision::DontStore("too large"),
         d => d,
     };
@@ -119,21 +144,29 @@ async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: 
     fetch.set_head(Ok(fetched));
 
     loop {
-        let frame = match tokio::time::timeout(worker.backend.between_bytes_timeout, body.frame()).await {
-            Err(_) => Err(format!("no body bytes for {:?}", worker.backend.between_bytes_timeout)),
-            Ok(None) => break,
-            Ok(Some(Err(e))) => Err(error_chain(&e)),
-            Ok(Some(Ok(frame))) => Ok(frame),
-        };
+        let frame =
+            match tokio::time::timeout(worker.backend.between_bytes_timeout, body.frame()).await {
+                Err(_) => Err(format!(
+                    "no body bytes for {:?}",
+                    worker.backend.between_bytes_timeout
+                )),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => Err(error_chain(&e)),
+                Ok(Some(Ok(frame))) => Ok(frame),
+            };
         let frame = match frame {
             Ok(frame) => frame,
             Err(reason) => {
                 tracing::warn!(key, reason, "backend body failed; nothing stored");
-                fetch.end(Err(FetchError::new(format!("backend body failed: {reason}"))));
+                fetch.end(Err(FetchError::new(format!(
+                    "backend body failed: {reason}"
+                ))));
                 return Ending::Failed;
             }
         };
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         add(&shared.stats.bytes_in, data.len() as u64);
         fetch.push(data.clone());
         if let Some(w) = writer.as_mut() {
@@ -156,7 +189,11 @@ async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: 
         generation: 0,
         variant: selection,
         status: head.status.as_u16(),
-        headers: head.headers.iter().map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec())).collect(),
+        headers: head
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect(),
         length: 0,
         chunk_size: 0,
         stored_at_ms: unix_ms(response_time),

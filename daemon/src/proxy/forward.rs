@@ -23,7 +23,11 @@ pub fn append(headers: &mut HeaderMap, name: header::HeaderName, value: &str) {
 /// `X-Forwarded-For`, this proxy to `Via`. `Host` is kept as the client sent it.
 pub fn prepare_headers(headers: &mut HeaderMap, client: IpAddr) {
     strip_hop_by_hop(headers);
-    append(headers, header::HeaderName::from_static("x-forwarded-for"), &client.to_string());
+    append(
+        headers,
+        header::HeaderName::from_static("x-forwarded-for"),
+        &client.to_string(),
+    );
     append(headers, header::VIA, VIA);
 }
 
@@ -55,12 +59,22 @@ pub fn fill_request(parts: &Parts, client: IpAddr) -> Request<body::Body> {
 /// `Content-Location` when they point at the same host.
 pub fn invalidation_keys(req: &Parts, response: &HeaderMap) -> Vec<String> {
     let own = key::primary_key(req);
-    let host = req.headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let host = req
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
     let mut keys = vec![own];
     for name in [header::LOCATION, header::CONTENT_LOCATION] {
-        let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else { continue };
-        let Ok(uri) = target.parse::<http::Uri>() else { continue };
-        let same_host = uri.authority().is_none_or(|a| key::key_for(a.as_str(), "") == key::key_for(host, ""));
+        let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else {
+            continue;
+        };
+        let Ok(uri) = target.parse::<http::Uri>() else {
+            continue;
+        };
+        let same_host = uri
+            .authority()
+            .is_none_or(|a| key::key_for(a.as_str(), "") == key::key_for(host, ""));
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         if same_host && path.starts_with('/') {
             let k = key::key_for(host, path);
@@ -105,19 +119,38 @@ mod tests {
         let req = fill_request(&parts, "127.0.0.1".parse().unwrap());
         assert_eq!(req.method(), Method::GET);
         assert_eq!(req.uri(), "/a?b");
-        assert!(!req.headers().contains_key("if-none-match") && !req.headers().contains_key("range"));
+        assert!(
+            !req.headers().contains_key("if-none-match") && !req.headers().contains_key("range")
+        );
         assert_eq!(req.headers()["accept-encoding"], "gzip");
     }
 
     #[test]
     fn invalidation_targets() {
-        let (parts, _) =
-            Request::builder().method("POST").uri("/form").header("host", "Example.com").body(()).unwrap().into_parts();
+        let (parts, _) = Request::builder()
+            .method("POST")
+            .uri("/form")
+            .header("host", "Example.com")
+            .body(())
+            .unwrap()
+            .into_parts();
         let cases: &[(&[(&str, &str)], &[&str])] = &[
             (&[], &["example.com/form"]),
-            (&[("location", "/done?x=1")], &["example.com/form", "example.com/done?x=1"]),
-            (&[("location", "http://example.com/a"), ("content-location", "/b")], &["example.com/form", "example.com/a", "example.com/b"]),
-            (&[("location", "http://other.example/a")], &["example.com/form"]),
+            (
+                &[("location", "/done?x=1")],
+                &["example.com/form", "example.com/done?x=1"],
+            ),
+            (
+                &[
+                    ("location", "http://example.com/a"),
+                    ("content-location", "/b"),
+                ],
+                &["example.com/form", "example.com/a", "example.com/b"],
+            ),
+            (
+                &[("location", "http://other.example/a")],
+                &["example.com/form"],
+            ),
             (&[("content-location", "/form")], &["example.com/form"]),
         ];
         for (h, want) in cases {

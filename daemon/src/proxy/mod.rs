@@ -55,7 +55,9 @@ fn counted(resp: Response<Body>, stats: Arc<Stats>) -> Response<Body> {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<Body> {
@@ -68,7 +70,10 @@ async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<
         None
     });
     if let Some(set) = found {
-        let variant = set.variants.iter().position(|m| vary::matches(&m.variant, &parts.headers));
+        let variant = set
+            .variants
+            .iter()
+            .position(|m| vary::matches(&m.variant, &parts.headers));
         if let Some(index) = variant.filter(|&i| set.variants[i].remaining_ttl_ms(now) > 0) {
             let meta = &set.variants[index];
             let first = if meta.length == 0 || !shared.store.has_body(meta) {
@@ -80,11 +85,25 @@ async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<
                 Ok(Some(chunk)) => {
                     record_hit(&shared.stats, chunk.tier);
                     let data = Some(chunk.data);
-                    return respond::hit(shared.store.clone(), set.clone(), index, data, now, head_only);
+                    return respond::hit(
+                        shared.store.clone(),
+                        set.clone(),
+                        index,
+                        data,
+                        now,
+                        head_only,
+                    );
                 }
                 Ok(None) if meta.length == 0 => {
                     record_hit(&shared.stats, Tier::Memory);
-                    return respond::hit(shared.store.clone(), set.clone(), index, None, now, head_only);
+                    return respond::hit(
+                        shared.store.clone(),
+                        set.clone(),
+                        index,
+                        None,
+                        now,
+                        head_only,
+                    );
                 }
                 Ok(None) => {
                     inc(&shared.stats.bodies_lost);
@@ -92,7 +111,9 @@ async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<
                         tracing::warn!(key, error = %e, "cannot drop metadata of a lost body");
                     }
                 }
-                Err(e) => tracing::warn!(key, error = %e, "reading a stored body failed; refetching"),
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "reading a stored body failed; refetching")
+                }
             }
         }
     }
@@ -113,7 +134,14 @@ async fn miss(worker: &Arc<Worker>, client: IpAddr, key: String, parts: Parts) -
     let head_only = parts.method == Method::HEAD;
     let parts = Arc::new(parts);
     let start = |registered: bool, fetch: Arc<crate::coalesce::Fetch>| {
-        let task = fetch::run(worker.clone(), fetch, key.clone(), registered, parts.clone(), client);
+        let task = fetch::run(
+            worker.clone(),
+            fetch,
+            key.clone(),
+            registered,
+            parts.clone(),
+            client,
+        );
         tokio::spawn(task);
     };
     let (fetch, mut owner) = match shared.coalescer.join(&key) {
@@ -134,7 +162,8 @@ async fn miss(worker: &Arc<Worker>, client: IpAddr, key: String, parts: Parts) -
     };
     let mut reader = fetch.reader();
     let mut head = reader.head().await;
-    let unusable = matches!(&head, Ok(h) if !h.shareable || !vary::matches(&h.selection, &parts.headers));
+    let unusable =
+        matches!(&head, Ok(h) if !h.shareable || !vary::matches(&h.selection, &parts.headers));
     if !owner && unusable {
         // The shared response is not for this request (uncacheable, or another variant): fetch alone at
         // once rather than queueing behind anyone.
@@ -146,17 +175,31 @@ async fn miss(worker: &Arc<Worker>, client: IpAddr, key: String, parts: Parts) -
     }
     match head {
         Ok(head) => {
-            let outcome = Outcome::Miss { stored: head.shareable, collapsed: !owner, detail: None };
+            let outcome = Outcome::Miss {
+                stored: head.shareable,
+                collapsed: !owner,
+                detail: None,
+            };
             respond::fetched(&head, reader, outcome, head_only)
         }
         Err(e) => {
-            let outcome = Outcome::Miss { stored: false, collapsed: !owner, detail: Some("backend-error") };
+            let outcome = Outcome::Miss {
+                stored: false,
+                collapsed: !owner,
+                detail: Some("backend-error"),
+            };
             respond::error(e.status, outcome, &e.error.to_string())
         }
     }
 }
 
-async fn pass(worker: &Worker, client: IpAddr, parts: Parts, body: Incoming, unsafe_method: bool) -> Response<Body> {
+async fn pass(
+    worker: &Worker,
+    client: IpAddr,
+    parts: Parts,
+    body: Incoming,
+    unsafe_method: bool,
+) -> Response<Body> {
     let shared = &worker.shared;
     inc(&shared.stats.passes);
     inc(&shared.stats.backend_requests);
@@ -164,7 +207,11 @@ async fn pass(worker: &Worker, client: IpAddr, parts: Parts, body: Incoming, uns
     let invalidation_target = unsafe_method.then(|| parts.clone());
     let mut parts = parts;
     forward::prepare_headers(&mut parts.headers, client);
-    let resp = match worker.backend.send(Request::from_parts(parts, body::incoming(body))).await {
+    let resp = match worker
+        .backend
+        .send(Request::from_parts(parts, body::incoming(body)))
+        .await
+    {
         Ok(resp) => resp,
         Err(e) => {
             inc(&shared.stats.backend_errors);

@@ -20,11 +20,19 @@ pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 /// The cache's verdict on one response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    Hit { ttl_s: i64 },
+    Hit {
+        ttl_s: i64,
+    },
     /// Answered from a fetch; `stored` when the response is being stored, `collapsed` when the request
     /// joined a fetch started by another.
-    Miss { stored: bool, collapsed: bool, detail: Option<&'static str> },
-    Pass { unsafe_method: bool },
+    Miss {
+        stored: bool,
+        collapsed: bool,
+        detail: Option<&'static str>,
+    },
+    Pass {
+        unsafe_method: bool,
+    },
 }
 
 impl Outcome {
@@ -39,7 +47,11 @@ impl Outcome {
     fn cache_status(self) -> String {
         match self {
             Outcome::Hit { ttl_s } => format!("lacquer; hit; ttl={ttl_s}"),
-            Outcome::Miss { stored, collapsed, detail } => {
+            Outcome::Miss {
+                stored,
+                collapsed,
+                detail,
+            } => {
                 let mut s = String::from("lacquer; fwd=miss");
                 if stored {
                     s.push_str("; stored");
@@ -52,8 +64,12 @@ impl Outcome {
                 }
                 s
             }
-            Outcome::Pass { unsafe_method: true } => "lacquer; fwd=method".into(),
-            Outcome::Pass { unsafe_method: false } => "lacquer; fwd=bypass".into(),
+            Outcome::Pass {
+                unsafe_method: true,
+            } => "lacquer; fwd=method".into(),
+            Outcome::Pass {
+                unsafe_method: false,
+            } => "lacquer; fwd=bypass".into(),
         }
     }
 }
@@ -76,15 +92,27 @@ pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Bo
     let mut resp = Response::new(body::full(format!("{message}\n")));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     decorate(h, outcome, Some(0));
     resp
 }
 
 /// A response read from a fetch in flight (or just finished).
-pub fn fetched(head: &FetchedHead, reader: FetchReader, outcome: Outcome, head_only: bool) -> Response<Body> {
-    let mut resp = Response::new(if head_only { body::empty() } else { reader.into_body() });
+pub fn fetched(
+    head: &FetchedHead,
+    reader: FetchReader,
+    outcome: Outcome,
+    head_only: bool,
+) -> Response<Body> {
+    let mut resp = Response::new(if head_only {
+        body::empty()
+    } else {
+        reader.into_body()
+    });
     *resp.status_mut() = head.status;
     *resp.headers_mut() = head.headers.clone();
     let age = head.initial_age + head.received_at.elapsed().as_secs();
@@ -105,15 +133,24 @@ pub fn hit(
     let meta = &set.variants[variant];
     let mut headers = HeaderMap::with_capacity(meta.headers.len() + 6);
     for (name, value) in &meta.headers {
-        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_bytes(value)) {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
             headers.append(n, v);
         }
     }
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.length));
-    let outcome = Outcome::Hit { ttl_s: meta.remaining_ttl_ms(now_ms) / 1000 };
+    let outcome = Outcome::Hit {
+        ttl_s: meta.remaining_ttl_ms(now_ms) / 1000,
+    };
     decorate(&mut headers, outcome, Some(meta.age_s(now_ms)));
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
-    let body = if head_only || meta.length == 0 { body::empty() } else { chunks(store, set, variant, first) };
+    let body = if head_only || meta.length == 0 {
+        body::empty()
+    } else {
+        chunks(store, set, variant, first)
+    };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
@@ -125,20 +162,23 @@ pub fn hit(
 fn chunks(store: Store, set: Arc<ObjectSet>, variant: usize, first: Option<Bytes>) -> Body {
     let count = set.variants[variant].chunk_count();
     let state = (store, set, first, 0u32);
-    body::from_stream(futures_util::stream::unfold(state, move |(store, set, first, index)| async move {
-        if index >= count {
-            return None;
-        }
-        let data: Result<Bytes, BoxError> = match (index, first.clone()) {
-            (0, Some(data)) => Ok(data),
-            _ => match store.read_chunk(&set.variants[variant], index).await {
-                Ok(Some(read)) => Ok(read.data),
-                Ok(None) => Err(format!("chunk {index} of a stored body is gone").into()),
-                Err(e) => Err(e.into()),
-            },
-        };
-        let failed = data.is_err();
-        let next_index = if failed { count } else { index + 1 };
-        Some((data.map(Frame::data), (store, set, None, next_index)))
-    }))
+    body::from_stream(futures_util::stream::unfold(
+        state,
+        move |(store, set, first, index)| async move {
+            if index >= count {
+                return None;
+            }
+            let data: Result<Bytes, BoxError> = match (index, first.clone()) {
+                (0, Some(data)) => Ok(data),
+                _ => match store.read_chunk(&set.variants[variant], index).await {
+                    Ok(Some(read)) => Ok(read.data),
+                    Ok(None) => Err(format!("chunk {index} of a stored body is gone").into()),
+                    Err(e) => Err(e.into()),
+                },
+            };
+            let failed = data.is_err();
+            let next_index = if failed { count } else { index + 1 };
+            Some((data.map(Frame::data), (store, set, None, next_index)))
+        },
+    ))
 }
