@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Runs lacquerd, Varnish (-s malloc) and NGINX (proxy_cache + proxy_cache_lock) side by side in front of
+one origin and prints one table of medians and ratios. Every round runs every test against every target,
+rotating the order, because 2-core machines are noisy: only ratios from the same run mean anything."""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ORIGIN_PORT = 8980
+TARGETS = {"lacquer": 8981, "varnish": 8982, "nginx": 8983}
+LARGE = 4 * 1024 * 1024
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def wait_port(port, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/obj/2k", timeout=2).read()
+            return
+        except Exception:
+            time.sleep(0.2)
+    raise SystemExit(f"nothing answers on port {port}")
+
+
+def start(work, procs):
+    procs.append(subprocess.Popen([f"{ROOT}/target/release/bench-origin", str(ORIGIN_PORT)]))
+    procs.append(subprocess.Popen(
+        [f"{ROOT}/target/release/lacquerd", "--listen", f"127.0.0.1:{TARGETS['lacquer']}",
+         "--admin", "127.0.0.1:8991", "--backend", f"127.0.0.1:{ORIGIN_PORT}", "--disk", f"{work}/lacquer",
+         "--memory", "256MiB", "--disk-size", "2GiB"],
+        env={**os.environ, "RUST_LOG": "warn"}))
+    vcl = f"{work}/bench.vcl"
+    with open(vcl, "w") as f:
+        f.write(f'vcl 4.1;\nbackend origin {{ .host = "127.0.0.1"; .port = "{ORIGIN_PORT}"; }}\n')
+    procs.append(subprocess.Popen(
+        ["/usr/sbin/varnishd", "-F", "-j", "none", "-n", f"{work}/varnish", "-a", f"127.0.0.1:{TARGETS['varnish']}",
+         "-f", vcl, "-s", "malloc,256m", "-T", "127.0.0.1:8992"],
+        stdout=subprocess.DEVNULL))
+    conf = f"{work}/nginx.conf"
+    os.makedirs(f"{work}/nginx-cache", exist_ok=True)
+    with open(conf, "w") as f:
+        f.write(f"""
+user root;
+worker_processes 2;
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    proxy_cache_path {work}/nginx-cache levels=1:2 keys_zone=bench:64m max_size=2g inactive=1h;
+    upstream origin {{ server 127.0.0.1:{ORIGIN_PORT}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{TARGETS['nginx']};
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_cache bench;
+            proxy_cache_lock on;
+            proxy_cache_lock_timeout 30s;
+        }}
+    }}
+}}
+""")
+    procs.append(subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL))
+    wait_port(ORIGIN_PORT)
+    for port in TARGETS.values():
+        wait_port(port)
+
+
+def wrk_rps(port, seconds):
+    out = sh(["wrk", "-t2", "-c100", f"-d{seconds}s", f"http://127.0.0.1:{port}/obj/2k"])
+    for line in out.splitlines():
+        if line.startswith("Requests/sec:"):
+            return float(line.split()[1])
+    raise RuntimeError(out)
+
+
+def oha_latency(port, seconds, rate):
+    out = sh(["oha", "--no-tui", "--output-format", "json", "-z", f"{seconds}s", "-q", str(rate),
+              "--latency-correction", "-c", "50", f"http://127.0.0.1:{port}/obj/2k"])
+    data = json.loads(out)
+    p = data["latencyPercentiles"]
+    return p["p50"] * 1000, p["p99"] * 1000
+
+
+def curl_ttfb(port, path, n, rng=None):
+    times, status = [], None
+    for _ in range(n):
+        cmd = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_starttransfer}", f"http://127.0.0.1:{port}{path}"]
+        if rng:
+            cmd[1:1] = ["-r", rng]
+        code, t = sh(cmd).split()
+        status = code
+        times.append(float(t) * 1000)
+    return statistics.median(times), status
+
+
+def burst(port, ident, clients):
+    """Every client opens its own connection at once for the same cold object; oha reports time to first
+    byte per request."""
+    path = f"/burst/{ident}"
+    out = sh(["oha", "--no-tui", "--output-format", "json", "-n", str(clients), "-c", str(clients),
+              f"http://127.0.0.1:{port}{path}"])
+    data = json.loads(out)
+    fetches = int(urllib.request.urlopen(f"http://127.0.0.1:{ORIGIN_PORT}/__count{path}").read())
+    complete = data["statusCodeDistribution"].get("200", 0)
+    if data["summary"]["totalData"] != complete * LARGE:
+        complete = 0
+    p = data["firstBytePercentiles"]
+    return p["p50"] * 1000, p["p99"] * 1000, fetches, complete
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=8, help="duration of each wrk and oha run")
+    ap.add_argument("--rate", type=int, default=5000, help="oha request rate for the latency test")
+    ap.add_argument("--clients", type=int, default=200, help="clients in the cold burst")
+    ap.add_argument("--json", help="also write the raw results here")
+    args = ap.parse_args()
+
+    work = tempfile.mkdtemp(prefix="lacquer-bench-")
+    procs = []
+    try:
+        start(work, procs)
+        for port in TARGETS.values():
+            for path in ["/obj/2k", "/obj/4m"]:
+                for _ in range(3):
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}{path}").read()
+        raw = {t: {} for t in TARGETS}
+        names = list(TARGETS)
+        for r in range(args.rounds):
+            order = names[r % 3:] + names[:r % 3]
+            for target in order:
+                port = TARGETS[target]
+                res = raw[target]
+                res.setdefault("rps", []).append(wrk_rps(port, args.seconds))
+                p50, p99 = oha_latency(port, args.seconds, args.rate)
+                res.setdefault("lat_p50", []).append(p50)
+                res.setdefault("lat_p99", []).append(p99)
+                t, _ = curl_ttfb(port, "/obj/4m", 30)
+                res.setdefault("ttfb_4m", []).append(t)
+                t, status = curl_ttfb(port, "/obj/4m", 30, "1048576-1114111")
+                res.setdefault("ttfb_range", []).append(t)
+                res["range_status"] = status
+                b50, b99, fetches, complete = burst(port, f"{r}-{target}", args.clients)
+                res.setdefault("burst_p50", []).append(b50)
+                res.setdefault("burst_p99", []).append(b99)
+                res.setdefault("burst_fetches", []).append(fetches)
+                res.setdefault("burst_complete", []).append(complete)
+                print(f"round {r + 1} {target}: {res['rps'][-1]:.0f} rps, p99 {p99:.2f} ms, burst p99 {b99:.0f} ms "
+                      f"({fetches} fetches, {complete}/{args.clients} complete)", file=sys.stderr)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+    med = {t: {k: statistics.median(v) for k, v in r.items() if isinstance(v, list)} for t, r in raw.items()}
+    rows = [
+        ("hit-path max rps (wrk, 100 conn, 2 KiB)", "rps", "{:.0f}", True),
+        (f"hit-path latency p50 at {args.rate} rps (ms)", "lat_p50", "{:.2f}", False),
+        (f"hit-path latency p99 at {args.rate} rps (ms)", "lat_p99", "{:.2f}", False),
+        ("4 MiB GET TTFB p50 (ms)", "ttfb_4m", "{:.2f}", False),
+        ("64 KiB range GET TTFB p50 (ms)", "ttfb_range", "{:.2f}", False),
+        (f"cold 4 MiB burst, {args.clients} clients, TTFB p50 (ms)", "burst_p50", "{:.0f}", False),
+        (f"cold 4 MiB burst, {args.clients} clients, TTFB p99 (ms)", "burst_p99", "{:.0f}", False),
+        ("origin fetches per burst", "burst_fetches", "{:.0f}", False),
+    ]
+    print(f"\nmedian of {args.rounds} rounds; ratio = lacquer / other (for rps higher is better, else lower)\n")
+    print(f"| metric | lacquer | varnish | nginx | vs varnish | vs nginx |")
+    print(f"|---|---|---|---|---|---|")
+    for label, key, fmt, _ in rows:
+        l, v, n = med["lacquer"][key], med["varnish"][key], med["nginx"][key]
+        ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
+        print(f"| {label} | {fmt.format(l)} | {fmt.format(v)} | {fmt.format(n)} | {ratio(l, v)} | {ratio(l, n)} |")
+    print("\nrange responses: " + ", ".join(f"{t} {raw[t]['range_status']}" for t in TARGETS))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
