@@ -36,7 +36,10 @@ fn percentile(v: &mut [Duration], p: f64) -> Duration {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let base = std::env::args().nth(1).map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let base = std::env::args()
+        .nth(1)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     println!("chunk   write MB/s   first-chunk p50/p99 (ms)   4MiB read p50/p99 (ms)   64KiB-range p50 (ms)");
     for chunk in [64 * KIB, 256 * KIB, 1024 * KIB, 4 * MIB - 64] {
         let dir = tempfile::tempdir_in(&base).unwrap();
@@ -89,7 +92,10 @@ async fn main() {
             // A 64 KiB range in the middle of the body: the chunk that holds it, read cold from disk.
             let offset = 2 * MIB + 4096;
             let t = Instant::now();
-            store.read_chunk(m, (offset / m.chunk_size as usize) as u32).await.unwrap();
+            store
+                .read_chunk(m, (offset / m.chunk_size as usize) as u32)
+                .await
+                .unwrap();
             range.push(t.elapsed());
         }
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;

@@ -21,13 +21,20 @@ fn body(len: usize) -> Bytes {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let port: u16 = std::env::args().nth(1).and_then(|p| p.parse().ok()).expect("usage: bench-origin PORT");
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
+    let port: u16 = std::env::args()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("usage: bench-origin PORT");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind");
     let small = body(2048);
     let large = body(4 * 1024 * 1024);
     let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let (small, large, counts) = (small.clone(), large.clone(), counts.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
@@ -36,7 +43,9 @@ async fn main() {
                     let path = req.uri().path().to_owned();
                     if let Some(counted) = path.strip_prefix("/__count") {
                         let n = counts.lock().unwrap().get(counted).copied().unwrap_or(0);
-                        return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(n.to_string()))));
+                        return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(
+                            n.to_string(),
+                        ))));
                     }
                     *counts.lock().unwrap().entry(path.clone()).or_default() += 1;
                     let data = match path.as_str() {
@@ -56,7 +65,9 @@ async fn main() {
                     Ok(resp)
                 }
             });
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }

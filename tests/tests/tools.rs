@@ -1,0 +1,140 @@
+//! `cachectl` and `cachetop` against a real daemon.
+
+use std::process::Command;
+
+use lacquer_tests::{daemon::binary, get, Daemon, Origin, Reply};
+
+fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(binary(bin))
+        .args(args)
+        .env_remove("LACQUER_ADMIN")
+        .output()
+        .expect("runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cachectl_and_cachetop_read_live_stats() {
+    let origin = Origin::start(|_| Reply::ok("x").header("cache-control", "max-age=60")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    for _ in 0..3 {
+        get(d.addr, "/a").await;
+    }
+    let admin = d.admin.to_string();
+    let secret = d.dir.path().join("store/secret");
+    let secret = secret.to_str().unwrap();
+
+    let (code, out, err) = run(
+        "cachectl",
+        &["--admin", &admin, "--secret", secret, "stats", "--json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let stats: serde_json::Value = serde_json::from_str(&out).expect("--json output parses");
+    assert_eq!(stats["proxy"]["requests"], 3);
+    assert_eq!(stats["proxy"]["hits"], 2);
+
+    let (code, out, _) = run(
+        "cachectl",
+        &["--admin", &admin, "--secret", secret, "stats"],
+    );
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("proxy.hits") && l.trim_end().ends_with(" 2")),
+        "{out}"
+    );
+
+    let (code, out, err) = run(
+        "cachetop",
+        &[
+            "--admin",
+            &admin,
+            "--secret",
+            secret,
+            "--once",
+            "--no-color",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("requests") && l.contains(" 3")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.contains("hits ") && l.contains(" 2")),
+        "{out}"
+    );
+    assert!(out.contains("66.7 %"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clear_errors_for_a_wrong_secret_and_a_missing_daemon() {
+    let origin = Origin::start(|_| Reply::ok("x")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "not-the-secret-at-all\n").unwrap();
+    let admin = d.admin.to_string();
+
+    let (code, _, err) = run(
+        "cachectl",
+        &[
+            "--admin",
+            &admin,
+            "--secret",
+            wrong.to_str().unwrap(),
+            "stats",
+        ],
+    );
+    assert_eq!(code, 3);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "cachectl: unauthorized: the secret in {} does not match",
+            wrong.display()
+        )
+    );
+
+    let (code, out, _) = run("cachectl", &["--admin", &admin, "health"]);
+    assert_eq!(code, 0, "health needs no secret");
+    assert!(out.contains("ok"));
+
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let (code, _, err) = run(
+        "cachectl",
+        &[
+            "--admin",
+            &free,
+            "--secret",
+            wrong.to_str().unwrap(),
+            "stats",
+        ],
+    );
+    assert_eq!(code, 3);
+    assert_eq!(
+        err.trim(),
+        format!("cachectl: cannot reach lacquerd at {free}: connection refused (is the service running?)")
+    );
+    let (code, _, err) = run(
+        "cachetop",
+        &[
+            "--admin",
+            &free,
+            "--secret",
+            wrong.to_str().unwrap(),
+            "--once",
+        ],
+    );
+    assert_eq!(code, 3);
+    assert!(err.contains("cannot reach lacquerd"), "{err}");
+}
