@@ -28,6 +28,8 @@ pub struct FetchedHead {
     /// Corrected initial age in seconds, at `received_at`.
     pub initial_age: u64,
     pub received_at: Instant,
+    /// Freshness left at `received_at` (zero when not stored).
+    pub ttl: Duration,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -52,6 +54,8 @@ struct State {
     head: Option<Result<Arc<FetchedHead>, HeadError>>,
     body: Vec<Bytes>,
     end: Option<Result<(), FetchError>>,
+    /// The fill task is done, including publishing to the store: a new lookup now sees what it stored.
+    settled: bool,
 }
 
 /// One backend fetch and the body bytes received so far.
@@ -85,6 +89,15 @@ impl Fetch {
         self.update(|s| s.end = Some(result));
     }
 
+    pub fn settle(&self) {
+        self.update(|s| s.settled = true);
+    }
+
+    /// Whether the whole body has arrived.
+    pub fn is_complete(&self) -> bool {
+        matches!(self.state.lock().expect("fetch mutex").end, Some(Ok(())))
+    }
+
     pub fn reader(self: &Arc<Self>) -> FetchReader {
         FetchReader {
             fetch: self.clone(),
@@ -113,6 +126,19 @@ impl FetchReader {
                     status: StatusCode::BAD_GATEWAY,
                     error: FetchError::new("fetch abandoned"),
                 });
+            }
+        }
+    }
+
+    /// Waits until the fill task is done, including publishing what it stored.
+    pub async fn settled(&mut self) {
+        loop {
+            self.rx.borrow_and_update();
+            if self.fetch.state.lock().expect("fetch mutex").settled {
+                return;
+            }
+            if self.rx.changed().await.is_err() {
+                return;
             }
         }
     }
@@ -231,6 +257,7 @@ mod tests {
             selection: vec![],
             initial_age: 0,
             received_at: Instant::now(),
+            ttl: Duration::ZERO,
         })
     }
 

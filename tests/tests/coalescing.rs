@@ -159,6 +159,9 @@ async fn a_truncated_fetch_fails_its_readers_and_is_not_stored() {
         ("MISS", 1000),
         "nothing partial was stored"
     );
+    // Until the store has published it, a request is answered from the finished fetch, also without the origin.
+    d.wait_for_stats("the object stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
     assert_eq!(get(d.addr, "/t").await.x_cache(), "HIT");
     assert_eq!(origin.count("/t"), 2);
     let stats = d.stats().await;

@@ -4,7 +4,7 @@
 use std::{
     net::IpAddr,
     sync::Arc,
-    time::{Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use http::{header, request::Parts, HeaderValue};
@@ -61,6 +61,7 @@ pub async fn run(
             matches!(ending, Ending::NotStored).then_some(worker.shared.policy.hit_for_miss);
         coalescer.finish(&key, &fetch, hit_for_miss);
     }
+    fetch.settle();
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -140,6 +141,9 @@ async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: 
         selection: selection.clone(),
         initial_age,
         received_at,
+        ttl: storable.as_ref().map_or(Duration::ZERO, |s| {
+            s.ttl.saturating_sub(Duration::from_secs(initial_age))
+        }),
     });
     fetch.set_head(Ok(fetched));
 

@@ -18,7 +18,7 @@ use lacquer_storage::Tier;
 use self::respond::Outcome;
 use crate::{
     body::{self, Body},
-    coalesce::Joined,
+    coalesce::{Fetch, Joined},
     policy::{
         headers::strip_hop_by_hop,
         key::primary_key,
@@ -61,63 +61,77 @@ fn now_ms() -> u64 {
 }
 
 async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<Body> {
-    let shared = &worker.shared;
     let key = primary_key(&parts);
-    let head_only = parts.method == Method::HEAD;
-    let now = now_ms();
-    let found = shared.store.lookup(&key).unwrap_or_else(|e| {
-        tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
-        None
-    });
-    if let Some(set) = found {
-        let variant = set
-            .variants
-            .iter()
-            .position(|m| vary::matches(&m.variant, &parts.headers));
-        if let Some(index) = variant.filter(|&i| set.variants[i].remaining_ttl_ms(now) > 0) {
-            let meta = &set.variants[index];
-            let first = if meta.length == 0 || !shared.store.has_body(meta) {
-                Ok(None)
-            } else {
-                shared.store.read_chunk(meta, 0).await
-            };
-            match first {
-                Ok(Some(chunk)) => {
-                    record_hit(&shared.stats, chunk.tier);
-                    let data = Some(chunk.data);
-                    return respond::hit(
-                        shared.store.clone(),
-                        set.clone(),
-                        index,
-                        data,
-                        now,
-                        head_only,
-                    );
-                }
-                Ok(None) if meta.length == 0 => {
-                    record_hit(&shared.stats, Tier::Memory);
-                    return respond::hit(
-                        shared.store.clone(),
-                        set.clone(),
-                        index,
-                        None,
-                        now,
-                        head_only,
-                    );
-                }
-                Ok(None) => {
-                    inc(&shared.stats.bodies_lost);
-                    if let Err(e) = shared.store.remove_generation(&key, meta.generation) {
-                        tracing::warn!(key, error = %e, "cannot drop metadata of a lost body");
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "reading a stored body failed; refetching")
-                }
-            }
+    let parts = Arc::new(parts);
+    let mut may_wait = true;
+    loop {
+        if let Some(resp) = hit(worker, &key, &parts).await {
+            return resp;
+        }
+        match miss(worker, client, &key, &parts, may_wait).await {
+            Some(resp) => return resp,
+            // Another variant's fetch has settled: look up again, this time without waiting for anyone.
+            None => may_wait = false,
         }
     }
-    miss(worker, client, key, parts).await
+}
+
+/// Answers from the store when it holds a fresh variant for the request whose body is all there.
+async fn hit(worker: &Worker, key: &str, parts: &Parts) -> Option<Response<Body>> {
+    let shared = &worker.shared;
+    let head_only = parts.method == Method::HEAD;
+    let now = now_ms();
+    let set = shared.store.lookup(key).unwrap_or_else(|e| {
+        tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
+        None
+    })?;
+    let index = set
+        .variants
+        .iter()
+        .position(|m| vary::matches(&m.variant, &parts.headers))
+        .filter(|&i| set.variants[i].remaining_ttl_ms(now) > 0)?;
+    let meta = &set.variants[index];
+    if meta.length == 0 {
+        record_hit(&shared.stats, Tier::Memory);
+        return Some(respond::hit(
+            shared.store.clone(),
+            set.clone(),
+            index,
+            None,
+            now,
+            head_only,
+        ));
+    }
+    let first = if shared.store.has_body(meta) {
+        shared.store.read_chunk(meta, 0).await
+    } else {
+        Ok(None)
+    };
+    match first {
+        Ok(Some(chunk)) => {
+            record_hit(&shared.stats, chunk.tier);
+            let data = Some(chunk.data);
+            Some(respond::hit(
+                shared.store.clone(),
+                set.clone(),
+                index,
+                data,
+                now,
+                head_only,
+            ))
+        }
+        Ok(None) => {
+            inc(&shared.stats.bodies_lost);
+            if let Err(e) = shared.store.remove_generation(key, meta.generation) {
+                tracing::warn!(key, error = %e, "cannot drop metadata of a lost body");
+            }
+            None
+        }
+        Err(e) => {
+            tracing::warn!(key, error = %e, "reading a stored body failed; refetching");
+            None
+        }
+    }
 }
 
 fn record_hit(stats: &Stats, tier: Tier) {
@@ -128,53 +142,69 @@ fn record_hit(stats: &Stats, tier: Tier) {
     });
 }
 
-async fn miss(worker: &Arc<Worker>, client: IpAddr, key: String, parts: Parts) -> Response<Body> {
+/// Answers a request the store could not, from a fetch: a new one, or one in flight for the same key.
+/// `None` when the fetch in flight is for another variant and has now settled, so the caller should look up
+/// again (with `may_wait` false it fetches alone instead).
+async fn miss(
+    worker: &Arc<Worker>,
+    client: IpAddr,
+    key: &str,
+    parts: &Arc<Parts>,
+    may_wait: bool,
+) -> Option<Response<Body>> {
     let shared = &worker.shared;
-    inc(&shared.stats.misses);
     let head_only = parts.method == Method::HEAD;
-    let parts = Arc::new(parts);
-    let start = |registered: bool, fetch: Arc<crate::coalesce::Fetch>| {
+    let start = |registered: bool, fetch: Arc<Fetch>| {
         let task = fetch::run(
             worker.clone(),
-            fetch,
-            key.clone(),
+            fetch.clone(),
+            key.to_owned(),
             registered,
             parts.clone(),
             client,
         );
         tokio::spawn(task);
+        fetch
     };
-    let (fetch, mut owner) = match shared.coalescer.join(&key) {
-        Joined::Leader(fetch) => {
-            start(true, fetch.clone());
-            (fetch, true)
-        }
-        Joined::Waiter(fetch) => {
-            inc(&shared.stats.coalesced_waiters);
-            (fetch, false)
-        }
+    let (fetch, mut owner) = match shared.coalescer.join(key) {
+        Joined::Leader(fetch) => (start(true, fetch), true),
+        Joined::Waiter(fetch) => (fetch, false),
         Joined::HitForMiss => {
             inc(&shared.stats.hit_for_miss);
-            let fetch = crate::coalesce::Fetch::new();
-            start(false, fetch.clone());
-            (fetch, true)
+            (start(false, Fetch::new()), true)
         }
     };
+    // A body that is already complete is as good as stored: the store just has not published it yet.
+    let complete = !owner && fetch.is_complete();
     let mut reader = fetch.reader();
     let mut head = reader.head().await;
-    let unusable =
-        matches!(&head, Ok(h) if !h.shareable || !vary::matches(&h.selection, &parts.headers));
-    if !owner && unusable {
-        // The shared response is not for this request (uncacheable, or another variant): fetch alone at
-        // once rather than queueing behind anyone.
-        let fetch = crate::coalesce::Fetch::new();
-        start(false, fetch.clone());
-        reader = fetch.reader();
-        head = reader.head().await;
-        owner = true;
+    if let (false, Ok(h)) = (owner, &head) {
+        let other_variant = !vary::matches(&h.selection, &parts.headers);
+        if h.shareable && other_variant && may_wait {
+            reader.settled().await;
+            return None;
+        }
+        if !h.shareable || other_variant {
+            // Uncacheable, or another variant again: fetch alone at once rather than queue behind anyone.
+            reader = start(false, Fetch::new()).reader();
+            head = reader.head().await;
+            owner = true;
+        }
     }
-    match head {
+    let resp = match head {
+        Ok(head) if complete && !owner => {
+            record_hit(&shared.stats, Tier::Memory);
+            let ttl_s = head
+                .ttl
+                .saturating_sub(head.received_at.elapsed())
+                .as_secs() as i64;
+            respond::fetched(&head, reader, Outcome::Hit { ttl_s }, head_only)
+        }
         Ok(head) => {
+            inc(&shared.stats.misses);
+            if !owner {
+                inc(&shared.stats.coalesced_waiters);
+            }
             let outcome = Outcome::Miss {
                 stored: head.shareable,
                 collapsed: !owner,
@@ -183,6 +213,7 @@ async fn miss(worker: &Arc<Worker>, client: IpAddr, key: String, parts: Parts) -
             respond::fetched(&head, reader, outcome, head_only)
         }
         Err(e) => {
+            inc(&shared.stats.misses);
             let outcome = Outcome::Miss {
                 stored: false,
                 collapsed: !owner,
@@ -190,7 +221,8 @@ async fn miss(worker: &Arc<Worker>, client: IpAddr, key: String, parts: Parts) -
             };
             respond::error(e.status, outcome, &e.error.to_string())
         }
-    }
+    };
+    Some(resp)
 }
 
 async fn pass(
