@@ -13,7 +13,9 @@ use http::Method;
 
 use crate::client::{request, Reply};
 
-/// Path of a binary built by this workspace (`cargo test` builds them next to the test executables).
+/// Path of a binary built by this workspace. `cargo test --workspace` builds a package's binaries when the
+/// package has integration tests of its own (`daemon/tests/cli.rs` guarantees `lacquerd`), next to the
+/// test executables.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe
