@@ -38,6 +38,25 @@ impl AdminError {
     }
 }
 
+/// The flags every tool uses to find the daemon.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConnectArgs {
+    /// Admin API address [env: LACQUER_ADMIN] [default: 127.0.0.1:6082]
+    #[arg(long, global = true)]
+    pub admin: Option<SocketAddr>,
+    /// File holding the admin secret [env: LACQUER_SECRET_FILE] [default: /var/lib/lacquer/secret]
+    #[arg(long, global = true)]
+    pub secret: Option<PathBuf>,
+}
+
+impl ConnectArgs {
+    /// A client for the daemon these flags (or the environment, or the defaults) point at; on a bad
+    /// `LACQUER_ADMIN` the message a tool prints before exiting with status 2.
+    pub fn client(self) -> Result<AdminClient, String> {
+        Target::discover(self.admin, self.secret).map(AdminClient::new)
+    }
+}
+
 /// Where the daemon is and how to prove who we are.
 #[derive(Debug, Clone)]
 pub struct Target {

@@ -1,19 +1,15 @@
 //! `cachectl`: talk to a running `lacquerd` through its admin API.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lacquer_admin::{flatten, AdminClient, Target};
+use lacquer_admin::{flatten, ConnectArgs};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Operate a running lacquerd")]
 struct Cli {
-    /// Admin API address [env: LACQUER_ADMIN] [default: 127.0.0.1:6082]
-    #[arg(long, global = true)]
-    admin: Option<SocketAddr>,
-    /// File holding the admin secret [env: LACQUER_SECRET_FILE] [default: /var/lib/lacquer/secret]
-    #[arg(long, global = true)]
-    secret: Option<PathBuf>,
+    #[command(flatten)]
+    connect: ConnectArgs,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -31,8 +27,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let target = match Target::discover(cli.admin, cli.secret) {
-        Ok(t) => t,
+    let client = match cli.connect.client() {
+        Ok(client) => client,
         Err(e) => {
             eprintln!("cachectl: {e}");
             return ExitCode::from(2);
@@ -42,7 +38,6 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("runtime");
-    let client = AdminClient::new(target);
     let result = runtime.block_on(async {
         match cli.command {
             Command::Health => client.health().await,

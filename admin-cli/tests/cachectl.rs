@@ -1,22 +1,9 @@
 //! The real `cachectl` binary against a real `lacquerd`.
 
-use std::process::Command;
-
-use lacquer_tests::{get, Daemon, Origin, Reply};
+use lacquer_tests::{get, run_tool, Daemon, Origin, Reply};
 
 fn cachectl(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_cachectl"))
-        .args(args)
-        .env_remove("LACQUER_ADMIN")
-        .env_remove("LACQUER_SECRET_FILE")
-        .output()
-        .expect("cachectl runs");
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (
-        out.status.code().unwrap_or(-1),
-        text(&out.stdout),
-        text(&out.stderr),
-    )
+    run_tool(env!("CARGO_BIN_EXE_cachectl"), args)
 }
 
 #[tokio::test(flavor = "multi_thread")]

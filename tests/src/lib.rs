@@ -8,3 +8,20 @@ pub mod origin;
 pub use client::{get, open, request, Reply as ClientReply};
 pub use daemon::Daemon;
 pub use origin::{Origin, Reply, Step};
+
+/// Runs a command-line tool to completion without the admin environment variables of the caller; returns
+/// the exit code, stdout and stderr.
+pub fn run_tool(path: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(path)
+        .args(args)
+        .env_remove("LACQUER_ADMIN")
+        .env_remove("LACQUER_SECRET_FILE")
+        .output()
+        .expect("the tool runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
+}

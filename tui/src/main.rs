@@ -4,28 +4,21 @@ mod state;
 mod view;
 
 use std::{
-    net::SocketAddr,
-    path::PathBuf,
     process::ExitCode,
     time::{Duration, Instant},
 };
 
 use clap::Parser;
 use crossterm::event::{self, Event, KeyCode};
-use lacquer_admin::{AdminClient, Target};
-use ratatui::{backend::TestBackend, Terminal};
+use lacquer_admin::ConnectArgs;
 
 use crate::{state::State, view::Theme};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Watch a running lacquerd live")]
 struct Cli {
-    /// Admin API address [env: LACQUER_ADMIN] [default: 127.0.0.1:6082]
-    #[arg(long)]
-    admin: Option<SocketAddr>,
-    /// File holding the admin secret [env: LACQUER_SECRET_FILE] [default: /var/lib/lacquer/secret]
-    #[arg(long)]
-    secret: Option<PathBuf>,
+    #[command(flatten)]
+    connect: ConnectArgs,
     /// Seconds between refreshes.
     #[arg(long, default_value_t = 1.0)]
     interval: f64,
@@ -39,8 +32,8 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let target = match Target::discover(cli.admin, cli.secret) {
-        Ok(t) => t,
+    let client = match cli.connect.client() {
+        Ok(client) => client,
         Err(e) => {
             eprintln!("cachetop: {e}");
             return ExitCode::from(2);
@@ -50,7 +43,6 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("runtime");
-    let client = AdminClient::new(target);
     let mut state = State::new(client.target().addr.to_string());
     let theme = Theme {
         color: !cli.no_color && std::env::var_os("NO_COLOR").is_none(),
@@ -59,7 +51,7 @@ fn main() -> ExitCode {
         return match runtime.block_on(client.stats()) {
             Ok(stats) => {
                 state.update(stats, Instant::now());
-                print!("{}", once(&state, &theme));
+                print!("{}", view::to_text(&state, &theme, 100, 24));
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -98,24 +90,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// One frame rendered off-screen, as text.
-fn once(state: &State, theme: &Theme) -> String {
-    let (w, h) = (100, 24);
-    let mut terminal = Terminal::new(TestBackend::new(w, h)).expect("test backend");
-    terminal
-        .draw(|f| view::render(f, state, theme))
-        .expect("draw");
-    let buf = terminal.backend().buffer().clone();
-    (0..h)
-        .map(|y| {
-            (0..w)
-                .map(|x| buf[(x, y)].symbol().to_string())
-                .collect::<String>()
-                .trim_end()
-                .to_owned()
-                + "\n"
-        })
-        .collect()
 }

@@ -1,11 +1,12 @@
 //! The screen as a pure function of [`State`], so it can be tested on ratatui's `TestBackend`.
 
 use ratatui::{
+    backend::TestBackend,
     layout::{Constraint, Layout, Rect},
     style::{Color, Modifier, Style},
     text::{Line, Span},
     widgets::{Block, Borders, Gauge, Paragraph, Row, Sparkline, Table},
-    Frame,
+    Frame, Terminal,
 };
 
 use crate::state::State;
@@ -197,28 +198,27 @@ fn render_storage(frame: &mut Frame, area: Rect, state: &State) {
     );
 }
 
+/// One frame rendered off-screen as plain text (`cachetop --once`, and tests).
+pub fn to_text(state: &State, theme: &Theme, width: u16, height: u16) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("test backend");
+    terminal.draw(|f| render(f, state, theme)).expect("draw");
+    let buf = terminal.backend().buffer();
+    (0..height)
+        .map(|y| {
+            let line: String = (0..width).map(|x| buf[(x, y)].symbol()).collect();
+            line.trim_end().to_owned() + "\n"
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
-    use ratatui::{backend::TestBackend, Terminal};
-
     use super::*;
 
     fn screen(state: &State, w: u16, h: u16) -> String {
-        let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
-        terminal
-            .draw(|f| render(f, state, &Theme { color: false }))
-            .unwrap();
-        let buf = terminal.backend().buffer().clone();
-        (0..h)
-            .map(|y| {
-                (0..w)
-                    .map(|x| buf[(x, y)].symbol().to_string())
-                    .collect::<String>()
-                    + "\n"
-            })
-            .collect()
+        to_text(state, &Theme { color: false }, w, h)
     }
 
     fn stats(requests: u64, hits: u64) -> serde_json::Value {

@@ -1,21 +1,9 @@
 //! `cachetop --once` against a real `lacquerd` after some traffic.
 
-use std::process::Command;
-
-use lacquer_tests::{get, Daemon, Origin, Reply};
+use lacquer_tests::{get, run_tool, Daemon, Origin, Reply};
 
 fn cachetop(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_cachetop"))
-        .args(args)
-        .env_remove("LACQUER_ADMIN")
-        .output()
-        .expect("cachetop runs");
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (
-        out.status.code().unwrap_or(-1),
-        text(&out.stdout),
-        text(&out.stderr),
-    )
+    run_tool(env!("CARGO_BIN_EXE_cachetop"), args)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -74,17 +74,7 @@ pub fn lifetime(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        h
-    }
+    use crate::policy::test_headers as headers;
 
     const DATE_S: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
 

@@ -53,3 +53,16 @@ impl Default for Policy {
         }
     }
 }
+
+/// Builds a header map from `(name, value)` pairs, repeating names as separate lines.
+#[cfg(test)]
+pub(crate) fn test_headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    h
+}

@@ -108,17 +108,7 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        h
-    }
+    use crate::policy::test_headers as headers;
 
     fn store(ttl: u64, grace: u64, no_stale: bool, vary: &[&str]) -> Decision {
         Decision::Store(Storable {
