@@ -141,6 +141,8 @@ pub struct Cache {
     pub default_grace: Duration,
     #[serde(with = "humantime_serde")]
     pub keep: Duration,
+    #[serde(with = "humantime_serde")]
+    pub error_grace: Duration,
     pub heuristic_fraction: f64,
     #[serde(with = "humantime_serde")]
     pub heuristic_max: Duration,
@@ -159,6 +161,7 @@ impl Default for Cache {
             default_ttl: p.default_ttl,
             default_grace: p.default_grace,
             keep: p.keep,
+            error_grace: p.error_grace,
             heuristic_fraction: p.heuristic_fraction,
             heuristic_max: p.heuristic_max,
             cache_authorized: p.cache_authorized,
@@ -339,6 +342,7 @@ impl Config {
             heuristic_max: c.heuristic_max,
             default_grace: c.default_grace,
             keep: c.keep,
+            error_grace: c.error_grace,
             cache_authorized: c.cache_authorized,
             cache_cookie_requests: c.cache_cookie_requests,
             cache_set_cookie: c.cache_set_cookie,

@@ -35,6 +35,10 @@ counters! {
     hits_memory,
     /// Hits whose first chunk came from the disk tier.
     hits_disk,
+    /// Stale objects served within grace while a background fetch refreshed them.
+    stale_served,
+    /// Stale objects served because the origin failed (refused, reset, timed out, or 5xx).
+    stale_on_error,
     /// Cacheable requests the store could not answer.
     misses,
     /// Requests passed to the backend without lookup.

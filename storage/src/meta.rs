@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::StoreError;
 
 /// First byte of every sled record: bump it when the layout changes so old records are recognised.
-const FORMAT_VERSION: u8 = 1;
+const FORMAT_VERSION: u8 = 2;
 
 /// What the store knows about one stored response body (one variant of one cache key).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +30,8 @@ pub struct ObjectMeta {
     pub grace_ms: u64,
     /// How long past grace the object is kept for revalidation.
     pub keep_ms: u64,
+    /// How long past freshness the object may stand in for a failing origin (`stale-if-error`).
+    pub stale_if_error_ms: u64,
     /// `must-revalidate`, `proxy-revalidate` or `no-cache`: never served stale.
     pub no_stale: bool,
 }
@@ -154,6 +156,7 @@ pub(crate) mod tests {
             ttl_ms: 60_000,
             grace_ms: 10_000,
             keep_ms: 0,
+            stale_if_error_ms: 5_000,
             no_stale: false,
         }
     }

@@ -29,6 +29,7 @@ fn meta() -> ObjectMeta {
         ttl_ms: 3_600_000,
         grace_ms: 0,
         keep_ms: 0,
+        stale_if_error_ms: 0,
         no_stale: false,
     }
 }

@@ -91,6 +91,8 @@ type Script = dyn Fn(&Seen) -> Reply + Send + Sync;
 
 pub struct Origin {
     pub addr: SocketAddr,
+    /// The accept loop and every connection task, so `stop` can refuse and reset like a dead origin.
+    tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
     max_in_flight: Arc<AtomicUsize>,
 }
@@ -104,24 +106,36 @@ impl Origin {
         let in_flight = Arc::new(AtomicUsize::new(0));
         let max_in_flight = Arc::new(AtomicUsize::new(0));
         let state = (seen.clone(), in_flight.clone(), max_in_flight.clone());
-        tokio::spawn(async move {
+        let tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let registry = tasks.clone();
+        let accept = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let (script, state) = (script.clone(), state.clone());
-                tokio::spawn(async move {
+                let conn = tokio::spawn(async move {
                     let service = service_fn(move |req| serve(script.clone(), state.clone(), req));
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
+                registry.lock().unwrap().push(conn.abort_handle());
             }
         });
+        tasks.lock().unwrap().push(accept.abort_handle());
         Origin {
             addr,
+            tasks,
             seen,
             max_in_flight,
+        }
+    }
+
+    /// Closes the listener and every open connection: from now on connections are refused.
+    pub fn stop(&self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
         }
     }
 

@@ -7,6 +7,7 @@ pub mod freshness;
 pub mod headers;
 pub mod key;
 pub mod request;
+pub mod stale;
 pub mod storable;
 pub mod vary;
 
@@ -25,6 +26,9 @@ pub struct Policy {
     pub default_grace: Duration,
     /// How long objects are kept past grace for revalidation. Default: 0.
     pub keep: Duration,
+    /// How long past freshness an object may stand in for a failing origin when the response has no
+    /// `stale-if-error`. Default: 6 h.
+    pub error_grace: Duration,
     /// Look up and store requests carrying `Authorization`. Default: false (pass).
     pub cache_authorized: bool,
     /// Look up and store requests carrying `Cookie`. Default: false (pass).
@@ -45,6 +49,7 @@ impl Default for Policy {
             heuristic_max: Duration::from_secs(86_400),
             default_grace: Duration::from_secs(10),
             keep: Duration::ZERO,
+            error_grace: Duration::from_secs(6 * 3600),
             cache_authorized: false,
             cache_cookie_requests: false,
             cache_set_cookie: false,

@@ -16,6 +16,8 @@ pub struct Storable {
     pub ttl: Duration,
     pub grace: Duration,
     pub keep: Duration,
+    /// How long past freshness the object may stand in for a failing origin.
+    pub stale_if_error: Duration,
     /// Never serve stale: `must-revalidate`, `proxy-revalidate` or `no-cache`.
     pub no_stale: bool,
     /// Lower-cased `Vary` names; empty when the response does not vary.
@@ -50,6 +52,11 @@ pub fn decide(
         )
     {
         return DontStore("status");
+    }
+    // A server error must not replace a good object that could stand in for it (stale-if-error); 501 is a
+    // lasting answer about the method, not a failure.
+    if status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED {
+        return DontStore("server error");
     }
     let cc = CacheControl::from_headers(headers);
     // must-understand lets a cache that understands the status ignore no-store (RFC 9111 §5.2.2.3); every
@@ -90,16 +97,21 @@ pub fn decide(
             "not fresh"
         });
     }
-    let grace = if no_stale {
-        Duration::ZERO
+    let (grace, stale_if_error) = if no_stale {
+        (Duration::ZERO, Duration::ZERO)
     } else {
-        cc.stale_while_revalidate
-            .map_or(policy.default_grace, Duration::from_secs)
+        (
+            cc.stale_while_revalidate
+                .map_or(policy.default_grace, Duration::from_secs),
+            cc.stale_if_error
+                .map_or(policy.error_grace, Duration::from_secs),
+        )
     };
     Decision::Store(Storable {
         ttl,
         grace,
         keep: policy.keep,
+        stale_if_error,
         no_stale,
         vary,
     })
@@ -111,10 +123,16 @@ mod tests {
     use crate::policy::test_headers as headers;
 
     fn store(ttl: u64, grace: u64, no_stale: bool, vary: &[&str]) -> Decision {
+        let stale_if_error = if no_stale {
+            Duration::ZERO
+        } else {
+            Policy::default().error_grace
+        };
         Decision::Store(Storable {
             ttl: Duration::from_secs(ttl),
             grace: Duration::from_secs(grace),
             keep: Duration::ZERO,
+            stale_if_error,
             no_stale,
             vary: vary.iter().map(|s| s.to_string()).collect(),
         })
@@ -212,6 +230,18 @@ mod tests {
                 store(5, 10, false, &[]),
             ),
             (false, 206, &[("cache-control", "max-age=60")], d("status")),
+            (
+                false,
+                503,
+                &[("cache-control", "max-age=60")],
+                d("server error"),
+            ),
+            (
+                false,
+                501,
+                &[("cache-control", "max-age=60")],
+                store(60, 10, false, &[]),
+            ),
             (false, 304, &[("cache-control", "max-age=60")], d("status")),
             (
                 false,
@@ -260,6 +290,35 @@ mod tests {
             );
             assert_eq!(&got, want, "{status} {h:?} authorized={auth}");
         }
+    }
+
+    #[test]
+    fn stale_if_error_comes_from_the_response_or_the_policy() {
+        let h = headers(&[("cache-control", "max-age=5, stale-if-error=60")]);
+        let Decision::Store(s) = decide(
+            false,
+            StatusCode::OK,
+            &h,
+            &Policy::default(),
+            SystemTime::now(),
+        ) else {
+            panic!("stored")
+        };
+        assert_eq!(s.stale_if_error, Duration::from_secs(60));
+        let h = headers(&[(
+            "cache-control",
+            "max-age=5, must-revalidate, stale-if-error=60",
+        )]);
+        let Decision::Store(s) = decide(
+            false,
+            StatusCode::OK,
+            &h,
+            &Policy::default(),
+            SystemTime::now(),
+        ) else {
+            panic!("stored")
+        };
+        assert_eq!(s.stale_if_error, Duration::ZERO);
     }
 
     #[test]

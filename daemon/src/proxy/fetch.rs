@@ -186,7 +186,12 @@ async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: 
     fetch.end(Ok(()));
 
     let (Some(writer), Some(storable)) = (writer, storable) else {
-        return Ending::NotStored;
+        // A server error is a failure of the origin, not a sign that the URL is uncacheable: no hit-for-miss.
+        return if head.status.is_server_error() {
+            Ending::Failed
+        } else {
+            Ending::NotStored
+        };
     };
     let meta = ObjectMeta {
         object: 0,
@@ -205,6 +210,7 @@ async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: 
         ttl_ms: storable.ttl.as_millis() as u64,
         grace_ms: storable.grace.as_millis() as u64,
         keep_ms: storable.keep.as_millis() as u64,
+        stale_if_error_ms: storable.stale_if_error.as_millis() as u64,
         no_stale: storable.no_stale,
     };
     match writer.finish(key.to_owned(), meta).await {

@@ -13,7 +13,7 @@ use std::{
 use http::{request::Parts, Method, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use lacquer_storage::Tier;
+use lacquer_storage::{ObjectMeta, ObjectSet, Tier};
 
 use self::respond::Outcome;
 use crate::{
@@ -23,6 +23,7 @@ use crate::{
         headers::strip_hop_by_hop,
         key::primary_key,
         request::{classify, RequestClass},
+        stale::{usability, Usability},
         vary,
     },
     stats::{add, inc, Stats},
@@ -61,14 +62,43 @@ fn now_ms() -> u64 {
 }
 
 async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<Body> {
+    let shared = &worker.shared;
     let key = primary_key(&parts);
     let parts = Arc::new(parts);
     let mut may_wait = true;
     loop {
-        if let Some(resp) = hit(worker, &key, &parts).await {
-            return resp;
+        let now = now_ms();
+        let mut fallback = None;
+        if let Some(found) = find(worker, &key, &parts, now) {
+            let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
+            match usability(found.meta(), now) {
+                Usability::Fresh => {
+                    if let Some(resp) =
+                        serve_stored(worker, &key, &parts, &found, now, Outcome::Hit { ttl_s })
+                            .await
+                    {
+                        return resp;
+                    }
+                }
+                Usability::Grace => {
+                    let outcome = Outcome::Stale {
+                        ttl_s,
+                        origin_failed: false,
+                        fwd_status: None,
+                    };
+                    if let Some(resp) =
+                        serve_stored(worker, &key, &parts, &found, now, outcome).await
+                    {
+                        inc(&shared.stats.stale_served);
+                        refresh(worker, &key, &parts, client);
+                        return resp;
+                    }
+                }
+                Usability::OnError => fallback = Some(found),
+                Usability::Unusable => {}
+            }
         }
-        match miss(worker, client, &key, &parts, may_wait).await {
+        match miss(worker, client, &key, &parts, may_wait, fallback).await {
             Some(resp) => return resp,
             // Another variant's fetch has settled: look up again, this time without waiting for anyone.
             None => may_wait = false,
@@ -76,61 +106,93 @@ async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<
     }
 }
 
-/// Answers from the store when it holds a fresh variant for the request whose body is all there.
-async fn hit(worker: &Worker, key: &str, parts: &Parts) -> Option<Response<Body>> {
-    let shared = &worker.shared;
-    let head_only = parts.method == Method::HEAD;
-    let now = now_ms();
-    let set = shared.store.lookup(key).unwrap_or_else(|e| {
+/// A stored variant selected for a request.
+struct Found {
+    set: Arc<ObjectSet>,
+    index: usize,
+}
+
+impl Found {
+    fn meta(&self) -> &ObjectMeta {
+        &self.set.variants[self.index]
+    }
+}
+
+/// The stored variant this request selects, fresh or not.
+fn find(worker: &Worker, key: &str, parts: &Parts, now: u64) -> Option<Found> {
+    let set = worker.shared.store.lookup(key).unwrap_or_else(|e| {
         tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
         None
     })?;
     let index = set
         .variants
         .iter()
-        .position(|m| vary::matches(&m.variant, &parts.headers))
-        .filter(|&i| set.variants[i].remaining_ttl_ms(now) > 0)?;
-    let meta = &set.variants[index];
-    if meta.length == 0 {
-        record_hit(&shared.stats, Tier::Memory);
-        return Some(respond::hit(
-            shared.store.clone(),
-            set.clone(),
-            index,
-            None,
-            now,
-            head_only,
-        ));
-    }
-    let first = if shared.store.has_body(meta) {
-        shared.store.read_chunk(meta, 0).await
+        .position(|m| vary::matches(&m.variant, &parts.headers))?;
+    (usability(&set.variants[index], now) != Usability::Unusable).then_some(Found { set, index })
+}
+
+/// Answers from a stored object whose body is all there; `None` (and the metadata dropped) when it is not.
+async fn serve_stored(
+    worker: &Worker,
+    key: &str,
+    parts: &Parts,
+    found: &Found,
+    now: u64,
+    outcome: Outcome,
+) -> Option<Response<Body>> {
+    let shared = &worker.shared;
+    let head_only = parts.method == Method::HEAD;
+    let meta = found.meta();
+    let first = if meta.length == 0 {
+        None
     } else {
-        Ok(None)
-    };
-    match first {
-        Ok(Some(chunk)) => {
-            record_hit(&shared.stats, chunk.tier);
-            let data = Some(chunk.data);
-            Some(respond::hit(
-                shared.store.clone(),
-                set.clone(),
-                index,
-                data,
-                now,
-                head_only,
-            ))
-        }
-        Ok(None) => {
-            inc(&shared.stats.bodies_lost);
-            if let Err(e) = shared.store.remove_generation(key, meta.generation) {
-                tracing::warn!(key, error = %e, "cannot drop metadata of a lost body");
+        let read = if shared.store.has_body(meta) {
+            shared.store.read_chunk(meta, 0).await
+        } else {
+            Ok(None)
+        };
+        match read {
+            Ok(Some(chunk)) => Some(chunk),
+            Ok(None) => {
+                inc(&shared.stats.bodies_lost);
+                if let Err(e) = shared.store.remove_generation(key, meta.generation) {
+                    tracing::warn!(key, error = %e, "cannot drop metadata of a lost body");
+                }
+                return None;
             }
-            None
+            Err(e) => {
+                tracing::warn!(key, error = %e, "reading a stored body failed; refetching");
+                return None;
+            }
         }
-        Err(e) => {
-            tracing::warn!(key, error = %e, "reading a stored body failed; refetching");
-            None
-        }
+    };
+    record_hit(
+        &shared.stats,
+        first.as_ref().map_or(Tier::Memory, |c| c.tier),
+    );
+    let data = first.map(|c| c.data);
+    Some(respond::stored(
+        shared.store.clone(),
+        found.set.clone(),
+        found.index,
+        data,
+        now,
+        outcome,
+        head_only,
+    ))
+}
+
+/// Starts one background fetch for a key served in grace, unless a fetch for it is already running.
+fn refresh(worker: &Arc<Worker>, key: &str, parts: &Arc<Parts>, client: IpAddr) {
+    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key) {
+        tokio::spawn(fetch::run(
+            worker.clone(),
+            fetch,
+            key.to_owned(),
+            true,
+            parts.clone(),
+            client,
+        ));
     }
 }
 
@@ -151,6 +213,7 @@ async fn miss(
     key: &str,
     parts: &Arc<Parts>,
     may_wait: bool,
+    fallback: Option<Found>,
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
     let head_only = parts.method == Method::HEAD;
@@ -189,6 +252,25 @@ async fn miss(
             reader = start(false, Fetch::new()).reader();
             head = reader.head().await;
             owner = true;
+        }
+    }
+    // A stale object may stand in for an origin that failed or answered with a server error.
+    let failure = match &head {
+        Err(_) => Some(None),
+        Ok(h) if h.status.is_server_error() => Some(Some(h.status.as_u16())),
+        Ok(_) => None,
+    };
+    if let (Some(fwd_status), Some(found)) = (failure, &fallback) {
+        let now = now_ms();
+        let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
+        let outcome = Outcome::Stale {
+            ttl_s,
+            origin_failed: true,
+            fwd_status,
+        };
+        if let Some(resp) = serve_stored(worker, key, parts, found, now, outcome).await {
+            inc(&shared.stats.stale_on_error);
+            return Some(resp);
         }
     }
     let resp = match head {

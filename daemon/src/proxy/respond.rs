@@ -23,6 +23,13 @@ pub enum Outcome {
     Hit {
         ttl_s: i64,
     },
+    /// A stale object: within grace while a background fetch refreshes it (`origin_failed` false), or
+    /// standing in for an origin that failed (`fwd_status` is its 5xx, none when it could not be reached).
+    Stale {
+        ttl_s: i64,
+        origin_failed: bool,
+        fwd_status: Option<u16>,
+    },
     /// Answered from a fetch; `stored` when the response is being stored, `collapsed` when the request
     /// joined a fetch started by another.
     Miss {
@@ -39,6 +46,7 @@ impl Outcome {
     fn x_cache(self) -> &'static str {
         match self {
             Outcome::Hit { .. } => "HIT",
+            Outcome::Stale { .. } => "STALE",
             Outcome::Miss { .. } => "MISS",
             Outcome::Pass { .. } => "PASS",
         }
@@ -47,6 +55,27 @@ impl Outcome {
     fn cache_status(self) -> String {
         match self {
             Outcome::Hit { ttl_s } => format!("lacquer; hit; ttl={ttl_s}"),
+            Outcome::Stale {
+                ttl_s,
+                origin_failed: false,
+                ..
+            } => {
+                format!("lacquer; hit; ttl={ttl_s}; detail=\"stale-while-revalidate\"")
+            }
+            Outcome::Stale {
+                ttl_s,
+                origin_failed: true,
+                fwd_status: Some(status),
+            } => {
+                format!("lacquer; fwd=stale; fwd-status={status}; ttl={ttl_s}")
+            }
+            Outcome::Stale {
+                ttl_s,
+                origin_failed: true,
+                fwd_status: None,
+            } => {
+                format!("lacquer; fwd=stale; ttl={ttl_s}; detail=\"origin-unreachable\"")
+            }
             Outcome::Miss {
                 stored,
                 collapsed,
@@ -122,12 +151,13 @@ pub fn fetched(
 
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
 /// readable before the status line goes out).
-pub fn hit(
+pub fn stored(
     store: Store,
     set: Arc<ObjectSet>,
     variant: usize,
     first: Option<Bytes>,
     now_ms: u64,
+    outcome: Outcome,
     head_only: bool,
 ) -> Response<Body> {
     let meta = &set.variants[variant];
@@ -141,9 +171,6 @@ pub fn hit(
         }
     }
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.length));
-    let outcome = Outcome::Hit {
-        ttl_s: meta.remaining_ttl_ms(now_ms) / 1000,
-    };
     decorate(&mut headers, outcome, Some(meta.age_s(now_ms)));
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
     let body = if head_only || meta.length == 0 {

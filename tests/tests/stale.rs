@@ -1,0 +1,158 @@
+//! Grace and stale-if-error: stale objects answer at once while one background fetch refreshes them, and
+//! stand in for an origin that refuses, hangs or answers 5xx, unless the response forbade it.
+
+use std::{
+    sync::{
+        atomic::{AtomicU8, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use lacquer_tests::{get, Daemon, Origin, Reply};
+
+const OK: u8 = 0;
+const SERVER_ERROR: u8 = 1;
+const HANG: u8 = 2;
+
+/// An origin whose n-th good answer is `v{n}`, and which can be switched to failing.
+async fn origin(cache_control: &'static str) -> (Origin, Arc<AtomicU8>) {
+    let mode = Arc::new(AtomicU8::new(OK));
+    let served = Arc::new(AtomicUsize::new(0));
+    let m = mode.clone();
+    let origin = Origin::start(move |_| match m.load(Ordering::SeqCst) {
+        SERVER_ERROR => Reply::ok("origin broken").status(503),
+        HANG => Reply::ok("late").delay(Duration::from_secs(5)),
+        _ => {
+            let n = served.fetch_add(1, Ordering::SeqCst) + 1;
+            Reply::ok(format!("v{n}"))
+                .header("cache-control", cache_control)
+                .header("etag", &format!("\"{n}\""))
+        }
+    })
+    .await;
+    (origin, mode)
+}
+
+fn short_timeouts() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lacquer.toml");
+    std::fs::write(
+        &path,
+        "[backend]\nfirst_byte_timeout = \"500ms\"\nbetween_bytes_timeout = \"500ms\"\n",
+    )
+    .unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    (dir, path)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grace_answers_stale_at_once_and_refreshes_once() {
+    let (origin, _) = origin("max-age=1, stale-while-revalidate=30").await;
+    let d = Daemon::start(origin.addr, &[]);
+    assert_eq!(get(d.addr, "/g").await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let stale = futures_util::future::join_all((0..5).map(|_| get(d.addr, "/g"))).await;
+    for r in &stale {
+        assert_eq!((r.x_cache(), r.body.as_ref()), ("STALE", &b"v1"[..]));
+        assert!(
+            r.header("cache-status").contains("stale-while-revalidate"),
+            "{}",
+            r.header("cache-status")
+        );
+    }
+    d.wait_for_stats("the refresh stored", |s| s["proxy"]["objects_stored"] == 2)
+        .await;
+    let fresh = get(d.addr, "/g").await;
+    assert_eq!((fresh.x_cache(), fresh.body.as_ref()), ("HIT", &b"v2"[..]));
+    assert_eq!(
+        origin.count("/g"),
+        2,
+        "one background refresh for five stale answers"
+    );
+    assert_eq!(d.stats().await["proxy"]["stale_served"], 5);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stale_stands_in_for_a_failing_origin() {
+    let (origin, mode) = origin("max-age=1, stale-while-revalidate=0").await;
+    let (_dir, config) = short_timeouts();
+    let d = Daemon::start(origin.addr, &["--config", &config]);
+    assert_eq!(get(d.addr, "/e").await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+
+    mode.store(SERVER_ERROR, Ordering::SeqCst);
+    let r = get(d.addr, "/e").await;
+    assert_eq!(
+        (r.status.as_u16(), r.x_cache(), r.body.as_ref()),
+        (200, "STALE", &b"v1"[..])
+    );
+    assert!(
+        r.header("cache-status")
+            .contains("fwd=stale; fwd-status=503"),
+        "{}",
+        r.header("cache-status")
+    );
+
+    mode.store(HANG, Ordering::SeqCst);
+    let r = get(d.addr, "/e").await;
+    assert_eq!((r.x_cache(), r.body.as_ref()), ("STALE", &b"v1"[..]));
+    assert!(r.header("cache-status").contains("origin-unreachable"));
+
+    origin.stop();
+    let r = get(d.addr, "/e").await;
+    assert_eq!((r.x_cache(), r.body.as_ref()), ("STALE", &b"v1"[..]));
+
+    let stats = d.stats().await;
+    assert_eq!(stats["proxy"]["stale_on_error"], 3);
+    assert_eq!(stats["proxy"]["backend_errors"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn must_revalidate_forbids_stale() {
+    let (origin, mode) = origin("max-age=1, must-revalidate").await;
+    let d = Daemon::start(origin.addr, &[]);
+    assert_eq!(get(d.addr, "/m").await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    mode.store(SERVER_ERROR, Ordering::SeqCst);
+    let r = get(d.addr, "/m").await;
+    assert_eq!((r.status.as_u16(), r.x_cache()), (503, "MISS"));
+    origin.stop();
+    let r = get(d.addr, "/m").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(d.stats().await["proxy"]["stale_on_error"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fetch_that_stalls_mid_body_stores_nothing() {
+    let served = Arc::new(AtomicUsize::new(0));
+    let s = served.clone();
+    let origin = Origin::start(move |_| {
+        let reply = Reply::ok("0123456789").header("cache-control", "max-age=60");
+        if s.fetch_add(1, Ordering::SeqCst) == 0 {
+            let steps = vec![
+                lacquer_tests::Step::Data("01234".into()),
+                lacquer_tests::Step::Sleep(Duration::from_secs(3)),
+                lacquer_tests::Step::Data("56789".into()),
+            ];
+            reply.steps(steps, Some(10))
+        } else {
+            reply
+        }
+    })
+    .await;
+    let (_dir, config) = short_timeouts();
+    let d = Daemon::start(origin.addr, &["--config", &config]);
+    let first =
+        lacquer_tests::request(d.addr, http::Method::GET, "/s", &[], Default::default()).await;
+    assert!(
+        first.is_err(),
+        "the stalled body reaches the client as an error"
+    );
+    let again = get(d.addr, "/s").await;
+    assert_eq!(
+        (again.x_cache(), again.body.as_ref()),
+        ("MISS", &b"0123456789"[..])
+    );
+    assert_eq!(origin.count("/s"), 2);
+}
