@@ -164,6 +164,30 @@ impl FetchReader {
         }
     }
 
+    /// Bytes `first..=last` of the body, each sent as soon as it has arrived.
+    pub fn into_range_body(self, first: u64, last: u64) -> Body {
+        body::from_stream(futures_util::stream::unfold(
+            (self, 0u64),
+            move |(mut reader, mut offset)| async move {
+                while offset <= last {
+                    let data = match reader.next_chunk().await? {
+                        Ok(data) => data,
+                        Err(e) => return Some((Err(BoxError::from(e)), (reader, u64::MAX))),
+                    };
+                    let start = offset;
+                    offset += data.len() as u64;
+                    if offset <= first {
+                        continue;
+                    }
+                    let from = first.saturating_sub(start) as usize;
+                    let to = ((last + 1).saturating_sub(start) as usize).min(data.len());
+                    return Some((Ok(Frame::data(data.slice(from..to))), (reader, offset)));
+                }
+                None
+            },
+        ))
+    }
+
     /// The body as it arrives; an error if the fetch fails or is cut short, so the client never takes a
     /// truncated body for a whole one.
     pub fn into_body(self) -> Body {

@@ -3,9 +3,11 @@
 
 pub mod age;
 pub mod cache_control;
+pub mod conditional;
 pub mod freshness;
 pub mod headers;
 pub mod key;
+pub mod range;
 pub mod request;
 pub mod stale;
 pub mod storable;

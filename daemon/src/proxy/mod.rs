@@ -10,7 +10,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use http::{request::Parts, Method, Request, Response};
+use http::{request::Parts, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use lacquer_storage::{ObjectMeta, ObjectSet, Tier};
@@ -141,7 +141,6 @@ async fn serve_stored(
     outcome: Outcome,
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
-    let head_only = parts.method == Method::HEAD;
     let meta = found.meta();
     let first = if meta.length == 0 {
         None
@@ -178,7 +177,7 @@ async fn serve_stored(
         data,
         now,
         outcome,
-        head_only,
+        parts,
     ))
 }
 
@@ -216,7 +215,6 @@ async fn miss(
     fallback: Option<Found>,
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
-    let head_only = parts.method == Method::HEAD;
     let start = |registered: bool, fetch: Arc<Fetch>| {
         let task = fetch::run(
             worker.clone(),
@@ -280,7 +278,7 @@ async fn miss(
                 .ttl
                 .saturating_sub(head.received_at.elapsed())
                 .as_secs() as i64;
-            respond::fetched(&head, reader, Outcome::Hit { ttl_s }, head_only)
+            respond::fetched(&head, reader, Outcome::Hit { ttl_s }, parts)
         }
         Ok(head) => {
             inc(&shared.stats.misses);
@@ -292,7 +290,7 @@ async fn miss(
                 collapsed: !owner,
                 detail: None,
             };
-            respond::fetched(&head, reader, outcome, head_only)
+            respond::fetched(&head, reader, outcome, parts)
         }
         Err(e) => {
             inc(&shared.stats.misses);

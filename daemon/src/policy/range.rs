@@ -1,0 +1,175 @@
+//! Byte ranges (RFC 9110 §14): which parts of a representation of known length a request asks for.
+
+use http::{header, HeaderMap};
+
+/// More ranges than this in one request are ignored (answered 200), as a guard against range abuse.
+pub const MAX_RANGES: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ranges {
+    /// No usable `Range` (absent, not bytes, malformed, too many, or `If-Range` did not match): send 200.
+    Whole,
+    /// `416` with `Content-Range: bytes */len`.
+    Unsatisfiable,
+    /// Inclusive `(first, last)` byte positions, clamped to the length, in request order.
+    Parts(Vec<(u64, u64)>),
+}
+
+/// `If-Range` holds when it names the current strong entity-tag, or exactly the current `Last-Modified`.
+fn if_range_holds(value: &str, etag: Option<&str>, last_modified: Option<&str>) -> bool {
+    let value = value.trim();
+    if value.starts_with('"') {
+        return etag.is_some_and(|e| !e.starts_with("W/") && e.trim() == value);
+    }
+    if value.starts_with("W/") {
+        return false;
+    }
+    match (
+        httpdate::parse_http_date(value),
+        last_modified.map(|l| httpdate::parse_http_date(l.trim())),
+    ) {
+        (Ok(a), Some(Ok(b))) => a == b,
+        _ => false,
+    }
+}
+
+pub fn evaluate(
+    req: &HeaderMap,
+    len: u64,
+    etag: Option<&str>,
+    last_modified: Option<&str>,
+) -> Ranges {
+    let Some(range) = req.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
+        return Ranges::Whole;
+    };
+    if let Some(if_range) = req.get(header::IF_RANGE) {
+        if !if_range
+            .to_str()
+            .is_ok_and(|v| if_range_holds(v, etag, last_modified))
+        {
+            return Ranges::Whole;
+        }
+    }
+    let Some((unit, specs)) = range.split_once('=') else {
+        return Ranges::Whole;
+    };
+    if !unit.trim().eq_ignore_ascii_case("bytes") {
+        return Ranges::Whole;
+    }
+    let mut parts = Vec::new();
+    let mut count = 0;
+    for spec in specs.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        count += 1;
+        let Some((first, last)) = spec.split_once('-') else {
+            return Ranges::Whole;
+        };
+        let number = |s: &str| -> Option<u64> {
+            let s = s.trim();
+            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().unwrap_or(u64::MAX))
+        };
+        match (first.trim().is_empty(), number(first), number(last)) {
+            (true, _, Some(suffix)) => {
+                if suffix > 0 && len > 0 {
+                    parts.push((len - suffix.min(len), len - 1));
+                }
+            }
+            (false, Some(first), None) if last.trim().is_empty() => {
+                if first < len {
+                    parts.push((first, len - 1));
+                }
+            }
+            (false, Some(first), Some(last)) if first <= last => {
+                if first < len {
+                    parts.push((first, last.min(len - 1)));
+                }
+            }
+            _ => return Ranges::Whole,
+        }
+    }
+    if count == 0 || count > MAX_RANGES {
+        return Ranges::Whole;
+    }
+    if parts.is_empty() {
+        Ranges::Unsatisfiable
+    } else {
+        Ranges::Parts(parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::test_headers as headers;
+
+    #[test]
+    fn table() {
+        let p = |v: &[(u64, u64)]| Ranges::Parts(v.to_vec());
+        let cases: &[(&[(&str, &str)], Ranges)] = &[
+            (&[], Ranges::Whole),
+            (&[("range", "bytes=0-499")], p(&[(0, 499)])),
+            (&[("range", "bytes=0-")], p(&[(0, 999)])),
+            (&[("range", "bytes=-200")], p(&[(800, 999)])),
+            (&[("range", "bytes=-5000")], p(&[(0, 999)])),
+            (&[("range", "bytes=900-5000")], p(&[(900, 999)])),
+            (&[("range", "Bytes = 1-2, 5-6")], p(&[(1, 2), (5, 6)])),
+            (&[("range", "bytes=1000-")], Ranges::Unsatisfiable),
+            (&[("range", "bytes=-0")], Ranges::Unsatisfiable),
+            (&[("range", "bytes=1000-2000, 5-6")], p(&[(5, 6)])),
+            (&[("range", "bytes=5-1")], Ranges::Whole),
+            (&[("range", "bytes=a-b")], Ranges::Whole),
+            (&[("range", "items=0-1")], Ranges::Whole),
+            (&[("range", "bytes=")], Ranges::Whole),
+            (
+                &[("range", "bytes=0-499"), ("if-range", "\"v1\"")],
+                p(&[(0, 499)]),
+            ),
+            (
+                &[("range", "bytes=0-499"), ("if-range", "\"v2\"")],
+                Ranges::Whole,
+            ),
+            (
+                &[("range", "bytes=0-499"), ("if-range", "W/\"v1\"")],
+                Ranges::Whole,
+            ),
+            (
+                &[
+                    ("range", "bytes=0-499"),
+                    ("if-range", "Sun, 06 Nov 1994 08:49:37 GMT"),
+                ],
+                p(&[(0, 499)]),
+            ),
+            (
+                &[
+                    ("range", "bytes=0-499"),
+                    ("if-range", "Sun, 06 Nov 1994 08:49:38 GMT"),
+                ],
+                Ranges::Whole,
+            ),
+        ];
+        for (h, want) in cases {
+            let got = evaluate(
+                &headers(h),
+                1000,
+                Some("\"v1\""),
+                Some("Sun, 06 Nov 1994 08:49:37 GMT"),
+            );
+            assert_eq!(&got, want, "{h:?}");
+        }
+        let many = format!(
+            "bytes={}",
+            (0..17)
+                .map(|i| format!("{i}-{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(
+            evaluate(&headers(&[("range", &many)]), 1000, None, None),
+            Ranges::Whole
+        );
+        assert_eq!(
+            evaluate(&headers(&[("range", "bytes=0-")]), 0, None, None),
+            Ranges::Unsatisfiable
+        );
+    }
+}
