@@ -57,6 +57,8 @@ counters! {
     fetches_in_flight,
     /// Objects stored after a fetch.
     objects_stored,
+    /// Stale objects the origin confirmed with a 304: headers and freshness refreshed, body not resent.
+    revalidations,
     /// Store lookups that found metadata but not the whole body (evicted or lost in a crash).
     bodies_lost,
     /// Objects invalidated by unsafe methods.

@@ -280,6 +280,26 @@ impl Store {
         Ok(dropped.len())
     }
 
+    /// Replaces the metadata of a stored body (same generation, same chunks), as after a revalidation;
+    /// `false` when that body is no longer stored.
+    pub fn refresh(&self, primary: &str, meta: ObjectMeta) -> Result<bool, StoreError> {
+        let _guard = self.inner.mutate.lock().expect("store mutex");
+        let Some(set) = self.load_set(primary)? else {
+            return Ok(false);
+        };
+        let mut set = (*set).clone();
+        let Some(slot) = set
+            .variants
+            .iter_mut()
+            .find(|m| m.generation == meta.generation)
+        else {
+            return Ok(false);
+        };
+        *slot = meta;
+        self.save_set(primary, set, &[])?;
+        Ok(true)
+    }
+
     /// Removes one stored body (for instance one whose chunks were lost) if it is still the current one.
     pub fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
         self.retain(primary, |m| m.generation != generation)

@@ -7,11 +7,11 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use http::{header, request::Parts, HeaderValue};
+use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use lacquer_storage::ObjectMeta;
 
-use super::forward;
+use super::{forward, Found};
 use crate::{
     backend::error_chain,
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
@@ -28,29 +28,42 @@ use crate::{
 /// How a fill ended, for the coalescer: whether later requests should skip coalescing for a while.
 enum Ending {
     Stored,
+    /// The origin confirmed the stored object (304); its headers and freshness were refreshed.
+    Revalidated,
     NotStored,
     Failed,
 }
 
-/// Runs a fill for `key` on behalf of the request `parts`. With `registered`, the fetch is the coalescer's
-/// entry for the key and is unregistered when done.
-pub async fn run(
-    worker: Arc<Worker>,
-    fetch: Arc<Fetch>,
-    key: String,
-    registered: bool,
-    parts: Arc<Parts>,
-    client: IpAddr,
-) {
+/// One fill: what to fetch, for whom, and what is stored already.
+pub struct Fill {
+    pub key: String,
+    /// Whether the fetch is the coalescer's entry for the key (unregistered when done).
+    pub registered: bool,
+    /// The request the fill is made for: its headers select the variant.
+    pub parts: Arc<Parts>,
+    pub client: IpAddr,
+    /// A stored variant with validators: they go with the request, and a 304 refreshes it instead of
+    /// transferring the body again (RFC 9111 §4.3).
+    pub stale: Option<Found>,
+}
+
+pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
     let stats = &worker.shared.stats;
     inc(&stats.fetches_in_flight);
     inc(&stats.backend_requests);
-    let ending = fill(&worker, &fetch, &key, &parts, client).await;
+    let ending = fill(&worker, &fetch, &request).await;
     dec(&stats.fetches_in_flight);
     let coalescer = &worker.shared.coalescer;
+    let Fill {
+        key, registered, ..
+    } = request;
     match ending {
         Ending::Stored => {
             inc(&stats.objects_stored);
+            coalescer.clear_hit_for_miss(&key);
+        }
+        Ending::Revalidated => {
+            inc(&stats.revalidations);
             coalescer.clear_hit_for_miss(&key);
         }
         Ending::Failed => inc(&stats.backend_errors),
@@ -64,20 +77,133 @@ pub async fn run(
     fetch.settle();
 }
 
+/// A 304 for a stored object: its headers are updated from the 304 (RFC 9111 §4.3.4), its freshness is
+/// recomputed, and the readers get the stored body, which the origin did not send again.
+async fn revalidated(
+    worker: &Worker,
+    fetch: &Fetch,
+    request: &Fill,
+    stale: &Found,
+    update: HeaderMap,
+    initial_age: u64,
+    response_time: SystemTime,
+) -> Ending {
+    let store = &worker.shared.store;
+    let key = request.key.as_str();
+    let old = stale.meta();
+    let mut headers = HeaderMap::new();
+    for (name, value) in &old.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    for name in update.keys() {
+        // The 304's own framing says nothing about the stored body.
+        if name == header::CONTENT_LENGTH {
+            continue;
+        }
+        headers.remove(name);
+        for value in update.get_all(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let status = StatusCode::from_u16(old.status).unwrap_or(StatusCode::OK);
+    let authorized = request.parts.headers.contains_key(header::AUTHORIZATION);
+    let decision = storable::decide(
+        authorized,
+        status,
+        &headers,
+        &worker.shared.policy,
+        response_time,
+    );
+    let ttl = match &decision {
+        Decision::Store(s) => s.ttl.saturating_sub(Duration::from_secs(initial_age)),
+        Decision::DontStore(_) => Duration::ZERO,
+    };
+    fetch.set_head(Ok(Arc::new(FetchedHead {
+        status,
+        headers: headers.clone(),
+        shareable: true,
+        selection: old.variant.clone(),
+        initial_age,
+        received_at: Instant::now(),
+        ttl,
+    })));
+    for index in 0..old.chunk_count() {
+        match store.read_chunk(old, index).await {
+            Ok(Some(chunk)) => fetch.push(chunk.data),
+            _ => {
+                fetch.end(Err(FetchError::new(
+                    "the stored body was lost during revalidation",
+                )));
+                let _ = store.remove_generation(key, old.generation);
+                return Ending::Failed;
+            }
+        }
+    }
+    fetch.end(Ok(()));
+    let result = match decision {
+        Decision::Store(s) => {
+            let meta = ObjectMeta {
+                headers: headers
+                    .iter()
+                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                    .collect(),
+                stored_at_ms: unix_ms(response_time),
+                initial_age_s: initial_age,
+                ttl_ms: s.ttl.as_millis() as u64,
+                grace_ms: s.grace.as_millis() as u64,
+                keep_ms: s.keep.as_millis() as u64,
+                stale_if_error_ms: s.stale_if_error.as_millis() as u64,
+                no_stale: s.no_stale,
+                ..old.clone()
+            };
+            store.refresh(key, meta).map(drop)
+        }
+        Decision::DontStore(_) => store.remove_generation(key, old.generation),
+    };
+    if let Err(e) = result {
+        tracing::warn!(key, error = %e, "updating a revalidated object failed");
+    }
+    Ending::Revalidated
+}
+
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: IpAddr) -> Ending {
+async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
+    let Fill {
+        key,
+        parts,
+        client,
+        stale,
+        ..
+    } = request;
+    let key = key.as_str();
     let shared = &worker.shared;
     let policy = &shared.policy;
     let request_time = SystemTime::now();
-    let resp = match worker
-        .backend
-        .send(forward::fill_request(parts, client))
-        .await
-    {
+    let mut req = forward::fill_request(parts, *client);
+    if let Some(stale) = stale {
+        let meta = stale.meta();
+        for (validator, condition) in [
+            (header::ETAG, header::IF_NONE_MATCH),
+            (header::LAST_MODIFIED, header::IF_MODIFIED_SINCE),
+        ] {
+            if let Some(value) = meta
+                .header(validator.as_str())
+                .and_then(|v| HeaderValue::from_bytes(v).ok())
+            {
+                req.headers_mut().insert(condition, value);
+            }
+        }
+    }
+    let resp = match worker.backend.send(req).await {
         Ok(resp) => resp,
         Err(e) => {
             tracing::warn!(key, error = %e, "fetch failed");
@@ -100,6 +226,18 @@ async fn fill(worker: &Worker, fetch: &Fetch, key: &str, parts: &Parts, client: 
     }
     let initial_age = corrected_initial_age(&head.headers, request_time, response_time);
     head.headers.remove(header::AGE);
+    if let (StatusCode::NOT_MODIFIED, Some(stale)) = (head.status, stale) {
+        return revalidated(
+            worker,
+            fetch,
+            request,
+            stale,
+            head.headers,
+            initial_age,
+            response_time,
+        )
+        .await;
+    }
 
     let authorized = parts.headers.contains_key(header::AUTHORIZATION);
     let too_large = head

@@ -26,6 +26,7 @@ use crate::{
         stale::{usability, Usability},
         vary,
     },
+    proxy::fetch::Fill,
     stats::{add, inc, Stats},
     worker::Worker,
 };
@@ -68,8 +69,8 @@ async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<
     let mut may_wait = true;
     loop {
         let now = now_ms();
-        let mut fallback = None;
-        if let Some(found) = find(worker, &key, &parts, now) {
+        let mut stale = None;
+        if let Some(found) = find(worker, &key, &parts) {
             let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
             match usability(found.meta(), now) {
                 Usability::Fresh => {
@@ -90,15 +91,14 @@ async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<
                         serve_stored(worker, &key, &parts, &found, now, outcome).await
                     {
                         inc(&shared.stats.stale_served);
-                        refresh(worker, &key, &parts, client);
+                        refresh(worker, &key, &parts, client, found);
                         return resp;
                     }
                 }
-                Usability::OnError => fallback = Some(found),
-                Usability::Unusable => {}
+                Usability::OnError | Usability::Unusable => stale = Some(found),
             }
         }
-        match miss(worker, client, &key, &parts, may_wait, fallback).await {
+        match miss(worker, client, &key, &parts, may_wait, stale).await {
             Some(resp) => return resp,
             // Another variant's fetch has settled: look up again, this time without waiting for anyone.
             None => may_wait = false,
@@ -107,19 +107,26 @@ async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<
 }
 
 /// A stored variant selected for a request.
-struct Found {
+#[derive(Clone)]
+pub struct Found {
     set: Arc<ObjectSet>,
     index: usize,
 }
 
 impl Found {
-    fn meta(&self) -> &ObjectMeta {
+    pub fn meta(&self) -> &ObjectMeta {
         &self.set.variants[self.index]
+    }
+
+    /// Whether a fill can ask the origin to confirm it instead of sending the body again.
+    fn revalidatable(&self) -> bool {
+        let meta = self.meta();
+        meta.header("etag").is_some() || meta.header("last-modified").is_some()
     }
 }
 
-/// The stored variant this request selects, fresh or not.
-fn find(worker: &Worker, key: &str, parts: &Parts, now: u64) -> Option<Found> {
+/// The stored variant this request selects, fresh or not (the sweeper removes what is past keeping).
+fn find(worker: &Worker, key: &str, parts: &Parts) -> Option<Found> {
     let set = worker.shared.store.lookup(key).unwrap_or_else(|e| {
         tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
         None
@@ -128,7 +135,7 @@ fn find(worker: &Worker, key: &str, parts: &Parts, now: u64) -> Option<Found> {
         .variants
         .iter()
         .position(|m| vary::matches(&m.variant, &parts.headers))?;
-    (usability(&set.variants[index], now) != Usability::Unusable).then_some(Found { set, index })
+    Some(Found { set, index })
 }
 
 /// Answers from a stored object whose body is all there; `None` (and the metadata dropped) when it is not.
@@ -181,17 +188,18 @@ async fn serve_stored(
     ))
 }
 
-/// Starts one background fetch for a key served in grace, unless a fetch for it is already running.
-fn refresh(worker: &Arc<Worker>, key: &str, parts: &Arc<Parts>, client: IpAddr) {
+/// Starts one background fetch (a revalidation when the object has validators) for a key served in grace,
+/// unless a fetch for it is already running.
+fn refresh(worker: &Arc<Worker>, key: &str, parts: &Arc<Parts>, client: IpAddr, found: Found) {
     if let Joined::Leader(fetch) = worker.shared.coalescer.join(key) {
-        tokio::spawn(fetch::run(
-            worker.clone(),
-            fetch,
-            key.to_owned(),
-            true,
-            parts.clone(),
+        let fill = Fill {
+            key: key.to_owned(),
+            registered: true,
+            parts: parts.clone(),
             client,
-        ));
+            stale: found.revalidatable().then_some(found),
+        };
+        tokio::spawn(fetch::run(worker.clone(), fetch, fill));
     }
 }
 
@@ -212,19 +220,18 @@ async fn miss(
     key: &str,
     parts: &Arc<Parts>,
     may_wait: bool,
-    fallback: Option<Found>,
+    stale: Option<Found>,
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
     let start = |registered: bool, fetch: Arc<Fetch>| {
-        let task = fetch::run(
-            worker.clone(),
-            fetch.clone(),
-            key.to_owned(),
+        let fill = Fill {
+            key: key.to_owned(),
             registered,
-            parts.clone(),
+            parts: parts.clone(),
             client,
-        );
-        tokio::spawn(task);
+            stale: stale.clone().filter(Found::revalidatable),
+        };
+        tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
         fetch
     };
     let (fetch, mut owner) = match shared.coalescer.join(key) {
@@ -258,8 +265,9 @@ async fn miss(
         Ok(h) if h.status.is_server_error() => Some(Some(h.status.as_u16())),
         Ok(_) => None,
     };
+    let now = now_ms();
+    let fallback = stale.filter(|found| usability(found.meta(), now) == Usability::OnError);
     if let (Some(fwd_status), Some(found)) = (failure, &fallback) {
-        let now = now_ms();
         let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
         let outcome = Outcome::Stale {
             ttl_s,

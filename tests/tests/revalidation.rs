@@ -1,0 +1,135 @@
+//! Stale objects with validators are revalidated: a 304 refreshes stored headers and freshness without the
+//! body being sent again; a 200 replaces the object.
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use lacquer_tests::{get, Daemon, Origin, Reply};
+
+const BODY: &str = "the same payload, sent once";
+
+/// Answers 304 to `If-None-Match: "v1"` (with `refresh_cc` and a bumped `x-version`), else the body.
+async fn origin(cc: &'static str, refresh_cc: &'static str) -> (Origin, Arc<AtomicUsize>) {
+    let bodies = Arc::new(AtomicUsize::new(0));
+    let b = bodies.clone();
+    let version = AtomicUsize::new(1);
+    let origin = Origin::start(move |s| {
+        let v = version.fetch_add(1, Ordering::SeqCst);
+        if s.headers
+            .get("if-none-match")
+            .is_some_and(|v| v == "\"v1\"")
+        {
+            let mut reply = Reply::ok("")
+                .status(304)
+                .header("cache-control", refresh_cc);
+            reply.headers.retain(|(n, _)| n != "content-length");
+            reply
+                .header("x-version", &v.to_string())
+                .header("etag", "\"v1\"")
+        } else {
+            b.fetch_add(1, Ordering::SeqCst);
+            Reply::ok(BODY)
+                .header("cache-control", cc)
+                .header("etag", "\"v1\"")
+                .header("x-version", &v.to_string())
+        }
+    })
+    .await;
+    (origin, bodies)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_304_refreshes_headers_and_freshness_without_the_body() {
+    let (origin, bodies) = origin("max-age=1, stale-while-revalidate=0", "max-age=60").await;
+    let d = Daemon::start(origin.addr, &[]);
+    assert_eq!(get(d.addr, "/r").await.header("x-version"), "1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+
+    let r = get(d.addr, "/r").await;
+    assert_eq!((r.status.as_u16(), r.body.as_ref()), (200, BODY.as_bytes()));
+    assert_eq!(
+        r.header("x-version"),
+        "2",
+        "headers from the 304 replace the stored ones"
+    );
+    assert_eq!(origin.seen()[1].headers["if-none-match"], "\"v1\"");
+
+    let r = get(d.addr, "/r").await;
+    assert_eq!(
+        (
+            r.x_cache(),
+            r.header("x-version"),
+            r.header("cache-control")
+        ),
+        ("HIT", "2", "max-age=60")
+    );
+    assert_eq!(r.body, BODY);
+    assert_eq!(
+        (origin.total(), bodies.load(Ordering::SeqCst)),
+        (2, 1),
+        "the body crossed once"
+    );
+    assert_eq!(d.stats().await["proxy"]["revalidations"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_cache_objects_are_revalidated_on_every_request() {
+    let (origin, bodies) = origin("no-cache", "no-cache").await;
+    let d = Daemon::start(origin.addr, &[]);
+    for _ in 0..4 {
+        let r = get(d.addr, "/n").await;
+        assert_eq!((r.status.as_u16(), r.body.as_ref()), (200, BODY.as_bytes()));
+    }
+    assert_eq!(
+        origin.total(),
+        4,
+        "no-cache: the origin is asked every time"
+    );
+    assert_eq!(bodies.load(Ordering::SeqCst), 1, "but sends the body once");
+    assert_eq!(d.stats().await["proxy"]["revalidations"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grace_refresh_revalidates_in_the_background() {
+    let (origin, bodies) = origin("max-age=1, stale-while-revalidate=30", "max-age=60").await;
+    let d = Daemon::start(origin.addr, &[]);
+    get(d.addr, "/g").await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let r = get(d.addr, "/g").await;
+    assert_eq!((r.x_cache(), r.header("x-version")), ("STALE", "1"));
+    d.wait_for_stats("the background revalidation", |s| {
+        s["proxy"]["revalidations"] == 1
+    })
+    .await;
+    let r = get(d.addr, "/g").await;
+    assert_eq!(
+        (r.x_cache(), r.header("x-version"), r.body.as_ref()),
+        ("HIT", "2", BODY.as_bytes())
+    );
+    assert_eq!(bodies.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_200_to_a_revalidation_replaces_the_object() {
+    let origin = Origin::start(|s| {
+        let n = s.headers.get("if-none-match").map_or("1", |_| "2");
+        Reply::ok(format!("body {n}"))
+            .header("cache-control", "max-age=1, stale-while-revalidate=0")
+            .header("etag", &format!("\"v{n}\""))
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    assert_eq!(get(d.addr, "/x").await.body, "body 1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(get(d.addr, "/x").await.body, "body 2");
+    let r = get(d.addr, "/x").await;
+    assert_eq!(
+        (r.x_cache(), r.body.as_ref(), r.header("etag")),
+        ("HIT", &b"body 2"[..], "\"v2\"")
+    );
+}
