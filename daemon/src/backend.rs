@@ -51,7 +51,7 @@ impl Backend {
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(cfg.idle_timeout)
             .pool_max_idle_per_host(cfg.max_idle_connections)
             .build(connector);
         Self {

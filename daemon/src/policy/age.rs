@@ -7,12 +7,21 @@ use http::{
     HeaderMap,
 };
 
-use super::cache_control::parse_delta_seconds;
+use super::cache_control::{parse_delta_seconds, DELTA_SECONDS_MAX};
 
-/// The `Age` a response arrived with: the first member of a list, ignored when invalid.
+/// The `Age` a response arrived with. Anything but one line holding one non-negative integer (a list,
+/// several lines, a float, a sign, a parameter) makes the response count as stale (2^31 s), as the HTTP
+/// caching test suite expects of shared caches: an age that cannot be trusted must not extend freshness.
 pub fn age_header(headers: &HeaderMap) -> Option<u64> {
-    let value = headers.get(AGE)?.to_str().ok()?;
-    parse_delta_seconds(value.split(',').next()?.trim())
+    let mut lines = headers.get_all(AGE).iter();
+    let first = lines.next()?;
+    let single = lines.next().is_none();
+    let value = first.to_str().ok().map(str::trim).filter(|_| single);
+    Some(
+        value
+            .and_then(parse_delta_seconds)
+            .unwrap_or(DELTA_SECONDS_MAX),
+    )
 }
 
 /// Parses an HTTP date; `None` when absent or invalid.
@@ -50,10 +59,14 @@ mod tests {
         let cases: &[(&[(&str, &str)], Option<u64>)] = &[
             (&[], None),
             (&[("age", "30")], Some(30)),
-            (&[("age", "30, 60")], Some(30)),
-            (&[("age", "1.5")], None),
-            (&[("age", "-1")], None),
-            (&[("age", "abc")], None),
+            (&[("age", " 30 ")], Some(30)),
+            (&[("age", "30, 60")], Some(2_147_483_648)),
+            (&[("age", "0, 0")], Some(2_147_483_648)),
+            (&[("age", "0"), ("age", "0")], Some(2_147_483_648)),
+            (&[("age", "1.5")], Some(2_147_483_648)),
+            (&[("age", "-1")], Some(2_147_483_648)),
+            (&[("age", "abc")], Some(2_147_483_648)),
+            (&[("age", "7200;foo=bar")], Some(2_147_483_648)),
             (&[("age", "99999999999999")], Some(2_147_483_648)),
         ];
         for (h, want) in cases {
@@ -75,6 +88,7 @@ mod tests {
             ),
             (&[("date", "Sun, 06 Nov 1994 08:50:37 GMT")], 2),
             (&[("date", "garbage"), ("age", "10")], 12),
+            (&[("age", "ten")], 2_147_483_650),
         ];
         for (h, want) in cases {
             assert_eq!(corrected_initial_age(&headers(h), req, now), *want, "{h:?}");

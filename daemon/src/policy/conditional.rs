@@ -8,7 +8,9 @@ fn entity_tags(list: &str) -> Vec<&str> {
     let mut rest = list.trim();
     while !rest.is_empty() {
         // A `W/` prefix is skipped along with separators: the weak comparison ignores it.
-        let start = rest.find(['"', '*']).unwrap_or(rest.len());
+        let Some(start) = rest.find(['"', '*']) else {
+            break;
+        };
         rest = &rest[start..];
         if let Some(after) = rest.strip_prefix('*') {
             tags.push("*");
@@ -113,6 +115,11 @@ mod tests {
                 false,
             ),
             (&[("if-modified-since", "yesterday")], None, false),
+            (&[("if-none-match", "abc")], Some("\"a\""), false),
+            (&[("if-none-match", "W/")], Some("\"a\""), false),
+            (&[("if-none-match", "\"unterminated")], Some("\"a\""), false),
+            (&[("if-none-match", "\"")], Some("\"a\""), false),
+            (&[("if-none-match", ", ,")], Some("\"a\""), false),
         ];
         for (h, etag, want) in cases {
             assert_eq!(

@@ -24,7 +24,8 @@ pub struct Policy {
     pub heuristic_fraction: f64,
     /// Cap on heuristic freshness. Default: 1 day.
     pub heuristic_max: Duration,
-    /// Grace when the response has no `stale-while-revalidate`. Default: 10 s, as Varnish.
+    /// Grace when the response has no `stale-while-revalidate`. Default: 0, because RFC 9111 §4.2.4 lets a
+    /// cache serve stale only when the origin allows it; set 10 s for Varnish's behaviour.
     pub default_grace: Duration,
     /// How long objects are kept past grace for revalidation. Default: 0.
     pub keep: Duration,
@@ -49,7 +50,7 @@ impl Default for Policy {
             default_ttl: Duration::ZERO,
             heuristic_fraction: 0.1,
             heuristic_max: Duration::from_secs(86_400),
-            default_grace: Duration::from_secs(10),
+            default_grace: Duration::ZERO,
             keep: Duration::ZERO,
             error_grace: Duration::from_secs(6 * 3600),
             cache_authorized: false,
@@ -72,4 +73,92 @@ pub(crate) fn test_headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
         );
     }
     h
+}
+
+/// Every parser here meets hostile header values (they come from clients and origins alike): none may panic.
+#[cfg(test)]
+mod hostile {
+    use std::time::SystemTime;
+
+    use http::{Method, StatusCode};
+
+    use super::*;
+
+    const NASTY: &[&str] = &[
+        "",
+        " ",
+        ",",
+        ",,,",
+        "\"",
+        "\"\"",
+        "\"a",
+        "W/",
+        "W/\"",
+        "*",
+        "=",
+        "==",
+        "a=",
+        "=a",
+        "a=\"",
+        "a=\"\\",
+        "\\",
+        "-",
+        "--",
+        "-1",
+        "1-",
+        "bytes=",
+        "bytes=-",
+        "bytes=--1",
+        "bytes=1--2",
+        "bytes=,",
+        "bytes=99999999999999999999-",
+        "bytes=-99999999999999999999",
+        "max-age=",
+        "max-age=\"",
+        "max-age=99999999999999999999999",
+        "é",
+        "ü,é;ß",
+        "\t",
+        "Sun, 06 Nov 1994 08:49:37",
+        "0, 0",
+        "1;a=b",
+        "*, \"a\"",
+        "s-maxage=-1, max-age=",
+    ];
+
+    #[test]
+    fn parsers_survive_hostile_values() {
+        let names = [
+            "cache-control",
+            "age",
+            "expires",
+            "date",
+            "last-modified",
+            "vary",
+            "range",
+            "if-range",
+            "if-none-match",
+            "if-modified-since",
+            "etag",
+            "connection",
+            "host",
+        ];
+        for value in NASTY {
+            let pairs: Vec<(&str, &str)> = names.iter().map(|n| (*n, *value)).collect();
+            let Ok(mut h) = std::panic::catch_unwind(|| test_headers(&pairs)) else {
+                continue;
+            };
+            let now = SystemTime::now();
+            let policy = Policy::default();
+            cache_control::CacheControl::from_headers(&h);
+            age::corrected_initial_age(&h, now, now);
+            storable::decide(true, StatusCode::OK, &h, &policy, now);
+            request::classify(&Method::GET, &h, &policy);
+            vary::selection(&["range".to_string()], &h);
+            conditional::not_modified(&h, Some(value), Some(value));
+            range::evaluate(&h, 1000, Some(value), Some(value));
+            range::evaluate(&h, 0, None, None);
+            headers::strip_hop_by_hop(&mut h);
+        }
+    }
 }

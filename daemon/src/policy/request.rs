@@ -10,18 +10,18 @@ pub enum RequestClass {
     Lookup,
     /// Forwarded untouched; never stored.
     Pass(&'static str),
-    /// An unsafe method: forwarded untouched; on success the URL's stored objects are invalidated
-    /// (RFC 9111 §4.4).
+    /// An unsafe method, or one whose safety is unknown: forwarded untouched; on success the URL's stored
+    /// objects are invalidated (RFC 9111 §4.4).
     Invalidate,
 }
 
 pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> RequestClass {
     match *method {
         Method::GET | Method::HEAD => {}
-        Method::POST | Method::PUT | Method::DELETE | Method::PATCH => {
-            return RequestClass::Invalidate
-        }
-        _ => return RequestClass::Pass("method"),
+        // Safe methods change nothing at the origin.
+        Method::OPTIONS | Method::TRACE | Method::CONNECT => return RequestClass::Pass("method"),
+        // Unsafe methods, and methods whose safety is unknown, invalidate (RFC 9111 §4.4).
+        _ => return RequestClass::Invalidate,
     }
     if headers.contains_key(header::UPGRADE) {
         return RequestClass::Pass("upgrade");
@@ -58,6 +58,7 @@ mod tests {
             (&p, "DELETE", &[], RequestClass::Invalidate),
             (&p, "PATCH", &[], RequestClass::Invalidate),
             (&p, "OPTIONS", &[], RequestClass::Pass("method")),
+            (&p, "M-SEARCH", &[], RequestClass::Invalidate),
             (
                 &p,
                 "GET",

@@ -147,7 +147,7 @@ mod tests {
                 false,
                 200,
                 &[("cache-control", "max-age=60")],
-                store(60, 10, false, &[]),
+                store(60, 0, false, &[]),
             ),
             (
                 false,
@@ -177,7 +177,7 @@ mod tests {
                 false,
                 200,
                 &[("cache-control", "no-store, must-understand, max-age=60")],
-                store(60, 10, false, &[]),
+                store(60, 0, false, &[]),
             ),
             (
                 false,
@@ -212,7 +212,7 @@ mod tests {
                     ("date", date),
                     ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
                 ],
-                store(360, 10, false, &[]),
+                store(360, 0, false, &[]),
             ),
             (
                 false,
@@ -227,7 +227,7 @@ mod tests {
                 false,
                 302,
                 &[("cache-control", "max-age=5")],
-                store(5, 10, false, &[]),
+                store(5, 0, false, &[]),
             ),
             (false, 206, &[("cache-control", "max-age=60")], d("status")),
             (
@@ -240,7 +240,7 @@ mod tests {
                 false,
                 501,
                 &[("cache-control", "max-age=60")],
-                store(60, 10, false, &[]),
+                store(60, 0, false, &[]),
             ),
             (false, 304, &[("cache-control", "max-age=60")], d("status")),
             (
@@ -259,7 +259,7 @@ mod tests {
                 false,
                 200,
                 &[("cache-control", "max-age=60"), ("vary", "Accept-Encoding")],
-                store(60, 10, false, &["accept-encoding"]),
+                store(60, 0, false, &["accept-encoding"]),
             ),
             (
                 true,
@@ -271,13 +271,13 @@ mod tests {
                 true,
                 200,
                 &[("cache-control", "max-age=60, public")],
-                store(60, 10, false, &[]),
+                store(60, 0, false, &[]),
             ),
             (
                 true,
                 200,
                 &[("cache-control", "s-maxage=60")],
-                store(60, 10, false, &[]),
+                store(60, 0, false, &[]),
             ),
         ];
         for (auth, status, h, want) in cases {
@@ -335,6 +335,6 @@ mod tests {
             &policy,
             SystemTime::now(),
         );
-        assert_eq!(got, store(30, 10, false, &[]));
+        assert_eq!(got, store(30, 0, false, &[]));
     }
 }

@@ -13,7 +13,7 @@ use lacquer_storage::ObjectMeta;
 
 use super::{forward, Found};
 use crate::{
-    backend::error_chain,
+    backend::{error_chain, BackendError},
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
     policy::{
         age::corrected_initial_age,
@@ -77,6 +77,13 @@ pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
     fetch.settle();
 }
 
+const KEEP_ON_UPDATE: [HeaderName; 4] = [
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
+    header::CONTENT_RANGE,
+    header::ETAG,
+];
+
 /// A 304 for a stored object: its headers are updated from the 304 (RFC 9111 §4.3.4), its freshness is
 /// recomputed, and the readers get the stored body, which the origin did not send again.
 async fn revalidated(
@@ -101,8 +108,9 @@ async fn revalidated(
         }
     }
     for name in update.keys() {
-        // The 304's own framing says nothing about the stored body.
-        if name == header::CONTENT_LENGTH {
+        // Fields that describe the stored body itself keep describing it (RFC 9111 §3.2): a 304 cannot
+        // change the bytes, so it cannot change their length, coding, range, digest or entity-tag.
+        if KEEP_ON_UPDATE.contains(name) || name == "content-md5" {
             continue;
         }
         headers.remove(name);
@@ -188,22 +196,31 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     let shared = &worker.shared;
     let policy = &shared.policy;
     let request_time = SystemTime::now();
-    let mut req = forward::fill_request(parts, *client);
-    if let Some(stale) = stale {
-        let meta = stale.meta();
-        for (validator, condition) in [
-            (header::ETAG, header::IF_NONE_MATCH),
-            (header::LAST_MODIFIED, header::IF_MODIFIED_SINCE),
-        ] {
-            if let Some(value) = meta
-                .header(validator.as_str())
-                .and_then(|v| HeaderValue::from_bytes(v).ok())
-            {
-                req.headers_mut().insert(condition, value);
+    let build = || {
+        let mut req = forward::fill_request(parts, *client);
+        if let Some(stale) = stale {
+            let meta = stale.meta();
+            for (validator, condition) in [
+                (header::ETAG, header::IF_NONE_MATCH),
+                (header::LAST_MODIFIED, header::IF_MODIFIED_SINCE),
+            ] {
+                if let Some(value) = meta
+                    .header(validator.as_str())
+                    .and_then(|v| HeaderValue::from_bytes(v).ok())
+                {
+                    req.headers_mut().insert(condition, value);
+                }
             }
         }
-    }
-    let resp = match worker.backend.send(req).await {
+        req
+    };
+    // A pooled connection the origin closed while idle fails the first request sent on it; a fill has no
+    // body to lose, so it is sent once more on a fresh connection.
+    let sent = match worker.backend.send(build()).await {
+        Err(BackendError::Failed { .. }) => worker.backend.send(build()).await,
+        other => other,
+    };
+    let resp = match sent {
         Ok(resp) => resp,
         Err(e) => {
             tracing::warn!(key, error = %e, "fetch failed");
