@@ -157,6 +157,7 @@ pub struct Cache {
     #[serde(with = "humantime_serde")]
     pub hit_for_miss: Duration,
     pub max_object_size: ByteSize,
+    pub targeted_cache_control: Vec<String>,
 }
 
 impl Default for Cache {
@@ -174,6 +175,7 @@ impl Default for Cache {
             cache_set_cookie: p.cache_set_cookie,
             hit_for_miss: p.hit_for_miss,
             max_object_size: ByteSize::b(p.max_object_size),
+            targeted_cache_control: p.targeted_cache_control,
         }
     }
 }
@@ -353,6 +355,11 @@ impl Config {
             cache_set_cookie: c.cache_set_cookie,
             hit_for_miss: c.hit_for_miss,
             max_object_size: c.max_object_size.as_u64(),
+            targeted_cache_control: c
+                .targeted_cache_control
+                .iter()
+                .map(|t| t.to_ascii_lowercase())
+                .collect(),
         }
     }
 

@@ -226,3 +226,26 @@ async fn backend_down_is_a_clear_error() {
     assert_eq!(stats["proxy"]["backend_errors"], 1);
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cdn_cache_control_overrides_cache_control() {
+    let origin = Origin::start(|_| {
+        Reply::ok("targeted")
+            .header("cache-control", "no-store")
+            .header("cdn-cache-control", "max-age=60")
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    assert_eq!(get(d.addr, "/t").await.x_cache(), "MISS");
+    let hit = get(d.addr, "/t").await;
+    assert_eq!(
+        (hit.x_cache(), hit.body.as_ref()),
+        ("HIT", &b"targeted"[..])
+    );
+    assert_eq!(
+        hit.header("cache-control"),
+        "no-store",
+        "downstream caches still see Cache-Control"
+    );
+    assert_eq!(origin.count("/t"), 1);
+}

@@ -108,6 +108,45 @@ async fn stale_stands_in_for_a_failing_origin() {
     assert_eq!(stats["proxy"]["backend_errors"], 3);
 }
 
+/// An origin that accepts connections and resets them before answering.
+#[tokio::test(flavor = "multi_thread")]
+async fn stale_stands_in_for_an_origin_that_resets() {
+    let (origin, _) = origin("max-age=1, stale-while-revalidate=0").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let front = listener.local_addr().unwrap();
+    let upstream = origin.addr;
+    let resetting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = resetting.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            if r.load(Ordering::SeqCst) {
+                let _ = client.set_zero_linger();
+                drop(client);
+                continue;
+            }
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    let d = Daemon::start(front, &[]);
+    assert_eq!(get(d.addr, "/reset").await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    resetting.store(true, Ordering::SeqCst);
+    let r = get(d.addr, "/reset").await;
+    assert_eq!(
+        (r.status.as_u16(), r.x_cache(), r.body.as_ref()),
+        (200, "STALE", &b"v1"[..])
+    );
+    assert_eq!(d.stats().await["proxy"]["stale_on_error"], 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn must_revalidate_forbids_stale() {
     let (origin, mode) = origin("max-age=1, must-revalidate").await;

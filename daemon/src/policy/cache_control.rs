@@ -26,6 +26,8 @@ pub struct CacheControl {
     pub min_fresh: Option<u64>,
     /// `Some(None)` for `max-stale` without a value: any staleness.
     pub max_stale: Option<Option<u64>>,
+    /// The directives came from a targeted field (RFC 9213): `Expires` is ignored too.
+    pub targeted: bool,
 }
 
 impl CacheControl {
@@ -33,8 +35,28 @@ impl CacheControl {
         Self::from_header_values(headers, CACHE_CONTROL.as_str())
     }
 
-    /// Parses every line of the named field (also used for `CDN-Cache-Control`).
+    /// The directives that govern a response in this cache: those of the first field on the target list
+    /// (RFC 9213, e.g. `CDN-Cache-Control`) that is present with a non-empty value, else `Cache-Control`.
+    pub fn governing(headers: &HeaderMap, targets: &[String]) -> Self {
+        for target in targets {
+            let (cc, directives) = Self::parse_field(headers, target);
+            if directives > 0 {
+                return CacheControl {
+                    targeted: true,
+                    ..cc
+                };
+            }
+        }
+        Self::from_headers(headers)
+    }
+
+    /// Parses every line of the named field.
     pub fn from_header_values(headers: &HeaderMap, name: &str) -> Self {
+        Self::parse_field(headers, name).0
+    }
+
+    /// The directives of a field and how many there were.
+    fn parse_field(headers: &HeaderMap, name: &str) -> (Self, usize) {
         let mut cc = CacheControl::default();
         let mut seen: Vec<String> = Vec::new();
         for value in headers.get_all(name) {
@@ -48,7 +70,7 @@ impl CacheControl {
                 seen.push(name);
             }
         }
-        cc
+        (cc, seen.len())
     }
 
     fn apply(&mut self, name: &str, arg: Option<&str>) {
@@ -324,6 +346,30 @@ mod tests {
         for (lines, want) in cases {
             assert_eq!(&cc(lines), want, "Cache-Control: {lines:?}");
         }
+    }
+
+    #[test]
+    fn targeted_fields_take_precedence_in_list_order() {
+        let targets = vec![
+            "lacquer-cache-control".to_string(),
+            "cdn-cache-control".to_string(),
+        ];
+        let mut h = HeaderMap::new();
+        h.insert(CACHE_CONTROL, "max-age=10".parse().unwrap());
+        assert_eq!(CacheControl::governing(&h, &targets).max_age, Some(10));
+        h.insert("cdn-cache-control", "max-age=600".parse().unwrap());
+        let cc = CacheControl::governing(&h, &targets);
+        assert_eq!((cc.max_age, cc.targeted), (Some(600), true));
+        h.insert("lacquer-cache-control", "no-store".parse().unwrap());
+        let cc = CacheControl::governing(&h, &targets);
+        assert!(cc.no_store && cc.max_age.is_none());
+        h.insert("lacquer-cache-control", "".parse().unwrap());
+        assert_eq!(
+            CacheControl::governing(&h, &targets).max_age,
+            Some(600),
+            "an empty field is skipped"
+        );
+        assert_eq!(CacheControl::governing(&h, &[]).max_age, Some(10));
     }
 
     #[test]

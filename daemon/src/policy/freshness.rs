@@ -45,7 +45,7 @@ pub fn lifetime(
     if let Some(s) = cc.s_maxage.or(cc.max_age) {
         return Lifetime::Explicit(Duration::from_secs(s));
     }
-    if let Some(expires) = headers.get(EXPIRES) {
+    if let Some(expires) = headers.get(EXPIRES).filter(|_| !cc.targeted) {
         let expires = expires
             .to_str()
             .ok()

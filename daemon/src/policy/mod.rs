@@ -42,6 +42,9 @@ pub struct Policy {
     pub hit_for_miss: Duration,
     /// Largest body stored; larger ones are passed. Default: 256 MiB.
     pub max_object_size: u64,
+    /// Targeted cache-control fields (RFC 9213) this cache obeys, in precedence order, lower-case; the first
+    /// present replaces `Cache-Control` and `Expires`. Default: `cdn-cache-control`.
+    pub targeted_cache_control: Vec<String>,
 }
 
 impl Default for Policy {
@@ -58,6 +61,7 @@ impl Default for Policy {
             cache_set_cookie: false,
             hit_for_miss: Duration::from_secs(120),
             max_object_size: 256 * 1024 * 1024,
+            targeted_cache_control: vec!["cdn-cache-control".into()],
         }
     }
 }

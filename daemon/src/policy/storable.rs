@@ -58,7 +58,7 @@ pub fn decide(
     if status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED {
         return DontStore("server error");
     }
-    let cc = CacheControl::from_headers(headers);
+    let cc = CacheControl::governing(headers, &policy.targeted_cache_control);
     // must-understand lets a cache that understands the status ignore no-store (RFC 9111 §5.2.2.3); every
     // final status but 206 and 304 is understood here.
     if cc.no_store && !cc.must_understand {
@@ -319,6 +319,31 @@ mod tests {
             panic!("stored")
         };
         assert_eq!(s.stale_if_error, Duration::ZERO);
+    }
+
+    #[test]
+    fn cdn_cache_control_governs_and_expires_is_then_ignored() {
+        let h = headers(&[
+            ("cache-control", "no-store"),
+            ("expires", "0"),
+            ("cdn-cache-control", "max-age=600"),
+        ]);
+        let got = decide(
+            false,
+            StatusCode::OK,
+            &h,
+            &Policy::default(),
+            SystemTime::now(),
+        );
+        assert_eq!(got, store(600, 0, false, &[]));
+        let off = Policy {
+            targeted_cache_control: vec![],
+            ..Policy::default()
+        };
+        assert_eq!(
+            decide(false, StatusCode::OK, &h, &off, SystemTime::now()),
+            Decision::DontStore("no-store")
+        );
     }
 
     #[test]
