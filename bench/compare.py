@@ -17,6 +17,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORIGIN_PORT = 8980
+CONTROL_PORT = 8979
 TARGETS = {"lacquer": 8981, "varnish": 8982, "nginx": 8983}
 LARGE = 4 * 1024 * 1024
 
@@ -37,7 +38,7 @@ def wait_port(port, timeout=20):
 
 
 def start(work, procs):
-    procs.append(subprocess.Popen([f"{ROOT}/target/release/bench-origin", str(ORIGIN_PORT)]))
+    procs.append(subprocess.Popen([f"{ROOT}/target/release/bench-origin", str(ORIGIN_PORT), str(CONTROL_PORT)]))
     procs.append(subprocess.Popen(
         [f"{ROOT}/target/release/lacquerd", "--listen", f"127.0.0.1:{TARGETS['lacquer']}",
          "--admin", "127.0.0.1:8991", "--backend", f"127.0.0.1:{ORIGIN_PORT}", "--disk", f"{work}/lacquer",
@@ -99,6 +100,47 @@ def oha_latency(port, seconds, rate):
     return p["p50"] * 1000, p["p99"] * 1000
 
 
+def oha_json(args):
+    return json.loads(sh(["oha", "--no-tui", "--output-format", "json"] + args))
+
+
+def range_ttfb_p99(port, seconds, rate):
+    data = oha_json(["-z", f"{seconds}s", "-q", str(rate), "--latency-correction", "-c", "20",
+                     "-H", "Range: bytes=1048576-1114111", f"http://127.0.0.1:{port}/obj/4m"])
+    return data["firstBytePercentiles"]["p99"] * 1000
+
+
+def origin_mode(mode):
+    urllib.request.urlopen(f"http://127.0.0.1:{CONTROL_PORT}/mode/{mode}").read()
+
+
+def flap(port, cycles, seconds):
+    """20 objects fresh for 1 s, warmed; then cycles of origin failure (refused, 503, reset), each `seconds`
+    long with one healthy second between, while clients ask for the objects at 500 rps. Returns, per mode, the
+    share of 200 answers and the p99 latency, and the healthy p99 for comparison."""
+    url = f"http://127.0.0.1:{port}/flap/(1?[0-9])"
+    for i in range(20):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/flap/{i}").read()
+    load = lambda secs: oha_json(["-z", f"{secs}s", "-q", "500", "-c", "20", "--rand-regex-url", url])
+    healthy = load(seconds)["latencyPercentiles"]["p99"] * 1000
+    out = {}
+    for _ in range(cycles):
+        for mode in ["refuse", "503", "reset"]:
+            origin_mode(mode)
+            data = load(seconds)
+            origin_mode("ok")
+            # oha counts requests still in flight when its time is up as errors: they are not answers.
+            errors = {e: n for e, n in data["errorDistribution"].items() if "deadline" not in e}
+            total = sum(data["statusCodeDistribution"].values()) + sum(errors.values())
+            ok = data["statusCodeDistribution"].get("200", 0)
+            entry = out.setdefault(mode, {"ok": 0, "total": 0, "p99": []})
+            entry["ok"] += ok
+            entry["total"] += total
+            entry["p99"].append(data["latencyPercentiles"]["p99"] * 1000)
+            time.sleep(1)
+    return healthy, {m: (e["ok"] / max(e["total"], 1), statistics.median(e["p99"])) for m, e in out.items()}
+
+
 def curl_ttfb(port, path, n, rng=None):
     times, status = [], None
     for _ in range(n):
@@ -132,6 +174,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=8, help="duration of each wrk and oha run")
     ap.add_argument("--rate", type=int, default=5000, help="oha request rate for the latency test")
     ap.add_argument("--clients", type=int, default=200, help="clients in the cold burst")
+    ap.add_argument("--flap-cycles", type=int, default=5, help="origin failure cycles (0 skips the test)")
     ap.add_argument("--json", help="also write the raw results here")
     args = ap.parse_args()
 
@@ -159,6 +202,7 @@ def main():
                 t, status = curl_ttfb(port, "/obj/4m", 30, "1048576-1114111")
                 res.setdefault("ttfb_range", []).append(t)
                 res["range_status"] = status
+                res.setdefault("range_p99_500", []).append(range_ttfb_p99(port, args.seconds, 500))
                 b50, b99, fetches, complete = burst(port, f"{r}-{target}", args.clients)
                 res.setdefault("burst_p50", []).append(b50)
                 res.setdefault("burst_p99", []).append(b99)
@@ -166,6 +210,11 @@ def main():
                 res.setdefault("burst_complete", []).append(complete)
                 print(f"round {r + 1} {target}: {res['rps'][-1]:.0f} rps, p99 {p99:.2f} ms, burst p99 {b99:.0f} ms "
                       f"({fetches} fetches, {complete}/{args.clients} complete)", file=sys.stderr)
+        flaps = {}
+        if args.flap_cycles:
+            for target in names:
+                flaps[target] = flap(TARGETS[target], args.flap_cycles, 3)
+                print(f"flap {target}: {flaps[target]}", file=sys.stderr)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -183,6 +232,7 @@ def main():
         (f"hit-path latency p99 at {args.rate} rps (ms)", "lat_p99", "{:.2f}", False),
         ("4 MiB GET TTFB p50 (ms)", "ttfb_4m", "{:.2f}", False),
         ("64 KiB range GET TTFB p50 (ms)", "ttfb_range", "{:.2f}", False),
+        ("64 KiB range TTFB p99 at 500 rps (ms)", "range_p99_500", "{:.2f}", False),
         (f"cold 4 MiB burst, {args.clients} clients, TTFB p50 (ms)", "burst_p50", "{:.0f}", False),
         (f"cold 4 MiB burst, {args.clients} clients, TTFB p99 (ms)", "burst_p99", "{:.0f}", False),
         ("origin fetches per burst", "burst_fetches", "{:.0f}", False),
@@ -195,6 +245,13 @@ def main():
         ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
         print(f"| {label} | {fmt.format(l)} | {fmt.format(v)} | {fmt.format(n)} | {ratio(l, v)} | {ratio(l, n)} |")
     print("\nrange responses: " + ", ".join(f"{t} {raw[t]['range_status']}" for t in TARGETS))
+    if flaps:
+        print(f"\norigin flap ({args.flap_cycles} cycles of 3 s per mode, 20 objects with max-age=1, 500 rps):\n")
+        print("| target | healthy p99 (ms) | refused: served / p99 | 503: served / p99 | reset: served / p99 |")
+        print("|---|---|---|---|---|")
+        for target, (healthy, modes) in flaps.items():
+            cells = " | ".join(f"{modes[m][0] * 100:.1f} % / {modes[m][1]:.2f} ms" for m in ["refuse", "503", "reset"])
+            print(f"| {target} | {healthy:.2f} | {cells} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1)

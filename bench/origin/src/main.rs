@@ -1,73 +1,139 @@
-//! Benchmark origin. `bench-origin PORT` serves:
+//! Benchmark origin. `bench-origin PORT [CONTROL_PORT]` serves:
 //! - `/obj/2k`, `/obj/4m`: 2 KiB and 4 MiB bodies, cacheable for an hour;
 //! - `/burst/ID`: 4 MiB after a 300 ms delay (a cold object per ID);
+//! - `/flap/ID`: 2 KiB, fresh for one second (for the origin-failure benchmark);
 //! - `/__count/PATH`: how many times PATH was requested, as a plain number.
+//!
+//! On CONTROL_PORT, `GET /mode/ok|503|reset|refuse` switches how the main port behaves: normally; answering
+//! 503 to everything; resetting every connection and request; or not listening at all.
 
 use std::{
     collections::HashMap,
     convert::Infallible,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU8, Ordering},
+        Arc, Mutex,
+    },
     time::Duration,
 };
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::{server::conn::http1, service::service_fn, Request, Response};
+use hyper::{server::conn::http1, service::service_fn, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+
+const OK: u8 = 0;
+const UNAVAILABLE: u8 = 1;
+const RESET: u8 = 2;
+const REFUSE: u8 = 3;
 
 fn body(len: usize) -> Bytes {
     (0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>().into()
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    let port: u16 = std::env::args()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .expect("usage: bench-origin PORT");
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .expect("bind");
-    let small = body(2048);
-    let large = body(4 * 1024 * 1024);
-    let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+struct Origin {
+    small: Bytes,
+    large: Bytes,
+    counts: Mutex<HashMap<String, u64>>,
+    mode: AtomicU8,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+async fn serve(origin: Arc<Origin>, req: Request<hyper::body::Incoming>) -> Result<Reply, std::io::Error> {
+    let path = req.uri().path().to_owned();
+    if let Some(counted) = path.strip_prefix("/__count") {
+        let n = origin.counts.lock().unwrap().get(counted).copied().unwrap_or(0);
+        return Ok(Response::new(Full::new(Bytes::from(n.to_string()))));
+    }
+    match origin.mode.load(Ordering::SeqCst) {
+        // An error from the service makes hyper drop the connection without an answer; connections kept
+        // alive from before a refusal are dropped the same way.
+        RESET | REFUSE => return Err(std::io::Error::other("scripted failure")),
+        UNAVAILABLE => {
+            let mut resp = Response::new(Full::new(Bytes::from_static(b"origin down\n")));
+            *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            return Ok(resp);
+        }
+        _ => {}
+    }
+    *origin.counts.lock().unwrap().entry(path.clone()).or_default() += 1;
+    let (data, cache_control) = match path.as_str() {
+        "/obj/2k" => (origin.small.clone(), "max-age=3600"),
+        p if p.starts_with("/flap/") => (origin.small.clone(), "max-age=1"),
+        p if p.starts_with("/burst/") => {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            (origin.large.clone(), "max-age=3600")
+        }
+        _ => (origin.large.clone(), "max-age=3600"),
+    };
+    Ok(Response::builder()
+        .header("cache-control", cache_control)
+        .header("content-type", "application/octet-stream")
+        .header("etag", format!("\"{}\"", data.len()))
+        .body(Full::new(data))
+        .unwrap())
+}
+
+async fn control(origin: Arc<Origin>, port: u16) {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind control port");
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let (small, large, counts) = (small.clone(), large.clone(), counts.clone());
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let origin = origin.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let (small, large, counts) = (small.clone(), large.clone(), counts.clone());
-                async move {
-                    let path = req.uri().path().to_owned();
-                    if let Some(counted) = path.strip_prefix("/__count") {
-                        let n = counts.lock().unwrap().get(counted).copied().unwrap_or(0);
-                        return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(
-                            n.to_string(),
-                        ))));
-                    }
-                    *counts.lock().unwrap().entry(path.clone()).or_default() += 1;
-                    let data = match path.as_str() {
-                        "/obj/2k" => small,
-                        p if p.starts_with("/burst/") => {
-                            tokio::time::sleep(Duration::from_millis(300)).await;
-                            large
-                        }
-                        _ => large,
-                    };
-                    let resp = Response::builder()
-                        .header("cache-control", "max-age=3600")
-                        .header("content-type", "application/octet-stream")
-                        .header("etag", format!("\"{}\"", data.len()))
-                        .body(Full::new(data))
-                        .unwrap();
-                    Ok(resp)
+                let mode = match req.uri().path() {
+                    "/mode/503" => Some(UNAVAILABLE),
+                    "/mode/reset" => Some(RESET),
+                    "/mode/refuse" => Some(REFUSE),
+                    "/mode/ok" => Some(OK),
+                    _ => None,
+                };
+                if let Some(mode) = mode {
+                    origin.mode.store(mode, Ordering::SeqCst);
                 }
+                let status = if mode.is_some() { StatusCode::OK } else { StatusCode::NOT_FOUND };
+                let mut resp = Response::new(Full::new(Bytes::new()));
+                *resp.status_mut() = status;
+                async move { Ok::<_, Infallible>(resp) }
             });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let mut args = std::env::args().skip(1).map(|a| a.parse::<u16>().expect("usage: bench-origin PORT [CONTROL_PORT]"));
+    let port = args.next().expect("usage: bench-origin PORT [CONTROL_PORT]");
+    let origin = Arc::new(Origin {
+        small: body(2048),
+        large: body(4 * 1024 * 1024),
+        counts: Mutex::default(),
+        mode: AtomicU8::new(OK),
+    });
+    if let Some(control_port) = args.next() {
+        tokio::spawn(control(origin.clone(), control_port));
+    }
+    loop {
+        // Refusing means not listening at all: the port is closed until the mode changes.
+        while origin.mode.load(Ordering::SeqCst) == REFUSE {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
+        while origin.mode.load(Ordering::SeqCst) != REFUSE {
+            let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::from_millis(50), listener.accept()).await else {
+                continue;
+            };
+            if origin.mode.load(Ordering::SeqCst) == RESET {
+                let _ = stream.set_zero_linger();
+                continue;
+            }
+            let origin = origin.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| serve(origin.clone(), req));
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
     }
 }
