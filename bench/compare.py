@@ -133,11 +133,19 @@ def flap(port, cycles, seconds):
             errors = {e: n for e, n in data["errorDistribution"].items() if "deadline" not in e}
             total = sum(data["statusCodeDistribution"].values()) + sum(errors.values())
             ok = data["statusCodeDistribution"].get("200", 0)
-            entry = out.setdefault(mode, {"ok": 0, "total": 0, "p99": []})
+            entry = out.setdefault(mode, {"ok": 0, "total": 0, "p99": [], "failures": {}})
             entry["ok"] += ok
             entry["total"] += total
+            for status, n in data["statusCodeDistribution"].items():
+                if status != "200":
+                    entry["failures"][status] = entry["failures"].get(status, 0) + n
+            for error, n in errors.items():
+                entry["failures"][error] = entry["failures"].get(error, 0) + n
             entry["p99"].append(data["latencyPercentiles"]["p99"] * 1000)
             time.sleep(1)
+    for mode, e in out.items():
+        if e["failures"]:
+            print(f"  {port} {mode} failures: {e['failures']}", file=sys.stderr)
     return healthy, {m: (e["ok"] / max(e["total"], 1), statistics.median(e["p99"])) for m, e in out.items()}
 
 

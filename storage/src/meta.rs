@@ -62,12 +62,15 @@ impl ObjectMeta {
         (born + self.ttl_ms) as i64 - now_ms as i64
     }
 
-    /// When the store may forget the object (unix milliseconds).
+    /// When the store may forget the object (unix milliseconds): past freshness, grace and keep, and past the
+    /// window in which it may stand in for a failing origin.
     pub fn expires_at_ms(&self) -> u64 {
         let born = self.stored_at_ms.saturating_sub(self.initial_age_s * 1000);
-        born.saturating_add(self.ttl_ms)
-            .saturating_add(self.grace_ms)
+        let after = self
+            .grace_ms
             .saturating_add(self.keep_ms)
+            .max(self.stale_if_error_ms);
+        born.saturating_add(self.ttl_ms).saturating_add(after)
     }
 
     pub fn header(&self, name: &str) -> Option<&[u8]> {
@@ -200,6 +203,14 @@ pub(crate) mod tests {
         assert_eq!(m.remaining_ttl_ms(1_000_000), 55_000);
         assert_eq!(m.remaining_ttl_ms(1_060_000), -5_000);
         assert_eq!(m.expires_at_ms(), 1_000_000 - 5_000 + 70_000);
+        let kept_for_errors = ObjectMeta {
+            stale_if_error_ms: 3_600_000,
+            ..m.clone()
+        };
+        assert_eq!(
+            kept_for_errors.expires_at_ms(),
+            1_000_000 - 5_000 + 60_000 + 3_600_000
+        );
         assert_eq!(m.header("etag"), Some(&b"\"x\""[..]));
     }
 }

@@ -324,6 +324,12 @@ impl Store {
         Ok(dropped.len())
     }
 
+    /// Drops metadata past its keep time or whose body is gone (the sweeper does this periodically);
+    /// returns how many variants were dropped.
+    pub fn sweep(&self) -> Result<usize, StoreError> {
+        crate::sweep::sweep_once(self)
+    }
+
     pub(crate) async fn flush_metadata(&self) -> Result<(), StoreError> {
         self.inner.db.flush_async().await?;
         Ok(())

@@ -186,3 +186,36 @@ async fn a_burst_of_large_bodies_is_not_dropped() {
     }
     assert_eq!(store.stats().foyer_drops, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_keeps_stale_objects_within_their_error_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = builder(dir.path())
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let long_ago = ObjectMeta {
+        stored_at_ms: now - 60_000,
+        ttl_ms: 1_000,
+        stale_if_error_ms: 3_600_000,
+        ..meta()
+    };
+    let expired = ObjectMeta {
+        stored_at_ms: now - 60_000,
+        ttl_ms: 1_000,
+        stale_if_error_ms: 0,
+        ..meta()
+    };
+    for (key, m) in [("h/kept", long_ago), ("h/expired", expired)] {
+        let mut w = store.writer(key, &[]).unwrap();
+        w.push(b"stale but useful").await.unwrap();
+        w.finish(key.into(), m).await.unwrap();
+    }
+    assert_eq!(store.sweep().unwrap(), 1);
+    assert!(store.lookup("h/kept").unwrap().is_some());
+    assert!(store.lookup("h/expired").unwrap().is_none());
+}

@@ -40,10 +40,19 @@ struct Origin {
 
 type Reply = Response<Full<Bytes>>;
 
-async fn serve(origin: Arc<Origin>, req: Request<hyper::body::Incoming>) -> Result<Reply, std::io::Error> {
+async fn serve(
+    origin: Arc<Origin>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Reply, std::io::Error> {
     let path = req.uri().path().to_owned();
     if let Some(counted) = path.strip_prefix("/__count") {
-        let n = origin.counts.lock().unwrap().get(counted).copied().unwrap_or(0);
+        let n = origin
+            .counts
+            .lock()
+            .unwrap()
+            .get(counted)
+            .copied()
+            .unwrap_or(0);
         return Ok(Response::new(Full::new(Bytes::from(n.to_string()))));
     }
     match origin.mode.load(Ordering::SeqCst) {
@@ -57,7 +66,12 @@ async fn serve(origin: Arc<Origin>, req: Request<hyper::body::Incoming>) -> Resu
         }
         _ => {}
     }
-    *origin.counts.lock().unwrap().entry(path.clone()).or_default() += 1;
+    *origin
+        .counts
+        .lock()
+        .unwrap()
+        .entry(path.clone())
+        .or_default() += 1;
     let (data, cache_control) = match path.as_str() {
         "/obj/2k" => (origin.small.clone(), "max-age=3600"),
         p if p.starts_with("/flap/") => (origin.small.clone(), "max-age=1"),
@@ -76,9 +90,13 @@ async fn serve(origin: Arc<Origin>, req: Request<hyper::body::Incoming>) -> Resu
 }
 
 async fn control(origin: Arc<Origin>, port: u16) {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind control port");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind control port");
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let origin = origin.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
@@ -92,20 +110,31 @@ async fn control(origin: Arc<Origin>, port: u16) {
                 if let Some(mode) = mode {
                     origin.mode.store(mode, Ordering::SeqCst);
                 }
-                let status = if mode.is_some() { StatusCode::OK } else { StatusCode::NOT_FOUND };
+                let status = if mode.is_some() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::NOT_FOUND
+                };
                 let mut resp = Response::new(Full::new(Bytes::new()));
                 *resp.status_mut() = status;
                 async move { Ok::<_, Infallible>(resp) }
             });
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let mut args = std::env::args().skip(1).map(|a| a.parse::<u16>().expect("usage: bench-origin PORT [CONTROL_PORT]"));
-    let port = args.next().expect("usage: bench-origin PORT [CONTROL_PORT]");
+    let mut args = std::env::args().skip(1).map(|a| {
+        a.parse::<u16>()
+            .expect("usage: bench-origin PORT [CONTROL_PORT]")
+    });
+    let port = args
+        .next()
+        .expect("usage: bench-origin PORT [CONTROL_PORT]");
     let origin = Arc::new(Origin {
         small: body(2048),
         large: body(4 * 1024 * 1024),
@@ -120,9 +149,13 @@ async fn main() {
         while origin.mode.load(Ordering::SeqCst) == REFUSE {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind");
         while origin.mode.load(Ordering::SeqCst) != REFUSE {
-            let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::from_millis(50), listener.accept()).await else {
+            let Ok(Ok((stream, _))) =
+                tokio::time::timeout(Duration::from_millis(50), listener.accept()).await
+            else {
                 continue;
             };
             if origin.mode.load(Ordering::SeqCst) == RESET {
@@ -132,7 +165,9 @@ async fn main() {
             let origin = origin.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req| serve(origin.clone(), req));
-                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
             });
         }
     }
