@@ -6,7 +6,7 @@ use crate::error::StoreError;
 const FORMAT_VERSION: u8 = 2;
 
 /// What the store knows about one stored response body (one variant of one cache key).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectMeta {
     /// Stable for the cache key and variant.
     pub object: u64,

@@ -17,20 +17,10 @@ fn builder(dir: &std::path::Path) -> StoreBuilder {
 
 fn meta() -> ObjectMeta {
     ObjectMeta {
-        object: 0,
-        generation: 0,
-        variant: vec![],
         status: 200,
-        headers: vec![("content-type".into(), b"application/octet-stream".to_vec())],
-        length: 0,
-        chunk_size: 0,
         stored_at_ms: u64::MAX,
-        initial_age_s: 0,
         ttl_ms: 3_600_000,
-        grace_ms: 0,
-        keep_ms: 0,
-        stale_if_error_ms: 0,
-        no_stale: false,
+        ..ObjectMeta::default()
     }
 }
 

@@ -11,14 +11,14 @@ use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCod
 use http_body_util::BodyExt;
 use lacquer_storage::ObjectMeta;
 
-use super::{forward, Found};
+use super::{forward, respond, Found};
 use crate::{
     backend::{error_chain, BackendError},
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
     policy::{
         age::corrected_initial_age,
         headers::strip_hop_by_hop,
-        storable::{self, Decision},
+        storable::{self, Decision, Storable},
         vary,
     },
     stats::{add, dec, inc},
@@ -98,15 +98,7 @@ async fn revalidated(
     let store = &worker.shared.store;
     let key = request.key.as_str();
     let old = stale.meta();
-    let mut headers = HeaderMap::new();
-    for (name, value) in &old.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) {
-            headers.append(n, v);
-        }
-    }
+    let mut headers = respond::header_map(old);
     for name in update.keys() {
         // Fields that describe the stored body itself keep describing it (RFC 9111 §3.2): a 304 cannot
         // change the bytes, so it cannot change their length, coding, range, digest or entity-tag.
@@ -155,20 +147,7 @@ async fn revalidated(
     fetch.end(Ok(()));
     let result = match decision {
         Decision::Store(s) => {
-            let meta = ObjectMeta {
-                headers: headers
-                    .iter()
-                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-                    .collect(),
-                stored_at_ms: unix_ms(response_time),
-                initial_age_s: initial_age,
-                ttl_ms: s.ttl.as_millis() as u64,
-                grace_ms: s.grace.as_millis() as u64,
-                keep_ms: s.keep.as_millis() as u64,
-                stale_if_error_ms: s.stale_if_error.as_millis() as u64,
-                no_stale: s.no_stale,
-                ..old.clone()
-            };
+            let meta = with_response(old.clone(), &headers, &s, initial_age, response_time);
             store.refresh(key, meta).map(drop)
         }
         Decision::DontStore(_) => store.remove_generation(key, old.generation),
@@ -177,6 +156,30 @@ async fn revalidated(
         tracing::warn!(key, error = %e, "updating a revalidated object failed");
     }
     Ending::Revalidated
+}
+
+/// `base` carrying the headers and freshness of a response the store keeps.
+fn with_response(
+    base: ObjectMeta,
+    headers: &HeaderMap,
+    storable: &Storable,
+    initial_age: u64,
+    response_time: SystemTime,
+) -> ObjectMeta {
+    ObjectMeta {
+        headers: headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect(),
+        stored_at_ms: unix_ms(response_time),
+        initial_age_s: initial_age,
+        ttl_ms: storable.ttl.as_millis() as u64,
+        grace_ms: storable.grace.as_millis() as u64,
+        keep_ms: storable.keep.as_millis() as u64,
+        stale_if_error_ms: storable.stale_if_error.as_millis() as u64,
+        no_stale: storable.no_stale,
+        ..base
+    }
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -348,26 +351,12 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
             Ending::NotStored
         };
     };
-    let meta = ObjectMeta {
-        object: 0,
-        generation: 0,
+    let base = ObjectMeta {
         variant: selection,
         status: head.status.as_u16(),
-        headers: head
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-            .collect(),
-        length: 0,
-        chunk_size: 0,
-        stored_at_ms: unix_ms(response_time),
-        initial_age_s: initial_age,
-        ttl_ms: storable.ttl.as_millis() as u64,
-        grace_ms: storable.grace.as_millis() as u64,
-        keep_ms: storable.keep.as_millis() as u64,
-        stale_if_error_ms: storable.stale_if_error.as_millis() as u64,
-        no_stale: storable.no_stale,
+        ..ObjectMeta::default()
     };
+    let meta = with_response(base, &head.headers, &storable, initial_age, response_time);
     match writer.finish(key.to_owned(), meta).await {
         Ok(()) => Ending::Stored,
         Err(e) => {

@@ -9,7 +9,7 @@ use http::{
     header, request::Parts, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode,
 };
 use http_body::Frame;
-use lacquer_storage::{ObjectSet, Store};
+use lacquer_storage::{ObjectMeta, ObjectSet, Store};
 
 use super::forward::{append, VIA};
 use crate::{
@@ -197,15 +197,7 @@ pub fn stored(
     req: &Parts,
 ) -> Response<Body> {
     let meta = &set.variants[variant];
-    let mut headers = HeaderMap::with_capacity(meta.headers.len() + 7);
-    for (name, value) in &meta.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) {
-            headers.append(n, v);
-        }
-    }
+    let mut headers = header_map(meta);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.length));
     decorate(&mut headers, outcome, Some(meta.age_s(now_ms)));
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
@@ -245,6 +237,20 @@ pub fn stored(
         other => other.without_body(head_only),
     };
     response(status, headers, body)
+}
+
+/// The stored response headers as a header map (with room for what delivery adds).
+pub fn header_map(meta: &ObjectMeta) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(meta.headers.len() + 7);
+    for (name, value) in &meta.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    headers
 }
 
 fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {
