@@ -116,7 +116,8 @@ async fn stale_stands_in_for_an_origin_that_resets() {
     let front = listener.local_addr().unwrap();
     let upstream = origin.addr;
     let resetting = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let r = resetting.clone();
+    let relays: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+    let (r, live) = (resetting.clone(), relays.clone());
     tokio::spawn(async move {
         loop {
             let Ok((mut client, _)) = listener.accept().await else {
@@ -124,21 +125,25 @@ async fn stale_stands_in_for_an_origin_that_resets() {
             };
             if r.load(Ordering::SeqCst) {
                 let _ = client.set_zero_linger();
-                drop(client);
                 continue;
             }
-            tokio::spawn(async move {
+            let relay = tokio::spawn(async move {
                 let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
                     return;
                 };
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
             });
+            live.lock().unwrap().push(relay.abort_handle());
         }
     });
     let d = Daemon::start(front, &[]);
     assert_eq!(get(d.addr, "/reset").await.body, "v1");
     tokio::time::sleep(Duration::from_millis(1300)).await;
     resetting.store(true, Ordering::SeqCst);
+    // Connections the daemon keeps alive from before are cut too, as when an origin host goes down.
+    for relay in relays.lock().unwrap().drain(..) {
+        relay.abort();
+    }
     let r = get(d.addr, "/reset").await;
     assert_eq!(
         (r.status.as_u16(), r.x_cache(), r.body.as_ref()),
