@@ -289,6 +289,16 @@ fn shape(req: &Parts, headers: &mut HeaderMap, len: u64) -> Shape {
     if !matches!(req.method, Method::GET | Method::HEAD) {
         return Shape::Whole;
     }
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    // Most requests carry neither conditionals nor ranges: skip copying the validators for them.
+    let asks = [
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+        header::RANGE,
+    ];
+    if !asks.iter().any(|name| req.headers.contains_key(name)) {
+        return Shape::Whole;
+    }
     let text = |h: &HeaderMap, name| {
         h.get(name)
             .and_then(|v: &HeaderValue| v.to_str().ok())
@@ -312,7 +322,6 @@ fn shape(req: &Parts, headers: &mut HeaderMap, len: u64) -> Shape {
         }
         return Shape::NotModified;
     }
-    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if req.method != Method::GET {
         return Shape::Whole;
     }
