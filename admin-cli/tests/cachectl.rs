@@ -1,6 +1,6 @@
 //! The real `cachectl` binary against a real `lacquerd`.
 
-use lacquer_tests::{get, run_tool, Daemon, Origin, Reply};
+use lacquer_tests::{daemon_with_traffic, run_tool, unused_addr, Daemon, Origin, Reply};
 
 fn cachectl(args: &[&str]) -> (i32, String, String) {
     run_tool(env!("CARGO_BIN_EXE_cachectl"), args)
@@ -8,13 +8,9 @@ fn cachectl(args: &[&str]) -> (i32, String, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_as_json_and_as_a_table() {
-    let origin = Origin::start(|_| Reply::ok("x").header("cache-control", "max-age=60")).await;
-    let d = Daemon::start(origin.addr, &[]);
-    for _ in 0..3 {
-        get(d.addr, "/a").await;
-    }
+    let (_origin, d) = daemon_with_traffic().await;
     let admin = d.admin.to_string();
-    let secret = d.dir.path().join("store/secret");
+    let secret = d.secret_file();
     let secret = secret.to_str().unwrap();
 
     let (code, out, err) = cachectl(&["--admin", &admin, "--secret", secret, "stats", "--json"]);
@@ -61,11 +57,7 @@ async fn clear_errors_for_a_wrong_secret_and_a_missing_daemon() {
     assert_eq!(code, 0, "health needs no secret");
     assert!(out.contains("ok"));
 
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let free = unused_addr().to_string();
     let (code, _, err) = cachectl(&[
         "--admin",
         &free,

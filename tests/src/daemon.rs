@@ -118,8 +118,13 @@ impl Daemon {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// The admin secret the daemon generated in its store directory.
+    pub fn secret_file(&self) -> PathBuf {
+        self.dir.path().join("store/secret")
+    }
+
     pub fn secret(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("store/secret"))
+        std::fs::read_to_string(self.secret_file())
             .expect("secret file")
             .trim()
             .to_owned()

@@ -25,3 +25,21 @@ pub fn run_tool(path: &str, args: &[&str]) -> (i32, String, String) {
         text(&out.stderr),
     )
 }
+
+/// An address on which nothing listens (bound once, then released).
+pub fn unused_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A daemon in front of a cacheable origin after three requests for `/a`: one miss, two hits.
+pub async fn daemon_with_traffic() -> (Origin, Daemon) {
+    let origin = Origin::start(|_| Reply::ok("x").header("cache-control", "max-age=60")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    for _ in 0..3 {
+        get(d.addr, "/a").await;
+    }
+    (origin, d)
+}

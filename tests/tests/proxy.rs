@@ -210,10 +210,7 @@ async fn vary_keeps_one_variant_per_selection() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn backend_down_is_a_clear_error() {
-    let unused = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let unused = lacquer_tests::unused_addr();
     let d = Daemon::start(unused, &[]);
     let r = get(d.addr, "/x").await;
     assert_eq!(r.status, 503);

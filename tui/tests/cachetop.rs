@@ -1,6 +1,6 @@
 //! `cachetop --once` against a real `lacquerd` after some traffic.
 
-use lacquer_tests::{get, run_tool, Daemon, Origin, Reply};
+use lacquer_tests::{daemon_with_traffic, run_tool, unused_addr};
 
 fn cachetop(args: &[&str]) -> (i32, String, String) {
     run_tool(env!("CARGO_BIN_EXE_cachetop"), args)
@@ -8,13 +8,9 @@ fn cachetop(args: &[&str]) -> (i32, String, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn once_prints_the_request_and_hit_counts() {
-    let origin = Origin::start(|_| Reply::ok("x").header("cache-control", "max-age=60")).await;
-    let d = Daemon::start(origin.addr, &[]);
-    for _ in 0..3 {
-        get(d.addr, "/a").await;
-    }
+    let (_origin, d) = daemon_with_traffic().await;
     let admin = d.admin.to_string();
-    let secret = d.dir.path().join("store/secret");
+    let secret = d.secret_file();
     let (code, out, err) = cachetop(&[
         "--admin",
         &admin,
@@ -35,11 +31,7 @@ async fn once_prints_the_request_and_hit_counts() {
     );
     assert!(out.contains("66.7 %"), "{out}");
 
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let free = unused_addr().to_string();
     let (code, _, err) = cachetop(&[
         "--admin",
         &free,
