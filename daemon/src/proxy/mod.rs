@@ -252,8 +252,11 @@ async fn miss(
             reader.settled().await;
             return None;
         }
-        if !h.shareable || other_variant {
-            // Uncacheable, or another variant again: fetch alone at once rather than queue behind anyone.
+        // A finished fetch stands in for the store only while its response is fresh: a no-cache or
+        // already expired response must be validated again for this request.
+        let spent = complete && h.ttl.saturating_sub(h.received_at.elapsed()).is_zero();
+        if !h.shareable || other_variant || spent {
+            // Uncacheable, another variant again, or spent: fetch alone at once rather than queue.
             reader = start(false, Fetch::new()).reader();
             head = reader.head().await;
             owner = true;
