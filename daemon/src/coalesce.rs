@@ -11,6 +11,7 @@ use std::{
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
+use lacquer_storage::InvalidationMark;
 use tokio::sync::watch;
 
 use crate::body::{self, Body, BoxError};
@@ -62,14 +63,21 @@ struct State {
 pub struct Fetch {
     state: Mutex<State>,
     changed: watch::Sender<()>,
+    /// When the fetch started, against bans and purges.
+    since: InvalidationMark,
 }
 
 impl Fetch {
-    pub fn new() -> Arc<Self> {
+    pub fn new(since: InvalidationMark) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State::default()),
             changed: watch::Sender::new(()),
+            since,
         })
+    }
+
+    pub fn since(&self) -> InvalidationMark {
+        self.since
     }
 
     fn update(&self, f: impl FnOnce(&mut State)) {
@@ -225,14 +233,18 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    pub fn join(&self, key: &str) -> Joined {
+    /// Joins the fetch in flight for `key`, unless a ban or purge came after it started (`now` is later):
+    /// what it brings may be what was invalidated, so a new fetch replaces it for everyone who comes later.
+    pub fn join(&self, key: &str, now: InvalidationMark) -> Joined {
         let mut slots = self.slots.lock().expect("coalescer mutex");
         match slots.get(key) {
-            Some(Slot::Fetching(fetch)) => return Joined::Waiter(fetch.clone()),
+            Some(Slot::Fetching(fetch)) if fetch.since.epoch == now.epoch => {
+                return Joined::Waiter(fetch.clone())
+            }
             Some(Slot::HitForMiss(until)) if *until > Instant::now() => return Joined::HitForMiss,
             _ => {}
         }
-        let fetch = Fetch::new();
+        let fetch = Fetch::new(now);
         slots.insert(key.to_owned(), Slot::Fetching(fetch.clone()));
         Joined::Leader(fetch)
     }
@@ -273,6 +285,10 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    fn mark(epoch: u64) -> InvalidationMark {
+        InvalidationMark { ban: 0, epoch }
+    }
+
     fn head(shareable: bool) -> Arc<FetchedHead> {
         Arc::new(FetchedHead {
             status: StatusCode::OK,
@@ -288,10 +304,10 @@ mod tests {
     #[tokio::test]
     async fn waiters_stream_bytes_as_they_arrive() {
         let c = Coalescer::default();
-        let Joined::Leader(fetch) = c.join("k") else {
+        let Joined::Leader(fetch) = c.join("k", mark(0)) else {
             panic!("first is leader")
         };
-        let Joined::Waiter(same) = c.join("k") else {
+        let Joined::Waiter(same) = c.join("k", mark(0)) else {
             panic!("second waits")
         };
         assert!(Arc::ptr_eq(&fetch, &same));
@@ -306,12 +322,12 @@ mod tests {
         fetch.end(Ok(()));
         assert_eq!(body.collect().await.unwrap().to_bytes(), "second");
         c.finish("k", &fetch, None);
-        assert!(matches!(c.join("k"), Joined::Leader(_)));
+        assert!(matches!(c.join("k", mark(0)), Joined::Leader(_)));
     }
 
     #[tokio::test]
     async fn a_failed_fetch_reaches_readers_as_an_error() {
-        let fetch = Fetch::new();
+        let fetch = Fetch::new(mark(0));
         let reader = fetch.reader();
         fetch.set_head(Ok(head(true)));
         fetch.push(Bytes::from_static(b"part"));
@@ -322,27 +338,41 @@ mod tests {
     #[test]
     fn hit_for_miss_bypasses_and_expires() {
         let c = Coalescer::default();
-        let Joined::Leader(fetch) = c.join("k") else {
+        let Joined::Leader(fetch) = c.join("k", mark(0)) else {
             panic!()
         };
         c.finish("k", &fetch, Some(Duration::from_secs(60)));
-        assert!(matches!(c.join("k"), Joined::HitForMiss));
+        assert!(matches!(c.join("k", mark(0)), Joined::HitForMiss));
         c.clear_hit_for_miss("k");
-        let Joined::Leader(fetch) = c.join("k") else {
+        let Joined::Leader(fetch) = c.join("k", mark(0)) else {
             panic!()
         };
         c.finish("k", &fetch, Some(Duration::from_nanos(1)));
         std::thread::sleep(Duration::from_millis(2));
-        assert!(matches!(c.join("k"), Joined::Leader(_)));
+        assert!(matches!(c.join("k", mark(0)), Joined::Leader(_)));
+    }
+
+    #[test]
+    fn an_invalidation_replaces_the_fetch_in_flight_for_newcomers() {
+        let c = Coalescer::default();
+        let Joined::Leader(old) = c.join("k", mark(0)) else {
+            panic!()
+        };
+        let Joined::Leader(new) = c.join("k", mark(1)) else {
+            panic!("a fetch from before the invalidation is not joined")
+        };
+        assert!(matches!(c.join("k", mark(1)), Joined::Waiter(f) if Arc::ptr_eq(&f, &new)));
+        c.finish("k", &old, None);
+        assert!(matches!(c.join("k", mark(1)), Joined::Waiter(f) if Arc::ptr_eq(&f, &new)));
     }
 
     #[test]
     fn finishing_someone_elses_fetch_changes_nothing() {
         let c = Coalescer::default();
-        let Joined::Leader(fetch) = c.join("k") else {
+        let Joined::Leader(fetch) = c.join("k", mark(0)) else {
             panic!()
         };
-        c.finish("k", &Fetch::new(), None);
-        assert!(matches!(c.join("k"), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch)));
+        c.finish("k", &Fetch::new(mark(0)), None);
+        assert!(matches!(c.join("k", mark(0)), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch)));
     }
 }

@@ -24,6 +24,7 @@ pub struct Config {
     pub admin: Admin,
     pub storage: Storage,
     pub cache: Cache,
+    pub purge: Purge,
     pub log: Log,
 }
 
@@ -158,6 +159,7 @@ pub struct Cache {
     pub hit_for_miss: Duration,
     pub max_object_size: ByteSize,
     pub targeted_cache_control: Vec<String>,
+    pub surrogate_key_headers: Vec<String>,
 }
 
 impl Default for Cache {
@@ -176,6 +178,29 @@ impl Default for Cache {
             hit_for_miss: p.hit_for_miss,
             max_object_size: ByteSize::b(p.max_object_size),
             targeted_cache_control: p.targeted_cache_control,
+            surrogate_key_headers: p.surrogate_key_headers,
+        }
+    }
+}
+
+/// Invalidation through the client listeners, the VCL idiom: `PURGE` and `BAN` requests.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Purge {
+    /// Honour `PURGE` and `BAN` requests from `allow_from`; otherwise they are answered 405. Default: false.
+    pub http_methods: bool,
+    /// Client networks allowed to send them. Default: `127.0.0.1/32` and `::1/128`.
+    pub allow_from: Vec<ipnet::IpNet>,
+}
+
+impl Default for Purge {
+    fn default() -> Self {
+        Self {
+            http_methods: false,
+            allow_from: vec![
+                "127.0.0.1/32".parse().expect("valid network"),
+                "::1/128".parse().expect("valid network"),
+            ],
         }
     }
 }
@@ -357,6 +382,11 @@ impl Config {
             max_object_size: c.max_object_size.as_u64(),
             targeted_cache_control: c
                 .targeted_cache_control
+                .iter()
+                .map(|t| t.to_ascii_lowercase())
+                .collect(),
+            surrogate_key_headers: c
+                .surrogate_key_headers
                 .iter()
                 .map(|t| t.to_ascii_lowercase())
                 .collect(),

@@ -5,6 +5,7 @@ mod backend;
 mod body;
 mod coalesce;
 mod config;
+mod invalidation;
 mod policy;
 mod proxy;
 mod secret;
@@ -120,6 +121,7 @@ fn run(config: Config) -> anyhow::Result<()> {
     let secret = secret::load_or_create(config.secret_file())?;
     let shared = Arc::new(Shared {
         policy: config.policy(),
+        purge: config.purge.clone(),
         store: store.clone(),
         stats: Arc::default(),
         coalescer: Default::default(),

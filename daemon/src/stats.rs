@@ -63,6 +63,10 @@ counters! {
     bodies_lost,
     /// Objects invalidated by unsafe methods.
     invalidations,
+    /// `PURGE` and `BAN` requests accepted from allowed clients.
+    purge_requests,
+    /// `PURGE` and `BAN` requests refused (methods off, or client not in `purge.allow_from`).
+    purge_requests_refused,
     /// Body bytes received from backends.
     bytes_in,
     /// Body bytes sent to clients.

@@ -4,10 +4,11 @@ use std::{sync::Arc, time::Instant};
 
 use lacquer_storage::Store;
 
-use crate::{backend::Backend, coalesce::Coalescer, policy::Policy, stats::Stats};
+use crate::{backend::Backend, coalesce::Coalescer, config::Purge, policy::Policy, stats::Stats};
 
 pub struct Shared {
     pub policy: Policy,
+    pub purge: Purge,
     pub store: Store,
     pub stats: Arc<Stats>,
     pub coalescer: Coalescer,

@@ -45,7 +45,7 @@ async fn main() {
         let start = Instant::now();
         for i in 0..OBJECTS {
             let key = format!("k{i}");
-            let mut w = store.writer(&key, &[]).unwrap();
+            let mut w = store.writer(&key, &[], store.mark()).unwrap();
             for piece in body.chunks(64 * KIB) {
                 w.push(piece).await.unwrap();
             }

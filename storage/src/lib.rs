@@ -6,19 +6,24 @@
 //! Object metadata lives in sled, which is the authority on what exists; a bounded in-memory copy of hot
 //! metadata keeps memory hits away from sled and the disk.
 
+mod ban;
 mod builder;
 mod chunk;
 mod error;
 mod meta;
+mod purge;
 mod stats;
 mod store;
 mod sweep;
+mod tags;
 mod writer;
 
+pub use ban::{BanExpr, BanInfo, BanSyntaxError};
 pub use builder::StoreBuilder;
 pub use chunk::ChunkKey;
 pub use error::StoreError;
 pub use meta::{ObjectMeta, ObjectSet};
+pub use purge::{InvalidationMark, PurgeMode};
 pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use store::{ChunkRead, Store, Tier};
 pub use writer::ObjectWriter;

@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::StoreError;
 
 /// First byte of every sled record: bump it when the layout changes so old records are recognised.
-const FORMAT_VERSION: u8 = 2;
+const FORMAT_VERSION: u8 = 3;
 
 /// What the store knows about one stored response body (one variant of one cache key).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +34,11 @@ pub struct ObjectMeta {
     pub stale_if_error_ms: u64,
     /// `must-revalidate`, `proxy-revalidate` or `no-cache`: never served stale.
     pub no_stale: bool,
+    /// Surrogate keys (`Surrogate-Key`, `xkey`, `Cache-Tag`): purging one of them purges the object.
+    pub tags: Vec<String>,
+    /// The newest ban this object has been tested against (or that existed when its fetch started); bans
+    /// after it must still be tested before it is served.
+    pub ban_checked: u64,
 }
 
 impl ObjectMeta {
@@ -91,7 +96,8 @@ impl ObjectMeta {
             .iter()
             .map(|(n, v)| n.len() + v.len() + 48)
             .sum();
-        std::mem::size_of::<Self>() + headers + variant
+        let tags: usize = self.tags.iter().map(|t| t.len() + 24).sum();
+        std::mem::size_of::<Self>() + headers + variant + tags
     }
 }
 
@@ -161,6 +167,8 @@ pub(crate) mod tests {
             keep_ms: 0,
             stale_if_error_ms: 5_000,
             no_stale: false,
+            tags: vec!["t1".into()],
+            ban_checked: 3,
         }
     }
 

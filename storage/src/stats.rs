@@ -19,6 +19,15 @@ pub struct StoreStats {
     pub(crate) variants_overflowed: AtomicU64,
     pub(crate) write_waits: AtomicU64,
     pub(crate) corrupt_records: AtomicU64,
+    pub(crate) bans_added: AtomicU64,
+    pub(crate) bans_completed: AtomicU64,
+    pub(crate) objects_banned: AtomicU64,
+    pub(crate) objects_lurked: AtomicU64,
+    pub(crate) lurker_walks: AtomicU64,
+    pub(crate) purges: AtomicU64,
+    pub(crate) objects_purged: AtomicU64,
+    pub(crate) objects_soft_purged: AtomicU64,
+    pub(crate) publishes_cancelled: AtomicU64,
 }
 
 /// A consistent-enough copy of the store's counters and gauges.
@@ -51,6 +60,24 @@ pub struct StoreStatsSnapshot {
     pub foyer_drops: u64,
     pub write_waits: u64,
     pub corrupt_records: u64,
+    /// Bans in the list, completed ones included (gauge).
+    pub bans: u64,
+    /// Bans the lurker has not finished with (gauge).
+    pub bans_pending: u64,
+    pub bans_added: u64,
+    /// Bans the lurker finished: every object stored before them was tested.
+    pub bans_completed: u64,
+    /// Objects removed by a ban when a lookup tested them.
+    pub objects_banned: u64,
+    /// Objects removed by a ban when the lurker tested them.
+    pub objects_lurked: u64,
+    pub lurker_walks: u64,
+    /// Purge operations (by URL or by tags).
+    pub purges: u64,
+    pub objects_purged: u64,
+    pub objects_soft_purged: u64,
+    /// Fetches that completed after a purge or ban covering them, so were not stored.
+    pub publishes_cancelled: u64,
 }
 
 impl StoreStats {
@@ -78,5 +105,14 @@ impl StoreStats {
         s.variants_overflowed = get(&self.variants_overflowed);
         s.write_waits = get(&self.write_waits);
         s.corrupt_records = get(&self.corrupt_records);
+        s.bans_added = get(&self.bans_added);
+        s.bans_completed = get(&self.bans_completed);
+        s.objects_banned = get(&self.objects_banned);
+        s.objects_lurked = get(&self.objects_lurked);
+        s.lurker_walks = get(&self.lurker_walks);
+        s.purges = get(&self.purges);
+        s.objects_purged = get(&self.objects_purged);
+        s.objects_soft_purged = get(&self.objects_soft_purged);
+        s.publishes_cancelled = get(&self.publishes_cancelled);
     }
 }

@@ -16,11 +16,14 @@ use mixtrics::registry::prometheus_0_14::PrometheusMetricsRegistry;
 use tokio::sync::mpsc;
 
 use crate::{
+    ban::{BanExpr, BanInfo, Bans, Verdict},
     builder::StoreBuilder,
     chunk::ChunkKey,
     error::StoreError,
     meta::{ObjectMeta, ObjectSet},
+    purge::{InvalidationMark, Invalidations},
     stats::{StoreStats, StoreStatsSnapshot},
+    tags,
     writer::{self, Job, ObjectWriter},
 };
 
@@ -45,8 +48,11 @@ pub struct Store {
 
 pub(crate) struct Inner {
     pub(crate) chunks: HybridCache<ChunkKey, Bytes>,
-    db: sled::Db,
+    pub(crate) db: sled::Db,
     objects: sled::Tree,
+    pub(crate) tags: sled::Tree,
+    pub(crate) bans: Bans,
+    pub(crate) invalidations: Invalidations,
     hot: Cache<String, Arc<ObjectSet>>,
     /// Serialises every change to an object set, so the hot copy and sled never disagree.
     mutate: Mutex<()>,
@@ -87,6 +93,8 @@ impl Store {
                 source,
             })?;
         let objects = db.open_tree("objects")?;
+        let tags = db.open_tree("tags")?;
+        let bans = Bans::open(&db)?;
 
         let registry = prometheus::Registry::new();
         let device = FsDeviceBuilder::new(&body_dir)
@@ -130,6 +138,9 @@ impl Store {
                 chunks,
                 db,
                 objects,
+                tags,
+                bans,
+                invalidations: Invalidations::default(),
                 hot,
                 mutate: Mutex::new(()),
                 jobs,
@@ -146,6 +157,7 @@ impl Store {
             Arc::downgrade(&store.inner),
             store.inner.config.sweep_interval,
         ));
+        runtime.spawn(crate::ban::lurker::run(Arc::downgrade(&store.inner)));
         Ok(store)
     }
 
@@ -175,13 +187,97 @@ impl Store {
         h.finish()
     }
 
-    /// Every stored variant of `primary`. Served from memory when hot; reads sled otherwise.
+    /// Every stored variant of `primary` that no ban covers. Served from memory when hot; reads sled
+    /// otherwise. Variants not yet tested against the newest bans are tested now, and removed if banned.
     pub fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        let newest = self.inner.bans.newest();
         if let Some(entry) = self.inner.hot.get(primary) {
-            return Ok(Some(entry.value().clone()));
+            let set = entry.value().clone();
+            if set.variants.iter().all(|m| m.ban_checked >= newest) {
+                return Ok(Some(set));
+            }
         }
         let _guard = self.inner.mutate.lock().expect("store mutex");
-        self.load_set(primary)
+        let Some(set) = self.load_set(primary)? else {
+            return Ok(None);
+        };
+        let (set, removed) = self.apply_bans_locked(primary, set, newest)?;
+        StoreStats::add(&self.inner.stats.objects_banned, removed as u64);
+        Ok(set)
+    }
+
+    /// Tests the variants of `primary` against bans up to `upto`, removing the banned ones; returns what is
+    /// left and how many were removed. The caller holds the mutation lock.
+    fn apply_bans_locked(
+        &self,
+        primary: &str,
+        set: Arc<ObjectSet>,
+        upto: u64,
+    ) -> Result<(Option<Arc<ObjectSet>>, usize), StoreError> {
+        if set.variants.iter().all(|m| m.ban_checked >= upto) {
+            return Ok((Some(set), 0));
+        }
+        let bans = self.inner.bans.snapshot();
+        let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+        for meta in &set.variants {
+            if meta.ban_checked >= upto {
+                kept.push(meta.clone());
+                continue;
+            }
+            match self.inner.bans.test(&bans, upto, primary, meta) {
+                Verdict::Banned => dropped.push(meta.clone()),
+                Verdict::Clear(checked) => kept.push(ObjectMeta {
+                    ban_checked: checked,
+                    ..meta.clone()
+                }),
+            }
+        }
+        let removed = dropped.len();
+        let set = self.save_set(primary, ObjectSet { variants: kept }, &dropped)?;
+        Ok((set, removed))
+    }
+
+    /// Whether the body `generation` of `primary` is still stored (bans are not applied).
+    pub(crate) fn stored_generation(
+        &self,
+        primary: &str,
+        generation: u64,
+    ) -> Result<bool, StoreError> {
+        let _guard = self.inner.mutate.lock().expect("store mutex");
+        Ok(self
+            .load_set(primary)?
+            .is_some_and(|set| set.variants.iter().any(|m| m.generation == generation)))
+    }
+
+    /// What the lurker does for one key: tests its variants against bans up to `upto`.
+    pub(crate) fn apply_bans(&self, primary: &str, upto: u64) -> Result<usize, StoreError> {
+        let _guard = self.inner.mutate.lock().expect("store mutex");
+        let Some(set) = self.load_set(primary)? else {
+            return Ok(0);
+        };
+        self.apply_bans_locked(primary, set, upto).map(|(_, n)| n)
+    }
+
+    /// Adds a ban (see [`BanExpr`]); it applies to every object stored before this call returns, and it is
+    /// durable when it returns.
+    pub async fn add_ban(&self, expr: BanExpr) -> Result<BanInfo, StoreError> {
+        let info = self.inner.bans.add(&self.inner.db, expr).await?;
+        self.inner.invalidations.banned();
+        StoreStats::add(&self.inner.stats.bans_added, 1);
+        Ok(info)
+    }
+
+    /// The ban list, oldest first.
+    pub fn bans(&self) -> Vec<BanInfo> {
+        self.inner.bans.infos()
+    }
+
+    /// Where the invalidation history stands now; see [`InvalidationMark`].
+    pub fn mark(&self) -> InvalidationMark {
+        InvalidationMark {
+            ban: self.inner.bans.newest(),
+            epoch: self.inner.invalidations.epoch(),
+        }
     }
 
     /// Reads the set from the hot copy or sled; the caller holds the mutation lock.
@@ -207,24 +303,28 @@ impl Store {
         }
     }
 
-    /// Replaces the set of `primary` (or removes it when empty) in sled and the hot copy; the caller holds the
-    /// mutation lock. Chunks of `dropped` variants are removed from the body cache.
+    /// Replaces the set of `primary` (or removes it when empty) in sled and the hot copy, and returns it; the
+    /// caller holds the mutation lock. Chunks and tag entries of `dropped` variants are removed.
     fn save_set(
         &self,
         primary: &str,
         set: ObjectSet,
         dropped: &[ObjectMeta],
-    ) -> Result<(), StoreError> {
-        if set.variants.is_empty() {
+    ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        let saved = if set.variants.is_empty() {
             self.inner.objects.remove(primary.as_bytes())?;
             self.inner.hot.remove(primary);
+            None
         } else {
             self.inner
                 .objects
                 .insert(primary.as_bytes(), set.encode())?;
-            self.inner.hot.insert(primary.to_owned(), Arc::new(set));
-        }
+            let set = Arc::new(set);
+            self.inner.hot.insert(primary.to_owned(), set.clone());
+            Some(set)
+        };
         for meta in dropped {
+            tags::remove(&self.inner.tags, primary, meta)?;
             self.forget_body(meta);
         }
         StoreStats::sub(&self.inner.stats.objects, dropped.len() as u64);
@@ -232,7 +332,26 @@ impl Store {
             &self.inner.stats.stored_bytes,
             dropped.iter().map(|m| m.length).sum(),
         );
-        Ok(())
+        Ok(saved)
+    }
+
+    /// Applies `change` to the set of `primary` and saves it; returns what `change` returned (0 when there
+    /// is no set).
+    pub(crate) fn modify(
+        &self,
+        primary: &str,
+        change: impl FnOnce(&mut ObjectSet) -> usize,
+    ) -> Result<usize, StoreError> {
+        let _guard = self.inner.mutate.lock().expect("store mutex");
+        let Some(set) = self.load_set(primary)? else {
+            return Ok(0);
+        };
+        let mut set = (*set).clone();
+        let n = change(&mut set);
+        if n > 0 {
+            self.save_set(primary, set, &[])?;
+        }
+        Ok(n)
     }
 
     fn forget_body(&self, meta: &ObjectMeta) {
@@ -245,9 +364,34 @@ impl Store {
         }
     }
 
-    /// Makes a fully written body visible, replacing the variant it shares a selection with.
-    pub(crate) fn publish(&self, primary: &str, meta: ObjectMeta) -> Result<(), StoreError> {
+    /// Makes a fully written body visible, replacing the variant it shares a selection with; unless a purge
+    /// or ban added since its fetch started (at `epoch`) covers it, in which case it is discarded.
+    pub(crate) fn publish(
+        &self,
+        primary: &str,
+        mut meta: ObjectMeta,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
+        let newest = self.inner.bans.newest();
+        let banned = meta.ban_checked < newest
+            && match self
+                .inner
+                .bans
+                .test(&self.inner.bans.snapshot(), newest, primary, &meta)
+            {
+                Verdict::Banned => true,
+                Verdict::Clear(checked) => {
+                    meta.ban_checked = checked;
+                    false
+                }
+            };
+        if banned || self.inner.invalidations.covers(epoch, primary, &meta.tags) {
+            self.forget_body(&meta);
+            StoreStats::add(&self.inner.stats.publishes_cancelled, 1);
+            return Ok(());
+        }
+        tags::add(&self.inner.tags, primary, &meta)?;
         let mut set = self
             .load_set(primary)?
             .map(|s| (*s).clone())
@@ -295,8 +439,24 @@ impl Store {
         else {
             return Ok(false);
         };
-        *slot = meta;
+        let mut meta = meta;
+        meta.ban_checked = meta.ban_checked.max(slot.ban_checked);
+        let old = std::mem::replace(slot, meta.clone());
+        if old.tags != meta.tags {
+            tags::add(&self.inner.tags, primary, &meta)?;
+        }
         self.save_set(primary, set, &[])?;
+        if old.tags != meta.tags {
+            let gone = ObjectMeta {
+                tags: old
+                    .tags
+                    .into_iter()
+                    .filter(|t| !meta.tags.contains(t))
+                    .collect(),
+                ..old
+            };
+            tags::remove(&self.inner.tags, primary, &gone)?;
+        }
         Ok(true)
     }
 
@@ -337,6 +497,12 @@ impl Store {
 
     pub(crate) fn objects_tree(&self) -> &sled::Tree {
         &self.inner.objects
+    }
+
+    /// Writes sled's log to disk now (blocking); the lurker's walk is durable before bans are completed.
+    pub(crate) fn flush_metadata_blocking(&self) -> Result<(), StoreError> {
+        self.inner.db.flush()?;
+        Ok(())
     }
 
     /// Whether every chunk of the body is still held by memory or disk: checked before a response is started,
@@ -390,11 +556,12 @@ impl Store {
         Ok(Some(ChunkRead { data, tier }))
     }
 
-    /// Starts writing a new body for `primary` and its variant selection.
+    /// Starts writing a new body for `primary` and its variant selection, fetched since `since`.
     pub fn writer(
         &self,
         primary: &str,
         variant: &[(String, String)],
+        since: InvalidationMark,
     ) -> Result<ObjectWriter, StoreError> {
         if self.inner.closed.load(Relaxed) {
             return Err(StoreError::Closed);
@@ -404,6 +571,8 @@ impl Store {
             self.clone(),
             Self::object_id(primary, variant),
             generation,
+            since.ban,
+            since.epoch,
         ))
     }
 
@@ -415,6 +584,8 @@ impl Store {
         s.disk_bytes_capacity = self.inner.config.disk_bytes as u64;
         s.disk_bytes_written = self.inner.chunks.statistics().disk_write_bytes() as u64;
         s.foyer_drops = self.foyer_drops();
+        s.bans = self.inner.bans.snapshot().len() as u64;
+        s.bans_pending = self.inner.bans.pending() as u64;
         s
     }
 

@@ -56,8 +56,26 @@ pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
             bytes += m.length;
         }
     }
+    sweep_tags(store)?;
     StoreStats::add(&store.inner.stats.objects_swept, removed as u64);
     store.inner.stats.objects.store(objects, Relaxed);
     store.inner.stats.stored_bytes.store(bytes, Relaxed);
     Ok(removed)
+}
+
+/// Removes tag entries whose object is gone: left behind by a crash between removing an object and its
+/// entries, or by a record dropped as unreadable.
+fn sweep_tags(store: &Store) -> Result<(), crate::StoreError> {
+    let tree = &store.inner.tags;
+    for item in tree.iter() {
+        let (key, _) = item?;
+        let alive = match crate::tags::parse(&key) {
+            Some((_, tagged)) => store.stored_generation(&tagged.primary, tagged.generation)?,
+            None => false,
+        };
+        if !alive {
+            tree.remove(&key)?;
+        }
+    }
+    Ok(())
 }

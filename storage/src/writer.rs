@@ -17,6 +17,7 @@ pub(crate) enum Job {
     Publish {
         primary: String,
         meta: Box<ObjectMeta>,
+        epoch: u64,
         done: oneshot::Sender<Result<(), StoreError>>,
     },
     Discard {
@@ -33,6 +34,10 @@ pub struct ObjectWriter {
     store: Store,
     object: u64,
     generation: u64,
+    /// The newest ban when the fetch started: bans after it are tested before publishing.
+    ban_checked: u64,
+    /// The invalidation epoch when the fetch started.
+    epoch: u64,
     buf: BytesMut,
     chunks: u32,
     length: u64,
@@ -40,11 +45,19 @@ pub struct ObjectWriter {
 }
 
 impl ObjectWriter {
-    pub(crate) fn new(store: Store, object: u64, generation: u64) -> Self {
+    pub(crate) fn new(
+        store: Store,
+        object: u64,
+        generation: u64,
+        ban_checked: u64,
+        epoch: u64,
+    ) -> Self {
         Self {
             store,
             object,
             generation,
+            ban_checked,
+            epoch,
             buf: BytesMut::new(),
             chunks: 0,
             length: 0,
@@ -95,6 +108,7 @@ impl ObjectWriter {
         meta.generation = self.generation;
         meta.length = self.length;
         meta.chunk_size = self.store.chunk_size() as u32;
+        meta.ban_checked = self.ban_checked;
         let (done, wait) = oneshot::channel();
         self.finished = true;
         self.store
@@ -103,6 +117,7 @@ impl ObjectWriter {
             .send(Job::Publish {
                 primary,
                 meta: Box::new(meta),
+                epoch: self.epoch,
                 done,
             })
             .await
@@ -164,10 +179,11 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
             Job::Publish {
                 primary,
                 mut meta,
+                epoch,
                 done,
             } => {
                 meta.stored_at_ms = meta.stored_at_ms.min(now_ms());
-                let result = store.publish(&primary, *meta);
+                let result = store.publish(&primary, *meta, epoch);
                 if result.is_ok() {
                     undurable += 1;
                 }

@@ -1,72 +1,11 @@
 //! The store against a real directory: write, read back from memory and from disk after a reopen, removal
 //! that survives a reopen, replacement, and a burst that foyer must not drop.
 
-use std::time::Duration;
+use lacquer_storage::{ObjectMeta, Tier};
 
-use lacquer_storage::{ObjectMeta, Store, StoreBuilder, Tier};
+mod common;
 
-const KIB: usize = 1024;
-const MIB: usize = 1024 * KIB;
-
-fn builder(dir: &std::path::Path) -> StoreBuilder {
-    StoreBuilder::new(dir)
-        .with_memory_bytes(8 * MIB)
-        .with_disk_bytes(256 * MIB)
-        .with_chunk_size(64 * KIB)
-}
-
-fn meta() -> ObjectMeta {
-    ObjectMeta {
-        status: 200,
-        stored_at_ms: u64::MAX,
-        ttl_ms: 3_600_000,
-        ..ObjectMeta::default()
-    }
-}
-
-fn body(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-async fn write(store: &Store, key: &str, data: &[u8]) {
-    let mut w = store.writer(key, &[]).unwrap();
-    for piece in data.chunks(10_000) {
-        w.push(piece).await.unwrap();
-    }
-    w.finish(key.to_owned(), meta()).await.unwrap();
-}
-
-async fn read(store: &Store, key: &str) -> Option<(Vec<u8>, Vec<Tier>)> {
-    let set = store.lookup(key).unwrap()?;
-    let m = &set.variants[0];
-    let mut out = Vec::new();
-    let mut tiers = Vec::new();
-    for i in 0..m.chunk_count() {
-        let c = store.read_chunk(m, i).await.unwrap()?;
-        out.extend_from_slice(&c.data);
-        tiers.push(c.tier);
-    }
-    Some((out, tiers))
-}
-
-async fn reopen(store: Store, dir: &std::path::Path) -> Store {
-    store.close(Duration::from_secs(10)).await.unwrap();
-    drop(store);
-    // sled's own thread pool may hold the database (and its directory lock) for a moment after the last
-    // handle is dropped; a restarted process never sees this.
-    for _ in 0..50 {
-        match builder(dir).open(tokio::runtime::Handle::current()).await {
-            Ok(store) => return store,
-            Err(e) if e.to_string().contains("could not acquire lock") => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(e) => panic!("reopen failed: {e}"),
-        }
-    }
-    panic!("sled directory lock was never released")
-}
+use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_survive_a_reopen_and_are_read_from_disk() {
@@ -133,7 +72,7 @@ async fn variants_are_capped() {
         .unwrap();
     for lang in ["en", "de", "fr"] {
         let variant = vec![("accept-language".to_owned(), lang.to_owned())];
-        let mut w = store.writer("h/v", &variant).unwrap();
+        let mut w = store.writer("h/v", &variant, store.mark()).unwrap();
         w.push(lang.as_bytes()).await.unwrap();
         w.finish("h/v".into(), ObjectMeta { variant, ..meta() })
             .await
@@ -201,7 +140,7 @@ async fn the_sweeper_keeps_stale_objects_within_their_error_window() {
         ..meta()
     };
     for (key, m) in [("h/kept", long_ago), ("h/expired", expired)] {
-        let mut w = store.writer(key, &[]).unwrap();
+        let mut w = store.writer(key, &[], store.mark()).unwrap();
         w.push(b"stale but useful").await.unwrap();
         w.finish(key.into(), m).await.unwrap();
     }

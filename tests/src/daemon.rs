@@ -139,6 +139,24 @@ impl Daemon {
             .expect("admin request")
     }
 
+    /// POSTs a JSON document to the admin API with the daemon's secret.
+    pub async fn admin_post(&self, path: &str, body: serde_json::Value) -> Reply {
+        let auth = format!("Bearer {}", self.secret());
+        let headers = [
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ];
+        request(
+            self.admin,
+            Method::POST,
+            path,
+            &headers,
+            body.to_string().into(),
+        )
+        .await
+        .expect("admin request")
+    }
+
     pub async fn stats(&self) -> serde_json::Value {
         let reply = self.admin_get("/v1/stats", Some(&self.secret())).await;
         assert_eq!(reply.status, 200, "stats: {:?}", reply.body);

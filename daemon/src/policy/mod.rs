@@ -11,6 +11,7 @@ pub mod range;
 pub mod request;
 pub mod stale;
 pub mod storable;
+pub mod surrogate;
 pub mod vary;
 
 use std::time::Duration;
@@ -45,6 +46,9 @@ pub struct Policy {
     /// Targeted cache-control fields (RFC 9213) this cache obeys, in precedence order, lower-case; the first
     /// present replaces `Cache-Control` and `Expires`. Default: `cdn-cache-control`.
     pub targeted_cache_control: Vec<String>,
+    /// Response headers carrying surrogate keys (tags for purging), lower-case. Default: `surrogate-key`,
+    /// `xkey`, `cache-tag` (Fastly, Varnish's xkey, Cloudflare).
+    pub surrogate_key_headers: Vec<String>,
 }
 
 impl Default for Policy {
@@ -62,6 +66,7 @@ impl Default for Policy {
             hit_for_miss: Duration::from_secs(120),
             max_object_size: 256 * 1024 * 1024,
             targeted_cache_control: vec!["cdn-cache-control".into()],
+            surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],
         }
     }
 }

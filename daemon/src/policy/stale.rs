@@ -38,20 +38,14 @@ mod tests {
 
     fn meta(ttl_s: u64, grace_s: u64, sie_s: u64, no_stale: bool) -> ObjectMeta {
         ObjectMeta {
-            object: 1,
-            generation: 1,
-            variant: vec![],
             status: 200,
-            headers: vec![],
-            length: 0,
             chunk_size: 4096,
             stored_at_ms: 1_000_000,
-            initial_age_s: 0,
             ttl_ms: ttl_s * 1000,
             grace_ms: grace_s * 1000,
-            keep_ms: 0,
             stale_if_error_ms: sie_s * 1000,
             no_stale,
+            ..ObjectMeta::default()
         }
     }
 

@@ -19,7 +19,7 @@ use crate::{
         age::corrected_initial_age,
         headers::strip_hop_by_hop,
         storable::{self, Decision, Storable},
-        vary,
+        surrogate, vary, Policy,
     },
     stats::{add, dec, inc},
     worker::Worker,
@@ -147,7 +147,14 @@ async fn revalidated(
     fetch.end(Ok(()));
     let result = match decision {
         Decision::Store(s) => {
-            let meta = with_response(old.clone(), &headers, &s, initial_age, response_time);
+            let meta = with_response(
+                old.clone(),
+                &headers,
+                &s,
+                initial_age,
+                response_time,
+                &worker.shared.policy,
+            );
             store.refresh(key, meta).map(drop)
         }
         Decision::DontStore(_) => store.remove_generation(key, old.generation),
@@ -165,8 +172,10 @@ fn with_response(
     storable: &Storable,
     initial_age: u64,
     response_time: SystemTime,
+    policy: &Policy,
 ) -> ObjectMeta {
     ObjectMeta {
+        tags: surrogate::tags(headers, &policy.surrogate_key_headers),
         headers: headers
             .iter()
             .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
@@ -283,7 +292,7 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
         }
     };
     let mut writer = match &storable {
-        Some(_) => match shared.store.writer(key, &selection) {
+        Some(_) => match shared.store.writer(key, &selection, fetch.since()) {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(key, error = %e, "cannot store");
@@ -356,7 +365,14 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
         status: head.status.as_u16(),
         ..ObjectMeta::default()
     };
-    let meta = with_response(base, &head.headers, &storable, initial_age, response_time);
+    let meta = with_response(
+        base,
+        &head.headers,
+        &storable,
+        initial_age,
+        response_time,
+        policy,
+    );
     match writer.finish(key.to_owned(), meta).await {
         Ok(()) => Ending::Stored,
         Err(e) => {

@@ -2,6 +2,7 @@
 
 mod fetch;
 mod forward;
+mod purge_method;
 mod respond;
 
 use std::{
@@ -35,6 +36,9 @@ pub async fn handle(worker: Arc<Worker>, client: IpAddr, req: Request<Incoming>)
     let stats = &worker.shared.stats;
     inc(&stats.requests);
     let (parts, body) = req.into_parts();
+    if purge_method::is_invalidation(&parts.method) {
+        return purge_method::handle(&worker, client, &parts).await;
+    }
     let resp = match classify(&parts.method, &parts.headers, &worker.shared.policy) {
         RequestClass::Lookup => lookup(&worker, client, parts).await,
         RequestClass::Pass(_) => pass(&worker, client, parts, body, false).await,
@@ -191,7 +195,8 @@ async fn serve_stored(
 /// Starts one background fetch (a revalidation when the object has validators) for a key served in grace,
 /// unless a fetch for it is already running.
 fn refresh(worker: &Arc<Worker>, key: &str, parts: &Arc<Parts>, client: IpAddr, found: Found) {
-    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key) {
+    let now = worker.shared.store.mark();
+    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now) {
         let fill = Fill {
             key: key.to_owned(),
             registered: true,
@@ -234,12 +239,13 @@ async fn miss(
         tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
         fetch
     };
-    let (fetch, mut owner) = match shared.coalescer.join(key) {
+    let now = shared.store.mark();
+    let (fetch, mut owner) = match shared.coalescer.join(key, now) {
         Joined::Leader(fetch) => (start(true, fetch), true),
         Joined::Waiter(fetch) => (fetch, false),
         Joined::HitForMiss => {
             inc(&shared.stats.hit_for_miss);
-            (start(false, Fetch::new()), true)
+            (start(false, Fetch::new(now)), true)
         }
     };
     // A body that is already complete is as good as stored: the store just has not published it yet.
@@ -257,7 +263,7 @@ async fn miss(
         let spent = complete && h.ttl.saturating_sub(h.received_at.elapsed()).is_zero();
         if !h.shareable || other_variant || spent {
             // Uncacheable, another variant again, or spent: fetch alone at once rather than queue.
-            reader = start(false, Fetch::new()).reader();
+            reader = start(false, Fetch::new(shared.store.mark())).reader();
             head = reader.head().await;
             owner = true;
         }

@@ -1,14 +1,16 @@
 //! The admin API (axum, localhost by default). Every route but `GET /v1/health` requires
-//! `Authorization: Bearer <secret>`.
+//! `Authorization: Bearer <secret>`. Errors are JSON `{"code": "...", "message": "..."}` with a stable code.
+
+mod invalidation;
 
 use std::sync::Arc;
 
 use axum::{
-    extract::{Request, State},
+    extract::{DefaultBodyLimit, FromRequest, Request, State},
     http::{header, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, post},
     Json, Router,
 };
 use lacquer_storage::StoreStatsSnapshot;
@@ -54,17 +56,52 @@ fn api_error(status: StatusCode, code: &'static str, message: impl Into<String>)
         .into_response()
 }
 
+/// Admin request bodies are small JSON documents.
+const BODY_LIMIT: usize = 64 * 1024;
+
+/// `Json` whose rejections (bad JSON, wrong fields, missing content type, too large) are API errors.
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    Json<T>: FromRequest<S, Rejection = axum::extract::rejection::JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(Self(value)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "body_too_large"
+                } else {
+                    "invalid_body"
+                };
+                Err(api_error(status, code, rejection.body_text()))
+            }
+        }
+    }
+}
+
 pub fn router(state: AdminState) -> Router {
-    let guarded =
-        Router::new()
-            .route("/v1/stats", get(stats))
-            .route_layer(middleware::from_fn_with_state(
-                state.clone(),
-                require_secret,
-            ));
+    let guarded = Router::new()
+        .route("/v1/stats", get(stats))
+        .route(
+            "/v1/bans",
+            get(invalidation::list_bans).post(invalidation::add_ban),
+        )
+        .route("/v1/purge", post(invalidation::purge_url))
+        .route("/v1/purge/tags", post(invalidation::purge_tags))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_secret,
+        ));
     Router::new()
         .route("/v1/health", get(health))
         .merge(guarded)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .fallback(|| async { api_error(StatusCode::NOT_FOUND, "not_found", "no such admin route") })
         .with_state(state)
 }

@@ -1,0 +1,258 @@
+//! The ban list: in memory for lookups, in sled so that a restart (or a crash) never forgets a ban.
+
+use std::sync::{
+    atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+    Arc, RwLock,
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::expr::{BanExpr, Subject};
+use crate::{error::StoreError, meta::ObjectMeta, store::now_ms};
+
+/// Completed bans still listed (for `GET /v1/bans`); older completed ones are retired.
+const COMPLETED_KEPT: usize = 100;
+const RECORD_VERSION: u8 = 1;
+
+/// One ban. Its id orders it against objects: it applies to objects whose `ban_checked` is below it.
+#[derive(Debug)]
+pub struct Ban {
+    pub id: u64,
+    pub created_ms: u64,
+    pub expr: BanExpr,
+    tested: AtomicU64,
+    removed: AtomicU64,
+    /// Every stored object has been tested against this ban (and that is durable): it can never match again.
+    completed: AtomicBool,
+}
+
+/// What `GET /v1/bans` reports of one ban.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BanInfo {
+    pub id: u64,
+    /// The expression in canonical form.
+    pub expression: String,
+    /// Unix milliseconds.
+    pub created_ms: u64,
+    /// Objects tested against the ban.
+    pub tested: u64,
+    /// Objects the ban removed.
+    pub removed: u64,
+    /// The lurker has tested every object stored before the ban.
+    pub completed: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct BanRecord {
+    created_ms: u64,
+    expression: String,
+    tested: u64,
+    removed: u64,
+    completed: bool,
+}
+
+impl Ban {
+    fn info(&self) -> BanInfo {
+        BanInfo {
+            id: self.id,
+            expression: self.expr.to_string(),
+            created_ms: self.created_ms,
+            tested: self.tested.load(SeqCst),
+            removed: self.removed.load(SeqCst),
+            completed: self.completed.load(SeqCst),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let info = self.info();
+        let record = BanRecord {
+            created_ms: info.created_ms,
+            expression: info.expression,
+            tested: info.tested,
+            removed: info.removed,
+            completed: info.completed,
+        };
+        let mut out = vec![RECORD_VERSION];
+        bincode::serde::encode_into_std_write(&record, &mut out, bincode::config::standard())
+            .expect("encoding into a Vec cannot fail");
+        out
+    }
+
+    fn decode(id: u64, bytes: &[u8]) -> Result<Self, String> {
+        let Some((&RECORD_VERSION, rest)) = bytes.split_first() else {
+            return Err("unknown ban record version".into());
+        };
+        let (record, _): (BanRecord, _) =
+            bincode::serde::decode_from_slice(rest, bincode::config::standard())
+                .map_err(|e| e.to_string())?;
+        let expr = BanExpr::parse(&record.expression).map_err(|e| e.to_string())?;
+        Ok(Self {
+            id,
+            created_ms: record.created_ms,
+            expr,
+            tested: AtomicU64::new(record.tested),
+            removed: AtomicU64::new(record.removed),
+            completed: AtomicBool::new(record.completed),
+        })
+    }
+}
+
+pub(crate) struct Bans {
+    tree: sled::Tree,
+    /// Sorted by id. Replaced whole on change, so a lookup holds a snapshot without blocking anyone.
+    list: RwLock<Arc<Vec<Arc<Ban>>>>,
+    /// Id of the newest ban in `list` (0 when none): objects checked up to it need no test.
+    newest: AtomicU64,
+    /// Serialises additions so that ids enter the list in order.
+    adding: tokio::sync::Mutex<()>,
+    pub(crate) lurker: Arc<tokio::sync::Notify>,
+}
+
+/// What testing an object against newer bans concluded.
+pub(crate) enum Verdict {
+    Banned,
+    /// No ban matched; the object is now checked up to this id.
+    Clear(u64),
+}
+
+impl Bans {
+    pub(crate) fn open(db: &sled::Db) -> Result<Self, StoreError> {
+        let tree = db.open_tree("bans")?;
+        let mut list = Vec::new();
+        for item in tree.iter() {
+            let (key, value) = item?;
+            let id = u64::from_be_bytes(key.as_ref().try_into().unwrap_or_default());
+            match Ban::decode(id, &value) {
+                Ok(ban) => list.push(Arc::new(ban)),
+                // Forgetting a ban could serve banned content; refuse to start instead.
+                Err(reason) => {
+                    return Err(StoreError::CorruptMetadata {
+                        key: format!("ban {id}"),
+                        reason,
+                    })
+                }
+            }
+        }
+        let newest = list.last().map_or(0, |b| b.id);
+        Ok(Self {
+            tree,
+            list: RwLock::new(Arc::new(list)),
+            newest: AtomicU64::new(newest),
+            adding: tokio::sync::Mutex::new(()),
+            lurker: Arc::default(),
+        })
+    }
+
+    pub(crate) fn newest(&self) -> u64 {
+        self.newest.load(SeqCst)
+    }
+
+    pub(crate) fn snapshot(&self) -> Arc<Vec<Arc<Ban>>> {
+        self.list.read().expect("ban list lock").clone()
+    }
+
+    /// Bans the lurker has not finished with.
+    pub(crate) fn pending(&self) -> usize {
+        self.snapshot()
+            .iter()
+            .filter(|b| !b.completed.load(SeqCst))
+            .count()
+    }
+
+    pub(crate) fn infos(&self) -> Vec<BanInfo> {
+        self.snapshot().iter().map(|b| b.info()).collect()
+    }
+
+    /// Adds a ban and returns once it is durable. Older identical bans are dropped: the new one covers
+    /// everything they covered.
+    pub(crate) async fn add(&self, db: &sled::Db, expr: BanExpr) -> Result<BanInfo, StoreError> {
+        let _adding = self.adding.lock().await;
+        // sled's ids survive crashes monotonically, so a new ban is always newer than every checked object.
+        let ban = Arc::new(Ban {
+            id: db.generate_id()? + 1,
+            created_ms: now_ms(),
+            expr,
+            tested: AtomicU64::new(0),
+            removed: AtomicU64::new(0),
+            completed: AtomicBool::new(false),
+        });
+        let canonical = ban.expr.to_string();
+        let current = self.snapshot();
+        let mut next = Vec::with_capacity(current.len() + 1);
+        for old in current.iter() {
+            if old.expr.to_string() == canonical {
+                self.tree.remove(old.id.to_be_bytes())?;
+            } else {
+                next.push(old.clone());
+            }
+        }
+        self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
+        db.flush_async().await?;
+        next.push(ban.clone());
+        *self.list.write().expect("ban list lock") = Arc::new(next);
+        self.newest.store(ban.id, SeqCst);
+        self.lurker.notify_one();
+        Ok(ban.info())
+    }
+
+    /// Tests an object checked up to `checked` against the bans after it, up to `upto`.
+    pub(crate) fn test(
+        &self,
+        bans: &[Arc<Ban>],
+        upto: u64,
+        primary: &str,
+        meta: &ObjectMeta,
+    ) -> Verdict {
+        let subject = Subject::new(primary, meta);
+        let from = bans.partition_point(|b| b.id <= meta.ban_checked);
+        for ban in bans[from..].iter().take_while(|b| b.id <= upto) {
+            if ban.completed.load(SeqCst) {
+                continue;
+            }
+            ban.tested.fetch_add(1, SeqCst);
+            if ban.expr.matches(&subject) {
+                ban.removed.fetch_add(1, SeqCst);
+                return Verdict::Banned;
+            }
+        }
+        Verdict::Clear(upto)
+    }
+
+    /// Marks every ban up to `upto` completed (the caller has made its walk durable) and retires completed
+    /// bans beyond the newest [`COMPLETED_KEPT`], so the list stays bounded under a stream of bans.
+    /// Called from a blocking thread (the lurker's walk).
+    pub(crate) fn complete(&self, upto: u64) -> Result<usize, StoreError> {
+        let _adding = self.adding.blocking_lock();
+        let current = self.snapshot();
+        let mut completed = 0;
+        for ban in current.iter().filter(|b| b.id <= upto) {
+            if !ban.completed.swap(true, SeqCst) {
+                completed += 1;
+            }
+            self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
+        }
+        let done = current.iter().filter(|b| b.completed.load(SeqCst)).count();
+        if done > COMPLETED_KEPT {
+            let mut retire = done - COMPLETED_KEPT;
+            let mut kept = Vec::with_capacity(current.len() - retire);
+            for ban in current.iter() {
+                if retire > 0 && ban.completed.load(SeqCst) {
+                    self.tree.remove(ban.id.to_be_bytes())?;
+                    retire -= 1;
+                } else {
+                    kept.push(ban.clone());
+                }
+            }
+            *self.list.write().expect("ban list lock") = Arc::new(kept);
+        }
+        Ok(completed)
+    }
+
+    /// Persists the counters of bans still being worked on, so the list reads the same after a restart.
+    pub(crate) fn save_counters(&self) -> Result<(), StoreError> {
+        for ban in self.snapshot().iter() {
+            self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
+        }
+        Ok(())
+    }
+}

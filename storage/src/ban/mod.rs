@@ -1,0 +1,9 @@
+//! Bans: invalidation by pattern, applied at lookup and by a background lurker, persisted in sled.
+
+mod expr;
+mod list;
+pub(crate) mod lurker;
+
+pub use expr::{BanExpr, BanSyntaxError};
+pub use list::BanInfo;
+pub(crate) use list::{Bans, Verdict};

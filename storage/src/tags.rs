@@ -1,0 +1,109 @@
+//! The surrogate-key index: sled tree `tags`, one empty record per (tag, cache key, generation), so purging
+//! a tag is a prefix scan. Entries are written before the object they point to and removed after it, so a
+//! crash can leave an entry without an object (skipped and cleaned later) but never an object without its
+//! entries.
+
+use std::collections::HashSet;
+
+use crate::{error::StoreError, meta::ObjectMeta};
+
+/// A stored body a tag points at.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Tagged {
+    pub primary: String,
+    pub generation: u64,
+}
+
+fn entry(tag: &str, primary: &str, generation: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tag.len() + primary.len() + 10);
+    key.extend_from_slice(tag.as_bytes());
+    key.push(0);
+    key.extend_from_slice(primary.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&generation.to_be_bytes());
+    key
+}
+
+fn prefix(tag: &str) -> Vec<u8> {
+    let mut p = tag.as_bytes().to_vec();
+    p.push(0);
+    p
+}
+
+/// Splits an entry key; `None` for a malformed one. Tags and cache keys never contain NUL (header values
+/// and request targets cannot), so the first NUL ends the tag.
+pub(crate) fn parse(key: &[u8]) -> Option<(String, Tagged)> {
+    let (head, generation) = key.split_at_checked(key.len().checked_sub(8)?)?;
+    let (tag, rest) = head.split_at(head.iter().position(|&b| b == 0)?);
+    let primary = rest.strip_prefix(&[0u8])?.strip_suffix(&[0u8])?;
+    Some((
+        String::from_utf8(tag.to_vec()).ok()?,
+        Tagged {
+            primary: String::from_utf8(primary.to_vec()).ok()?,
+            generation: u64::from_be_bytes(generation.try_into().ok()?),
+        },
+    ))
+}
+
+pub(crate) fn add(tree: &sled::Tree, primary: &str, meta: &ObjectMeta) -> Result<(), StoreError> {
+    for tag in &meta.tags {
+        tree.insert(entry(tag, primary, meta.generation), &[])?;
+    }
+    Ok(())
+}
+
+pub(crate) fn remove(
+    tree: &sled::Tree,
+    primary: &str,
+    meta: &ObjectMeta,
+) -> Result<(), StoreError> {
+    for tag in &meta.tags {
+        tree.remove(entry(tag, primary, meta.generation))?;
+    }
+    Ok(())
+}
+
+/// Every body carrying one of `tags`, and the index keys that pointed there.
+pub(crate) fn find(
+    tree: &sled::Tree,
+    tags: &[String],
+) -> Result<Vec<(Vec<u8>, Tagged)>, StoreError> {
+    let mut seen = HashSet::new();
+    let mut found = Vec::new();
+    for tag in tags {
+        for item in tree.scan_prefix(prefix(tag)) {
+            let (key, _) = item?;
+            match parse(&key) {
+                Some((_, tagged)) if seen.insert(tagged.clone()) => {
+                    found.push((key.to_vec(), tagged))
+                }
+                Some(_) => {}
+                None => {
+                    tree.remove(&key)?;
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip() {
+        let key = entry("product-1", "shop.test/p/1?x=\u{e9}", 42);
+        let (tag, tagged) = parse(&key).unwrap();
+        assert_eq!(tag, "product-1");
+        assert_eq!(tagged.primary, "shop.test/p/1?x=\u{e9}");
+        assert_eq!(tagged.generation, 42);
+        assert!(key.starts_with(&prefix("product-1")));
+        assert!(
+            !key.starts_with(&prefix("product")),
+            "a tag is not a prefix of a longer one"
+        );
+        assert_eq!(parse(b"short"), None);
+        assert_eq!(parse(b"no-separators-at-all"), None);
+    }
+}
