@@ -38,15 +38,29 @@ def wait_port(port, timeout=20):
 
 
 def start(work, procs):
+    """The origin and the three targets. lacquerd and Varnish accept PURGE from localhost (bench/invalidation.py
+    uses it; the other tests never send it)."""
     procs.append(subprocess.Popen([f"{ROOT}/target/release/bench-origin", str(ORIGIN_PORT), str(CONTROL_PORT)]))
+    config = f"{work}/lacquer.toml"
+    with open(config, "w") as f:
+        f.write("[purge]\nhttp_methods = true\n")
     procs.append(subprocess.Popen(
-        [f"{ROOT}/target/release/lacquerd", "--listen", f"127.0.0.1:{TARGETS['lacquer']}",
+        [f"{ROOT}/target/release/lacquerd", "--config", config, "--listen", f"127.0.0.1:{TARGETS['lacquer']}",
          "--admin", "127.0.0.1:8991", "--backend", f"127.0.0.1:{ORIGIN_PORT}", "--disk", f"{work}/lacquer",
          "--memory", "256MiB", "--disk-size", "2GiB"],
         env={**os.environ, "RUST_LOG": "warn"}))
     vcl = f"{work}/bench.vcl"
     with open(vcl, "w") as f:
-        f.write(f'vcl 4.1;\nbackend origin {{ .host = "127.0.0.1"; .port = "{ORIGIN_PORT}"; }}\n')
+        f.write(f'''vcl 4.1;
+backend origin {{ .host = "127.0.0.1"; .port = "{ORIGIN_PORT}"; }}
+acl local {{ "127.0.0.1"; }}
+sub vcl_recv {{
+    if (req.method == "PURGE") {{
+        if (client.ip ~ local) {{ return (purge); }}
+        return (synth(405));
+    }}
+}}
+''')
     procs.append(subprocess.Popen(
         ["/usr/sbin/varnishd", "-F", "-j", "none", "-n", f"{work}/varnish", "-a", f"127.0.0.1:{TARGETS['varnish']}",
          "-f", vcl, "-s", "malloc,256m", "-T", "127.0.0.1:8992"],

@@ -1,7 +1,10 @@
 use std::{
     hash::{Hash, Hasher},
     sync::{
-        atomic::{AtomicBool, Ordering::Relaxed},
+        atomic::{
+            AtomicBool, AtomicU64,
+            Ordering::{Relaxed, SeqCst},
+        },
         Arc, Mutex,
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -26,6 +29,14 @@ use crate::{
     tags,
     writer::{self, Job, ObjectWriter},
 };
+
+/// Whether reading or writing a set puts it in the hot copy (`Fill`), or only refreshes a copy already there
+/// (`IfPresent`, for the lurker's walk over every record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HotCopy {
+    Fill,
+    IfPresent,
+}
 
 /// Which tier served a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +64,10 @@ pub(crate) struct Inner {
     pub(crate) tags: sled::Tree,
     pub(crate) bans: Bans,
     pub(crate) invalidations: Invalidations,
+    /// Group commit of sled flushes: tickets taken before writes, and the highest one a flush covered.
+    flush_tickets: AtomicU64,
+    flushed: AtomicU64,
+    flushing: tokio::sync::Mutex<()>,
     hot: Cache<String, Arc<ObjectSet>>,
     /// Serialises every change to an object set, so the hot copy and sled never disagree.
     mutate: Mutex<()>,
@@ -141,6 +156,9 @@ impl Store {
                 tags,
                 bans,
                 invalidations: Invalidations::default(),
+                flush_tickets: AtomicU64::new(0),
+                flushed: AtomicU64::new(0),
+                flushing: tokio::sync::Mutex::new(()),
                 hot,
                 mutate: Mutex::new(()),
                 jobs,
@@ -157,7 +175,8 @@ impl Store {
             Arc::downgrade(&store.inner),
             store.inner.config.sweep_interval,
         ));
-        runtime.spawn(crate::ban::lurker::run(Arc::downgrade(&store.inner)));
+        crate::ban::lurker::start(Arc::downgrade(&store.inner), store.inner.bans.lurker.clone())
+            .map_err(StoreError::Lurker)?;
         Ok(store)
     }
 
@@ -198,21 +217,26 @@ impl Store {
             }
         }
         let _guard = self.inner.mutate.lock().expect("store mutex");
-        let Some(set) = self.load_set(primary)? else {
+        let Some(set) = self.load_set(primary, HotCopy::Fill)? else {
             return Ok(None);
         };
-        let (set, removed) = self.apply_bans_locked(primary, set, newest)?;
+        let (set, removed) = self.apply_bans_locked(primary, set, newest, HotCopy::Fill)?;
         StoreStats::add(&self.inner.stats.objects_banned, removed as u64);
         Ok(set)
     }
 
     /// Tests the variants of `primary` against bans up to `upto`, removing the banned ones; returns what is
     /// left and how many were removed. The caller holds the mutation lock.
+    ///
+    /// Removals always reach sled. That the others passed reaches sled only from the lurker (`IfPresent`): a
+    /// lookup (`Fill`) records it in the hot copy alone, keeping sled writes off the hit path. Losing that
+    /// record in a restart only means testing again, and a completed ban is one every object passed.
     fn apply_bans_locked(
         &self,
         primary: &str,
         set: Arc<ObjectSet>,
         upto: u64,
+        hot: HotCopy,
     ) -> Result<(Option<Arc<ObjectSet>>, usize), StoreError> {
         if set.variants.iter().all(|m| m.ban_checked >= upto) {
             return Ok((Some(set), 0));
@@ -233,7 +257,12 @@ impl Store {
             }
         }
         let removed = dropped.len();
-        let set = self.save_set(primary, ObjectSet { variants: kept }, &dropped)?;
+        if removed == 0 && hot == HotCopy::Fill {
+            let set = Arc::new(ObjectSet { variants: kept });
+            self.inner.hot.insert(primary.to_owned(), set.clone());
+            return Ok((Some(set), 0));
+        }
+        let set = self.save_set(primary, ObjectSet { variants: kept }, &dropped, hot)?;
         Ok((set, removed))
     }
 
@@ -245,23 +274,25 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
         Ok(self
-            .load_set(primary)?
+            .load_set(primary, HotCopy::Fill)?
             .is_some_and(|set| set.variants.iter().any(|m| m.generation == generation)))
     }
 
-    /// What the lurker does for one key: tests its variants against bans up to `upto`.
+    /// What the lurker does for one key: tests its variants against bans up to `upto`. The walk reads every
+    /// record once, so it leaves the hot copy to what clients ask for.
     pub(crate) fn apply_bans(&self, primary: &str, upto: u64) -> Result<usize, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
-        let Some(set) = self.load_set(primary)? else {
+        let Some(set) = self.load_set(primary, HotCopy::IfPresent)? else {
             return Ok(0);
         };
-        self.apply_bans_locked(primary, set, upto).map(|(_, n)| n)
+        self.apply_bans_locked(primary, set, upto, HotCopy::IfPresent)
+            .map(|(_, n)| n)
     }
 
     /// Adds a ban (see [`BanExpr`]); it applies to every object stored before this call returns, and it is
     /// durable when it returns.
     pub async fn add_ban(&self, expr: BanExpr) -> Result<BanInfo, StoreError> {
-        let info = self.inner.bans.add(&self.inner.db, expr).await?;
+        let info = self.inner.bans.add(self, expr).await?;
         self.inner.invalidations.banned();
         StoreStats::add(&self.inner.stats.bans_added, 1);
         Ok(info)
@@ -281,7 +312,7 @@ impl Store {
     }
 
     /// Reads the set from the hot copy or sled; the caller holds the mutation lock.
-    fn load_set(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+    fn load_set(&self, primary: &str, hot: HotCopy) -> Result<Option<Arc<ObjectSet>>, StoreError> {
         if let Some(entry) = self.inner.hot.get(primary) {
             return Ok(Some(entry.value().clone()));
         }
@@ -291,7 +322,9 @@ impl Store {
         match ObjectSet::decode(primary, &bytes) {
             Ok(set) => {
                 let set = Arc::new(set);
-                self.inner.hot.insert(primary.to_owned(), set.clone());
+                if hot == HotCopy::Fill {
+                    self.inner.hot.insert(primary.to_owned(), set.clone());
+                }
                 Ok(Some(set))
             }
             Err(e) => {
@@ -310,6 +343,7 @@ impl Store {
         primary: &str,
         set: ObjectSet,
         dropped: &[ObjectMeta],
+        hot: HotCopy,
     ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
         let saved = if set.variants.is_empty() {
             self.inner.objects.remove(primary.as_bytes())?;
@@ -320,7 +354,9 @@ impl Store {
                 .objects
                 .insert(primary.as_bytes(), set.encode())?;
             let set = Arc::new(set);
-            self.inner.hot.insert(primary.to_owned(), set.clone());
+            if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
+                self.inner.hot.insert(primary.to_owned(), set.clone());
+            }
             Some(set)
         };
         for meta in dropped {
@@ -343,13 +379,13 @@ impl Store {
         change: impl FnOnce(&mut ObjectSet) -> usize,
     ) -> Result<usize, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
-        let Some(set) = self.load_set(primary)? else {
+        let Some(set) = self.load_set(primary, HotCopy::Fill)? else {
             return Ok(0);
         };
         let mut set = (*set).clone();
         let n = change(&mut set);
         if n > 0 {
-            self.save_set(primary, set, &[])?;
+            self.save_set(primary, set, &[], HotCopy::Fill)?;
         }
         Ok(n)
     }
@@ -393,7 +429,7 @@ impl Store {
         }
         tags::add(&self.inner.tags, primary, &meta)?;
         let mut set = self
-            .load_set(primary)?
+            .load_set(primary, HotCopy::Fill)?
             .map(|s| (*s).clone())
             .unwrap_or_default();
         let mut dropped = Vec::new();
@@ -407,7 +443,7 @@ impl Store {
             dropped.push(set.variants.pop().expect("non-empty"));
             StoreStats::add(&self.inner.stats.variants_overflowed, 1);
         }
-        self.save_set(primary, set, &dropped)?;
+        self.save_set(primary, set, &dropped, HotCopy::Fill)?;
         StoreStats::add(&self.inner.stats.objects_published, 1);
         Ok(())
     }
@@ -415,11 +451,11 @@ impl Store {
     /// Removes every variant of `primary`; returns how many there were.
     pub fn remove(&self, primary: &str) -> Result<usize, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
-        let Some(set) = self.load_set(primary)? else {
+        let Some(set) = self.load_set(primary, HotCopy::Fill)? else {
             return Ok(0);
         };
         let dropped = set.variants.clone();
-        self.save_set(primary, ObjectSet::default(), &dropped)?;
+        self.save_set(primary, ObjectSet::default(), &dropped, HotCopy::Fill)?;
         StoreStats::add(&self.inner.stats.objects_removed, dropped.len() as u64);
         Ok(dropped.len())
     }
@@ -428,7 +464,7 @@ impl Store {
     /// `false` when that body is no longer stored.
     pub fn refresh(&self, primary: &str, meta: ObjectMeta) -> Result<bool, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
-        let Some(set) = self.load_set(primary)? else {
+        let Some(set) = self.load_set(primary, HotCopy::Fill)? else {
             return Ok(false);
         };
         let mut set = (*set).clone();
@@ -445,7 +481,7 @@ impl Store {
         if old.tags != meta.tags {
             tags::add(&self.inner.tags, primary, &meta)?;
         }
-        self.save_set(primary, set, &[])?;
+        self.save_set(primary, set, &[], HotCopy::Fill)?;
         if old.tags != meta.tags {
             let gone = ObjectMeta {
                 tags: old
@@ -473,14 +509,14 @@ impl Store {
         keep: impl Fn(&ObjectMeta) -> bool,
     ) -> Result<usize, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
-        let Some(set) = self.load_set(primary)? else {
+        let Some(set) = self.load_set(primary, HotCopy::Fill)? else {
             return Ok(0);
         };
         let (kept, dropped): (Vec<_>, Vec<_>) = set.variants.iter().cloned().partition(|m| keep(m));
         if dropped.is_empty() {
             return Ok(0);
         }
-        self.save_set(primary, ObjectSet { variants: kept }, &dropped)?;
+        self.save_set(primary, ObjectSet { variants: kept }, &dropped, HotCopy::Fill)?;
         Ok(dropped.len())
     }
 
@@ -490,8 +526,22 @@ impl Store {
         crate::sweep::sweep_once(self)
     }
 
+    /// Makes every metadata write made before the call durable. One flush at a time covers every caller
+    /// that arrived before it started (group commit). Not sled's `flush_async`: it parks sled's own IO
+    /// threads until a log write queued on that same pool runs, which deadlocks once a few callers overlap.
     pub(crate) async fn flush_metadata(&self) -> Result<(), StoreError> {
-        self.inner.db.flush_async().await?;
+        let inner = &self.inner;
+        let ticket = inner.flush_tickets.fetch_add(1, SeqCst) + 1;
+        let _one = inner.flushing.lock().await;
+        if inner.flushed.load(SeqCst) >= ticket {
+            return Ok(());
+        }
+        let upto = inner.flush_tickets.load(SeqCst);
+        let db = inner.db.clone();
+        tokio::task::spawn_blocking(move || db.flush())
+            .await
+            .map_err(|e| sled::Error::ReportableBug(format!("metadata flush task: {e}")))??;
+        inner.flushed.store(upto, SeqCst);
         Ok(())
     }
 

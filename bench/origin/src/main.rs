@@ -2,7 +2,9 @@
 //! - `/obj/2k`, `/obj/4m`: 2 KiB and 4 MiB bodies, cacheable for an hour;
 //! - `/burst/ID`: 4 MiB after a 300 ms delay (a cold object per ID);
 //! - `/flap/ID`: 2 KiB, fresh for one second (for the origin-failure benchmark);
-//! - `/__count/PATH`: how many times PATH was requested, as a plain number.
+//! - `/small/...`: 1 KiB, cacheable for an hour, with `x-url: PATH` (so Varnish bans on `obj.http.x-url` can
+//!   be walked by its lurker);
+//! - `/__count/PATH`: how many times PATH was requested, as a plain number; `/__total`: all requests.
 //!
 //! On CONTROL_PORT, `GET /mode/ok|503|reset|refuse` switches how the main port behaves: normally; answering
 //! 503 to everything; resetting every connection and request; or not listening at all.
@@ -32,6 +34,7 @@ fn body(len: usize) -> Bytes {
 }
 
 struct Origin {
+    tiny: Bytes,
     small: Bytes,
     large: Bytes,
     counts: Mutex<HashMap<String, u64>>,
@@ -45,6 +48,10 @@ async fn serve(
     req: Request<hyper::body::Incoming>,
 ) -> Result<Reply, std::io::Error> {
     let path = req.uri().path().to_owned();
+    if path == "/__total" {
+        let n: u64 = origin.counts.lock().unwrap().values().sum();
+        return Ok(Response::new(Full::new(Bytes::from(n.to_string()))));
+    }
     if let Some(counted) = path.strip_prefix("/__count") {
         let n = origin
             .counts
@@ -75,6 +82,7 @@ async fn serve(
     let (data, cache_control) = match path.as_str() {
         "/obj/2k" => (origin.small.clone(), "max-age=3600"),
         p if p.starts_with("/flap/") => (origin.small.clone(), "max-age=1"),
+        p if p.starts_with("/small/") => (origin.tiny.clone(), "max-age=3600"),
         p if p.starts_with("/burst/") => {
             tokio::time::sleep(Duration::from_millis(300)).await;
             (origin.large.clone(), "max-age=3600")
@@ -83,6 +91,7 @@ async fn serve(
     };
     Ok(Response::builder()
         .header("cache-control", cache_control)
+        .header("x-url", path)
         .header("content-type", "application/octet-stream")
         .header("etag", format!("\"{}\"", data.len()))
         .body(Full::new(data))
@@ -136,6 +145,7 @@ async fn main() {
         .next()
         .expect("usage: bench-origin PORT [CONTROL_PORT]");
     let origin = Arc::new(Origin {
+        tiny: body(1024),
         small: body(2048),
         large: body(4 * 1024 * 1024),
         counts: Mutex::default(),

@@ -8,7 +8,11 @@ use std::sync::{
 use serde::{Deserialize, Serialize};
 
 use super::expr::{BanExpr, Subject};
-use crate::{error::StoreError, meta::ObjectMeta, store::now_ms};
+use crate::{
+    error::StoreError,
+    meta::ObjectMeta,
+    store::{now_ms, Store},
+};
 
 /// Completed bans still listed (for `GET /v1/bans`); older completed ones are retired.
 const COMPLETED_KEPT: usize = 100;
@@ -105,7 +109,7 @@ pub(crate) struct Bans {
     newest: AtomicU64,
     /// Serialises additions so that ids enter the list in order.
     adding: tokio::sync::Mutex<()>,
-    pub(crate) lurker: Arc<tokio::sync::Notify>,
+    pub(crate) lurker: Arc<super::lurker::Wake>,
 }
 
 /// What testing an object against newer bans concluded.
@@ -165,11 +169,11 @@ impl Bans {
 
     /// Adds a ban and returns once it is durable. Older identical bans are dropped: the new one covers
     /// everything they covered.
-    pub(crate) async fn add(&self, db: &sled::Db, expr: BanExpr) -> Result<BanInfo, StoreError> {
+    pub(crate) async fn add(&self, store: &Store, expr: BanExpr) -> Result<BanInfo, StoreError> {
         let _adding = self.adding.lock().await;
         // sled's ids survive crashes monotonically, so a new ban is always newer than every checked object.
         let ban = Arc::new(Ban {
-            id: db.generate_id()? + 1,
+            id: store.inner.db.generate_id()? + 1,
             created_ms: now_ms(),
             expr,
             tested: AtomicU64::new(0),
@@ -187,11 +191,11 @@ impl Bans {
             }
         }
         self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
-        db.flush_async().await?;
+        store.flush_metadata().await?;
         next.push(ban.clone());
         *self.list.write().expect("ban list lock") = Arc::new(next);
         self.newest.store(ban.id, SeqCst);
-        self.lurker.notify_one();
+        self.lurker.notify();
         Ok(ban.info())
     }
 

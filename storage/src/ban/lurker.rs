@@ -2,7 +2,7 @@
 //! rest checked, so bans stop costing lookups and can be retired.
 
 use std::{
-    sync::{atomic::Ordering::Relaxed, Weak},
+    sync::{atomic::Ordering::Relaxed, Arc, Condvar, Mutex, Weak},
     time::{Duration, Instant},
 };
 
@@ -18,26 +18,59 @@ const BATCH: usize = 1000;
 const PAUSE: Duration = Duration::from_millis(5);
 /// Bans arriving together are walked together.
 const GATHER: Duration = Duration::from_millis(50);
-/// A walk that failed (sled error) is retried after this.
+/// A walk that failed (sled error) is retried after this; also how often an idle lurker checks the store is
+/// still open.
 const RETRY: Duration = Duration::from_secs(10);
 
-/// Holds the store weakly so that dropping every handle closes sled.
-pub(crate) async fn run(store: Weak<Inner>) {
-    let Some(wake) = store.upgrade().map(|inner| inner.bans.lurker.clone()) else {
-        return;
-    };
+/// Wakes the lurker when a ban is added.
+#[derive(Default)]
+pub(crate) struct Wake {
+    pending: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Wake {
+    pub(crate) fn notify(&self) {
+        *self.pending.lock().expect("lurker wake") = true;
+        self.cond.notify_one();
+    }
+
+    /// Waits for a notification (or `timeout`); a notification sent before the wait is not lost.
+    fn wait(&self, timeout: Duration) {
+        let pending = self.pending.lock().expect("lurker wake");
+        let (mut pending, _) = self
+            .cond
+            .wait_timeout_while(pending, timeout, |p| !*p)
+            .expect("lurker wake");
+        *pending = false;
+    }
+}
+
+/// Starts the lurker on a thread of its own at a lower CPU priority (nice 10), so that on a small machine
+/// the walk yields to the threads serving clients. Holds the store weakly so that dropping every handle
+/// closes sled.
+pub(crate) fn start(store: Weak<Inner>, wake: Arc<Wake>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("lacquer-lurker".into())
+        .spawn(move || {
+            // SAFETY: setpriority on the calling thread (who = 0) only changes its own scheduling.
+            if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) } != 0 {
+                tracing::debug!("cannot lower the lurker's priority");
+            }
+            run(&store, &wake);
+        })
+        .map(drop)
+}
+
+fn run(store: &Weak<Inner>, wake: &Wake) {
     loop {
         let Some(pending) = store.upgrade().map(|inner| inner.bans.pending()) else {
             return;
         };
-        // A ban added meanwhile left a permit, so this wait cannot miss it.
         if pending == 0 {
-            tokio::select! {
-                () = wake.notified() => {}
-                () = tokio::time::sleep(RETRY) => continue,
-            }
+            wake.wait(RETRY);
+            std::thread::sleep(GATHER);
         }
-        tokio::time::sleep(GATHER).await;
         let Some(inner) = store.upgrade() else { return };
         if inner.closed.load(Relaxed) {
             return;
@@ -45,15 +78,9 @@ pub(crate) async fn run(store: Weak<Inner>) {
         if inner.bans.pending() == 0 {
             continue;
         }
-        let store_handle = Store { inner };
-        let walked = tokio::task::spawn_blocking(move || walk(&store_handle)).await;
-        match walked {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "ban lurker walk failed; retrying");
-                tokio::time::sleep(RETRY).await;
-            }
-            Err(e) => tracing::error!(error = %e, "ban lurker panicked"),
+        if let Err(e) = walk(&Store { inner }) {
+            tracing::warn!(error = %e, "ban lurker walk failed; retrying");
+            std::thread::sleep(RETRY);
         }
     }
 }
