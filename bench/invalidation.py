@@ -53,6 +53,14 @@ class Lacquer:
     def lurker_done(self):
         return self.admin("GET", "/v1/stats")["store"]["bans_pending"] == 0
 
+    def settle(self):
+        """Waits until everything filled is on disk, so the measurements start from a quiet store."""
+        while True:
+            store = self.admin("GET", "/v1/stats")["store"]
+            if store["objects_durable"] >= store["objects_published"]:
+                return
+            time.sleep(0.2)
+
 
 class Varnish:
     def __init__(self, work):
@@ -66,6 +74,9 @@ class Varnish:
         tail = "[0-9]*[02468]$" if even_only else ""
         self.spec = f"obj.http.x-url ~ ^{prefix}{tail}"
         self.adm("ban", "obj.http.x-url", "~", f"^{prefix}{tail}")
+
+    def settle(self):
+        pass
 
     def lurker_done(self):
         # A completed ban is flagged C, or dropped from the list once it is the oldest.
@@ -157,6 +168,8 @@ def purge_burst(port, paths, seconds=1.0, senders=10):
 def one_round(name, port, ctl, prefix, args, work):
     res = {}
     res["fill_s"] = fill(port, prefix, args.objects)
+    ctl.settle()
+    time.sleep(2)
     db = f"{work}/{name}-{prefix.strip('/').replace('/', '-')}.db"
     before_s, after_s = 8, 5
     base = time.time()

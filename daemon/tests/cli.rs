@@ -43,6 +43,12 @@ fn configuration_errors_exit_2_with_one_line() {
         "[backend]\naddress = \"127.0.0.1:8080\"\n\n[storage]\nmemroy = \"1GiB\"\n",
     )
     .unwrap();
+    let bad_network = dir.path().join("purge.toml");
+    std::fs::write(
+        &bad_network,
+        "[purge]\nhttp_methods = true\nallow_from = [\"10.0.0.0/33\"]\n",
+    )
+    .unwrap();
     let blocker = dir.path().join("a-file");
     std::fs::write(&blocker, "").unwrap();
     let unusable = blocker.join("store");
@@ -60,6 +66,18 @@ fn configuration_errors_exit_2_with_one_line() {
         (
             vec!["--check", "--disk", disk],
             "backend.address: no backend given",
+        ),
+        (
+            vec![
+                "--check",
+                "--config",
+                bad_network.to_str().unwrap(),
+                "--backend",
+                "127.0.0.1:1",
+                "--disk",
+                disk,
+            ],
+            "purge.toml:3:15: purge.allow_from[0]:",
         ),
         (
             vec!["--check", "--backend", "nonsense", "--disk", disk],

@@ -175,8 +175,11 @@ impl Store {
             Arc::downgrade(&store.inner),
             store.inner.config.sweep_interval,
         ));
-        crate::ban::lurker::start(Arc::downgrade(&store.inner), store.inner.bans.lurker.clone())
-            .map_err(StoreError::Lurker)?;
+        crate::ban::lurker::start(
+            Arc::downgrade(&store.inner),
+            store.inner.bans.lurker.clone(),
+        )
+        .map_err(StoreError::Lurker)?;
         Ok(store)
     }
 
@@ -212,7 +215,11 @@ impl Store {
         let newest = self.inner.bans.newest();
         if let Some(entry) = self.inner.hot.get(primary) {
             let set = entry.value().clone();
-            if set.variants.iter().all(|m| m.ban_checked >= newest) {
+            if !set
+                .variants
+                .iter()
+                .any(|m| self.inner.bans.needs_test(m, newest))
+            {
                 return Ok(Some(set));
             }
         }
@@ -228,9 +235,9 @@ impl Store {
     /// Tests the variants of `primary` against bans up to `upto`, removing the banned ones; returns what is
     /// left and how many were removed. The caller holds the mutation lock.
     ///
-    /// Removals always reach sled. That the others passed reaches sled only from the lurker (`IfPresent`): a
-    /// lookup (`Fill`) records it in the hot copy alone, keeping sled writes off the hit path. Losing that
-    /// record in a restart only means testing again, and a completed ban is one every object passed.
+    /// Removals reach sled at once. That the others passed is recorded in the hot copy only, keeping sled
+    /// writes off the hit path and out of the lurker's walk: losing it in a restart only means testing again
+    /// against bans still pending, and once the lurker completes a ban no object needs testing against it.
     fn apply_bans_locked(
         &self,
         primary: &str,
@@ -238,13 +245,17 @@ impl Store {
         upto: u64,
         hot: HotCopy,
     ) -> Result<(Option<Arc<ObjectSet>>, usize), StoreError> {
-        if set.variants.iter().all(|m| m.ban_checked >= upto) {
+        if !set
+            .variants
+            .iter()
+            .any(|m| self.inner.bans.needs_test(m, upto))
+        {
             return Ok((Some(set), 0));
         }
         let bans = self.inner.bans.snapshot();
         let (mut kept, mut dropped) = (Vec::new(), Vec::new());
         for meta in &set.variants {
-            if meta.ban_checked >= upto {
+            if !self.inner.bans.needs_test(meta, upto) {
                 kept.push(meta.clone());
                 continue;
             }
@@ -257,9 +268,11 @@ impl Store {
             }
         }
         let removed = dropped.len();
-        if removed == 0 && hot == HotCopy::Fill {
+        if removed == 0 {
             let set = Arc::new(ObjectSet { variants: kept });
-            self.inner.hot.insert(primary.to_owned(), set.clone());
+            if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
+                self.inner.hot.insert(primary.to_owned(), set.clone());
+            }
             return Ok((Some(set), 0));
         }
         let set = self.save_set(primary, ObjectSet { variants: kept }, &dropped, hot)?;
@@ -410,7 +423,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
         let newest = self.inner.bans.newest();
-        let banned = meta.ban_checked < newest
+        let banned = self.inner.bans.needs_test(&meta, newest)
             && match self
                 .inner
                 .bans
@@ -516,7 +529,12 @@ impl Store {
         if dropped.is_empty() {
             return Ok(0);
         }
-        self.save_set(primary, ObjectSet { variants: kept }, &dropped, HotCopy::Fill)?;
+        self.save_set(
+            primary,
+            ObjectSet { variants: kept },
+            &dropped,
+            HotCopy::Fill,
+        )?;
         Ok(dropped.len())
     }
 

@@ -292,7 +292,9 @@ async fn a_burst_of_concurrent_purges_and_bans_completes() {
             if i % 10 == 0 {
                 store.add_ban(ban(&format!("req.url == /b/{i}"))).await?;
             }
-            store.purge(&format!("h/p/{}", i % 50), PurgeMode::Hard).await
+            store
+                .purge(&format!("h/p/{}", i % 50), PurgeMode::Hard)
+                .await
         }));
     }
     let all = async {

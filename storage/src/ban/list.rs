@@ -107,6 +107,9 @@ pub(crate) struct Bans {
     list: RwLock<Arc<Vec<Arc<Ban>>>>,
     /// Id of the newest ban in `list` (0 when none): objects checked up to it need no test.
     newest: AtomicU64,
+    /// Every ban up to this id is completed: every object stored before it passed it or was removed, so no
+    /// object needs testing against it, whatever its own `ban_checked` says.
+    completed_upto: AtomicU64,
     /// Serialises additions so that ids enter the list in order.
     adding: tokio::sync::Mutex<()>,
     pub(crate) lurker: Arc<super::lurker::Wake>,
@@ -138,10 +141,17 @@ impl Bans {
             }
         }
         let newest = list.last().map_or(0, |b| b.id);
+        let completed_upto = list
+            .iter()
+            .filter(|b| b.completed.load(SeqCst))
+            .map(|b| b.id)
+            .max()
+            .unwrap_or(0);
         Ok(Self {
             tree,
             list: RwLock::new(Arc::new(list)),
             newest: AtomicU64::new(newest),
+            completed_upto: AtomicU64::new(completed_upto),
             adding: tokio::sync::Mutex::new(()),
             lurker: Arc::default(),
         })
@@ -149,6 +159,11 @@ impl Bans {
 
     pub(crate) fn newest(&self) -> u64 {
         self.newest.load(SeqCst)
+    }
+
+    /// Whether a ban after what `meta` was tested against, up to `upto`, still has to be tested.
+    pub(crate) fn needs_test(&self, meta: &ObjectMeta, upto: u64) -> bool {
+        meta.ban_checked.max(self.completed_upto.load(SeqCst)) < upto
     }
 
     pub(crate) fn snapshot(&self) -> Arc<Vec<Arc<Ban>>> {
@@ -208,7 +223,8 @@ impl Bans {
         meta: &ObjectMeta,
     ) -> Verdict {
         let subject = Subject::new(primary, meta);
-        let from = bans.partition_point(|b| b.id <= meta.ban_checked);
+        let tested = meta.ban_checked.max(self.completed_upto.load(SeqCst));
+        let from = bans.partition_point(|b| b.id <= tested);
         for ban in bans[from..].iter().take_while(|b| b.id <= upto) {
             if ban.completed.load(SeqCst) {
                 continue;
@@ -222,8 +238,9 @@ impl Bans {
         Verdict::Clear(upto)
     }
 
-    /// Marks every ban up to `upto` completed (the caller has made its walk durable) and retires completed
-    /// bans beyond the newest [`COMPLETED_KEPT`], so the list stays bounded under a stream of bans.
+    /// Marks every ban up to `upto` completed (the caller has made the walk's removals durable) and retires
+    /// completed bans beyond the newest [`COMPLETED_KEPT`], so the list stays bounded under a stream of bans.
+    /// The newest completed ban is always kept: after a restart it says how far bans are completed.
     /// Called from a blocking thread (the lurker's walk).
     pub(crate) fn complete(&self, upto: u64) -> Result<usize, StoreError> {
         let _adding = self.adding.blocking_lock();
@@ -235,6 +252,7 @@ impl Bans {
             }
             self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
         }
+        self.completed_upto.fetch_max(upto, SeqCst);
         let done = current.iter().filter(|b| b.completed.load(SeqCst)).count();
         if done > COMPLETED_KEPT {
             let mut retire = done - COMPLETED_KEPT;

@@ -1,5 +1,5 @@
-//! The ban lurker: walks the stored objects in the background, removing the banned ones and marking the
-//! rest checked, so bans stop costing lookups and can be retired.
+//! The ban lurker: walks the stored objects in the background and removes the banned ones; once the
+//! removals are durable, the bans are completed, so they stop costing lookups and can be retired.
 
 use std::{
     sync::{atomic::Ordering::Relaxed, Arc, Condvar, Mutex, Weak},
@@ -85,8 +85,8 @@ fn run(store: &Weak<Inner>, wake: &Wake) {
     }
 }
 
-/// Tests every stored object against the bans that exist now; then, once that is durable, marks those bans
-/// completed. Objects published during the walk were tested when published.
+/// Tests every stored object against the bans that exist now; then, once the removals are durable, marks
+/// those bans completed. Objects published during the walk were tested when published.
 fn walk(store: &Store) -> Result<(), crate::StoreError> {
     let inner = &store.inner;
     let upto = inner.bans.newest();
@@ -99,7 +99,7 @@ fn walk(store: &Store) -> Result<(), crate::StoreError> {
         let (key, value) = item?;
         let primary = String::from_utf8_lossy(&key);
         let needs_test = ObjectSet::decode(&primary, &value).map_or(true, |set| {
-            set.variants.iter().any(|m| m.ban_checked < upto)
+            set.variants.iter().any(|m| inner.bans.needs_test(m, upto))
         });
         if needs_test {
             removed += store.apply_bans(&primary, upto)?;
