@@ -18,8 +18,11 @@ pub enum StoreError {
     CorruptMetadata { key: String, reason: String },
     #[error("body cache: {0}")]
     Bodies(#[from] foyer::Error),
-    #[error("cannot start the ban lurker thread: {0}")]
-    Lurker(std::io::Error),
+    #[error("cannot start the {name} thread: {source}")]
+    Background {
+        name: &'static str,
+        source: std::io::Error,
+    },
     #[error("store is shutting down")]
     Closed,
     #[error("invalid store setting: {0}")]

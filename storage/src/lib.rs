@@ -6,6 +6,7 @@
 //! Object metadata lives in sled, which is the authority on what exists; a bounded in-memory copy of hot
 //! metadata keeps memory hits away from sled and the disk.
 
+mod background;
 mod ban;
 mod builder;
 mod chunk;

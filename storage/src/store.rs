@@ -171,15 +171,14 @@ impl Store {
         };
         store.count_objects()?;
         runtime.spawn(writer::run(store.clone(), rx, buffer_pool / 2));
-        runtime.spawn(crate::sweep::run(
+        crate::sweep::start(
             Arc::downgrade(&store.inner),
             store.inner.config.sweep_interval,
-        ));
+        )?;
         crate::ban::lurker::start(
             Arc::downgrade(&store.inner),
             store.inner.bans.lurker.clone(),
-        )
-        .map_err(StoreError::Lurker)?;
+        )?;
         Ok(store)
     }
 

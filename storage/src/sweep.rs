@@ -13,13 +13,11 @@ use std::{
 const SETTLE_MS: u64 = 10_000;
 
 /// Periodically removes metadata of objects past their keep time and of bodies foyer has evicted, so sled
-/// stays bounded by what the body cache holds.
-/// Holds the store weakly so that dropping every handle closes sled.
-pub(crate) async fn run(store: Weak<Inner>, interval: Duration) {
-    let mut tick = tokio::time::interval(interval);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
+/// stays bounded by what the body cache holds. Runs on a background thread; holds the store weakly so that
+/// dropping every handle closes sled.
+pub(crate) fn start(store: Weak<Inner>, interval: Duration) -> Result<(), crate::StoreError> {
+    crate::background::spawn("sweeper", move || loop {
+        std::thread::sleep(interval);
         let Some(inner) = store.upgrade() else { return };
         if inner.closed.load(Relaxed) {
             return;
@@ -29,7 +27,7 @@ pub(crate) async fn run(store: Weak<Inner>, interval: Duration) {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "metadata sweep failed"),
         }
-    }
+    })
 }
 
 fn gone(store: &Store, meta: &ObjectMeta, now: u64) -> bool {

@@ -46,20 +46,10 @@ impl Wake {
     }
 }
 
-/// Starts the lurker on a thread of its own at a lower CPU priority (nice 10), so that on a small machine
-/// the walk yields to the threads serving clients. Holds the store weakly so that dropping every handle
-/// closes sled.
-pub(crate) fn start(store: Weak<Inner>, wake: Arc<Wake>) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("lacquer-lurker".into())
-        .spawn(move || {
-            // SAFETY: setpriority on the calling thread (who = 0) only changes its own scheduling.
-            if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) } != 0 {
-                tracing::debug!("cannot lower the lurker's priority");
-            }
-            run(&store, &wake);
-        })
-        .map(drop)
+/// Starts the lurker on a background thread. Holds the store weakly so that dropping every handle closes
+/// sled.
+pub(crate) fn start(store: Weak<Inner>, wake: Arc<Wake>) -> Result<(), crate::StoreError> {
+    crate::background::spawn("lurker", move || run(&store, &wake))
 }
 
 fn run(store: &Weak<Inner>, wake: &Wake) {
