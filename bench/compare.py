@@ -98,6 +98,18 @@ http {{
         wait_port(port)
 
 
+def stop(procs, work):
+    """SIGTERM to everything `start` started, SIGKILL after 30 s, and the work directory removed."""
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def wrk_rps(port, seconds):
     out = sh(["wrk", "-t2", "-c100", f"-d{seconds}s", f"http://127.0.0.1:{port}/obj/2k"])
     for line in out.splitlines():
@@ -238,14 +250,7 @@ def main():
                 flaps[target] = flap(TARGETS[target], args.flap_cycles, 3)
                 print(f"flap {target}: {flaps[target]}", file=sys.stderr)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop(procs, work)
 
     med = {t: {k: statistics.median(v) for k, v in r.items() if isinstance(v, list)} for t, r in raw.items()}
     rows = [

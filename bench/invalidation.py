@@ -13,8 +13,6 @@ once (its default waits 60 s). Purges are HTTP PURGE requests to both."""
 import argparse
 import json
 import os
-import shutil
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -26,7 +24,7 @@ import urllib.request
 import http.client
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import ROOT, TARGETS, ORIGIN_PORT, start, sh  # noqa: E402
+from compare import TARGETS, ORIGIN_PORT, start, stop, sh  # noqa: E402
 
 TARGETS = {k: v for k, v in TARGETS.items() if k != "nginx"}
 
@@ -240,14 +238,7 @@ def main():
                 raw[name].append(res)
                 print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()), file=sys.stderr)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop(procs, work)
 
     med = {t: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for t, runs in raw.items()}
     rows = [

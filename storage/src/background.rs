@@ -4,7 +4,10 @@
 
 use crate::error::StoreError;
 
-pub(crate) fn spawn(name: &'static str, work: impl FnOnce() + Send + 'static) -> Result<(), StoreError> {
+pub(crate) fn spawn(
+    name: &'static str,
+    work: impl FnOnce() + Send + 'static,
+) -> Result<(), StoreError> {
     std::thread::Builder::new()
         .name(format!("lacquer-{name}"))
         .spawn(move || {

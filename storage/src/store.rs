@@ -13,7 +13,8 @@ use std::{
 use bytes::Bytes;
 use foyer::{
     BlockEngineConfig, Cache, CacheBuilder, DeviceBuilder, FsDeviceBuilder, HybridCache,
-    HybridCacheBuilder, HybridCachePolicy, PsyncIoEngineConfig, RecoverMode, Source, Spawner,
+    HybridCacheBuilder, HybridCachePolicy, PsyncIoEngineConfig, RecoverMode, SieveConfig, Source,
+    Spawner,
 };
 use mixtrics::registry::prometheus_0_14::PrometheusMetricsRegistry;
 use tokio::sync::mpsc;
@@ -125,6 +126,7 @@ impl Store {
             .with_policy(HybridCachePolicy::WriteOnInsertion)
             .with_metrics_registry(Box::new(PrometheusMetricsRegistry::new(registry.clone())))
             .memory(config.memory_bytes)
+            .with_eviction_config(SieveConfig)
             .with_weighter(|_: &ChunkKey, v: &Bytes| v.len() + 64)
             .storage()
             .with_io_engine_config(PsyncIoEngineConfig::new())
@@ -145,6 +147,7 @@ impl Store {
             })?;
 
         let hot = CacheBuilder::new(config.metadata_cache_bytes)
+            .with_eviction_config(SieveConfig)
             .with_weighter(|k: &String, v: &Arc<ObjectSet>| k.len() + v.approx_size())
             .build();
         let (jobs, rx) = mpsc::channel(64);

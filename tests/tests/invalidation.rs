@@ -319,6 +319,19 @@ async fn admin_invalidation_errors_are_clear_json() {
     assert_eq!(d.stats().await["store"]["purges"], 0);
 }
 
+/// A `PURGE` or `BAN` request.
+async fn invalidate(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> ClientReply {
+    let method = Method::from_bytes(method.as_bytes()).unwrap();
+    request(addr, method, path, headers, Bytes::new())
+        .await
+        .expect("request")
+}
+
 fn config_file(d: &tempfile::TempDir, text: &str) -> String {
     let path = d.path().join("lacquer.toml");
     std::fs::write(&path, text).unwrap();
@@ -330,15 +343,7 @@ async fn purge_and_ban_methods_are_off_by_default_and_limited_to_allowed_network
     let origin = origin(cacheable).await;
     let off = Daemon::start(origin.addr, &[]);
     get(off.addr, "m.test", "/x", &[]).await;
-    let r = request(
-        off.addr,
-        Method::from_bytes(b"PURGE").unwrap(),
-        "/x",
-        &[("host", "m.test")],
-        Bytes::new(),
-    )
-    .await
-    .unwrap();
+    let r = invalidate(off.addr, "PURGE", "/x", &[("host", "m.test")]).await;
     assert_eq!(r.status, 405);
     assert!(r.header("allow").contains("GET"));
     assert_eq!(get(off.addr, "m.test", "/x", &[]).await.x_cache(), "HIT");
@@ -354,15 +359,7 @@ async fn purge_and_ban_methods_are_off_by_default_and_limited_to_allowed_network
         "[purge]\nhttp_methods = true\nallow_from = [\"10.0.0.0/8\"]\n",
     );
     let refused = Daemon::start(origin.addr, &["--config", &elsewhere]);
-    let r = request(
-        refused.addr,
-        Method::from_bytes(b"BAN").unwrap(),
-        "/",
-        &[("host", "m.test")],
-        Bytes::new(),
-    )
-    .await
-    .unwrap();
+    let r = invalidate(refused.addr, "BAN", "/", &[("host", "m.test")]).await;
     assert_eq!(r.status, 405);
 
     let dir = tempfile::tempdir().unwrap();
@@ -371,27 +368,10 @@ async fn purge_and_ban_methods_are_off_by_default_and_limited_to_allowed_network
     for p in ["/a", "/b/1", "/b/2", "/c"] {
         get(d.addr, "m.test", p, &[]).await;
     }
-    let purge = Method::from_bytes(b"PURGE").unwrap();
-    let r = request(
-        d.addr,
-        purge.clone(),
-        "/a",
-        &[("host", "m.test")],
-        Bytes::new(),
-    )
-    .await
-    .unwrap();
+    let r = invalidate(d.addr, "PURGE", "/a", &[("host", "m.test")]).await;
     assert_eq!(r.status, 200);
     assert_eq!(json_body(&r), json!({"purged": 1, "soft": false}));
-    let r = request(
-        d.addr,
-        Method::from_bytes(b"BAN").unwrap(),
-        "/b/.*",
-        &[("host", "m.test")],
-        Bytes::new(),
-    )
-    .await
-    .unwrap();
+    let r = invalidate(d.addr, "BAN", "/b/.*", &[("host", "m.test")]).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(
         json_body(&r)["expression"],
@@ -405,26 +385,22 @@ async fn purge_and_ban_methods_are_off_by_default_and_limited_to_allowed_network
     ] {
         assert_eq!(get(d.addr, "m.test", p, &[]).await.x_cache(), want, "{p}");
     }
-    let r = request(
+    let r = invalidate(
         d.addr,
-        Method::from_bytes(b"BAN").unwrap(),
+        "BAN",
         "/",
         &[("host", "m.test"), ("x-ban", "req.url ~ (")],
-        Bytes::new(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(r.status, 400);
     assert_eq!(json_body(&r)["code"], "invalid_ban");
-    let r = request(
+    let r = invalidate(
         d.addr,
-        purge,
+        "PURGE",
         "/",
         &[("host", "m.test"), ("xkey-purge", "nothing-tagged")],
-        Bytes::new(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(json_body(&r)["purged"], 0);
     let stats = d.stats().await;
     assert_eq!(stats["proxy"]["purge_requests"], 4);
