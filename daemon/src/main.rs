@@ -29,12 +29,6 @@ use crate::{
     worker::Shared,
 };
 
-/// glibc's malloc degrades as the heap fragments under a large cache: with 200 000 objects stored, a hit
-/// spent a fifth of its CPU in `_int_malloc` and `malloc_consolidate`, and cost twice what it did on an empty
-/// cache. jemalloc (Varnish's allocator too) keeps hits flat as the cache grows.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 /// Persistent, disk-tiered HTTP caching reverse proxy.
 #[derive(Debug, Parser)]
 #[command(version, about)]

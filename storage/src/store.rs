@@ -376,7 +376,7 @@ impl Store {
         };
         for meta in dropped {
             tags::remove(&self.inner.tags, primary, meta)?;
-            self.forget_body(meta);
+            self.forget_body_later(meta);
         }
         StoreStats::sub(&self.inner.stats.objects, dropped.len() as u64);
         StoreStats::sub(
@@ -403,6 +403,21 @@ impl Store {
             self.save_set(primary, set, &[], HotCopy::Fill)?;
         }
         Ok(n)
+    }
+
+    /// Hands the removal of a body's chunks to the writer task: callers such as the low-priority lurker
+    /// should not hold foyer's shard locks, which hits need, where the scheduler may pause them. The
+    /// metadata is already gone, so nothing can read the chunks meanwhile. Removed at once when the queue
+    /// is full.
+    fn forget_body_later(&self, meta: &ObjectMeta) {
+        let job = Job::Discard {
+            object: meta.object,
+            generation: meta.generation,
+            chunks: meta.chunk_count(),
+        };
+        if self.inner.jobs.try_send(job).is_err() {
+            self.forget_body(meta);
+        }
     }
 
     fn forget_body(&self, meta: &ObjectMeta) {
