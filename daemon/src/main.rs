@@ -29,6 +29,12 @@ use crate::{
     worker::Shared,
 };
 
+/// glibc's malloc degrades as a cache churns: in `bench/invalidation.py` (three rounds of filling 100 000
+/// objects and banning half), hits took p50 0.22 ms / p99 1.75 ms and the lurker 2.3 s with glibc, against
+/// 0.17 / 0.63 ms and 1.4 s with jemalloc (Varnish's allocator too), all else equal.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Persistent, disk-tiered HTTP caching reverse proxy.
 #[derive(Debug, Parser)]
 #[command(version, about)]
