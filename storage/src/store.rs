@@ -293,8 +293,8 @@ impl Store {
             .is_some_and(|set| set.variants.iter().any(|m| m.generation == generation)))
     }
 
-    /// What the lurker does for one key: tests its variants against bans up to `upto`. The walk reads every
-    /// record once, so it leaves the hot copy to what clients ask for.
+    /// Tests the variants of `primary` against bans up to `upto` under the lock, as a lookup would but
+    /// without filling the hot copy: what the lurker does with a record it could not read on its own.
     pub(crate) fn apply_bans(&self, primary: &str, upto: u64) -> Result<usize, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
         let Some(set) = self.load_set(primary, HotCopy::IfPresent)? else {

@@ -7,6 +7,7 @@ use std::{
 };
 
 use crate::{
+    ban::Verdict,
     meta::ObjectSet,
     stats::StoreStats,
     store::{Inner, Store},
@@ -80,6 +81,7 @@ fn run(store: &Weak<Inner>, wake: &Wake) {
 fn walk(store: &Store) -> Result<(), crate::StoreError> {
     let inner = &store.inner;
     let upto = inner.bans.newest();
+    let bans = inner.bans.snapshot();
     let started = Instant::now();
     let (mut keys, mut removed) = (0usize, 0usize);
     for item in store.objects_tree().iter() {
@@ -88,11 +90,25 @@ fn walk(store: &Store) -> Result<(), crate::StoreError> {
         }
         let (key, value) = item?;
         let primary = String::from_utf8_lossy(&key);
-        let needs_test = ObjectSet::decode(&primary, &value).map_or(true, |set| {
-            set.variants.iter().any(|m| inner.bans.needs_test(m, upto))
-        });
-        if needs_test {
-            removed += store.apply_bans(&primary, upto)?;
+        // Tested on the record as read, without the store's lock: only a banned variant needs the lock,
+        // to remove exactly that body (by generation, so a body replaced meanwhile is left alone).
+        match ObjectSet::decode(&primary, &value) {
+            Ok(set) => {
+                let banned: Vec<u64> = set
+                    .variants
+                    .iter()
+                    .filter(|m| inner.bans.needs_test(m, upto))
+                    .filter(|m| {
+                        matches!(inner.bans.test(&bans, upto, &primary, m), Verdict::Banned)
+                    })
+                    .map(|m| m.generation)
+                    .collect();
+                if !banned.is_empty() {
+                    removed += store.retain(&primary, |m| !banned.contains(&m.generation))?;
+                }
+            }
+            // An unreadable record is dropped the way a lookup drops it.
+            Err(_) => removed += store.apply_bans(&primary, upto)?,
         }
         keys += 1;
         if keys % BATCH == 0 {
