@@ -440,12 +440,13 @@ impl Store {
     ) -> Result<(), StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
         let newest = self.inner.bans.newest();
-        let banned = self.inner.bans.needs_test(&meta, newest)
-            && match self
-                .inner
-                .bans
-                .test(&self.inner.bans.snapshot(), newest, primary, &meta)
-            {
+        let banned = meta.ban_checked < newest
+            && match self.inner.bans.test_fetched(
+                &self.inner.bans.snapshot(),
+                meta.ban_checked,
+                primary,
+                &meta,
+            ) {
                 Verdict::Banned => true,
                 Verdict::Clear(checked) => {
                     meta.ban_checked = checked;

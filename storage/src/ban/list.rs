@@ -110,6 +110,8 @@ pub(crate) struct Bans {
     /// Every ban up to this id is completed: every object stored before it passed it or was removed, so no
     /// object needs testing against it, whatever its own `ban_checked` says.
     completed_upto: AtomicU64,
+    /// The newest ban retired from the list: a fetch that started before it cannot be tested against it.
+    retired_upto: AtomicU64,
     /// Serialises additions so that ids enter the list in order.
     adding: tokio::sync::Mutex<()>,
     pub(crate) lurker: Arc<super::lurker::Wake>,
@@ -152,6 +154,7 @@ impl Bans {
             list: RwLock::new(Arc::new(list)),
             newest: AtomicU64::new(newest),
             completed_upto: AtomicU64::new(completed_upto),
+            retired_upto: AtomicU64::new(0),
             adding: tokio::sync::Mutex::new(()),
             lurker: Arc::default(),
         })
@@ -238,6 +241,31 @@ impl Bans {
         Verdict::Clear(upto)
     }
 
+    /// Tests a body fetched since ban `since` against every ban after it, completed ones included: the
+    /// lurker's walk could not see a body that was still being fetched. A ban already retired from the list
+    /// cannot be tested, so a fetch older than one is treated as banned.
+    pub(crate) fn test_fetched(
+        &self,
+        bans: &[Arc<Ban>],
+        since: u64,
+        primary: &str,
+        meta: &ObjectMeta,
+    ) -> Verdict {
+        if since < self.retired_upto.load(SeqCst) {
+            return Verdict::Banned;
+        }
+        let subject = Subject::new(primary, meta);
+        let from = bans.partition_point(|b| b.id <= since);
+        for ban in &bans[from..] {
+            ban.tested.fetch_add(1, SeqCst);
+            if ban.expr.matches(&subject) {
+                ban.removed.fetch_add(1, SeqCst);
+                return Verdict::Banned;
+            }
+        }
+        Verdict::Clear(bans.last().map_or(since, |b| b.id.max(since)))
+    }
+
     /// Marks every ban up to `upto` completed (the caller has made the walk's removals durable) and retires
     /// completed bans beyond the newest [`COMPLETED_KEPT`], so the list stays bounded under a stream of bans.
     /// The newest completed ban is always kept: after a restart it says how far bans are completed.
@@ -245,29 +273,33 @@ impl Bans {
     pub(crate) fn complete(&self, upto: u64) -> Result<usize, StoreError> {
         let _adding = self.adding.blocking_lock();
         let current = self.snapshot();
-        let mut completed = 0;
-        for ban in current.iter().filter(|b| b.id <= upto) {
-            if !ban.completed.swap(true, SeqCst) {
-                completed += 1;
-            }
-            self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
-        }
-        self.completed_upto.fetch_max(upto, SeqCst);
-        let done = current.iter().filter(|b| b.completed.load(SeqCst)).count();
-        if done > COMPLETED_KEPT {
-            let mut retire = done - COMPLETED_KEPT;
+        let done_after = |b: &Ban| b.id <= upto || b.completed.load(SeqCst);
+        let newly = current
+            .iter()
+            .filter(|b| b.id <= upto && !b.completed.load(SeqCst))
+            .count();
+        let done = current.iter().filter(|b| done_after(b)).count();
+        let mut retire = done.saturating_sub(COMPLETED_KEPT);
+        if retire > 0 {
             let mut kept = Vec::with_capacity(current.len() - retire);
             for ban in current.iter() {
-                if retire > 0 && ban.completed.load(SeqCst) {
+                if retire > 0 && done_after(ban) {
                     self.tree.remove(ban.id.to_be_bytes())?;
+                    self.retired_upto.fetch_max(ban.id, SeqCst);
                     retire -= 1;
                 } else {
                     kept.push(ban.clone());
                 }
             }
+            // Bounded before any ban shows completed: whoever sees no pending ban sees the list bounded.
             *self.list.write().expect("ban list lock") = Arc::new(kept);
         }
-        Ok(completed)
+        self.completed_upto.fetch_max(upto, SeqCst);
+        for ban in self.snapshot().iter().filter(|b| b.id <= upto) {
+            ban.completed.store(true, SeqCst);
+            self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
+        }
+        Ok(newly)
     }
 
     /// Persists the counters of bans still being worked on, so the list reads the same after a restart.
