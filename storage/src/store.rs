@@ -282,6 +282,7 @@ impl Store {
     }
 
     /// Whether the body `generation` of `primary` is still stored (bans are not applied).
+    /// Leaves the hot copy alone: the sweeper and tag purges ask this for every tag entry.
     pub(crate) fn stored_generation(
         &self,
         primary: &str,
@@ -289,7 +290,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let _guard = self.inner.mutate.lock().expect("store mutex");
         Ok(self
-            .load_set(primary, HotCopy::Fill)?
+            .load_set(primary, HotCopy::IfPresent)?
             .is_some_and(|set| set.variants.iter().any(|m| m.generation == generation)))
     }
 

@@ -297,12 +297,12 @@ impl Bans {
         self.completed_upto.fetch_max(upto, SeqCst);
         for ban in self.snapshot().iter().filter(|b| b.id <= upto) {
             ban.completed.store(true, SeqCst);
-            self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
         }
         Ok(newly)
     }
 
-    /// Persists the counters of bans still being worked on, so the list reads the same after a restart.
+    /// Persists every listed ban with its counters and completed flag (one write per ban per walk), so the
+    /// list reads the same after a restart; a completion lost in a crash only means another walk.
     pub(crate) fn save_counters(&self) -> Result<(), StoreError> {
         for ban in self.snapshot().iter() {
             self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
