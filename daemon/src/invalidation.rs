@@ -76,12 +76,13 @@ pub fn tag_list(tags: Vec<String>) -> Result<Vec<String>, InvalidationError> {
     Ok(tags)
 }
 
-/// Runs a purge; returns how many stored objects it affected. Durable when it returns.
-pub async fn purge(
-    store: &Store,
-    target: PurgeTarget,
-    mode: PurgeMode,
-) -> Result<usize, StoreError> {
+/// Runs a purge, hard or `soft`; returns how many stored objects it affected. Durable when it returns.
+pub async fn purge(store: &Store, target: PurgeTarget, soft: bool) -> Result<usize, StoreError> {
+    let mode = if soft {
+        PurgeMode::Soft
+    } else {
+        PurgeMode::Hard
+    };
     match target {
         PurgeTarget::Key(key) => store.purge(&key, mode).await,
         PurgeTarget::Tags(tags) => store.purge_tags(&tags, mode).await,

@@ -6,11 +6,14 @@ use axum::{
     response::{IntoResponse, Response},
     Json,
 };
-use lacquer_storage::{BanExpr, BanInfo, PurgeMode};
+use lacquer_storage::{BanExpr, BanInfo};
 use serde::{Deserialize, Serialize};
 
 use super::{api_error, AdminState, ApiJson};
-use crate::invalidation::{self, PurgeTarget};
+use crate::{
+    invalidation::{self, PurgeTarget},
+    proxy::now_ms,
+};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,20 +80,6 @@ pub struct Purged {
     pub soft: bool,
 }
 
-fn mode(soft: bool) -> PurgeMode {
-    if soft {
-        PurgeMode::Soft
-    } else {
-        PurgeMode::Hard
-    }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 fn store_failed(e: lacquer_storage::StoreError) -> Response {
     tracing::error!(error = %e, "invalidation failed");
     api_error(
@@ -147,7 +136,7 @@ pub async fn purge_tags(
 }
 
 async fn purge(state: &AdminState, target: PurgeTarget, soft: bool) -> Response {
-    match invalidation::purge(&state.shared.store, target, mode(soft)).await {
+    match invalidation::purge(&state.shared.store, target, soft).await {
         Ok(purged) => Json(Purged { purged, soft }).into_response(),
         Err(e) => store_failed(e),
     }

@@ -60,7 +60,7 @@ fn counted(resp: Response<Body>, stats: Arc<Stats>) -> Response<Body> {
     })
 }
 
-fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 
 use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Response, StatusCode};
-use lacquer_storage::{BanExpr, PurgeMode};
+use lacquer_storage::BanExpr;
 
 use crate::{
     body::{self, Body},
@@ -48,11 +48,6 @@ pub async fn handle(worker: &Worker, client: IpAddr, parts: &Parts) -> Response<
         .headers
         .get("soft-purge")
         .is_some_and(|v| matches!(v.as_bytes(), b"1" | b"true" | b"yes"));
-    let mode = if soft {
-        PurgeMode::Soft
-    } else {
-        PurgeMode::Hard
-    };
     let target = match requested_tags(&parts.headers) {
         Some(tags) => match invalidation::tag_list(tags) {
             Ok(tags) => PurgeTarget::Tags(tags),
@@ -60,7 +55,7 @@ pub async fn handle(worker: &Worker, client: IpAddr, parts: &Parts) -> Response<
         },
         None => PurgeTarget::Key(primary_key(parts)),
     };
-    match invalidation::purge(&shared.store, target, mode).await {
+    match invalidation::purge(&shared.store, target, soft).await {
         Ok(n) => json(StatusCode::OK, format!(r#"{{"purged":{n},"soft":{soft}}}"#)),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
