@@ -1,16 +1,32 @@
-//! `cachectl`: talk to a running `lacquerd` through its admin API.
+//! `cachectl`: operate a running `lacquerd` through its admin API.
+
+mod invalidation;
+mod objects;
+mod operations;
+mod stats;
+mod table;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use lacquer_admin::{flatten, ConnectArgs};
+use clap::{CommandFactory, Parser, Subcommand};
+use lacquer_admin::{AdminClient, AdminError, ConnectArgs};
+use serde::Serialize;
+
+const EXIT_STATUS: &str = "\
+Exit status: 0 done; 1 lacquerd refused the operation; 2 bad usage or configuration;
+3 lacquerd cannot be reached, or the secret does not match.";
 
 #[derive(Debug, Parser)]
-#[command(version, about = "Operate a running lacquerd")]
+#[command(
+    name = "cachectl",
+    version,
+    about = "Operate a running lacquerd: statistics, bans, purges, inspection, reload",
+    after_help = EXIT_STATUS
+)]
 struct Cli {
     #[command(flatten)]
     connect: ConnectArgs,
-    /// Print JSON instead of a table.
+    /// Print JSON (one document per line) instead of text, for scripts.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -19,51 +35,131 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Is the daemon up? (needs no secret)
+    /// Is lacquerd up? (needs no secret)
     Health,
-    /// Counters and gauges.
-    Stats,
+    /// Counters, rates and ratios, like `varnishstat -1`.
+    Stats {
+        /// Refresh every SECONDS, showing rates over the last interval, until interrupted.
+        #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
+        watch: Option<f64>,
+        /// Only values whose name contains TEXT, e.g. `ban` or `proxy.hit`.
+        #[arg(long, short, value_name = "TEXT")]
+        filter: Option<String>,
+    },
+    /// Ban every stored object matching EXPRESSION, e.g. `req.url ~ "^/products/"`.
+    Ban {
+        /// The ban expression; several words are joined with spaces.
+        #[arg(required = true, num_args = 1.., value_name = "EXPRESSION")]
+        expression: Vec<String>,
+    },
+    /// List the bans: pending ones and the newest completed ones.
+    Bans,
+    /// Purge a URL (every variant), or with --tag every object carrying a surrogate key.
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["url", "tags"])))]
+    Purge {
+        /// `http://host/path`, or `/path` with --host.
+        #[arg(value_name = "URL")]
+        url: Option<String>,
+        /// The host, when URL is a path.
+        #[arg(long, conflicts_with = "tags")]
+        host: Option<String>,
+        /// A surrogate key (`Surrogate-Key`, `xkey`, `Cache-Tag`); repeatable.
+        #[arg(long = "tag", value_name = "KEY", conflicts_with = "url")]
+        tags: Vec<String>,
+        /// Expire instead of removing: served stale within grace while fetched again.
+        #[arg(long)]
+        soft: bool,
+    },
+    /// What the store holds for a URL: variants, where, freshness, size, tags, headers.
+    Inspect {
+        /// `http://host/path`, or `/path` with --host.
+        url: String,
+        /// The host, when URL is a path.
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// The backends and how their requests have been going.
+    Backends,
+    /// Read the configuration file again, as `systemctl reload lacquer` does.
+    Reload,
+    /// Print a completion script, e.g. `cachectl completions bash > /etc/bash_completion.d/cachectl`.
+    Completions { shell: clap_complete::Shell },
+}
+
+/// Where results go: text for people, or JSON.
+#[derive(Debug, Clone, Copy)]
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    /// JSON when asked for, else the text `human` writes.
+    fn show<T: Serialize>(self, value: &T, human: impl FnOnce(&T) -> String) {
+        if self.json {
+            println!(
+                "{}",
+                serde_json::to_string(value).expect("wire types serialize")
+            );
+        } else {
+            print!("{}", human(value));
+        }
+    }
+}
+
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s >= 0.1 => Ok(s),
+        _ => Err("give a number of seconds, at least 0.1".into()),
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let client = match cli.connect.client() {
-        Ok(client) => client,
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "cachectl",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
+    let target = match cli.connect.target() {
+        Ok(target) => target,
         Err(e) => {
             eprintln!("cachectl: {e}");
             return ExitCode::from(2);
         }
     };
+    let client = AdminClient::new(target);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("runtime");
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Health => client.health().await,
-            Command::Stats => client.stats().await,
-        }
-    });
-    match result {
-        Ok(doc) if cli.json => {
-            println!("{doc}");
-            ExitCode::SUCCESS
-        }
-        Ok(doc) => {
-            let mut rows = Vec::new();
-            flatten("", &doc, &mut rows);
-            let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
-            for (name, value) in rows {
-                let value = value
-                    .as_str()
-                    .map_or_else(|| value.to_string(), str::to_owned);
-                println!("{name:<width$}  {value:>16}");
-            }
-            ExitCode::SUCCESS
-        }
+        .expect("a current-thread runtime starts");
+    match runtime.block_on(run(&client, cli.command, Output { json: cli.json })) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cachectl: {e}");
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), AdminError> {
+    match command {
+        Command::Health => operations::health(client, out).await,
+        Command::Stats { watch, filter } => stats::run(client, out, watch, filter).await,
+        Command::Ban { expression } => invalidation::ban(client, out, &expression.join(" ")).await,
+        Command::Bans => invalidation::bans(client, out).await,
+        Command::Purge {
+            url,
+            host,
+            tags,
+            soft,
+        } => invalidation::purge(client, out, url, host, tags, soft).await,
+        Command::Inspect { url, host } => objects::inspect(client, out, url, host).await,
+        Command::Backends => operations::backends(client, out).await,
+        Command::Reload => operations::reload(client, out).await,
+        Command::Completions { .. } => unreachable!("handled before connecting"),
     }
 }

@@ -1,31 +1,197 @@
-//! The real `cachectl` binary against a real `lacquerd`.
+//! The real `cachectl` binary against a real `lacquerd`: what an operator types, what they read, and the
+//! exit status a script sees.
 
-use lacquer_tests::{daemon_with_traffic, run_tool, unused_addr, Daemon, Origin, Reply};
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use lacquer_tests::{daemon_with_traffic, get, run_tool, unused_addr, Daemon, Origin, Reply};
 
 fn cachectl(args: &[&str]) -> (i32, String, String) {
     run_tool(env!("CARGO_BIN_EXE_cachectl"), args)
 }
 
+/// `cachectl` pointed at `d` by flags, running `args`.
+fn ctl(d: &Daemon, args: &[&str]) -> (i32, String, String) {
+    let admin = d.admin.to_string();
+    let secret = d.secret_file();
+    let mut all = vec!["--admin", &admin, "--secret", secret.to_str().unwrap()];
+    all.extend_from_slice(args);
+    cachectl(&all)
+}
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out)
+        .unwrap_or_else(|e| panic!("--json output does not parse ({e}): {out}"))
+}
+
+/// An origin whose `/p/N` pages are fresh for a minute, then served stale for 30 s while refreshed, and
+/// tagged `product-N` and `catalog`.
+async fn catalog() -> (Origin, Daemon) {
+    let origin = Origin::start(|seen| {
+        let n = seen.path.trim_start_matches("/p/").to_owned();
+        Reply::ok(format!("page {n}"))
+            .header("cache-control", "max-age=60, stale-while-revalidate=30")
+            .header("surrogate-key", &format!("product-{n} catalog"))
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    (origin, d)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_as_json_and_as_a_table() {
     let (_origin, d) = daemon_with_traffic().await;
-    let admin = d.admin.to_string();
-    let secret = d.secret_file();
-    let secret = secret.to_str().unwrap();
 
-    let (code, out, err) = cachectl(&["--admin", &admin, "--secret", secret, "stats", "--json"]);
+    let (code, out, err) = ctl(&d, &["stats", "--json"]);
     assert_eq!(code, 0, "{err}");
-    let stats: serde_json::Value = serde_json::from_str(&out).expect("--json output parses");
+    let stats = json(&out);
     assert_eq!(stats["proxy"]["requests"], 3);
     assert_eq!(stats["proxy"]["hits"], 2);
 
-    let (code, out, _) = cachectl(&["--admin", &admin, "--secret", secret, "stats"]);
+    let (code, out, _) = ctl(&d, &["stats"]);
     assert_eq!(code, 0);
     assert!(
-        out.lines()
-            .any(|l| l.starts_with("proxy.hits") && l.trim_end().ends_with(" 2")),
+        out.contains("hit ratio       66.7 % of 3 lookups and passes"),
         "{out}"
     );
+    let hits = out
+        .lines()
+        .find(|l| l.starts_with("proxy.hits "))
+        .expect("a proxy.hits row");
+    assert_eq!(hits.split_whitespace().nth(1), Some("2"), "{out}");
+    assert!(
+        hits.ends_with("  Requests answered from the store (stale ones included)."),
+        "{out}"
+    );
+
+    let (code, out, _) = ctl(&d, &["stats", "--filter", "store.ban"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("store.bans_added") && !out.contains("proxy.hits "),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_prints_a_document_per_interval() {
+    let (_origin, d) = daemon_with_traffic().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cachectl"))
+        .args(["--admin", &d.admin.to_string(), "--secret"])
+        .arg(d.secret_file())
+        .args(["stats", "--json", "--watch", "0.2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = json(&lines.next().unwrap().unwrap());
+    let second = json(&lines.next().unwrap().unwrap());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(first["proxy"]["hits"], 2);
+    assert_eq!(second["proxy"]["hits"], 2);
+
+    let (code, _, err) = ctl(&d, &["stats", "--watch", "0"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ban_inspect_and_purge_change_what_the_origin_sees() {
+    let (origin, d) = catalog().await;
+    for n in 1..=4 {
+        get(d.addr, &format!("/p/{n}")).await;
+    }
+    let host = d.addr.to_string();
+    let url = |n: u32| format!("http://{host}/p/{n}");
+    d.wait_for_stats("4 objects stored", |s| s["store"]["objects_published"] == 4)
+        .await;
+
+    let (code, out, err) = ctl(&d, &["inspect", &url(1)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("{host}/p/1: 1 variant\n")),
+        "{out}"
+    );
+    assert!(out.contains("  status     200, 6 B\n"), "{out}");
+    assert!(out.contains("  where      1 chunk: 1 in memory"), "{out}");
+    assert!(out.contains("  freshness  fresh: age 0s, ttl "), "{out}");
+    assert!(out.contains("  tags       product-1 catalog\n"), "{out}");
+    assert!(
+        out.contains("cache-control: max-age=60, stale-while-revalidate=30"),
+        "{out}"
+    );
+    let (code, out, _) = ctl(&d, &["--json", "inspect", "/p/1", "--host", &host]);
+    assert_eq!(code, 0);
+    let inspection = json(&out);
+    assert_eq!(inspection["cached"], true);
+    assert_eq!(inspection["variants"][0]["size"], 6);
+    assert_eq!(inspection["variants"][0]["state"], "fresh");
+
+    let (code, out, err) = ctl(&d, &["ban", "req.url", "~", "^/p/1$"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("ban ") && out.trim_end().ends_with("added: req.url ~ \"^/p/1$\""),
+        "{out}"
+    );
+    let (code, out, _) = ctl(&d, &["inspect", &url(1)]);
+    assert_eq!((code, out), (0, format!("not cached: {host}/p/1\n")));
+    let (code, out, _) = ctl(&d, &["bans"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("ID  ") || out.contains("  ID  "), "{out}");
+    assert!(out.contains("req.url ~ \"^/p/1$\""), "{out}");
+
+    let (code, out, err) = ctl(&d, &["purge", &url(2)]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, format!("purged 1 object {}\n", url(2)).as_str()),
+        "{err}"
+    );
+    let (code, out, _) = ctl(&d, &["--json", "purge", "--tag", "product-3", "--soft"]);
+    assert_eq!(code, 0);
+    assert_eq!(json(&out), serde_json::json!({"purged": 1, "soft": true}));
+    let (code, out, _) = ctl(&d, &["inspect", &url(3)]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("  freshness  grace: "),
+        "a soft purge keeps grace: {out}"
+    );
+
+    for n in 1..=4 {
+        get(d.addr, &format!("/p/{n}")).await;
+    }
+    assert_eq!(origin.count("/p/1"), 2, "banned");
+    assert_eq!(origin.count("/p/2"), 2, "purged");
+    assert_eq!(origin.count("/p/4"), 1, "untouched");
+    d.wait_for_stats("the soft-purged page refreshed", |s| {
+        s["proxy"]["objects_stored"] == 7
+    })
+    .await;
+    assert_eq!(
+        origin.count("/p/3"),
+        2,
+        "soft-purged: served stale, refreshed once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_operations_exit_1_with_the_reason() {
+    let (_origin, d) = catalog().await;
+    let (code, out, err) = ctl(&d, &["ban", "req.url ~ \"(^/x\""]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!(
+        err.trim(),
+        "cachectl: refused: invalid regex at 11: unclosed group"
+    );
+    let (code, _, err) = ctl(&d, &["purge", "/no-host"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err.trim(),
+        "cachectl: refused: \"/no-host\" has no host: give an absolute url or a host"
+    );
+    let (code, _, err) = ctl(&d, &["purge", "--tag", "has space"]);
+    assert_eq!(code, 1, "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -36,41 +202,209 @@ async fn clear_errors_for_a_wrong_secret_and_a_missing_daemon() {
     let wrong = dir.path().join("wrong");
     std::fs::write(&wrong, "not-the-secret-at-all\n").unwrap();
     let admin = d.admin.to_string();
+    let wrong = wrong.to_str().unwrap();
 
-    let (code, _, err) = cachectl(&[
-        "--admin",
-        &admin,
-        "--secret",
-        wrong.to_str().unwrap(),
-        "stats",
-    ]);
+    let (code, _, err) = cachectl(&["--admin", &admin, "--secret", wrong, "stats"]);
     assert_eq!(code, 3);
     assert_eq!(
         err.trim(),
-        format!(
-            "cachectl: unauthorized: the secret in {} does not match",
-            wrong.display()
-        )
+        format!("cachectl: unauthorized: the secret in {wrong} does not match")
+    );
+
+    let missing = dir.path().join("missing");
+    let missing = missing.to_str().unwrap();
+    let (code, _, err) = cachectl(&["--admin", &admin, "--secret", missing, "bans"]);
+    assert_eq!(code, 3);
+    assert_eq!(
+        err.trim(),
+        format!("cachectl: cannot read the admin secret {missing}: no such file or directory (run as root or the lacquer user, or pass --secret FILE)")
     );
 
     let (code, out, _) = cachectl(&["--admin", &admin, "health"]);
     assert_eq!(code, 0, "health needs no secret");
-    assert!(out.contains("ok"));
+    assert!(
+        out.starts_with(&format!(
+            "ok: lacquerd {} at {admin}, up ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{out}"
+    );
 
     let free = unused_addr().to_string();
-    let (code, _, err) = cachectl(&[
-        "--admin",
-        &free,
-        "--secret",
-        wrong.to_str().unwrap(),
-        "stats",
-    ]);
+    let (code, _, err) = cachectl(&["--admin", &free, "--secret", wrong, "stats"]);
     assert_eq!(code, 3);
     assert_eq!(
         err.trim(),
         format!("cachectl: cannot reach lacquerd at {free}: connection refused (is the service running?)")
     );
 
-    let (code, _, err) = cachectl(&["frobnicate"]);
-    assert_eq!(code, 2, "{err}");
+    // The proxy port is not the admin port.
+    let (code, _, err) = cachectl(&["--admin", &d.addr.to_string(), "--secret", wrong, "stats"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("does not answer like lacquerd's admin API"),
+        "{err}"
+    );
+
+    for usage in [
+        &["frobnicate"][..],
+        &["purge"],
+        &["purge", "/a", "--tag", "t"],
+        &["ban"],
+    ] {
+        let (code, _, err) = cachectl(usage);
+        assert_eq!(code, 2, "{usage:?}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_config_file_says_where_the_daemon_is() {
+    let (_origin, d) = daemon_with_traffic().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lacquer.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[backend]\naddress = \"127.0.0.1:9\"\n\n[admin]\nlisten = \"{}\"\nsecret_file = \"{}\"\n",
+            d.admin,
+            d.secret_file().display()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = cachectl(&["--config", config.to_str().unwrap(), "--json", "stats"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["proxy"]["hits"], 2);
+
+    let store_only = dir.path().join("store-only.toml");
+    let store = d.secret_file().parent().unwrap().to_owned();
+    std::fs::write(
+        &store_only,
+        format!(
+            "[admin]\nlisten = \"{}\"\n[storage]\ndir = \"{}\"\n",
+            d.admin,
+            store.display()
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = cachectl(&["--config", store_only.to_str().unwrap(), "bans"]);
+    assert_eq!(code, 0, "the secret is found in the store directory: {err}");
+
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(&broken, "[admin]\nlisten = 6082\n").unwrap();
+    let (code, _, err) = cachectl(&["--config", broken.to_str().unwrap(), "stats"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with(&format!("cachectl: {}:2: ", broken.display())),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn backends_show_health_from_real_traffic() {
+    let origin = Origin::start(|_| Reply::ok("x")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    let (code, out, _) = ctl(&d, &["--json", "backends"]);
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["backends"][0]["health"], "unknown");
+    get(d.addr, "/a").await;
+    let (_, out, _) = ctl(&d, &["backends"]);
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..6],
+        [
+            "default",
+            &origin.addr.to_string(),
+            "healthy",
+            "1",
+            "0",
+            "0"
+        ],
+        "{out}"
+    );
+
+    origin.stop();
+    get(d.addr, "/b").await;
+    let (_, out, _) = ctl(&d, &["--json", "backends"]);
+    let backend = &json(&out)["backends"][0];
+    assert_eq!(backend["health"], "failing", "{backend}");
+    assert_eq!(backend["consecutive_failures"], 1);
+    let message = backend["last_error"]["message"].as_str().unwrap();
+    assert!(message.contains("unreachable"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reload_applies_the_cache_policy_and_reports_the_rest() {
+    let origin = Origin::start(|_| Reply::ok("no freshness information")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lacquer.toml");
+    let write = |ttl: &str, sweep: &str| {
+        std::fs::write(
+            &config,
+            format!("[cache]\ndefault_ttl = \"{ttl}\"\n[storage]\nsweep_interval = \"{sweep}\"\n"),
+        )
+        .unwrap()
+    };
+    write("0s", "60s");
+    let d = Daemon::start(origin.addr, &["--config", config.to_str().unwrap()]);
+    get(d.addr, "/a").await;
+    get(d.addr, "/a").await;
+    assert_eq!(origin.count("/a"), 2, "not cached without a default TTL");
+
+    write("5m", "30s");
+    let (code, out, err) = ctl(&d, &["reload"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "reloaded {}\n  applied      cache.default_ttl\n  not applied  storage.sweep_interval (takes effect on restart)\n",
+            config.display()
+        )
+    );
+    get(d.addr, "/b").await;
+    assert_eq!(get(d.addr, "/b").await.x_cache(), "HIT");
+    assert_eq!(origin.count("/b"), 1, "cached with the new default TTL");
+
+    std::fs::write(&config, "[cache]\ndefault_ttl = \"soon\"\n").unwrap();
+    let (code, _, err) = ctl(&d, &["reload"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with(&format!(
+            "cachectl: refused: {}:2:15: cache.default_ttl:",
+            config.display()
+        )),
+        "{err}"
+    );
+    get(d.addr, "/c").await;
+    get(d.addr, "/c").await;
+    assert_eq!(origin.count("/c"), 1, "a bad file changes nothing");
+
+    write("0s", "30s");
+    d.sighup();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // The first reload, through the API, logged the same line.
+    while d.log().matches("applied=[\"cache.default_ttl\"]").count() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP did not reload: {}",
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    get(d.addr, "/d").await;
+    get(d.addr, "/d").await;
+    assert_eq!(
+        origin.count("/d"),
+        2,
+        "SIGHUP applied default_ttl = 0 again"
+    );
+}
+
+#[test]
+fn completions_for_the_usual_shells() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = cachectl(&["completions", shell]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("cachectl") && out.contains("purge"), "{shell}");
+    }
 }

@@ -1,6 +1,12 @@
 //! The origin connection pool: one per worker thread, HTTP/1.1 keep-alive.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -9,7 +15,9 @@ use hyper_util::{
     rt::{TokioExecutor, TokioTimer},
 };
 
-use crate::{body::Body, config};
+use lacquer_admin::wire::{self, BackendView, LastError};
+
+use crate::{body::Body, config, proxy::now_ms};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -37,13 +45,14 @@ impl BackendError {
 
 pub struct Backend {
     client: Client<HttpConnector, Body>,
+    health: Arc<BackendHealth>,
     authority: String,
     first_byte_timeout: Duration,
     pub between_bytes_timeout: Duration,
 }
 
 impl Backend {
-    pub fn new(origin: &config::Origin, cfg: &config::Backend) -> Self {
+    pub fn new(origin: &config::Origin, cfg: &config::Backend, health: Arc<BackendHealth>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
@@ -56,6 +65,7 @@ impl Backend {
             .build(connector);
         Self {
             client,
+            health,
             authority: origin.authority.clone(),
             first_byte_timeout: cfg.first_byte_timeout,
             between_bytes_timeout: cfg.between_bytes_timeout,
@@ -63,7 +73,21 @@ impl Backend {
     }
 
     /// Sends a request whose URI holds only the path and query; the origin's authority is filled in here.
-    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
+    pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
+        let result = self.request(req).await;
+        match &result {
+            Ok(resp) if resp.status().is_server_error() => self.health.failed(format!(
+                "backend {} answered {}",
+                self.authority,
+                resp.status()
+            )),
+            Ok(_) => self.health.succeeded(),
+            Err(e) => self.health.failed(e.to_string()),
+        }
+        result
+    }
+
+    async fn request(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
         *req.uri_mut() = format!("http://{}{}", self.authority, path)
             .parse()
@@ -85,6 +109,55 @@ impl Backend {
                 authority: self.authority.clone(),
                 reason: error_chain(&e),
             }),
+        }
+    }
+}
+
+/// How requests to the origin have been going, judged from real traffic (every worker's), for
+/// `GET /v1/backends`. A 5xx answer counts as a failure, as it does for `stale-if-error`.
+#[derive(Debug, Default)]
+pub struct BackendHealth {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    consecutive_failures: AtomicU64,
+    last_success_ms: AtomicU64,
+    last_error: Mutex<Option<LastError>>,
+}
+
+impl BackendHealth {
+    fn succeeded(&self) {
+        self.requests.fetch_add(1, Relaxed);
+        self.consecutive_failures.store(0, Relaxed);
+        self.last_success_ms.store(now_ms(), Relaxed);
+    }
+
+    fn failed(&self, message: String) {
+        self.requests.fetch_add(1, Relaxed);
+        self.errors.fetch_add(1, Relaxed);
+        self.consecutive_failures.fetch_add(1, Relaxed);
+        *self.last_error.lock().expect("health mutex") = Some(LastError {
+            at: now_ms() / 1000,
+            message,
+        });
+    }
+
+    pub fn view(&self, name: &str, address: &str) -> BackendView {
+        let requests = self.requests.load(Relaxed);
+        let consecutive_failures = self.consecutive_failures.load(Relaxed);
+        let last_success_ms = self.last_success_ms.load(Relaxed);
+        BackendView {
+            name: name.to_owned(),
+            address: address.to_owned(),
+            health: match (requests, consecutive_failures) {
+                (0, _) => wire::BackendHealth::Unknown,
+                (_, 0) => wire::BackendHealth::Healthy,
+                _ => wire::BackendHealth::Failing,
+            },
+            requests,
+            errors: self.errors.load(Relaxed),
+            consecutive_failures,
+            last_success: (last_success_ms > 0).then_some(last_success_ms / 1000),
+            last_error: self.last_error.lock().expect("health mutex").clone(),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::{
 };
 
 use bytesize::ByteSize;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::policy::Policy;
 
@@ -16,7 +16,7 @@ use crate::policy::Policy;
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub server: Server,
@@ -28,7 +28,7 @@ pub struct Config {
     pub log: Log,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Server {
     /// Client listeners. Default: `0.0.0.0:6081`.
@@ -50,7 +50,7 @@ impl Default for Server {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Backend {
     /// `host:port` or `http://host:port` of the origin. Required.
@@ -85,13 +85,16 @@ impl Default for Backend {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Admin {
     /// Default: `127.0.0.1:6082`.
     pub listen: SocketAddr,
     /// File holding the admin secret. Default: `<storage.dir>/secret`, generated on first start.
     pub secret_file: Option<PathBuf>,
+    /// Serve `GET /metrics` without the secret, for a Prometheus that cannot read the secret file.
+    /// Default: false.
+    pub open_metrics: bool,
 }
 
 impl Default for Admin {
@@ -99,11 +102,12 @@ impl Default for Admin {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 6082)),
             secret_file: None,
+            open_metrics: false,
         }
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Storage {
     /// Default: `$STATE_DIRECTORY`, else `/var/lib/lacquer` when writable, else `~/.local/state/lacquer`.
@@ -138,7 +142,7 @@ impl Default for Storage {
 }
 
 /// Mirrors [`Policy`]; see its fields for the defaults.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Cache {
     #[serde(with = "humantime_serde")]
@@ -184,7 +188,7 @@ impl Default for Cache {
 }
 
 /// Invalidation through the client listeners, the VCL idiom: `PURGE` and `BAN` requests.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Purge {
     /// Honour `PURGE` and `BAN` requests from `allow_from`; otherwise they are answered 405. Default: false.
@@ -205,7 +209,7 @@ impl Default for Purge {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Log {
     /// A `tracing` filter such as `info` or `lacquerd=debug`; `RUST_LOG` overrides it. Default: `info`.
@@ -221,7 +225,7 @@ impl Default for Log {
 }
 
 /// Command-line values that override the file.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub listen: Vec<SocketAddr>,
     pub backend: Option<String>,
@@ -307,6 +311,9 @@ impl Config {
         self.origin()?;
         if self.server.listen.is_empty() {
             return bad("server.listen", "at least one address is required".into());
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return bad("log.level", format!("{:?}: {e}", self.log.level));
         }
         if !(0.0..=1.0).contains(&self.cache.heuristic_fraction) {
             return bad("cache.heuristic_fraction", "must be between 0 and 1".into());

@@ -6,27 +6,38 @@ mod body;
 mod coalesce;
 mod config;
 mod invalidation;
+mod metrics;
 mod policy;
 mod proxy;
+mod reload;
 mod secret;
 mod server;
 mod stats;
 mod worker;
 
 use std::{
-    io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Instant,
+    io::IsTerminal,
+    net::SocketAddr,
+    path::PathBuf,
+    process::ExitCode,
+    sync::{Arc, OnceLock},
+    time::Instant,
 };
 
 use anyhow::Context;
+use arc_swap::ArcSwap;
 use bytesize::ByteSize;
 use clap::Parser;
 use tokio::sync::watch;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{
+    layer::SubscriberExt, reload as log_reload, util::SubscriberInitExt, EnvFilter,
+};
 
 use crate::{
     config::{Config, Overrides},
+    reload::{Reloader, SetLogLevel},
     server::WorkerSettings,
-    worker::Shared,
+    worker::{Live, Shared},
 };
 
 /// glibc's malloc degrades as a cache churns: in `bench/invalidation.py` (three rounds of filling 100 000
@@ -79,7 +90,7 @@ fn main() -> ExitCode {
         disk: cli.disk,
         disk_size: cli.disk_size,
     };
-    let config = match Config::load(cli.config.as_deref(), overrides) {
+    let config = match Config::load(cli.config.as_deref(), overrides.clone()) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("lacquerd: {e}");
@@ -92,12 +103,20 @@ fn main() -> ExitCode {
     }
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+    let (filter, log_handle) = log_reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal()),
+        )
         .init();
-    match run(config) {
+    let set_log_level: SetLogLevel = Box::new(move |level| {
+        let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        log_handle.reload(filter).map_err(|e| e.to_string())
+    });
+    match run(config, cli.config, overrides, set_log_level) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -107,7 +126,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(config: Config) -> anyhow::Result<()> {
+fn run(
+    config: Config,
+    config_file: Option<PathBuf>,
+    overrides: Overrides,
+    set_log_level: SetLogLevel,
+) -> anyhow::Result<()> {
     // The store (foyer's disk tasks, the write pipeline, the sweeper) and the admin API run here, apart from
     // the per-core client runtimes.
     let control = tokio::runtime::Builder::new_multi_thread()
@@ -126,8 +150,11 @@ fn run(config: Config) -> anyhow::Result<()> {
         })?;
     let secret = secret::load_or_create(config.secret_file())?;
     let shared = Arc::new(Shared {
-        policy: config.policy(),
-        purge: config.purge.clone(),
+        live: ArcSwap::from_pointee(Live {
+            policy: config.policy(),
+            purge: config.purge.clone(),
+        }),
+        backend_health: Arc::default(),
         store: store.clone(),
         stats: Arc::default(),
         coalescer: Default::default(),
@@ -147,9 +174,21 @@ fn run(config: Config) -> anyhow::Result<()> {
         shutdown_timeout: config.server.shutdown_timeout,
     });
     let threads = server::spawn_workers(shared.clone(), settings, sockets, stopped.clone())?;
+    let reloader = Arc::new(Reloader::new(
+        config_file,
+        overrides,
+        config.clone(),
+        shared.clone(),
+        set_log_level,
+    ));
     let app = admin::router(admin::AdminState {
         shared: shared.clone(),
         secret: secret.into(),
+        reloader: reloader.clone(),
+        backend_address: config.origin()?.authority.into(),
+        open_metrics: config.admin.open_metrics,
+        stopping: stopped.clone(),
+        openapi: Arc::new(OnceLock::new()),
     });
     let mut admin_stop = stopped.clone();
     control.spawn(async move {
@@ -171,7 +210,7 @@ fn run(config: Config) -> anyhow::Result<()> {
         "lacquerd ready"
     );
 
-    control.block_on(wait_for_signal())?;
+    control.block_on(wait_for_stop(&reloader))?;
     tracing::info!("shutting down: finishing in-flight responses");
     stop.send_replace(true);
     for thread in threads {
@@ -187,13 +226,21 @@ fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
+/// Waits for SIGTERM or SIGINT; SIGHUP reloads the configuration meanwhile, as `systemctl reload` expects.
+async fn wait_for_stop(reloader: &Arc<Reloader>) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+            _ = hup.recv() => {
+                let reloader = reloader.clone();
+                // The outcome is logged by the reloader; a bad file keeps the running configuration.
+                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+            }
+        }
     }
-    Ok(())
 }

@@ -100,10 +100,12 @@ async fn serve(
     listeners: Vec<TcpListener>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let worker = Arc::new(Worker {
-        shared,
-        backend: Backend::new(&settings.origin, &settings.backend),
-    });
+    let backend = Backend::new(
+        &settings.origin,
+        &settings.backend,
+        shared.backend_health.clone(),
+    );
+    let worker = Arc::new(Worker { shared, backend });
     let graceful = GracefulShutdown::new();
     let listeners: Vec<_> = listeners
         .into_iter()

@@ -2,17 +2,38 @@
 
 use std::{sync::Arc, time::Instant};
 
+use arc_swap::ArcSwap;
 use lacquer_storage::Store;
 
-use crate::{backend::Backend, coalesce::Coalescer, config::Purge, policy::Policy, stats::Stats};
+use crate::{
+    backend::{Backend, BackendHealth},
+    coalesce::Coalescer,
+    config::Purge,
+    policy::Policy,
+    stats::Stats,
+};
 
-pub struct Shared {
+/// The settings a reload can change while requests are served.
+#[derive(Debug, Clone)]
+pub struct Live {
     pub policy: Policy,
     pub purge: Purge,
+}
+
+pub struct Shared {
+    pub live: ArcSwap<Live>,
+    pub backend_health: Arc<BackendHealth>,
     pub store: Store,
     pub stats: Arc<Stats>,
     pub coalescer: Coalescer,
     pub started: Instant,
+}
+
+impl Shared {
+    /// The live settings as of now; a request keeps the copy it started with.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
 }
 
 /// One client-serving thread: its own runtime, listener sockets and backend connection pool.

@@ -26,5 +26,5 @@ pub use error::StoreError;
 pub use meta::{ObjectMeta, ObjectSet};
 pub use purge::{InvalidationMark, PurgeMode};
 pub use stats::{StoreStats, StoreStatsSnapshot};
-pub use store::{ChunkRead, Store, Tier};
+pub use store::{ChunkRead, ChunkTiers, Store, Tier};
 pub use writer::ObjectWriter;

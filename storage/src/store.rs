@@ -46,6 +46,14 @@ pub enum Tier {
     Disk,
 }
 
+/// How many of a body's chunks each tier holds (a chunk in both counts in both).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChunkTiers {
+    pub chunks: u32,
+    pub in_memory: u32,
+    pub on_disk: u32,
+}
+
 #[derive(Debug, Clone)]
 pub struct ChunkRead {
     pub data: Bytes,
@@ -590,6 +598,41 @@ impl Store {
     pub(crate) fn flush_metadata_blocking(&self) -> Result<(), StoreError> {
         self.inner.db.flush()?;
         Ok(())
+    }
+
+    /// Every stored variant of `primary` that no ban covers, with where its chunks are, for operators: unlike
+    /// [`Store::lookup`] it does not make the key hot.
+    pub fn inspect(&self, primary: &str) -> Result<Vec<(ObjectMeta, ChunkTiers)>, StoreError> {
+        let set = {
+            let _guard = self.inner.mutate.lock().expect("store mutex");
+            let Some(set) = self.load_set(primary, HotCopy::IfPresent)? else {
+                return Ok(Vec::new());
+            };
+            let (set, removed) =
+                self.apply_bans_locked(primary, set, self.inner.bans.newest(), HotCopy::IfPresent)?;
+            StoreStats::add(&self.inner.stats.objects_banned, removed as u64);
+            set
+        };
+        let variants = set.map_or_else(Vec::new, |set| set.variants.clone());
+        Ok(variants
+            .into_iter()
+            .map(|meta| {
+                let mut tiers = ChunkTiers {
+                    chunks: meta.chunk_count(),
+                    ..ChunkTiers::default()
+                };
+                for index in 0..meta.chunk_count() {
+                    let key = ChunkKey {
+                        object: meta.object,
+                        generation: meta.generation,
+                        index,
+                    };
+                    tiers.in_memory += u32::from(self.inner.chunks.memory().contains(&key));
+                    tiers.on_disk += u32::from(self.inner.chunks.storage().may_contains(&key));
+                }
+                (meta, tiers)
+            })
+            .collect())
     }
 
     /// Whether every chunk of the body is still held by memory or disk: checked before a response is started,

@@ -190,6 +190,13 @@ impl Daemon {
         child.wait().expect("lacquerd exits")
     }
 
+    /// SIGHUP: the daemon reads its configuration file again and keeps running.
+    pub fn sighup(&self) {
+        let child = self.child.as_ref().expect("running");
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    }
+
     /// SIGTERM, then waits; the daemon must exit 0.
     pub fn stop(&mut self) {
         let status = self.signal(libc::SIGTERM);

@@ -16,6 +16,7 @@ pub fn run_tool(path: &str, args: &[&str]) -> (i32, String, String) {
         .args(args)
         .env_remove("LACQUER_ADMIN")
         .env_remove("LACQUER_SECRET_FILE")
+        .env_remove("LACQUER_CONFIG")
         .output()
         .expect("the tool runs");
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();

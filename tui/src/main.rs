@@ -5,12 +5,13 @@ mod view;
 
 use std::{
     process::ExitCode,
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
 use clap::Parser;
 use crossterm::event::{self, Event, KeyCode};
-use lacquer_admin::ConnectArgs;
+use lacquer_admin::{wire::Stats, AdminClient, ConnectArgs};
 
 use crate::{state::State, view::Theme};
 
@@ -19,9 +20,6 @@ use crate::{state::State, view::Theme};
 struct Cli {
     #[command(flatten)]
     connect: ConnectArgs,
-    /// Seconds between refreshes.
-    #[arg(long, default_value_t = 1.0)]
-    interval: f64,
     /// Print one frame as plain text and exit.
     #[arg(long)]
     once: bool,
@@ -30,19 +28,26 @@ struct Cli {
     no_color: bool,
 }
 
+/// What the stream reader tells the screen.
+enum Update {
+    Stats(Box<Stats>),
+    Lost(String),
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let client = match cli.connect.client() {
-        Ok(client) => client,
+    let target = match cli.connect.target() {
+        Ok(target) => target,
         Err(e) => {
             eprintln!("cachetop: {e}");
             return ExitCode::from(2);
         }
     };
+    let client = AdminClient::new(target);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("runtime");
+        .expect("a current-thread runtime starts");
     let mut state = State::new(client.target().addr.to_string());
     let theme = Theme {
         color: !cli.no_color && std::env::var_os("NO_COLOR").is_none(),
@@ -60,23 +65,23 @@ fn main() -> ExitCode {
             }
         };
     }
-    let interval = Duration::from_secs_f64(cli.interval.max(0.1));
+    let (updates, received) = mpsc::channel();
+    std::thread::spawn(move || runtime.block_on(follow(client, updates)));
     // ratatui::init restores the terminal on panic as well.
     let mut terminal = ratatui::init();
-    let result = (|| -> anyhow::Result<()> {
+    let result = (|| -> std::io::Result<()> {
         loop {
-            match runtime.block_on(client.stats()) {
-                Ok(stats) => state.update(stats, Instant::now()),
-                Err(e) => state.disconnected(e.to_string()),
+            for update in received.try_iter() {
+                match update {
+                    Update::Stats(stats) => state.update(*stats, Instant::now()),
+                    Update::Lost(e) => state.disconnected(e),
+                }
             }
             terminal.draw(|f| view::render(f, &state, &theme))?;
-            let deadline = Instant::now() + interval;
-            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-                if event::poll(left)? {
-                    if let Event::Key(key) = event::read()? {
-                        if matches!(key.code, KeyCode::Char('q') | KeyCode::Esc) {
-                            return Ok(());
-                        }
+            if event::poll(Duration::from_millis(100))? {
+                if let Event::Key(key) = event::read()? {
+                    if matches!(key.code, KeyCode::Char('q') | KeyCode::Esc) {
+                        return Ok(());
                     }
                 }
             }
@@ -89,5 +94,28 @@ fn main() -> ExitCode {
             eprintln!("cachetop: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Reads the daemon's statistics stream, reconnecting every second while it is away, until the screen goes.
+async fn follow(client: AdminClient, updates: mpsc::Sender<Update>) {
+    loop {
+        let lost = match client.stats_stream().await {
+            Ok(mut stream) => loop {
+                match stream.next().await {
+                    Ok(stats) => {
+                        if updates.send(Update::Stats(Box::new(stats))).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => break e,
+                }
+            },
+            Err(e) => e,
+        };
+        if updates.send(Update::Lost(lost.to_string())).is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -2,7 +2,7 @@
 
 use std::{collections::VecDeque, time::Instant};
 
-use serde_json::Value;
+use lacquer_admin::wire::Stats;
 
 /// Samples kept for the sparkline: one per refresh.
 const HISTORY: usize = 120;
@@ -10,8 +10,8 @@ const HISTORY: usize = 120;
 #[derive(Debug, Default)]
 pub struct State {
     pub addr: String,
-    pub latest: Option<Value>,
-    previous: Option<(Value, Instant)>,
+    pub latest: Option<Stats>,
+    previous: Option<(Stats, Instant)>,
     taken: Option<Instant>,
     pub error: Option<String>,
     /// Requests per second, newest last.
@@ -26,14 +26,14 @@ impl State {
         }
     }
 
-    pub fn update(&mut self, stats: Value, at: Instant) {
+    pub fn update(&mut self, stats: Stats, at: Instant) {
         if let (Some(latest), Some(taken)) = (self.latest.take(), self.taken) {
             self.previous = Some((latest, taken));
         }
         self.latest = Some(stats);
         self.taken = Some(at);
         self.error = None;
-        if let Some(rate) = self.rate("proxy", "requests") {
+        if let Some(rate) = self.rate("proxy.requests") {
             if self.request_rates.len() == HISTORY {
                 self.request_rates.pop_front();
             }
@@ -45,27 +45,25 @@ impl State {
         self.error = Some(error);
     }
 
-    pub fn value(&self, section: &str, name: &str) -> Option<u64> {
-        self.latest.as_ref()?.get(section)?.get(name)?.as_u64()
+    /// A value by its `section.name`, e.g. `proxy.hits`.
+    pub fn value(&self, name: &str) -> Option<u64> {
+        self.latest.as_ref()?.get(name)
     }
 
     /// Per-second change of a counter between the last two samples.
-    pub fn rate(&self, section: &str, name: &str) -> Option<f64> {
+    pub fn rate(&self, name: &str) -> Option<f64> {
         let (prev, prev_at) = self.previous.as_ref()?;
-        let now = self.value(section, name)?;
-        let before = prev.get(section)?.get(name)?.as_u64()?;
+        let now = self.value(name)?;
+        let before = prev.get(name)?;
         let secs = self.taken?.duration_since(*prev_at).as_secs_f64();
         (secs > 0.0).then(|| now.saturating_sub(before) as f64 / secs)
     }
 
-    /// Hits over hits + misses + passes since start.
     pub fn hit_ratio(&self) -> Option<f64> {
-        let hits = self.value("proxy", "hits")?;
-        let total = hits + self.value("proxy", "misses")? + self.value("proxy", "passes")?;
-        (total > 0).then(|| hits as f64 / total as f64)
+        self.latest.as_ref()?.hit_ratio()
     }
 
     pub fn uptime(&self) -> Option<u64> {
-        self.latest.as_ref()?.get("uptime_seconds")?.as_u64()
+        Some(self.latest.as_ref()?.uptime_seconds)
     }
 }

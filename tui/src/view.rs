@@ -9,6 +9,8 @@ use ratatui::{
     Frame, Terminal,
 };
 
+use lacquer_admin::format::bytes;
+
 use crate::state::State;
 
 pub struct Theme {
@@ -35,30 +37,15 @@ impl Theme {
     }
 }
 
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
-}
-
-fn rate(state: &State, section: &str, name: &str) -> String {
+fn rate(state: &State, name: &str) -> String {
     state
-        .rate(section, name)
+        .rate(name)
         .map_or_else(|| "-".into(), |r| format!("{r:.0}/s"))
 }
 
-fn total(state: &State, section: &str, name: &str) -> String {
+fn total(state: &State, name: &str) -> String {
     state
-        .value(section, name)
+        .value(name)
         .map_or_else(|| "-".into(), |v| v.to_string())
 }
 
@@ -106,34 +93,34 @@ fn render_header(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
 
 fn render_traffic(frame: &mut Frame, area: Rect, state: &State) {
     let rows = [
-        ("requests", "proxy", "requests"),
-        ("hits", "proxy", "hits"),
-        ("  memory", "proxy", "hits_memory"),
-        ("  disk", "proxy", "hits_disk"),
-        ("misses", "proxy", "misses"),
-        ("passes", "proxy", "passes"),
-        ("coalesced", "proxy", "coalesced_waiters"),
-        ("hit-for-miss", "proxy", "hit_for_miss"),
-        ("backend reqs", "proxy", "backend_requests"),
-        ("backend errors", "proxy", "backend_errors"),
-        ("in flight", "proxy", "fetches_in_flight"),
+        ("requests", "proxy.requests"),
+        ("hits", "proxy.hits"),
+        ("  memory", "proxy.hits_memory"),
+        ("  disk", "proxy.hits_disk"),
+        ("misses", "proxy.misses"),
+        ("passes", "proxy.passes"),
+        ("coalesced", "proxy.coalesced_waiters"),
+        ("hit-for-miss", "proxy.hit_for_miss"),
+        ("backend reqs", "proxy.backend_requests"),
+        ("backend errors", "proxy.backend_errors"),
+        ("in flight", "proxy.fetches_in_flight"),
     ]
     .into_iter()
-    .map(|(label, section, name)| {
+    .map(|(label, name)| {
         Row::new(vec![
             label.to_string(),
-            rate(state, section, name),
-            total(state, section, name),
+            rate(state, name),
+            total(state, name),
         ])
     });
     let mut rows: Vec<Row> = rows.collect();
     rows.push(Row::new(vec![
         "bytes out".to_string(),
         state
-            .rate("proxy", "bytes_out")
+            .rate("proxy.bytes_out")
             .map_or_else(|| "-".into(), |r| format!("{}/s", bytes(r as u64))),
         state
-            .value("proxy", "bytes_out")
+            .value("proxy.bytes_out")
             .map_or_else(|| "-".into(), bytes),
     ]));
     let table = Table::new(
@@ -163,17 +150,17 @@ fn render_ratio(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
 }
 
 fn render_storage(frame: &mut Frame, area: Rect, state: &State) {
-    let used = state.value("store", "memory_bytes_used").unwrap_or(0);
+    let used = state.value("store.memory_bytes_used").unwrap_or(0);
     let cap = state
-        .value("store", "memory_bytes_capacity")
+        .value("store.memory_bytes_capacity")
         .unwrap_or(0)
         .max(1);
     let lines = vec![
-        format!("objects  {}", total(state, "store", "objects")),
+        format!("objects  {}", total(state, "store.objects")),
         format!(
             "stored   {}",
             state
-                .value("store", "stored_bytes")
+                .value("store.stored_bytes")
                 .map_or_else(|| "-".into(), bytes)
         ),
         format!(
@@ -185,11 +172,11 @@ fn render_storage(frame: &mut Frame, area: Rect, state: &State) {
         format!(
             "disk     {}",
             state
-                .value("store", "disk_bytes_capacity")
+                .value("store.disk_bytes_capacity")
                 .map_or_else(|| "-".into(), bytes)
         ),
-        format!("written  {}", rate(state, "store", "disk_bytes_written")),
-        format!("drops    {}", total(state, "store", "foyer_drops")),
+        format!("written  {}", rate(state, "store.disk_bytes_written")),
+        format!("drops    {}", total(state, "store.foyer_drops")),
     ];
     let text: Vec<Line> = lines.into_iter().map(Line::from).collect();
     frame.render_widget(
@@ -215,18 +202,32 @@ pub fn to_text(state: &State, theme: &Theme, width: u16, height: u16) -> String 
 mod tests {
     use std::time::{Duration, Instant};
 
+    use lacquer_admin::wire::{ProxyStats, Stats, StoreStats};
+
     use super::*;
 
     fn screen(state: &State, w: u16, h: u16) -> String {
         to_text(state, &Theme { color: false }, w, h)
     }
 
-    fn stats(requests: u64, hits: u64) -> serde_json::Value {
-        serde_json::json!({
-            "uptime_seconds": 42,
-            "proxy": {"requests": requests, "hits": hits, "misses": requests - hits, "passes": 0, "bytes_out": 4096},
-            "store": {"objects": 7, "memory_bytes_used": 1048576, "memory_bytes_capacity": 4194304, "foyer_drops": 0}
-        })
+    fn stats(requests: u64, hits: u64) -> Stats {
+        Stats {
+            version: "0.1.0".into(),
+            uptime_seconds: 42,
+            proxy: ProxyStats {
+                requests,
+                hits,
+                misses: requests - hits,
+                bytes_out: 4096,
+                ..Default::default()
+            },
+            store: StoreStats {
+                objects: 7,
+                memory_bytes_used: 1 << 20,
+                memory_bytes_capacity: 4 << 20,
+                ..Default::default()
+            },
+        }
     }
 
     #[test]

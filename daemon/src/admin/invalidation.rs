@@ -6,89 +6,33 @@ use axum::{
     response::{IntoResponse, Response},
     Json,
 };
+use lacquer_admin::wire::{ApiError, BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 use lacquer_storage::{BanExpr, BanInfo};
-use serde::{Deserialize, Serialize};
 
-use super::{api_error, AdminState, ApiJson};
+use super::{api_error, store_failed, AdminState, ApiJson};
 use crate::{
     invalidation::{self, PurgeTarget},
     proxy::now_ms,
 };
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewBan {
-    pub expression: String,
-}
-
-#[derive(Serialize)]
-pub struct BanView {
-    pub id: u64,
-    pub expression: String,
-    /// Unix seconds.
-    pub created: u64,
-    pub age_seconds: u64,
-    pub tested: u64,
-    pub removed: u64,
-    /// The lurker has tested every object stored before the ban: it can no longer match anything.
-    pub completed: bool,
-}
-
-impl BanView {
-    fn new(info: BanInfo, now_ms: u64) -> Self {
-        Self {
-            id: info.id,
-            expression: info.expression,
-            created: info.created_ms / 1000,
-            age_seconds: now_ms.saturating_sub(info.created_ms) / 1000,
-            tested: info.tested,
-            removed: info.removed,
-            completed: info.completed,
-        }
+fn ban_view(info: BanInfo, now_ms: u64) -> BanView {
+    BanView {
+        id: info.id,
+        expression: info.expression,
+        created: info.created_ms / 1000,
+        age_seconds: now_ms.saturating_sub(info.created_ms) / 1000,
+        tested: info.tested,
+        removed: info.removed,
+        completed: info.completed,
     }
 }
 
-#[derive(Serialize)]
-pub struct BanList {
-    pub bans: Vec<BanView>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PurgeUrl {
-    /// `http://host/path?query`, or `/path?query` with `host`.
-    pub url: String,
-    /// The host, when `url` has none (or to override it).
-    #[serde(default)]
-    pub host: Option<String>,
-    #[serde(default)]
-    pub soft: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PurgeTags {
-    pub tags: Vec<String>,
-    #[serde(default)]
-    pub soft: bool,
-}
-
-#[derive(Serialize)]
-pub struct Purged {
-    /// Stored objects (variants) removed, or expired for a soft purge.
-    pub purged: usize,
-    pub soft: bool,
-}
-
-fn store_failed(e: lacquer_storage::StoreError) -> Response {
-    tracing::error!(error = %e, "invalidation failed");
-    api_error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "store_error",
-        e.to_string(),
-    )
-}
-
+/// The ban list, oldest first.
+#[utoipa::path(get, path = "/v1/bans", tag = "invalidation", security(("secret" = [])),
+    responses(
+        (status = 200, description = "Pending bans and the newest completed ones", body = BanList),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+    ))]
 pub async fn list_bans(State(state): State<AdminState>) -> Json<BanList> {
     let now = now_ms();
     Json(BanList {
@@ -97,22 +41,42 @@ pub async fn list_bans(State(state): State<AdminState>) -> Json<BanList> {
             .store
             .bans()
             .into_iter()
-            .map(|b| BanView::new(b, now))
+            .map(|b| ban_view(b, now))
             .collect(),
     })
 }
 
+/// Adds a ban: every object stored before it that matches is gone for every later request. Durable when
+/// answered.
+#[utoipa::path(post, path = "/v1/bans", tag = "invalidation", security(("secret" = [])),
+    request_body = NewBan,
+    responses(
+        (status = 201, description = "The ban, in canonical form", body = BanView),
+        (status = 400, description = "`invalid_ban` (with the column), `invalid_body`", body = ApiError),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 413, description = "`body_too_large`", body = ApiError),
+        (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
+    ))]
 pub async fn add_ban(State(state): State<AdminState>, ApiJson(body): ApiJson<NewBan>) -> Response {
     let expr = match BanExpr::parse(&body.expression) {
         Ok(expr) => expr,
         Err(e) => return api_error(StatusCode::BAD_REQUEST, "invalid_ban", e.to_string()),
     };
     match state.shared.store.add_ban(expr).await {
-        Ok(info) => (StatusCode::CREATED, Json(BanView::new(info, now_ms()))).into_response(),
+        Ok(info) => (StatusCode::CREATED, Json(ban_view(info, now_ms()))).into_response(),
         Err(e) => store_failed(e),
     }
 }
 
+/// Purges one URL's cache key: every variant. Durable when answered.
+#[utoipa::path(post, path = "/v1/purge", tag = "invalidation", security(("secret" = [])),
+    request_body = PurgeUrl,
+    responses(
+        (status = 200, description = "How many stored variants were purged", body = Purged),
+        (status = 400, description = "`invalid_url`, `missing_host`, `invalid_body`", body = ApiError),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
+    ))]
 pub async fn purge_url(
     State(state): State<AdminState>,
     ApiJson(body): ApiJson<PurgeUrl>,
@@ -124,6 +88,15 @@ pub async fn purge_url(
     purge(&state, PurgeTarget::Key(key), body.soft).await
 }
 
+/// Purges every object carrying any of the surrogate keys, on every host. Durable when answered.
+#[utoipa::path(post, path = "/v1/purge/tags", tag = "invalidation", security(("secret" = [])),
+    request_body = PurgeTags,
+    responses(
+        (status = 200, description = "How many stored variants were purged", body = Purged),
+        (status = 400, description = "`no_tags`, `invalid_tag`, `too_many_tags`, `invalid_body`", body = ApiError),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
+    ))]
 pub async fn purge_tags(
     State(state): State<AdminState>,
     ApiJson(body): ApiJson<PurgeTags>,
@@ -137,7 +110,11 @@ pub async fn purge_tags(
 
 async fn purge(state: &AdminState, target: PurgeTarget, soft: bool) -> Response {
     match invalidation::purge(&state.shared.store, target, soft).await {
-        Ok(purged) => Json(Purged { purged, soft }).into_response(),
+        Ok(purged) => Json(Purged {
+            purged: purged as u64,
+            soft,
+        })
+        .into_response(),
         Err(e) => store_failed(e),
     }
 }

@@ -1,59 +1,87 @@
-//! The admin API (axum, localhost by default). Every route but `GET /v1/health` requires
-//! `Authorization: Bearer <secret>`. Errors are JSON `{"code": "...", "message": "..."}` with a stable code.
+//! The admin API (axum, localhost by default). Every route but `GET /v1/health` and
+//! `GET /v1/openapi.json` requires `Authorization: Bearer <secret>` (and `GET /metrics` unless
+//! `admin.open_metrics`). Errors are JSON [`ApiError`]s with a stable code. Routes are registered together
+//! with their OpenAPI description, so `GET /v1/openapi.json` lists exactly what is served.
 
 mod invalidation;
+mod objects;
+mod operations;
+mod status;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::{
-    extract::{DefaultBodyLimit, FromRequest, Request, State},
-    http::{header, StatusCode},
+    extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Query, Request, State},
+    http::{header, request::Parts, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
-    routing::{get, post},
     Json, Router,
 };
-use lacquer_storage::StoreStatsSnapshot;
-use serde::Serialize;
+use lacquer_admin::wire::ApiError;
 use subtle::ConstantTimeEq;
+use tokio::sync::watch;
+use utoipa::{
+    openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
+    Modify, OpenApi,
+};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::{stats::ProxyStatsSnapshot, worker::Shared};
+use crate::{reload::Reloader, worker::Shared};
 
 #[derive(Clone)]
 pub struct AdminState {
     pub shared: Arc<Shared>,
     pub secret: Arc<str>,
+    pub reloader: Arc<Reloader>,
+    /// `host:port` of the origin, as configured.
+    pub backend_address: Arc<str>,
+    pub open_metrics: bool,
+    /// Turns true on shutdown: long-lived streams end so the server can stop.
+    pub stopping: watch::Receiver<bool>,
+    /// The OpenAPI document, rendered once the routes are known.
+    pub openapi: Arc<OnceLock<String>>,
 }
 
-#[derive(Serialize)]
-pub struct Health {
-    pub status: &'static str,
-    pub version: &'static str,
-    pub uptime_seconds: u64,
-}
-
-#[derive(Serialize)]
-pub struct StatsResponse {
-    pub uptime_seconds: u64,
-    pub proxy: ProxyStatsSnapshot,
-    pub store: StoreStatsSnapshot,
-}
-
-#[derive(Serialize)]
-struct ApiError {
-    code: &'static str,
-    message: String,
-}
-
-fn api_error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(ApiError {
-            code,
-            message: message.into(),
-        }),
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "lacquerd admin API",
+        description = "Operate a running lacquerd: statistics, bans, purges, inspection, backends, reload. \
+            Send the contents of the admin secret file as `Authorization: Bearer <secret>`."
+    ),
+    modifiers(&SecretAuth),
+    tags(
+        (name = "status", description = "Health, statistics and metrics"),
+        (name = "invalidation", description = "Bans and purges"),
+        (name = "objects", description = "What the store holds"),
+        (name = "operations", description = "Backends and configuration"),
     )
-        .into_response()
+)]
+struct ApiDoc;
+
+struct SecretAuth;
+
+impl Modify for SecretAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some(
+                "The contents of the admin secret file (`admin.secret_file`).",
+            ))
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("secret", SecurityScheme::Http(scheme));
+    }
+}
+
+pub fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let error = ApiError {
+        code: code.to_owned(),
+        message: message.into(),
+    };
+    (status, Json(error)).into_response()
 }
 
 /// Admin request bodies are small JSON documents.
@@ -85,24 +113,72 @@ where
     }
 }
 
-pub fn router(state: AdminState) -> Router {
-    let guarded = Router::new()
-        .route("/v1/stats", get(stats))
-        .route(
-            "/v1/bans",
-            get(invalidation::list_bans).post(invalidation::add_ban),
-        )
-        .route("/v1/purge", post(invalidation::purge_url))
-        .route("/v1/purge/tags", post(invalidation::purge_tags))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_secret,
-        ));
-    Router::new()
-        .route("/v1/health", get(health))
+/// `Query` whose rejections are API errors.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    Query<T>: FromRequestParts<S, Rejection = axum::extract::rejection::QueryRejection>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(Self(value)),
+            Err(rejection) => Err(api_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                rejection.body_text(),
+            )),
+        }
+    }
+}
+
+/// The routes, each registered with its OpenAPI description, and the document they make up.
+fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
+    let guard = || middleware::from_fn_with_state(state.clone(), require_secret);
+    let open = OpenApiRouter::new()
+        .routes(routes!(status::health))
+        .routes(routes!(status::openapi));
+    let guarded = OpenApiRouter::new()
+        .routes(routes!(status::stats))
+        .routes(routes!(status::stats_stream))
+        .routes(routes!(invalidation::list_bans, invalidation::add_ban))
+        .routes(routes!(invalidation::purge_url))
+        .routes(routes!(invalidation::purge_tags))
+        .routes(routes!(objects::inspect))
+        .routes(routes!(operations::backends))
+        .routes(routes!(operations::reload))
+        .route_layer(guard());
+    let metrics = OpenApiRouter::new().routes(routes!(status::metrics));
+    let metrics = if state.open_metrics {
+        metrics
+    } else {
+        metrics.route_layer(guard())
+    };
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(open)
         .merge(guarded)
+        .merge(metrics)
+}
+
+pub fn router(state: AdminState) -> Router {
+    let (router, doc) = routes(&state).split_for_parts();
+    let rendered = doc
+        .to_pretty_json()
+        .expect("the OpenAPI document serializes");
+    state.openapi.get_or_init(|| rendered);
+    router
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .fallback(|| async { api_error(StatusCode::NOT_FOUND, "not_found", "no such admin route") })
+        .method_not_allowed_fallback(|| async {
+            api_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
         .with_state(state)
 }
 
@@ -130,18 +206,12 @@ async fn require_secret(State(state): State<AdminState>, req: Request, next: Nex
     }
 }
 
-async fn health(State(state): State<AdminState>) -> Json<Health> {
-    Json(Health {
-        status: "ok",
-        version: env!("CARGO_PKG_VERSION"),
-        uptime_seconds: state.shared.started.elapsed().as_secs(),
-    })
-}
-
-async fn stats(State(state): State<AdminState>) -> Json<StatsResponse> {
-    Json(StatsResponse {
-        uptime_seconds: state.shared.started.elapsed().as_secs(),
-        proxy: state.shared.stats.snapshot(),
-        store: state.shared.store.stats(),
-    })
+/// The answer to a store failure: logged, and reported without detail beyond the store's own message.
+pub fn store_failed(e: lacquer_storage::StoreError) -> Response {
+    tracing::error!(error = %e, "admin operation failed in the store");
+    api_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "store_error",
+        e.to_string(),
+    )
 }

@@ -71,7 +71,7 @@ pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
     }
     if registered {
         let hit_for_miss =
-            matches!(ending, Ending::NotStored).then_some(worker.shared.policy.hit_for_miss);
+            matches!(ending, Ending::NotStored).then_some(worker.shared.live().policy.hit_for_miss);
         coalescer.finish(&key, &fetch, hit_for_miss);
     }
     fetch.settle();
@@ -112,13 +112,8 @@ async fn revalidated(
     }
     let status = StatusCode::from_u16(old.status).unwrap_or(StatusCode::OK);
     let authorized = request.parts.headers.contains_key(header::AUTHORIZATION);
-    let decision = storable::decide(
-        authorized,
-        status,
-        &headers,
-        &worker.shared.policy,
-        response_time,
-    );
+    let live = worker.shared.live();
+    let decision = storable::decide(authorized, status, &headers, &live.policy, response_time);
     let ttl = match &decision {
         Decision::Store(s) => s.ttl.saturating_sub(Duration::from_secs(initial_age)),
         Decision::DontStore(_) => Duration::ZERO,
@@ -153,7 +148,7 @@ async fn revalidated(
                 &s,
                 initial_age,
                 response_time,
-                &worker.shared.policy,
+                &live.policy,
             );
             store.refresh(key, meta).map(drop)
         }
@@ -206,7 +201,8 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     } = request;
     let key = key.as_str();
     let shared = &worker.shared;
-    let policy = &shared.policy;
+    let live = shared.live();
+    let policy = &live.policy;
     let request_time = SystemTime::now();
     let build = || {
         let mut req = forward::fill_request(parts, *client);

@@ -39,7 +39,7 @@ pub async fn handle(worker: Arc<Worker>, client: IpAddr, req: Request<Incoming>)
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
-    let resp = match classify(&parts.method, &parts.headers, &worker.shared.policy) {
+    let resp = match classify(&parts.method, &parts.headers, &worker.shared.live().policy) {
         RequestClass::Lookup => lookup(&worker, client, parts).await,
         RequestClass::Pass(_) => pass(&worker, client, parts, body, false).await,
         RequestClass::Invalidate => pass(&worker, client, parts, body, true).await,

@@ -27,7 +27,8 @@ pub fn is_invalidation(method: &Method) -> bool {
 
 pub async fn handle(worker: &Worker, client: IpAddr, parts: &Parts) -> Response<Body> {
     let shared = &worker.shared;
-    let access = &shared.purge;
+    let live = shared.live();
+    let access = &live.purge;
     if !access.http_methods || !access.allow_from.iter().any(|net| net.contains(&client)) {
         inc(&shared.stats.purge_requests_refused);
         let message = format!("{} is not allowed from {client}", parts.method);

@@ -1,0 +1,265 @@
+//! The typed admin API client: one method per route, every failure one line that says what to do.
+
+use std::{net::SocketAddr, path::PathBuf, pin::Pin, time::Duration};
+
+use bytes::Bytes;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures_util::{Stream, StreamExt};
+use http_body_util::{BodyExt, BodyStream, Full};
+use hyper::{body::Incoming, header, Method, Request, Response, StatusCode};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::TokioExecutor,
+};
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::{
+    target::{io_reason, plain, Target},
+    wire::{
+        ApiError, BackendList, BanList, BanView, Health, Inspection, NewBan, ObjectQuery,
+        PurgeTags, PurgeUrl, Purged, Reloaded, Stats,
+    },
+};
+
+/// How long a request may take before the daemon counts as unreachable.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// The stream sends an event every second; this much silence means the daemon is gone.
+const STREAM_SILENCE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("cannot reach lacquerd at {addr}: {reason} (is the service running?)")]
+    Unreachable { addr: SocketAddr, reason: String },
+    #[error("unauthorized: the secret in {path} does not match")]
+    Unauthorized { path: PathBuf },
+    #[error("cannot read the admin secret {path}: {reason} (run as root or the lacquer user, or pass --secret FILE)")]
+    Secret { path: PathBuf, reason: String },
+    #[error("{addr} does not answer like lacquerd's admin API: {reason} (is --admin the admin address?)")]
+    NotAdminApi { addr: SocketAddr, reason: String },
+    #[error("refused: {}", .error.message)]
+    Refused { status: StatusCode, error: ApiError },
+}
+
+impl AdminError {
+    /// 1 when the daemon refused the operation, 3 when it cannot be used at all (down, wrong secret).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AdminError::Refused { .. } => 1,
+            _ => 3,
+        }
+    }
+}
+
+pub struct AdminClient {
+    target: Target,
+    http: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl AdminClient {
+    pub fn new(target: Target) -> Self {
+        Self {
+            target,
+            http: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    pub async fn health(&self) -> Result<Health, AdminError> {
+        self.call(Method::GET, "/v1/health", None::<&()>, false)
+            .await
+    }
+
+    pub async fn stats(&self) -> Result<Stats, AdminError> {
+        self.call(Method::GET, "/v1/stats", None::<&()>, true).await
+    }
+
+    /// The stats document once a second, for as long as the daemon keeps sending it.
+    pub async fn stats_stream(&self) -> Result<StatsStream, AdminError> {
+        let resp = self
+            .send(Method::GET, "/v1/stats/stream", None, true)
+            .await?;
+        let resp = self.check(resp).await?;
+        let addr = self.target.addr;
+        let events = BodyStream::new(resp.into_body())
+            .filter_map(|frame| async move {
+                match frame {
+                    Ok(frame) => frame.into_data().ok().map(Ok),
+                    Err(e) => Some(Err(e)),
+                }
+            })
+            .eventsource();
+        Ok(StatsStream {
+            addr,
+            events: Box::pin(events),
+        })
+    }
+
+    pub async fn bans(&self) -> Result<BanList, AdminError> {
+        self.call(Method::GET, "/v1/bans", None::<&()>, true).await
+    }
+
+    pub async fn ban(&self, expression: &str) -> Result<BanView, AdminError> {
+        let body = NewBan {
+            expression: expression.to_owned(),
+        };
+        self.call(Method::POST, "/v1/bans", Some(&body), true).await
+    }
+
+    pub async fn purge_url(&self, purge: &PurgeUrl) -> Result<Purged, AdminError> {
+        self.call(Method::POST, "/v1/purge", Some(purge), true)
+            .await
+    }
+
+    pub async fn purge_tags(&self, purge: &PurgeTags) -> Result<Purged, AdminError> {
+        self.call(Method::POST, "/v1/purge/tags", Some(purge), true)
+            .await
+    }
+
+    pub async fn inspect(&self, query: &ObjectQuery) -> Result<Inspection, AdminError> {
+        let query = serde_urlencoded::to_string(query).expect("a query of strings encodes");
+        let path = format!("/v1/objects?{query}");
+        self.call(Method::GET, &path, None::<&()>, true).await
+    }
+
+    pub async fn backends(&self) -> Result<BackendList, AdminError> {
+        self.call(Method::GET, "/v1/backends", None::<&()>, true)
+            .await
+    }
+
+    pub async fn reload(&self) -> Result<Reloaded, AdminError> {
+        self.call(Method::POST, "/v1/reload", None::<&()>, true)
+            .await
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        authorized: bool,
+    ) -> Result<T, AdminError> {
+        let body = body.map(|b| serde_json::to_vec(b).expect("wire types serialize"));
+        let resp = self.send(method, path, body, authorized).await?;
+        let resp = self.check(resp).await?;
+        let bytes = tokio::time::timeout(TIMEOUT, resp.into_body().collect())
+            .await
+            .map_err(|_| self.unreachable(format!("no answer within {TIMEOUT:?}")))?
+            .map_err(|e| self.unreachable(root_cause(&e)))?
+            .to_bytes();
+        serde_json::from_slice(&bytes).map_err(|e| AdminError::NotAdminApi {
+            addr: self.target.addr,
+            reason: format!("unexpected answer to {path}: {e}"),
+        })
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        authorized: bool,
+    ) -> Result<Response<Incoming>, AdminError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.target.addr));
+        if authorized {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {}", self.secret()?));
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(body.map(Bytes::from).unwrap_or_default()))
+            .expect("a valid request");
+        tokio::time::timeout(TIMEOUT, self.http.request(req))
+            .await
+            .map_err(|_| self.unreachable(format!("no answer within {TIMEOUT:?}")))?
+            .map_err(|e| self.unreachable(root_cause(&e)))
+    }
+
+    /// Turns an error status into the error it stands for.
+    async fn check(&self, resp: Response<Incoming>) -> Result<Response<Incoming>, AdminError> {
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            return Err(AdminError::Unauthorized {
+                path: self.target.secret_file.clone(),
+            });
+        }
+        let body = tokio::time::timeout(TIMEOUT, resp.into_body().collect())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        match serde_json::from_slice::<ApiError>(&body) {
+            Ok(error) => Err(AdminError::Refused { status, error }),
+            Err(_) => Err(AdminError::NotAdminApi {
+                addr: self.target.addr,
+                reason: format!("answered {status} without an API error"),
+            }),
+        }
+    }
+
+    fn secret(&self) -> Result<String, AdminError> {
+        let path = &self.target.secret_file;
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_owned())
+            .map_err(|e| AdminError::Secret {
+                path: path.clone(),
+                reason: io_reason(&e),
+            })
+    }
+
+    fn unreachable(&self, reason: String) -> AdminError {
+        AdminError::Unreachable {
+            addr: self.target.addr,
+            reason,
+        }
+    }
+}
+
+type Events = Pin<
+    Box<
+        dyn Stream<Item = Result<eventsource_stream::Event, EventStreamError<hyper::Error>>> + Send,
+    >,
+>;
+
+/// `GET /v1/stats/stream`, read one document at a time.
+pub struct StatsStream {
+    addr: SocketAddr,
+    events: Events,
+}
+
+impl StatsStream {
+    /// The next document; an error when the daemon went away or fell silent.
+    pub async fn next(&mut self) -> Result<Stats, AdminError> {
+        let unreachable = |reason: String| AdminError::Unreachable {
+            addr: self.addr,
+            reason,
+        };
+        let event = tokio::time::timeout(STREAM_SILENCE, self.events.next())
+            .await
+            .map_err(|_| unreachable(format!("no statistics for {STREAM_SILENCE:?}")))?
+            .ok_or_else(|| unreachable("the stream ended".into()))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        serde_json::from_str(&event.data).map_err(|e| AdminError::NotAdminApi {
+            addr: self.addr,
+            reason: format!("unexpected statistics event: {e}"),
+        })
+    }
+}
+
+/// The innermost error: "connection refused" rather than hyper's "client error (Connect)".
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    plain(&cur.to_string())
+}

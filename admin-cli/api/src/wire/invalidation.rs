@@ -1,0 +1,70 @@
+//! Bans and purges (`/v1/bans`, `/v1/purge`, `/v1/purge/tags`); the semantics are in docs/invalidation.md.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /v1/bans`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewBan {
+    /// e.g. `req.url ~ "^/products/" && obj.http.content-type ~ "json"`.
+    #[schema(example = "req.url ~ \"^/products/\"")]
+    pub expression: String,
+}
+
+/// A ban, as listed and as answered when added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BanView {
+    pub id: u64,
+    /// The expression in canonical form.
+    pub expression: String,
+    /// When it was added, in Unix seconds.
+    pub created: u64,
+    pub age_seconds: u64,
+    /// Objects tested against it.
+    pub tested: u64,
+    /// Objects it removed.
+    pub removed: u64,
+    /// The lurker has tested every object stored before the ban: it can no longer match anything.
+    pub completed: bool,
+}
+
+/// `GET /v1/bans`: oldest first; the newest 100 completed bans stay listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BanList {
+    pub bans: Vec<BanView>,
+}
+
+/// `POST /v1/purge`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PurgeUrl {
+    /// `http://host/path?query`, or `/path?query` with `host`.
+    #[schema(example = "http://www.example.com/index.html")]
+    pub url: String,
+    /// The host, when `url` has none (or to override it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Expire instead of removing: the object is still served stale within its grace while it is fetched
+    /// again.
+    #[serde(default)]
+    pub soft: bool,
+}
+
+/// `POST /v1/purge/tags`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PurgeTags {
+    /// Surrogate keys (from `Surrogate-Key`, `xkey` or `Cache-Tag`); an object carrying any of them is purged.
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub soft: bool,
+}
+
+/// What a purge did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Purged {
+    /// Stored objects (variants) removed, or expired for a soft purge.
+    pub purged: u64,
+    pub soft: bool,
+}

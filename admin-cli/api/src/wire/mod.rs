@@ -1,0 +1,37 @@
+//! What every admin route takes and returns. `lacquerd`'s handlers serve these types, `cachectl` and
+//! `cachetop` read them, and the OpenAPI document is generated from them.
+
+mod backends;
+mod invalidation;
+mod objects;
+mod reload;
+mod stats;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+pub use backends::{BackendHealth, BackendList, BackendView, LastError};
+pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
+pub use objects::{HeaderField, Inspection, ObjectQuery, StoredVariant, Tiers};
+pub use reload::{NotApplied, Reloaded};
+pub use stats::{Field, Kind, ProxyStats, Stats, StoreStats, FAMILY_HELP};
+
+/// `GET /v1/health`: answered without the secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok` when the daemon answers.
+    pub status: String,
+    pub version: String,
+    pub uptime_seconds: u64,
+}
+
+/// Every error the admin API returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiError {
+    /// Stable, for scripts: `unauthorized`, `not_found`, `method_not_allowed`, `invalid_body`,
+    /// `body_too_large`, `invalid_query`, `invalid_ban`, `invalid_url`, `missing_host`, `no_tags`,
+    /// `invalid_tag`, `too_many_tags`, `invalid_config`, `store_error`.
+    pub code: String,
+    /// One line for a person.
+    pub message: String,
+}

@@ -1,0 +1,73 @@
+//! `GET /v1/objects?url=…`: what the store holds for one URL.
+
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// The URL to inspect: absolute, or a path with `host`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ObjectQuery {
+    /// `http://host/path?query`, or `/path?query` with `host`.
+    pub url: String,
+    /// The host, when `url` has none (or to override it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+/// Every stored variant of a URL's cache key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Inspection {
+    /// The cache key the URL maps to.
+    pub key: String,
+    /// Whether any variant is stored; a lookup would still fetch a variant whose body is gone.
+    pub cached: bool,
+    /// Newest first.
+    pub variants: Vec<StoredVariant>,
+}
+
+/// One stored response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StoredVariant {
+    /// The request headers the response's `Vary` selected on, with the values this variant was fetched with.
+    pub vary: Vec<HeaderField>,
+    pub status: u16,
+    /// Body bytes.
+    pub size: u64,
+    /// Where the body's chunks are.
+    pub tiers: Tiers,
+    /// `fresh`, `grace` (stale, served while refreshed), `keep` (stale, kept for revalidation) or
+    /// `expired` (waiting for the sweeper).
+    pub state: String,
+    /// Unix seconds when it was received.
+    pub stored_at: u64,
+    pub age_seconds: u64,
+    /// Freshness left; negative once stale.
+    pub ttl_seconds: i64,
+    pub grace_seconds: u64,
+    pub keep_seconds: u64,
+    pub stale_if_error_seconds: u64,
+    /// Never served stale (`must-revalidate`, `no-cache`…).
+    pub no_stale: bool,
+    /// Surrogate keys.
+    pub tags: Vec<String>,
+    /// Response headers as stored.
+    pub headers: Vec<HeaderField>,
+    /// Unique per stored body.
+    pub generation: u64,
+}
+
+/// Chunk counts by tier (a chunk held by both counts in both).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Tiers {
+    pub chunks: u32,
+    pub in_memory: u32,
+    pub on_disk: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HeaderField {
+    pub name: String,
+    /// Lossily decoded as UTF-8.
+    pub value: String,
+}

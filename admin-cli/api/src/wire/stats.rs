@@ -1,0 +1,362 @@
+//! `GET /v1/stats`, `GET /v1/stats/stream` and `GET /metrics` all show these values. Each is declared once,
+//! below, with what it means and how Prometheus sees it, so the JSON document, the metrics page and the
+//! descriptions `cachectl stats` prints cannot disagree.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// How a value behaves over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows (until a restart); a rate is meaningful.
+    Counter,
+    /// Goes up and down; shown as is.
+    Gauge,
+}
+
+/// One value of a stats section.
+#[derive(Debug)]
+pub struct Field {
+    /// The name in the JSON document.
+    pub name: &'static str,
+    help: &'static [&'static str],
+    pub kind: Kind,
+    /// The Prometheus metric family it belongs to.
+    pub metric: &'static str,
+    /// Its labels within that family: values that add up (hits by tier, results by kind) share a family.
+    pub labels: &'static [(&'static str, &'static str)],
+}
+
+impl Field {
+    /// The one-line description.
+    pub fn help(&self) -> String {
+        self.help
+            .iter()
+            .map(|line| line.trim())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+macro_rules! stats_section {
+    (
+        $(#[doc = $sdoc:literal])*
+        pub struct $ty:ident {
+            $(
+                $(#[doc = $doc:literal])+
+                $name:ident: $kind:ident $metric:literal $({ $($label:ident = $value:literal),* })?,
+            )*
+        }
+    ) => {
+        $(#[doc = $sdoc])*
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+        pub struct $ty {
+            $($(#[doc = $doc])+ pub $name: u64,)*
+        }
+
+        impl $ty {
+            pub const FIELDS: &'static [Field] = &[$(Field {
+                name: stringify!($name),
+                help: &[$($doc),+],
+                kind: Kind::$kind,
+                metric: $metric,
+                labels: &[$($((stringify!($label), $value)),*)?],
+            }),*];
+
+            /// Every field with its value, in declaration order.
+            pub fn values(&self) -> impl Iterator<Item = (&'static Field, u64)> {
+                Self::FIELDS.iter().zip([$(self.$name),*])
+            }
+
+            /// The value of the field called `name`.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                self.values().find(|(f, _)| f.name == name).map(|(_, v)| v)
+            }
+        }
+    };
+}
+
+stats_section! {
+    /// Counters and gauges of the proxy: client requests and what became of them.
+    pub struct ProxyStats {
+        /// Client requests received.
+        requests: Counter "lacquer_client_requests_total",
+        /// Requests answered from the store (stale ones included).
+        hits: Counter "lacquer_cache_requests_total" { result = "hit" },
+        /// Hits whose first chunk came from the memory tier.
+        hits_memory: Counter "lacquer_cache_hits_total" { tier = "memory" },
+        /// Hits whose first chunk came from the disk tier.
+        hits_disk: Counter "lacquer_cache_hits_total" { tier = "disk" },
+        /// Stale objects served within grace while a background fetch refreshed them.
+        stale_served: Counter "lacquer_stale_served_total" { reason = "grace" },
+        /// Stale objects served because the origin failed (refused, reset, timed out, or 5xx).
+        stale_on_error: Counter "lacquer_stale_served_total" { reason = "backend_error" },
+        /// Cacheable requests the store could not answer.
+        misses: Counter "lacquer_cache_requests_total" { result = "miss" },
+        /// Requests passed to the backend without lookup.
+        passes: Counter "lacquer_cache_requests_total" { result = "pass" },
+        /// Requests that attached to a fetch already in flight instead of going to the backend.
+        coalesced_waiters: Counter "lacquer_coalesced_requests_total",
+        /// Misses sent straight to the backend because the key recently proved uncacheable.
+        hit_for_miss: Counter "lacquer_hit_for_miss_total",
+        /// Responses to cacheable requests that could not be stored.
+        uncacheable: Counter "lacquer_uncacheable_responses_total",
+        /// Requests sent to the backend (fetches and passes).
+        backend_requests: Counter "lacquer_backend_requests_total",
+        /// Backend requests that failed: refused, reset, timed out, or cut short.
+        backend_errors: Counter "lacquer_backend_errors_total",
+        /// Backend fetches in flight.
+        fetches_in_flight: Gauge "lacquer_backend_fetches_in_flight",
+        /// Objects stored after a fetch.
+        objects_stored: Counter "lacquer_objects_stored_total",
+        /// Stale objects the origin confirmed with a 304: headers and freshness refreshed, body not resent.
+        revalidations: Counter "lacquer_revalidations_total",
+        /// Store lookups that found metadata but not the whole body (evicted or lost in a crash).
+        bodies_lost: Counter "lacquer_bodies_lost_total",
+        /// Stored objects invalidated by unsafe methods (POST, PUT, DELETE, PATCH) sent through the proxy.
+        invalidations: Counter "lacquer_unsafe_method_invalidations_total",
+        /// `PURGE` and `BAN` requests accepted from allowed clients.
+        purge_requests: Counter "lacquer_purge_requests_total" { outcome = "accepted" },
+        /// `PURGE` and `BAN` requests refused (methods off, or client not in `purge.allow_from`).
+        purge_requests_refused: Counter "lacquer_purge_requests_total" { outcome = "refused" },
+        /// Body bytes received from backends.
+        bytes_in: Counter "lacquer_backend_body_bytes_total",
+        /// Body bytes sent to clients.
+        bytes_out: Counter "lacquer_client_body_bytes_total",
+        /// Client connections accepted.
+        connections: Counter "lacquer_client_connections_total",
+    }
+}
+
+stats_section! {
+    /// Counters and gauges of the store: objects, tiers, bans and purges.
+    pub struct StoreStats {
+        /// Stored variants.
+        objects: Gauge "lacquer_store_objects",
+        /// Body bytes of stored variants.
+        stored_bytes: Gauge "lacquer_store_object_bytes",
+        /// Bytes of chunks in the memory tier.
+        memory_bytes_used: Gauge "lacquer_store_memory_bytes",
+        /// Size of the memory tier.
+        memory_bytes_capacity: Gauge "lacquer_store_memory_capacity_bytes",
+        /// Size of the disk tier.
+        disk_bytes_capacity: Gauge "lacquer_store_disk_capacity_bytes",
+        /// Bytes written to the disk tier since start.
+        disk_bytes_written: Counter "lacquer_store_disk_written_bytes_total",
+        /// Objects made visible to lookups.
+        objects_published: Counter "lacquer_store_objects_published_total",
+        /// Published objects whose chunks have all reached the disk tier.
+        objects_durable: Counter "lacquer_store_objects_durable_total",
+        /// Objects the store removed at the proxy's request (unsafe-method invalidation).
+        objects_removed: Counter "lacquer_store_objects_removed_total",
+        /// Expired objects the sweeper removed.
+        objects_swept: Counter "lacquer_store_objects_swept_total",
+        /// Body chunks written.
+        chunks_written: Counter "lacquer_store_chunks_written_total",
+        /// Body bytes written in chunks.
+        chunk_bytes_written: Counter "lacquer_store_chunk_written_bytes_total",
+        /// Chunks read from the memory tier.
+        chunk_reads_memory: Counter "lacquer_store_chunk_reads_total" { tier = "memory" },
+        /// Chunks read from the disk tier.
+        chunk_reads_disk: Counter "lacquer_store_chunk_reads_total" { tier = "disk" },
+        /// Chunks the metadata promised but the tiers no longer held (evicted or lost in a crash).
+        chunks_missing: Counter "lacquer_store_chunks_missing_total",
+        /// Variants dropped because a key had more than `storage.max_variants`.
+        variants_overflowed: Counter "lacquer_store_variants_overflowed_total",
+        /// Chunk writes foyer dropped because its queues were full (should stay 0: writes wait instead).
+        foyer_drops: Counter "lacquer_store_dropped_writes_total",
+        /// Times the writer waited for the disk tier and flushed metadata, making objects durable.
+        write_waits: Counter "lacquer_store_write_waits_total",
+        /// Metadata records that could not be decoded (and were dropped).
+        corrupt_records: Counter "lacquer_store_corrupt_records_total",
+        /// Bans in the list, completed ones included.
+        bans: Gauge "lacquer_bans",
+        /// Bans the lurker has not finished with.
+        bans_pending: Gauge "lacquer_bans_pending",
+        /// Bans added.
+        bans_added: Counter "lacquer_bans_added_total",
+        /// Bans the lurker finished: every object stored before them was tested.
+        bans_completed: Counter "lacquer_bans_completed_total",
+        /// Objects removed by a ban when a lookup tested them.
+        objects_banned: Counter "lacquer_objects_banned_total" { by = "lookup" },
+        /// Objects removed by a ban when the lurker tested them.
+        objects_lurked: Counter "lacquer_objects_banned_total" { by = "lurker" },
+        /// Walks the ban lurker finished.
+        lurker_walks: Counter "lacquer_ban_lurker_walks_total",
+        /// Purge operations (by URL or by tags).
+        purges: Counter "lacquer_purges_total",
+        /// Objects removed by hard purges.
+        objects_purged: Counter "lacquer_objects_purged_total" { mode = "hard" },
+        /// Objects expired by soft purges (still served within grace).
+        objects_soft_purged: Counter "lacquer_objects_purged_total" { mode = "soft" },
+        /// Fetches that completed after a purge or ban covering them, so were not stored.
+        publishes_cancelled: Counter "lacquer_store_publishes_cancelled_total",
+    }
+}
+
+/// Descriptions of the metric families whose members carry labels (a member's own description says what
+/// its label value counts).
+pub const FAMILY_HELP: &[(&str, &str)] = &[
+    (
+        "lacquer_cache_requests_total",
+        "Client requests by cache result: hit, miss or pass.",
+    ),
+    (
+        "lacquer_cache_hits_total",
+        "Hits by the tier their first chunk came from.",
+    ),
+    (
+        "lacquer_stale_served_total",
+        "Stale objects served, by reason.",
+    ),
+    (
+        "lacquer_purge_requests_total",
+        "PURGE and BAN requests, by outcome.",
+    ),
+    (
+        "lacquer_store_chunk_reads_total",
+        "Body chunks read, by tier.",
+    ),
+    (
+        "lacquer_objects_banned_total",
+        "Objects removed by bans, by who tested them.",
+    ),
+    (
+        "lacquer_objects_purged_total",
+        "Objects invalidated by purges, by mode.",
+    ),
+];
+
+/// The whole statistics document: `GET /v1/stats`, and each event of `GET /v1/stats/stream`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Stats {
+    pub version: String,
+    pub uptime_seconds: u64,
+    pub proxy: ProxyStats,
+    pub store: StoreStats,
+}
+
+impl Stats {
+    /// `proxy.hits`-style names with their fields and values, proxy first.
+    pub fn values(&self) -> impl Iterator<Item = (String, &'static Field, u64)> + '_ {
+        let proxy = self
+            .proxy
+            .values()
+            .map(|(f, v)| (format!("proxy.{}", f.name), f, v));
+        let store = self
+            .store
+            .values()
+            .map(|(f, v)| (format!("store.{}", f.name), f, v));
+        proxy.chain(store)
+    }
+
+    /// The value called `section.name`, e.g. `proxy.hits`.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        match name.split_once('.')? {
+            ("proxy", field) => self.proxy.get(field),
+            ("store", field) => self.store.get(field),
+            _ => None,
+        }
+    }
+
+    /// Hits over hits, misses and passes, when there was any such request.
+    pub fn hit_ratio(&self) -> Option<f64> {
+        let p = &self.proxy;
+        let total = p.hits + p.misses + p.passes;
+        (total > 0).then(|| p.hits as f64 / total as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use super::*;
+
+    fn every_field() -> impl Iterator<Item = &'static Field> {
+        ProxyStats::FIELDS.iter().chain(StoreStats::FIELDS)
+    }
+
+    #[test]
+    fn the_table_describes_every_serialized_field() {
+        let doc = serde_json::to_value(Stats::default()).unwrap();
+        for (section, fields) in [("proxy", ProxyStats::FIELDS), ("store", StoreStats::FIELDS)] {
+            let names: Vec<_> = doc[section].as_object().unwrap().keys().cloned().collect();
+            let table: Vec<_> = fields.iter().map(|f| f.name.to_owned()).collect();
+            assert_eq!(names, table, "{section}");
+        }
+    }
+
+    #[test]
+    fn values_line_up_with_names() {
+        let stats = Stats {
+            proxy: ProxyStats {
+                hits: 7,
+                connections: 3,
+                ..Default::default()
+            },
+            store: StoreStats {
+                objects_lurked: 5,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(stats.get("proxy.hits"), Some(7));
+        assert_eq!(stats.get("proxy.connections"), Some(3));
+        assert_eq!(stats.get("store.objects_lurked"), Some(5));
+        assert_eq!(stats.get("store.nope"), None);
+        let doc = serde_json::to_value(&stats).unwrap();
+        for (name, _, value) in stats.values() {
+            let (section, field) = name.split_once('.').unwrap();
+            assert_eq!(doc[section][field], value, "{name}");
+        }
+    }
+
+    #[test]
+    fn metric_names_follow_prometheus_conventions() {
+        let name = |s: &str| {
+            s.starts_with("lacquer_")
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        let mut families: HashMap<&str, (Kind, Vec<&str>)> = HashMap::new();
+        let mut series = HashSet::new();
+        for f in every_field() {
+            assert!(name(f.metric), "{}", f.metric);
+            assert_eq!(
+                f.metric.ends_with("_total"),
+                f.kind == Kind::Counter,
+                "counters and only counters end in _total: {}",
+                f.metric
+            );
+            assert!(
+                !f.help().is_empty() && !f.help().contains("  "),
+                "{}",
+                f.name
+            );
+            let label_names: Vec<&str> = f.labels.iter().map(|(k, _)| *k).collect();
+            let family = families
+                .entry(f.metric)
+                .or_insert((f.kind, label_names.clone()));
+            assert_eq!(family.0, f.kind, "one kind per family: {}", f.metric);
+            assert_eq!(
+                family.1, label_names,
+                "one label set per family: {}",
+                f.metric
+            );
+            assert!(
+                series.insert((f.metric, f.labels)),
+                "two fields are one series: {}",
+                f.name
+            );
+        }
+        for (family, (_, labels)) in &families {
+            let described = FAMILY_HELP.iter().any(|(n, _)| n == family);
+            assert_eq!(described, !labels.is_empty(), "{family}");
+        }
+        assert_eq!(
+            FAMILY_HELP.len(),
+            families.values().filter(|(_, l)| !l.is_empty()).count()
+        );
+    }
+}

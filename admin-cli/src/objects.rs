@@ -1,0 +1,161 @@
+//! `cachectl inspect`: what the store holds for a URL.
+
+use std::{
+    fmt::Write,
+    time::{Duration, UNIX_EPOCH},
+};
+
+use lacquer_admin::{
+    format::{bytes, duration},
+    wire::{Inspection, ObjectQuery, StoredVariant},
+    AdminClient, AdminError,
+};
+
+use crate::Output;
+
+pub async fn inspect(
+    client: &AdminClient,
+    out: Output,
+    url: String,
+    host: Option<String>,
+) -> Result<(), AdminError> {
+    let inspection = client.inspect(&ObjectQuery { url, host }).await?;
+    out.show(&inspection, render);
+    Ok(())
+}
+
+fn render(i: &Inspection) -> String {
+    if !i.cached {
+        return format!("not cached: {}\n", i.key);
+    }
+    let mut out = format!(
+        "{}: {} variant{}\n",
+        i.key,
+        i.variants.len(),
+        if i.variants.len() == 1 { "" } else { "s" }
+    );
+    for (n, v) in i.variants.iter().enumerate() {
+        out += &variant(n + 1, v);
+    }
+    out
+}
+
+fn variant(n: usize, v: &StoredVariant) -> String {
+    let vary = if v.vary.is_empty() {
+        String::new()
+    } else {
+        let pairs: Vec<String> = v
+            .vary
+            .iter()
+            .map(|h| match h.value.as_str() {
+                "" => format!("{} absent", h.name),
+                value => format!("{}: {value}", h.name),
+            })
+            .collect();
+        format!(" ({})", pairs.join(", "))
+    };
+    let ttl = if v.ttl_seconds >= 0 {
+        format!("{} left", duration(v.ttl_seconds as u64))
+    } else {
+        format!("stale for {}", duration(v.ttl_seconds.unsigned_abs()))
+    };
+    let t = &v.tiers;
+    let stored_at = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(v.stored_at));
+    let mut out = String::new();
+    let _ = writeln!(out, "\nvariant {n}{vary}");
+    let _ = writeln!(out, "  status     {}, {}", v.status, bytes(v.size));
+    let _ = writeln!(
+        out,
+        "  where      {} chunk{}: {} in memory, {} on disk",
+        t.chunks,
+        if t.chunks == 1 { "" } else { "s" },
+        t.in_memory,
+        t.on_disk
+    );
+    let _ = writeln!(
+        out,
+        "  freshness  {}: age {}, ttl {ttl}, grace {}, keep {}, stale-if-error {}{}",
+        v.state,
+        duration(v.age_seconds),
+        duration(v.grace_seconds),
+        duration(v.keep_seconds),
+        duration(v.stale_if_error_seconds),
+        if v.no_stale {
+            ", never served stale"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  stored     {stored_at} (generation {})",
+        v.generation
+    );
+    if !v.tags.is_empty() {
+        let _ = writeln!(out, "  tags       {}", v.tags.join(" "));
+    }
+    for (i, h) in v.headers.iter().enumerate() {
+        let label = if i == 0 { "headers" } else { "" };
+        let _ = writeln!(out, "  {label:<9}  {}: {}", h.name, h.value);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use lacquer_admin::wire::{HeaderField, Tiers};
+
+    use super::*;
+
+    #[test]
+    fn a_variant_reads_like_a_report() {
+        let field = |name: &str, value: &str| HeaderField {
+            name: name.into(),
+            value: value.into(),
+        };
+        let i = Inspection {
+            key: "example.com/a".into(),
+            cached: true,
+            variants: vec![StoredVariant {
+                vary: vec![field("accept-encoding", "gzip")],
+                status: 200,
+                size: 2048,
+                tiers: Tiers {
+                    chunks: 1,
+                    in_memory: 1,
+                    on_disk: 0,
+                },
+                state: "grace".into(),
+                stored_at: 1_700_000_000,
+                age_seconds: 70,
+                ttl_seconds: -10,
+                grace_seconds: 60,
+                keep_seconds: 0,
+                stale_if_error_seconds: 0,
+                no_stale: false,
+                tags: vec!["p1".into(), "p2".into()],
+                headers: vec![field("content-type", "text/html"), field("etag", "\"x\"")],
+                generation: 9,
+            }],
+        };
+        let text = render(&i);
+        for want in [
+            "example.com/a: 1 variant\n",
+            "variant 1 (accept-encoding: gzip)\n",
+            "  status     200, 2.0 KiB\n",
+            "  where      1 chunk: 1 in memory, 0 on disk\n",
+            "  freshness  grace: age 1m 10s, ttl stale for 10s, grace 1m 0s, keep 0s, stale-if-error 0s\n",
+            "  stored     Tue, 14 Nov 2023 22:13:20 GMT (generation 9)\n",
+            "  tags       p1 p2\n",
+            "  headers    content-type: text/html\n             etag: \"x\"\n",
+        ] {
+            assert!(text.contains(want), "{want:?} not in\n{text}");
+        }
+        let none = Inspection {
+            key: "k".into(),
+            cached: false,
+            variants: vec![],
+        };
+        assert_eq!(render(&none), "not cached: k\n");
+    }
+}

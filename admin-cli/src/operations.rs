@@ -1,0 +1,112 @@
+//! `cachectl health`, `backends` and `reload`.
+
+use lacquer_admin::{
+    format::duration,
+    wire::{BackendList, Health, Reloaded},
+    AdminClient, AdminError,
+};
+
+use crate::{
+    table::{render as table, Align},
+    Output,
+};
+
+pub async fn health(client: &AdminClient, out: Output) -> Result<(), AdminError> {
+    let health = client.health().await?;
+    let addr = client.target().addr;
+    out.show(&health, |h: &Health| {
+        format!(
+            "{}: lacquerd {} at {addr}, up {}\n",
+            h.status,
+            h.version,
+            duration(h.uptime_seconds)
+        )
+    });
+    Ok(())
+}
+
+pub async fn backends(client: &AdminClient, out: Output) -> Result<(), AdminError> {
+    let list = client.backends().await?;
+    out.show(&list, render_backends);
+    Ok(())
+}
+
+fn render_backends(list: &BackendList) -> String {
+    let rows: Vec<Vec<String>> = list
+        .backends
+        .iter()
+        .map(|b| {
+            vec![
+                b.name.clone(),
+                b.address.clone(),
+                b.health.as_str().into(),
+                b.requests.to_string(),
+                b.errors.to_string(),
+                b.consecutive_failures.to_string(),
+                b.last_error
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |e| e.message.clone()),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            ("NAME", Align::Left),
+            ("ADDRESS", Align::Left),
+            ("HEALTH", Align::Left),
+            ("REQUESTS", Align::Right),
+            ("ERRORS", Align::Right),
+            ("FAILING", Align::Right),
+            ("LAST ERROR", Align::Left),
+        ],
+        &rows,
+    )
+}
+
+pub async fn reload(client: &AdminClient, out: Output) -> Result<(), AdminError> {
+    let reloaded = client.reload().await?;
+    out.show(&reloaded, render_reload);
+    Ok(())
+}
+
+fn render_reload(r: &Reloaded) -> String {
+    let file = r
+        .config_file
+        .as_deref()
+        .unwrap_or("flags and defaults (no config file)");
+    let mut out = if r.applied.is_empty() && r.not_applied.is_empty() {
+        format!("reloaded {file}: nothing changed\n")
+    } else {
+        format!("reloaded {file}\n")
+    };
+    for setting in &r.applied {
+        out += &format!("  applied      {setting}\n");
+    }
+    for n in &r.not_applied {
+        out += &format!("  not applied  {} ({})\n", n.setting, n.reason);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use lacquer_admin::wire::NotApplied;
+
+    use super::*;
+
+    #[test]
+    fn reload_lists_what_changed() {
+        let r = Reloaded {
+            config_file: Some("/etc/lacquer/lacquer.toml".into()),
+            applied: vec!["cache.default_ttl".into()],
+            not_applied: vec![NotApplied {
+                setting: "storage.memory".into(),
+                reason: "takes effect on restart".into(),
+            }],
+        };
+        assert_eq!(
+            render_reload(&r),
+            "reloaded /etc/lacquer/lacquer.toml\n  applied      cache.default_ttl\n  not applied  storage.memory (takes effect on restart)\n"
+        );
+    }
+}

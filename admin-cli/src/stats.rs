@@ -1,0 +1,240 @@
+//! `cachectl stats`: every value with its rate and description, under a summary of the ratios that matter.
+
+use std::{
+    io::IsTerminal,
+    time::{Duration, Instant},
+};
+
+use lacquer_admin::{
+    format::{bytes, duration},
+    wire::{Kind, Stats},
+    AdminClient, AdminError,
+};
+
+use crate::{
+    table::{render as table, Align},
+    Output,
+};
+
+pub async fn run(
+    client: &AdminClient,
+    out: Output,
+    watch: Option<f64>,
+    filter: Option<String>,
+) -> Result<(), AdminError> {
+    let filter = filter.as_deref();
+    let addr = client.target().addr.to_string();
+    let Some(seconds) = watch else {
+        let stats = client.stats().await?;
+        out.show(&stats, |s| render(s, None, filter, &addr));
+        return Ok(());
+    };
+    let interval = Duration::from_secs_f64(seconds);
+    let clear = !out.json && std::io::stdout().is_terminal();
+    let mut previous: Option<(Stats, Instant)> = None;
+    loop {
+        let stats = client.stats().await?;
+        let now = Instant::now();
+        let since = previous.as_ref().map(|(p, at)| (p, now - *at));
+        if clear {
+            print!("\x1b[2J\x1b[H");
+        }
+        out.show(&stats, |s| render(s, since, filter, &addr) + "\n");
+        previous = Some((stats, now));
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// The summary and the table; rates over the time since `previous` when given, else averages since start.
+fn render(
+    stats: &Stats,
+    previous: Option<(&Stats, Duration)>,
+    filter: Option<&str>,
+    addr: &str,
+) -> String {
+    let mut out = format!(
+        "lacquerd {} at {addr}, up {}\n\n",
+        stats.version,
+        duration(stats.uptime_seconds)
+    );
+    for (label, value) in summary(stats) {
+        out += &format!("  {label:<16}{value}\n");
+    }
+    out.push('\n');
+    let rate = |name: &str, value: u64| -> Option<f64> {
+        match previous {
+            Some((before, elapsed)) if !elapsed.is_zero() => {
+                let before = before.get(name)?;
+                Some(value.saturating_sub(before) as f64 / elapsed.as_secs_f64())
+            }
+            Some(_) => None,
+            None if stats.uptime_seconds > 0 => Some(value as f64 / stats.uptime_seconds as f64),
+            None => None,
+        }
+    };
+    let rows: Vec<Vec<String>> = stats
+        .values()
+        .filter(|(name, _, _)| filter.is_none_or(|f| name.contains(f)))
+        .map(|(name, field, value)| {
+            let per_sec = match field.kind {
+                Kind::Counter => rate(&name, value).map_or_else(String::new, |r| format!("{r:.2}")),
+                Kind::Gauge => String::new(),
+            };
+            vec![name, value.to_string(), per_sec, field.help()]
+        })
+        .collect();
+    let per_sec = if previous.is_some() {
+        "PER SEC (NOW)"
+    } else {
+        "PER SEC (AVG)"
+    };
+    out + &table(
+        &[
+            ("NAME", Align::Left),
+            ("VALUE", Align::Right),
+            (per_sec, Align::Right),
+            ("DESCRIPTION", Align::Left),
+        ],
+        &rows,
+    )
+}
+
+fn summary(stats: &Stats) -> Vec<(&'static str, String)> {
+    let (p, s) = (&stats.proxy, &stats.store);
+    let percent = |part: u64, whole: u64| {
+        if whole == 0 {
+            "-".to_owned()
+        } else {
+            format!("{:.1} %", part as f64 * 100.0 / whole as f64)
+        }
+    };
+    vec![
+        (
+            "hit ratio",
+            format!(
+                "{} of {} lookups and passes",
+                stats
+                    .hit_ratio()
+                    .map_or_else(|| "-".into(), |r| format!("{:.1} %", r * 100.0)),
+                p.hits + p.misses + p.passes
+            ),
+        ),
+        (
+            "hits in memory",
+            format!("{} of {} hits", percent(p.hits_memory, p.hits), p.hits),
+        ),
+        (
+            "stale served",
+            format!(
+                "{} within grace, {} for a failing origin",
+                p.stale_served, p.stale_on_error
+            ),
+        ),
+        (
+            "backend errors",
+            format!(
+                "{} of {} backend requests",
+                percent(p.backend_errors, p.backend_requests),
+                p.backend_requests
+            ),
+        ),
+        (
+            "stored",
+            format!("{} objects, {}", s.objects, bytes(s.stored_bytes)),
+        ),
+        (
+            "memory tier",
+            format!(
+                "{} of {} ({})",
+                bytes(s.memory_bytes_used),
+                bytes(s.memory_bytes_capacity),
+                percent(s.memory_bytes_used, s.memory_bytes_capacity)
+            ),
+        ),
+        (
+            "bans",
+            format!("{} listed, {} pending", s.bans, s.bans_pending),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use lacquer_admin::wire::{ProxyStats, StoreStats};
+
+    use super::*;
+
+    fn stats(hits: u64, misses: u64, uptime_seconds: u64) -> Stats {
+        Stats {
+            version: "0.1.0".into(),
+            uptime_seconds,
+            proxy: ProxyStats {
+                requests: hits + misses,
+                hits,
+                hits_memory: hits,
+                misses,
+                fetches_in_flight: 2,
+                ..Default::default()
+            },
+            store: StoreStats {
+                memory_bytes_used: 1 << 20,
+                memory_bytes_capacity: 4 << 20,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn row<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+        line.split_whitespace().collect()
+    }
+
+    #[test]
+    fn averages_since_start_then_rates_over_the_interval() {
+        let first = stats(30, 10, 10);
+        let text = render(&first, None, None, "127.0.0.1:6082");
+        assert!(
+            text.starts_with("lacquerd 0.1.0 at 127.0.0.1:6082, up 10s\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hit ratio       75.0 % of 40 lookups and passes"),
+            "{text}"
+        );
+        assert!(
+            text.contains("memory tier     1.0 MiB of 4.0 MiB (25.0 %)"),
+            "{text}"
+        );
+        assert!(text.contains("PER SEC (AVG)"), "{text}");
+        assert_eq!(row(&text, "proxy.hits")[..3], ["proxy.hits", "30", "3.00"]);
+        let gauge = row(&text, "proxy.fetches_in_flight");
+        assert_eq!(
+            gauge[..3],
+            ["proxy.fetches_in_flight", "2", "Backend"],
+            "no rate for a gauge"
+        );
+
+        let second = stats(90, 10, 12);
+        let text = render(&second, Some((&first, Duration::from_secs(2))), None, "a");
+        assert!(text.contains("PER SEC (NOW)"), "{text}");
+        assert_eq!(row(&text, "proxy.hits")[..3], ["proxy.hits", "90", "30.00"]);
+    }
+
+    #[test]
+    fn a_filter_keeps_matching_names() {
+        let text = render(&stats(1, 1, 1), None, Some("ban"), "a");
+        let names: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("NAME"))
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(
+            !names.is_empty() && names.iter().all(|n| n.contains("ban")),
+            "{names:?}"
+        );
+    }
+}

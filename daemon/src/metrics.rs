@@ -1,0 +1,130 @@
+//! `GET /metrics`: every stats value in Prometheus' text format, under the names declared with the wire
+//! types, followed by foyer's own metrics.
+
+use std::collections::BTreeMap;
+
+use lacquer_admin::wire::{Field, Kind, Stats, FAMILY_HELP};
+use prometheus::{
+    core::Collector, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Renders `stats` and the metrics in `foyer`.
+pub fn render(stats: &Stats, foyer: &Registry) -> String {
+    let mut families: BTreeMap<&str, Vec<(&Field, u64)>> = BTreeMap::new();
+    for (_, field, value) in stats.values() {
+        families
+            .entry(field.metric)
+            .or_default()
+            .push((field, value));
+    }
+    let registry = Registry::new();
+    for (name, members) in families {
+        registry
+            .register(family(name, &members))
+            .expect("family names are unique and valid (checked by the wire crate's tests)");
+    }
+    let uptime = IntGauge::new("lacquer_uptime_seconds", "Seconds since lacquerd started.")
+        .expect("valid metric");
+    uptime.set(stats.uptime_seconds as i64);
+    let info = IntGaugeVec::new(
+        Opts::new("lacquer_build_info", "Always 1; the version in a label."),
+        &["version"],
+    )
+    .expect("valid metric");
+    info.with_label_values(&[stats.version.as_str()]).set(1);
+    for extra in [Box::new(uptime) as Box<dyn Collector>, Box::new(info)] {
+        registry.register(extra).expect("unique names");
+    }
+    let mut gathered = registry.gather();
+    gathered.extend(foyer.gather());
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(&gathered, &mut out)
+        .expect("the text format encodes any gathered family");
+    String::from_utf8(out).expect("the text format is UTF-8")
+}
+
+/// One metric family: a plain counter or gauge, or a vector of them when its members carry labels.
+fn family(name: &str, members: &[(&Field, u64)]) -> Box<dyn Collector> {
+    let (first, value) = members[0];
+    let labels: Vec<&str> = first.labels.iter().map(|(k, _)| *k).collect();
+    let help = FAMILY_HELP
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or_else(|| first.help(), |(_, h)| (*h).to_owned());
+    let opts = Opts::new(name, help);
+    let label_values = |f: &Field| f.labels.iter().map(|(_, v)| *v).collect::<Vec<_>>();
+    match (first.kind, labels.is_empty()) {
+        (Kind::Counter, true) => {
+            let c = IntCounter::with_opts(opts).expect("valid metric");
+            c.inc_by(value);
+            Box::new(c)
+        }
+        (Kind::Gauge, true) => {
+            let g = IntGauge::with_opts(opts).expect("valid metric");
+            g.set(value as i64);
+            Box::new(g)
+        }
+        (Kind::Counter, false) => {
+            let v = IntCounterVec::new(opts, &labels).expect("valid metric");
+            for (field, value) in members {
+                v.with_label_values(&label_values(field)).inc_by(*value);
+            }
+            Box::new(v)
+        }
+        (Kind::Gauge, false) => {
+            let v = IntGaugeVec::new(opts, &labels).expect("valid metric");
+            for (field, value) in members {
+                v.with_label_values(&label_values(field)).set(*value as i64);
+            }
+            Box::new(v)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lacquer_admin::wire::{ProxyStats, StoreStats};
+
+    use super::*;
+
+    #[test]
+    fn every_value_is_a_sample_with_help_and_type() {
+        let stats = Stats {
+            version: "1.2.3".into(),
+            uptime_seconds: 42,
+            proxy: ProxyStats {
+                hits: 7,
+                misses: 3,
+                hits_disk: 2,
+                ..Default::default()
+            },
+            store: StoreStats {
+                objects: 11,
+                ..Default::default()
+            },
+        };
+        let text = render(&stats, &Registry::new());
+        for line in [
+            "# TYPE lacquer_cache_requests_total counter",
+            "lacquer_cache_requests_total{result=\"hit\"} 7",
+            "lacquer_cache_requests_total{result=\"miss\"} 3",
+            "lacquer_cache_hits_total{tier=\"disk\"} 2",
+            "# TYPE lacquer_store_objects gauge",
+            "lacquer_store_objects 11",
+            "lacquer_uptime_seconds 42",
+            "lacquer_build_info{version=\"1.2.3\"} 1",
+            "# HELP lacquer_client_requests_total Client requests received.",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from:\n{text}"
+            );
+        }
+        let samples = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(samples, stats.values().count() + 2);
+    }
+}

@@ -1,0 +1,146 @@
+//! Reading the configuration again (`POST /v1/reload`, `SIGHUP`): what can change while requests are served
+//! changes; what cannot is reported, and takes effect on the next start.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use lacquer_admin::wire::{NotApplied, Reloaded};
+use serde_json::Value;
+
+use crate::{
+    config::{Config, ConfigError, Overrides},
+    worker::{Live, Shared},
+};
+
+/// Whether a reload applies `setting` at once: the cache policy, the purge access rules and the log level.
+fn is_live(setting: &str) -> bool {
+    setting.starts_with("cache.") || setting.starts_with("purge.") || setting == "log.level"
+}
+
+/// Replaces the log filter; `Err` says why the level cannot be used.
+pub type SetLogLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+pub struct Reloader {
+    path: Option<PathBuf>,
+    /// The command line still wins over the file after a reload.
+    overrides: Overrides,
+    /// What is in effect: the loaded file with only the applied settings changed since the start.
+    running: Mutex<Config>,
+    shared: Arc<Shared>,
+    set_log_level: SetLogLevel,
+}
+
+impl Reloader {
+    pub fn new(
+        path: Option<PathBuf>,
+        overrides: Overrides,
+        running: Config,
+        shared: Arc<Shared>,
+        set_log_level: SetLogLevel,
+    ) -> Self {
+        Self {
+            path,
+            overrides,
+            running: Mutex::new(running),
+            shared,
+            set_log_level,
+        }
+    }
+
+    /// Loads the file as a start would (a bad file changes nothing) and applies what can change live.
+    pub fn reload(&self) -> Result<Reloaded, ConfigError> {
+        let outcome = self.apply();
+        match &outcome {
+            Ok(r) => {
+                tracing::info!(applied = ?r.applied, not_applied = ?r.not_applied, "configuration reloaded")
+            }
+            Err(e) => tracing::warn!(error = %e, "reload refused: the configuration does not load"),
+        }
+        outcome
+    }
+
+    fn apply(&self) -> Result<Reloaded, ConfigError> {
+        let next = Config::load(self.path.as_deref(), self.overrides.clone())?;
+        let mut running = self.running.lock().expect("reload mutex");
+        let mut outcome = Reloaded {
+            config_file: self.path.as_ref().map(|p| p.display().to_string()),
+            applied: Vec::new(),
+            not_applied: Vec::new(),
+        };
+        for setting in changed_settings(&running, &next) {
+            let refusal = if !is_live(&setting) {
+                Some("takes effect on restart".to_owned())
+            } else if setting == "log.level" {
+                if std::env::var_os("RUST_LOG").is_some() {
+                    Some("RUST_LOG overrides it".to_owned())
+                } else {
+                    (self.set_log_level)(&next.log.level).err()
+                }
+            } else {
+                None
+            };
+            match refusal {
+                None => outcome.applied.push(setting),
+                Some(reason) => outcome.not_applied.push(NotApplied { setting, reason }),
+            }
+        }
+        running.cache = next.cache.clone();
+        running.purge = next.purge.clone();
+        if outcome.applied.iter().any(|s| s == "log.level") {
+            running.log = next.log.clone();
+        }
+        self.shared.live.store(Arc::new(Live {
+            policy: running.policy(),
+            purge: running.purge.clone(),
+        }));
+        Ok(outcome)
+    }
+}
+
+/// Dotted names of the settings whose values differ; lists count as one setting.
+fn changed_settings(a: &Config, b: &Config) -> Vec<String> {
+    fn walk(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+        match (a, b) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (key, av) in a {
+                    let name = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    walk(&name, av, b.get(key).unwrap_or(&Value::Null), out);
+                }
+            }
+            (a, b) if a != b => out.push(prefix.to_owned()),
+            _ => {}
+        }
+    }
+    let a = serde_json::to_value(a).expect("the configuration serializes");
+    let b = serde_json::to_value(b).expect("the configuration serializes");
+    let mut out = Vec::new();
+    walk("", &a, &b, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn changed_settings_are_named_by_their_keys() {
+        let a = Config::default();
+        let mut b = a.clone();
+        b.cache.default_ttl = Duration::from_secs(90);
+        b.purge.allow_from.push("10.0.0.0/8".parse().unwrap());
+        b.storage.memory = bytesize::ByteSize::gib(2);
+        assert_eq!(
+            changed_settings(&a, &b),
+            ["storage.memory", "cache.default_ttl", "purge.allow_from"]
+        );
+        assert!(changed_settings(&a, &a.clone()).is_empty());
+    }
+}
