@@ -539,6 +539,20 @@ mod tests {
     }
 
     #[test]
+    fn a_log_level_tracing_cannot_use_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lacquer.toml");
+        std::fs::write(&file, "[log]\nlevel = \"lacquerd=loud\"\n").unwrap();
+        let o = Overrides {
+            backend: Some("127.0.0.1:9".into()),
+            disk: Some(dir.path().join("store")),
+            ..Default::default()
+        };
+        let e = Config::load(Some(&file), o).unwrap_err().to_string();
+        assert!(e.starts_with("log.level: \"lacquerd=loud\": "), "{e}");
+    }
+
+    #[test]
     fn unusable_directory_and_tiny_disk_are_rejected() {
         let file = tempfile::NamedTempFile::new().unwrap();
         let o = || Overrides {

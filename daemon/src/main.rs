@@ -191,7 +191,7 @@ fn run(
         openapi: Arc::new(OnceLock::new()),
     });
     let mut admin_stop = stopped.clone();
-    control.spawn(async move {
+    let admin_server = control.spawn(async move {
         let serve = axum::serve(admin_listener, app)
             .with_graceful_shutdown(async move { drop(admin_stop.wait_for(|s| *s).await) });
         if let Err(e) = serve.await {
@@ -215,6 +215,13 @@ fn run(
     stop.send_replace(true);
     for thread in threads {
         let _ = thread.join();
+    }
+    // A ban or purge being answered finishes before the store closes.
+    let admin_done = control.block_on(async {
+        tokio::time::timeout(config.server.shutdown_timeout, admin_server).await
+    });
+    if admin_done.is_err() {
+        tracing::warn!("admin requests still running at shutdown_timeout; closing anyway");
     }
     tracing::info!("flushing the store");
     control

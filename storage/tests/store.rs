@@ -1,7 +1,9 @@
 //! The store against a real directory: write, read back from memory and from disk after a reopen, removal
 //! that survives a reopen, replacement, and a burst that foyer must not drop.
 
-use lacquer_storage::{ObjectMeta, Tier};
+use std::time::Duration;
+
+use lacquer_storage::{BanExpr, ChunkTiers, ObjectMeta, Tier};
 
 mod common;
 
@@ -147,4 +149,54 @@ async fn the_sweeper_keeps_stale_objects_within_their_error_window() {
     assert_eq!(store.sweep().unwrap(), 1);
     assert!(store.lookup("h/kept").unwrap().is_some());
     assert!(store.lookup("h/expired").unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_counts_chunks_per_tier_and_applies_bans() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = builder(dir.path())
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap();
+    write(&store, "h/a", &body(1, 200 * KIB)).await;
+    write(&store, "h/b", &body(2, 10)).await;
+    for _ in 0..200 {
+        if store.stats().objects_durable == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let found = store.inspect("h/a").unwrap();
+    assert_eq!(found.len(), 1);
+    let (meta, tiers) = &found[0];
+    assert_eq!(meta.length, 200 * KIB as u64);
+    let all = ChunkTiers {
+        chunks: 4,
+        in_memory: 4,
+        on_disk: 4,
+    };
+    assert_eq!(*tiers, all);
+    assert!(store.inspect("h/missing").unwrap().is_empty());
+
+    let store = reopen(store, dir.path()).await;
+    let (_, tiers) = store.inspect("h/a").unwrap().remove(0);
+    assert_eq!(
+        tiers,
+        ChunkTiers {
+            in_memory: 0,
+            ..all
+        },
+        "memory is empty after a restart"
+    );
+
+    store
+        .add_ban(BanExpr::parse("req.url == /b").unwrap())
+        .await
+        .unwrap();
+    assert!(
+        store.inspect("h/b").unwrap().is_empty(),
+        "a banned object is not shown"
+    );
+    assert!(store.lookup("h/b").unwrap().is_none(), "and is gone");
+    assert_eq!(store.inspect("h/a").unwrap().len(), 1);
 }

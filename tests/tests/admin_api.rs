@@ -239,6 +239,11 @@ async fn metrics_parse_and_carry_every_value() {
     for path in ["/a", "/a", "/b"] {
         get(d.addr, path).await;
     }
+    // Quiet from here on: both objects stored and on disk, so only the scrapes move the counters.
+    d.wait_for_stats("both objects durable", |s| {
+        s["store"]["objects_durable"] == 2
+    })
+    .await;
     let reply = d.admin_get("/metrics", None).await;
     assert_eq!(reply.status, 401, "the secret guards metrics by default");
     let reply = call(&d, Method::GET, "/metrics", "").await;
@@ -271,12 +276,9 @@ async fn metrics_parse_and_carry_every_value() {
     );
     assert_eq!(sample("lacquer_store_objects", &[]), Some(2.0));
     for (name, field, value) in stats.values() {
-        // Counters moved on between the two reads only where traffic did: none here but the scrapes.
         let got = sample(field.metric, field.labels)
             .unwrap_or_else(|| panic!("{name} ({}) missing", field.metric));
-        if !name.starts_with("store.chunk_reads") && name != "proxy.connections" {
-            assert_eq!(got, value as f64, "{name}");
-        }
+        assert_eq!(got, value as f64, "{name}");
         assert!(
             scrape.docs.contains_key(field.metric),
             "{} has no HELP",
@@ -328,7 +330,7 @@ async fn the_stream_sends_a_document_every_second_and_ends_on_shutdown() {
     let started = Instant::now();
     let second = stream.next().await.unwrap();
     let waited = started.elapsed();
-    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
     assert_eq!(first.proxy.requests, 0);
     assert_eq!(second.proxy.requests, 1);
     assert!(second.uptime_seconds >= first.uptime_seconds);
