@@ -24,6 +24,7 @@ pub struct StoreStats {
     pub(crate) objects_banned: AtomicU64,
     pub(crate) objects_lurked: AtomicU64,
     pub(crate) lurker_walks: AtomicU64,
+    pub(crate) lurker_records_tested: AtomicU64,
     pub(crate) purges: AtomicU64,
     pub(crate) objects_purged: AtomicU64,
     pub(crate) objects_soft_purged: AtomicU64,
@@ -41,8 +42,12 @@ pub struct StoreStatsSnapshot {
     pub memory_bytes_used: u64,
     pub memory_bytes_capacity: u64,
     pub disk_bytes_capacity: u64,
+    /// Bytes in disk-tier blocks that hold data (gauge; the tier fills and reclaims whole blocks).
+    pub disk_bytes_used: u64,
     /// Bytes written to the disk device since start.
     pub disk_bytes_written: u64,
+    /// Bytes read from the disk device since start.
+    pub disk_bytes_read: u64,
     pub objects_published: u64,
     /// Published objects whose chunks foyer has finished writing to disk.
     pub objects_durable: u64,
@@ -59,6 +64,8 @@ pub struct StoreStatsSnapshot {
     /// backpressure).
     pub foyer_drops: u64,
     pub write_waits: u64,
+    /// Chunks the memory tier evicted to make room.
+    pub memory_evictions: u64,
     pub corrupt_records: u64,
     /// Bans in the list, completed ones included (gauge).
     pub bans: u64,
@@ -72,6 +79,8 @@ pub struct StoreStatsSnapshot {
     /// Objects removed by a ban when the lurker tested them.
     pub objects_lurked: u64,
     pub lurker_walks: u64,
+    /// Metadata records the lurker has tested.
+    pub lurker_records_tested: u64,
     /// Purge operations (by URL or by tags).
     pub purges: u64,
     pub objects_purged: u64,
@@ -110,6 +119,7 @@ impl StoreStats {
         s.objects_banned = get(&self.objects_banned);
         s.objects_lurked = get(&self.objects_lurked);
         s.lurker_walks = get(&self.lurker_walks);
+        s.lurker_records_tested = get(&self.lurker_records_tested);
         s.purges = get(&self.purges);
         s.objects_purged = get(&self.objects_purged);
         s.objects_soft_purged = get(&self.objects_soft_purged);

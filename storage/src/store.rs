@@ -713,27 +713,52 @@ impl Store {
         s.memory_bytes_capacity = self.inner.chunks.memory().capacity() as u64;
         s.disk_bytes_capacity = self.inner.config.disk_bytes as u64;
         s.disk_bytes_written = self.inner.chunks.statistics().disk_write_bytes() as u64;
-        s.foyer_drops = self.foyer_drops();
+        s.disk_bytes_read = self.inner.chunks.statistics().disk_read_bytes() as u64;
+        self.fill_from_foyer_metrics(&mut s);
         s.bans = self.inner.bans.snapshot().len() as u64;
         s.bans_pending = self.inner.bans.pending() as u64;
         s
     }
 
-    /// foyer counts entries it ignored because a flush queue or buffer was full; read them from its metrics.
-    fn foyer_drops(&self) -> u64 {
-        self.inner
-            .registry
-            .gather()
-            .iter()
-            .filter(|family| family.name() == "foyer_storage_inner_op_total")
-            .flat_map(|family| family.get_metric())
-            .filter(|m| {
-                m.get_label().iter().any(|l| {
-                    l.name() == "op" && matches!(l.value(), "buffer_overflow" | "channel_overflow")
+    /// What foyer only reports through its metrics: entries it ignored because a flush queue or buffer was
+    /// full, memory-tier evictions, and how many disk blocks hold data (every block that is not clean).
+    fn fill_from_foyer_metrics(&self, s: &mut StoreStatsSnapshot) {
+        let families = self.inner.registry.gather();
+        let sum = |family: &str, label: &str, values: &[&str], gauge: bool| -> u64 {
+            families
+                .iter()
+                .filter(|f| f.name() == family)
+                .flat_map(|f| f.get_metric())
+                .filter(|m| {
+                    values.is_empty()
+                        || m.get_label()
+                            .iter()
+                            .any(|l| l.name() == label && values.contains(&l.value()))
                 })
-            })
-            .map(|m| m.get_counter().value() as u64)
-            .sum()
+                .map(|m| {
+                    if gauge {
+                        m.get_gauge().value() as u64
+                    } else {
+                        m.get_counter().value() as u64
+                    }
+                })
+                .sum()
+        };
+        s.foyer_drops = sum(
+            "foyer_storage_inner_op_total",
+            "op",
+            &["buffer_overflow", "channel_overflow"],
+            false,
+        );
+        s.memory_evictions = sum("foyer_memory_op_total", "op", &["evict"], false);
+        let used_blocks = sum(
+            "foyer_storage_block_engine_block",
+            "type",
+            &["writing", "evictable", "reclaiming"],
+            true,
+        );
+        let block_size = sum("foyer_storage_block_engine_block_size_bytes", "", &[], true);
+        s.disk_bytes_used = used_blocks * block_size;
     }
 
     /// The Prometheus registry holding foyer's own metrics.

@@ -1,5 +1,6 @@
 //! `cachetop`: live statistics of a running lacquerd.
 
+mod input;
 mod state;
 mod view;
 
@@ -10,29 +11,41 @@ use std::{
 };
 
 use clap::Parser;
-use crossterm::event::{self, Event, KeyCode};
-use lacquer_admin::{wire::Stats, AdminClient, ConnectArgs};
+use crossterm::event::{self, Event, KeyEventKind};
+use lacquer_admin::{
+    wire::{BackendList, Stats},
+    AdminClient, AdminError, ConnectArgs,
+};
 
-use crate::{state::State, view::Theme};
+use crate::{input::Action, state::State, view::Theme};
 
 #[derive(Debug, Parser)]
-#[command(version, about = "Watch a running lacquerd live")]
+#[command(
+    version,
+    about = "Watch a running lacquerd live, the way varnishstat does"
+)]
 struct Cli {
     #[command(flatten)]
     connect: ConnectArgs,
-    /// Print one frame as plain text and exit.
+    /// Print one frame of the overview as plain text and exit.
     #[arg(long)]
     once: bool,
-    /// No colours.
+    /// No colours (also when NO_COLOR is set).
     #[arg(long)]
     no_color: bool,
 }
 
-/// What the stream reader tells the screen.
+/// What the reader thread tells the screen.
 enum Update {
     Stats(Box<Stats>),
+    Backends(BackendList),
     Lost(String),
+    /// SIGTERM or SIGHUP: leave, restoring the terminal.
+    Quit,
 }
+
+/// How often backend health is asked for (the stats stream does not carry it).
+const BACKENDS_EVERY: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -53,13 +66,16 @@ fn main() -> ExitCode {
         color: !cli.no_color && std::env::var_os("NO_COLOR").is_none(),
     };
     if cli.once {
-        return match runtime.block_on(client.stats()) {
-            Ok(stats) => {
+        return match runtime.block_on(async { (client.stats().await, client.backends().await) }) {
+            (Ok(stats), backends) => {
                 state.update(stats, Instant::now());
-                print!("{}", view::to_text(&state, &theme, 100, 24));
+                if let Ok(list) = backends {
+                    state.update_backends(list, Instant::now());
+                }
+                print!("{}", view::to_text(&state, &theme, 100, 30));
                 ExitCode::SUCCESS
             }
-            Err(e) => {
+            (Err(e), _) => {
                 eprintln!("cachetop: {e}");
                 ExitCode::from(e.exit_code())
             }
@@ -73,14 +89,19 @@ fn main() -> ExitCode {
         loop {
             for update in received.try_iter() {
                 match update {
+                    Update::Quit => return Ok(()),
+                    _ if state.paused => {}
                     Update::Stats(stats) => state.update(*stats, Instant::now()),
+                    Update::Backends(list) => state.update_backends(list, Instant::now()),
                     Update::Lost(e) => state.disconnected(e),
                 }
             }
             terminal.draw(|f| view::render(f, &state, &theme))?;
             if event::poll(Duration::from_millis(100))? {
                 if let Event::Key(key) = event::read()? {
-                    if matches!(key.code, KeyCode::Char('q') | KeyCode::Esc) {
+                    if key.kind == KeyEventKind::Press
+                        && input::handle(&mut state, key) == Action::Quit
+                    {
                         return Ok(());
                     }
                 }
@@ -97,16 +118,46 @@ fn main() -> ExitCode {
     }
 }
 
-/// Reads the daemon's statistics stream, reconnecting every second while it is away, until the screen goes.
+/// Feeds the screen until it goes: the statistics stream (1 Hz polling when the daemon has no stream),
+/// backend health every two seconds, and the signals that should end the program cleanly.
 async fn follow(client: AdminClient, updates: mpsc::Sender<Update>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = stats(&client, &updates) => {}
+        _ = backends(&client, &updates) => {}
+        _ = term.recv() => drop(updates.send(Update::Quit)),
+        _ = hup.recv() => drop(updates.send(Update::Quit)),
+    }
+}
+
+/// Reads the statistics, reconnecting every second while the daemon is away; returns when the screen is gone.
+async fn stats(client: &AdminClient, updates: &mpsc::Sender<Update>) {
+    let send = |stats| updates.send(Update::Stats(Box::new(stats))).is_ok();
     loop {
         let lost = match client.stats_stream().await {
             Ok(mut stream) => loop {
                 match stream.next().await {
                     Ok(stats) => {
-                        if updates.send(Update::Stats(Box::new(stats))).is_err() {
+                        if !send(stats) {
                             return;
                         }
+                    }
+                    Err(e) => break e,
+                }
+            },
+            Err(AdminError::Refused { status, .. }) if status == 404 => loop {
+                match client.stats().await {
+                    Ok(stats) => {
+                        if !send(stats) {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                     Err(e) => break e,
                 }
@@ -117,5 +168,16 @@ async fn follow(client: AdminClient, updates: mpsc::Sender<Update>) {
             return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn backends(client: &AdminClient, updates: &mpsc::Sender<Update>) {
+    loop {
+        if let Ok(list) = client.backends().await {
+            if updates.send(Update::Backends(list)).is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(BACKENDS_EVERY).await;
     }
 }

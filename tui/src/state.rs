@@ -1,11 +1,57 @@
-//! What the screen shows, derived from successive stats documents; no I/O here.
+//! What the screen shows, derived from successive stats documents and the keys pressed; no I/O here.
 
 use std::{collections::VecDeque, time::Instant};
 
-use lacquer_admin::wire::Stats;
+use lacquer_admin::wire::{BackendList, BackendView, Field, Stats};
 
-/// Samples kept for the sparkline: one per refresh.
-const HISTORY: usize = 120;
+/// Per-second samples kept for the sparklines: ten minutes.
+pub const HISTORY: usize = 600;
+
+/// The rates charted on the overview: a label and the counters whose sum it is.
+pub const SERIES: [(&str, &[&str]); 8] = [
+    ("requests", &["proxy.requests"]),
+    ("hits", &["proxy.hits"]),
+    ("misses", &["proxy.misses"]),
+    ("passes", &["proxy.passes"]),
+    ("stale", &["proxy.stale_served", "proxy.stale_on_error"]),
+    ("fetches", &["proxy.backend_requests"]),
+    ("errors", &["proxy.backend_errors"]),
+    ("bytes out", &["proxy.bytes_out"]),
+];
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum View {
+    #[default]
+    Overview,
+    Counters,
+}
+
+/// A backend with the rates between its last two samples.
+#[derive(Debug, Clone)]
+pub struct BackendRow {
+    pub backend: BackendView,
+    /// Requests per second.
+    pub fetch_rate: Option<f64>,
+    /// Failed share of the requests in the interval.
+    pub error_ratio: Option<f64>,
+}
+
+/// One row of the counters view.
+pub struct CounterRow {
+    pub name: String,
+    pub field: &'static Field,
+    pub value: u64,
+    pub rate: Option<f64>,
+}
+
+/// How the hits, misses and passes since start split, as fractions of their sum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Split {
+    pub memory: f64,
+    pub disk: f64,
+    pub miss: f64,
+    pub pass: f64,
+}
 
 #[derive(Debug, Default)]
 pub struct State {
@@ -14,8 +60,19 @@ pub struct State {
     previous: Option<(Stats, Instant)>,
     taken: Option<Instant>,
     pub error: Option<String>,
-    /// Requests per second, newest last.
-    pub request_rates: VecDeque<u64>,
+    history: [VecDeque<u64>; SERIES.len()],
+    pub backends: Vec<BackendRow>,
+    backends_taken: Option<(BackendList, Instant)>,
+    pub view: View,
+    /// The screen stays as it is; new samples are dropped.
+    pub paused: bool,
+    pub help: bool,
+    /// Counters whose name contains this are shown.
+    pub filter: String,
+    /// Keys go to the filter.
+    pub editing: bool,
+    /// First counter row shown.
+    pub scroll: usize,
 }
 
 impl State {
@@ -33,12 +90,45 @@ impl State {
         self.latest = Some(stats);
         self.taken = Some(at);
         self.error = None;
-        if let Some(rate) = self.rate("proxy.requests") {
-            if self.request_rates.len() == HISTORY {
-                self.request_rates.pop_front();
+        for (i, (_, fields)) in SERIES.iter().enumerate() {
+            let rates: Option<Vec<f64>> = fields.iter().map(|f| self.rate(f)).collect();
+            if let Some(rates) = rates {
+                let history = &mut self.history[i];
+                if history.len() == HISTORY {
+                    history.pop_front();
+                }
+                history.push_back(rates.iter().sum::<f64>().round() as u64);
             }
-            self.request_rates.push_back(rate.round() as u64);
         }
+    }
+
+    pub fn update_backends(&mut self, list: BackendList, at: Instant) {
+        let before = self.backends_taken.take();
+        self.backends = list
+            .backends
+            .iter()
+            .map(|b| {
+                let earlier = before.as_ref().and_then(|(list, taken)| {
+                    let old = list.backends.iter().find(|o| o.name == b.name)?;
+                    Some((old, at.duration_since(*taken).as_secs_f64()))
+                });
+                let (fetch_rate, error_ratio) = match earlier {
+                    Some((old, secs)) if secs > 0.0 => {
+                        let requests = b.requests.saturating_sub(old.requests);
+                        let errors = b.errors.saturating_sub(old.errors);
+                        let ratio = (requests > 0).then(|| errors as f64 / requests as f64);
+                        (Some(requests as f64 / secs), ratio)
+                    }
+                    _ => (None, None),
+                };
+                BackendRow {
+                    backend: b.clone(),
+                    fetch_rate,
+                    error_ratio,
+                }
+            })
+            .collect();
+        self.backends_taken = Some((list, at));
     }
 
     pub fn disconnected(&mut self, error: String) {
@@ -59,11 +149,132 @@ impl State {
         (secs > 0.0).then(|| now.saturating_sub(before) as f64 / secs)
     }
 
+    /// The latest rate of series `index` of [`SERIES`].
+    pub fn series_rate(&self, index: usize) -> Option<f64> {
+        SERIES[index].1.iter().map(|f| self.rate(f)).sum()
+    }
+
+    /// Per-second samples of series `index` of [`SERIES`], oldest first.
+    pub fn history(&self, index: usize) -> &VecDeque<u64> {
+        &self.history[index]
+    }
+
     pub fn hit_ratio(&self) -> Option<f64> {
         self.latest.as_ref()?.hit_ratio()
     }
 
+    pub fn split(&self) -> Option<Split> {
+        let p = &self.latest.as_ref()?.proxy;
+        let total = (p.hits + p.misses + p.passes) as f64;
+        (total > 0.0).then(|| Split {
+            memory: p.hits_memory as f64 / total,
+            disk: p.hits_disk as f64 / total,
+            miss: p.misses as f64 / total,
+            pass: p.passes as f64 / total,
+        })
+    }
+
     pub fn uptime(&self) -> Option<u64> {
         Some(self.latest.as_ref()?.uptime_seconds)
+    }
+
+    /// Every value whose name contains the filter, in document order.
+    pub fn counters(&self) -> Vec<CounterRow> {
+        let Some(stats) = &self.latest else {
+            return Vec::new();
+        };
+        stats
+            .values()
+            .filter(|(name, _, _)| name.contains(self.filter.as_str()))
+            .map(|(name, field, value)| CounterRow {
+                rate: self.rate(&name),
+                name,
+                field,
+                value,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use lacquer_admin::wire::{BackendHealth, ProxyStats};
+
+    use super::*;
+
+    fn stats(requests: u64, hits: u64, stale: u64) -> Stats {
+        Stats {
+            proxy: ProxyStats {
+                requests,
+                hits,
+                hits_memory: hits,
+                misses: requests - hits,
+                stale_served: stale,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rates_and_history_follow_the_samples() {
+        let mut s = State::new("a".into());
+        let t0 = Instant::now();
+        s.update(stats(100, 50, 0), t0);
+        assert_eq!(s.rate("proxy.requests"), None, "one sample has no rate");
+        assert!(s.history(0).is_empty());
+        s.update(stats(300, 200, 4), t0 + Duration::from_secs(2));
+        assert_eq!(s.rate("proxy.requests"), Some(100.0));
+        assert_eq!(s.series_rate(4), Some(2.0), "stale sums two counters");
+        s.update(stats(310, 205, 4), t0 + Duration::from_secs(3));
+        assert_eq!(s.history(0).iter().copied().collect::<Vec<_>>(), [100, 10]);
+        let split = s.split().unwrap();
+        assert!((split.memory - 205.0 / 310.0).abs() < 1e-9);
+        assert!((split.memory + split.disk + split.miss + split.pass - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let mut s = State::new("a".into());
+        let t0 = Instant::now();
+        for i in 0..HISTORY as u64 + 50 {
+            s.update(stats(i, 0, 0), t0 + Duration::from_secs(i));
+        }
+        assert_eq!(s.history(0).len(), HISTORY);
+    }
+
+    #[test]
+    fn backend_rates_come_from_two_samples() {
+        let list = |requests, errors| BackendList {
+            backends: vec![BackendView {
+                name: "default".into(),
+                address: "127.0.0.1:8080".into(),
+                health: BackendHealth::Healthy,
+                requests,
+                errors,
+                consecutive_failures: 0,
+                last_success: None,
+                last_error: None,
+            }],
+        };
+        let mut s = State::new("a".into());
+        let t0 = Instant::now();
+        s.update_backends(list(10, 0), t0);
+        assert_eq!(s.backends[0].fetch_rate, None);
+        s.update_backends(list(30, 5), t0 + Duration::from_secs(2));
+        assert_eq!(s.backends[0].fetch_rate, Some(10.0));
+        assert_eq!(s.backends[0].error_ratio, Some(0.25));
+    }
+
+    #[test]
+    fn the_filter_keeps_matching_counters() {
+        let mut s = State::new("a".into());
+        s.update(stats(1, 1, 0), Instant::now());
+        s.filter = "ban".into();
+        let rows = s.counters();
+        assert!(!rows.is_empty());
+        assert!(rows.iter().all(|r| r.name.contains("ban")));
     }
 }

@@ -1,9 +1,28 @@
-//! `cachetop --once` against a real `lacquerd` after some traffic.
+//! `cachetop` against a real `lacquerd`: one frame as text, and the live screen in a real pseudo-terminal
+//! (util-linux `script`), read back through a terminal emulator (`vt100`).
 
-use lacquer_tests::{daemon_with_traffic, run_tool, unused_addr};
+use std::{
+    io::{Read, Write},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use lacquer_tests::{daemon_with_traffic, run_tool, unused_addr, Daemon};
+
+const ROWS: u16 = 30;
+const COLS: u16 = 100;
 
 fn cachetop(args: &[&str]) -> (i32, String, String) {
     run_tool(env!("CARGO_BIN_EXE_cachetop"), args)
+}
+
+/// The number after `label` on the screen line that starts with `│label`.
+fn total(screen: &str, label: &str) -> Option<String> {
+    let line = screen
+        .lines()
+        .find(|l| l.starts_with(&format!("│{label} ")))?;
+    line.split_whitespace().nth(2).map(str::to_owned)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -11,34 +30,176 @@ async fn once_prints_the_request_and_hit_counts() {
     let (_origin, d) = daemon_with_traffic().await;
     let admin = d.admin.to_string();
     let secret = d.secret_file();
+    let secret = secret.to_str().unwrap();
     let (code, out, err) = cachetop(&[
         "--admin",
         &admin,
         "--secret",
-        secret.to_str().unwrap(),
+        secret,
         "--once",
         "--no-color",
     ]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        out.lines()
-            .any(|l| l.contains("requests") && l.contains(" 3")),
-        "{out}"
-    );
-    assert!(
-        out.lines().any(|l| l.contains("hits ") && l.contains(" 2")),
-        "{out}"
-    );
-    assert!(out.contains("66.7 %"), "{out}");
+    assert_eq!(total(&out, "requests").as_deref(), Some("3"), "{out}");
+    assert_eq!(total(&out, "hits").as_deref(), Some("2"), "{out}");
+    assert!(out.contains("hit ratio 66.7 %"), "{out}");
+    assert!(out.contains("default 127.0.0.1:"), "backends shown: {out}");
 
     let free = unused_addr().to_string();
-    let (code, _, err) = cachetop(&[
-        "--admin",
-        &free,
-        "--secret",
-        secret.to_str().unwrap(),
-        "--once",
-    ]);
+    let (code, _, err) = cachetop(&["--admin", &free, "--secret", secret, "--once"]);
     assert_eq!(code, 3);
     assert!(err.contains("cannot reach lacquerd"), "{err}");
+}
+
+/// `cachetop` on a pseudo-terminal of ROWS × COLS, its output collected as it comes.
+struct Live {
+    child: Child,
+    output: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Live {
+    fn start(d: &Daemon) -> Live {
+        let command = format!(
+            "stty rows {ROWS} cols {COLS}; exec {} --admin {} --secret {} --no-color",
+            env!("CARGO_BIN_EXE_cachetop"),
+            d.admin,
+            d.secret_file().display()
+        );
+        let mut child = Command::new("script")
+            .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+            .env("TERM", "xterm-256color")
+            .env_remove("LACQUER_CONFIG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("util-linux script runs");
+        let mut stdout = child.stdout.take().unwrap();
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Live { child, output }
+    }
+
+    /// What a terminal shows after everything written so far.
+    fn screen(&self) -> (String, bool) {
+        let mut parser = vt100::Parser::new(ROWS, COLS, 0);
+        parser.process(&self.output.lock().unwrap());
+        let screen = parser.screen();
+        (screen.contents(), screen.alternate_screen())
+    }
+
+    fn wait_for(&self, what: &str, check: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (screen, _) = self.screen();
+            if check(&screen) {
+                return screen;
+            }
+            assert!(Instant::now() < deadline, "no {what} on screen:\n{screen}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn keys(&mut self, keys: &[u8]) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(keys).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn exit_code(&mut self) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cachetop did not exit:\n{}",
+                self.screen().0
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_live_screen_follows_the_daemon_and_restores_the_terminal() {
+    let (_origin, mut d) = daemon_with_traffic().await;
+    let mut live = Live::start(&d);
+    let screen = live.wait_for("the request count", |s| {
+        s.contains("lacquerd ")
+            && s.lines()
+                .any(|l| l.starts_with("│requests ") && l.contains(" 3 "))
+    });
+    assert!(screen.contains("hit ratio 66.7 %"), "{screen}");
+    assert!(live.screen().1, "drawn on the alternate screen");
+
+    for _ in 0..3 {
+        lacquer_tests::get(d.addr, "/a").await;
+    }
+    live.wait_for("the new traffic", |s| {
+        s.lines()
+            .any(|l| l.starts_with("│requests ") && l.contains(" 6 "))
+    });
+
+    live.keys(b"\t");
+    live.wait_for("the counters view", |s| s.contains("values; / to filter"));
+    live.keys(b"/bans_p");
+    let screen = live.wait_for("a filtered list", |s| s.contains("filter \"bans_p\": 1 of"));
+    assert!(screen.contains("│store.bans_pending"), "{screen}");
+    live.keys(b"\r?");
+    live.wait_for("help", |s| s.contains(" cachetop help "));
+    live.keys(b" \t");
+
+    d.stop();
+    live.wait_for("the lost daemon", |s| s.contains("disconnected — retrying"));
+
+    live.keys(b"q");
+    assert_eq!(live.exit_code(), 0);
+    let (_, alternate) = live.screen();
+    assert!(!alternate, "back on the main screen");
+    let output = live.output.lock().unwrap().clone();
+    let tail = String::from_utf8_lossy(&output[output.len().saturating_sub(200)..]).into_owned();
+    assert!(
+        tail.contains("\x1b[?25h"),
+        "the cursor is shown again: {tail:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_and_sigterm_leave_cleanly() {
+    let (_origin, d) = daemon_with_traffic().await;
+    let mut live = Live::start(&d);
+    live.wait_for("the first frame", |s| s.contains("traffic"));
+    live.keys(b"\x03");
+    assert_eq!(live.exit_code(), 0);
+    assert!(!live.screen().1, "back on the main screen");
+
+    let mut live = Live::start(&d);
+    live.wait_for("the first frame", |s| s.contains("traffic"));
+    // `script` runs the shell that execs cachetop: its only child.
+    let script = live.child.id();
+    let children =
+        std::fs::read_to_string(format!("/proc/{script}/task/{script}/children")).unwrap();
+    let cachetop: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    // SAFETY: kill(2) on a process this test started.
+    unsafe { libc::kill(cachetop, libc::SIGTERM) };
+    assert_eq!(live.exit_code(), 0);
+    assert!(!live.screen().1, "SIGTERM restores the terminal too");
 }

@@ -112,9 +112,11 @@ fn walk(store: &Store) -> Result<(), crate::StoreError> {
         }
         keys += 1;
         if keys % BATCH == 0 {
+            StoreStats::add(&inner.stats.lurker_records_tested, BATCH as u64);
             std::thread::sleep(PAUSE);
         }
     }
+    StoreStats::add(&inner.stats.lurker_records_tested, (keys % BATCH) as u64);
     store.flush_metadata_blocking()?;
     let completed = inner.bans.complete(upto)?;
     inner.bans.save_counters()?;

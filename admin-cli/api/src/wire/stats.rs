@@ -141,8 +141,12 @@ stats_section! {
         memory_bytes_capacity: Gauge "lacquer_store_memory_capacity_bytes",
         /// Size of the disk tier.
         disk_bytes_capacity: Gauge "lacquer_store_disk_capacity_bytes",
+        /// Bytes in disk-tier blocks that hold data (the tier fills and reclaims whole blocks).
+        disk_bytes_used: Gauge "lacquer_store_disk_bytes",
         /// Bytes written to the disk tier since start.
         disk_bytes_written: Counter "lacquer_store_disk_written_bytes_total",
+        /// Bytes read from the disk tier since start.
+        disk_bytes_read: Counter "lacquer_store_disk_read_bytes_total",
         /// Objects made visible to lookups.
         objects_published: Counter "lacquer_store_objects_published_total",
         /// Published objects whose chunks have all reached the disk tier.
@@ -167,6 +171,8 @@ stats_section! {
         foyer_drops: Counter "lacquer_store_dropped_writes_total",
         /// Times the writer waited for the disk tier and flushed metadata, making objects durable.
         write_waits: Counter "lacquer_store_write_waits_total",
+        /// Chunks the memory tier evicted to make room (they stay on disk).
+        memory_evictions: Counter "lacquer_store_memory_evictions_total",
         /// Metadata records that could not be decoded (and were dropped).
         corrupt_records: Counter "lacquer_store_corrupt_records_total",
         /// Bans in the list, completed ones included.
@@ -183,6 +189,8 @@ stats_section! {
         objects_lurked: Counter "lacquer_objects_banned_total" { by = "lurker" },
         /// Walks the ban lurker finished.
         lurker_walks: Counter "lacquer_ban_lurker_walks_total",
+        /// Metadata records the ban lurker has tested.
+        lurker_records_tested: Counter "lacquer_ban_lurker_records_tested_total",
         /// Purge operations (by URL or by tags).
         purges: Counter "lacquer_purges_total",
         /// Objects removed by hard purges.

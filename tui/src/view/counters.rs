@@ -1,0 +1,129 @@
+//! Every counter and gauge with its value, rate and meaning, filtered by what was typed after `/`, the way
+//! `varnishstat` lists its counters.
+
+use ratatui::{
+    layout::{Constraint, Layout, Rect},
+    text::{Line, Span},
+    widgets::{Block, Borders, Paragraph, Row, Table},
+    Frame,
+};
+
+use super::{rate, Theme};
+use crate::state::State;
+
+pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
+    let rows = state.counters();
+    let total = state.latest.as_ref().map_or(0, |s| s.values().count());
+    let [filter, table] = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
+    let filter_line = if state.filter.is_empty() && !state.editing {
+        Line::from(format!("{total} values; / to filter"))
+    } else {
+        Line::from(vec![
+            Span::styled("filter ", theme.accent()),
+            Span::raw(format!("{:?}: {} of {total}", state.filter, rows.len())),
+        ])
+    };
+    frame.render_widget(Paragraph::new(filter_line), filter);
+    let visible = usize::from(table.height.saturating_sub(3));
+    let scroll = state.scroll.min(rows.len().saturating_sub(visible));
+    let body = rows.iter().skip(scroll).take(visible).map(|r| {
+        Row::new(vec![
+            Line::from(r.name.clone()),
+            Line::from(r.value.to_string()).right_aligned(),
+            Line::from(rate(r.rate)).right_aligned(),
+            Line::from(r.field.help()),
+        ])
+    });
+    let title = if rows.len() > visible {
+        format!(
+            " counters {}-{} of {} ",
+            scroll + 1,
+            (scroll + visible).min(rows.len()),
+            rows.len()
+        )
+    } else {
+        " counters ".to_owned()
+    };
+    frame.render_widget(
+        Table::new(
+            body,
+            [
+                Constraint::Length(28),
+                Constraint::Length(12),
+                Constraint::Length(9),
+                Constraint::Min(10),
+            ],
+        )
+        .header(
+            Row::new([
+                Line::from("name"),
+                Line::from("value").right_aligned(),
+                Line::from("per sec").right_aligned(),
+                Line::from("description"),
+            ])
+            .style(theme.title()),
+        )
+        .column_spacing(2)
+        .block(Block::default().borders(Borders::ALL).title(title)),
+        table,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{busy, screen};
+    use crate::state::View;
+
+    #[test]
+    fn every_counter_at_80x24_and_160x48() {
+        let mut state = busy();
+        state.view = View::Counters;
+        let small = screen(&state, 80, 24);
+        insta::assert_snapshot!("counters_80x24", small);
+        let row: Vec<&str> = small
+            .lines()
+            .find(|l| l.starts_with("│proxy.requests "))
+            .expect("a proxy.requests row")
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            row[..4],
+            ["│proxy.requests", "10400", "200/s", "Client"],
+            "{small}"
+        );
+        assert!(small.contains(" counters 1-18 of 57 "), "{small}");
+        let large = screen(&state, 160, 48);
+        insta::assert_snapshot!("counters_160x48", large);
+        assert!(large.contains("Client requests received."), "{large}");
+    }
+
+    #[test]
+    fn a_filter_narrows_and_scrolling_moves_the_window() {
+        let mut state = busy();
+        state.view = View::Counters;
+        state.filter = "ban".into();
+        let s = screen(&state, 100, 24);
+        assert!(s.contains("filter \"ban\": 5 of 57"), "{s}");
+        let names: Vec<&str> = s
+            .lines()
+            .filter_map(|l| l.strip_prefix('│')?.split_whitespace().next())
+            .filter(|n| n.contains('.'))
+            .collect();
+        assert!(
+            !names.is_empty() && names.iter().all(|n| n.contains("ban")),
+            "{names:?}"
+        );
+
+        state.filter.clear();
+        state.scroll = 5;
+        let s = screen(&state, 100, 24);
+        assert!(s.contains(" counters 6-23 of 57 "), "{s}");
+        assert!(s.contains("│proxy.stale_on_error"), "{s}");
+        state.scroll = 10_000;
+        let s = screen(&state, 100, 24);
+        assert!(
+            s.contains("│store.publishes_cancelled"),
+            "scrolling stops at the end: {s}"
+        );
+    }
+}
