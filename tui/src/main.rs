@@ -81,12 +81,22 @@ fn main() -> ExitCode {
             }
         };
     }
+    let tty = match std::fs::File::open("/dev/tty") {
+        Ok(tty) => tty,
+        Err(e) => {
+            eprintln!("cachetop: needs a terminal ({e}); use --once for plain text");
+            return ExitCode::from(2);
+        }
+    };
     let (updates, received) = mpsc::channel();
     std::thread::spawn(move || runtime.block_on(follow(client, updates)));
     // ratatui::init restores the terminal on panic as well.
     let mut terminal = ratatui::init();
     let result = (|| -> std::io::Result<()> {
         loop {
+            if hung_up(&tty) {
+                return Ok(());
+            }
             for update in received.try_iter() {
                 match update {
                     Update::Quit => return Ok(()),
@@ -116,6 +126,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether the terminal went away (a closed window, a dropped SSH session): nothing is left to draw on.
+fn hung_up(tty: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: tty.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for an open descriptor, and a zero timeout.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready > 0 && fd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
 /// Feeds the screen until it goes: the statistics stream (1 Hz polling when the daemon has no stream),

@@ -133,6 +133,10 @@ impl Live {
 
 impl Drop for Live {
     fn drop(&mut self) {
+        if let Some(cachetop) = cachetop_pid(&self.child) {
+            // SAFETY: kill(2) on a process this test started.
+            unsafe { libc::kill(cachetop, libc::SIGKILL) };
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -182,6 +186,38 @@ async fn the_live_screen_follows_the_daemon_and_restores_the_terminal() {
     );
 }
 
+/// The process `script` runs on the pseudo-terminal: after the shell's `exec`, cachetop itself.
+fn cachetop_pid(script: &Child) -> Option<i32> {
+    let script = script.id();
+    let children =
+        std::fs::read_to_string(format!("/proc/{script}/task/{script}/children")).ok()?;
+    children.split_whitespace().next()?.parse().ok()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_terminal_that_goes_away_ends_it() {
+    let (_origin, d) = daemon_with_traffic().await;
+    let mut live = Live::start(&d);
+    live.wait_for("the first frame", |s| s.contains("traffic"));
+    let cachetop = cachetop_pid(&live.child).unwrap();
+    // Killing `script` closes the pseudo-terminal, as a dropped SSH session or a closed window does.
+    live.child.kill().unwrap();
+    live.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(cachetop) {
+        if Instant::now() > deadline {
+            // SAFETY: kill(2) on a process this test started.
+            unsafe { libc::kill(cachetop, libc::SIGKILL) };
+            panic!("cachetop outlived its terminal");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn ctrl_c_and_sigterm_leave_cleanly() {
     let (_origin, d) = daemon_with_traffic().await;
@@ -193,11 +229,7 @@ async fn ctrl_c_and_sigterm_leave_cleanly() {
 
     let mut live = Live::start(&d);
     live.wait_for("the first frame", |s| s.contains("traffic"));
-    // `script` runs the shell that execs cachetop: its only child.
-    let script = live.child.id();
-    let children =
-        std::fs::read_to_string(format!("/proc/{script}/task/{script}/children")).unwrap();
-    let cachetop: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    let cachetop = cachetop_pid(&live.child).unwrap();
     // SAFETY: kill(2) on a process this test started.
     unsafe { libc::kill(cachetop, libc::SIGTERM) };
     assert_eq!(live.exit_code(), 0);
