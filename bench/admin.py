@@ -7,11 +7,14 @@ Per round and target:
 - how long adding a ban takes, start to exit (`cachectl ban` / `varnishadm ban`);
 - what watching costs the data path: hit p50/p99 at a steady rate with nobody watching, then with a
   dashboard attached (lacquerd: a `/v1/stats/stream` reader plus a `/metrics` scrape every second;
-  Varnish: `varnishstat -1 -j` every second, what its exporters run).
+  Varnish: `varnishstat -1 -j` every second, what its exporters run);
+- what the live screen costs: CPU used by `cachetop` / `varnishstat` (curses) on a 100x30 pseudo-terminal
+  while the target serves the same steady load, as a share of one core.
 Reports medians of the rounds and lacquer/varnish ratios."""
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -24,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import ROOT, TARGETS, start, stop, oha_latency  # noqa: E402
 
 CACHECTL = f"{ROOT}/target/release/cachectl"
+CACHETOP = f"{ROOT}/target/release/cachetop"
 ADMIN = "127.0.0.1:8991"
 
 
@@ -35,6 +39,31 @@ def timed(cmd, runs):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def screen_cpu(cmd, port, seconds, rate):
+    """Percent of one core `cmd` uses on a 100x30 pseudo-terminal (util-linux `script`) over `seconds`, while
+    `port` serves `rate` hits per second."""
+    load = subprocess.Popen(["oha", "--no-tui", "-z", f"{seconds + 4}s", "-q", str(rate), "-c", "20",
+                             f"http://127.0.0.1:{port}/obj/2k"], stdout=subprocess.DEVNULL)
+    script = subprocess.Popen(["script", "-q", "-c", f"stty rows 30 cols 100; exec {shlex.join(cmd)}", "/dev/null"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              env={**os.environ, "TERM": "xterm-256color"})
+    time.sleep(2)
+    pid = int(open(f"/proc/{script.pid}/task/{script.pid}/children").read().split()[0])
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    used = cpu_seconds(pid) - before
+    script.stdin.write(b"q")
+    script.stdin.flush()
+    script.wait(timeout=10)
+    load.wait()
+    return used / seconds * 100
 
 
 class Watcher:
@@ -85,6 +114,7 @@ def lacquer_tools(work):
         "stats": ctl + ["stats", "--json"],
         "ban": lambda i: ctl + ["ban", f"req.url ~ ^/nothing/{i}/"],
         "watching": watching,
+        "screen": [CACHETOP, "--admin", ADMIN, "--secret", secret],
     }
 
 
@@ -95,6 +125,7 @@ def varnish_tools(work):
         "stats": stat,
         "ban": lambda i: ["varnishadm"] + n + ["ban", "req.url", "~", f"^/nothing/{i}/"],
         "watching": lambda: Watcher(lambda: subprocess.run(stat, stdout=subprocess.DEVNULL, check=True)),
+        "screen": ["varnishstat"] + n,
     }
 
 
@@ -130,6 +161,7 @@ def main():
                     p50, p99 = oha_latency(port, args.seconds, args.rate)
                 row.setdefault("watched_p50", []).append(p50)
                 row.setdefault("watched_p99", []).append(p99)
+                row.setdefault("screen_cpu", []).append(screen_cpu(t["screen"], port, args.seconds, args.rate))
                 print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in row.items()),
                       flush=True)
         med = {n: {k: statistics.median(v) for k, v in row.items()} for n, row in results.items()}
@@ -140,12 +172,14 @@ def main():
             (f"hit p99, nobody watching, {args.rate} rps (ms)", "idle_p99"),
             ("hit p50 while watched every second (ms)", "watched_p50"),
             ("hit p99 while watched every second (ms)", "watched_p99"),
+            ("live screen CPU, % of one core (cachetop / varnishstat)", "screen_cpu"),
         ]
         print(f"\n{args.rounds} rounds, medians\n")
         print("| metric | lacquer | varnish | ratio |\n|---|---|---|---|")
         for label, key in rows:
             lq, vn = med["lacquer"][key], med["varnish"][key]
-            print(f"| {label} | {lq:.2f} | {vn:.2f} | {lq / vn:.2f} |")
+            ratio = f"{lq / vn:.2f}" if vn else "-"
+            print(f"| {label} | {lq:.2f} | {vn:.2f} | {ratio} |")
         for name in med:
             cost = med[name]["watched_p99"] / med[name]["idle_p99"]
             print(f"\n{name}: watching changes hit p99 by {cost:.2f}x")

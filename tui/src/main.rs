@@ -35,14 +35,19 @@ struct Cli {
     no_color: bool,
 }
 
-/// What the reader thread tells the screen.
+/// What the reader threads tell the screen.
 enum Update {
     Stats(Box<Stats>),
     Backends(BackendList),
     Lost(String),
     /// SIGTERM or SIGHUP: leave, restoring the terminal.
     Quit,
+    /// A key, or a resize.
+    Terminal(Event),
 }
+
+/// How often the screen checks that its terminal is still there when nothing else happens.
+const IDLE: Duration = Duration::from_secs(1);
 
 /// How often backend health is asked for (the stats stream does not carry it).
 const BACKENDS_EVERY: Duration = Duration::from_secs(2);
@@ -89,32 +94,48 @@ fn main() -> ExitCode {
         }
     };
     let (updates, received) = mpsc::channel();
+    let keys = updates.clone();
     std::thread::spawn(move || runtime.block_on(follow(client, updates)));
     // ratatui::init restores the terminal on panic as well.
     let mut terminal = ratatui::init();
+    // A blocking read sleeps until a key arrives; polling crossterm with a timeout instead costs about 1 % of
+    // a core, spinning through its sub-millisecond remainder.
+    std::thread::spawn(move || {
+        while let Ok(event) = event::read() {
+            if keys.send(Update::Terminal(event)).is_err() {
+                return;
+            }
+        }
+    });
     let result = (|| -> std::io::Result<()> {
+        let mut changed = true;
         loop {
+            // A terminal that went away leaves the key reader spinning on end of file (crossterm issue 793):
+            // leave, which ends it too.
             if hung_up(&tty) {
                 return Ok(());
             }
-            for update in received.try_iter() {
-                match update {
-                    Update::Quit => return Ok(()),
-                    _ if state.paused => {}
-                    Update::Stats(stats) => state.update(*stats, Instant::now()),
-                    Update::Backends(list) => state.update_backends(list, Instant::now()),
-                    Update::Lost(e) => state.disconnected(e),
-                }
+            if std::mem::take(&mut changed) {
+                terminal.draw(|f| view::render(f, &state, &theme))?;
             }
-            terminal.draw(|f| view::render(f, &state, &theme))?;
-            if event::poll(Duration::from_millis(100))? {
-                if let Event::Key(key) = event::read()? {
-                    if key.kind == KeyEventKind::Press
-                        && input::handle(&mut state, key) == Action::Quit
-                    {
+            let update = match received.recv_timeout(IDLE) {
+                Ok(update) => update,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+            changed = true;
+            match update {
+                Update::Quit => return Ok(()),
+                Update::Terminal(Event::Key(key)) if key.kind == KeyEventKind::Press => {
+                    if input::handle(&mut state, key) == Action::Quit {
                         return Ok(());
                     }
                 }
+                Update::Terminal(_) => {}
+                _ if state.paused => {}
+                Update::Stats(stats) => state.update(*stats, Instant::now()),
+                Update::Backends(list) => state.update_backends(list, Instant::now()),
+                Update::Lost(e) => state.disconnected(e),
             }
         }
     })();
