@@ -538,6 +538,58 @@ mod tests {
         );
     }
 
+    /// The configuration the Debian package installs: it loads, and it lists every setting, commented out
+    /// with its default value except the few the package sets.
+    #[test]
+    fn the_packaged_configuration_lists_every_setting_with_its_default() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/lacquer.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let packaged = Config::parse(&text, path).unwrap();
+        assert_eq!(packaged.backend.address.as_deref(), Some("127.0.0.1:8080"));
+        assert_eq!(
+            packaged.admin.secret_file.as_deref(),
+            Some(Path::new("/etc/lacquer/secret"))
+        );
+        let assignment = |line: &str| {
+            line.split_once(" = ").is_some_and(|(k, _)| {
+                !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            })
+        };
+        let mut section = String::new();
+        let mut listed = Vec::new();
+        let uncommented: Vec<&str> = text
+            .lines()
+            .map(|line| {
+                let line = line
+                    .strip_prefix("# ")
+                    .filter(|l| assignment(l))
+                    .unwrap_or(line);
+                if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                    section = name.to_owned();
+                } else if assignment(line) {
+                    listed.push(format!("{section}.{}", line.split_once(" = ").unwrap().0));
+                }
+                line
+            })
+            .collect();
+        let every = Config::parse(&uncommented.join("\n"), "uncommented").unwrap();
+        let every = serde_json::to_value(&every).unwrap();
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        let set_by_the_package = ["backend.address", "admin.secret_file", "storage.dir"];
+        for (name, settings) in defaults.as_object().unwrap() {
+            for (key, default) in settings.as_object().unwrap() {
+                let setting = format!("{name}.{key}");
+                assert!(listed.contains(&setting), "{setting} is not in {path}");
+                if !set_by_the_package.contains(&setting.as_str()) {
+                    assert_eq!(
+                        &every[name][key], default,
+                        "{setting}: the listed value is not the default"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_log_level_tracing_cannot_use_is_rejected() {
         let dir = tempfile::tempdir().unwrap();
