@@ -32,7 +32,10 @@ async fn secret_guards_everything_but_health() {
 
     get(d.addr, "/a").await;
     get(d.addr, "/a").await;
-    let stats = d.stats().await;
+    // The second request may be served by the finished fetch before the store publishes the object.
+    let stats = d
+        .wait_for_stats("the object published", |s| s["store"]["objects"] == 1)
+        .await;
     assert_eq!(stats["proxy"]["requests"], 2);
     assert_eq!(stats["proxy"]["hits"], 1);
     assert_eq!(stats["store"]["objects"], 1);
