@@ -3,12 +3,18 @@
 
 use std::{
     io::{Read, Write},
+    net::SocketAddr,
+    path::Path,
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering::SeqCst},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
 
-use lacquer_tests::{daemon_with_traffic, run_tool, unused_addr, Daemon};
+use lacquer_admin::wire::{ProxyStats, Stats};
+use lacquer_tests::{daemon_with_traffic, run_tool, unused_addr, Daemon, Origin, Reply};
 
 const ROWS: u16 = 30;
 const COLS: u16 = 100;
@@ -59,11 +65,14 @@ struct Live {
 
 impl Live {
     fn start(d: &Daemon) -> Live {
+        Self::start_at(d.admin, &d.secret_file())
+    }
+
+    fn start_at(admin: SocketAddr, secret: &Path) -> Live {
         let command = format!(
-            "stty rows {ROWS} cols {COLS}; exec {} --admin {} --secret {} --no-color",
+            "stty rows {ROWS} cols {COLS}; exec {} --admin {admin} --secret {} --no-color",
             env!("CARGO_BIN_EXE_cachetop"),
-            d.admin,
-            d.secret_file().display()
+            secret.display()
         );
         let mut child = Command::new("script")
             .args(["--quiet", "--return", "--command", &command, "/dev/null"])
@@ -234,4 +243,45 @@ async fn ctrl_c_and_sigterm_leave_cleanly() {
     unsafe { libc::kill(cachetop, libc::SIGTERM) };
     assert_eq!(live.exit_code(), 0);
     assert!(!live.screen().1, "SIGTERM restores the terminal too");
+}
+
+/// An admin API without the statistics stream (an older daemon): the screen polls `/v1/stats` instead.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_stream_it_polls_once_a_second() {
+    let polls = Arc::new(AtomicU64::new(0));
+    let counter = polls.clone();
+    let older = Origin::start(move |seen| match seen.path.as_str() {
+        "/v1/stats" => {
+            let n = counter.fetch_add(1, SeqCst) + 1;
+            let stats = Stats {
+                version: "0.0.9".into(),
+                uptime_seconds: n,
+                proxy: ProxyStats {
+                    requests: 100 * n,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Reply::ok(serde_json::to_vec(&stats).unwrap())
+        }
+        "/v1/backends" => Reply::ok(r#"{"backends": []}"#),
+        _ => Reply::ok(r#"{"code": "not_found", "message": "no such admin route"}"#).status(404),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+    let live = Live::start_at(older.addr, &secret);
+    let screen = live.wait_for("polled statistics with a rate", |s| {
+        s.contains("lacquerd 0.0.9")
+            && s.lines().any(|l| {
+                l.starts_with("│requests ")
+                    && l.split_whitespace().nth(1).is_some_and(|rate| rate != "-")
+            })
+    });
+    assert!(polls.load(SeqCst) >= 2, "{screen}");
+    assert!(
+        older.count("/v1/stats/stream") >= 1,
+        "the stream was asked for first"
+    );
 }
