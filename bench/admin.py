@@ -24,7 +24,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import ROOT, TARGETS, start, stop, oha_latency  # noqa: E402
+from compare import ROOT, TARGETS, oha_latency, ratio_table, start, stop  # noqa: E402
 
 CACHECTL = f"{ROOT}/target/release/cachectl"
 CACHETOP = f"{ROOT}/target/release/cachetop"
@@ -175,11 +175,7 @@ def main():
             ("live screen CPU, % of one core (cachetop / varnishstat)", "screen_cpu"),
         ]
         print(f"\n{args.rounds} rounds, medians\n")
-        print("| metric | lacquer | varnish | ratio |\n|---|---|---|---|")
-        for label, key in rows:
-            lq, vn = med["lacquer"][key], med["varnish"][key]
-            ratio = f"{lq / vn:.2f}" if vn else "-"
-            print(f"| {label} | {lq:.2f} | {vn:.2f} | {ratio} |")
+        ratio_table([(label, key, "{:.2f}") for label, key in rows], med)
         for name in med:
             cost = med[name]["watched_p99"] / med[name]["idle_p99"]
             print(f"\n{name}: watching changes hit p99 by {cost:.2f}x")

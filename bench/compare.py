@@ -98,6 +98,17 @@ http {{
         wait_port(port)
 
 
+def ratio_table(rows, med):
+    """A Markdown table of lacquer against Varnish: `rows` are (label, key, format), `med` the medians by
+    target and key; the ratio is lacquer / varnish."""
+    print("| metric | lacquer | varnish | ratio |")
+    print("|---|---|---|---|")
+    for label, key, fmt in rows:
+        lq, vn = med["lacquer"][key], med["varnish"][key]
+        ratio = f"{lq / vn:.2f}" if vn else "-"
+        print(f"| {label} | {fmt.format(lq)} | {fmt.format(vn)} | {ratio} |")
+
+
 def stop(procs, work):
     """SIGTERM to everything `start` started, SIGKILL after 30 s, and the work directory removed."""
     for p in procs:

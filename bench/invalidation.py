@@ -24,7 +24,7 @@ import urllib.request
 import http.client
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import TARGETS, ORIGIN_PORT, start, stop, sh  # noqa: E402
+from compare import TARGETS, ORIGIN_PORT, ratio_table, start, stop, sh  # noqa: E402
 
 TARGETS = {k: v for k, v in TARGETS.items() if k != "nginx"}
 
@@ -256,12 +256,7 @@ def main():
         ("purged objects refetched (of 20 asked)", "purged_refetched_of_20", "{:.0f}"),
     ]
     print(f"\nmedian of {args.rounds} rounds; ratio = lacquer / varnish (lower is better except where noted)\n")
-    print("| metric | lacquer | varnish | ratio |")
-    print("|---|---|---|---|")
-    for label, key, fmt in rows:
-        l, v = med["lacquer"][key], med["varnish"][key]
-        ratio = f"{l / v:.2f}" if v else "-"
-        print(f"| {label} | {fmt.format(l)} | {fmt.format(v)} | {ratio} |")
+    ratio_table(rows, med)
     for t in TARGETS:
         print(f"\n{t}: p99 during the walk / p99 before = {med[t]['during_p99'] / med[t]['before_p99']:.2f}")
     if args.json:

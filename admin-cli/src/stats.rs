@@ -63,11 +63,7 @@ fn render(
     out.push('\n');
     let rate = |name: &str, value: u64| -> Option<f64> {
         match previous {
-            Some((before, elapsed)) if !elapsed.is_zero() => {
-                let before = before.get(name)?;
-                Some(value.saturating_sub(before) as f64 / elapsed.as_secs_f64())
-            }
-            Some(_) => None,
+            Some((before, elapsed)) => stats.rate_since(name, before, elapsed),
             None if stats.uptime_seconds > 0 => Some(value as f64 / stats.uptime_seconds as f64),
             None => None,
         }

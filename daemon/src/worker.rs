@@ -30,7 +30,8 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The live settings as of now; a request keeps the copy it started with.
+    /// The live settings as of now, for work that awaits while it uses them: it keeps the copy it started
+    /// with. Synchronous uses read `live.load()`, which counts no reference.
     pub fn live(&self) -> Arc<Live> {
         self.live.load_full()
     }

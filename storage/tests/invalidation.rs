@@ -8,13 +8,6 @@ use std::time::Duration;
 use common::*;
 use lacquer_storage::{BanExpr, ObjectMeta, PurgeMode, Store};
 
-async fn open(dir: &std::path::Path) -> Store {
-    builder(dir)
-        .open(tokio::runtime::Handle::current())
-        .await
-        .unwrap()
-}
-
 async fn write_with(store: &Store, key: &str, variant: &[(String, String)], meta: ObjectMeta) {
     let mut w = store.writer(key, variant, store.mark()).unwrap();
     w.push(key.as_bytes()).await.unwrap();

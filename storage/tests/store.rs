@@ -12,10 +12,7 @@ use common::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_survive_a_reopen_and_are_read_from_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path())
-        .open(tokio::runtime::Handle::current())
-        .await
-        .unwrap();
+    let store = open(dir.path()).await;
     let a = body(1, 200 * KIB + 17);
     write(&store, "h/a", &a).await;
     let (got, tiers) = read(&store, "h/a").await.unwrap();
@@ -33,10 +30,7 @@ async fn bodies_survive_a_reopen_and_are_read_from_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_objects_stay_removed_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path())
-        .open(tokio::runtime::Handle::current())
-        .await
-        .unwrap();
+    let store = open(dir.path()).await;
     write(&store, "h/gone", &body(2, 3000)).await;
     write(&store, "h/kept", &body(3, 3000)).await;
     assert_eq!(store.remove("h/gone").unwrap(), 1);
@@ -49,10 +43,7 @@ async fn removed_objects_stay_removed_after_reopen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_body_never_lends_old_chunks() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path())
-        .open(tokio::runtime::Handle::current())
-        .await
-        .unwrap();
+    let store = open(dir.path()).await;
     write(&store, "h/x", &body(4, 150 * KIB)).await;
     let old = store.lookup("h/x").unwrap().unwrap().variants[0].clone();
     write(&store, "h/x", &body(5, 70 * KIB)).await;
@@ -94,10 +85,7 @@ async fn variants_are_capped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_large_bodies_is_not_dropped() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path())
-        .open(tokio::runtime::Handle::current())
-        .await
-        .unwrap();
+    let store = open(dir.path()).await;
     let big = body(6, 4 * MIB);
     let writes: Vec<_> = (0..30)
         .map(|i| {
@@ -121,10 +109,7 @@ async fn a_burst_of_large_bodies_is_not_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweeper_keeps_stale_objects_within_their_error_window() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path())
-        .open(tokio::runtime::Handle::current())
-        .await
-        .unwrap();
+    let store = open(dir.path()).await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -154,10 +139,7 @@ async fn the_sweeper_keeps_stale_objects_within_their_error_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspection_counts_chunks_per_tier_and_applies_bans() {
     let dir = tempfile::tempdir().unwrap();
-    let store = builder(dir.path())
-        .open(tokio::runtime::Handle::current())
-        .await
-        .unwrap();
+    let store = open(dir.path()).await;
     write(&store, "h/a", &body(1, 200 * KIB)).await;
     write(&store, "h/b", &body(2, 10)).await;
     for _ in 0..200 {

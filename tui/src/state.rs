@@ -143,10 +143,8 @@ impl State {
     /// Per-second change of a counter between the last two samples.
     pub fn rate(&self, name: &str) -> Option<f64> {
         let (prev, prev_at) = self.previous.as_ref()?;
-        let now = self.value(name)?;
-        let before = prev.get(name)?;
-        let secs = self.taken?.duration_since(*prev_at).as_secs_f64();
-        (secs > 0.0).then(|| now.saturating_sub(before) as f64 / secs)
+        let elapsed = self.taken?.duration_since(*prev_at);
+        self.latest.as_ref()?.rate_since(name, prev, elapsed)
     }
 
     /// The latest rate of series `index` of [`SERIES`].

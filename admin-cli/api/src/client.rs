@@ -1,11 +1,11 @@
 //! The typed admin API client: one method per route, every failure one line that says what to do.
 
-use std::{net::SocketAddr, path::PathBuf, pin::Pin, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, pin::Pin, sync::OnceLock, time::Duration};
 
 use bytes::Bytes;
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
-use http_body_util::{BodyExt, BodyStream, Full};
+use http_body_util::{BodyExt, Full};
 use hyper::{body::Incoming, header, Method, Request, Response, StatusCode};
 use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
@@ -53,6 +53,7 @@ impl AdminError {
 pub struct AdminClient {
     target: Target,
     http: Client<HttpConnector, Full<Bytes>>,
+    secret: OnceLock<String>,
 }
 
 impl AdminClient {
@@ -60,6 +61,7 @@ impl AdminClient {
         Self {
             target,
             http: Client::builder(TokioExecutor::new()).build_http(),
+            secret: OnceLock::new(),
         }
     }
 
@@ -83,14 +85,7 @@ impl AdminClient {
             .await?;
         let resp = self.check(resp).await?;
         let addr = self.target.addr;
-        let events = BodyStream::new(resp.into_body())
-            .filter_map(|frame| async move {
-                match frame {
-                    Ok(frame) => frame.into_data().ok().map(Ok),
-                    Err(e) => Some(Err(e)),
-                }
-            })
-            .eventsource();
+        let events = resp.into_body().into_data_stream().eventsource();
         Ok(StatsStream {
             addr,
             events: Box::pin(events),
@@ -206,14 +201,17 @@ impl AdminClient {
         }
     }
 
-    fn secret(&self) -> Result<String, AdminError> {
+    /// Read from the file on first use (routes that need no secret never read it), then kept.
+    fn secret(&self) -> Result<&str, AdminError> {
+        if let Some(secret) = self.secret.get() {
+            return Ok(secret);
+        }
         let path = &self.target.secret_file;
-        std::fs::read_to_string(path)
-            .map(|s| s.trim().to_owned())
-            .map_err(|e| AdminError::Secret {
-                path: path.clone(),
-                reason: io_reason(&e),
-            })
+        let secret = std::fs::read_to_string(path).map_err(|e| AdminError::Secret {
+            path: path.clone(),
+            reason: io_reason(&e),
+        })?;
+        Ok(self.secret.get_or_init(|| secret.trim().to_owned()))
     }
 
     fn unreachable(&self, reason: String) -> AdminError {

@@ -11,6 +11,7 @@ mod status;
 use std::sync::{Arc, OnceLock};
 
 use axum::{
+    body::Bytes,
     extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Query, Request, State},
     http::{header, request::Parts, StatusCode},
     middleware::{self, Next},
@@ -39,7 +40,7 @@ pub struct AdminState {
     /// Turns true on shutdown: long-lived streams end so the server can stop.
     pub stopping: watch::Receiver<bool>,
     /// The OpenAPI document, rendered once the routes are known.
-    pub openapi: Arc<OnceLock<String>>,
+    pub openapi: Arc<OnceLock<Bytes>>,
 }
 
 #[derive(OpenApi)]
@@ -168,7 +169,7 @@ pub fn router(state: AdminState) -> Router {
     let rendered = doc
         .to_pretty_json()
         .expect("the OpenAPI document serializes");
-    state.openapi.get_or_init(|| rendered);
+    state.openapi.get_or_init(|| Bytes::from(rendered));
     router
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .fallback(|| async { api_error(StatusCode::NOT_FOUND, "not_found", "no such admin route") })

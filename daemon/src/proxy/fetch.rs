@@ -70,8 +70,8 @@ pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
         Ending::NotStored => inc(&stats.uncacheable),
     }
     if registered {
-        let hit_for_miss =
-            matches!(ending, Ending::NotStored).then_some(worker.shared.live().policy.hit_for_miss);
+        let hit_for_miss = matches!(ending, Ending::NotStored)
+            .then_some(worker.shared.live.load().policy.hit_for_miss);
         coalescer.finish(&key, &fetch, hit_for_miss);
     }
     fetch.settle();

@@ -39,7 +39,13 @@ pub async fn handle(worker: Arc<Worker>, client: IpAddr, req: Request<Incoming>)
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
-    let resp = match classify(&parts.method, &parts.headers, &worker.shared.live().policy) {
+    // A guard, not a counted reference: this is every request's path, and nothing is awaited meanwhile.
+    let class = classify(
+        &parts.method,
+        &parts.headers,
+        &worker.shared.live.load().policy,
+    );
+    let resp = match class {
         RequestClass::Lookup => lookup(&worker, client, parts).await,
         RequestClass::Pass(_) => pass(&worker, client, parts, body, false).await,
         RequestClass::Invalidate => pass(&worker, client, parts, body, true).await,

@@ -15,6 +15,14 @@ pub fn builder(dir: &std::path::Path) -> StoreBuilder {
         .with_chunk_size(64 * KIB)
 }
 
+/// A store in `dir` with the test sizes of [`builder`].
+pub async fn open(dir: &std::path::Path) -> Store {
+    builder(dir)
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap()
+}
+
 pub fn meta() -> ObjectMeta {
     ObjectMeta {
         status: 200,

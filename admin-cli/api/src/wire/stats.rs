@@ -267,6 +267,17 @@ impl Stats {
         }
     }
 
+    /// Per-second change of the value called `name` since `before`, taken `elapsed` earlier.
+    pub fn rate_since(
+        &self,
+        name: &str,
+        before: &Stats,
+        elapsed: std::time::Duration,
+    ) -> Option<f64> {
+        let (now, then) = (self.get(name)?, before.get(name)?);
+        (!elapsed.is_zero()).then(|| now.saturating_sub(then) as f64 / elapsed.as_secs_f64())
+    }
+
     /// Hits over hits, misses and passes, when there was any such request.
     pub fn hit_ratio(&self) -> Option<f64> {
         let p = &self.proxy;
