@@ -9,6 +9,7 @@ use std::{
 };
 
 use http::{Request, Response, StatusCode};
+use http_body_util::LengthLimitError;
 use hyper::body::Incoming;
 use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
@@ -30,6 +31,10 @@ pub enum BackendError {
     },
     #[error("backend {authority} failed: {reason}")]
     Failed { authority: String, reason: String },
+    /// The client's body went over the listener's `max_request_body` while it was being forwarded: the
+    /// client's fault, not the backend's.
+    #[error("request body too large")]
+    RequestBodyTooLarge,
 }
 
 impl BackendError {
@@ -39,6 +44,7 @@ impl BackendError {
             BackendError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             BackendError::Connect { .. } => StatusCode::SERVICE_UNAVAILABLE,
             BackendError::Failed { .. } => StatusCode::BAD_GATEWAY,
+            BackendError::RequestBodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 }
@@ -82,6 +88,7 @@ impl Backend {
                 resp.status()
             )),
             Ok(_) => self.health.succeeded(),
+            Err(BackendError::RequestBodyTooLarge) => {}
             Err(e) => self.health.failed(e.to_string()),
         }
         result
@@ -105,12 +112,19 @@ impl Backend {
                 authority: self.authority.clone(),
                 reason: error_chain(&e),
             }),
+            Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => {
+                Err(BackendError::RequestBodyTooLarge)
+            }
             Ok(Err(e)) => Err(BackendError::Failed {
                 authority: self.authority.clone(),
                 reason: error_chain(&e),
             }),
         }
     }
+}
+
+fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| e.is::<E>())
 }
 
 /// How requests to the origin have been going, judged from real traffic (every worker's), for

@@ -16,9 +16,11 @@ use crate::policy::Policy;
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// Client listeners (`[[listen]]`). Default: one plain listener on `0.0.0.0:6081`.
+    pub listen: Vec<Listen>,
     pub server: Server,
     pub backend: Backend,
     pub admin: Admin,
@@ -28,11 +30,24 @@ pub struct Config {
     pub log: Log,
 }
 
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: vec![Listen::default()],
+            server: Server::default(),
+            backend: Backend::default(),
+            admin: Admin::default(),
+            storage: Storage::default(),
+            cache: Cache::default(),
+            purge: Purge::default(),
+            log: Log::default(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Server {
-    /// Client listeners. Default: `0.0.0.0:6081`.
-    pub listen: Vec<SocketAddr>,
     /// Threads serving clients, each with its own listener socket (`SO_REUSEPORT`). 0: one per core.
     pub workers: usize,
     /// How long in-flight responses may take to finish on shutdown. Default: 30 s.
@@ -43,11 +58,83 @@ pub struct Server {
 impl Default for Server {
     fn default() -> Self {
         Self {
-            listen: vec![SocketAddr::from(([0, 0, 0, 0], 6081))],
             workers: 0,
             shutdown_timeout: Duration::from_secs(30),
         }
     }
+}
+
+/// One client listener: where, how (TLS, PROXY protocol, HTTP/2) and within which limits.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listen {
+    /// Default: `0.0.0.0:6081`.
+    pub address: SocketAddr,
+    /// Certificate chains and keys (PEM files). Any given: the listener speaks TLS only, and picks the
+    /// certificate by the name the client asks for (SNI), the first one when none matches. Default: none.
+    pub tls: Vec<Certificate>,
+    /// Every connection must start with a PROXY protocol header (v1 or v2, as HAProxy's `send-proxy` and
+    /// `send-proxy-v2` write), whose client address is then used everywhere; one without is closed.
+    /// Default: false.
+    pub proxy_protocol: bool,
+    /// Offer HTTP/2: by ALPN on TLS, by prior knowledge (h2c) on plain connections. Default: true.
+    pub http2: bool,
+    /// Connections open at once on this listener; past it a connection gets `503`. 0: no limit.
+    /// Default: 65536.
+    pub max_connections: usize,
+    /// Connections open at once from one client address; past it a connection gets `503`. 0: no limit.
+    /// Default: 0.
+    pub max_connections_per_ip: usize,
+    /// Time for a complete request head, counted from the connection's start or the end of the previous
+    /// response, as Varnish's `timeout_idle`: slow senders (slowloris) and idle keep-alive HTTP/1.1
+    /// connections are closed. It also bounds the TLS handshake and PROXY header. Default: 10 s.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection with no request waiting for its response head and no byte moving either way for this
+    /// long is closed: idle HTTP/2 connections, and clients that stopped reading. Default: 60 s.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Largest request head (HTTP/1.1) or header list (HTTP/2); larger gets `431`. Default: 32 KiB.
+    pub max_header_size: ByteSize,
+    /// Most header fields in a request (HTTP/1.1); more gets `431`. Default: 100.
+    pub max_headers: usize,
+    /// Largest request body sent on to a backend; larger gets `413`. Default: 100 MiB.
+    pub max_request_body: ByteSize,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Self {
+            address: SocketAddr::from(([0, 0, 0, 0], 6081)),
+            tls: Vec::new(),
+            proxy_protocol: false,
+            http2: true,
+            max_connections: 65536,
+            max_connections_per_ip: 0,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_header_size: ByteSize::kib(32),
+            max_headers: 100,
+            max_request_body: ByteSize::mib(100),
+        }
+    }
+}
+
+impl Listen {
+    pub fn plain(address: SocketAddr) -> Self {
+        Self {
+            address,
+            ..Self::default()
+        }
+    }
+}
+
+/// A certificate chain (leaf first) and its private key, both PEM.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Certificate {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -284,7 +371,7 @@ impl Config {
 
     fn apply(&mut self, o: Overrides) {
         if !o.listen.is_empty() {
-            self.server.listen = o.listen;
+            self.listen = o.listen.into_iter().map(Listen::plain).collect();
         }
         if o.backend.is_some() {
             self.backend.address = o.backend;
@@ -309,8 +396,23 @@ impl Config {
     fn validate(&mut self) -> Result<(), ConfigError> {
         let bad = |key: &str, why: String| Err(ConfigError(format!("{key}: {why}")));
         self.origin()?;
-        if self.server.listen.is_empty() {
-            return bad("server.listen", "at least one address is required".into());
+        if self.listen.is_empty() {
+            return bad("listen", "at least one listener is required".into());
+        }
+        for (n, listen) in self.listen.iter().enumerate() {
+            let key = format!("listen[{n}]");
+            let earlier = &self.listen[..n];
+            if listen.address.port() != 0 && earlier.iter().any(|l| l.address == listen.address) {
+                return bad(&key, format!("{} is listed twice", listen.address));
+            }
+            if listen.max_header_size < ByteSize::kib(8) {
+                return bad(&key, "max_header_size must be at least 8KiB".into());
+            }
+            if listen.header_read_timeout.is_zero() || listen.idle_timeout.is_zero() {
+                return bad(&key, "timeouts must be above zero".into());
+            }
+            crate::server::tls::Certificates::load(&listen.tls)
+                .map_err(|e| ConfigError(format!("{key}.tls: {e}")))?;
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad("log.level", format!("{:?}: {e}", self.log.level));
@@ -452,8 +554,13 @@ mod tests {
     fn parses_a_full_file() {
         let c = Config::parse(
             r#"
-            [server]
-            listen = ["127.0.0.1:80", "[::1]:8080"]
+            [[listen]]
+            address = "127.0.0.1:80"
+            [[listen]]
+            address = "[::1]:8443"
+            proxy_protocol = true
+            max_connections_per_ip = 50
+            tls = [{ cert = "/etc/lacquer/a.pem", key = "/etc/lacquer/a.key" }]
             [backend]
             address = "http://origin:8080"
             first_byte_timeout = "5s"
@@ -466,7 +573,11 @@ mod tests {
             "t",
         )
         .unwrap();
-        assert_eq!(c.server.listen.len(), 2);
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.listen[0], Listen::plain("127.0.0.1:80".parse().unwrap()));
+        assert!(c.listen[1].proxy_protocol && c.listen[1].http2);
+        assert_eq!(c.listen[1].max_connections_per_ip, 50);
+        assert_eq!(c.listen[1].tls[0].key, Path::new("/etc/lacquer/a.key"));
         assert_eq!(c.backend.first_byte_timeout, Duration::from_secs(5));
         assert_eq!(c.storage.memory, ByteSize::gib(1));
         assert_eq!(c.storage.disk_size, ByteSize::gib(20));
@@ -533,8 +644,8 @@ mod tests {
         assert_eq!(c.storage.disk_size, ByteSize::mib(512));
         assert_eq!(c.secret_file(), dir.path().join("store/secret"));
         assert_eq!(
-            c.server.listen,
-            vec!["127.0.0.1:0".parse::<SocketAddr>().unwrap()]
+            c.listen,
+            vec![Listen::plain("127.0.0.1:0".parse().unwrap())]
         );
     }
 
@@ -552,7 +663,9 @@ mod tests {
         );
         let assignment = |line: &str| {
             line.split_once(" = ").is_some_and(|(k, _)| {
-                !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                !k.is_empty()
+                    && k.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
             })
         };
         let mut section = String::new();
@@ -564,8 +677,8 @@ mod tests {
                     .strip_prefix("# ")
                     .filter(|l| assignment(l))
                     .unwrap_or(line);
-                if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-                    section = name.to_owned();
+                if line.starts_with('[') && line.ends_with(']') {
+                    section = line.trim_matches(['[', ']']).to_owned();
                 } else if assignment(line) {
                     listed.push(format!("{section}.{}", line.split_once(" = ").unwrap().0));
                 }
@@ -576,13 +689,18 @@ mod tests {
         let every = serde_json::to_value(&every).unwrap();
         let defaults = serde_json::to_value(Config::default()).unwrap();
         let set_by_the_package = ["backend.address", "admin.secret_file", "storage.dir"];
+        // `[[listen]]` is listed once, for the one listener there is by default.
+        fn first(v: &serde_json::Value) -> &serde_json::Value {
+            v.as_array().map_or(v, |a| &a[0])
+        }
         for (name, settings) in defaults.as_object().unwrap() {
-            for (key, default) in settings.as_object().unwrap() {
+            for (key, default) in first(settings).as_object().unwrap() {
                 let setting = format!("{name}.{key}");
                 assert!(listed.contains(&setting), "{setting} is not in {path}");
                 if !set_by_the_package.contains(&setting.as_str()) {
                     assert_eq!(
-                        &every[name][key], default,
+                        &first(&every[name])[key],
+                        default,
                         "{setting}: the listed value is not the default"
                     );
                 }

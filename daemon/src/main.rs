@@ -162,7 +162,13 @@ fn run(
     });
 
     let workers = config.workers();
-    let (sockets, bound) = server::bind(&config.server.listen, workers)?;
+    let listeners = config
+        .listen
+        .iter()
+        .map(|l| server::Listener::new(l.clone()).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    let addresses: Vec<SocketAddr> = listeners.iter().map(|l| l.config.address).collect();
+    let (sockets, bound) = server::bind(&addresses, workers)?;
     let admin_listener = control
         .block_on(tokio::net::TcpListener::bind(config.admin.listen))
         .with_context(|| format!("cannot listen on admin address {}", config.admin.listen))?;
@@ -173,12 +179,19 @@ fn run(
         backend: config.backend.clone(),
         shutdown_timeout: config.server.shutdown_timeout,
     });
-    let threads = server::spawn_workers(shared.clone(), settings, sockets, stopped.clone())?;
+    let threads = server::spawn_workers(
+        shared.clone(),
+        settings,
+        listeners.clone(),
+        sockets,
+        stopped.clone(),
+    )?;
     let reloader = Arc::new(Reloader::new(
         config_file,
         overrides,
         config.clone(),
         shared.clone(),
+        listeners.clone(),
         set_log_level,
     ));
     let app = admin::router(admin::AdminState {
@@ -198,8 +211,13 @@ fn run(
             tracing::error!(error = %e, "admin API stopped");
         }
     });
-    for addr in &bound {
-        tracing::info!(%addr, "listening");
+    for (addr, listener) in bound.iter().zip(&listeners) {
+        let c = &listener.config;
+        let tls = (!c.tls.is_empty()).then_some("tls");
+        let proxy = c.proxy_protocol.then_some("proxy");
+        let h2 = c.http2.then_some("h2");
+        let features: Vec<&str> = [tls, proxy, h2].into_iter().flatten().collect();
+        tracing::info!(%addr, features = %features.join(","), "listening");
     }
     tracing::info!(addr = %admin_addr, "admin listening");
     tracing::info!(

@@ -11,10 +11,15 @@ use serde_json::Value;
 
 use crate::{
     config::{Config, ConfigError, Overrides},
+    server::{
+        tls::{Certificates, SniResolver},
+        Listener,
+    },
     worker::{Live, Shared},
 };
 
 /// Whether a reload applies `setting` at once: the cache policy, the purge access rules and the log level.
+/// Listeners' certificates too, when the listener is still there (see `load_certificates`).
 fn is_live(setting: &str) -> bool {
     setting.starts_with("cache.") || setting.starts_with("purge.") || setting == "log.level"
 }
@@ -29,6 +34,7 @@ pub struct Reloader {
     /// What is in effect: the loaded file with only the applied settings changed since the start.
     running: Mutex<Config>,
     shared: Arc<Shared>,
+    listeners: Vec<Arc<Listener>>,
     set_log_level: SetLogLevel,
 }
 
@@ -38,6 +44,7 @@ impl Reloader {
         overrides: Overrides,
         running: Config,
         shared: Arc<Shared>,
+        listeners: Vec<Arc<Listener>>,
         set_log_level: SetLogLevel,
     ) -> Self {
         Self {
@@ -45,6 +52,7 @@ impl Reloader {
             overrides,
             running: Mutex::new(running),
             shared,
+            listeners,
             set_log_level,
         }
     }
@@ -69,8 +77,12 @@ impl Reloader {
             applied: Vec::new(),
             not_applied: Vec::new(),
         };
+        let certificates = self.load_certificates(&next)?;
         for setting in changed_settings(&running, &next) {
-            let refusal = if !is_live(&setting) {
+            let certificates_reloaded = certificates.iter().any(|c| c.setting == setting);
+            let refusal = if certificates_reloaded {
+                None
+            } else if !is_live(&setting) {
                 Some("takes effect on restart".to_owned())
             } else if setting == "log.level" {
                 if std::env::var_os("RUST_LOG").is_some() {
@@ -86,6 +98,13 @@ impl Reloader {
                 Some(reason) => outcome.not_applied.push(NotApplied { setting, reason }),
             }
         }
+        for c in certificates {
+            if !outcome.applied.contains(&c.setting) {
+                outcome.applied.push(c.setting);
+            }
+            c.resolver.0.store(Arc::new(c.loaded));
+            running.listen[c.listener].tls = next.listen[c.listener].tls.clone();
+        }
         running.cache = next.cache.clone();
         running.purge = next.purge.clone();
         if outcome.applied.iter().any(|s| s == "log.level") {
@@ -99,7 +118,43 @@ impl Reloader {
     }
 }
 
-/// Dotted names of the settings whose values differ; lists count as one setting.
+impl Reloader {
+    /// Every TLS listener's certificates, read again even when the paths are the same (a renewed
+    /// certificate replaces the file), paired with the resolver they go to. A listener that moved, or
+    /// stopped or started being TLS, changes on restart only.
+    fn load_certificates(&self, next: &Config) -> Result<Vec<NewCertificates>, ConfigError> {
+        let mut out = Vec::new();
+        for (n, listener) in self.listeners.iter().enumerate() {
+            let (Some(resolver), Some(wanted)) = (&listener.certificates, next.listen.get(n))
+            else {
+                continue;
+            };
+            if wanted.address != listener.config.address || wanted.tls.is_empty() {
+                continue;
+            }
+            let setting = format!("listen[{n}].tls");
+            let loaded = Certificates::load(&wanted.tls)
+                .map_err(|e| ConfigError(format!("{setting}: {e}")))?;
+            out.push(NewCertificates {
+                listener: n,
+                setting,
+                resolver: resolver.clone(),
+                loaded,
+            });
+        }
+        Ok(out)
+    }
+}
+
+struct NewCertificates {
+    listener: usize,
+    setting: String,
+    resolver: Arc<SniResolver>,
+    loaded: Certificates,
+}
+
+/// Dotted names of the settings whose values differ; lists of tables by index (`listen[0].address`), other
+/// lists as one setting.
 fn changed_settings(a: &Config, b: &Config) -> Vec<String> {
     fn walk(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
         match (a, b) {
@@ -111,6 +166,13 @@ fn changed_settings(a: &Config, b: &Config) -> Vec<String> {
                         format!("{prefix}.{key}")
                     };
                     walk(&name, av, b.get(key).unwrap_or(&Value::Null), out);
+                }
+            }
+            (Value::Array(a), Value::Array(b))
+                if a.len() == b.len() && a.iter().chain(b).all(Value::is_object) =>
+            {
+                for (n, (av, bv)) in a.iter().zip(b).enumerate() {
+                    walk(&format!("{prefix}[{n}]"), av, bv, out);
                 }
             }
             (a, b) if a != b => out.push(prefix.to_owned()),
@@ -142,5 +204,17 @@ mod tests {
             ["storage.memory", "cache.default_ttl", "purge.allow_from"]
         );
         assert!(changed_settings(&a, &a.clone()).is_empty());
+        let mut c = a.clone();
+        c.listen[0].max_connections = 10;
+        c.listen[0].tls.push(crate::config::Certificate {
+            cert: "c.pem".into(),
+            key: "c.key".into(),
+        });
+        assert_eq!(
+            changed_settings(&a, &c),
+            ["listen[0].tls", "listen[0].max_connections"]
+        );
+        c.listen.push(c.listen[0].clone());
+        assert_eq!(changed_settings(&a, &c), ["listen"]);
     }
 }

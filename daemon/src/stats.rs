@@ -47,6 +47,16 @@ counters! {
     bytes_in,
     bytes_out,
     connections,
+    connections_open,
+    connections_tls,
+    connections_http2,
+    connections_refused,
+    proxy_protocol_errors,
+    tls_handshake_errors,
+    header_timeouts,
+    idle_timeouts,
+    headers_too_large,
+    bodies_too_large,
 }
 
 pub fn inc(counter: &AtomicU64) {

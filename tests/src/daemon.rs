@@ -32,7 +32,10 @@ pub fn binary(name: &str) -> PathBuf {
 }
 
 pub struct Daemon {
+    /// The first client listener.
     pub addr: SocketAddr,
+    /// Every client listener, in configuration order.
+    pub listeners: Vec<SocketAddr>,
     pub admin: SocketAddr,
     pub dir: Arc<tempfile::TempDir>,
     backend: SocketAddr,
@@ -45,18 +48,30 @@ impl Daemon {
     /// Starts `lacquerd` in front of `backend` with a fresh store.
     pub fn start(backend: SocketAddr, extra: &[&str]) -> Daemon {
         let dir = Arc::new(tempfile::tempdir().expect("store directory"));
-        Self::launch(backend, dir, extra.iter().map(|s| s.to_string()).collect())
+        let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::launch(backend, dir, args)
+    }
+
+    /// Starts `lacquerd` with `config` as its configuration file, which names the listeners (port 0 for
+    /// an ephemeral one); `dir` is replaced by the store directory's path in it.
+    pub fn with_config(backend: SocketAddr, config: &str) -> Daemon {
+        let dir = Arc::new(tempfile::tempdir().expect("store directory"));
+        let file = dir.path().join("lacquer.toml");
+        let text = config.replace("{dir}", &dir.path().display().to_string());
+        std::fs::write(&file, text).expect("config file");
+        let args = vec!["--config".to_owned(), file.display().to_string()];
+        Self::launch(backend, dir, args)
+    }
+
+    /// The configuration file of a daemon started [`Daemon::with_config`].
+    pub fn config_file(&self) -> PathBuf {
+        self.dir.path().join("lacquer.toml")
     }
 
     fn launch(backend: SocketAddr, dir: Arc<tempfile::TempDir>, extra: Vec<String>) -> Daemon {
         let mut child = Command::new(binary("lacquerd"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--admin",
-                "127.0.0.1:0",
-                "--backend",
-            ])
+            .args(["--admin", "127.0.0.1:0", "--backend"])
             .arg(backend.to_string())
             .arg("--disk")
             .arg(dir.path().join("store"))
@@ -83,20 +98,23 @@ impl Daemon {
                     })
                 };
                 if let Some(a) = addr("admin listening addr=") {
-                    let _ = tx.send(("admin", a));
+                    let _ = tx.send(("admin", Some(a)));
                 } else if let Some(a) = addr(" listening addr=") {
-                    let _ = tx.send(("client", a));
+                    let _ = tx.send(("client", Some(a)));
+                } else if line.contains("lacquerd ready") {
+                    let _ = tx.send(("ready", None));
                 }
                 lines.lock().unwrap().push(line);
             }
         });
-        let (mut addr, mut admin) = (None, None);
+        let (mut listeners, mut admin) = (Vec::new(), None);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while addr.is_none() || admin.is_none() {
+        loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(("admin", a)) => admin = Some(a),
-                Ok((_, a)) => addr = Some(a),
+                Ok(("admin", a)) => admin = a,
+                Ok(("client", Some(a))) => listeners.push(a),
+                Ok(_) => break,
                 Err(_) => panic!(
                     "lacquerd did not start; log:\n{}",
                     log.lock().unwrap().join("\n")
@@ -104,8 +122,9 @@ impl Daemon {
             }
         }
         Daemon {
-            addr: addr.unwrap(),
-            admin: admin.unwrap(),
+            addr: listeners[0],
+            listeners,
+            admin: admin.expect("admin listening before ready"),
             dir,
             backend,
             extra,

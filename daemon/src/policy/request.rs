@@ -1,6 +1,6 @@
 //! What to do with a request before any lookup.
 
-use http::{header, HeaderMap, Method};
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Uri};
 
 use super::{cache_control::CacheControl, Policy};
 
@@ -38,9 +38,54 @@ pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> Reques
     RequestClass::Lookup
 }
 
+/// Puts the target host where the rest of the flow looks for it, `Host`, and the target in origin form.
+/// HTTP/2 sends the host as `:authority` (which hyper puts in the URI) and often no `Host`; an HTTP/1.1
+/// request in absolute form names it in the URI, which then wins over `Host` (RFC 9112 §3.2.2).
+pub fn host_from_authority(parts: &mut Parts) {
+    let Some(authority) = parts.uri.authority() else {
+        return;
+    };
+    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+        parts.headers.insert(header::HOST, host);
+    }
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(uri) = target.parse::<Uri>() {
+        parts.uri = uri;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_comes_from_the_authority_when_there_is_one() {
+        let cases = [
+            ("https://Example.com/a?b", None, "Example.com", "/a?b"),
+            (
+                "http://example.com:8080",
+                Some("other"),
+                "example.com:8080",
+                "/",
+            ),
+            ("/a", Some("example.com"), "example.com", "/a"),
+            ("/a", None, "", "/a"),
+        ];
+        for (uri, host, want_host, want_target) in cases {
+            let mut b = http::Request::builder().uri(uri);
+            if let Some(h) = host {
+                b = b.header(header::HOST, h);
+            }
+            let mut parts = b.body(()).unwrap().into_parts().0;
+            host_from_authority(&mut parts);
+            let got = parts
+                .headers
+                .get(header::HOST)
+                .map_or("", |h| h.to_str().unwrap());
+            assert_eq!(got, want_host, "{uri}");
+            assert_eq!(parts.uri.to_string(), want_target, "{uri}");
+        }
+    }
 
     #[test]
     fn table() {

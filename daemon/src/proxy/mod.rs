@@ -11,19 +11,20 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use http::{request::Parts, Request, Response};
-use http_body_util::BodyExt;
+use http::{header, request::Parts, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use lacquer_storage::{ObjectMeta, ObjectSet, Tier};
 
 use self::respond::Outcome;
 use crate::{
-    body::{self, Body},
+    backend::BackendError,
+    body::{self, Body, BoxError},
     coalesce::{Fetch, Joined},
     policy::{
         headers::strip_hop_by_hop,
         key::primary_key,
-        request::{classify, RequestClass},
+        request::{classify, host_from_authority, RequestClass},
         stale::{usability, Usability},
         vary,
     },
@@ -32,10 +33,23 @@ use crate::{
     worker::Worker,
 };
 
-pub async fn handle(worker: Arc<Worker>, client: IpAddr, req: Request<Incoming>) -> Response<Body> {
+/// Who sent a request, and what its listener allows.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    /// The peer, or the client a PROXY header named.
+    pub ip: IpAddr,
+    pub max_request_body: u64,
+}
+
+pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> Response<Body> {
     let stats = &worker.shared.stats;
     inc(&stats.requests);
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    host_from_authority(&mut parts);
+    let Client {
+        ip: client,
+        max_request_body,
+    } = client;
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
@@ -47,10 +61,42 @@ pub async fn handle(worker: Arc<Worker>, client: IpAddr, req: Request<Incoming>)
     );
     let resp = match class {
         RequestClass::Lookup => lookup(&worker, client, parts).await,
-        RequestClass::Pass(_) => pass(&worker, client, parts, body, false).await,
-        RequestClass::Invalidate => pass(&worker, client, parts, body, true).await,
+        RequestClass::Pass(_) | RequestClass::Invalidate => {
+            let unsafe_method = class == RequestClass::Invalidate;
+            match limited(body, &parts, max_request_body) {
+                Ok(body) => pass(&worker, client, parts, body, unsafe_method).await,
+                Err(resp) => {
+                    inc(&stats.bodies_too_large);
+                    resp
+                }
+            }
+        }
     };
     counted(resp, worker.shared.stats.clone())
+}
+
+/// The request body to forward, cut off past `max` bytes; a declared length over `max` is refused at once.
+fn limited(body: Incoming, parts: &Parts, max: u64) -> Result<Body, Response<Body>> {
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > max) {
+        return Err(body_too_large());
+    }
+    Ok(Limited::new(body, max as usize)
+        .map_err(BoxError::from)
+        .boxed_unsync())
+}
+
+fn body_too_large() -> Response<Body> {
+    respond::error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        Outcome::Pass {
+            unsafe_method: false,
+        },
+        "request body too large",
+    )
 }
 
 /// Counts body bytes as they go out to the client.
@@ -332,7 +378,7 @@ async fn pass(
     worker: &Worker,
     client: IpAddr,
     parts: Parts,
-    body: Incoming,
+    body: Body,
     unsafe_method: bool,
 ) -> Response<Body> {
     let shared = &worker.shared;
@@ -342,12 +388,12 @@ async fn pass(
     let invalidation_target = unsafe_method.then(|| parts.clone());
     let mut parts = parts;
     forward::prepare_headers(&mut parts.headers, client);
-    let resp = match worker
-        .backend
-        .send(Request::from_parts(parts, body::incoming(body)))
-        .await
-    {
+    let resp = match worker.backend.send(Request::from_parts(parts, body)).await {
         Ok(resp) => resp,
+        Err(BackendError::RequestBodyTooLarge) => {
+            inc(&shared.stats.bodies_too_large);
+            return body_too_large();
+        }
         Err(e) => {
             inc(&shared.stats.backend_errors);
             tracing::warn!(error = %e, "pass failed");

@@ -125,6 +125,28 @@ stats_section! {
         bytes_out: Counter "lacquer_client_body_bytes_total",
         /// Client connections accepted.
         connections: Counter "lacquer_client_connections_total",
+        /// Client connections open now.
+        connections_open: Gauge "lacquer_client_connections_open",
+        /// Client connections that completed a TLS handshake.
+        connections_tls: Counter "lacquer_client_tls_connections_total",
+        /// Client connections speaking HTTP/2 (by ALPN or prior knowledge).
+        connections_http2: Counter "lacquer_client_http2_connections_total",
+        /// Client connections over a listener's `max_connections` or `max_connections_per_ip`, answered
+        /// 503.
+        connections_refused: Counter "lacquer_client_connection_errors_total" { reason = "limit" },
+        /// Connections closed on a listener expecting PROXY for a missing or invalid header.
+        proxy_protocol_errors: Counter "lacquer_client_connection_errors_total" { reason = "proxy_header" },
+        /// TLS handshakes that failed.
+        tls_handshake_errors: Counter "lacquer_client_connection_errors_total" { reason = "tls_handshake" },
+        /// Connections closed for not sending a complete request head (or TLS handshake, or PROXY header)
+        /// within `header_read_timeout`: slow clients and idle keep-alive connections.
+        header_timeouts: Counter "lacquer_client_connection_errors_total" { reason = "header_timeout" },
+        /// Connections closed after `idle_timeout` without activity.
+        idle_timeouts: Counter "lacquer_client_connection_errors_total" { reason = "idle_timeout" },
+        /// Requests refused with 431: head over `max_header_size` or more than `max_headers` fields.
+        headers_too_large: Counter "lacquer_client_request_errors_total" { reason = "headers_too_large" },
+        /// Requests refused with 413: body over `max_request_body`.
+        bodies_too_large: Counter "lacquer_client_request_errors_total" { reason = "body_too_large" },
     }
 }
 
@@ -232,6 +254,14 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
     (
         "lacquer_objects_purged_total",
         "Objects invalidated by purges, by mode.",
+    ),
+    (
+        "lacquer_client_connection_errors_total",
+        "Client connections refused or closed early, by reason.",
+    ),
+    (
+        "lacquer_client_request_errors_total",
+        "Client requests refused for their size, by reason.",
     ),
 ];
 

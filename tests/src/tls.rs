@@ -1,0 +1,155 @@
+//! A test certificate authority, and clients that speak TLS (with SNI and ALPN) and HTTP/2 to the daemon.
+
+use std::{net::SocketAddr, path::Path, sync::Arc};
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rustls::{
+    pki_types::{CertificateDer, ServerName},
+    ClientConfig, RootCertStore,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpStream,
+};
+use tokio_rustls::{client::TlsStream, TlsConnector};
+
+use crate::client::Reply;
+
+pub struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Default for TestCa {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestCa {
+    pub fn new() -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "Lacquer test CA");
+        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        Self { issuer }
+    }
+
+    /// Writes `<stem>.pem` (leaf, then this CA) and `<stem>.key` for `names` into `dir`; returns the paths.
+    pub fn issue(&self, dir: &Path, stem: &str, names: &[&str]) -> (String, String) {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &self.issuer)
+            .unwrap();
+        let cert_path = dir.join(format!("{stem}.pem"));
+        let key_path = dir.join(format!("{stem}.key"));
+        std::fs::write(&cert_path, cert.pem() + &self.issuer.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (
+            cert_path.display().to_string(),
+            key_path.display().to_string(),
+        )
+    }
+
+    /// A client configuration that trusts only this CA and offers `alpn`.
+    pub fn client(&self, alpn: &[&str]) -> Arc<ClientConfig> {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.issuer.der().clone()).unwrap();
+        let mut config =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        Arc::new(config)
+    }
+}
+
+/// Connects and completes a TLS handshake asking for `sni`; the error is the handshake's, as text.
+pub async fn connect(
+    addr: SocketAddr,
+    sni: &str,
+    config: Arc<ClientConfig>,
+) -> Result<TlsStream<TcpStream>, String> {
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(sni.to_owned()).map_err(|e| e.to_string())?;
+    TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The protocol ALPN settled on, and the names in the certificate the server presented.
+pub fn negotiated(tls: &TlsStream<TcpStream>) -> (Option<String>, Vec<CertificateDer<'static>>) {
+    let conn = tls.get_ref().1;
+    let alpn = conn
+        .alpn_protocol()
+        .map(|p| String::from_utf8_lossy(p).into_owned());
+    let certs = conn.peer_certificates().unwrap_or_default().to_vec();
+    (alpn, certs)
+}
+
+/// One GET over HTTP/2 on `io` for `uri` (absolute: its authority is sent as `:authority`).
+pub async fn h2_get<IO>(io: IO, uri: &str) -> Result<Reply, String>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri(uri)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    collect(resp).await
+}
+
+/// One request over HTTP/1.1 on `io`.
+pub async fn h1_request<IO>(
+    io: IO,
+    method: Method,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut send, conn) = http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", host);
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let resp = send
+        .send_request(req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .map_err(|e| e.to_string())?;
+    collect(resp).await
+}
+
+async fn collect(resp: http::Response<hyper::body::Incoming>) -> Result<Reply, String> {
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok(Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    })
+}
