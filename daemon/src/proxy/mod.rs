@@ -64,10 +64,10 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
         RequestClass::Pass(_) | RequestClass::Invalidate => {
             let unsafe_method = class == RequestClass::Invalidate;
             match limited(body, &parts, max_request_body) {
-                Ok(body) => pass(&worker, client, parts, body, unsafe_method).await,
-                Err(resp) => {
+                Some(body) => pass(&worker, client, parts, body, unsafe_method).await,
+                None => {
                     inc(&stats.bodies_too_large);
-                    resp
+                    body_too_large()
                 }
             }
         }
@@ -75,18 +75,20 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
     counted(resp, worker.shared.stats.clone())
 }
 
-/// The request body to forward, cut off past `max` bytes; a declared length over `max` is refused at once.
-fn limited(body: Incoming, parts: &Parts, max: u64) -> Result<Body, Response<Body>> {
+/// The request body to forward, cut off past `max` bytes; `None` when its declared length is over `max`.
+fn limited(body: Incoming, parts: &Parts, max: u64) -> Option<Body> {
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > max) {
-        return Err(body_too_large());
+        return None;
     }
-    Ok(Limited::new(body, max as usize)
-        .map_err(BoxError::from)
-        .boxed_unsync())
+    Some(
+        Limited::new(body, max as usize)
+            .map_err(BoxError::from)
+            .boxed_unsync(),
+    )
 }
 
 fn body_too_large() -> Response<Body> {
