@@ -31,6 +31,7 @@ use crate::{
 };
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
 
 /// The protocol builders of one listener, made once per worker.
 #[derive(Clone)]
@@ -48,8 +49,12 @@ impl Protocols {
             .keep_alive(true)
             .writev(false)
             .header_read_timeout(c.header_read_timeout)
-            .max_header_size(c.max_header_size.as_u64() as usize)
-            .max_headers(c.max_headers);
+            .max_header_size(c.max_header_size.as_u64() as usize);
+        // Any explicit count, even hyper's own default of 100, makes hyper fill a header array for every
+        // request (`SmallVec::from_elem`), where its default leaves the array uninitialised.
+        if c.max_headers != HYPER_DEFAULT_MAX_HEADERS {
+            h1.max_headers(c.max_headers);
+        }
         let mut h2 = http2::Builder::new(TokioExecutor::new());
         h2.timer(TokioTimer::new())
             .max_header_list_size(c.max_header_size.as_u64() as u32);
