@@ -40,6 +40,10 @@ fn render_backends(list: &BackendList) -> String {
                 b.name.clone(),
                 b.address.clone(),
                 b.health.as_str().into(),
+                b.probe.as_ref().map_or_else(
+                    || "-".into(),
+                    |p| format!("{} {}/{}", p.history, p.good, p.window),
+                ),
                 b.requests.to_string(),
                 b.errors.to_string(),
                 b.consecutive_failures.to_string(),
@@ -54,6 +58,7 @@ fn render_backends(list: &BackendList) -> String {
             ("NAME", Align::Left),
             ("ADDRESS", Align::Left),
             ("HEALTH", Align::Left),
+            ("PROBE", Align::Left),
             ("REQUESTS", Align::Right),
             ("ERRORS", Align::Right),
             ("FAILING", Align::Right),

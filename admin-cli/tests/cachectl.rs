@@ -311,11 +311,12 @@ async fn backends_show_health_from_real_traffic() {
     let (_, out, _) = ctl(&d, &["backends"]);
     let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        row[..6],
+        row[..7],
         [
             "default",
             &origin.addr.to_string(),
             "healthy",
+            "-",
             "1",
             "0",
             "0"
@@ -328,7 +329,9 @@ async fn backends_show_health_from_real_traffic() {
     let (_, out, _) = ctl(&d, &["--json", "backends"]);
     let backend = &json(&out)["backends"][0];
     assert_eq!(backend["health"], "failing", "{backend}");
-    assert_eq!(backend["consecutive_failures"], 1);
+    // 2 when the fill first tried a pooled connection the stopped origin had just closed (then retried).
+    let failures = backend["consecutive_failures"].as_u64().unwrap();
+    assert!((1..=2).contains(&failures), "{backend}");
     let message = backend["last_error"]["message"].as_str().unwrap();
     assert!(message.contains("unreachable"), "{message}");
 }

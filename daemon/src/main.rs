@@ -10,6 +10,7 @@ mod metrics;
 mod policy;
 mod proxy;
 mod reload;
+mod routing;
 mod secret;
 mod server;
 mod stats;
@@ -20,7 +21,7 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::ExitCode,
-    sync::{Arc, OnceLock},
+    sync::{atomic::Ordering::Relaxed, Arc, OnceLock},
     time::Instant,
 };
 
@@ -34,9 +35,12 @@ use tracing_subscriber::{
 };
 
 use crate::{
+    backend::BackendState,
     config::{Config, Overrides},
     reload::{Reloader, SetLogLevel},
+    routing::Router,
     server::WorkerSettings,
+    stats::Stats,
     worker::{Live, Shared},
 };
 
@@ -149,14 +153,22 @@ fn run(
             )
         })?;
     let secret = secret::load_or_create(config.secret_file())?;
+    let backends: Vec<Arc<BackendState>> = config
+        .backend
+        .iter()
+        .map(|b| Arc::new(BackendState::new(b)))
+        .collect();
+    let stats = Arc::new(Stats::default());
+    let sick = backends.iter().filter(|b| !b.is_healthy()).count();
+    stats.backends_sick.store(sick as u64, Relaxed);
     let shared = Arc::new(Shared {
         live: ArcSwap::from_pointee(Live {
-            policy: config.policy(),
+            router: Router::new(&config, &backends),
             purge: config.purge.clone(),
         }),
-        backend_health: Arc::default(),
+        backends: backends.clone(),
         store: store.clone(),
-        stats: Arc::default(),
+        stats: stats.clone(),
         coalescer: Default::default(),
         started: Instant::now(),
     });
@@ -175,10 +187,16 @@ fn run(
     let admin_addr = admin_listener.local_addr()?;
     let (stop, stopped) = watch::channel(false);
     let settings = Arc::new(WorkerSettings {
-        origin: config.origin()?,
-        backend: config.backend.clone(),
+        backends: config.backend.clone(),
         shutdown_timeout: config.server.shutdown_timeout,
     });
+    for (config, state) in config.backend.iter().zip(&backends) {
+        if let Some(probe) = &config.probe {
+            let run =
+                backend::probe::run(state.clone(), probe.clone(), stats.clone(), stopped.clone());
+            control.spawn(run);
+        }
+    }
     let threads = server::spawn_workers(
         shared.clone(),
         settings,
@@ -198,7 +216,6 @@ fn run(
         shared: shared.clone(),
         secret: secret.into(),
         reloader: reloader.clone(),
-        backend_address: config.origin()?.authority.into(),
         open_metrics: config.admin.open_metrics,
         stopping: stopped.clone(),
         openapi: Arc::new(OnceLock::new()),
@@ -221,7 +238,8 @@ fn run(
     }
     tracing::info!(addr = %admin_addr, "admin listening");
     tracing::info!(
-        backend = %config.origin()?.authority,
+        backend = %config.first_backend(),
+        backends = config.backend.len(),
         store = %config.storage_dir().display(),
         secret = %config.secret_file().display(),
         workers,

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::{
     config::{Config, ConfigError, Overrides},
+    routing::Router,
     server::{
         tls::{Certificates, SniResolver},
         Listener,
@@ -18,10 +19,18 @@ use crate::{
     worker::{Live, Shared},
 };
 
-/// Whether a reload applies `setting` at once: the cache policy, the purge access rules and the log level.
-/// Listeners' certificates too, when the listener is still there (see `load_certificates`).
+/// Whether a reload applies `setting` at once: the cache policy, the purge access rules, the log level,
+/// routes and directors (while the backends stay the same). Listeners' certificates too, when the
+/// listener is still there (see `load_certificates`).
 fn is_live(setting: &str) -> bool {
-    setting.starts_with("cache.") || setting.starts_with("purge.") || setting == "log.level"
+    ["cache.", "purge.", "route", "director"]
+        .iter()
+        .any(|prefix| setting.starts_with(prefix))
+        || setting == "log.level"
+}
+
+fn is_routing(setting: &str) -> bool {
+    setting.starts_with("route") || setting.starts_with("director")
 }
 
 /// Replaces the log filter; `Err` says why the level cannot be used.
@@ -78,12 +87,17 @@ impl Reloader {
             not_applied: Vec::new(),
         };
         let certificates = self.load_certificates(&next)?;
+        // Routes name backends; with other backends they wait for the restart that brings those.
+        let names = |c: &Config| c.backend.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+        let same_backends = names(&running) == names(&next);
         for setting in changed_settings(&running, &next) {
             let certificates_reloaded = certificates.iter().any(|c| c.setting == setting);
             let refusal = if certificates_reloaded {
                 None
             } else if !is_live(&setting) {
                 Some("takes effect on restart".to_owned())
+            } else if is_routing(&setting) && !same_backends {
+                Some("the backends changed: takes effect on restart".to_owned())
             } else if setting == "log.level" {
                 if std::env::var_os("RUST_LOG").is_some() {
                     Some("RUST_LOG overrides it".to_owned())
@@ -107,11 +121,15 @@ impl Reloader {
         }
         running.cache = next.cache.clone();
         running.purge = next.purge.clone();
+        if same_backends {
+            running.route = next.route.clone();
+            running.director = next.director.clone();
+        }
         if outcome.applied.iter().any(|s| s == "log.level") {
             running.log = next.log.clone();
         }
         self.shared.live.store(Arc::new(Live {
-            policy: running.policy(),
+            router: Router::new(&running, &self.shared.backends),
             purge: running.purge.clone(),
         }));
         Ok(outcome)

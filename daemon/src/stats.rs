@@ -46,6 +46,8 @@ counters! {
     purge_requests_refused,
     bytes_in,
     bytes_out,
+    backend_unavailable,
+    backends_sick,
     connections,
     connections_open,
     connections_tls,

@@ -6,23 +6,25 @@ use arc_swap::ArcSwap;
 use lacquer_storage::Store;
 
 use crate::{
-    backend::{Backend, BackendHealth},
+    backend::{Backend, BackendState},
     coalesce::Coalescer,
     config::Purge,
-    policy::Policy,
+    routing::Router,
     stats::Stats,
 };
 
 /// The settings a reload can change while requests are served.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Live {
-    pub policy: Policy,
+    /// Routes (each with its cache policy) and directors.
+    pub router: Router,
     pub purge: Purge,
 }
 
 pub struct Shared {
     pub live: ArcSwap<Live>,
-    pub backend_health: Arc<BackendHealth>,
+    /// In configuration order; routes and directors refer to them by index.
+    pub backends: Vec<Arc<BackendState>>,
     pub store: Store,
     pub stats: Arc<Stats>,
     pub coalescer: Coalescer,
@@ -37,8 +39,9 @@ impl Shared {
     }
 }
 
-/// One client-serving thread: its own runtime, listener sockets and backend connection pool.
+/// One client-serving thread: its own runtime, listener sockets and backend connection pools.
 pub struct Worker {
     pub shared: Arc<Shared>,
-    pub backend: Backend,
+    /// One pool per backend, in the order of `shared.backends`.
+    pub backends: Vec<Backend>,
 }

@@ -38,7 +38,7 @@ pub struct Daemon {
     pub listeners: Vec<SocketAddr>,
     pub admin: SocketAddr,
     pub dir: Arc<tempfile::TempDir>,
-    backend: SocketAddr,
+    backend: Option<SocketAddr>,
     extra: Vec<String>,
     child: Option<Child>,
     log: Arc<Mutex<Vec<String>>>,
@@ -50,12 +50,21 @@ impl Daemon {
         let dir = Arc::new(tempfile::tempdir().expect("store directory"));
         let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::launch(backend, dir, args)
+        Self::launch(Some(backend), dir, args)
     }
 
     /// Starts `lacquerd` with `config` as its configuration file, which names the listeners (port 0 for
     /// an ephemeral one); `dir` is replaced by the store directory's path in it.
     pub fn with_config(backend: SocketAddr, config: &str) -> Daemon {
+        Self::configured(Some(backend), config)
+    }
+
+    /// As [`Daemon::with_config`], with the backends the file names (no `--backend`).
+    pub fn with_config_only(config: &str) -> Daemon {
+        Self::configured(None, config)
+    }
+
+    fn configured(backend: Option<SocketAddr>, config: &str) -> Daemon {
         let dir = Arc::new(tempfile::tempdir().expect("store directory"));
         let file = dir.path().join("lacquer.toml");
         let text = config.replace("{dir}", &dir.path().display().to_string());
@@ -69,10 +78,15 @@ impl Daemon {
         self.dir.path().join("lacquer.toml")
     }
 
-    fn launch(backend: SocketAddr, dir: Arc<tempfile::TempDir>, extra: Vec<String>) -> Daemon {
+    fn launch(
+        backend: Option<SocketAddr>,
+        dir: Arc<tempfile::TempDir>,
+        extra: Vec<String>,
+    ) -> Daemon {
+        let backend_flag = backend.map(|b| vec!["--backend".to_owned(), b.to_string()]);
         let mut child = Command::new(binary("lacquerd"))
-            .args(["--admin", "127.0.0.1:0", "--backend"])
-            .arg(backend.to_string())
+            .args(["--admin", "127.0.0.1:0"])
+            .args(backend_flag.unwrap_or_default())
             .arg("--disk")
             .arg(dir.path().join("store"))
             .args(["--memory", "64MiB", "--disk-size", "256MiB"])

@@ -255,6 +255,7 @@ mod tests {
                 consecutive_failures: 0,
                 last_success: None,
                 last_error: None,
+                probe: None,
             }],
         };
         let mut s = State::new("a".into());

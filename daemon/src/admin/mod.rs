@@ -35,7 +35,6 @@ pub struct AdminState {
     pub secret: Arc<str>,
     pub reloader: Arc<Reloader>,
     /// `host:port` of the origin, as configured.
-    pub backend_address: Arc<str>,
     pub open_metrics: bool,
     /// Turns true on shutdown: long-lived streams end so the server can stop.
     pub stopping: watch::Receiver<bool>,

@@ -10,18 +10,15 @@ use lacquer_admin::wire::{ApiError, BackendList, Reloaded};
 
 use super::{api_error, AdminState};
 
-/// The origins, and how their requests have been going.
+/// The backends: their probes' verdicts, and how their requests have been going.
 #[utoipa::path(get, path = "/v1/backends", tag = "operations", security(("secret" = [])),
     responses(
         (status = 200, description = "Every backend", body = BackendList),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
     ))]
 pub async fn backends(State(state): State<AdminState>) -> Json<BackendList> {
-    let shared = &state.shared;
     Json(BackendList {
-        backends: vec![shared
-            .backend_health
-            .view("default", &state.backend_address)],
+        backends: state.shared.backends.iter().map(|b| b.view()).collect(),
     })
 }
 

@@ -49,6 +49,11 @@ pub struct Policy {
     /// Response headers carrying surrogate keys (tags for purging), lower-case. Default: `surrogate-key`,
     /// `xkey`, `cache-tag` (Fastly, Varnish's xkey, Cloudflare).
     pub surrogate_key_headers: Vec<String>,
+    /// Freshness given to every storable response whatever its headers say (a route's `ttl`). Default:
+    /// none.
+    pub ttl_override: Option<Duration>,
+    /// Grace given to every stored response (a route's `grace`). Default: none.
+    pub grace_override: Option<Duration>,
 }
 
 impl Default for Policy {
@@ -67,6 +72,8 @@ impl Default for Policy {
             max_object_size: 256 * 1024 * 1024,
             targeted_cache_control: vec!["cdn-cache-control".into()],
             surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],
+            ttl_override: None,
+            grace_override: None,
         }
     }
 }

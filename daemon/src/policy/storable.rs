@@ -79,19 +79,22 @@ pub fn decide(
         Vary::Headers(names) => names,
     };
     let lifetime = freshness::lifetime(status, headers, &cc, policy, response_time);
-    if let Lifetime::Default(_) = lifetime {
+    if let (Lifetime::Default(_), None) = (&lifetime, policy.ttl_override) {
         if !freshness::heuristically_cacheable(status) {
             return DontStore("status without freshness");
         }
     }
-    let no_stale = cc.no_cache || cc.must_revalidate || cc.proxy_revalidate;
-    let ttl = if cc.no_cache {
+    // A route's TTL replaces every freshness directive, `no-cache` included; only storing is still
+    // forbidden by what forbids it.
+    let no_cache = cc.no_cache && policy.ttl_override.is_none();
+    let no_stale = no_cache || cc.must_revalidate || cc.proxy_revalidate;
+    let ttl = if no_cache {
         Duration::ZERO
     } else {
-        lifetime.duration()
+        policy.ttl_override.unwrap_or(lifetime.duration())
     };
-    if ttl.is_zero() && !(cc.no_cache && has_validator(headers)) {
-        return DontStore(if cc.no_cache {
+    if ttl.is_zero() && !(no_cache && has_validator(headers)) {
+        return DontStore(if no_cache {
             "no-cache without validator"
         } else {
             "not fresh"
@@ -101,8 +104,10 @@ pub fn decide(
         (Duration::ZERO, Duration::ZERO)
     } else {
         (
-            cc.stale_while_revalidate
-                .map_or(policy.default_grace, Duration::from_secs),
+            policy.grace_override.unwrap_or(
+                cc.stale_while_revalidate
+                    .map_or(policy.default_grace, Duration::from_secs),
+            ),
             cc.stale_if_error
                 .map_or(policy.error_grace, Duration::from_secs),
         )
@@ -361,5 +366,59 @@ mod tests {
             SystemTime::now(),
         );
         assert_eq!(got, store(30, 0, false, &[]));
+    }
+
+    #[test]
+    fn a_route_override_replaces_what_the_headers_say_but_not_what_forbids_storing() {
+        let policy = Policy {
+            ttl_override: Some(Duration::from_secs(3600)),
+            grace_override: Some(Duration::from_secs(60)),
+            ..Policy::default()
+        };
+        let cases: &[(u16, &[(&str, &str)], Decision)] = &[
+            (
+                200,
+                &[("cache-control", "max-age=5")],
+                store(3600, 60, false, &[]),
+            ),
+            (200, &[], store(3600, 60, false, &[])),
+            (302, &[], store(3600, 60, false, &[])),
+            (
+                200,
+                &[("cache-control", "max-age=5, stale-while-revalidate=9")],
+                store(3600, 60, false, &[]),
+            ),
+            (
+                200,
+                &[("cache-control", "no-cache")],
+                store(3600, 60, false, &[]),
+            ),
+            (
+                200,
+                &[("cache-control", "max-age=5, must-revalidate")],
+                store(3600, 0, true, &[]),
+            ),
+            (
+                200,
+                &[("cache-control", "no-store")],
+                Decision::DontStore("no-store"),
+            ),
+            (
+                200,
+                &[("cache-control", "private")],
+                Decision::DontStore("private"),
+            ),
+            (
+                200,
+                &[("set-cookie", "a=b")],
+                Decision::DontStore("set-cookie"),
+            ),
+            (503, &[], Decision::DontStore("server error")),
+        ];
+        for (status, h, want) in cases {
+            let status = StatusCode::from_u16(*status).unwrap();
+            let got = decide(false, status, &headers(h), &policy, SystemTime::now());
+            assert_eq!(&got, want, "{status} {h:?}");
+        }
     }
 }

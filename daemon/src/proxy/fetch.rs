@@ -13,7 +13,7 @@ use lacquer_storage::ObjectMeta;
 
 use super::{forward, respond, Found};
 use crate::{
-    backend::{error_chain, BackendError},
+    backend::{error_chain, BackendError, BackendState},
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
     policy::{
         age::corrected_initial_age,
@@ -21,9 +21,18 @@ use crate::{
         storable::{self, Decision, Storable},
         surrogate, vary, Policy,
     },
+    routing::Route,
     stats::{add, dec, inc},
     worker::Worker,
 };
+
+/// The error for a route whose backend, or every member of whose director, is sick.
+pub fn no_healthy_backend(route: &Route, backends: &[Arc<BackendState>]) -> BackendError {
+    BackendError::Unavailable {
+        name: route.target_name(backends).to_owned(),
+        reason: "sick",
+    }
+}
 
 /// How a fill ended, for the coalescer: whether later requests should skip coalescing for a while.
 enum Ending {
@@ -42,6 +51,8 @@ pub struct Fill {
     /// The request the fill is made for: its headers select the variant.
     pub parts: Arc<Parts>,
     pub client: IpAddr,
+    /// The route the request took: its backend and cache policy.
+    pub route: Arc<Route>,
     /// A stored variant with validators: they go with the request, and a 304 refreshes it instead of
     /// transferring the body again (RFC 9111 §4.3).
     pub stale: Option<Found>,
@@ -55,7 +66,10 @@ pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
     dec(&stats.fetches_in_flight);
     let coalescer = &worker.shared.coalescer;
     let Fill {
-        key, registered, ..
+        key,
+        registered,
+        route,
+        ..
     } = request;
     match ending {
         Ending::Stored => {
@@ -70,8 +84,7 @@ pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
         Ending::NotStored => inc(&stats.uncacheable),
     }
     if registered {
-        let hit_for_miss = matches!(ending, Ending::NotStored)
-            .then_some(worker.shared.live.load().policy.hit_for_miss);
+        let hit_for_miss = matches!(ending, Ending::NotStored).then_some(route.policy.hit_for_miss);
         coalescer.finish(&key, &fetch, hit_for_miss);
     }
     fetch.settle();
@@ -112,8 +125,8 @@ async fn revalidated(
     }
     let status = StatusCode::from_u16(old.status).unwrap_or(StatusCode::OK);
     let authorized = request.parts.headers.contains_key(header::AUTHORIZATION);
-    let live = worker.shared.live();
-    let decision = storable::decide(authorized, status, &headers, &live.policy, response_time);
+    let policy = &request.route.policy;
+    let decision = storable::decide(authorized, status, &headers, policy, response_time);
     let ttl = match &decision {
         Decision::Store(s) => s.ttl.saturating_sub(Duration::from_secs(initial_age)),
         Decision::DontStore(_) => Duration::ZERO,
@@ -148,7 +161,7 @@ async fn revalidated(
                 &s,
                 initial_age,
                 response_time,
-                &live.policy,
+                policy,
             );
             store.refresh(key, meta).map(drop)
         }
@@ -196,13 +209,24 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
         key,
         parts,
         client,
+        route,
         stale,
         ..
     } = request;
     let key = key.as_str();
     let shared = &worker.shared;
-    let live = shared.live();
-    let policy = &live.policy;
+    let policy = &route.policy;
+    let Some(backend) = route.pick(key, &shared.backends) else {
+        inc(&shared.stats.backend_unavailable);
+        let e = no_healthy_backend(route, &shared.backends);
+        tracing::debug!(key, error = %e, "nothing to fetch from");
+        fetch.set_head(Err(HeadError {
+            status: e.status(),
+            error: FetchError::new(e.to_string()),
+        }));
+        return Ending::Failed;
+    };
+    let backend = &worker.backends[backend];
     let request_time = SystemTime::now();
     let build = || {
         let mut req = forward::fill_request(parts, *client);
@@ -224,13 +248,16 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     };
     // A pooled connection the origin closed while idle fails the first request sent on it; a fill has no
     // body to lose, so it is sent once more on a fresh connection.
-    let sent = match worker.backend.send(build()).await {
-        Err(BackendError::Failed { .. }) => worker.backend.send(build()).await,
+    let sent = match backend.send(build()).await {
+        Err(BackendError::Failed { .. }) => backend.send(build()).await,
         other => other,
     };
     let resp = match sent {
         Ok(resp) => resp,
         Err(e) => {
+            if let BackendError::Unavailable { .. } = e {
+                inc(&shared.stats.backend_unavailable);
+            }
             tracing::warn!(key, error = %e, "fetch failed");
             fetch.set_head(Err(HeadError {
                 status: e.status(),
@@ -243,6 +270,9 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     let received_at = Instant::now();
     let (mut head, mut body) = resp.into_parts();
     strip_hop_by_hop(&mut head.headers);
+    if route.strip_cookies {
+        head.headers.remove(header::SET_COOKIE);
+    }
     if !head.headers.contains_key(header::DATE) {
         head.headers.insert(
             header::DATE,
@@ -311,16 +341,15 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     fetch.set_head(Ok(fetched));
 
     loop {
-        let frame =
-            match tokio::time::timeout(worker.backend.between_bytes_timeout, body.frame()).await {
-                Err(_) => Err(format!(
-                    "no body bytes for {:?}",
-                    worker.backend.between_bytes_timeout
-                )),
-                Ok(None) => break,
-                Ok(Some(Err(e))) => Err(error_chain(&e)),
-                Ok(Some(Ok(frame))) => Ok(frame),
-            };
+        let frame = match tokio::time::timeout(backend.between_bytes_timeout, body.frame()).await {
+            Err(_) => Err(format!(
+                "no body bytes for {:?}",
+                backend.between_bytes_timeout
+            )),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => Err(error_chain(&e)),
+            Ok(Some(Ok(frame))) => Ok(frame),
+        };
         let frame = match frame {
             Ok(frame) => frame,
             Err(reason) => {

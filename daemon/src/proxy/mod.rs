@@ -29,6 +29,7 @@ use crate::{
         vary,
     },
     proxy::fetch::Fill,
+    routing::Route,
     stats::{add, inc, Stats},
     worker::Worker,
 };
@@ -53,18 +54,20 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
-    // A guard, not a counted reference: this is every request's path, and nothing is awaited meanwhile.
-    let class = classify(
-        &parts.method,
-        &parts.headers,
-        &worker.shared.live.load().policy,
-    );
+    let route = worker.shared.live.load().router.route(&parts).clone();
+    if route.strip_cookies {
+        parts.headers.remove(header::COOKIE);
+    }
+    let class = match classify(&parts.method, &parts.headers, &route.policy) {
+        RequestClass::Lookup if route.pass => RequestClass::Pass("route"),
+        class => class,
+    };
     let resp = match class {
-        RequestClass::Lookup => lookup(&worker, client, parts).await,
+        RequestClass::Lookup => lookup(&worker, client, &route, parts).await,
         RequestClass::Pass(_) | RequestClass::Invalidate => {
             let unsafe_method = class == RequestClass::Invalidate;
             match limited(body, &parts, max_request_body) {
-                Some(body) => pass(&worker, client, parts, body, unsafe_method).await,
+                Some(body) => pass(&worker, client, &route, parts, body, unsafe_method).await,
                 None => {
                     inc(&stats.bodies_too_large);
                     body_too_large()
@@ -120,7 +123,12 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<Body> {
+async fn lookup(
+    worker: &Arc<Worker>,
+    client: IpAddr,
+    route: &Arc<Route>,
+    parts: Parts,
+) -> Response<Body> {
     let shared = &worker.shared;
     let key = primary_key(&parts);
     let parts = Arc::new(parts);
@@ -149,14 +157,14 @@ async fn lookup(worker: &Arc<Worker>, client: IpAddr, parts: Parts) -> Response<
                         serve_stored(worker, &key, &parts, &found, now, outcome).await
                     {
                         inc(&shared.stats.stale_served);
-                        refresh(worker, &key, &parts, client, found);
+                        refresh(worker, &key, &parts, client, route, found);
                         return resp;
                     }
                 }
                 Usability::OnError | Usability::Unusable => stale = Some(found),
             }
         }
-        match miss(worker, client, &key, &parts, may_wait, stale).await {
+        match miss(worker, client, route, &key, &parts, may_wait, stale).await {
             Some(resp) => return resp,
             // Another variant's fetch has settled: look up again, this time without waiting for anyone.
             None => may_wait = false,
@@ -248,7 +256,14 @@ async fn serve_stored(
 
 /// Starts one background fetch (a revalidation when the object has validators) for a key served in grace,
 /// unless a fetch for it is already running.
-fn refresh(worker: &Arc<Worker>, key: &str, parts: &Arc<Parts>, client: IpAddr, found: Found) {
+fn refresh(
+    worker: &Arc<Worker>,
+    key: &str,
+    parts: &Arc<Parts>,
+    client: IpAddr,
+    route: &Arc<Route>,
+    found: Found,
+) {
     let now = worker.shared.store.mark();
     if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now) {
         let fill = Fill {
@@ -256,6 +271,7 @@ fn refresh(worker: &Arc<Worker>, key: &str, parts: &Arc<Parts>, client: IpAddr, 
             registered: true,
             parts: parts.clone(),
             client,
+            route: route.clone(),
             stale: found.revalidatable().then_some(found),
         };
         tokio::spawn(fetch::run(worker.clone(), fetch, fill));
@@ -276,6 +292,7 @@ fn record_hit(stats: &Stats, tier: Tier) {
 async fn miss(
     worker: &Arc<Worker>,
     client: IpAddr,
+    route: &Arc<Route>,
     key: &str,
     parts: &Arc<Parts>,
     may_wait: bool,
@@ -288,6 +305,7 @@ async fn miss(
             registered,
             parts: parts.clone(),
             client,
+            route: route.clone(),
             stale: stale.clone().filter(Found::revalidatable),
         };
         tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
@@ -379,22 +397,35 @@ async fn miss(
 async fn pass(
     worker: &Worker,
     client: IpAddr,
+    route: &Route,
     parts: Parts,
     body: Body,
     unsafe_method: bool,
 ) -> Response<Body> {
     let shared = &worker.shared;
     inc(&shared.stats.passes);
-    inc(&shared.stats.backend_requests);
     let outcome = Outcome::Pass { unsafe_method };
+    let Some(backend) = route.pick(&primary_key(&parts), &shared.backends) else {
+        inc(&shared.stats.backend_unavailable);
+        let e = fetch::no_healthy_backend(route, &shared.backends);
+        return respond::error(e.status(), outcome, &e.to_string());
+    };
+    inc(&shared.stats.backend_requests);
     let invalidation_target = unsafe_method.then(|| parts.clone());
     let mut parts = parts;
     forward::prepare_headers(&mut parts.headers, client);
-    let resp = match worker.backend.send(Request::from_parts(parts, body)).await {
+    let resp = match worker.backends[backend]
+        .send(Request::from_parts(parts, body))
+        .await
+    {
         Ok(resp) => resp,
         Err(BackendError::RequestBodyTooLarge) => {
             inc(&shared.stats.bodies_too_large);
             return body_too_large();
+        }
+        Err(e @ BackendError::Unavailable { .. }) => {
+            inc(&shared.stats.backend_unavailable);
+            return respond::error(e.status(), outcome, &e.to_string());
         }
         Err(e) => {
             inc(&shared.stats.backend_errors);

@@ -92,8 +92,7 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 pub struct WorkerSettings {
-    pub origin: config::Origin,
-    pub backend: config::Backend,
+    pub backends: Vec<config::Backend>,
     pub shutdown_timeout: Duration,
 }
 
@@ -132,12 +131,13 @@ async fn serve(
     sockets: Vec<TcpListener>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let backend = Backend::new(
-        &settings.origin,
-        &settings.backend,
-        shared.backend_health.clone(),
-    );
-    let worker = Arc::new(Worker { shared, backend });
+    let backends = settings
+        .backends
+        .iter()
+        .zip(&shared.backends)
+        .map(|(config, state)| Backend::new(config, state.clone()))
+        .collect();
+    let worker = Arc::new(Worker { shared, backends });
     let graceful = GracefulShutdown::new();
     join_all(
         listeners

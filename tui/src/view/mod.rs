@@ -199,6 +199,7 @@ pub(crate) mod tests {
                     at: 2,
                     message: "backend 127.0.0.1:8080 answered 503 Service Unavailable".into(),
                 }),
+                probe: None,
             }],
         };
         let mut state = State::new("127.0.0.1:6082".into());

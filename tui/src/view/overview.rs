@@ -255,7 +255,7 @@ fn render_backends(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) 
         let b = &row.backend;
         let health_style = match b.health.as_str() {
             "healthy" => theme.good(),
-            "failing" => theme.alert(),
+            "failing" | "sick" => theme.alert(),
             _ => Style::default(),
         };
         lines.push(Line::from(vec![

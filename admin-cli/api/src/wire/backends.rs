@@ -13,7 +13,7 @@ pub struct BackendView {
     pub name: String,
     /// `host:port`.
     pub address: String,
-    /// Judged from real traffic (there are no probes yet).
+    /// From the probe when there is one, else judged from real traffic.
     pub health: BackendHealth,
     pub requests: u64,
     pub errors: u64,
@@ -22,6 +22,24 @@ pub struct BackendView {
     /// Unix seconds of the last successful response head.
     pub last_success: Option<u64>,
     pub last_error: Option<LastError>,
+    /// The health probe's window; none when the backend has no probe.
+    #[serde(default)]
+    pub probe: Option<ProbeView>,
+}
+
+/// A probe's recent polls, as `varnishadm backend.list -p` shows them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ProbeView {
+    pub healthy: bool,
+    /// Good polls in the window.
+    pub good: u32,
+    pub window: u32,
+    /// Good polls needed to be healthy.
+    pub threshold: u32,
+    /// Oldest first: `H` a good poll, `-` a bad one.
+    pub history: String,
+    /// What the last poll got: a status, or why there was none.
+    pub last: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -33,6 +51,8 @@ pub enum BackendHealth {
     Healthy,
     /// The last request failed (refused, reset, timed out).
     Failing,
+    /// Its probe says so: it gets no requests until the probe says healthy again.
+    Sick,
 }
 
 impl BackendHealth {
@@ -42,6 +62,7 @@ impl BackendHealth {
             BackendHealth::Unknown => "unknown",
             BackendHealth::Healthy => "healthy",
             BackendHealth::Failing => "failing",
+            BackendHealth::Sick => "sick",
         }
     }
 }
@@ -63,6 +84,7 @@ mod tests {
             BackendHealth::Unknown,
             BackendHealth::Healthy,
             BackendHealth::Failing,
+            BackendHealth::Sick,
         ] {
             assert_eq!(serde_json::to_value(h).unwrap(), h.as_str());
         }

@@ -10,7 +10,7 @@ mod stats;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-pub use backends::{BackendHealth, BackendList, BackendView, LastError};
+pub use backends::{BackendHealth, BackendList, BackendView, LastError, ProbeView};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 pub use objects::{HeaderField, Inspection, ObjectQuery, StoredVariant, Tiers};
 pub use reload::{NotApplied, Reloaded};

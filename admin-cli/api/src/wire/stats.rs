@@ -123,6 +123,10 @@ stats_section! {
         bytes_in: Counter "lacquer_backend_body_bytes_total",
         /// Body bytes sent to clients.
         bytes_out: Counter "lacquer_client_body_bytes_total",
+        /// Requests that found no backend to send to: every candidate sick, or busy at `max_connections`.
+        backend_unavailable: Counter "lacquer_backend_unavailable_total",
+        /// Backends their probe says are sick.
+        backends_sick: Gauge "lacquer_backends_sick",
         /// Client connections accepted.
         connections: Counter "lacquer_client_connections_total",
         /// Client connections open now.

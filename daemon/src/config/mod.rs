@@ -11,6 +11,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::Policy;
 
+mod listen;
+mod routes;
+mod upstream;
+
+pub use self::{
+    listen::{Certificate, Listen},
+    routes::{Cookies, Route},
+    upstream::{Backend, Director, DirectorPolicy, Probe},
+};
+
 /// A configuration problem, rendered as one line that names the key (and the file position when known).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -22,7 +32,13 @@ pub struct Config {
     /// Client listeners (`[[listen]]`). Default: one plain listener on `0.0.0.0:6081`.
     pub listen: Vec<Listen>,
     pub server: Server,
-    pub backend: Backend,
+    /// Origins (`[[backend]]`, or one `[backend]` table). The first takes what no route claims.
+    #[serde(deserialize_with = "upstream::one_or_many")]
+    pub backend: Vec<Backend>,
+    /// Groups of backends (`[[director]]`). Default: none.
+    pub director: Vec<Director>,
+    /// Routing rules (`[[route]]`), in order. Default: none.
+    pub route: Vec<Route>,
     pub admin: Admin,
     pub storage: Storage,
     pub cache: Cache,
@@ -35,7 +51,9 @@ impl Default for Config {
         Self {
             listen: vec![Listen::default()],
             server: Server::default(),
-            backend: Backend::default(),
+            backend: vec![Backend::default()],
+            director: Vec::new(),
+            route: Vec::new(),
             admin: Admin::default(),
             storage: Storage::default(),
             cache: Cache::default(),
@@ -60,114 +78,6 @@ impl Default for Server {
         Self {
             workers: 0,
             shutdown_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// One client listener: where, how (TLS, PROXY protocol, HTTP/2) and within which limits.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Listen {
-    /// Default: `0.0.0.0:6081`.
-    pub address: SocketAddr,
-    /// Certificate chains and keys (PEM files). Any given: the listener speaks TLS only, and picks the
-    /// certificate by the name the client asks for (SNI), the first one when none matches. Default: none.
-    pub tls: Vec<Certificate>,
-    /// Every connection must start with a PROXY protocol header (v1 or v2, as HAProxy's `send-proxy` and
-    /// `send-proxy-v2` write), whose client address is then used everywhere; one without is closed.
-    /// Default: false.
-    pub proxy_protocol: bool,
-    /// Offer HTTP/2: by ALPN on TLS, by prior knowledge (h2c) on plain connections. Default: true.
-    pub http2: bool,
-    /// Connections open at once on this listener; past it a connection gets `503`. 0: no limit.
-    /// Default: 65536.
-    pub max_connections: usize,
-    /// Connections open at once from one client address; past it a connection gets `503`. 0: no limit.
-    /// Default: 0.
-    pub max_connections_per_ip: usize,
-    /// Time for a complete request head, counted from the connection's start or the end of the previous
-    /// response, as Varnish's `timeout_idle`: slow senders (slowloris) and idle keep-alive HTTP/1.1
-    /// connections are closed. It also bounds the TLS handshake and PROXY header. Default: 10 s.
-    #[serde(with = "humantime_serde")]
-    pub header_read_timeout: Duration,
-    /// A connection with no request waiting for its response head and no byte moving either way for this
-    /// long is closed: idle HTTP/2 connections, and clients that stopped reading. Default: 60 s.
-    #[serde(with = "humantime_serde")]
-    pub idle_timeout: Duration,
-    /// Largest request head (HTTP/1.1) or header list (HTTP/2); larger gets `431`. Default: 32 KiB.
-    pub max_header_size: ByteSize,
-    /// Most header fields in a request (HTTP/1.1); more gets `431`. Default: 100.
-    pub max_headers: usize,
-    /// Largest request body sent on to a backend; larger gets `413`. Default: 100 MiB.
-    pub max_request_body: ByteSize,
-}
-
-impl Default for Listen {
-    fn default() -> Self {
-        Self {
-            address: SocketAddr::from(([0, 0, 0, 0], 6081)),
-            tls: Vec::new(),
-            proxy_protocol: false,
-            http2: true,
-            max_connections: 65536,
-            max_connections_per_ip: 0,
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_header_size: ByteSize::kib(32),
-            max_headers: 100,
-            max_request_body: ByteSize::mib(100),
-        }
-    }
-}
-
-impl Listen {
-    pub fn plain(address: SocketAddr) -> Self {
-        Self {
-            address,
-            ..Self::default()
-        }
-    }
-}
-
-/// A certificate chain (leaf first) and its private key, both PEM.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Certificate {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Backend {
-    /// `host:port` or `http://host:port` of the origin. Required.
-    pub address: Option<String>,
-    /// Default: 3 s.
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// Time to the response head. Default: 60 s.
-    #[serde(with = "humantime_serde")]
-    pub first_byte_timeout: Duration,
-    /// Longest silence while a body arrives. Default: 60 s.
-    #[serde(with = "humantime_serde")]
-    pub between_bytes_timeout: Duration,
-    /// Idle keep-alive connections kept per worker thread. Default: 128.
-    pub max_idle_connections: usize,
-    /// How long an idle backend connection is kept. Default: 4 s, under the 5 s after which Node.js and
-    /// Apache close idle connections, so a request is never sent on one the origin is closing.
-    #[serde(with = "humantime_serde")]
-    pub idle_timeout: Duration,
-}
-
-impl Default for Backend {
-    fn default() -> Self {
-        Self {
-            address: None,
-            connect_timeout: Duration::from_secs(3),
-            first_byte_timeout: Duration::from_secs(60),
-            between_bytes_timeout: Duration::from_secs(60),
-            max_idle_connections: 128,
-            idle_timeout: Duration::from_secs(4),
         }
     }
 }
@@ -323,13 +233,6 @@ pub struct Overrides {
     pub disk_size: Option<ByteSize>,
 }
 
-/// The origin, resolved from `backend.address`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
-    /// `host:port`, used to connect.
-    pub authority: String,
-}
-
 impl Config {
     /// Reads `path` (when given), applies the overrides and validates the result.
     pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
@@ -374,7 +277,10 @@ impl Config {
             self.listen = o.listen.into_iter().map(Listen::plain).collect();
         }
         if o.backend.is_some() {
-            self.backend.address = o.backend;
+            if self.backend.is_empty() {
+                self.backend.push(Backend::default());
+            }
+            self.backend[0].address = o.backend;
         }
         if let Some(a) = o.admin {
             self.admin.listen = a;
@@ -395,7 +301,7 @@ impl Config {
 
     fn validate(&mut self) -> Result<(), ConfigError> {
         let bad = |key: &str, why: String| Err(ConfigError(format!("{key}: {why}")));
-        self.origin()?;
+        self.validate_upstream()?;
         if self.listen.is_empty() {
             return bad("listen", "at least one listener is required".into());
         }
@@ -441,30 +347,84 @@ impl Config {
         Ok(())
     }
 
-    pub fn origin(&self) -> Result<Origin, ConfigError> {
-        let Some(address) = self.backend.address.as_deref() else {
-            return Err(ConfigError(
-                "backend.address: no backend given (use --backend HOST:PORT or [backend] address)"
-                    .into(),
-            ));
-        };
-        let authority = address
-            .strip_prefix("http://")
-            .unwrap_or(address)
-            .trim_end_matches('/');
-        if address.contains("://") && !address.starts_with("http://") {
-            return Err(ConfigError(format!(
-                "backend.address: {address:?}: only http:// origins are supported"
-            )));
+    fn validate_upstream(&self) -> Result<(), ConfigError> {
+        let bad = |key: String, why: String| Err(ConfigError(format!("{key}: {why}")));
+        if self.backend.is_empty() {
+            return bad(
+                "backend".into(),
+                "no backend given (use --backend HOST:PORT or [backend] address)".into(),
+            );
         }
-        match authority.parse::<http::uri::Authority>() {
-            Ok(a) if a.port_u16().is_some() && !a.host().is_empty() => Ok(Origin {
-                authority: a.to_string(),
-            }),
-            _ => Err(ConfigError(format!(
-                "backend.address: {address:?} is not HOST:PORT or http://HOST:PORT"
-            ))),
+        let mut names: Vec<&str> = Vec::new();
+        for (n, b) in self.backend.iter().enumerate() {
+            let key = if self.backend.len() == 1 {
+                "backend".to_owned()
+            } else {
+                format!("backend[{n}]")
+            };
+            authority(b.address.as_deref()).map_err(|e| ConfigError(format!("{key}.{e}")))?;
+            if let Some(p) = &b.probe {
+                if !(1..=64).contains(&p.window) || p.threshold > p.window || p.initial() > p.window
+                {
+                    return bad(
+                        format!("{key}.probe"),
+                        "window must be 1 to 64, threshold and initial at most window".into(),
+                    );
+                }
+                if !p.url.starts_with('/') || p.url.parse::<http::uri::PathAndQuery>().is_err() {
+                    return bad(
+                        format!("{key}.probe.url"),
+                        format!("{:?} is not a path", p.url),
+                    );
+                }
+            }
+            names.push(&b.name);
         }
+        for (n, d) in self.director.iter().enumerate() {
+            let key = format!("director[{n}]");
+            if d.backends.is_empty() {
+                return bad(key, "a director needs at least one backend".into());
+            }
+            if let Some(missing) = d
+                .backends
+                .iter()
+                .find(|m| !names[..self.backend.len()].contains(&m.as_str()))
+            {
+                return bad(
+                    format!("{key}.backends"),
+                    format!("no backend is named {missing:?}"),
+                );
+            }
+            names.push(&d.name);
+        }
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
+                return bad("backend".into(), format!("the name {name:?} is used twice"));
+            }
+        }
+        for (n, r) in self.route.iter().enumerate() {
+            let key = format!("route[{n}]");
+            if let Some(target) = &r.backend {
+                if !names.contains(&target.as_str()) {
+                    return bad(
+                        format!("{key}.backend"),
+                        format!("no backend or director is named {target:?}"),
+                    );
+                }
+            }
+            if let Err(e) = crate::routing::HostPattern::parse(r.host.as_deref().unwrap_or("")) {
+                return bad(format!("{key}.host"), e);
+            }
+            if let Some(re) = &r.path_regex {
+                if let Err(e) = regex::Regex::new(re) {
+                    return bad(
+                        format!("{key}.path_regex"),
+                        e.to_string().replace('\n', " "),
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn storage_dir(&self) -> &Path {
@@ -473,6 +433,11 @@ impl Config {
 
     pub fn secret_file(&self) -> &Path {
         self.admin.secret_file.as_deref().expect("set by validate")
+    }
+
+    /// What the first backend is reached at, for messages.
+    pub fn first_backend(&self) -> String {
+        authority(self.backend[0].address.as_deref()).unwrap_or_default()
     }
 
     pub fn policy(&self) -> Policy {
@@ -499,6 +464,8 @@ impl Config {
                 .iter()
                 .map(|t| t.to_ascii_lowercase())
                 .collect(),
+            ttl_override: None,
+            grace_override: None,
         }
     }
 
@@ -518,6 +485,30 @@ impl Config {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         }
+    }
+}
+
+/// `host:port` from a backend address (`host:port` or `http://host:port`); the error starts with the key.
+pub fn authority(address: Option<&str>) -> Result<String, String> {
+    let Some(address) = address else {
+        return Err(
+            "address: no backend given (use --backend HOST:PORT or [backend] address)".into(),
+        );
+    };
+    let authority = address
+        .strip_prefix("http://")
+        .unwrap_or(address)
+        .trim_end_matches('/');
+    if address.contains("://") && !address.starts_with("http://") {
+        return Err(format!(
+            "address: {address:?}: only http:// origins are supported"
+        ));
+    }
+    match authority.parse::<http::uri::Authority>() {
+        Ok(a) if a.port_u16().is_some() && !a.host().is_empty() => Ok(a.to_string()),
+        _ => Err(format!(
+            "address: {address:?} is not HOST:PORT or http://HOST:PORT"
+        )),
     }
 }
 
@@ -578,11 +569,11 @@ mod tests {
         assert!(c.listen[1].proxy_protocol && c.listen[1].http2);
         assert_eq!(c.listen[1].max_connections_per_ip, 50);
         assert_eq!(c.listen[1].tls[0].key, Path::new("/etc/lacquer/a.key"));
-        assert_eq!(c.backend.first_byte_timeout, Duration::from_secs(5));
+        assert_eq!(c.backend[0].first_byte_timeout, Duration::from_secs(5));
         assert_eq!(c.storage.memory, ByteSize::gib(1));
         assert_eq!(c.storage.disk_size, ByteSize::gib(20));
         assert_eq!(c.policy().default_ttl, Duration::from_secs(120));
-        assert_eq!(c.origin().unwrap().authority, "origin:8080");
+        assert_eq!(c.first_backend(), "origin:8080");
     }
 
     #[test]
@@ -617,8 +608,8 @@ mod tests {
     fn backend_forms() {
         let origin = |a: &str| {
             let mut c = Config::default();
-            c.backend.address = Some(a.into());
-            c.origin().map(|o| o.authority)
+            c.backend[0].address = Some(a.into());
+            c.validate_upstream().map(|()| c.first_backend())
         };
         assert_eq!(origin("127.0.0.1:8080").unwrap(), "127.0.0.1:8080");
         assert_eq!(origin("http://example.com:80/").unwrap(), "example.com:80");
@@ -656,7 +647,10 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/lacquer.toml");
         let text = std::fs::read_to_string(path).unwrap();
         let packaged = Config::parse(&text, path).unwrap();
-        assert_eq!(packaged.backend.address.as_deref(), Some("127.0.0.1:8080"));
+        assert_eq!(
+            packaged.backend[0].address.as_deref(),
+            Some("127.0.0.1:8080")
+        );
         assert_eq!(
             packaged.admin.secret_file.as_deref(),
             Some(Path::new("/etc/lacquer/secret"))
@@ -693,6 +687,16 @@ mod tests {
         fn first(v: &serde_json::Value) -> &serde_json::Value {
             v.as_array().map_or(v, |a| &a[0])
         }
+        // `[[director]]` and `[[route]]` have no default entry: the file shows them in comments.
+        let defaults = serde_json::Value::Object(
+            defaults
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(_, v)| v.as_array().is_none_or(|a| !a.is_empty()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        );
         for (name, settings) in defaults.as_object().unwrap() {
             for (key, default) in first(settings).as_object().unwrap() {
                 let setting = format!("{name}.{key}");
@@ -706,6 +710,54 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn backends_directors_and_routes_are_checked_against_each_other() {
+        let base = "[[backend]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n\
+                    [[backend]]\nname = \"b\"\naddress = \"127.0.0.1:2\"\n";
+        let check = |extra: &str| {
+            let c = Config::parse(&format!("{base}{extra}"), "t").unwrap();
+            c.validate_upstream().err().map(|e| e.to_string())
+        };
+        assert_eq!(
+            check(
+                "[[director]]\nname = \"d\"\npolicy = \"hash\"\nbackends = [\"a\", \"b\"]\n\
+                          [[route]]\nhost = \"*.x.test\"\nbackend = \"d\"\n"
+            ),
+            None
+        );
+        let cases = [
+            ("[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = [\"a\", \"z\"]\n",
+                "director[0].backends: no backend is named \"z\""),
+            ("[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = []\n",
+                "director[0]: a director needs at least one backend"),
+            ("[[director]]\nname = \"a\"\npolicy = \"random\"\nbackends = [\"b\"]\n",
+                "backend: the name \"a\" is used twice"),
+            ("[[route]]\nbackend = \"nope\"\n", "route[0].backend: no backend or director is named \"nope\""),
+            ("[[route]]\nhost = \"x.*\"\n", "route[0].host: \"x.*\" is not a host name"),
+            ("[[route]]\npath_regex = \"(\"\n", "route[0].path_regex: regex parse error"),
+            ("[[backend]]\nname = \"c\"\naddress = \"127.0.0.1:3\"\n[backend.probe]\nwindow = 4\nthreshold = 5\n",
+                "backend[2].probe: window must be 1 to 64"),
+            ("[[backend]]\nname = \"c\"\naddress = \"127.0.0.1:3\"\n[backend.probe]\nurl = \"health\"\n",
+                "backend[2].probe.url: \"health\" is not a path"),
+        ];
+        for (extra, want) in cases {
+            let got = check(extra).unwrap_or_default();
+            assert!(got.starts_with(want), "{extra}: {got}");
+        }
+        let bad_policy = Config::parse(
+            "[[director]]\nname = \"d\"\npolicy = \"fastest\"\nbackends = []\n",
+            "t",
+        );
+        assert!(bad_policy
+            .unwrap_err()
+            .to_string()
+            .contains("unknown variant `fastest`"));
+        let typo = Config::parse("[backend]\nadress = \"x\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(typo.contains("unknown field `adress`"), "{typo}");
     }
 
     #[test]

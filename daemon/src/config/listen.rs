@@ -1,0 +1,79 @@
+//! `[[listen]]`: the client listeners.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// One client listener: where, how (TLS, PROXY protocol, HTTP/2) and within which limits.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listen {
+    /// Default: `0.0.0.0:6081`.
+    pub address: SocketAddr,
+    /// Certificate chains and keys (PEM files). Any given: the listener speaks TLS only, and picks the
+    /// certificate by the name the client asks for (SNI), the first one when none matches. Default: none.
+    pub tls: Vec<Certificate>,
+    /// Every connection must start with a PROXY protocol header (v1 or v2, as HAProxy's `send-proxy` and
+    /// `send-proxy-v2` write), whose client address is then used everywhere; one without is closed.
+    /// Default: false.
+    pub proxy_protocol: bool,
+    /// Offer HTTP/2: by ALPN on TLS, by prior knowledge (h2c) on plain connections. Default: true.
+    pub http2: bool,
+    /// Connections open at once on this listener; past it a connection gets `503`. 0: no limit.
+    /// Default: 65536.
+    pub max_connections: usize,
+    /// Connections open at once from one client address; past it a connection gets `503`. 0: no limit.
+    /// Default: 0.
+    pub max_connections_per_ip: usize,
+    /// Time for a complete request head, counted from the connection's start or the end of the previous
+    /// response, as Varnish's `timeout_idle`: slow senders (slowloris) and idle keep-alive HTTP/1.1
+    /// connections are closed. It also bounds the TLS handshake and PROXY header. Default: 10 s.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection with no request waiting for its response head and no byte moving either way for this
+    /// long is closed: idle HTTP/2 connections, and clients that stopped reading. Default: 60 s.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Largest request head (HTTP/1.1) or header list (HTTP/2); larger gets `431`. Default: 32 KiB.
+    pub max_header_size: ByteSize,
+    /// Most header fields in a request (HTTP/1.1); more gets `431`. Default: 100.
+    pub max_headers: usize,
+    /// Largest request body sent on to a backend; larger gets `413`. Default: 100 MiB.
+    pub max_request_body: ByteSize,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Self {
+            address: SocketAddr::from(([0, 0, 0, 0], 6081)),
+            tls: Vec::new(),
+            proxy_protocol: false,
+            http2: true,
+            max_connections: 65536,
+            max_connections_per_ip: 0,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_header_size: ByteSize::kib(32),
+            max_headers: 100,
+            max_request_body: ByteSize::mib(100),
+        }
+    }
+}
+
+impl Listen {
+    pub fn plain(address: SocketAddr) -> Self {
+        Self {
+            address,
+            ..Self::default()
+        }
+    }
+}
+
+/// A certificate chain (leaf first) and its private key, both PEM.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Certificate {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}

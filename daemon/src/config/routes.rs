@@ -1,0 +1,50 @@
+//! `[[route]]`: which backend a request goes to, and how its responses are cached, by host and path.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Routes are tried in order; the first whose every given condition holds applies. A request no route
+/// matches goes to the first backend under `[cache]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Route {
+    /// `example.com`, or `*.example.com` for any name under it (not `example.com` itself); the port and
+    /// letter case are ignored. Default: any host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Default: any path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// A regular expression searched in the path and query. Default: any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_regex: Option<String>,
+    /// A backend or director name. Default: the first backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Never look up or store: every request goes to the backend. Default: false.
+    pub pass: bool,
+    /// Freshness given to every storable response, whatever its headers say (Varnish's `beresp.ttl`).
+    /// Default: from the headers, then `cache.default_ttl`.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Duration>,
+    /// Grace given to every stored response (Varnish's `beresp.grace`). Default: `stale-while-revalidate`,
+    /// then `cache.default_grace`.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub grace: Option<Duration>,
+    /// What a request with `Cookie` does. Default: as `cache.cache_cookie_requests` says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cookies: Option<Cookies>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cookies {
+    /// Sent to the backend, never cached.
+    Pass,
+    /// Removed from the request (and `Set-Cookie` from the response) before anything else: static
+    /// content that cookies must not fragment, the `unset req.http.Cookie` of VCL.
+    Strip,
+    /// Looked up and cached with the cookie sent on: for backends that ignore it.
+    Cache,
+}

@@ -1,0 +1,142 @@
+//! `[[backend]]` and `[[director]]`: the origins, their health probes, and how requests are spread over them.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// One origin server.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Backend {
+    /// What routes, directors and the statistics call it. Default: `default`.
+    pub name: String,
+    /// `host:port` or `http://host:port`. Required.
+    pub address: Option<String>,
+    /// Default: 3 s.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time to the response head. Default: 60 s.
+    #[serde(with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    /// Longest silence while a body arrives. Default: 60 s.
+    #[serde(with = "humantime_serde")]
+    pub between_bytes_timeout: Duration,
+    /// Requests in flight to this backend at once, across every worker, as Varnish's `.max_connections`:
+    /// one more waits up to `connect_timeout` for a place, then fails as an unreachable backend would (503,
+    /// or a stale object). 0: no limit. Default: 0.
+    pub max_connections: usize,
+    /// Idle keep-alive connections kept per worker thread. Default: 128.
+    pub max_idle_connections: usize,
+    /// How long an idle backend connection is kept. Default: 4 s, under the 5 s after which Node.js and
+    /// Apache close idle connections, so a request is never sent on one the origin is closing.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// A health probe, as Varnish's; without one, health is judged from traffic and never stops requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Probe>,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Self {
+            name: "default".into(),
+            address: None,
+            connect_timeout: Duration::from_secs(3),
+            first_byte_timeout: Duration::from_secs(60),
+            between_bytes_timeout: Duration::from_secs(60),
+            max_connections: 0,
+            max_idle_connections: 128,
+            idle_timeout: Duration::from_secs(4),
+            probe: None,
+        }
+    }
+}
+
+/// Polls a backend; it is healthy while at least `threshold` of the last `window` polls succeeded. A sick
+/// backend gets no requests: directors skip it, and a route pointing at it serves stale objects or 503.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Probe {
+    /// Path (and query) requested with `GET`. Default: `/`.
+    pub url: String,
+    /// Default: 5 s.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A poll without a complete response head in this time fails. Default: 2 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Default: 200.
+    pub expected_status: u16,
+    /// Polls remembered, at most 64. Default: 8.
+    pub window: u32,
+    /// Good polls in the window for the backend to be healthy. Default: 3.
+    pub threshold: u32,
+    /// Polls counted as good at start. Default: `threshold - 1`, as Varnish: sick until the first poll,
+    /// made at once, succeeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u32>,
+}
+
+impl Default for Probe {
+    fn default() -> Self {
+        Self {
+            url: "/".into(),
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+            expected_status: 200,
+            window: 8,
+            threshold: 3,
+            initial: None,
+        }
+    }
+}
+
+impl Probe {
+    pub fn initial(&self) -> u32 {
+        self.initial.unwrap_or(self.threshold.saturating_sub(1))
+    }
+}
+
+/// Spreads requests over several backends, skipping sick ones.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Director {
+    pub name: String,
+    pub policy: DirectorPolicy,
+    /// Backend names.
+    pub backends: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DirectorPolicy {
+    /// Each backend in turn.
+    RoundRobin,
+    /// Any backend, uniformly.
+    Random,
+    /// Consistent hashing of the cache key (Varnish's shard director): a URL always goes to the same
+    /// backend, and a sick backend's URLs alone move.
+    Hash,
+}
+
+/// `[backend]` (one table, as before several backends existed) or `[[backend]]` (an array of them), with
+/// the errors of either kept (an untagged enum would replace them with "did not match any variant").
+pub fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Backend>, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Vec<Backend>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a [backend] table or [[backend]] tables")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            Backend::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|b| vec![b])
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Vec::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+        }
+    }
+    d.deserialize_any(Visitor)
+}

@@ -1,0 +1,320 @@
+//! Routing: which backend or director a request goes to, and the cache policy its route gives it.
+
+use std::sync::Arc;
+
+use http::{header, request::Parts};
+use regex::Regex;
+
+use crate::{
+    backend::{BackendState, Director},
+    config::{Config, Cookies},
+    policy::Policy,
+};
+
+/// A route's host condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    Any,
+    Exact(String),
+    /// `*.example.com`, kept as `.example.com`.
+    Subdomains(String),
+}
+
+impl HostPattern {
+    /// `""` is any host.
+    pub fn parse(pattern: &str) -> Result<Self, String> {
+        let p = pattern.trim().to_ascii_lowercase();
+        if p.is_empty() {
+            return Ok(Self::Any);
+        }
+        let (wild, name) = match p.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, p.as_str()),
+        };
+        let valid = !name.is_empty()
+            && name.split('.').all(|l| {
+                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        match (valid, wild) {
+            (false, _) => Err(format!(
+                "{pattern:?} is not a host name or *.name (no port, no other wildcard)"
+            )),
+            (true, true) => Ok(Self::Subdomains(format!(".{name}"))),
+            (true, false) => Ok(Self::Exact(name.to_owned())),
+        }
+    }
+
+    /// `host` lower-cased, without port.
+    fn matches(&self, host: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Exact(name) => host == name,
+            Self::Subdomains(suffix) => {
+                host.len() > suffix.len() && host.ends_with(suffix.as_str())
+            }
+        }
+    }
+}
+
+/// Where a route sends requests. A route keeps its director, so a request started before a reload finishes
+/// with the director it started with.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Backend(usize),
+    Director(Arc<Director>),
+}
+
+/// One compiled route; the policy is `[cache]` with the route's overrides applied.
+#[derive(Debug)]
+pub struct Route {
+    host: HostPattern,
+    path_prefix: Option<String>,
+    path_regex: Option<Regex>,
+    pub target: Target,
+    pub policy: Policy,
+    pub pass: bool,
+    /// `cookies = "strip"`: `Cookie` removed from the request and `Set-Cookie` from the response.
+    pub strip_cookies: bool,
+}
+
+impl Route {
+    /// The backend for a request with cache key `key`; `None` when it (or every member of the director) is
+    /// sick.
+    pub fn pick(&self, key: &str, backends: &[Arc<BackendState>]) -> Option<usize> {
+        let healthy = |b: usize| backends[b].is_healthy();
+        match &self.target {
+            Target::Backend(b) => healthy(*b).then_some(*b),
+            Target::Director(d) => d.pick(key, healthy),
+        }
+    }
+
+    /// What the route targets, for errors.
+    pub fn target_name<'a>(&'a self, backends: &'a [Arc<BackendState>]) -> &'a str {
+        match &self.target {
+            Target::Backend(b) => &backends[*b].name,
+            Target::Director(d) => &d.name,
+        }
+    }
+
+    fn matches(&self, host: &str, path: &str) -> bool {
+        self.host.matches(host)
+            && self
+                .path_prefix
+                .as_deref()
+                .is_none_or(|p| path.starts_with(p))
+            && self.path_regex.as_ref().is_none_or(|r| r.is_match(path))
+    }
+}
+
+#[derive(Debug)]
+pub struct Router {
+    routes: Vec<Arc<Route>>,
+    /// For requests no route matches: the first backend, `[cache]` as is.
+    fallback: Arc<Route>,
+}
+
+impl Router {
+    /// From a validated configuration; `backends` are the daemon's, in configuration order.
+    pub fn new(config: &Config, backends: &[Arc<BackendState>]) -> Self {
+        let backend_index = |name: &str| backends.iter().position(|b| b.name == name);
+        let directors: Vec<Arc<Director>> = config
+            .director
+            .iter()
+            .map(|d| {
+                let members = d
+                    .backends
+                    .iter()
+                    .map(|m| backend_index(m).expect("validated"))
+                    .collect();
+                let names: Vec<&str> = d.backends.iter().map(String::as_str).collect();
+                Arc::new(Director::new(&d.name, d.policy, members, &names))
+            })
+            .collect();
+        let target = |name: &str| {
+            backend_index(name)
+                .map(Target::Backend)
+                .or_else(|| {
+                    directors
+                        .iter()
+                        .find(|d| d.name == name)
+                        .map(|d| Target::Director(d.clone()))
+                })
+                .expect("validated")
+        };
+        let base = config.policy();
+        let routes = config
+            .route
+            .iter()
+            .map(|r| {
+                let mut policy = base.clone();
+                policy.ttl_override = r.ttl;
+                policy.grace_override = r.grace;
+                match r.cookies {
+                    Some(Cookies::Cache) => policy.cache_cookie_requests = true,
+                    Some(Cookies::Pass) => policy.cache_cookie_requests = false,
+                    Some(Cookies::Strip) | None => {}
+                }
+                Arc::new(Route {
+                    host: HostPattern::parse(r.host.as_deref().unwrap_or("")).expect("validated"),
+                    path_prefix: r.path_prefix.clone(),
+                    path_regex: r
+                        .path_regex
+                        .as_deref()
+                        .map(|re| Regex::new(re).expect("validated")),
+                    target: r.backend.as_deref().map_or(Target::Backend(0), target),
+                    policy,
+                    pass: r.pass,
+                    strip_cookies: r.cookies == Some(Cookies::Strip),
+                })
+            })
+            .collect();
+        let fallback = Arc::new(Route {
+            host: HostPattern::Any,
+            path_prefix: None,
+            path_regex: None,
+            target: Target::Backend(0),
+            policy: base,
+            pass: false,
+            strip_cookies: false,
+        });
+        Self { routes, fallback }
+    }
+
+    /// The first route matching the request's host and path, else the fallback.
+    pub fn route(&self, parts: &Parts) -> &Arc<Route> {
+        if self.routes.is_empty() {
+            return &self.fallback;
+        }
+        let host = parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        let host = host.rsplit_once(':').map_or(host, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        });
+        let host = host.to_ascii_lowercase();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        self.routes
+            .iter()
+            .find(|r| r.matches(&host, path))
+            .unwrap_or(&self.fallback)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_patterns() {
+        let cases = [
+            ("", "anything.test", true),
+            ("Example.com", "example.com", true),
+            ("example.com", "www.example.com", false),
+            ("*.example.com", "www.example.com", true),
+            ("*.example.com", "a.b.example.com", true),
+            ("*.example.com", "example.com", false),
+            ("*.example.com", "badexample.com", false),
+        ];
+        for (pattern, host, want) in cases {
+            let p = HostPattern::parse(pattern).unwrap();
+            assert_eq!(p.matches(host), want, "{pattern} {host}");
+        }
+        for bad in ["*", "*.", "ex*.com", "example.com:80", "a..b", "*.*.a"] {
+            assert!(HostPattern::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, "t").unwrap()
+    }
+
+    fn request(host: &str, path: &str) -> Parts {
+        http::Request::get(path)
+            .header(header::HOST, host)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn the_first_matching_route_applies_with_its_overrides() {
+        let c = config(
+            r#"
+            [[backend]]
+            name = "app"
+            address = "127.0.0.1:1"
+            [[backend]]
+            name = "static"
+            address = "127.0.0.1:2"
+            [[backend]]
+            name = "static2"
+            address = "127.0.0.1:3"
+            [[director]]
+            name = "assets"
+            policy = "hash"
+            backends = ["static", "static2"]
+            [[route]]
+            host = "*.cdn.test"
+            backend = "assets"
+            ttl = "1h"
+            cookies = "strip"
+            [[route]]
+            path_prefix = "/api/"
+            pass = true
+            [[route]]
+            host = "shop.test"
+            path_regex = "\\.(png|jpg)$"
+            backend = "static"
+            grace = "5m"
+            cookies = "cache"
+            [cache]
+            default_ttl = "10s"
+            "#,
+        );
+        let backends: Vec<Arc<BackendState>> = c
+            .backend
+            .iter()
+            .map(|b| Arc::new(BackendState::new(b)))
+            .collect();
+        let router = Router::new(&c, &backends);
+        let cases = [
+            ("img.cdn.test", "/a.css", "assets", false, true),
+            ("IMG.CDN.TEST:443", "/api/x", "assets", false, true),
+            ("shop.test", "/api/cart", "app", true, false),
+            ("shop.test:8080", "/p/1.png?v=2", "app", false, false),
+            ("shop.test", "/p/1.png", "static", false, false),
+            ("cdn.test", "/a.css", "app", false, false),
+        ];
+        for (host, path, target, pass, strip) in cases {
+            let r = router.route(&request(host, path));
+            let got = (r.target_name(&backends), r.pass, r.strip_cookies);
+            assert_eq!(got, (target, pass, strip), "{host}{path}");
+        }
+        let cdn = router.route(&request("a.cdn.test", "/"));
+        assert_eq!(
+            cdn.policy.ttl_override,
+            Some(std::time::Duration::from_secs(3600))
+        );
+        assert_eq!(cdn.policy.default_ttl, std::time::Duration::from_secs(10));
+        let png = router.route(&request("shop.test", "/x.png"));
+        assert_eq!(
+            png.policy.grace_override,
+            Some(std::time::Duration::from_secs(300))
+        );
+        assert!(png.policy.cache_cookie_requests);
+        let fallback = router.route(&request("other.test", "/"));
+        assert_eq!(fallback.policy, c.policy());
+        assert_eq!(
+            cdn.pick("a.cdn.test/x", &backends).map(|b| b > 0),
+            Some(true)
+        );
+        assert_eq!(fallback.pick("other.test/", &backends), Some(0));
+    }
+}
