@@ -8,6 +8,7 @@ mod config;
 mod invalidation;
 mod metrics;
 mod policy;
+mod protection;
 mod proxy;
 mod reload;
 mod routing;
@@ -38,7 +39,6 @@ use crate::{
     backend::BackendState,
     config::{Config, Overrides},
     reload::{Reloader, SetLogLevel},
-    routing::Router,
     server::WorkerSettings,
     stats::Stats,
     worker::{Live, Shared},
@@ -162,10 +162,7 @@ fn run(
     let sick = backends.iter().filter(|b| !b.is_healthy()).count();
     stats.backends_sick.store(sick as u64, Relaxed);
     let shared = Arc::new(Shared {
-        live: ArcSwap::from_pointee(Live {
-            router: Router::new(&config, &backends),
-            purge: config.purge.clone(),
-        }),
+        live: ArcSwap::from_pointee(Live::new(&config, &backends)),
         backends: backends.clone(),
         store: store.clone(),
         stats: stats.clone(),
@@ -189,6 +186,14 @@ fn run(
     let settings = Arc::new(WorkerSettings {
         backends: config.backend.clone(),
         shutdown_timeout: config.server.shutdown_timeout,
+    });
+    let forgetting = shared.clone();
+    control.spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+        loop {
+            every.tick().await;
+            forgetting.live.load().router.forget_idle_clients();
+        }
     });
     for (config, state) in config.backend.iter().zip(&backends) {
         if let Some(probe) = &config.probe {

@@ -11,7 +11,6 @@ use serde_json::Value;
 
 use crate::{
     config::{Config, ConfigError, Overrides},
-    routing::Router,
     server::{
         tls::{Certificates, SniResolver},
         Listener,
@@ -20,12 +19,19 @@ use crate::{
 };
 
 /// Whether a reload applies `setting` at once: the cache policy, the purge access rules, the log level,
-/// routes and directors (while the backends stay the same). Listeners' certificates too, when the
+/// deny rules, normalisation, routes and directors (while the backends stay the same). Listeners' certificates too, when the
 /// listener is still there (see `load_certificates`).
 fn is_live(setting: &str) -> bool {
-    ["cache.", "purge.", "route", "director"]
-        .iter()
-        .any(|prefix| setting.starts_with(prefix))
+    [
+        "cache.",
+        "purge.",
+        "route",
+        "director",
+        "deny",
+        "normalize.",
+    ]
+    .iter()
+    .any(|prefix| setting.starts_with(prefix))
         || setting == "log.level"
 }
 
@@ -128,10 +134,11 @@ impl Reloader {
         if outcome.applied.iter().any(|s| s == "log.level") {
             running.log = next.log.clone();
         }
-        self.shared.live.store(Arc::new(Live {
-            router: Router::new(&running, &self.shared.backends),
-            purge: running.purge.clone(),
-        }));
+        running.deny = next.deny.clone();
+        running.normalize = next.normalize.clone();
+        self.shared
+            .live
+            .store(Arc::new(Live::new(&running, &self.shared.backends)));
         Ok(outcome)
     }
 }

@@ -9,6 +9,7 @@ use crate::{
     backend::{BackendState, Director},
     config::{Config, Cookies},
     policy::Policy,
+    protection::ClientRateLimit,
 };
 
 /// A route's host condition.
@@ -75,6 +76,8 @@ pub struct Route {
     pub pass: bool,
     /// `cookies = "strip"`: `Cookie` removed from the request and `Set-Cookie` from the response.
     pub strip_cookies: bool,
+    /// Token buckets per client; a reload starts them afresh.
+    pub rate_limit: Option<ClientRateLimit>,
 }
 
 impl Route {
@@ -165,6 +168,10 @@ impl Router {
                     policy,
                     pass: r.pass,
                     strip_cookies: r.cookies == Some(Cookies::Strip),
+                    rate_limit: r
+                        .rate_limit
+                        .as_ref()
+                        .map(|l| ClientRateLimit::new(l).expect("validated")),
                 })
             })
             .collect();
@@ -176,8 +183,16 @@ impl Router {
             policy: base,
             pass: false,
             strip_cookies: false,
+            rate_limit: None,
         });
         Self { routes, fallback }
+    }
+
+    /// Forgets rate-limit buckets that are full again (run now and then).
+    pub fn forget_idle_clients(&self) {
+        for limit in self.routes.iter().filter_map(|r| r.rate_limit.as_ref()) {
+            limit.forget_idle();
+        }
     }
 
     /// The first route matching the request's host and path, else the fallback.

@@ -59,6 +59,8 @@ counters! {
     idle_timeouts,
     headers_too_large,
     bodies_too_large,
+    denied,
+    rate_limited,
 }
 
 pub fn inc(counter: &AtomicU64) {

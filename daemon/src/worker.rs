@@ -8,7 +8,8 @@ use lacquer_storage::Store;
 use crate::{
     backend::{Backend, BackendState},
     coalesce::Coalescer,
-    config::Purge,
+    config::{Config, Normalize, Purge},
+    protection::DenyRule,
     routing::Router,
     stats::Stats,
 };
@@ -16,9 +17,27 @@ use crate::{
 /// The settings a reload can change while requests are served.
 #[derive(Debug)]
 pub struct Live {
-    /// Routes (each with its cache policy) and directors.
+    /// Routes (each with its cache policy and rate limit) and directors.
     pub router: Router,
     pub purge: Purge,
+    pub deny: Vec<DenyRule>,
+    pub normalize: Normalize,
+}
+
+impl Live {
+    /// From a validated configuration, with the daemon's backends.
+    pub fn new(config: &Config, backends: &[Arc<BackendState>]) -> Self {
+        Self {
+            router: Router::new(config, backends),
+            purge: config.purge.clone(),
+            deny: config
+                .deny
+                .iter()
+                .map(|d| DenyRule::compile(d).expect("validated"))
+                .collect(),
+            normalize: config.normalize.clone(),
+        }
+    }
 }
 
 pub struct Shared {

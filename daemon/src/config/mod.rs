@@ -12,11 +12,13 @@ use serde::{Deserialize, Serialize};
 use crate::policy::Policy;
 
 mod listen;
+mod protection;
 mod routes;
 mod upstream;
 
 pub use self::{
     listen::{Certificate, Listen},
+    protection::{Deny, Normalize, RateLimit},
     routes::{Cookies, Route},
     upstream::{Backend, Director, DirectorPolicy, Probe},
 };
@@ -39,6 +41,9 @@ pub struct Config {
     pub director: Vec<Director>,
     /// Routing rules (`[[route]]`), in order. Default: none.
     pub route: Vec<Route>,
+    /// Requests refused with 403 (`[[deny]]`). Default: none.
+    pub deny: Vec<Deny>,
+    pub normalize: Normalize,
     pub admin: Admin,
     pub storage: Storage,
     pub cache: Cache,
@@ -54,6 +59,8 @@ impl Default for Config {
             backend: vec![Backend::default()],
             director: Vec::new(),
             route: Vec::new(),
+            deny: Vec::new(),
+            normalize: Normalize::default(),
             admin: Admin::default(),
             storage: Storage::default(),
             cache: Cache::default(),
@@ -423,6 +430,14 @@ impl Config {
                     );
                 }
             }
+            if let Some(limit) = &r.rate_limit {
+                crate::protection::ClientRateLimit::new(limit)
+                    .map_err(|e| ConfigError(format!("{key}.rate_limit: {e}")))?;
+            }
+        }
+        for (n, d) in self.deny.iter().enumerate() {
+            crate::protection::DenyRule::compile(d)
+                .map_err(|e| ConfigError(format!("deny[{n}]: {e}")))?;
         }
         Ok(())
     }

@@ -35,6 +35,10 @@ pub struct Route {
     /// What a request with `Cookie` does. Default: as `cache.cache_cookie_requests` says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cookies: Option<Cookies>,
+    /// Requests per client address on this route, e.g. `{ requests = 10, per = "1s", burst = 20 }`; past
+    /// it, `429` with `Retry-After`. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<super::RateLimit>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

@@ -2,7 +2,8 @@
 
 use http::{header::HOST, request::Parts};
 
-/// `host` (lower-cased, default port removed) followed by the path and query, e.g. `example.com/a?b=1`.
+/// `host` (lower-cased, default port removed: `:80`, and `:443` which TLS clients may send) followed by the
+/// path and query, e.g. `example.com/a?b=1`.
 /// Requests without a host (HTTP/1.0) use the authority of the absolute URI, or nothing.
 pub fn primary_key(req: &Parts) -> String {
     let host = req
@@ -18,7 +19,10 @@ pub fn primary_key(req: &Parts) -> String {
 /// The key for a host and a path-and-query, as used by invalidation of `Location` targets as well.
 pub fn key_for(host: &str, path_and_query: &str) -> String {
     let host = host.trim();
-    let host = host.strip_suffix(":80").unwrap_or(host);
+    let host = [":80", ":443"]
+        .iter()
+        .find_map(|port| host.strip_suffix(port))
+        .unwrap_or(host);
     let mut key = String::with_capacity(host.len() + path_and_query.len());
     key.extend(host.chars().map(|c| c.to_ascii_lowercase()));
     key.push_str(path_and_query);
@@ -43,6 +47,7 @@ mod tests {
             ("/a?b=1", Some("Example.COM"), "example.com/a?b=1"),
             ("/a", Some("example.com:80"), "example.com/a"),
             ("/a", Some("example.com:8080"), "example.com:8080/a"),
+            ("/a", Some("Example.com:443"), "example.com/a"),
             ("http://origin.test/x", None, "origin.test/x"),
             ("/", None, "/"),
             ("/p%20q", Some("h"), "h/p%20q"),

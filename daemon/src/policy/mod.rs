@@ -7,6 +7,7 @@ pub mod conditional;
 pub mod freshness;
 pub mod headers;
 pub mod key;
+pub mod normalize;
 pub mod range;
 pub mod request;
 pub mod stale;

@@ -8,7 +8,7 @@ mod respond;
 use std::{
     net::IpAddr,
     sync::{atomic::Ordering::Relaxed, Arc},
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use http::{header, request::Parts, Request, Response, StatusCode};
@@ -24,6 +24,7 @@ use crate::{
     policy::{
         headers::strip_hop_by_hop,
         key::primary_key,
+        normalize,
         request::{classify, host_from_authority, RequestClass},
         stale::{usability, Usability},
         vary,
@@ -51,10 +52,27 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
         ip: client,
         max_request_body,
     } = client;
+    let route = {
+        // A guard, not a counted reference: nothing is awaited while it is held.
+        let live = worker.shared.live.load();
+        normalize::apply(&mut parts, &live.normalize);
+        if live.deny.iter().any(|rule| rule.matches(&parts, client)) {
+            inc(&stats.denied);
+            return refused(StatusCode::FORBIDDEN, "denied", None);
+        }
+        live.router.route(&parts).clone()
+    };
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
-    let route = worker.shared.live.load().router.route(&parts).clone();
+    if let Some(Err(wait)) = route.rate_limit.as_ref().map(|l| l.check(client)) {
+        inc(&stats.rate_limited);
+        return refused(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many requests",
+            Some(wait),
+        );
+    }
     if route.strip_cookies {
         parts.headers.remove(header::COOKIE);
     }
@@ -94,13 +112,28 @@ fn limited(body: Incoming, parts: &Parts, max: u64) -> Option<Body> {
     )
 }
 
-fn body_too_large() -> Response<Body> {
-    respond::error(
-        StatusCode::PAYLOAD_TOO_LARGE,
+/// A request refused before any lookup; `retry` becomes `Retry-After` in whole seconds, at least 1.
+fn refused(status: StatusCode, message: &str, retry: Option<Duration>) -> Response<Body> {
+    let mut resp = respond::error(
+        status,
         Outcome::Pass {
             unsafe_method: false,
         },
+        message,
+    );
+    if let Some(wait) = retry {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, seconds.max(1).into());
+    }
+    resp
+}
+
+fn body_too_large() -> Response<Body> {
+    refused(
+        StatusCode::PAYLOAD_TOO_LARGE,
         "request body too large",
+        None,
     )
 }
 

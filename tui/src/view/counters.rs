@@ -91,7 +91,7 @@ mod tests {
             ["│proxy.requests", "10400", "200/s", "Client"],
             "{small}"
         );
-        assert!(small.contains(" counters 1-18 of 69 "), "{small}");
+        assert!(small.contains(" counters 1-18 of 71 "), "{small}");
         let large = screen(&state, 160, 48);
         insta::assert_snapshot!("counters_160x48", large);
         assert!(large.contains("Client requests received."), "{large}");
@@ -103,7 +103,7 @@ mod tests {
         state.view = View::Counters;
         state.filter = "ban".into();
         let s = screen(&state, 100, 24);
-        assert!(s.contains("filter \"ban\": 5 of 69"), "{s}");
+        assert!(s.contains("filter \"ban\": 5 of 71"), "{s}");
         let names: Vec<&str> = s
             .lines()
             .filter_map(|l| l.strip_prefix('│')?.split_whitespace().next())
@@ -117,7 +117,7 @@ mod tests {
         state.filter.clear();
         state.scroll = 5;
         let s = screen(&state, 100, 24);
-        assert!(s.contains(" counters 6-23 of 69 "), "{s}");
+        assert!(s.contains(" counters 6-23 of 71 "), "{s}");
         assert!(s.contains("│proxy.stale_on_error"), "{s}");
         state.scroll = 10_000;
         let s = screen(&state, 100, 24);

@@ -149,6 +149,10 @@ stats_section! {
         idle_timeouts: Counter "lacquer_client_connection_errors_total" { reason = "idle_timeout" },
         /// Requests refused with 431: head over `max_header_size` or more than `max_headers` fields.
         headers_too_large: Counter "lacquer_client_request_errors_total" { reason = "headers_too_large" },
+        /// Requests refused with 403 by a `[[deny]]` rule.
+        denied: Counter "lacquer_client_request_errors_total" { reason = "denied" },
+        /// Requests refused with 429 by a route's `rate_limit`.
+        rate_limited: Counter "lacquer_client_request_errors_total" { reason = "rate_limited" },
         /// Requests refused with 413: body over `max_request_body`.
         bodies_too_large: Counter "lacquer_client_request_errors_total" { reason = "body_too_large" },
     }
@@ -265,7 +269,7 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
     ),
     (
         "lacquer_client_request_errors_total",
-        "Client requests refused for their size, by reason.",
+        "Client requests refused (size, deny rules, rate limits), by reason.",
     ),
 ];
 
