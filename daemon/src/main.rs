@@ -1,5 +1,6 @@
 //! `lacquerd`: the Lacquer caching reverse proxy.
 
+mod access_log;
 mod admin;
 mod backend;
 mod body;
@@ -36,6 +37,7 @@ use tracing_subscriber::{
 };
 
 use crate::{
+    access_log::AccessLog,
     backend::BackendState,
     config::{Config, Overrides},
     reload::{Reloader, SetLogLevel},
@@ -159,10 +161,12 @@ fn run(
         .map(|b| Arc::new(BackendState::new(b)))
         .collect();
     let stats = Arc::new(Stats::default());
+    let (access_log, access_log_writer) = AccessLog::start(&config.access_log, stats.clone())?;
     let sick = backends.iter().filter(|b| !b.is_healthy()).count();
     stats.backends_sick.store(sick as u64, Relaxed);
     let shared = Arc::new(Shared {
         live: ArcSwap::from_pointee(Live::new(&config, &backends)),
+        access_log: access_log.clone(),
         backends: backends.clone(),
         store: store.clone(),
         stats: stats.clone(),
@@ -251,7 +255,7 @@ fn run(
         "lacquerd ready"
     );
 
-    control.block_on(wait_for_stop(&reloader))?;
+    control.block_on(wait_for_stop(&reloader, &access_log))?;
     tracing::info!("shutting down: finishing in-flight responses");
     stop.send_replace(true);
     for thread in threads {
@@ -264,6 +268,10 @@ fn run(
     if admin_done.is_err() {
         tracing::warn!("admin requests still running at shutdown_timeout; closing anyway");
     }
+    access_log.close();
+    if let Some(writer) = access_log_writer {
+        let _ = writer.join();
+    }
     tracing::info!("flushing the store");
     control
         .block_on(store.close(config.server.shutdown_timeout))
@@ -274,16 +282,19 @@ fn run(
     Ok(())
 }
 
-/// Waits for SIGTERM or SIGINT; SIGHUP reloads the configuration meanwhile, as `systemctl reload` expects.
-async fn wait_for_stop(reloader: &Arc<Reloader>) -> anyhow::Result<()> {
+/// Waits for SIGTERM or SIGINT; meanwhile SIGHUP reloads the configuration, as `systemctl reload` expects,
+/// and SIGUSR1 reopens the access log, as logrotate expects.
+async fn wait_for_stop(reloader: &Arc<Reloader>, access_log: &AccessLog) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    let mut usr1 = signal(SignalKind::user_defined1()).context("cannot watch SIGUSR1")?;
     loop {
         tokio::select! {
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
+            _ = usr1.recv() => access_log.reopen(),
             _ = hup.recv() => {
                 let reloader = reloader.clone();
                 // The outcome is logged by the reloader; a bad file keeps the running configuration.

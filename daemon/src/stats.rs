@@ -61,6 +61,7 @@ counters! {
     bodies_too_large,
     denied,
     rate_limited,
+    access_log_dropped,
 }
 
 pub fn inc(counter: &AtomicU64) {

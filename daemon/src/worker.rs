@@ -6,6 +6,7 @@ use arc_swap::ArcSwap;
 use lacquer_storage::Store;
 
 use crate::{
+    access_log::AccessLog,
     backend::{Backend, BackendState},
     coalesce::Coalescer,
     config::{Config, Normalize, Purge},
@@ -42,6 +43,7 @@ impl Live {
 
 pub struct Shared {
     pub live: ArcSwap<Live>,
+    pub access_log: Arc<AccessLog>,
     /// In configuration order; routes and directors refer to them by index.
     pub backends: Vec<Arc<BackendState>>,
     pub store: Store,

@@ -225,9 +225,14 @@ impl Daemon {
 
     /// SIGHUP: the daemon reads its configuration file again and keeps running.
     pub fn sighup(&self) {
+        self.notify(libc::SIGHUP);
+    }
+
+    /// A signal the daemon handles and keeps running (SIGHUP, SIGUSR1).
+    pub fn notify(&self, signal: i32) {
         let child = self.child.as_ref().expect("running");
         // SAFETY: kill(2) on a child we started and have not reaped.
-        unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+        unsafe { libc::kill(child.id() as i32, signal) };
     }
 
     /// SIGTERM, then waits; the daemon must exit 0.

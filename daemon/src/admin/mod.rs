@@ -4,6 +4,7 @@
 //! with their OpenAPI description, so `GET /v1/openapi.json` lists exactly what is served.
 
 mod invalidation;
+mod log;
 mod objects;
 mod operations;
 mod status;
@@ -51,7 +52,7 @@ pub struct AdminState {
     ),
     modifiers(&SecretAuth),
     tags(
-        (name = "status", description = "Health, statistics and metrics"),
+        (name = "status", description = "Health, statistics, metrics and the live access log"),
         (name = "invalidation", description = "Bans and purges"),
         (name = "objects", description = "What the store holds"),
         (name = "operations", description = "Backends and configuration"),
@@ -144,6 +145,7 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
     let guarded = OpenApiRouter::new()
         .routes(routes!(status::stats))
         .routes(routes!(status::stats_stream))
+        .routes(routes!(log::stream))
         .routes(routes!(invalidation::list_bans, invalidation::add_ban))
         .routes(routes!(invalidation::purge_url))
         .routes(routes!(invalidation::purge_tags))

@@ -49,6 +49,7 @@ pub struct Config {
     pub cache: Cache,
     pub purge: Purge,
     pub log: Log,
+    pub access_log: AccessLog,
 }
 
 impl Default for Config {
@@ -66,6 +67,7 @@ impl Default for Config {
             cache: Cache::default(),
             purge: Purge::default(),
             log: Log::default(),
+            access_log: AccessLog::default(),
         }
     }
 }
@@ -228,6 +230,27 @@ impl Default for Log {
     }
 }
 
+/// One NCSA combined line per request, with the cache result and timings appended.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLog {
+    /// File appended to (reopened on `SIGUSR1`, for logrotate); `-` for standard output. Default: none, no
+    /// access log (`GET /v1/log/stream` works either way).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Share of requests written, from 0 to 1. Default: 1.
+    pub sample: f64,
+}
+
+impl Default for AccessLog {
+    fn default() -> Self {
+        Self {
+            path: None,
+            sample: 1.0,
+        }
+    }
+}
+
 /// Command-line values that override the file.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -329,6 +352,9 @@ impl Config {
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad("log.level", format!("{:?}: {e}", self.log.level));
+        }
+        if !(0.0..=1.0).contains(&self.access_log.sample) {
+            return bad("access_log.sample", "must be between 0 and 1".into());
         }
         if !(0.0..=1.0).contains(&self.cache.heuristic_fraction) {
             return bad("cache.heuristic_fraction", "must be between 0 and 1".into());

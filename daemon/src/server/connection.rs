@@ -255,6 +255,7 @@ impl Handler {
         } = self;
         let service = service_fn(move |req| {
             let in_wait = waiting.enter();
+            let recording = worker.shared.access_log.begin(&req, client.ip);
             let worker = worker.clone();
             async move {
                 let resp = if refused {
@@ -263,7 +264,10 @@ impl Handler {
                     proxy::handle(worker, client, req).await
                 };
                 drop(in_wait);
-                Ok::<_, Infallible>(resp)
+                Ok::<_, Infallible>(match recording {
+                    Some(r) => r.respond(resp),
+                    None => resp,
+                })
             }
         });
         if http2 {

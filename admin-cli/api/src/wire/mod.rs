@@ -3,6 +3,7 @@
 
 mod backends;
 mod invalidation;
+mod log;
 mod objects;
 mod reload;
 mod stats;
@@ -12,6 +13,7 @@ use utoipa::ToSchema;
 
 pub use backends::{BackendHealth, BackendList, BackendView, LastError, ProbeView};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
+pub use log::{LogEntry, LogFilter};
 pub use objects::{HeaderField, Inspection, ObjectQuery, StoredVariant, Tiers};
 pub use reload::{NotApplied, Reloaded};
 pub use stats::{Field, Kind, ProxyStats, Stats, StoreStats, FAMILY_HELP};

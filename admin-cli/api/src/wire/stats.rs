@@ -149,6 +149,8 @@ stats_section! {
         idle_timeouts: Counter "lacquer_client_connection_errors_total" { reason = "idle_timeout" },
         /// Requests refused with 431: head over `max_header_size` or more than `max_headers` fields.
         headers_too_large: Counter "lacquer_client_request_errors_total" { reason = "headers_too_large" },
+        /// Access log lines dropped because the writer fell behind (a slow disk).
+        access_log_dropped: Counter "lacquer_access_log_dropped_total",
         /// Requests refused with 403 by a `[[deny]]` rule.
         denied: Counter "lacquer_client_request_errors_total" { reason = "denied" },
         /// Requests refused with 429 by a route's `rate_limit`.

@@ -1,0 +1,121 @@
+//! `GET /v1/log/stream`: the access log, live, as JSON records.
+
+use std::{convert::Infallible, sync::Arc};
+
+use axum::{
+    extract::State,
+    http::StatusCode,
+    response::{
+        sse::{Event, KeepAlive, Sse},
+        IntoResponse, Response,
+    },
+};
+use futures_util::stream;
+use lacquer_admin::wire::{ApiError, LogEntry, LogFilter};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::{api_error, AdminState, ApiQuery};
+
+/// Every request as it completes, as server-sent events named `log` whose data is a log record, filtered
+/// by URL and status; `lagged` (with the number of records missed) when the client reads too slowly to
+/// keep up. Works whether or not the access log file is on; ends when the daemon stops.
+#[utoipa::path(get, path = "/v1/log/stream", tag = "status", security(("secret" = [])),
+    params(LogFilter),
+    responses(
+        (status = 200, description = "`event: log` with a record as `data`, per request", content_type = "text/event-stream", body = LogEntry),
+        (status = 400, description = "`invalid_query`: a status that is neither `404` nor `4xx`", body = ApiError),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+    ))]
+pub async fn stream(
+    State(state): State<AdminState>,
+    ApiQuery(filter): ApiQuery<LogFilter>,
+) -> Response {
+    let status = match filter
+        .status
+        .as_deref()
+        .map(StatusFilter::parse)
+        .transpose()
+    {
+        Ok(s) => s,
+        Err(()) => {
+            return api_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                "status: a status such as 404, or a class such as 5xx",
+            )
+        }
+    };
+    let url = filter.url;
+    let records = state.shared.access_log.follow();
+    let events = stream::unfold(
+        (records, state.stopping.clone()),
+        move |(mut records, mut stopping)| {
+            let url = url.clone();
+            async move {
+                loop {
+                    let record = tokio::select! {
+                        r = records.recv() => r,
+                        _ = stopping.wait_for(|s| *s) => return None,
+                    };
+                    let event = match record {
+                        Ok(entry) if wanted(&entry, url.as_deref(), status) => Event::default()
+                            .event("log")
+                            .json_data(&*entry)
+                            .expect("records serialize"),
+                        Ok(_) => continue,
+                        Err(RecvError::Lagged(missed)) => Event::default()
+                            .event("lagged")
+                            .data(format!("{{\"missed\":{missed}}}")),
+                        Err(RecvError::Closed) => return None,
+                    };
+                    return Some((Ok::<_, Infallible>(event), (records, stopping)));
+                }
+            }
+        },
+    );
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatusFilter {
+    Exact(u16),
+    Class(u16),
+}
+
+impl StatusFilter {
+    fn parse(s: &str) -> Result<Self, ()> {
+        match s.as_bytes() {
+            [c, b'x', b'x'] if (b'1'..=b'5').contains(c) => Ok(Self::Class(u16::from(c - b'0'))),
+            _ => s
+                .parse::<u16>()
+                .ok()
+                .filter(|n| (100..=599).contains(n))
+                .map(Self::Exact)
+                .ok_or(()),
+        }
+    }
+}
+
+fn wanted(entry: &Arc<LogEntry>, url: Option<&str>, status: Option<StatusFilter>) -> bool {
+    url.is_none_or(|u| entry.url.contains(u))
+        && status.is_none_or(|s| match s {
+            StatusFilter::Exact(n) => entry.status == n,
+            StatusFilter::Class(c) => entry.status / 100 == c,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_filters() {
+        assert_eq!(StatusFilter::parse("404"), Ok(StatusFilter::Exact(404)));
+        assert_eq!(StatusFilter::parse("5xx"), Ok(StatusFilter::Class(5)));
+        for bad in ["6xx", "99", "abc", "xx", ""] {
+            assert!(StatusFilter::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The access log end to end: the line format, the PROXY client in it, reopening on SIGUSR1, sampling, and
+//! the live stream on the admin API.
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::Method;
+use lacquer_tests::{get, request, sse, Daemon, Origin, Reply};
+use regex::Regex;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+async fn origin() -> Origin {
+    Origin::start(|seen| match seen.path.as_str() {
+        "/missing" => Reply::ok("no").status(404),
+        _ => Reply::ok("hello").header("cache-control", "max-age=60"),
+    })
+    .await
+}
+
+fn start(origin: &Origin, access_log: &str) -> Daemon {
+    Daemon::with_config(
+        origin.addr,
+        &format!(
+            "[[listen]]\naddress = \"127.0.0.1:0\"\n[[listen]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = true\n\
+             [storage]\ndir = \"{{dir}}/store\"\n[access_log]\n{access_log}"
+        ),
+    )
+}
+
+/// The file's lines once it has `n` of them (the writer flushes when its queue runs dry).
+async fn lines(path: &Path, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} has {} lines, not {n}",
+            path.display(),
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_request_gets_a_combined_line_with_cache_fields_and_logrotate_works() {
+    let origin = origin().await;
+    let d = start(&origin, "path = \"{dir}/access.log\"\n");
+    let file = d.dir.path().join("access.log");
+    get(d.addr, "/a?x=1").await;
+    get(d.addr, "/a?x=1").await;
+    request(
+        d.addr,
+        Method::GET,
+        "/missing",
+        &[
+            ("referer", "https://example.test/"),
+            ("user-agent", "curl/8.0 \"quoted\""),
+        ],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    let mut s = TcpStream::connect(d.listeners[1]).await.unwrap();
+    s.write_all(b"PROXY TCP4 203.0.113.7 192.0.2.1 5000 80\r\nGET /a?x=1 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    s.read_to_end(&mut Vec::new()).await.unwrap();
+
+    let got = lines(&file, 4).await;
+    let line = Regex::new(
+        r#"^(\S+) - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "GET (\S+) HTTP/1\.1" (\d{3}) (\d+|-) "([^"]*)" "([^"]*)" (HIT|MISS|PASS|STALE|-) (\d+\.\d{6}) (\d+\.\d{6})$"#,
+    )
+    .unwrap();
+    let fields: Vec<Vec<String>> = got
+        .iter()
+        .map(|l| {
+            let c = line
+                .captures(l)
+                .unwrap_or_else(|| panic!("not a combined line: {l}"));
+            (1..=9).map(|i| c[i].to_owned()).collect()
+        })
+        .collect();
+    fn short(f: &[String]) -> Vec<&str> {
+        [&f[0], &f[1], &f[2], &f[3], &f[6]]
+            .map(|s| s.as_str())
+            .to_vec()
+    }
+    assert_eq!(
+        short(&fields[0]),
+        ["127.0.0.1", "/a?x=1", "200", "5", "MISS"]
+    );
+    assert_eq!(
+        short(&fields[1]),
+        ["127.0.0.1", "/a?x=1", "200", "5", "HIT"]
+    );
+    assert_eq!(short(&fields[2])[1..3], ["/missing", "404"]);
+    assert_eq!(fields[2][4], "https://example.test/");
+    assert_eq!(
+        fields[2][5], "curl/8.0 \\x22quoted\\x22",
+        "quotes cannot end the field"
+    );
+    assert_eq!(
+        short(&fields[3]),
+        ["203.0.113.7", "/a?x=1", "200", "5", "MISS"],
+        "the PROXY client"
+    );
+    for f in &fields {
+        let (ttfb, total): (f64, f64) = (f[7].parse().unwrap(), f[8].parse().unwrap());
+        assert!(ttfb <= total && total < 5.0, "{f:?}");
+    }
+
+    // logrotate: the file is moved away, SIGUSR1, and new lines go to a new file.
+    let rotated = d.dir.path().join("access.log.1");
+    std::fs::rename(&file, &rotated).unwrap();
+    d.notify(libc::SIGUSR1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !file.exists() {
+        assert!(Instant::now() < deadline, "no new file after SIGUSR1");
+        get(d.addr, "/after").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Lines for requests made while the signal was on its way may be in either file; later ones are new.
+    get(d.addr, "/fresh").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&file).unwrap().contains("/fresh") {
+        assert!(
+            Instant::now() < deadline,
+            "/fresh never reached the new file"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(old.starts_with(&got.join("\n")), "{old}");
+    assert!(!old.contains("/fresh"), "{old}");
+}
+
+#[tokio::test]
+async fn sampling_writes_a_share_and_zero_writes_none() {
+    let origin = origin().await;
+    let none = start(&origin, "path = \"{dir}/access.log\"\nsample = 0.0\n");
+    for _ in 0..20 {
+        get(none.addr, "/a").await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let text = std::fs::read_to_string(none.dir.path().join("access.log")).unwrap();
+    assert_eq!(text, "", "the file is created, nothing is written");
+
+    let half = start(&origin, "path = \"{dir}/access.log\"\nsample = 0.5\n");
+    for _ in 0..200 {
+        get(half.addr, "/a").await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let n = std::fs::read_to_string(half.dir.path().join("access.log"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!((50..150).contains(&n), "{n} of 200 lines at sample = 0.5");
+}
+
+#[tokio::test]
+async fn the_stream_follows_requests_filtered_without_a_log_file() {
+    let origin = origin().await;
+    let d = start(&origin, "");
+    let mut errors = sse::open(d.admin, "/v1/log/stream?status=4xx", &d.secret()).await;
+    let mut by_url = sse::open(d.admin, "/v1/log/stream?url=/b", &d.secret()).await;
+    get(d.addr, "/a").await;
+    get(d.addr, "/b?1").await;
+    get(d.addr, "/missing").await;
+    let (event, data) = errors.next().await.unwrap();
+    assert_eq!(event, "log");
+    let entry: serde_json::Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(
+        (entry["url"].as_str(), entry["status"].as_u64()),
+        (Some("/missing"), Some(404))
+    );
+    assert_eq!(entry["client"], "127.0.0.1");
+    assert_eq!(entry["cache"], "MISS");
+    assert!(entry["duration"].as_f64().unwrap() >= entry["ttfb"].as_f64().unwrap());
+    let (_, data) = by_url.next().await.unwrap();
+    let entry: serde_json::Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(entry["url"], "/b?1");
+
+    let bad = d
+        .admin_get("/v1/log/stream?status=9xx", Some(&d.secret()))
+        .await;
+    assert_eq!(bad.status, 400);
+}
