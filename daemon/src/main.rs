@@ -23,7 +23,7 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::ExitCode,
-    sync::{atomic::Ordering::Relaxed, Arc, OnceLock},
+    sync::{Arc, OnceLock},
     time::Instant,
 };
 
@@ -38,7 +38,7 @@ use tracing_subscriber::{
 
 use crate::{
     access_log::AccessLog,
-    backend::BackendState,
+    backend::{probe::Probes, BackendSet, BackendState},
     config::{Config, Overrides},
     reload::{Reloader, SetLogLevel},
     server::WorkerSettings,
@@ -155,19 +155,18 @@ fn run(
             )
         })?;
     let secret = secret::load_or_create(config.secret_file())?;
-    let backends: Vec<Arc<BackendState>> = config
-        .backend
-        .iter()
-        .map(|b| Arc::new(BackendState::new(b)))
-        .collect();
+    let backends: BackendSet = Arc::new(
+        config
+            .backend
+            .iter()
+            .map(|b| Arc::new(BackendState::new(b)))
+            .collect(),
+    );
     let stats = Arc::new(Stats::default());
     let (access_log, access_log_writer) = AccessLog::start(&config.access_log, stats.clone())?;
-    let sick = backends.iter().filter(|b| !b.is_healthy()).count();
-    stats.backends_sick.store(sick as u64, Relaxed);
     let shared = Arc::new(Shared {
         live: ArcSwap::from_pointee(Live::new(&config, &backends)),
         access_log: access_log.clone(),
-        backends: backends.clone(),
         store: store.clone(),
         stats: stats.clone(),
         coalescer: Default::default(),
@@ -188,7 +187,6 @@ fn run(
     let admin_addr = admin_listener.local_addr()?;
     let (stop, stopped) = watch::channel(false);
     let settings = Arc::new(WorkerSettings {
-        backends: config.backend.clone(),
         shutdown_timeout: config.server.shutdown_timeout,
     });
     let forgetting = shared.clone();
@@ -199,13 +197,11 @@ fn run(
             forgetting.live.load().router.forget_idle_clients();
         }
     });
-    for (config, state) in config.backend.iter().zip(&backends) {
-        if let Some(probe) = &config.probe {
-            let run =
-                backend::probe::run(state.clone(), probe.clone(), stats.clone(), stopped.clone());
-            control.spawn(run);
-        }
-    }
+    let probes = Probes {
+        runtime: control.handle().clone(),
+        stop: stopped.clone(),
+    };
+    probes.start(&backends);
     let threads = server::spawn_workers(
         shared.clone(),
         settings,
@@ -219,6 +215,7 @@ fn run(
         config.clone(),
         shared.clone(),
         listeners.clone(),
+        probes,
         set_log_level,
     ));
     let app = admin::router(admin::AdminState {

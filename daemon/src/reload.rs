@@ -10,6 +10,7 @@ use lacquer_admin::wire::{NotApplied, Reloaded};
 use serde_json::Value;
 
 use crate::{
+    backend::{probe::Probes, BackendSet, BackendState},
     config::{Config, ConfigError, Overrides},
     server::{
         tls::{Certificates, SniResolver},
@@ -19,24 +20,19 @@ use crate::{
 };
 
 /// Whether a reload applies `setting` at once: the cache policy, the purge access rules, the log level,
-/// deny rules, normalisation, routes and directors (while the backends stay the same). Listeners' certificates too, when the
-/// listener is still there (see `load_certificates`).
+/// deny rules, normalisation, backends (with their probes), directors and routes. Listeners' certificates
+/// too, when the listener is still there (see `load_certificates`).
 fn is_live(setting: &str) -> bool {
-    [
+    let live = [
         "cache.",
         "purge.",
-        "route",
+        "backend",
         "director",
+        "route",
         "deny",
         "normalize.",
-    ]
-    .iter()
-    .any(|prefix| setting.starts_with(prefix))
-        || setting == "log.level"
-}
-
-fn is_routing(setting: &str) -> bool {
-    setting.starts_with("route") || setting.starts_with("director")
+    ];
+    live.iter().any(|prefix| setting.starts_with(prefix)) || setting == "log.level"
 }
 
 /// Replaces the log filter; `Err` says why the level cannot be used.
@@ -50,6 +46,7 @@ pub struct Reloader {
     running: Mutex<Config>,
     shared: Arc<Shared>,
     listeners: Vec<Arc<Listener>>,
+    probes: Probes,
     set_log_level: SetLogLevel,
 }
 
@@ -60,6 +57,7 @@ impl Reloader {
         running: Config,
         shared: Arc<Shared>,
         listeners: Vec<Arc<Listener>>,
+        probes: Probes,
         set_log_level: SetLogLevel,
     ) -> Self {
         Self {
@@ -68,6 +66,7 @@ impl Reloader {
             running: Mutex::new(running),
             shared,
             listeners,
+            probes,
             set_log_level,
         }
     }
@@ -93,17 +92,12 @@ impl Reloader {
             not_applied: Vec::new(),
         };
         let certificates = self.load_certificates(&next)?;
-        // Routes name backends; with other backends they wait for the restart that brings those.
-        let names = |c: &Config| c.backend.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
-        let same_backends = names(&running) == names(&next);
         for setting in changed_settings(&running, &next) {
             let certificates_reloaded = certificates.iter().any(|c| c.setting == setting);
             let refusal = if certificates_reloaded {
                 None
             } else if !is_live(&setting) {
                 Some("takes effect on restart".to_owned())
-            } else if is_routing(&setting) && !same_backends {
-                Some("the backends changed: takes effect on restart".to_owned())
             } else if setting == "log.level" {
                 if std::env::var_os("RUST_LOG").is_some() {
                     Some("RUST_LOG overrides it".to_owned())
@@ -127,23 +121,56 @@ impl Reloader {
         }
         running.cache = next.cache.clone();
         running.purge = next.purge.clone();
-        if same_backends {
-            running.route = next.route.clone();
-            running.director = next.director.clone();
-        }
+        running.route = next.route.clone();
+        running.director = next.director.clone();
+        running.backend = next.backend.clone();
         if outcome.applied.iter().any(|s| s == "log.level") {
             running.log = next.log.clone();
         }
         running.deny = next.deny.clone();
         running.normalize = next.normalize.clone();
+        let backends = self.backends_for(&running);
         self.shared
             .live
-            .store(Arc::new(Live::new(&running, &self.shared.backends)));
+            .store(Arc::new(Live::new(&running, &backends)));
         Ok(outcome)
     }
 }
 
 impl Reloader {
+    /// The states for `config`'s backends: a backend whose settings did not change keeps its state (health,
+    /// probe history, connection pools), the others get new ones with probes started, and the states no
+    /// longer configured are retired (their probes stop; workers drop their pools).
+    fn backends_for(&self, config: &Config) -> BackendSet {
+        let running = self.shared.live.load().router.backends.clone();
+        let next: BackendSet = Arc::new(
+            config
+                .backend
+                .iter()
+                .map(|b| {
+                    running
+                        .iter()
+                        .find(|state| state.config == *b)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::new(BackendState::new(b)))
+                })
+                .collect(),
+        );
+        let is_in = |set: &[Arc<BackendState>], s: &Arc<BackendState>| {
+            set.iter().any(|o| Arc::ptr_eq(o, s))
+        };
+        let fresh: Vec<_> = next
+            .iter()
+            .filter(|s| !is_in(&running, s))
+            .cloned()
+            .collect();
+        self.probes.start(&fresh);
+        for gone in running.iter().filter(|s| !is_in(&next, s)) {
+            gone.retire();
+        }
+        next
+    }
+
     /// Every TLS listener's certificates, read again even when the paths are the same (a renewed
     /// certificate replaces the file), paired with the resolver they go to. A listener that moved, or
     /// stopped or started being TLS, changes on restart only.

@@ -6,7 +6,7 @@ use http::{header, request::Parts};
 use regex::Regex;
 
 use crate::{
-    backend::{BackendState, Director},
+    backend::{BackendSet, BackendState, Director},
     config::{Config, Cookies},
     policy::Policy,
     protection::ClientRateLimit,
@@ -74,6 +74,8 @@ pub struct Route {
     pub target: Target,
     pub policy: Policy,
     pub pass: bool,
+    /// The backends `target` counts in, as of the configuration the route came from.
+    backends: BackendSet,
     /// `cookies = "strip"`: `Cookie` removed from the request and `Set-Cookie` from the response.
     pub strip_cookies: bool,
     /// Token buckets per client; a reload starts them afresh.
@@ -83,18 +85,19 @@ pub struct Route {
 impl Route {
     /// The backend for a request with cache key `key`; `None` when it (or every member of the director) is
     /// sick.
-    pub fn pick(&self, key: &str, backends: &[Arc<BackendState>]) -> Option<usize> {
-        let healthy = |b: usize| backends[b].is_healthy();
-        match &self.target {
+    pub fn pick(&self, key: &str) -> Option<&Arc<BackendState>> {
+        let healthy = |b: usize| self.backends[b].is_healthy();
+        let chosen = match &self.target {
             Target::Backend(b) => healthy(*b).then_some(*b),
             Target::Director(d) => d.pick(key, healthy),
-        }
+        };
+        chosen.map(|b| &self.backends[b])
     }
 
     /// What the route targets, for errors.
-    pub fn target_name<'a>(&'a self, backends: &'a [Arc<BackendState>]) -> &'a str {
+    pub fn target_name(&self) -> &str {
         match &self.target {
-            Target::Backend(b) => &backends[*b].name,
+            Target::Backend(b) => &self.backends[*b].name,
             Target::Director(d) => &d.name,
         }
     }
@@ -111,14 +114,15 @@ impl Route {
 
 #[derive(Debug)]
 pub struct Router {
+    pub backends: BackendSet,
     routes: Vec<Arc<Route>>,
     /// For requests no route matches: the first backend, `[cache]` as is.
     fallback: Arc<Route>,
 }
 
 impl Router {
-    /// From a validated configuration; `backends` are the daemon's, in configuration order.
-    pub fn new(config: &Config, backends: &[Arc<BackendState>]) -> Self {
+    /// From a validated configuration; `backends` are made from its `[[backend]]`s, in order.
+    pub fn new(config: &Config, backends: &BackendSet) -> Self {
         let backend_index = |name: &str| backends.iter().position(|b| b.name == name);
         let directors: Vec<Arc<Director>> = config
             .director
@@ -167,6 +171,7 @@ impl Router {
                     target: r.backend.as_deref().map_or(Target::Backend(0), target),
                     policy,
                     pass: r.pass,
+                    backends: backends.clone(),
                     strip_cookies: r.cookies == Some(Cookies::Strip),
                     rate_limit: r
                         .rate_limit
@@ -182,10 +187,15 @@ impl Router {
             target: Target::Backend(0),
             policy: base,
             pass: false,
+            backends: backends.clone(),
             strip_cookies: false,
             rate_limit: None,
         });
-        Self { routes, fallback }
+        Self {
+            backends: backends.clone(),
+            routes,
+            fallback,
+        }
     }
 
     /// Forgets rate-limit buckets that are full again (run now and then).
@@ -293,11 +303,12 @@ mod tests {
             default_ttl = "10s"
             "#,
         );
-        let backends: Vec<Arc<BackendState>> = c
-            .backend
-            .iter()
-            .map(|b| Arc::new(BackendState::new(b)))
-            .collect();
+        let backends: BackendSet = Arc::new(
+            c.backend
+                .iter()
+                .map(|b| Arc::new(BackendState::new(b)))
+                .collect(),
+        );
         let router = Router::new(&c, &backends);
         let cases = [
             ("img.cdn.test", "/a.css", "assets", false, true),
@@ -309,7 +320,7 @@ mod tests {
         ];
         for (host, path, target, pass, strip) in cases {
             let r = router.route(&request(host, path));
-            let got = (r.target_name(&backends), r.pass, r.strip_cookies);
+            let got = (r.target_name(), r.pass, r.strip_cookies);
             assert_eq!(got, (target, pass, strip), "{host}{path}");
         }
         let cdn = router.route(&request("a.cdn.test", "/"));
@@ -326,10 +337,8 @@ mod tests {
         assert!(png.policy.cache_cookie_requests);
         let fallback = router.route(&request("other.test", "/"));
         assert_eq!(fallback.policy, c.policy());
-        assert_eq!(
-            cdn.pick("a.cdn.test/x", &backends).map(|b| b > 0),
-            Some(true)
-        );
-        assert_eq!(fallback.pick("other.test/", &backends), Some(0));
+        let picked = cdn.pick("a.cdn.test/x").unwrap();
+        assert!(["static", "static2"].contains(&picked.name.as_str()));
+        assert_eq!(fallback.pick("other.test/").unwrap().name, "app");
     }
 }

@@ -1,13 +1,16 @@
 //! State shared by every worker thread, and what each worker owns.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use arc_swap::ArcSwap;
 use lacquer_storage::Store;
 
 use crate::{
     access_log::AccessLog,
-    backend::{Backend, BackendState},
+    backend::{Backend, BackendSet, BackendState},
     coalesce::Coalescer,
     config::{Config, Normalize, Purge},
     protection::DenyRule,
@@ -26,8 +29,8 @@ pub struct Live {
 }
 
 impl Live {
-    /// From a validated configuration, with the daemon's backends.
-    pub fn new(config: &Config, backends: &[Arc<BackendState>]) -> Self {
+    /// From a validated configuration, with backends made from its `[[backend]]`s.
+    pub fn new(config: &Config, backends: &BackendSet) -> Self {
         Self {
             router: Router::new(config, backends),
             purge: config.purge.clone(),
@@ -42,10 +45,9 @@ impl Live {
 }
 
 pub struct Shared {
+    /// Routes, backends, rules: what a reload replaces.
     pub live: ArcSwap<Live>,
     pub access_log: Arc<AccessLog>,
-    /// In configuration order; routes and directors refer to them by index.
-    pub backends: Vec<Arc<BackendState>>,
     pub store: Store,
     pub stats: Arc<Stats>,
     pub coalescer: Coalescer,
@@ -63,6 +65,27 @@ impl Shared {
 /// One client-serving thread: its own runtime, listener sockets and backend connection pools.
 pub struct Worker {
     pub shared: Arc<Shared>,
-    /// One pool per backend, in the order of `shared.backends`.
-    pub backends: Vec<Backend>,
+    /// One pool per backend in use; only this worker's thread locks it, on misses and passes.
+    pools: Mutex<Vec<Backend>>,
+}
+
+impl Worker {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            pools: Mutex::default(),
+        }
+    }
+
+    /// This worker's pool for `backend`, made on first use; pools of backends a reload retired go then.
+    pub fn pool(&self, backend: &Arc<BackendState>) -> Backend {
+        let mut pools = self.pools.lock().expect("pools mutex");
+        if let Some(pool) = pools.iter().find(|p| Arc::ptr_eq(&p.state, backend)) {
+            return pool.clone();
+        }
+        pools.retain(|p| !p.state.is_retired());
+        let pool = Backend::new(backend.clone());
+        pools.push(pool.clone());
+        pool
+    }
 }

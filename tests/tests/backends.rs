@@ -270,7 +270,7 @@ async fn max_connections_turns_the_excess_away_instead_of_queueing_forever() {
 }
 
 #[tokio::test]
-async fn reload_changes_routes_and_keeps_them_when_the_backends_change() {
+async fn reload_changes_routes_and_backends_without_a_restart() {
     let (a, b) = (origin("a", up()).await, origin("b", up()).await);
     let backends = format!("{}{}", backend("a", &a, false), backend("b", &b, false));
     let d = start(&format!(
@@ -278,10 +278,14 @@ async fn reload_changes_routes_and_keeps_them_when_the_backends_change() {
     ));
     assert_eq!(body_of(&d, "t", "/x").await, "a");
     let file = d.config_file();
+    let reload = || async {
+        let r = d.admin_post("/v1/reload", serde_json::json!({})).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()
+    };
     let text = std::fs::read_to_string(&file).unwrap();
     std::fs::write(&file, text.replace("backend = \"a\"", "backend = \"b\"")).unwrap();
-    let r = d.admin_post("/v1/reload", serde_json::json!({})).await;
-    let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let body = reload().await;
     assert_eq!(
         body["applied"],
         serde_json::json!(["route[0].backend"]),
@@ -289,18 +293,41 @@ async fn reload_changes_routes_and_keeps_them_when_the_backends_change() {
     );
     assert_eq!(body_of(&d, "t", "/x").await, "b");
 
-    // A route to a backend that only a restart would bring waits for that restart.
-    let text = std::fs::read_to_string(&file).unwrap();
+    // A new backend, with a probe, and a route to it: live as well.
     let c = origin("c", up()).await;
+    let text = std::fs::read_to_string(&file).unwrap();
     let text =
-        format!("{text}{}", backend("c", &c, false)).replace("backend = \"b\"", "backend = \"c\"");
+        format!("{text}{}", backend("c", &c, true)).replace("backend = \"b\"", "backend = \"c\"");
     std::fs::write(&file, text).unwrap();
-    let r = d.admin_post("/v1/reload", serde_json::json!({})).await;
-    let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    let not_applied = body["not_applied"].to_string();
-    assert!(
-        not_applied.contains("route[0].backend") && not_applied.contains("backends changed"),
+    let body = reload().await;
+    assert_eq!(
+        body["applied"],
+        serde_json::json!(["backend", "route[0].backend"]),
         "{body}"
     );
-    assert_eq!(body_of(&d, "t", "/x").await, "b");
+    wait_for_health(&d, "c", "healthy").await;
+    assert_eq!(body_of(&d, "t", "/x").await, "c");
+    let list = d.admin_get("/v1/backends", Some(&d.secret())).await;
+    let list: serde_json::Value = serde_json::from_slice(&list.body).unwrap();
+    assert_eq!(
+        list["backends"][1]["requests"], 1,
+        "b kept its history: {list}"
+    );
+
+    // Removed: its probe stops and it is gone from the list.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let (kept, _) = text.split_once("[[backend]]\nname = \"c\"").unwrap();
+    std::fs::write(&file, kept.replace("backend = \"c\"", "backend = \"a\"")).unwrap();
+    reload().await;
+    assert_eq!(body_of(&d, "t", "/x").await, "a");
+    let polls = c.count("/health");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        c.count("/health"),
+        polls,
+        "the retired backend's probe stopped"
+    );
+    let list = d.admin_get("/v1/backends", Some(&d.secret())).await;
+    let list: serde_json::Value = serde_json::from_slice(&list.body).unwrap();
+    assert_eq!(list["backends"].as_array().unwrap().len(), 2, "{list}");
 }

@@ -18,7 +18,15 @@ use super::{api_error, AdminState};
     ))]
 pub async fn backends(State(state): State<AdminState>) -> Json<BackendList> {
     Json(BackendList {
-        backends: state.shared.backends.iter().map(|b| b.view()).collect(),
+        backends: state
+            .shared
+            .live
+            .load()
+            .router
+            .backends
+            .iter()
+            .map(|b| b.view())
+            .collect(),
     })
 }
 

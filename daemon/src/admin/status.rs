@@ -1,6 +1,6 @@
 //! Health, statistics (a document, a stream, Prometheus metrics) and the OpenAPI document.
 
-use std::{convert::Infallible, time::Duration};
+use std::{convert::Infallible, sync::atomic::Ordering::Relaxed, time::Duration};
 
 use axum::{
     extract::State,
@@ -91,6 +91,15 @@ pub async fn metrics(State(state): State<AdminState>) -> Response {
 }
 
 pub fn snapshot(shared: &Shared) -> Stats {
+    let sick = shared
+        .live
+        .load()
+        .router
+        .backends
+        .iter()
+        .filter(|b| !b.is_healthy())
+        .count();
+    shared.stats.backends_sick.store(sick as u64, Relaxed);
     Stats {
         version: VERSION.into(),
         uptime_seconds: shared.started.elapsed().as_secs(),

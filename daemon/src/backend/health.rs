@@ -7,13 +7,15 @@ use std::sync::{
 };
 
 use lacquer_admin::wire::{self, BackendView, LastError, ProbeView};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 
 use crate::{config, proxy::now_ms};
 
-/// One backend, shared by every worker and its probe.
+/// One backend, shared by every worker and its probe. A reload keeps the state of a backend whose settings
+/// did not change (its health and probe history go on) and retires the others.
 #[derive(Debug)]
 pub struct BackendState {
+    pub config: config::Backend,
     pub name: String,
     /// `host:port`.
     pub authority: String,
@@ -21,18 +23,34 @@ pub struct BackendState {
     pub probe: Option<ProbeWindow>,
     /// Places for requests in flight, when `max_connections` is set.
     pub limit: Option<Arc<Semaphore>>,
+    retired: watch::Sender<bool>,
 }
 
 impl BackendState {
     pub fn new(config: &config::Backend) -> Self {
         Self {
+            config: config.clone(),
             name: config.name.clone(),
             authority: config::authority(config.address.as_deref()).expect("validated"),
             traffic: Traffic::default(),
             probe: config.probe.as_ref().map(ProbeWindow::new),
             limit: (config.max_connections > 0)
                 .then(|| Arc::new(Semaphore::new(config.max_connections))),
+            retired: watch::Sender::new(false),
         }
+    }
+
+    /// Out of the configuration after a reload: its probe stops, workers drop their pools for it.
+    pub fn retire(&self) {
+        self.retired.send_replace(true);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        *self.retired.borrow()
+    }
+
+    pub fn retirement(&self) -> watch::Receiver<bool> {
+        self.retired.subscribe()
     }
 
     /// False only while a probe says the backend is sick.

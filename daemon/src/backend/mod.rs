@@ -23,7 +23,10 @@ use hyper_util::{
 use tokio::sync::OwnedSemaphorePermit;
 
 pub use self::{director::Director, health::BackendState};
-use crate::{body::Body, config};
+
+/// The configured backends, in order; routes and directors refer to them by index.
+pub type BackendSet = Arc<Vec<Arc<BackendState>>>;
+use crate::body::Body;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -59,7 +62,8 @@ impl BackendError {
     }
 }
 
-/// One worker's pool of connections to one backend.
+/// One worker's pool of connections to one backend (cloning shares the pool).
+#[derive(Clone)]
 pub struct Backend {
     client: Client<HttpConnector, Body>,
     pub state: Arc<BackendState>,
@@ -69,7 +73,8 @@ pub struct Backend {
 }
 
 impl Backend {
-    pub fn new(cfg: &config::Backend, state: Arc<BackendState>) -> Self {
+    pub fn new(state: Arc<BackendState>) -> Self {
+        let cfg = &state.config;
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
@@ -81,11 +86,11 @@ impl Backend {
             .pool_max_idle_per_host(cfg.max_idle_connections)
             .build(connector);
         Self {
-            client,
-            state,
             connect_timeout: cfg.connect_timeout,
             first_byte_timeout: cfg.first_byte_timeout,
             between_bytes_timeout: cfg.between_bytes_timeout,
+            client,
+            state,
         }
     }
 

@@ -10,19 +10,13 @@ use hyper_util::rt::TokioIo;
 use tokio::{net::TcpStream, sync::watch};
 
 use super::BackendState;
-use crate::{
-    config,
-    stats::{dec, inc, Stats},
-};
+use crate::config;
 
-/// Polls until `stop` turns true. The first poll is made at once.
-pub async fn run(
-    state: Arc<BackendState>,
-    probe: config::Probe,
-    stats: Arc<Stats>,
-    mut stop: watch::Receiver<bool>,
-) {
+/// Polls until `stop` turns true or the backend is retired by a reload. The first poll is made at once.
+pub async fn run(state: Arc<BackendState>, mut stop: watch::Receiver<bool>) {
     let window = state.probe.as_ref().expect("a backend with a probe");
+    let probe = state.config.probe.clone().expect("a backend with a probe");
+    let mut retired = state.retirement();
     loop {
         let (good, what) = match poll(&state.authority, &probe).await {
             Ok(status) if status == probe.expected_status => (true, status.to_string()),
@@ -30,18 +24,20 @@ pub async fn run(
             Err(e) => (false, e),
         };
         let (was, now) = window.record(good, what.clone());
+        if *retired.borrow() {
+            return;
+        }
         if was != now {
             if now {
-                dec(&stats.backends_sick);
                 tracing::info!(backend = %state.name, "backend healthy: {what}");
             } else {
-                inc(&stats.backends_sick);
                 tracing::warn!(backend = %state.name, "backend sick: {what}");
             }
         }
         tokio::select! {
             _ = tokio::time::sleep(probe.interval) => {}
             _ = stop.wait_for(|s| *s) => return,
+            _ = retired.wait_for(|r| *r) => return,
         }
     }
 }
@@ -68,4 +64,20 @@ async fn poll(authority: &str, probe: &config::Probe) -> Result<u16, String> {
     tokio::time::timeout(probe.timeout, exchange)
         .await
         .unwrap_or_else(|_| Err(format!("no response within {:?}", probe.timeout)))
+}
+
+/// Starts probes on the store runtime: at start, and for the backends a reload brings.
+#[derive(Clone)]
+pub struct Probes {
+    pub runtime: tokio::runtime::Handle,
+    /// Shutdown.
+    pub stop: watch::Receiver<bool>,
+}
+
+impl Probes {
+    pub fn start(&self, backends: &[Arc<BackendState>]) {
+        for backend in backends.iter().filter(|b| b.probe.is_some()) {
+            self.runtime.spawn(run(backend.clone(), self.stop.clone()));
+        }
+    }
 }

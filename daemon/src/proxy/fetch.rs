@@ -13,7 +13,7 @@ use lacquer_storage::ObjectMeta;
 
 use super::{forward, respond, Found};
 use crate::{
-    backend::{error_chain, BackendError, BackendState},
+    backend::{error_chain, BackendError},
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
     policy::{
         age::corrected_initial_age,
@@ -27,9 +27,9 @@ use crate::{
 };
 
 /// The error for a route whose backend, or every member of whose director, is sick.
-pub fn no_healthy_backend(route: &Route, backends: &[Arc<BackendState>]) -> BackendError {
+pub fn no_healthy_backend(route: &Route) -> BackendError {
     BackendError::Unavailable {
-        name: route.target_name(backends).to_owned(),
+        name: route.target_name().to_owned(),
         reason: "sick",
     }
 }
@@ -216,9 +216,9 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     let key = key.as_str();
     let shared = &worker.shared;
     let policy = &route.policy;
-    let Some(backend) = route.pick(key, &shared.backends) else {
+    let Some(backend) = route.pick(key) else {
         inc(&shared.stats.backend_unavailable);
-        let e = no_healthy_backend(route, &shared.backends);
+        let e = no_healthy_backend(route);
         tracing::debug!(key, error = %e, "nothing to fetch from");
         fetch.set_head(Err(HeadError {
             status: e.status(),
@@ -226,7 +226,7 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
         }));
         return Ending::Failed;
     };
-    let backend = &worker.backends[backend];
+    let backend = &worker.pool(backend);
     let request_time = SystemTime::now();
     let build = || {
         let mut req = forward::fill_request(parts, *client);

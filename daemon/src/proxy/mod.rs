@@ -438,16 +438,17 @@ async fn pass(
     let shared = &worker.shared;
     inc(&shared.stats.passes);
     let outcome = Outcome::Pass { unsafe_method };
-    let Some(backend) = route.pick(&primary_key(&parts), &shared.backends) else {
+    let Some(backend) = route.pick(&primary_key(&parts)) else {
         inc(&shared.stats.backend_unavailable);
-        let e = fetch::no_healthy_backend(route, &shared.backends);
+        let e = fetch::no_healthy_backend(route);
         return respond::error(e.status(), outcome, &e.to_string());
     };
     inc(&shared.stats.backend_requests);
     let invalidation_target = unsafe_method.then(|| parts.clone());
     let mut parts = parts;
     forward::prepare_headers(&mut parts.headers, client);
-    let resp = match worker.backends[backend]
+    let resp = match worker
+        .pool(backend)
         .send(Request::from_parts(parts, body))
         .await
     {

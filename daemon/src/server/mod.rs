@@ -27,8 +27,7 @@ use tokio_rustls::TlsAcceptor;
 
 use self::{connection::Protocols, limits::ConnectionLimits, tls::SniResolver};
 use crate::{
-    backend::Backend,
-    config::{self, Listen},
+    config::Listen,
     worker::{Shared, Worker},
 };
 
@@ -92,7 +91,6 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 pub struct WorkerSettings {
-    pub backends: Vec<config::Backend>,
     pub shutdown_timeout: Duration,
 }
 
@@ -131,13 +129,7 @@ async fn serve(
     sockets: Vec<TcpListener>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let backends = settings
-        .backends
-        .iter()
-        .zip(&shared.backends)
-        .map(|(config, state)| Backend::new(config, state.clone()))
-        .collect();
-    let worker = Arc::new(Worker { shared, backends });
+    let worker = Arc::new(Worker::new(shared));
     let graceful = GracefulShutdown::new();
     join_all(
         listeners
