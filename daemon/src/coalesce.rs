@@ -97,6 +97,16 @@ impl Fetch {
         self.update(|s| s.end = Some(result));
     }
 
+    /// Ends a fetch that cannot go on (its task panicked): readers still waiting for the head get `head`,
+    /// readers of a body get an error instead of waiting for bytes that will not come.
+    pub fn abandon(&self, head: HeadError) {
+        let error = head.error.clone();
+        self.update(|s| {
+            s.head.get_or_insert(Err(head));
+            s.end.get_or_insert(Err(error));
+        });
+    }
+
     pub fn settle(&self) {
         self.update(|s| s.settled = true);
     }
@@ -333,6 +343,33 @@ mod tests {
         fetch.push(Bytes::from_static(b"part"));
         fetch.end(Err(FetchError::new("reset")));
         assert!(reader.into_body().collect().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_fetch_ends_every_reader() {
+        let before_head = Fetch::new(mark(0));
+        let mut waiting = before_head.reader();
+        before_head.abandon(HeadError {
+            status: StatusCode::BAD_GATEWAY,
+            error: FetchError::new("panicked"),
+        });
+        assert_eq!(
+            waiting.head().await.unwrap_err().status,
+            StatusCode::BAD_GATEWAY
+        );
+
+        let mid_body = Fetch::new(mark(0));
+        let reader = mid_body.reader();
+        mid_body.set_head(Ok(head(true)));
+        mid_body.push(Bytes::from_static(b"part"));
+        mid_body.abandon(HeadError {
+            status: StatusCode::BAD_GATEWAY,
+            error: FetchError::new("panicked"),
+        });
+        assert!(
+            reader.into_body().collect().await.is_err(),
+            "a short body is an error"
+        );
     }
 
     #[test]

@@ -59,6 +59,49 @@ impl TestCa {
         )
     }
 
+    /// The CA's certificate as PEM, for a client to trust.
+    pub fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A TLS server in front of `plain` (a test origin) presenting a certificate for `names`; returns its
+    /// address. Bytes are copied both ways, so the origin sees what the TLS client sent.
+    pub async fn front(&self, names: &[&str], plain: SocketAddr) -> SocketAddr {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &self.issuer)
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut origin) = TcpStream::connect(plain).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut origin).await;
+                });
+            }
+        });
+        addr
+    }
+
     /// A client configuration that trusts only this CA and offers `alpn`.
     pub fn client(&self, alpn: &[&str]) -> Arc<ClientConfig> {
         let mut roots = RootCertStore::empty();

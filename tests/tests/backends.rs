@@ -331,3 +331,61 @@ async fn reload_changes_routes_and_backends_without_a_restart() {
     let list: serde_json::Value = serde_json::from_slice(&list.body).unwrap();
     assert_eq!(list["backends"].as_array().unwrap().len(), 2, "{list}");
 }
+
+#[tokio::test]
+async fn https_backends_are_checked_against_the_configured_ca() {
+    let origin = Origin::start(|seen| {
+        Reply::ok(format!(
+            "over tls for {}",
+            seen.headers["host"].to_str().unwrap()
+        ))
+        .header("cache-control", "max-age=60")
+    })
+    .await;
+    let ca = lacquer_tests::tls::TestCa::new();
+    let front = ca.front(&["localhost"], origin.addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let d = start(&format!(
+        "[[backend]]\nname = \"trusted\"\naddress = \"https://localhost:{port}\"\ntls_ca = \"{ca}\"\nfirst_byte_timeout = \"3s\"\n\
+         [backend.probe]\nurl = \"/health\"\ninterval = \"100ms\"\ntimeout = \"1s\"\n\
+         [[backend]]\nname = \"untrusted\"\naddress = \"https://localhost:{port}\"\n\
+         [[route]]\npath_prefix = \"/untrusted\"\nbackend = \"untrusted\"\n",
+        port = front.port(),
+        ca = ca_file.display()
+    ));
+    wait_for_health(&d, "trusted", "healthy").await;
+    let first = request(
+        d.addr,
+        Method::GET,
+        "/page",
+        &[("host", "shop.test")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; log:\n{}", d.log()));
+    assert_eq!(
+        (first.status.as_u16(), &first.body[..]),
+        (200, &b"over tls for shop.test"[..])
+    );
+    assert_eq!(first.x_cache(), "MISS");
+    let again = request(
+        d.addr,
+        Method::GET,
+        "/page",
+        &[("host", "shop.test")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.x_cache(), "HIT");
+    assert_eq!(origin.count("/page"), 1);
+
+    // The same origin, its certificate checked against the system's roots: refused, nothing sent.
+    let refused = get(d.addr, "/untrusted").await;
+    assert_eq!(refused.status, 503, "{:?}", refused.body);
+    let message = String::from_utf8_lossy(&refused.body);
+    assert!(message.contains("certificate"), "{message}");
+    assert_eq!(origin.count("/untrusted"), 0);
+}

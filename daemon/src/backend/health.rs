@@ -19,6 +19,8 @@ pub struct BackendState {
     pub name: String,
     /// `host:port`.
     pub authority: String,
+    /// For `https://` backends.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
     traffic: Traffic,
     pub probe: Option<ProbeWindow>,
     /// Places for requests in flight, when `max_connections` is set.
@@ -28,10 +30,19 @@ pub struct BackendState {
 
 impl BackendState {
     pub fn new(config: &config::Backend) -> Self {
+        let address = config::backend_address(config.address.as_deref()).expect("validated");
+        let tls = address.https.then(|| {
+            super::tls::client_config(config.tls_ca.as_deref()).unwrap_or_else(|e| {
+                // Validation read the CA file; only the system's roots can be missing here.
+                tracing::error!(backend = %config.name, "TLS to the backend cannot succeed: {e}");
+                super::tls::trusting_nothing()
+            })
+        });
         Self {
             config: config.clone(),
             name: config.name.clone(),
-            authority: config::authority(config.address.as_deref()).expect("validated"),
+            authority: address.authority,
+            tls,
             traffic: Traffic::default(),
             probe: config.probe.as_ref().map(ProbeWindow::new),
             limit: (config.max_connections > 0)

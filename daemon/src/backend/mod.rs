@@ -4,6 +4,7 @@
 mod director;
 mod health;
 pub mod probe;
+pub mod tls;
 
 use std::{
     pin::Pin,
@@ -16,6 +17,7 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::LengthLimitError;
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
     rt::{TokioExecutor, TokioTimer},
@@ -65,7 +67,7 @@ impl BackendError {
 /// One worker's pool of connections to one backend (cloning shares the pool).
 #[derive(Clone)]
 pub struct Backend {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     pub state: Arc<BackendState>,
     connect_timeout: Duration,
     first_byte_timeout: Duration,
@@ -75,10 +77,18 @@ pub struct Backend {
 impl Backend {
     pub fn new(state: Arc<BackendState>) -> Self {
         let cfg = &state.config;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(cfg.connect_timeout));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(cfg.connect_timeout));
+        tcp.set_nodelay(true);
+        tcp.set_keepalive(Some(Duration::from_secs(60)));
+        // The scheme of each request (the backend's) decides whether TLS is spoken.
+        tcp.enforce_http(false);
+        let tls = state.tls.clone().unwrap_or_else(tls::trusting_nothing);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config((*tls).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
@@ -130,14 +140,18 @@ impl Backend {
 
     async fn request(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
         let authority = &self.state.authority;
+        let scheme = if self.state.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        *req.uri_mut() =
-            format!("http://{authority}{path}")
-                .parse()
-                .map_err(|e| BackendError::Failed {
-                    authority: authority.clone(),
-                    reason: format!("bad request target: {e}"),
-                })?;
+        *req.uri_mut() = format!("{scheme}://{authority}{path}")
+            .parse()
+            .map_err(|e| BackendError::Failed {
+                authority: authority.clone(),
+                reason: format!("bad request target: {e}"),
+            })?;
         match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
             Err(_) => Err(BackendError::FirstByteTimeout {
                 authority: authority.clone(),

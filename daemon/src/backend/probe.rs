@@ -7,7 +7,9 @@ use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::{net::TcpStream, sync::watch};
+use tokio_rustls::TlsConnector;
 
 use super::BackendState;
 use crate::config;
@@ -18,7 +20,7 @@ pub async fn run(state: Arc<BackendState>, mut stop: watch::Receiver<bool>) {
     let probe = state.config.probe.clone().expect("a backend with a probe");
     let mut retired = state.retirement();
     loop {
-        let (good, what) = match poll(&state.authority, &probe).await {
+        let (good, what) = match poll(&state, &probe).await {
             Ok(status) if status == probe.expected_status => (true, status.to_string()),
             Ok(status) => (false, format!("status {status}")),
             Err(e) => (false, e),
@@ -42,28 +44,50 @@ pub async fn run(state: Arc<BackendState>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// One poll: the status, or why there was none.
-async fn poll(authority: &str, probe: &config::Probe) -> Result<u16, String> {
+/// One poll: the status, or why there was none. Over TLS for `https://` backends, checked as requests are.
+async fn poll(state: &BackendState, probe: &config::Probe) -> Result<u16, String> {
+    let authority = state.authority.as_str();
     let exchange = async {
         let tcp = TcpStream::connect(authority)
             .await
             .map_err(|e| format!("connect: {e}"))?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
-        let req = Request::get(probe.url.as_str())
-            .header(header::HOST, authority)
-            .header(header::CONNECTION, "close")
-            .header(header::USER_AGENT, "lacquer-probe")
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-        Ok(resp.status().as_u16())
+        match &state.tls {
+            None => request(tcp, authority, probe).await,
+            Some(config) => {
+                let host = authority
+                    .rsplit_once(':')
+                    .map_or(authority, |(h, _)| h)
+                    .trim_matches(['[', ']']);
+                let name = ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
+                let tls = TlsConnector::from(config.clone())
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| format!("TLS: {e}"))?;
+                request(tls, authority, probe).await
+            }
+        }
     };
     tokio::time::timeout(probe.timeout, exchange)
         .await
         .unwrap_or_else(|_| Err(format!("no response within {:?}", probe.timeout)))
+}
+
+async fn request<IO>(io: IO, authority: &str, probe: &config::Probe) -> Result<u16, String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::get(probe.url.as_str())
+        .header(header::HOST, authority)
+        .header(header::CONNECTION, "close")
+        .header(header::USER_AGENT, "lacquer-probe")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    Ok(resp.status().as_u16())
 }
 
 /// Starts probes on the store runtime: at start, and for the backends a reload brings.

@@ -395,7 +395,18 @@ impl Config {
             } else {
                 format!("backend[{n}]")
             };
-            authority(b.address.as_deref()).map_err(|e| ConfigError(format!("{key}.{e}")))?;
+            let address = backend_address(b.address.as_deref())
+                .map_err(|e| ConfigError(format!("{key}.{e}")))?;
+            match (&b.tls_ca, address.https) {
+                (Some(_), false) => {
+                    return bad(format!("{key}.tls_ca"), "only for https:// backends".into())
+                }
+                (Some(ca), true) => {
+                    crate::backend::tls::trusting(ca)
+                        .map_err(|e| ConfigError(format!("{key}.tls_ca: {e}")))?;
+                }
+                (None, _) => {}
+            }
             if let Some(p) = &b.probe {
                 if !(1..=64).contains(&p.window) || p.threshold > p.window || p.initial() > p.window
                 {
@@ -478,7 +489,9 @@ impl Config {
 
     /// What the first backend is reached at, for messages.
     pub fn first_backend(&self) -> String {
-        authority(self.backend[0].address.as_deref()).unwrap_or_default()
+        backend_address(self.backend[0].address.as_deref())
+            .map(|a| a.authority)
+            .unwrap_or_default()
     }
 
     pub fn policy(&self) -> Policy {
@@ -530,27 +543,47 @@ impl Config {
 }
 
 /// `host:port` from a backend address (`host:port` or `http://host:port`); the error starts with the key.
-pub fn authority(address: Option<&str>) -> Result<String, String> {
+/// Where a backend is: `host:port` and whether it speaks TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendAddress {
+    pub https: bool,
+    /// `host:port`, the port filled in for `http://` (80) and `https://` (443) when left out.
+    pub authority: String,
+}
+
+/// Reads a backend address: `host:port`, `http://host[:port]` or `https://host[:port]`; the error starts
+/// with the key.
+pub fn backend_address(address: Option<&str>) -> Result<BackendAddress, String> {
     let Some(address) = address else {
         return Err(
             "address: no backend given (use --backend HOST:PORT or [backend] address)".into(),
         );
     };
-    let authority = address
-        .strip_prefix("http://")
-        .unwrap_or(address)
-        .trim_end_matches('/');
-    if address.contains("://") && !address.starts_with("http://") {
-        return Err(format!(
-            "address: {address:?}: only http:// origins are supported"
-        ));
+    let (https, rest, default_port) = match address.split_once("://") {
+        Some(("http", rest)) => (false, rest, Some(80)),
+        Some(("https", rest)) => (true, rest, Some(443)),
+        Some(_) => {
+            return Err(format!(
+                "address: {address:?}: only http:// and https:// origins are supported"
+            ))
+        }
+        None => (false, address, None),
+    };
+    let bad = || {
+        format!("address: {address:?} is not HOST:PORT, http://HOST[:PORT] or https://HOST[:PORT]")
+    };
+    let a = rest
+        .trim_end_matches('/')
+        .parse::<http::uri::Authority>()
+        .map_err(|_| bad())?;
+    let port = a.port_u16().or(default_port).ok_or_else(bad)?;
+    if a.host().is_empty() {
+        return Err(bad());
     }
-    match authority.parse::<http::uri::Authority>() {
-        Ok(a) if a.port_u16().is_some() && !a.host().is_empty() => Ok(a.to_string()),
-        _ => Err(format!(
-            "address: {address:?} is not HOST:PORT or http://HOST:PORT"
-        )),
-    }
+    Ok(BackendAddress {
+        https,
+        authority: format!("{}:{port}", a.host()),
+    })
 }
 
 fn tempfile_probe(dir: &Path) -> std::io::Result<()> {
@@ -647,16 +680,32 @@ mod tests {
 
     #[test]
     fn backend_forms() {
-        let origin = |a: &str| {
-            let mut c = Config::default();
-            c.backend[0].address = Some(a.into());
-            c.validate_upstream().map(|()| c.first_backend())
-        };
-        assert_eq!(origin("127.0.0.1:8080").unwrap(), "127.0.0.1:8080");
-        assert_eq!(origin("http://example.com:80/").unwrap(), "example.com:80");
-        assert!(origin("example.com").is_err());
-        assert!(origin("https://example.com:443").is_err());
-        assert!(origin("").is_err());
+        let address = |a: &str| backend_address(Some(a)).map(|a| (a.https, a.authority));
+        let ok = |https, authority: &str| Ok((https, authority.to_owned()));
+        assert_eq!(address("127.0.0.1:8080"), ok(false, "127.0.0.1:8080"));
+        assert_eq!(
+            address("http://example.com:80/"),
+            ok(false, "example.com:80")
+        );
+        assert_eq!(address("http://example.com"), ok(false, "example.com:80"));
+        assert_eq!(address("https://example.com"), ok(true, "example.com:443"));
+        assert_eq!(address("https://[::1]:8443"), ok(true, "[::1]:8443"));
+        assert!(address("example.com").is_err());
+        assert!(address("ftp://example.com:21")
+            .unwrap_err()
+            .contains("only http:// and https://"));
+        assert!(address("").is_err());
+        let mut c = Config::default();
+        c.backend[0].address = Some("http://example.com".into());
+        c.backend[0].tls_ca = Some("/nonexistent.pem".into());
+        let e = c.validate_upstream().unwrap_err().to_string();
+        assert_eq!(e, "backend.tls_ca: only for https:// backends");
+        c.backend[0].address = Some("https://example.com".into());
+        let e = c.validate_upstream().unwrap_err().to_string();
+        assert!(
+            e.starts_with("backend.tls_ca: cannot read /nonexistent.pem"),
+            "{e}"
+        );
     }
 
     #[test]

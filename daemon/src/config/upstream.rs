@@ -1,6 +1,6 @@
 //! `[[backend]]` and `[[director]]`: the origins, their health probes, and how requests are spread over them.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -10,8 +10,13 @@ use serde::{Deserialize, Deserializer, Serialize};
 pub struct Backend {
     /// What routes, directors and the statistics call it. Default: `default`.
     pub name: String,
-    /// `host:port` or `http://host:port`. Required.
+    /// `host:port`, `http://host[:port]` or `https://host[:port]` (TLS to the origin, its name checked
+    /// against the certificate). Required.
     pub address: Option<String>,
+    /// For `https://` backends: a PEM file of the CAs to trust instead of the system's (a private CA).
+    /// Default: the system's roots (`/etc/ssl/certs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
     /// Default: 3 s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -41,6 +46,7 @@ impl Default for Backend {
         Self {
             name: "default".into(),
             address: None,
+            tls_ca: None,
             connect_timeout: Duration::from_secs(3),
             first_byte_timeout: Duration::from_secs(60),
             between_bytes_timeout: Duration::from_secs(60),

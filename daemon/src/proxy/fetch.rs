@@ -3,10 +3,12 @@
 
 use std::{
     net::IpAddr,
+    panic::AssertUnwindSafe,
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use futures_util::FutureExt;
 use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use lacquer_storage::ObjectMeta;
@@ -62,7 +64,21 @@ pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
     let stats = &worker.shared.stats;
     inc(&stats.fetches_in_flight);
     inc(&stats.backend_requests);
-    let ending = fill(&worker, &fetch, &request).await;
+    // A bug must not leave this fetch's readers waiting forever (found when a TLS connector panicked).
+    let ending = match AssertUnwindSafe(fill(&worker, &fetch, &request))
+        .catch_unwind()
+        .await
+    {
+        Ok(ending) => ending,
+        Err(_) => {
+            tracing::error!(key = %request.key, "the fetch panicked; its readers get 502");
+            fetch.abandon(HeadError {
+                status: StatusCode::BAD_GATEWAY,
+                error: FetchError::new("internal error while fetching"),
+            });
+            Ending::Failed
+        }
+    };
     dec(&stats.fetches_in_flight);
     let coalescer = &worker.shared.coalescer;
     let Fill {
