@@ -65,6 +65,16 @@ sub vcl_recv {{
         ["/usr/sbin/varnishd", "-F", "-j", "none", "-n", f"{work}/varnish", "-a", f"127.0.0.1:{TARGETS['varnish']}",
          "-f", vcl, "-s", "malloc,256m", "-T", "127.0.0.1:8992"],
         stdout=subprocess.DEVNULL))
+    conf = nginx_conf(work, f"listen 127.0.0.1:{TARGETS['nginx']};", "proxy_cache_lock_timeout 30s;")
+    procs.append(subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL))
+    wait_port(ORIGIN_PORT)
+    for port in TARGETS.values():
+        wait_port(port)
+
+
+def nginx_conf(work, listen, extra=""):
+    """Writes NGINX's configuration: proxy_cache on disk with the lock, upstream keep-alive, 2 workers;
+    `listen` (and `extra`) go into the one server block. Returns the file's path."""
     conf = f"{work}/nginx.conf"
     os.makedirs(f"{work}/nginx-cache", exist_ok=True)
     with open(conf, "w") as f:
@@ -80,22 +90,19 @@ http {{
     proxy_cache_path {work}/nginx-cache levels=1:2 keys_zone=bench:64m max_size=2g inactive=1h;
     upstream origin {{ server 127.0.0.1:{ORIGIN_PORT}; keepalive 64; }}
     server {{
-        listen 127.0.0.1:{TARGETS['nginx']};
+        {listen}
         location / {{
             proxy_pass http://origin;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_cache bench;
             proxy_cache_lock on;
-            proxy_cache_lock_timeout 30s;
+            {extra}
         }}
     }}
 }}
 """)
-    procs.append(subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL))
-    wait_port(ORIGIN_PORT)
-    for port in TARGETS.values():
-        wait_port(port)
+    return conf
 
 
 def ratio_table(rows, med):

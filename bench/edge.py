@@ -11,7 +11,7 @@ import sys
 import tempfile
 import urllib.request
 
-from compare import ORIGIN_PORT, CONTROL_PORT, ROOT, oha_json, sh, stop, wait_port
+from compare import CONTROL_PORT, ORIGIN_PORT, ROOT, nginx_conf, oha_json, sh, stop, wait_port
 
 NAMES = ["lacquer", "varnish", "nginx"]
 PLAIN = {"lacquer": 8981, "varnish": 8982, "nginx": 8983}
@@ -65,38 +65,13 @@ proxy_protocol = true
          f"--backend=[127.0.0.1]:{PROXY_IN['varnish']}", "--write-proxy-v2", "--workers=2",
          "--alpn-protos=h2,http/1.1", f"{work}/hitch.pem"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    conf = f"{work}/nginx.conf"
-    os.makedirs(f"{work}/nginx-cache", exist_ok=True)
-    with open(conf, "w") as f:
-        f.write(f"""
-user root;
-worker_processes 2;
-daemon off;
-pid {work}/nginx.pid;
-error_log {work}/nginx-error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    proxy_cache_path {work}/nginx-cache levels=1:2 keys_zone=bench:64m max_size=2g inactive=1h;
-    upstream origin {{ server 127.0.0.1:{ORIGIN_PORT}; keepalive 64; }}
-    set_real_ip_from 127.0.0.1;
-    server {{
-        listen 127.0.0.1:{PLAIN['nginx']};
+    conf = nginx_conf(work, f"""listen 127.0.0.1:{PLAIN['nginx']};
         listen 127.0.0.1:{TLS['nginx']} ssl http2;
         listen 127.0.0.1:{PROXY_IN['nginx']} proxy_protocol;
+        set_real_ip_from 127.0.0.1;
         real_ip_header proxy_protocol;
         ssl_certificate {cert};
-        ssl_certificate_key {key};
-        location / {{
-            proxy_pass http://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_cache bench;
-            proxy_cache_lock on;
-        }}
-    }}
-}}
-""")
+        ssl_certificate_key {key};""")
     procs.append(subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL))
     haproxy = f"{work}/haproxy.cfg"
     with open(haproxy, "w") as f:

@@ -41,14 +41,20 @@ impl TestCa {
         Self { issuer }
     }
 
-    /// Writes `<stem>.pem` (leaf, then this CA) and `<stem>.key` for `names` into `dir`; returns the paths.
-    pub fn issue(&self, dir: &Path, stem: &str, names: &[&str]) -> (String, String) {
+    /// A leaf certificate for `names` signed by this CA, and its key.
+    fn leaf(&self, names: &[&str]) -> (rcgen::Certificate, KeyPair) {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let key = KeyPair::generate().unwrap();
         let cert = CertificateParams::new(names)
             .unwrap()
             .signed_by(&key, &self.issuer)
             .unwrap();
+        (cert, key)
+    }
+
+    /// Writes `<stem>.pem` (leaf, then this CA) and `<stem>.key` for `names` into `dir`; returns the paths.
+    pub fn issue(&self, dir: &Path, stem: &str, names: &[&str]) -> (String, String) {
+        let (cert, key) = self.leaf(names);
         let cert_path = dir.join(format!("{stem}.pem"));
         let key_path = dir.join(format!("{stem}.key"));
         std::fs::write(&cert_path, cert.pem() + &self.issuer.pem()).unwrap();
@@ -67,12 +73,7 @@ impl TestCa {
     /// A TLS server in front of `plain` (a test origin) presenting a certificate for `names`; returns its
     /// address. Bytes are copied both ways, so the origin sees what the TLS client sent.
     pub async fn front(&self, names: &[&str], plain: SocketAddr) -> SocketAddr {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(names)
-            .unwrap()
-            .signed_by(&key, &self.issuer)
-            .unwrap();
+        let (cert, key) = self.leaf(names);
         let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),

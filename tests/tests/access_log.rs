@@ -28,7 +28,7 @@ fn start(origin: &Origin, access_log: &str) -> Daemon {
         origin.addr,
         &format!(
             "[[listen]]\naddress = \"127.0.0.1:0\"\n[[listen]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = true\n\
-             [storage]\ndir = \"{{dir}}/store\"\n[access_log]\n{access_log}"
+             [access_log]\n{access_log}"
         ),
     )
 }

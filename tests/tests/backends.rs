@@ -51,16 +51,17 @@ fn backend(name: &str, origin: &Origin, probe: bool) -> String {
 }
 
 fn start(config: &str) -> Daemon {
-    Daemon::with_config_only(&format!(
-        "[[listen]]\naddress = \"127.0.0.1:0\"\n[storage]\ndir = \"{{dir}}/store\"\n{config}"
-    ))
+    Daemon::with_config_only(&format!("[[listen]]\naddress = \"127.0.0.1:0\"\n{config}"))
+}
+
+async fn get_for(d: &Daemon, host: &str, path: &str) -> lacquer_tests::ClientReply {
+    request(d.addr, Method::GET, path, &[("host", host)], Bytes::new())
+        .await
+        .unwrap_or_else(|e| panic!("{host}{path}: {e}; log:\n{}", d.log()))
 }
 
 async fn body_of(d: &Daemon, host: &str, path: &str) -> String {
-    let r = request(d.addr, Method::GET, path, &[("host", host)], Bytes::new())
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&r.body).into_owned()
+    String::from_utf8_lossy(&get_for(d, host, path).await.body).into_owned()
 }
 
 async fn wait_for_health(d: &Daemon, name: &str, want: &str) -> serde_json::Value {
@@ -348,7 +349,7 @@ async fn https_backends_are_checked_against_the_configured_ca() {
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca.pem()).unwrap();
     let d = start(&format!(
-        "[[backend]]\nname = \"trusted\"\naddress = \"https://localhost:{port}\"\ntls_ca = \"{ca}\"\nfirst_byte_timeout = \"3s\"\n\
+        "[[backend]]\nname = \"trusted\"\naddress = \"https://localhost:{port}\"\ntls_ca = \"{ca}\"\n\
          [backend.probe]\nurl = \"/health\"\ninterval = \"100ms\"\ntimeout = \"1s\"\n\
          [[backend]]\nname = \"untrusted\"\naddress = \"https://localhost:{port}\"\n\
          [[route]]\npath_prefix = \"/untrusted\"\nbackend = \"untrusted\"\n",
@@ -356,29 +357,13 @@ async fn https_backends_are_checked_against_the_configured_ca() {
         ca = ca_file.display()
     ));
     wait_for_health(&d, "trusted", "healthy").await;
-    let first = request(
-        d.addr,
-        Method::GET,
-        "/page",
-        &[("host", "shop.test")],
-        Bytes::new(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; log:\n{}", d.log()));
+    let first = get_for(&d, "shop.test", "/page").await;
     assert_eq!(
         (first.status.as_u16(), &first.body[..]),
         (200, &b"over tls for shop.test"[..])
     );
     assert_eq!(first.x_cache(), "MISS");
-    let again = request(
-        d.addr,
-        Method::GET,
-        "/page",
-        &[("host", "shop.test")],
-        Bytes::new(),
-    )
-    .await
-    .unwrap();
+    let again = get_for(&d, "shop.test", "/page").await;
     assert_eq!(again.x_cache(), "HIT");
     assert_eq!(origin.count("/page"), 1);
 

@@ -56,8 +56,6 @@ async fn tls_picks_the_certificate_by_sni_and_speaks_h2_by_alpn() {
             [[listen]]
             address = "127.0.0.1:0"
             tls = [{{ cert = "{a_cert}", key = "{a_key}" }}, {{ cert = "{s_cert}", key = "{s_key}" }}]
-            [storage]
-            dir = "{{dir}}/store"
             "#
         ),
     );
@@ -137,7 +135,7 @@ async fn cleartext_h2_by_prior_knowledge_and_http1_share_one_listener() {
     // With http2 off, the preface is just a bad HTTP/1.1 request.
     let plain = Daemon::with_config(
         origin.addr,
-        "[[listen]]\naddress = \"127.0.0.1:0\"\nhttp2 = false\n[storage]\ndir = \"{dir}/store\"\n",
+        "[[listen]]\naddress = \"127.0.0.1:0\"\nhttp2 = false\n",
     );
     let tcp = TcpStream::connect(plain.addr).await.unwrap();
     assert!(tls::h2_get(tcp, "http://example.test/x").await.is_err());
@@ -166,8 +164,6 @@ async fn proxy_protocol_names_the_client_and_is_required_where_configured() {
         header_read_timeout = "1s"
         [[listen]]
         address = "127.0.0.1:0"
-        [storage]
-        dir = "{dir}/store"
         "#,
     );
     let (proxied, plain) = (d.listeners[0], d.listeners[1]);
@@ -230,8 +226,6 @@ async fn connection_limits_answer_503_and_release_on_close() {
         [[listen]]
         address = "127.0.0.1:0"
         max_connections = 1
-        [storage]
-        dir = "{dir}/store"
         "#,
     );
     for (addr, allowed) in [(d.listeners[0], 2), (d.listeners[1], 1)] {
@@ -287,8 +281,6 @@ async fn slow_and_idle_clients_are_closed() {
         address = "127.0.0.1:0"
         header_read_timeout = "1s"
         idle_timeout = "2s"
-        [storage]
-        dir = "{dir}/store"
         "#,
     );
     // Slowloris: a head that never ends.
@@ -334,8 +326,6 @@ async fn oversized_heads_get_431_and_bodies_413() {
         max_header_size = "8KiB"
         max_headers = 20
         max_request_body = "1KiB"
-        [storage]
-        dir = "{dir}/store"
         "#,
     );
     let big = "v".repeat(9000);
@@ -403,7 +393,7 @@ async fn reload_reads_renewed_certificates_and_refuses_broken_ones() {
         origin.addr,
         &format!(
             "[[listen]]\naddress = \"127.0.0.1:0\"\ntls = [{{ cert = \"{cert}\", key = \"{key}\" }}]\n\
-             [storage]\ndir = \"{{dir}}/store\"\n"
+             "
         ),
     );
     let client = ca.client(&["http/1.1"]);

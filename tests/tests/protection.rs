@@ -30,7 +30,7 @@ fn start(origin: &Origin, config: &str) -> Daemon {
         origin.addr,
         &format!(
             "[[listen]]\naddress = \"127.0.0.1:0\"\n[[listen]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = true\n\
-             [storage]\ndir = \"{{dir}}/store\"\n{config}"
+             {config}"
         ),
     )
 }
