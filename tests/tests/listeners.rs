@@ -32,6 +32,14 @@ fn leaf_names(conn: &tokio_rustls::client::TlsStream<TcpStream>) -> String {
         .join(",")
 }
 
+/// A daemon in front of `origin` with one listener, on an ephemeral port, with `settings`.
+fn one_listener(origin: &Origin, settings: &str) -> Daemon {
+    Daemon::with_config(
+        origin.addr,
+        &format!("[[listen]]\naddress = \"127.0.0.1:0\"\n{settings}\n"),
+    )
+}
+
 /// Sends `raw` on a new connection and reads until the daemon closes it (or 10 s pass).
 async fn raw_exchange(addr: std::net::SocketAddr, raw: &[u8]) -> (String, Duration) {
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -133,10 +141,7 @@ async fn cleartext_h2_by_prior_knowledge_and_http1_share_one_listener() {
     assert_eq!(stats["proxy"]["connections_http2"], 1);
 
     // With http2 off, the preface is just a bad HTTP/1.1 request.
-    let plain = Daemon::with_config(
-        origin.addr,
-        "[[listen]]\naddress = \"127.0.0.1:0\"\nhttp2 = false\n",
-    );
+    let plain = one_listener(&origin, "http2 = false");
     let tcp = TcpStream::connect(plain.addr).await.unwrap();
     assert!(tls::h2_get(tcp, "http://example.test/x").await.is_err());
 }
@@ -274,14 +279,9 @@ async fn connection_limits_answer_503_and_release_on_close() {
 #[tokio::test]
 async fn slow_and_idle_clients_are_closed() {
     let origin = Origin::start(|_| Reply::ok("x")).await;
-    let d = Daemon::with_config(
-        origin.addr,
-        r#"
-        [[listen]]
-        address = "127.0.0.1:0"
-        header_read_timeout = "1s"
-        idle_timeout = "2s"
-        "#,
+    let d = one_listener(
+        &origin,
+        "header_read_timeout = \"1s\"\nidle_timeout = \"2s\"",
     );
     // Slowloris: a head that never ends.
     let (reply, took) = raw_exchange(d.addr, b"GET / HTTP/1.1\r\nHost: t\r\nX-a: b\r\n").await;
@@ -318,16 +318,8 @@ async fn slow_and_idle_clients_are_closed() {
 #[tokio::test]
 async fn oversized_heads_get_431_and_bodies_413() {
     let origin = Origin::start(|_| Reply::ok("x")).await;
-    let d = Daemon::with_config(
-        origin.addr,
-        r#"
-        [[listen]]
-        address = "127.0.0.1:0"
-        max_header_size = "8KiB"
-        max_headers = 20
-        max_request_body = "1KiB"
-        "#,
-    );
+    let settings = "max_header_size = \"8KiB\"\nmax_headers = 20\nmax_request_body = \"1KiB\"";
+    let d = one_listener(&origin, settings);
     let big = "v".repeat(9000);
     let r = request(d.addr, Method::GET, "/", &[("x-big", &big)], Bytes::new())
         .await
@@ -389,12 +381,9 @@ async fn reload_reads_renewed_certificates_and_refuses_broken_ones() {
     let ca = TestCa::new();
     let certs = tempfile::tempdir().unwrap();
     let (cert, key) = ca.issue(certs.path(), "site", &["a.test"]);
-    let d = Daemon::with_config(
-        origin.addr,
-        &format!(
-            "[[listen]]\naddress = \"127.0.0.1:0\"\ntls = [{{ cert = \"{cert}\", key = \"{key}\" }}]\n\
-             "
-        ),
+    let d = one_listener(
+        &origin,
+        &format!("tls = [{{ cert = \"{cert}\", key = \"{key}\" }}]"),
     );
     let client = ca.client(&["http/1.1"]);
     let held = tls::connect(d.addr, "a.test", client.clone())
