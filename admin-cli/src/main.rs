@@ -1,6 +1,7 @@
 //! `cachectl`: operate a running `lacquerd` through its admin API.
 
 mod invalidation;
+mod log;
 mod objects;
 mod operations;
 mod stats;
@@ -9,7 +10,7 @@ mod table;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use lacquer_admin::{AdminClient, AdminError, ConnectArgs};
+use lacquer_admin::{wire::LogFilter, AdminClient, AdminError, ConnectArgs};
 use serde::Serialize;
 
 const EXIT_STATUS: &str = "\
@@ -80,6 +81,15 @@ enum Command {
     },
     /// The backends and how their requests have been going.
     Backends,
+    /// Follow requests as they complete, as access log lines (like `varnishncsa`), until interrupted.
+    Log {
+        /// Only URLs (path and query) containing TEXT.
+        #[arg(long, value_name = "TEXT")]
+        url: Option<String>,
+        /// Only this status, or a class such as `5xx`.
+        #[arg(long, value_name = "STATUS")]
+        status: Option<String>,
+    },
     /// Read the configuration file again, as `systemctl reload lacquer` does.
     Reload,
     /// Print a completion script, e.g. `cachectl completions bash > /etc/bash_completion.d/cachectl`.
@@ -159,6 +169,7 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
         } => invalidation::purge(client, out, url, host, tags, soft).await,
         Command::Inspect { url, host } => objects::inspect(client, out, url, host).await,
         Command::Backends => operations::backends(client, out).await,
+        Command::Log { url, status } => log::follow(client, out, LogFilter { url, status }).await,
         Command::Reload => operations::reload(client, out).await,
         Command::Completions { .. } => unreachable!("handled before connecting"),
     }

@@ -301,6 +301,69 @@ async fn the_config_file_says_where_the_daemon_is() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn log_follows_requests_as_access_log_lines() {
+    let origin = Origin::start(|s| match s.path.as_str() {
+        "/missing" => Reply::ok("no").status(404),
+        _ => Reply::ok("x"),
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    // Each follower's lines arrive through a channel, so the test can keep making requests until the
+    // follower is connected.
+    let follow = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cachectl"))
+            .args(["--admin", &d.admin.to_string(), "--secret"])
+            .arg(d.secret_file())
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        (child, rx)
+    };
+    let (mut text, text_lines) = follow(&["log", "--status", "4xx"]);
+    let (mut records, record_lines) = follow(&["--json", "log", "--url", "/a"]);
+    let (mut line, mut record) = (None, None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while line.is_none() || record.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "followers silent for 10 s"
+        );
+        get(d.addr, "/a").await;
+        get(d.addr, "/missing").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        line = line.or_else(|| text_lines.try_recv().ok());
+        record = record.or_else(|| record_lines.try_recv().ok());
+    }
+    let line = line.unwrap();
+    assert!(
+        line.starts_with("127.0.0.1 - - [") && line.contains("\"GET /missing HTTP/1.1\" 404 "),
+        "{line}"
+    );
+    let record = json(&record.unwrap());
+    assert_eq!(
+        (record["url"].as_str(), record["status"].as_u64()),
+        (Some("/a"), Some(200))
+    );
+    for child in [&mut text, &mut records] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let (code, _, err) = ctl(&d, &["log", "--status", "9xx"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("status"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn backends_show_health_from_real_traffic() {
     let origin = Origin::start(|_| Reply::ok("x")).await;
     let d = Daemon::start(origin.addr, &[]);

@@ -62,7 +62,7 @@ struct Cli {
     /// Client listen address (repeatable). Default: 0.0.0.0:6081.
     #[arg(long)]
     listen: Vec<SocketAddr>,
-    /// Origin as HOST:PORT or http://HOST:PORT.
+    /// Origin as HOST:PORT, http://HOST[:PORT] or https://HOST[:PORT] (the first backend's address).
     #[arg(long, short = 'b')]
     backend: Option<String>,
     /// Admin API address. Default: 127.0.0.1:6082.

@@ -16,8 +16,8 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::{
     target::{io_reason, plain, Target},
     wire::{
-        ApiError, BackendList, BanList, BanView, Health, Inspection, NewBan, ObjectQuery,
-        PurgeTags, PurgeUrl, Purged, Reloaded, Stats,
+        ApiError, BackendList, BanList, BanView, Health, Inspection, LogEntry, LogFilter, NewBan,
+        ObjectQuery, PurgeTags, PurgeUrl, Purged, Reloaded, Stats,
     },
 };
 
@@ -89,6 +89,19 @@ impl AdminClient {
         Ok(StatsStream {
             addr,
             events: Box::pin(events),
+        })
+    }
+
+    /// Follows `GET /v1/log/stream`: every request as it completes, filtered.
+    pub async fn log_stream(&self, filter: &LogFilter) -> Result<LogStream, AdminError> {
+        let query = serde_urlencoded::to_string(filter).expect("a query of strings encodes");
+        let resp = self
+            .send(Method::GET, &format!("/v1/log/stream?{query}"), None, true)
+            .await?;
+        let resp = self.check(resp).await?;
+        Ok(LogStream {
+            addr: self.target.addr,
+            events: Box::pin(resp.into_body().into_data_stream().eventsource()),
         })
     }
 
@@ -250,6 +263,47 @@ impl StatsStream {
             addr: self.addr,
             reason: format!("unexpected statistics event: {e}"),
         })
+    }
+}
+
+/// What the log stream sends.
+#[derive(Debug)]
+pub enum LogEvent {
+    Entry(Box<LogEntry>),
+    /// This many records went by while the reader was too slow.
+    Lagged(u64),
+}
+
+pub struct LogStream {
+    addr: SocketAddr,
+    events: Events,
+}
+
+impl LogStream {
+    /// The next record, however long traffic takes; an error when the daemon goes away.
+    pub async fn next(&mut self) -> Result<LogEvent, AdminError> {
+        let unreachable = |reason: String| AdminError::Unreachable {
+            addr: self.addr,
+            reason,
+        };
+        let event = self
+            .events
+            .next()
+            .await
+            .ok_or_else(|| unreachable("the stream ended".into()))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        let unexpected = |e: serde_json::Error| AdminError::NotAdminApi {
+            addr: self.addr,
+            reason: format!("unexpected log event: {e}"),
+        };
+        if event.event == "lagged" {
+            let lagged: serde_json::Value =
+                serde_json::from_str(&event.data).map_err(unexpected)?;
+            return Ok(LogEvent::Lagged(lagged["missed"].as_u64().unwrap_or(0)));
+        }
+        serde_json::from_str(&event.data)
+            .map(|entry| LogEvent::Entry(Box::new(entry)))
+            .map_err(unexpected)
     }
 }
 

@@ -7,5 +7,5 @@ pub mod format;
 mod target;
 pub mod wire;
 
-pub use client::{AdminClient, AdminError, StatsStream};
+pub use client::{AdminClient, AdminError, LogEvent, LogStream, StatsStream};
 pub use target::{ConnectArgs, Target, TargetError, DEFAULT_ADMIN, DEFAULT_CONFIG, DEFAULT_SECRET};

@@ -1,5 +1,6 @@
 //! `GET /v1/log/stream`: every request as it completes, the access log's fields as JSON.
 
+use chrono::{Local, TimeZone};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -30,6 +31,55 @@ pub struct LogEntry {
     pub duration: f64,
 }
 
+impl LogEntry {
+    /// `%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-agent}i"` (NCSA combined, local time as NGINX and
+    /// varnishncsa write it), then the cache result, time to first byte and total time in seconds.
+    pub fn ncsa_line(&self) -> String {
+        let e = self;
+        let time = Local
+            .timestamp_millis_opt(e.time_ms as i64)
+            .single()
+            .map_or_else(
+                || "-".into(),
+                |t| t.format("%d/%b/%Y:%H:%M:%S %z").to_string(),
+            );
+        let bytes = if e.bytes == 0 {
+            "-".to_owned()
+        } else {
+            e.bytes.to_string()
+        };
+        let quoted = |v: &Option<String>| v.as_deref().map_or_else(|| "-".into(), escape);
+        format!(
+            "{} - - [{time}] \"{} {} {}\" {} {bytes} \"{}\" \"{}\" {} {:.6} {:.6}\n",
+            e.client,
+            escape(&e.method),
+            escape(&e.url),
+            e.protocol,
+            e.status,
+            quoted(&e.referer),
+            quoted(&e.user_agent),
+            e.cache,
+            e.ttfb,
+            e.duration,
+        )
+    }
+}
+
+/// As NGINX does: quotes, backslashes and control bytes as `\xHH`, so a client cannot forge fields or lines.
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '"' || c == '\\' || c.is_control() {
+            for b in c.to_string().bytes() {
+                out.push_str(&format!("\\x{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Which requests the stream sends: all given conditions must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -38,4 +88,47 @@ pub struct LogFilter {
     pub url: Option<String>,
     /// Only this status, or a class such as `5xx`.
     pub status: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_is_ncsa_combined_with_cache_fields_and_cannot_be_forged() {
+        let entry = LogEntry {
+            time_ms: 1_796_016_974_123,
+            client: "203.0.113.7".into(),
+            method: "GET".into(),
+            url: "/a?b=1".into(),
+            host: Some("example.com".into()),
+            protocol: "HTTP/1.1".into(),
+            status: 200,
+            bytes: 2048,
+            referer: None,
+            user_agent: Some("evil\" \"injected\n203.0.113.9 - - [".into()),
+            cache: "HIT".into(),
+            ttfb: 0.000123,
+            duration: 0.0045,
+        };
+        let line = entry.ncsa_line();
+        let time = Local
+            .timestamp_millis_opt(entry.time_ms as i64)
+            .unwrap()
+            .format("%d/%b/%Y:%H:%M:%S %z");
+        assert_eq!(
+            line,
+            format!(
+                "203.0.113.7 - - [{time}] \"GET /a?b=1 HTTP/1.1\" 200 2048 \"-\" \
+                 \"evil\\x22 \\x22injected\\x0A203.0.113.9 - - [\" HIT 0.000123 0.004500\n"
+            )
+        );
+        assert_eq!(line.matches('\n').count(), 1);
+        let empty = LogEntry {
+            bytes: 0,
+            status: 304,
+            ..entry
+        };
+        assert!(empty.ncsa_line().contains("\" 304 - \""));
+    }
 }
