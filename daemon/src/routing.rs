@@ -6,7 +6,7 @@ use http::{header, request::Parts};
 use regex::Regex;
 
 use crate::{
-    backend::{BackendSet, BackendState, Director},
+    backend::{BackendError, BackendSet, BackendState, Director},
     config::{Config, Cookies},
     policy::Policy,
     protection::ClientRateLimit,
@@ -83,21 +83,26 @@ pub struct Route {
 }
 
 impl Route {
-    /// The backend for a request with cache key `key`; `None` when it (or every member of the director) is
-    /// sick.
-    pub fn pick(&self, key: &str) -> Option<&Arc<BackendState>> {
+    /// The backend for a request with cache key `key`; unavailable when it (or every member of the
+    /// director) is sick.
+    pub fn pick(&self, key: &str) -> Result<&Arc<BackendState>, BackendError> {
         let healthy = |b: usize| self.backends[b].is_healthy();
         let chosen = match &self.target {
             Target::Backend(b) => healthy(*b).then_some(*b),
             Target::Director(d) => d.pick(key, healthy),
         };
-        chosen.map(|b| &self.backends[b])
+        chosen
+            .map(|b| &self.backends[b])
+            .ok_or_else(|| BackendError::Unavailable {
+                name: self.target_name().to_owned(),
+                reason: "sick",
+            })
     }
 
-    /// What the route targets, for errors.
-    pub fn target_name(&self) -> &str {
+    /// What the route targets.
+    fn target_name(&self) -> &str {
         match &self.target {
-            Target::Backend(b) => &self.backends[*b].name,
+            Target::Backend(b) => self.backends[*b].name(),
             Target::Director(d) => &d.name,
         }
     }
@@ -123,7 +128,7 @@ pub struct Router {
 impl Router {
     /// From a validated configuration; `backends` are made from its `[[backend]]`s, in order.
     pub fn new(config: &Config, backends: &BackendSet) -> Self {
-        let backend_index = |name: &str| backends.iter().position(|b| b.name == name);
+        let backend_index = |name: &str| backends.iter().position(|b| b.name() == name);
         let directors: Vec<Arc<Director>> = config
             .director
             .iter()
@@ -338,7 +343,7 @@ mod tests {
         let fallback = router.route(&request("other.test", "/"));
         assert_eq!(fallback.policy, c.policy());
         let picked = cdn.pick("a.cdn.test/x").unwrap();
-        assert!(["static", "static2"].contains(&picked.name.as_str()));
-        assert_eq!(fallback.pick("other.test/").unwrap().name, "app");
+        assert!(["static", "static2"].contains(&picked.name()));
+        assert_eq!(fallback.pick("other.test/").unwrap().name(), "app");
     }
 }

@@ -4,7 +4,6 @@
 pub mod client;
 pub mod daemon;
 pub mod origin;
-pub mod sse;
 pub mod tls;
 
 pub use client::{get, open, request, Reply as ClientReply};

@@ -8,7 +8,8 @@ use std::{
 
 use bytes::Bytes;
 use http::Method;
-use lacquer_tests::{get, request, sse, Daemon, Origin, Reply};
+use lacquer_admin::{wire::LogFilter, AdminClient, LogEvent, Target};
+use lacquer_tests::{get, request, Daemon, Origin, Reply};
 use regex::Regex;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -172,14 +173,24 @@ async fn sampling_writes_a_share_and_zero_writes_none() {
 async fn the_stream_follows_requests_filtered_without_a_log_file() {
     let origin = origin().await;
     let d = start(&origin, "");
-    let mut errors = sse::open(d.admin, "/v1/log/stream?status=4xx", &d.secret()).await;
-    let mut by_url = sse::open(d.admin, "/v1/log/stream?url=/b", &d.secret()).await;
+    let client = AdminClient::new(Target {
+        addr: d.admin,
+        secret_file: d.secret_file(),
+    });
+    let filter = |url: Option<&str>, status: Option<&str>| LogFilter {
+        url: url.map(str::to_owned),
+        status: status.map(str::to_owned),
+    };
+    let mut errors = client.log_stream(&filter(None, Some("4xx"))).await.unwrap();
+    let mut by_url = client.log_stream(&filter(Some("/b"), None)).await.unwrap();
     get(d.addr, "/a").await;
     get(d.addr, "/b?1").await;
     get(d.addr, "/missing").await;
-    let (event, data) = errors.next().await.unwrap();
-    assert_eq!(event, "log");
-    let entry: serde_json::Value = serde_json::from_str(&data).unwrap();
+    let next = |event| match event {
+        LogEvent::Entry(entry) => serde_json::to_value(*entry).unwrap(),
+        LogEvent::Lagged(n) => panic!("{n} records missed"),
+    };
+    let entry = next(errors.next().await.unwrap());
     assert_eq!(
         (entry["url"].as_str(), entry["status"].as_u64()),
         (Some("/missing"), Some(404))
@@ -187,8 +198,7 @@ async fn the_stream_follows_requests_filtered_without_a_log_file() {
     assert_eq!(entry["client"], "127.0.0.1");
     assert_eq!(entry["cache"], "MISS");
     assert!(entry["duration"].as_f64().unwrap() >= entry["ttfb"].as_f64().unwrap());
-    let (_, data) = by_url.next().await.unwrap();
-    let entry: serde_json::Value = serde_json::from_str(&data).unwrap();
+    let entry = next(by_url.next().await.unwrap());
     assert_eq!(entry["url"], "/b?1");
 
     let bad = d

@@ -332,15 +332,16 @@ async fn oversized_heads_get_431_and_bodies_413() {
         .unwrap();
     assert_eq!(r.status, 431);
 
-    let r = request(
-        d.addr,
-        Method::POST,
-        "/up",
-        &[],
-        Bytes::from(vec![b'x'; 2000]),
-    )
-    .await
-    .unwrap();
+    let post = |len: usize| {
+        request(
+            d.addr,
+            Method::POST,
+            "/up",
+            &[],
+            Bytes::from(vec![b'x'; len]),
+        )
+    };
+    let r = post(2000).await.unwrap();
     assert_eq!(r.status, 413);
     assert_eq!(origin.count("/up"), 0, "refused before the backend");
     // A chunked body has no declared length: cut off when it passes the limit.
@@ -354,15 +355,7 @@ async fn oversized_heads_get_431_and_bodies_413() {
     raw.extend(b"\r\n0\r\n\r\n");
     let (reply, _) = raw_exchange(d.addr, &raw).await;
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
-    let small = request(
-        d.addr,
-        Method::POST,
-        "/up",
-        &[],
-        Bytes::from(vec![b'x'; 1000]),
-    )
-    .await
-    .unwrap();
+    let small = post(1000).await.unwrap();
     assert_eq!(small.status, 200);
     let stats = d.stats().await;
     assert_eq!(stats["proxy"]["headers_too_large"], 2, "{stats}");

@@ -16,7 +16,6 @@ use crate::{config, proxy::now_ms};
 #[derive(Debug)]
 pub struct BackendState {
     pub config: config::Backend,
-    pub name: String,
     /// `host:port`.
     pub authority: String,
     /// For `https://` backends.
@@ -40,7 +39,6 @@ impl BackendState {
         });
         Self {
             config: config.clone(),
-            name: config.name.clone(),
             authority: address.authority,
             tls,
             traffic: Traffic::default(),
@@ -62,6 +60,10 @@ impl BackendState {
 
     pub fn retirement(&self) -> watch::Receiver<bool> {
         self.retired.subscribe()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
     }
 
     /// False only while a probe says the backend is sick.
@@ -101,7 +103,7 @@ impl BackendState {
             (None, _, _) => wire::BackendHealth::Failing,
         };
         BackendView {
-            name: self.name.clone(),
+            name: self.name().to_owned(),
             address: self.authority.clone(),
             health,
             requests,

@@ -116,7 +116,7 @@ impl Backend {
                     Ok(Ok(permit)) => Some(permit),
                     _ => {
                         return Err(BackendError::Unavailable {
-                            name: self.state.name.clone(),
+                            name: self.state.name().to_owned(),
                             reason: "every connection busy",
                         })
                     }

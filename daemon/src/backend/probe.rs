@@ -31,9 +31,9 @@ pub async fn run(state: Arc<BackendState>, mut stop: watch::Receiver<bool>) {
         }
         if was != now {
             if now {
-                tracing::info!(backend = %state.name, "backend healthy: {what}");
+                tracing::info!(backend = %state.name(), "backend healthy: {what}");
             } else {
-                tracing::warn!(backend = %state.name, "backend sick: {what}");
+                tracing::warn!(backend = %state.name(), "backend sick: {what}");
             }
         }
         tokio::select! {

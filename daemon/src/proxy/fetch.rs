@@ -28,14 +28,6 @@ use crate::{
     worker::Worker,
 };
 
-/// The error for a route whose backend, or every member of whose director, is sick.
-pub fn no_healthy_backend(route: &Route) -> BackendError {
-    BackendError::Unavailable {
-        name: route.target_name().to_owned(),
-        reason: "sick",
-    }
-}
-
 /// How a fill ended, for the coalescer: whether later requests should skip coalescing for a while.
 enum Ending {
     Stored,
@@ -220,6 +212,22 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A fill that got no response head: nothing to send to (sick, or every connection busy), or the send
+/// failed. Readers get the error's status.
+fn failed(worker: &Worker, fetch: &Fetch, key: &str, e: BackendError) -> Ending {
+    if let BackendError::Unavailable { .. } = e {
+        inc(&worker.shared.stats.backend_unavailable);
+        tracing::debug!(key, error = %e, "nothing to fetch from");
+    } else {
+        tracing::warn!(key, error = %e, "fetch failed");
+    }
+    fetch.set_head(Err(HeadError {
+        status: e.status(),
+        error: FetchError::new(e.to_string()),
+    }));
+    Ending::Failed
+}
+
 async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     let Fill {
         key,
@@ -232,17 +240,10 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     let key = key.as_str();
     let shared = &worker.shared;
     let policy = &route.policy;
-    let Some(backend) = route.pick(key) else {
-        inc(&shared.stats.backend_unavailable);
-        let e = no_healthy_backend(route);
-        tracing::debug!(key, error = %e, "nothing to fetch from");
-        fetch.set_head(Err(HeadError {
-            status: e.status(),
-            error: FetchError::new(e.to_string()),
-        }));
-        return Ending::Failed;
+    let backend = match route.pick(key) {
+        Ok(state) => worker.pool(state),
+        Err(e) => return failed(worker, fetch, key, e),
     };
-    let backend = &worker.pool(backend);
     let request_time = SystemTime::now();
     let build = || {
         let mut req = forward::fill_request(parts, *client);
@@ -270,17 +271,7 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     };
     let resp = match sent {
         Ok(resp) => resp,
-        Err(e) => {
-            if let BackendError::Unavailable { .. } = e {
-                inc(&shared.stats.backend_unavailable);
-            }
-            tracing::warn!(key, error = %e, "fetch failed");
-            fetch.set_head(Err(HeadError {
-                status: e.status(),
-                error: FetchError::new(e.to_string()),
-            }));
-            return Ending::Failed;
-        }
+        Err(e) => return failed(worker, fetch, key, e),
     };
     let response_time = SystemTime::now();
     let received_at = Instant::now();

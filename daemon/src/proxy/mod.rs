@@ -438,20 +438,20 @@ async fn pass(
     let shared = &worker.shared;
     inc(&shared.stats.passes);
     let outcome = Outcome::Pass { unsafe_method };
-    let Some(backend) = route.pick(&primary_key(&parts)) else {
-        inc(&shared.stats.backend_unavailable);
-        let e = fetch::no_healthy_backend(route);
-        return respond::error(e.status(), outcome, &e.to_string());
-    };
-    inc(&shared.stats.backend_requests);
     let invalidation_target = unsafe_method.then(|| parts.clone());
     let mut parts = parts;
     forward::prepare_headers(&mut parts.headers, client);
-    let resp = match worker
-        .pool(backend)
-        .send(Request::from_parts(parts, body))
-        .await
-    {
+    let sent = match route.pick(&primary_key(&parts)) {
+        Ok(backend) => {
+            inc(&shared.stats.backend_requests);
+            worker
+                .pool(backend)
+                .send(Request::from_parts(parts, body))
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    let resp = match sent {
         Ok(resp) => resp,
         Err(BackendError::RequestBodyTooLarge) => {
             inc(&shared.stats.bodies_too_large);
