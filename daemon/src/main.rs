@@ -39,6 +39,7 @@ use tracing_subscriber::{
 use crate::{
     access_log::AccessLog,
     backend::{probe::Probes, BackendSet, BackendState},
+    coalesce::Coalescer,
     config::{Config, Overrides},
     reload::{Reloader, SetLogLevel},
     server::WorkerSettings,
@@ -169,7 +170,7 @@ fn run(
         access_log: access_log.clone(),
         store: store.clone(),
         stats: stats.clone(),
-        coalescer: Default::default(),
+        coalescer: Coalescer::new(config.server.hit_for_miss_memory.as_u64() as usize),
         started: Instant::now(),
     });
 

@@ -38,6 +38,8 @@ counters! {
     backend_requests,
     backend_errors,
     fetches_in_flight,
+    fetches_cancelled,
+    background_fills,
     objects_stored,
     revalidations,
     bodies_lost,

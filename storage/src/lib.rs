@@ -27,4 +27,4 @@ pub use meta::{ObjectMeta, ObjectSet};
 pub use purge::{InvalidationMark, PurgeMode};
 pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use store::{ChunkRead, ChunkTiers, Store, Tier};
-pub use writer::ObjectWriter;
+pub use writer::{ObjectWriter, PartialBody};

@@ -658,16 +658,24 @@ impl Store {
             generation: meta.generation,
             index,
         };
+        self.read_key(key, meta.chunk_len(index)).await
+    }
+
+    pub(crate) async fn read_key(
+        &self,
+        key: ChunkKey,
+        expected_len: usize,
+    ) -> Result<Option<ChunkRead>, StoreError> {
         let Some(entry) = self.inner.chunks.get(&key).await? else {
             StoreStats::add(&self.inner.stats.chunks_missing, 1);
             return Ok(None);
         };
         let data = entry.value().clone();
-        if data.len() != meta.chunk_len(index) {
+        if data.len() != expected_len {
             tracing::warn!(
-                object = meta.object,
-                generation = meta.generation,
-                index,
+                object = key.object,
+                generation = key.generation,
+                index = key.index,
                 "chunk has the wrong length"
             );
             StoreStats::add(&self.inner.stats.chunks_missing, 1);

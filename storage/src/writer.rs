@@ -1,5 +1,7 @@
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::{
     chunk::ChunkKey,
@@ -13,6 +15,8 @@ pub(crate) enum Job {
     Chunk {
         key: ChunkKey,
         data: Bytes,
+        /// Bytes of the body handed to foyer so far, for readers of the body in progress.
+        stored: Arc<watch::Sender<u64>>,
     },
     Publish {
         primary: String,
@@ -42,6 +46,7 @@ pub struct ObjectWriter {
     chunks: u32,
     length: u64,
     finished: bool,
+    stored: Arc<watch::Sender<u64>>,
 }
 
 impl ObjectWriter {
@@ -62,11 +67,29 @@ impl ObjectWriter {
             chunks: 0,
             length: 0,
             finished: false,
+            stored: Arc::new(watch::Sender::new(0)),
         }
     }
 
     pub fn length(&self) -> u64 {
         self.length
+    }
+
+    /// Bytes handed on to be stored as whole chunks (the rest waits for a chunk to fill). A reader of the
+    /// body in progress can read them back through [`ObjectWriter::partial_body`].
+    pub fn sent(&self) -> u64 {
+        self.length - self.buf.len() as u64
+    }
+
+    /// Read access to the chunks this writer has stored so far, valid while the writer (or the object it
+    /// publishes) lives.
+    pub fn partial_body(&self) -> PartialBody {
+        PartialBody {
+            store: self.store.clone(),
+            object: self.object,
+            generation: self.generation,
+            stored: self.stored.subscribe(),
+        }
     }
 
     /// Appends body bytes. Waits when the disk falls behind, which slows the origin read instead of letting
@@ -92,7 +115,11 @@ impl ObjectWriter {
         self.store
             .inner
             .jobs
-            .send(Job::Chunk { key, data })
+            .send(Job::Chunk {
+                key,
+                data,
+                stored: self.stored.clone(),
+            })
             .await
             .map_err(|_| StoreError::Closed)
     }
@@ -142,6 +169,43 @@ impl Drop for ObjectWriter {
     }
 }
 
+/// The chunks of a body still being written, for readers that fell behind what the fetch keeps in memory.
+#[derive(Clone)]
+pub struct PartialBody {
+    store: Store,
+    object: u64,
+    generation: u64,
+    stored: watch::Receiver<u64>,
+}
+
+impl PartialBody {
+    pub fn chunk_size(&self) -> u64 {
+        self.store.chunk_size() as u64
+    }
+
+    /// Chunk `index`, once the writer task has stored it; `None` when it never will be (the writer was
+    /// dropped first) or foyer no longer holds it.
+    pub async fn read_chunk(&mut self, index: u32) -> Result<Option<Bytes>, StoreError> {
+        let chunk_size = self.store.chunk_size() as u64;
+        let start = u64::from(index) * chunk_size;
+        let stored = match self.stored.wait_for(|stored| *stored > start).await {
+            Ok(stored) => *stored,
+            Err(_) => return Ok(None),
+        };
+        let expected = (stored - start).min(chunk_size) as usize;
+        let key = ChunkKey {
+            object: self.object,
+            generation: self.generation,
+            index,
+        };
+        Ok(self
+            .store
+            .read_key(key, expected)
+            .await?
+            .map(|read| read.data))
+    }
+}
+
 /// The single task that inserts chunks into foyer. It asks foyer to finish its disk writes (`wait`) whenever
 /// `budget` bytes were inserted since the last time, or when it has nothing else to do, so foyer's flush queue
 /// never overflows; objects published before a completed wait are counted durable.
@@ -167,11 +231,13 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
             }
         };
         match job {
-            Job::Chunk { key, data } => {
+            Job::Chunk { key, data, stored } => {
+                let len = data.len() as u64;
                 unflushed += data.len();
                 StoreStats::add(&inner.stats.chunks_written, 1);
-                StoreStats::add(&inner.stats.chunk_bytes_written, data.len() as u64);
+                StoreStats::add(&inner.stats.chunk_bytes_written, len);
                 inner.chunks.insert(key, data);
+                stored.send_modify(|bytes| *bytes += len);
                 if unflushed >= budget {
                     settle(&store, &mut unflushed, &mut undurable).await;
                 }

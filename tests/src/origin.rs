@@ -51,6 +51,18 @@ impl Reply {
         }
     }
 
+    /// The `len`-byte [`pattern`] body in 64 KiB frames (slices of one small buffer), with its
+    /// `Content-Length`.
+    pub fn large(len: usize) -> Self {
+        const FRAME: usize = 64 * 1024;
+        let base = Bytes::from(pattern(FRAME + 251));
+        let steps = (0..len)
+            .step_by(FRAME)
+            .map(|at| Step::Data(base.slice(at % 251..at % 251 + (len - at).min(FRAME))))
+            .collect();
+        Self::ok("").steps(steps, Some(len))
+    }
+
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -78,6 +90,12 @@ impl Reply {
     }
 }
 
+/// Body bytes that show where they sit: byte `i` is `i % 251`, so a body read back out of order, shifted
+/// or short fails a comparison (251 is prime: no chunk or frame size lines up with it).
+pub fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
 /// What the origin saw of one request.
 #[derive(Debug, Clone)]
 pub struct Seen {
@@ -94,7 +112,11 @@ pub struct Origin {
     /// The accept loop and every connection task, so `stop` can refuse and reset like a dead origin.
     tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    in_flight: Arc<AtomicUsize>,
     max_in_flight: Arc<AtomicUsize>,
+    /// Body bytes the connections have taken from the scripted bodies (what the proxy has read, give or
+    /// take the socket buffers).
+    body_bytes: Arc<AtomicUsize>,
 }
 
 impl Origin {
@@ -105,7 +127,13 @@ impl Origin {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let max_in_flight = Arc::new(AtomicUsize::new(0));
-        let state = (seen.clone(), in_flight.clone(), max_in_flight.clone());
+        let body_bytes = Arc::new(AtomicUsize::new(0));
+        let state = State {
+            seen: seen.clone(),
+            in_flight: in_flight.clone(),
+            max_in_flight: max_in_flight.clone(),
+            body_bytes: body_bytes.clone(),
+        };
         let tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let registry = tasks.clone();
         let accept = tokio::spawn(async move {
@@ -128,7 +156,9 @@ impl Origin {
             addr,
             tasks,
             seen,
+            in_flight,
             max_in_flight,
+            body_bytes,
         }
     }
 
@@ -158,6 +188,16 @@ impl Origin {
         self.seen.lock().unwrap().len()
     }
 
+    /// Requests being answered now (until their body is sent or their connection is gone).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Body bytes taken from the scripted bodies so far, across every request.
+    pub fn body_bytes(&self) -> usize {
+        self.body_bytes.load(Ordering::SeqCst)
+    }
+
     /// The most requests that were being answered at the same time.
     pub fn max_in_flight(&self) -> usize {
         self.max_in_flight.load(Ordering::SeqCst)
@@ -172,7 +212,13 @@ impl Origin {
     }
 }
 
-type State = (Arc<Mutex<Vec<Seen>>>, Arc<AtomicUsize>, Arc<AtomicUsize>);
+#[derive(Clone)]
+struct State {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: Arc<AtomicUsize>,
+    body_bytes: Arc<AtomicUsize>,
+}
 type OriginBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 struct InFlight(Arc<AtomicUsize>);
@@ -188,9 +234,14 @@ async fn serve(
     state: State,
     req: Request<Incoming>,
 ) -> Result<Response<OriginBody>, Infallible> {
-    let (seen, in_flight, max) = state;
+    let State {
+        seen,
+        in_flight,
+        max_in_flight,
+        body_bytes,
+    } = state;
     let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    max.fetch_max(now, Ordering::SeqCst);
+    max_in_flight.fetch_max(now, Ordering::SeqCst);
     let guard = InFlight(in_flight);
     let (parts, body) = req.into_parts();
     let body = body
@@ -215,18 +266,21 @@ async fn serve(
         resp = resp.header(n, v);
     }
     let steps = futures_util::stream::unfold(
-        (reply.body.into_iter(), Some(guard)),
-        |(mut steps, guard)| async move {
+        (reply.body.into_iter(), Some(guard), body_bytes),
+        |(mut steps, guard, body_bytes)| async move {
             loop {
                 match steps.next() {
                     None => return None,
-                    Some(Step::Data(d)) => return Some((Ok(Frame::data(d)), (steps, guard))),
+                    Some(Step::Data(d)) => {
+                        body_bytes.fetch_add(d.len(), Ordering::SeqCst);
+                        return Some((Ok(Frame::data(d)), (steps, guard, body_bytes)));
+                    }
                     Some(Step::Sleep(d)) => tokio::time::sleep(d).await,
                     Some(Step::Gate(g)) => g.notified().await,
                     Some(Step::Reset) => {
                         return Some((
                             Err(std::io::Error::other("scripted reset")),
-                            (steps, guard),
+                            (steps, guard, body_bytes),
                         ));
                     }
                 }

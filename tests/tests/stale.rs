@@ -14,6 +14,9 @@ use lacquer_tests::{get, Daemon, Origin, Reply};
 const OK: u8 = 0;
 const SERVER_ERROR: u8 = 1;
 const HANG: u8 = 2;
+/// Answers `v{n}` only after 500 ms for n > 1, so that every request of a burst is looked up before a
+/// background refresh can have replaced the stale object.
+const SLOW_REFRESH: u8 = 3;
 
 /// An origin whose n-th good answer is `v{n}`, and which can be switched to failing.
 async fn origin(cache_control: &'static str) -> (Origin, Arc<AtomicU8>) {
@@ -25,9 +28,11 @@ async fn origin(cache_control: &'static str) -> (Origin, Arc<AtomicU8>) {
         HANG => Reply::ok("late").delay(Duration::from_secs(5)),
         _ => {
             let n = served.fetch_add(1, Ordering::SeqCst) + 1;
+            let slow = m.load(Ordering::SeqCst) == SLOW_REFRESH && n > 1;
             Reply::ok(format!("v{n}"))
                 .header("cache-control", cache_control)
                 .header("etag", &format!("\"{n}\""))
+                .delay(Duration::from_millis(if slow { 500 } else { 0 }))
         }
     })
     .await;
@@ -48,7 +53,8 @@ fn short_timeouts() -> (tempfile::TempDir, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn grace_answers_stale_at_once_and_refreshes_once() {
-    let (origin, _) = origin("max-age=1, stale-while-revalidate=30").await;
+    let (origin, mode) = origin("max-age=1, stale-while-revalidate=30").await;
+    mode.store(SLOW_REFRESH, Ordering::SeqCst);
     let d = Daemon::start(origin.addr, &[]);
     assert_eq!(get(d.addr, "/g").await.body, "v1");
     tokio::time::sleep(Duration::from_millis(1300)).await;

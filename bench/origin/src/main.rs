@@ -4,6 +4,8 @@
 //! - `/flap/ID`: 2 KiB, fresh for one second (for the origin-failure benchmark);
 //! - `/small/...`: 1 KiB, cacheable for an hour, with `x-url: PATH` (so Varnish bans on `obj.http.x-url` can
 //!   be walked by its lurker);
+//! - `/stream/CACHE_CONTROL/LENGTH[/ANYTHING]`: a LENGTH-byte body streamed in 64 KiB frames (never held in
+//!   memory whole) with `Cache-Control: CACHE_CONTROL`, for the memory benchmark's multi-GiB responses;
 //! - `/__count/PATH`: how many times PATH was requested, as a plain number; `/__total`: all requests.
 //!
 //! On CONTROL_PORT, `GET /mode/ok|503|reset|refuse` switches how the main port behaves: normally; answering
@@ -20,7 +22,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::{server::conn::http1, service::service_fn, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
@@ -41,7 +43,23 @@ struct Origin {
     mode: AtomicU8,
 }
 
-type Reply = Response<Full<Bytes>>;
+type Reply = Response<BoxBody<Bytes, Infallible>>;
+
+fn full(data: Bytes) -> BoxBody<Bytes, Infallible> {
+    Full::new(data).boxed()
+}
+
+/// `len` bytes of [`body`]'s pattern in 64 KiB frames cut from one small buffer.
+fn streamed(len: u64) -> BoxBody<Bytes, Infallible> {
+    const FRAME: u64 = 64 * 1024;
+    let base = body(FRAME as usize + 251);
+    let frames = futures_util::stream::iter((0..len).step_by(FRAME as usize).map(move |at| {
+        let from = (at % 251) as usize;
+        let n = (len - at).min(FRAME) as usize;
+        Ok(hyper::body::Frame::data(base.slice(from..from + n)))
+    }));
+    StreamBody::new(frames).boxed()
+}
 
 async fn serve(
     origin: Arc<Origin>,
@@ -50,7 +68,7 @@ async fn serve(
     let path = req.uri().path().to_owned();
     if path == "/__total" {
         let n: u64 = origin.counts.lock().unwrap().values().sum();
-        return Ok(Response::new(Full::new(Bytes::from(n.to_string()))));
+        return Ok(Response::new(full(Bytes::from(n.to_string()))));
     }
     if let Some(counted) = path.strip_prefix("/__count") {
         let n = origin
@@ -60,14 +78,14 @@ async fn serve(
             .get(counted)
             .copied()
             .unwrap_or(0);
-        return Ok(Response::new(Full::new(Bytes::from(n.to_string()))));
+        return Ok(Response::new(full(Bytes::from(n.to_string()))));
     }
     match origin.mode.load(Ordering::SeqCst) {
         // An error from the service makes hyper drop the connection without an answer; connections kept
         // alive from before a refusal are dropped the same way.
         RESET | REFUSE => return Err(std::io::Error::other("scripted failure")),
         UNAVAILABLE => {
-            let mut resp = Response::new(Full::new(Bytes::from_static(b"origin down\n")));
+            let mut resp = Response::new(full(Bytes::from_static(b"origin down\n")));
             *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             return Ok(resp);
         }
@@ -79,6 +97,20 @@ async fn serve(
         .unwrap()
         .entry(path.clone())
         .or_default() += 1;
+    if let Some(spec) = path.strip_prefix("/stream/") {
+        let mut fields = spec.split('/');
+        let cache_control = fields.next().unwrap_or("no-store").to_owned();
+        let len = fields
+            .next()
+            .and_then(|l| l.parse::<u64>().ok())
+            .unwrap_or(0);
+        return Ok(Response::builder()
+            .header("cache-control", cache_control)
+            .header("content-type", "application/octet-stream")
+            .header("content-length", len)
+            .body(streamed(len))
+            .unwrap());
+    }
     let (data, cache_control) = match path.as_str() {
         "/obj/2k" => (origin.small.clone(), "max-age=3600"),
         p if p.starts_with("/flap/") => (origin.small.clone(), "max-age=1"),
@@ -94,7 +126,7 @@ async fn serve(
         .header("x-url", path)
         .header("content-type", "application/octet-stream")
         .header("etag", format!("\"{}\"", data.len()))
-        .body(Full::new(data))
+        .body(full(data))
         .unwrap())
 }
 
@@ -124,7 +156,7 @@ async fn control(origin: Arc<Origin>, port: u16) {
                 } else {
                     StatusCode::NOT_FOUND
                 };
-                let mut resp = Response::new(Full::new(Bytes::new()));
+                let mut resp = Response::new(Full::<Bytes>::new(Bytes::new()));
                 *resp.status_mut() = status;
                 async move { Ok::<_, Infallible>(resp) }
             });

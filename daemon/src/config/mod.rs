@@ -80,6 +80,9 @@ pub struct Server {
     /// How long in-flight responses may take to finish on shutdown. Default: 30 s.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// Memory for the keys that recently proved uncacheable (hit-for-miss); the oldest leave first when it
+    /// is full. Default: 16 MiB.
+    pub hit_for_miss_memory: ByteSize,
 }
 
 impl Default for Server {
@@ -87,6 +90,7 @@ impl Default for Server {
         Self {
             workers: 0,
             shutdown_timeout: Duration::from_secs(30),
+            hit_for_miss_memory: ByteSize::mib(16),
         }
     }
 }
@@ -168,6 +172,7 @@ pub struct Cache {
     #[serde(with = "humantime_serde")]
     pub hit_for_miss: Duration,
     pub max_object_size: ByteSize,
+    pub transit_buffer: ByteSize,
     pub targeted_cache_control: Vec<String>,
     pub surrogate_key_headers: Vec<String>,
 }
@@ -187,6 +192,7 @@ impl Default for Cache {
             cache_set_cookie: p.cache_set_cookie,
             hit_for_miss: p.hit_for_miss,
             max_object_size: ByteSize::b(p.max_object_size),
+            transit_buffer: ByteSize::b(p.transit_buffer),
             targeted_cache_control: p.targeted_cache_control,
             surrogate_key_headers: p.surrogate_key_headers,
         }
@@ -508,6 +514,7 @@ impl Config {
             cache_set_cookie: c.cache_set_cookie,
             hit_for_miss: c.hit_for_miss,
             max_object_size: c.max_object_size.as_u64(),
+            transit_buffer: c.transit_buffer.as_u64(),
             targeted_cache_control: c
                 .targeted_cache_control
                 .iter()

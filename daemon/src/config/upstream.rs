@@ -28,7 +28,8 @@ pub struct Backend {
     pub between_bytes_timeout: Duration,
     /// Requests in flight to this backend at once, across every worker, as Varnish's `.max_connections`:
     /// one more waits up to `connect_timeout` for a place, then fails as an unreachable backend would (503,
-    /// or a stale object). 0: no limit. Default: 0.
+    /// or a stale object). It keeps a flood of misses or abandoned HTTP/2 streams from opening thousands of
+    /// origin connections. 0: no limit. Default: 256.
     pub max_connections: usize,
     /// Idle keep-alive connections kept per worker thread. Default: 128.
     pub max_idle_connections: usize,
@@ -50,7 +51,7 @@ impl Default for Backend {
             connect_timeout: Duration::from_secs(3),
             first_byte_timeout: Duration::from_secs(60),
             between_bytes_timeout: Duration::from_secs(60),
-            max_connections: 0,
+            max_connections: 256,
             max_idle_connections: 128,
             idle_timeout: Duration::from_secs(4),
             probe: None,

@@ -44,6 +44,10 @@ pub struct Policy {
     pub hit_for_miss: Duration,
     /// Largest body stored; larger ones are passed. Default: 256 MiB.
     pub max_object_size: u64,
+    /// Body bytes one fetch holds in memory for its readers (at least two chunks while storing). Readers
+    /// further behind read what the store holds; when the body is not stored, the origin is read no faster
+    /// than the slowest reader. Default: 4 MiB.
+    pub transit_buffer: u64,
     /// Targeted cache-control fields (RFC 9213) this cache obeys, in precedence order, lower-case; the first
     /// present replaces `Cache-Control` and `Expires`. Default: `cdn-cache-control`.
     pub targeted_cache_control: Vec<String>,
@@ -71,6 +75,7 @@ impl Default for Policy {
             cache_set_cookie: false,
             hit_for_miss: Duration::from_secs(120),
             max_object_size: 256 * 1024 * 1024,
+            transit_buffer: 4 * 1024 * 1024,
             targeted_cache_control: vec!["cdn-cache-control".into()],
             surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],
             ttl_override: None,

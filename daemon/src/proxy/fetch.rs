@@ -35,6 +35,8 @@ enum Ending {
     Revalidated,
     NotStored,
     Failed,
+    /// Every reader left while the body was not being stored: the origin read stopped.
+    Cancelled,
 }
 
 /// One fill: what to fetch, for whom, and what is stored already.
@@ -50,6 +52,8 @@ pub struct Fill {
     /// A stored variant with validators: they go with the request, and a 304 refreshes it instead of
     /// transferring the body again (RFC 9111 §4.3).
     pub stale: Option<Found>,
+    /// A refresh nobody waits for (grace): it is not cancelled for want of readers before its head arrives.
+    pub background: bool,
 }
 
 pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
@@ -90,6 +94,7 @@ pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
         }
         Ending::Failed => inc(&stats.backend_errors),
         Ending::NotStored => inc(&stats.uncacheable),
+        Ending::Cancelled => inc(&stats.fetches_cancelled),
     }
     if registered {
         let hit_for_miss = matches!(ending, Ending::NotStored).then_some(route.policy.hit_for_miss);
@@ -139,6 +144,14 @@ async fn revalidated(
         Decision::Store(s) => s.ttl.saturating_sub(Duration::from_secs(initial_age)),
         Decision::DontStore(_) => Duration::ZERO,
     };
+    if !store.has_body(old) {
+        fetch.set_head(Err(HeadError {
+            status: StatusCode::BAD_GATEWAY,
+            error: FetchError::new("the stored body was lost during revalidation"),
+        }));
+        let _ = store.remove_generation(key, old.generation);
+        return Ending::Failed;
+    }
     fetch.set_head(Ok(Arc::new(FetchedHead {
         status,
         headers: headers.clone(),
@@ -148,19 +161,7 @@ async fn revalidated(
         received_at: Instant::now(),
         ttl,
     })));
-    for index in 0..old.chunk_count() {
-        match store.read_chunk(old, index).await {
-            Ok(Some(chunk)) => fetch.push(chunk.data),
-            _ => {
-                fetch.end(Err(FetchError::new(
-                    "the stored body was lost during revalidation",
-                )));
-                let _ = store.remove_generation(key, old.generation);
-                return Ending::Failed;
-            }
-        }
-    }
-    fetch.end(Ok(()));
+    fetch.complete_from_store(store.clone(), old.clone());
     let result = match decision {
         Decision::Store(s) => {
             let meta = with_response(
@@ -265,9 +266,20 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     };
     // A pooled connection the origin closed while idle fails the first request sent on it; a fill has no
     // body to lose, so it is sent once more on a fresh connection.
-    let sent = match backend.send(build()).await {
-        Err(BackendError::Failed { .. }) => backend.send(build()).await,
-        other => other,
+    let send = async {
+        match backend.send(build()).await {
+            Err(BackendError::Failed { .. }) => backend.send(build()).await,
+            other => other,
+        }
+    };
+    // Clients that give up (an HTTP/2 reset, a closed connection) before the head arrives take the request
+    // to the origin with them.
+    let sent = tokio::select! {
+        sent = send => sent,
+        () = fetch.deserted(), if !request.background => {
+            tracing::debug!(key, "every reader left before the response head; fetch cancelled");
+            return Ending::Cancelled;
+        }
     };
     let resp = match sent {
         Ok(resp) => resp,
@@ -334,6 +346,9 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
         },
         None => None,
     };
+    if let Some(w) = &writer {
+        fetch.store_into(w);
+    }
     let fetched = Arc::new(FetchedHead {
         status: head.status,
         headers: head.headers.clone(),
@@ -347,8 +362,22 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     });
     fetch.set_head(Ok(fetched));
 
+    let mut unattended = false;
     loop {
-        let frame = match tokio::time::timeout(backend.between_bytes_timeout, body.frame()).await {
+        fetch.room().await;
+        if writer.is_some() && !unattended && fetch.unattended() {
+            unattended = true;
+            inc(&shared.stats.background_fills);
+        }
+        let next = tokio::select! {
+            biased;
+            () = fetch.deserted() => {
+                tracing::debug!(key, "every reader left an unstored body; fetch cancelled");
+                return Ending::Cancelled;
+            }
+            next = tokio::time::timeout(backend.between_bytes_timeout, body.frame()) => next,
+        };
+        let frame = match next {
             Err(_) => Err(format!(
                 "no body bytes for {:?}",
                 backend.between_bytes_timeout
@@ -378,7 +407,9 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
                 tracing::info!(key, "body exceeds max_object_size; not storing");
             }
             if over || w.push(&data).await.is_err() {
-                writer = None;
+                fetch.stop_storing(writer.take());
+            } else {
+                fetch.stored_upto(w.sent());
             }
         }
     }
@@ -405,8 +436,12 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
         response_time,
         policy,
     );
+    let length = writer.length();
     match writer.finish(key.to_owned(), meta).await {
-        Ok(()) => Ending::Stored,
+        Ok(()) => {
+            fetch.stored_upto(length);
+            Ending::Stored
+        }
         Err(e) => {
             tracing::warn!(key, error = %e, "storing failed");
             Ending::NotStored

@@ -298,7 +298,8 @@ fn refresh(
     found: Found,
 ) {
     let now = worker.shared.store.mark();
-    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now) {
+    let transit_buffer = route.policy.transit_buffer;
+    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now, transit_buffer) {
         let fill = Fill {
             key: key.to_owned(),
             registered: true,
@@ -306,6 +307,7 @@ fn refresh(
             client,
             route: route.clone(),
             stale: found.revalidatable().then_some(found),
+            background: true,
         };
         tokio::spawn(fetch::run(worker.clone(), fetch, fill));
     }
@@ -332,7 +334,13 @@ async fn miss(
     stale: Option<Found>,
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
-    let start = |registered: bool, fetch: Arc<Fetch>| {
+    let transit_buffer = route.policy.transit_buffer;
+    // Starts the coalescer's fetch for the key (`leader`), or one of this request's own. The reader exists
+    // before the fill task starts, so the fill never sees a fetch without readers that it would cancel.
+    let start = |leader: Option<Arc<Fetch>>| {
+        let registered = leader.is_some();
+        let fetch = leader.unwrap_or_else(|| Fetch::new(shared.store.mark(), transit_buffer));
+        let reader = fetch.reader();
         let fill = Fill {
             key: key.to_owned(),
             registered,
@@ -340,22 +348,30 @@ async fn miss(
             client,
             route: route.clone(),
             stale: stale.clone().filter(Found::revalidatable),
+            background: false,
         };
         tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
-        fetch
+        (fetch, reader)
     };
     let now = shared.store.mark();
-    let (fetch, mut owner) = match shared.coalescer.join(key, now) {
-        Joined::Leader(fetch) => (start(true, fetch), true),
-        Joined::Waiter(fetch) => (fetch, false),
+    let ((fetch, mut reader), mut owner) = match shared.coalescer.join(key, now, transit_buffer) {
+        Joined::Leader(fetch) => (start(Some(fetch)), true),
+        Joined::Waiter(fetch) => {
+            let reader = fetch.reader();
+            if reader.cancelled() {
+                // Its readers all left just before this one came: it is no longer fetching.
+                (start(None), true)
+            } else {
+                ((fetch, reader), false)
+            }
+        }
         Joined::HitForMiss => {
             inc(&shared.stats.hit_for_miss);
-            (start(false, Fetch::new(now)), true)
+            (start(None), true)
         }
     };
     // A body that is already complete is as good as stored: the store just has not published it yet.
     let complete = !owner && fetch.is_complete();
-    let mut reader = fetch.reader();
     let mut head = reader.head().await;
     if let (false, Ok(h)) = (owner, &head) {
         let other_variant = !vary::matches(&h.selection, &parts.headers);
@@ -368,7 +384,7 @@ async fn miss(
         let spent = complete && h.ttl.saturating_sub(h.received_at.elapsed()).is_zero();
         if !h.shareable || other_variant || spent {
             // Uncacheable, another variant again, or spent: fetch alone at once rather than queue.
-            reader = start(false, Fetch::new(shared.store.mark())).reader();
+            reader = start(None).1;
             head = reader.head().await;
             owner = true;
         }

@@ -107,6 +107,12 @@ stats_section! {
         backend_errors: Counter "lacquer_backend_errors_total",
         /// Backend fetches in flight.
         fetches_in_flight: Gauge "lacquer_backend_fetches_in_flight",
+        /// Backend fetches stopped because every client reading them had gone (closed, or reset its HTTP/2
+        /// stream) while the body was not being stored.
+        fetches_cancelled: Counter "lacquer_backend_fetches_cancelled_total",
+        /// Fetches that went on storing the body after every client reading them had gone (bounded by
+        /// `max_object_size`).
+        background_fills: Counter "lacquer_background_fills_total",
         /// Objects stored after a fetch.
         objects_stored: Counter "lacquer_objects_stored_total",
         /// Stale objects the origin confirmed with a 304: headers and freshness refreshed, body not resent.
