@@ -6,6 +6,7 @@ use lacquer_storage::{PurgeMode, Store, StoreError};
 use crate::policy::{
     head::valid_host,
     key::key_for,
+    normalize,
     surrogate::{MAX_TAGS, MAX_TAG_LEN},
 };
 
@@ -64,7 +65,8 @@ pub fn purge_key(url: &str, host: Option<&str>) -> Result<String, InvalidationEr
     if !valid_host(host.as_bytes()) {
         return Err(InvalidationError::InvalidHost(host.to_owned()));
     }
-    Ok(key_for(host, path))
+    // Keyed as a request for it is: requests' paths are normalised before their key is made.
+    Ok(key_for(host, &normalize::target(path)))
 }
 
 /// Tags as the index holds them: the same splitting rules as the response headers they came from.
@@ -119,6 +121,7 @@ mod tests {
             ("http://user@victim.test/a", None, Err("invalid_host")),
             ("/a", Some("a b"), Err("invalid_host")),
             ("/a", Some("[::1]:8080"), Ok("[::1]:8080/a")),
+            ("http://h.test//a/./b/../%7Ec?x", None, Ok("h.test/a/~c?x")),
             ("/a", Some("  "), Err("missing_host")),
             ("a b", Some("h"), Err("invalid_url")),
             ("", Some("h"), Err("invalid_url")),

@@ -78,6 +78,24 @@ pub fn path(raw: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A path-and-query (`/a/./b?q`) with its path normalised as [`path`] does: what a request for it is keyed
+/// under, for keys built outside a request (purges, `Location` invalidation).
+pub fn target(path_and_query: &str) -> String {
+    let (raw_path, query) = match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    };
+    let mut out = match raw_path.starts_with('/') {
+        true => path(raw_path).into_owned(),
+        false => raw_path.to_owned(),
+    };
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
 fn percent_normalized(raw: &str) -> String {
     let bytes = raw.as_bytes();
     let mut out = String::with_capacity(raw.len());
@@ -176,6 +194,19 @@ mod tests {
         for (raw, want) in cases {
             assert_eq!(path(raw), want, "{raw}");
             assert_eq!(path(want), want, "{want} is already normal");
+        }
+    }
+
+    #[test]
+    fn targets() {
+        let cases = [
+            ("/a//./b?x=/../y", "/a/b?x=/../y"),
+            ("/%7Ea", "/~a"),
+            ("/a?", "/a?"),
+            ("*", "*"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(target(raw), want, "{raw}");
         }
     }
 
