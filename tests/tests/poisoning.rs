@@ -505,3 +505,56 @@ async fn the_bearer_scheme_is_case_insensitive() {
     .unwrap();
     assert_eq!(wrong.status, 401);
 }
+
+/// One HTTP/2 request (cleartext, prior knowledge) with extra fields; the status and body.
+async fn h2_request(addr: SocketAddr, uri: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    use http_body_util::BodyExt;
+
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::get(uri);
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let resp = send
+        .send_request(req.body(String::new()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn http2_carries_the_host_in_its_authority() {
+    let origin = echo_origin().await;
+    let d = daemon(&origin, "");
+    // No Host field at all: `:authority` is the host, and it is not "an HTTP/1.1 request without Host".
+    let (status, body) = h2_request(d.addr, "http://victim.test/page", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, "host=victim.test path=/page lang=- xfh=- xfp=- xou=-");
+    // A Host field beside it loses, as in absolute form: key and origin both use the authority.
+    let (status, body) =
+        h2_request(d.addr, "http://victim.test/other", &[("host", "evil.test")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        "host=victim.test path=/other lang=- xfh=- xfp=- xou=-"
+    );
+    let again = send(d.addr, "GET /other HTTP/1.1\r\nHost: victim.test").await;
+    assert_eq!(again.header("x-cache"), Some("HIT"));
+    assert_eq!(
+        hosts_seen(&origin),
+        ["victim.test /page", "victim.test /other"]
+    );
+    // An authority that is not a host is refused like a bad Host.
+    let (status, _) = h2_request(d.addr, "http://user@victim.test/x", &[]).await;
+    assert_eq!(status, 400);
+    assert_eq!(origin.total(), 2);
+}
