@@ -4,7 +4,9 @@
 use lacquer_storage::{PurgeMode, Store, StoreError};
 
 use crate::policy::{
+    head::valid_host,
     key::key_for,
+    normalize,
     surrogate::{MAX_TAGS, MAX_TAG_LEN},
 };
 
@@ -14,6 +16,8 @@ pub enum InvalidationError {
     InvalidUrl(String),
     #[error("{0:?} has no host: give an absolute url or a host")]
     MissingHost(String),
+    #[error("invalid host {0:?}: give a host name or address with an optional port")]
+    InvalidHost(String),
     #[error("no tags given")]
     NoTags,
     #[error("invalid tag {0:?}: tags are 1 to {MAX_TAG_LEN} bytes without spaces or commas")]
@@ -28,6 +32,7 @@ impl InvalidationError {
         match self {
             Self::InvalidUrl(_) => "invalid_url",
             Self::MissingHost(_) => "missing_host",
+            Self::InvalidHost(_) => "invalid_host",
             Self::NoTags => "no_tags",
             Self::InvalidTag(_) => "invalid_tag",
             Self::TooManyTags => "too_many_tags",
@@ -56,7 +61,12 @@ pub fn purge_key(url: &str, host: Option<&str>) -> Result<String, InvalidationEr
         .filter(|h| !h.is_empty())
         .or_else(|| uri.authority().map(|a| a.as_str()))
         .ok_or_else(|| InvalidationError::MissingHost(url.to_owned()))?;
-    Ok(key_for(host, path))
+    // The same rule as for requests: a host with a `/` (or userinfo) would name another key.
+    if !valid_host(host.as_bytes()) {
+        return Err(InvalidationError::InvalidHost(host.to_owned()));
+    }
+    // Keyed as a request for it is: requests' paths are normalised before their key is made.
+    Ok(key_for(host, &normalize::target(path)))
 }
 
 /// Tags as the index holds them: the same splitting rules as the response headers they came from.
@@ -107,6 +117,11 @@ mod tests {
                 Ok("shop.test/a"),
             ),
             ("/a", None, Err("missing_host")),
+            ("/evil", Some("victim.test/page"), Err("invalid_host")),
+            ("http://user@victim.test/a", None, Err("invalid_host")),
+            ("/a", Some("a b"), Err("invalid_host")),
+            ("/a", Some("[::1]:8080"), Ok("[::1]:8080/a")),
+            ("http://h.test//a/./b/../%7Ec?x", None, Ok("h.test/a/~c?x")),
             ("/a", Some("  "), Err("missing_host")),
             ("a b", Some("h"), Err("invalid_url")),
             ("", Some("h"), Err("invalid_url")),

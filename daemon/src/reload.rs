@@ -20,7 +20,8 @@ use crate::{
 };
 
 /// Whether a reload applies `setting` at once: the cache policy, the purge access rules, the log level,
-/// deny rules, normalisation, backends (with their probes), directors and routes. Listeners' certificates
+/// deny rules, normalisation, forwarding fields, backends (with their probes), directors and routes.
+/// Listeners' certificates
 /// too, when the listener is still there (see `load_certificates`).
 fn is_live(setting: &str) -> bool {
     let live = [
@@ -32,7 +33,9 @@ fn is_live(setting: &str) -> bool {
         "deny",
         "normalize.",
     ];
-    live.iter().any(|prefix| setting.starts_with(prefix)) || setting == "log.level"
+    live.iter().any(|prefix| setting.starts_with(prefix))
+        || setting == "log.level"
+        || setting == "server.forwarding_headers"
 }
 
 /// Replaces the log filter; `Err` says why the level cannot be used.
@@ -129,6 +132,7 @@ impl Reloader {
         }
         running.deny = next.deny.clone();
         running.normalize = next.normalize.clone();
+        running.server.forwarding_headers = next.server.forwarding_headers;
         let backends = self.backends_for(&running);
         self.shared
             .live

@@ -7,8 +7,8 @@ use regex::Regex;
 
 use crate::{
     backend::{BackendError, BackendSet, BackendState, Director},
-    config::{Config, Cookies},
-    policy::Policy,
+    config::{Config, Cookies, ForwardingHeaders},
+    policy::{headers::FORWARDING, Policy},
     protection::ClientRateLimit,
 };
 
@@ -80,6 +80,8 @@ pub struct Route {
     pub strip_cookies: bool,
     /// Token buckets per client; a reload starts them afresh.
     pub rate_limit: Option<ClientRateLimit>,
+    /// Forwarding fields are removed from requests (`strip`); otherwise `policy.key_headers` names them.
+    pub strip_forwarding: bool,
 }
 
 impl Route {
@@ -153,12 +155,23 @@ impl Router {
                 })
                 .expect("validated")
         };
-        let base = config.policy();
+        let forwarding = |mode: ForwardingHeaders, policy: &mut Policy| {
+            if mode == ForwardingHeaders::Key {
+                policy.key_headers = FORWARDING.iter().map(|n| n.to_string()).collect();
+            }
+            mode == ForwardingHeaders::Strip
+        };
+        let mut base = config.policy();
+        let strip_forwarding = forwarding(config.server.forwarding_headers, &mut base);
         let routes = config
             .route
             .iter()
             .map(|r| {
-                let mut policy = base.clone();
+                let mut policy = config.policy();
+                let mode = r
+                    .forwarding_headers
+                    .unwrap_or(config.server.forwarding_headers);
+                let strip_forwarding = forwarding(mode, &mut policy);
                 policy.ttl_override = r.ttl;
                 policy.grace_override = r.grace;
                 match r.cookies {
@@ -182,6 +195,7 @@ impl Router {
                         .rate_limit
                         .as_ref()
                         .map(|l| ClientRateLimit::new(l).expect("validated")),
+                    strip_forwarding,
                 })
             })
             .collect();
@@ -195,6 +209,7 @@ impl Router {
             backends: backends.clone(),
             strip_cookies: false,
             rate_limit: None,
+            strip_forwarding,
         });
         Self {
             backends: backends.clone(),

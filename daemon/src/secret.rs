@@ -1,13 +1,31 @@
 //! The admin secret: read from a file, or generated into one on first start.
 
-use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path};
+use std::{
+    io::Write,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::Path,
+};
 
 use anyhow::{bail, Context};
 
-/// Reads the secret at `path`; creates it (random, mode 0600) when the file does not exist.
+/// Reads the secret at `path`; creates it (random, mode 0600) when the file does not exist. A secret that
+/// other users can read or change is refused, as ssh refuses such a private key: whoever can read it
+/// can purge the cache and reconfigure the daemon.
 pub fn load_or_create(path: &Path) -> anyhow::Result<String> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
+            let mode = std::fs::metadata(path)
+                .with_context(|| format!("cannot read admin secret {}", path.display()))?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                bail!(
+                    "admin secret {path} is accessible by other users (mode {mode:04o}); \
+                     run `chmod 600 {path}` (and make the daemon's user its owner)",
+                    path = path.display(),
+                    mode = mode & 0o7777,
+                );
+            }
             let secret = text.trim().to_owned();
             if secret.len() < 16 {
                 bail!(
@@ -43,8 +61,6 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
     use super::*;
 
     #[test]
@@ -61,10 +77,31 @@ mod tests {
     }
 
     #[test]
+    fn refuses_a_secret_other_users_can_read_or_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o602] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = load_or_create(&path).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("mode {mode:04o}"))
+                    && err.contains(&format!("chmod 600 {}", path.display())),
+                "{err}"
+            );
+        }
+        for mode in [0o600, 0o400] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(load_or_create(&path).unwrap(), "0123456789abcdef0123");
+        }
+    }
+
+    #[test]
     fn rejects_a_short_secret() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret");
         std::fs::write(&path, "abc\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(load_or_create(&path)
             .unwrap_err()
             .to_string()

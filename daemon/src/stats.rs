@@ -61,6 +61,7 @@ counters! {
     idle_timeouts,
     headers_too_large,
     bodies_too_large,
+    bad_requests,
     denied,
     rate_limited,
     access_log_dropped,

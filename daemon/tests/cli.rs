@@ -124,3 +124,55 @@ fn bad_flag_values_are_usage_errors() {
     assert_eq!(code, 2);
     assert!(err.contains("--memory"), "{err}");
 }
+
+#[test]
+fn a_secret_other_users_can_read_is_refused_at_start() {
+    use std::{
+        io::Read,
+        os::unix::fs::PermissionsExt,
+        process::Stdio,
+        time::{Duration, Instant},
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("store");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "correct-horse-battery-staple\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lacquerd"))
+        .args(["--backend", "127.0.0.1:9", "--listen", "127.0.0.1:0"])
+        .args(["--admin", "127.0.0.1:0", "--memory", "64MiB", "--disk"])
+        .arg(&disk)
+        .arg("--secret")
+        .arg(&secret)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lacquerd runs");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("lacquerd started with a group-readable secret");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{err}");
+    let path = secret.display();
+    assert!(
+        err.contains(&format!(
+            "admin secret {path} is accessible by other users (mode 0640); run `chmod 600 {path}`"
+        )),
+        "{err}"
+    );
+}

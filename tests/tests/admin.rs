@@ -52,6 +52,7 @@ async fn a_given_secret_file_is_used() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("secret");
     std::fs::write(&file, "correct-horse-battery-staple\n").unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let d = Daemon::start(origin.addr, &["--secret", file.to_str().unwrap()]);
     assert_eq!(
         d.admin_get("/v1/stats", Some("correct-horse-battery-staple"))

@@ -73,7 +73,7 @@ pub async fn add_ban(State(state): State<AdminState>, ApiJson(body): ApiJson<New
     request_body = PurgeUrl,
     responses(
         (status = 200, description = "How many stored variants were purged", body = Purged),
-        (status = 400, description = "`invalid_url`, `missing_host`, `invalid_body`", body = ApiError),
+        (status = 400, description = "`invalid_url`, `missing_host`, `invalid_host`, `invalid_body`", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
         (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
     ))]

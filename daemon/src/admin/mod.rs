@@ -189,8 +189,7 @@ async fn require_secret(State(state): State<AdminState>, req: Request, next: Nex
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer_token);
     match presented {
         Some(token) if bool::from(token.as_bytes().ct_eq(state.secret.as_bytes())) => {
             next.run(req).await
@@ -208,6 +207,16 @@ async fn require_secret(State(state): State<AdminState>, req: Request, next: Nex
     }
 }
 
+/// The token of `Bearer <token>` credentials; the scheme's case does not matter and spaces may repeat
+/// (RFC 9110 §11.1, RFC 6750 §2.1).
+fn bearer_token(credentials: &str) -> Option<&str> {
+    let (scheme, token) = credentials.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
 /// The answer to a store failure: logged, and reported without detail beyond the store's own message.
 pub fn store_failed(e: lacquer_storage::StoreError) -> Response {
     tracing::error!(error = %e, "admin operation failed in the store");
@@ -216,4 +225,26 @@ pub fn store_failed(e: lacquer_storage::StoreError) -> Response {
         "store_error",
         e.to_string(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_credentials() {
+        let cases = [
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("BEARER   abc ", Some("abc")),
+            ("Bearer", None),
+            ("Bearer ", None),
+            ("Basic abc", None),
+            ("Bearerabc", None),
+            ("", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(bearer_token(value), want, "{value:?}");
+        }
+    }
 }

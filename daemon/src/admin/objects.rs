@@ -22,7 +22,7 @@ use crate::{
     params(ObjectQuery),
     responses(
         (status = 200, description = "The key and its variants (none when not cached)", body = Inspection),
-        (status = 400, description = "`invalid_url`, `missing_host`, `invalid_query`", body = ApiError),
+        (status = 400, description = "`invalid_url`, `missing_host`, `invalid_host`, `invalid_query`", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
     ))]
 pub async fn inspect(

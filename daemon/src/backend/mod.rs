@@ -45,6 +45,10 @@ pub enum BackendError {
     /// client's fault, not the backend's.
     #[error("request body too large")]
     RequestBodyTooLarge,
+    /// Reading the client's body failed while it was being forwarded (bad chunked framing, a cut
+    /// connection): the client's fault, not the backend's.
+    #[error("malformed request body: {0}")]
+    RequestBody(String),
     /// Nothing was sent: the backend is sick, or every one of its `max_connections` stayed busy.
     #[error("backend {name} unavailable: {reason}")]
     Unavailable { name: String, reason: &'static str },
@@ -60,9 +64,16 @@ impl BackendError {
             }
             BackendError::Failed { .. } => StatusCode::BAD_GATEWAY,
             BackendError::RequestBodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            BackendError::RequestBody(_) => StatusCode::BAD_REQUEST,
         }
     }
 }
+
+/// An error reading the client's request body, marked so that a forwarding failure it causes is not put
+/// down to the backend.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClientBodyError(#[source] pub hyper::Error);
 
 /// One worker's pool of connections to one backend (cloning shares the pool).
 #[derive(Clone)]
@@ -132,7 +143,7 @@ impl Backend {
                 resp.status()
             )),
             Ok(_) => state.succeeded(),
-            Err(BackendError::RequestBodyTooLarge) => {}
+            Err(BackendError::RequestBodyTooLarge | BackendError::RequestBody(_)) => {}
             Err(e) => state.failed(e.to_string()),
         }
         result.map(|resp| resp.map(|inner| BackendBody { inner, permit }))
@@ -164,6 +175,9 @@ impl Backend {
             }),
             Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => {
                 Err(BackendError::RequestBodyTooLarge)
+            }
+            Ok(Err(e)) if caused_by::<ClientBodyError>(&e) => {
+                Err(BackendError::RequestBody(error_chain(&e)))
             }
             Ok(Err(e)) => Err(BackendError::Failed {
                 authority: authority.clone(),

@@ -83,6 +83,9 @@ pub struct Server {
     /// Memory for the keys that recently proved uncacheable (hit-for-miss); the oldest leave first when it
     /// is full. Default: 16 MiB.
     pub hit_for_miss_memory: ByteSize,
+    /// What requests' forwarding fields (`X-Forwarded-Host`, `Forwarded`, `X-Original-URL`, …) become; a
+    /// route's `forwarding_headers` overrides it. Default: `strip`.
+    pub forwarding_headers: ForwardingHeaders,
 }
 
 impl Default for Server {
@@ -91,8 +94,22 @@ impl Default for Server {
             workers: 0,
             shutdown_timeout: Duration::from_secs(30),
             hit_for_miss_memory: ByteSize::mib(16),
+            forwarding_headers: ForwardingHeaders::Strip,
         }
     }
+}
+
+/// Fields that make an origin act on another host, scheme, path or method than the request's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardingHeaders {
+    /// Removed from every request before it is routed, looked up or forwarded: no client can make the
+    /// origin answer for another host or scheme and have that answer stored for everyone.
+    #[default]
+    Strip,
+    /// Forwarded, and every stored response varies on them (as if its `Vary` named them): for a cache
+    /// behind a trusted proxy that sets them.
+    Key,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -527,6 +544,7 @@ impl Config {
                 .collect(),
             ttl_override: None,
             grace_override: None,
+            key_headers: Vec::new(),
         }
     }
 

@@ -39,6 +39,9 @@ pub struct Route {
     /// it, `429` with `Retry-After`. Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<super::RateLimit>,
+    /// `strip` or `key` the forwarding fields on this route. Default: `server.forwarding_headers`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forwarding_headers: Option<super::ForwardingHeaders>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

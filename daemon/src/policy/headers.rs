@@ -14,8 +14,37 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
-/// Removes hop-by-hop fields and every field listed in `Connection`. `Upgrade` is kept only when the caller
-/// says the connection is being upgraded.
+/// Request fields that tell an origin (or its framework) which host, scheme, port, path or method to act
+/// on instead of the request's own. A cache that forwards them without keying on them stores one client's
+/// answer for everyone (web cache poisoning), so they are stripped unless a route keys on them.
+pub const FORWARDING: [&str; 17] = [
+    "forwarded",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-scheme",
+    "x-forwarded-server",
+    "x-forwarded-prefix",
+    "x-forwarded-ssl",
+    "x-host",
+    "x-original-host",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-url-scheme",
+    "front-end-https",
+];
+
+pub fn strip_forwarding(headers: &mut HeaderMap) {
+    for name in FORWARDING {
+        headers.remove(name);
+    }
+}
+
+/// Removes hop-by-hop fields and every field listed in `Connection` (RFC 9110 §7.6.1), and `Upgrade`,
+/// which this proxy does not forward.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)

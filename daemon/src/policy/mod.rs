@@ -5,6 +5,7 @@ pub mod age;
 pub mod cache_control;
 pub mod conditional;
 pub mod freshness;
+pub mod head;
 pub mod headers;
 pub mod key;
 pub mod normalize;
@@ -59,6 +60,9 @@ pub struct Policy {
     pub ttl_override: Option<Duration>,
     /// Grace given to every stored response (a route's `grace`). Default: none.
     pub grace_override: Option<Duration>,
+    /// Request fields every stored response varies on, as if its `Vary` named them, lower-case: the
+    /// forwarding fields when a route keys on them. Default: none.
+    pub key_headers: Vec<String>,
 }
 
 impl Default for Policy {
@@ -80,6 +84,7 @@ impl Default for Policy {
             surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],
             ttl_override: None,
             grace_override: None,
+            key_headers: Vec::new(),
         }
     }
 }

@@ -23,9 +23,6 @@ pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> Reques
         // Unsafe methods, and methods whose safety is unknown, invalidate (RFC 9111 §4.4).
         _ => return RequestClass::Invalidate,
     }
-    if headers.contains_key(header::UPGRADE) {
-        return RequestClass::Pass("upgrade");
-    }
     if headers.contains_key(header::AUTHORIZATION) && !policy.cache_authorized {
         return RequestClass::Pass("authorization");
     }
@@ -121,12 +118,6 @@ mod tests {
                 "GET",
                 &[("authorization", "Bearer x"), ("cookie", "a=b")],
                 RequestClass::Lookup,
-            ),
-            (
-                &p,
-                "GET",
-                &[("upgrade", "websocket")],
-                RequestClass::Pass("upgrade"),
             ),
             (
                 &p,

@@ -73,11 +73,16 @@ pub fn decide(
     if headers.contains_key(header::SET_COOKIE) && !policy.cache_set_cookie {
         return DontStore("set-cookie");
     }
-    let vary = match vary::parse(headers) {
+    let mut vary = match vary::parse(headers) {
         Vary::Any => return DontStore("vary *"),
         Vary::None => Vec::new(),
         Vary::Headers(names) => names,
     };
+    for name in &policy.key_headers {
+        if !vary.contains(name) {
+            vary.push(name.clone());
+        }
+    }
     let lifetime = freshness::lifetime(status, headers, &cc, policy, response_time);
     if let (Lifetime::Default(_), None) = (&lifetime, policy.ttl_override) {
         if !freshness::heuristically_cacheable(status) {
@@ -348,6 +353,21 @@ mod tests {
         assert_eq!(
             decide(false, StatusCode::OK, &h, &off, SystemTime::now()),
             Decision::DontStore("no-store")
+        );
+    }
+
+    #[test]
+    fn keyed_request_fields_join_the_vary_names() {
+        let policy = Policy {
+            key_headers: vec!["x-forwarded-host".into(), "accept".into()],
+            ..Policy::default()
+        };
+        let h = headers(&[("cache-control", "max-age=60"), ("vary", "Accept")]);
+        let got = decide(false, StatusCode::OK, &h, &policy, SystemTime::now());
+        assert_eq!(
+            got,
+            store(60, 0, false, &["accept", "x-forwarded-host"]),
+            "the response's own names first, no repeats"
         );
     }
 

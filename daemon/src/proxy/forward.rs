@@ -4,7 +4,10 @@ use std::net::IpAddr;
 
 use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request};
 
-use crate::{body, policy::headers::strip_hop_by_hop, policy::key};
+use crate::{
+    body,
+    policy::{headers::strip_hop_by_hop, key, normalize},
+};
 
 /// What this proxy adds to `Via` on requests and responses.
 pub const VIA: &str = "1.1 lacquer";
@@ -77,7 +80,7 @@ pub fn invalidation_keys(req: &Parts, response: &HeaderMap) -> Vec<String> {
             .is_none_or(|a| key::key_for(a.as_str(), "") == key::key_for(host, ""));
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         if same_host && path.starts_with('/') {
-            let k = key::key_for(host, path);
+            let k = key::key_for(host, &normalize::target(path));
             if !keys.contains(&k) {
                 keys.push(k);
             }
@@ -152,6 +155,10 @@ mod tests {
                 &["example.com/form"],
             ),
             (&[("content-location", "/form")], &["example.com/form"]),
+            (
+                &[("location", "/a//./b/../%7Ec")],
+                &["example.com/form", "example.com/a/~c"],
+            ),
         ];
         for (h, want) in cases {
             let mut headers = HeaderMap::new();

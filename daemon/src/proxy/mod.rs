@@ -18,11 +18,12 @@ use lacquer_storage::{ObjectMeta, ObjectSet, Tier};
 
 use self::respond::Outcome;
 use crate::{
-    backend::BackendError,
+    backend::{BackendError, ClientBodyError},
     body::{self, Body, BoxError},
     coalesce::{Fetch, Joined},
     policy::{
-        headers::strip_hop_by_hop,
+        head,
+        headers::{strip_forwarding, strip_hop_by_hop},
         key::primary_key,
         normalize,
         request::{classify, host_from_authority, RequestClass},
@@ -47,7 +48,14 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
     let stats = &worker.shared.stats;
     inc(&stats.requests);
     let (mut parts, body) = req.into_parts();
+    if let Err(e) = head::check(&parts) {
+        inc(&stats.bad_requests);
+        return refused(StatusCode::BAD_REQUEST, &e.to_string(), None);
+    }
     host_from_authority(&mut parts);
+    // From here on the head is the one the origin receives: the key, the variant, the class and every
+    // rule are made from it, never from fields that are not forwarded.
+    strip_hop_by_hop(&mut parts.headers);
     let Client {
         ip: client,
         max_request_body,
@@ -62,6 +70,9 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
         }
         live.router.route(&parts).clone()
     };
+    if route.strip_forwarding {
+        strip_forwarding(&mut parts.headers);
+    }
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
@@ -106,7 +117,7 @@ fn limited(body: Incoming, parts: &Parts, max: u64) -> Option<Body> {
         return None;
     }
     Some(
-        Limited::new(body, max as usize)
+        Limited::new(body.map_err(ClientBodyError), max as usize)
             .map_err(BoxError::from)
             .boxed_unsync(),
     )
@@ -472,6 +483,10 @@ async fn pass(
         Err(BackendError::RequestBodyTooLarge) => {
             inc(&shared.stats.bodies_too_large);
             return body_too_large();
+        }
+        Err(e @ BackendError::RequestBody(_)) => {
+            inc(&shared.stats.bad_requests);
+            return refused(e.status(), &e.to_string(), None);
         }
         Err(e @ BackendError::Unavailable { .. }) => {
             inc(&shared.stats.backend_unavailable);

@@ -31,7 +31,7 @@ pub struct Health {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ApiError {
     /// Stable, for scripts: `unauthorized`, `not_found`, `method_not_allowed`, `invalid_body`,
-    /// `body_too_large`, `invalid_query`, `invalid_ban`, `invalid_url`, `missing_host`, `no_tags`,
+    /// `body_too_large`, `invalid_query`, `invalid_ban`, `invalid_url`, `missing_host`, `invalid_host`, `no_tags`,
     /// `invalid_tag`, `too_many_tags`, `invalid_config`, `store_error`.
     pub code: String,
     /// One line for a person.

@@ -163,6 +163,9 @@ stats_section! {
         rate_limited: Counter "lacquer_client_request_errors_total" { reason = "rate_limited" },
         /// Requests refused with 413: body over `max_request_body`.
         bodies_too_large: Counter "lacquer_client_request_errors_total" { reason = "body_too_large" },
+        /// Requests refused with 400: Host missing, repeated or invalid, `Connection` naming Host, or a
+        /// malformed request body (bad chunked framing).
+        bad_requests: Counter "lacquer_client_request_errors_total" { reason = "bad_request" },
     }
 }
 
