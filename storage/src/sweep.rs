@@ -1,10 +1,11 @@
-use crate::store::Inner;
 use crate::{
+    journal::{Entry, COMPACT_AT},
     meta::{ObjectMeta, ObjectSet},
     stats::StoreStats,
-    store::{now_ms, Store},
+    store::{now_ms, Inner, Store},
 };
 use std::{
+    collections::HashSet,
     sync::{atomic::Ordering::Relaxed, Weak},
     time::Duration,
 };
@@ -16,18 +17,71 @@ const SETTLE_MS: u64 = 10_000;
 /// stays bounded by what the body cache holds. Runs on a background thread; holds the store weakly so that
 /// dropping every handle closes sled.
 pub(crate) fn start(store: Weak<Inner>, interval: Duration) -> Result<(), crate::StoreError> {
-    crate::background::spawn("sweeper", move || loop {
+    crate::background::spawn("sweeper", store, move |store| loop {
         std::thread::sleep(interval);
         let Some(inner) = store.upgrade() else { return };
         if inner.closed.load(Relaxed) {
             return;
         }
-        match sweep_once(&Store { inner }) {
+        let store = Store { inner };
+        match sweep_once(&store) {
             Ok(n) if n > 0 => tracing::debug!(removed = n, "swept metadata"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "metadata sweep failed"),
         }
+        if let Err(e) = compact_journal(&store, COMPACT_AT) {
+            tracing::warn!(error = %e, "compacting the invalidation journal failed");
+        }
     })
+}
+
+/// Retires the journal's entries once nothing can need them, when it holds `at` entries or more: purges
+/// (applied to sled before they were acknowledged) and bans the lurker has completed. They are replaced by
+/// a checkpoint: a floor (the newest retired id) below which stored bodies are invalid unless kept, and the
+/// bodies below it still stored now, which passed every retired entry. A record that a crash or damage
+/// brings back from below the floor is dropped at the next start. Blocks: runs on the sweeper's thread.
+pub(crate) fn compact_journal(store: &Store, at: usize) -> Result<bool, crate::StoreError> {
+    let inner = &store.inner;
+    if inner.journal.len() < at {
+        return Ok(false);
+    }
+    let retired: HashSet<u64> = {
+        // Appends hold this shared until applied: taking it exclusively waits for those in progress, and
+        // the entries read meanwhile are all applied.
+        let _applied = inner.journal.applying.blocking_write();
+        let state = inner.journal.state.lock().expect("journal state");
+        state
+            .entries
+            .iter()
+            .filter(|e| match e {
+                Entry::Ban { id, .. } => !inner.bans.is_pending(*id),
+                _ => true,
+            })
+            .map(Entry::id)
+            .collect()
+    };
+    let Some(&floor) = retired.iter().max() else {
+        return Ok(false);
+    };
+    let mut kept = Vec::new();
+    for item in store.objects_tree().iter() {
+        let (key, value) = item?;
+        if let Ok(set) = ObjectSet::decode(&String::from_utf8_lossy(&key), &value) {
+            kept.extend(
+                set.variants
+                    .iter()
+                    .map(|m| m.generation)
+                    .filter(|g| *g < floor),
+            );
+        }
+    }
+    inner.journal.compact(floor, &retired, kept)?;
+    tracing::info!(
+        retired = retired.len(),
+        left = inner.journal.len(),
+        "invalidation journal compacted"
+    );
+    Ok(true)
 }
 
 fn gone(store: &Store, meta: &ObjectMeta, now: u64) -> bool {

@@ -1,3 +1,5 @@
+use std::collections::HashSet;
+
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot};
 
@@ -145,8 +147,14 @@ impl Drop for ObjectWriter {
 /// The single task that inserts chunks into foyer. It asks foyer to finish its disk writes (`wait`) whenever
 /// `budget` bytes were inserted since the last time, or when it has nothing else to do, so foyer's flush queue
 /// never overflows; objects published before a completed wait are counted durable.
+///
+/// Before each chunk it asks the disk guard whether there is room: when there is not, the chunk is not given
+/// to foyer (whose flusher panics on ENOSPC) and the body it belongs to is spoiled: it is not published.
 pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize) {
     let inner = &store.inner;
+    // Bodies that lost a chunk to a full disk, by (object, generation); each leaves with its publish or
+    // discard, so the set holds at most the fills in flight.
+    let mut spoiled: HashSet<(u64, u64)> = HashSet::new();
     let mut unflushed = 0usize;
     let mut undurable = 0u64;
     let mut closing = None;
@@ -168,6 +176,15 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
         };
         match job {
             Job::Chunk { key, data } => {
+                let body = (key.object, key.generation);
+                if spoiled.contains(&body) {
+                    continue;
+                }
+                if inner.disk.as_ref().is_some_and(|g| !g.room()) {
+                    spoiled.insert(body);
+                    StoreStats::add(&inner.stats.fills_refused, 1);
+                    continue;
+                }
                 unflushed += data.len();
                 StoreStats::add(&inner.stats.chunks_written, 1);
                 StoreStats::add(&inner.stats.chunk_bytes_written, data.len() as u64);
@@ -182,6 +199,11 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 epoch,
                 done,
             } => {
+                if spoiled.remove(&(meta.object, meta.generation)) {
+                    store.forget_body(&meta);
+                    let _ = done.send(Err(StoreError::DiskFull));
+                    continue;
+                }
                 meta.stored_at_ms = meta.stored_at_ms.min(now_ms());
                 let result = store.publish(&primary, *meta, epoch);
                 if result.is_ok() {
@@ -194,6 +216,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 generation,
                 chunks,
             } => {
+                spoiled.remove(&(object, generation));
                 for index in 0..chunks {
                     inner.chunks.remove(&ChunkKey {
                         object,
