@@ -166,8 +166,8 @@ impl Store {
             })?;
         }
         let mut config = config.clone();
-        let free = space::available(&config.dir).map_err(|source| StoreError::CreateDir {
-            path: config.dir.clone(),
+        let free = space::available(&body_dir).map_err(|source| StoreError::CreateDir {
+            path: body_dir.clone(),
             source,
         })?;
         let usable = free + space::allocated(&body_dir);
@@ -198,7 +198,7 @@ impl Store {
                 path: body_dir.clone(),
                 source,
             })?;
-        let guard = DiskGuard::new(config.dir.clone(), config.disk_reserve());
+        let guard = DiskGuard::new(vec![meta_dir, body_dir], config.disk_reserve());
         guard.check();
         Self::assemble(
             config,

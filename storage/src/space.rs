@@ -17,7 +17,8 @@ const RECHECK: Duration = Duration::from_millis(100);
 pub(crate) const METADATA_RESERVE: u64 = 4 << 20;
 
 pub(crate) struct DiskGuard {
-    dir: PathBuf,
+    /// The metadata and body directories: either may be a mount of its own.
+    dirs: Vec<PathBuf>,
     /// Below this many free bytes the disk counts as full; it counts as having room again above 1.5 times it,
     /// so that a disk hovering at the limit does not flap.
     reserve: u64,
@@ -45,9 +46,9 @@ pub(crate) fn allocated(dir: &Path) -> u64 {
 }
 
 impl DiskGuard {
-    pub(crate) fn new(dir: PathBuf, reserve: u64) -> Self {
+    pub(crate) fn new(dirs: Vec<PathBuf>, reserve: u64) -> Self {
         Self {
-            dir,
+            dirs,
             reserve,
             full: AtomicBool::new(false),
             free: AtomicU64::new(u64::MAX),
@@ -83,13 +84,16 @@ impl DiskGuard {
 
     /// Reads the free space now; logs when the disk becomes full and when it has room again.
     pub(crate) fn check(&self) -> bool {
-        let free = match available(&self.dir) {
-            Ok(free) => free,
-            Err(e) => {
-                tracing::debug!(error = %e, dir = %self.dir.display(), "cannot read free space");
-                return !self.is_full();
+        let mut free = u64::MAX;
+        for dir in &self.dirs {
+            match available(dir) {
+                Ok(n) => free = free.min(n),
+                Err(e) => {
+                    tracing::debug!(error = %e, dir = %dir.display(), "cannot read free space");
+                    return !self.is_full();
+                }
             }
-        };
+        }
         self.free.store(free, Relaxed);
         let was_full = self.is_full();
         let full = if was_full {
@@ -102,14 +106,14 @@ impl DiskGuard {
             let (free_mib, reserve_mib) = (free >> 20, self.reserve >> 20);
             if full {
                 tracing::error!(
-                    dir = %self.dir.display(),
+                    dir = %self.dirs[0].display(),
                     free_mib,
                     reserve_mib,
                     "store disk is full: new objects are not stored until there is room again; stored objects are still served"
                 );
             } else {
                 tracing::warn!(
-                    dir = %self.dir.display(),
+                    dir = %self.dirs[0].display(),
                     free_mib,
                     "store disk has room again: storing new objects"
                 );
@@ -127,9 +131,9 @@ mod tests {
     fn full_below_the_reserve_and_room_again_above_one_and_a_half_times_it() {
         let dir = tempfile::tempdir().unwrap();
         let free = available(dir.path()).unwrap();
-        let roomy = DiskGuard::new(dir.path().to_owned(), free / 4);
+        let roomy = DiskGuard::new(vec![dir.path().to_owned()], free / 4);
         assert!(roomy.check() && !roomy.is_full());
-        let tight = DiskGuard::new(dir.path().to_owned(), free.saturating_mul(2));
+        let tight = DiskGuard::new(vec![dir.path().to_owned()], free.saturating_mul(2));
         assert!(!tight.check() && tight.is_full());
         assert!(!tight.room(), "the reading is reused");
     }

@@ -472,3 +472,112 @@ async fn purged_and_banned_objects_never_come_back_after_metadata_truncation() {
         d.stop();
     }
 }
+
+/// A small ext4 filesystem on a loop device, which can be shut down (every I/O then fails with EIO, as
+/// on a dying disk); unmounted when dropped.
+struct Ext4 {
+    mount: PathBuf,
+    image: PathBuf,
+}
+
+impl Ext4 {
+    fn mount(path: &Path, image: &Path) -> Option<Ext4> {
+        if !is_root() {
+            eprintln!("skipped: a loop-mounted filesystem needs root (CI runs this test as root)");
+            return None;
+        }
+        std::fs::create_dir_all(path).unwrap();
+        let ok = |c: &mut Command| c.status().is_ok_and(|s| s.success());
+        if !(ok(Command::new("truncate").args(["-s", "64M"]).arg(image))
+            && ok(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(image))
+            && ok(Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(image)
+                .arg(path)))
+        {
+            eprintln!("skipped: cannot loop-mount an ext4 image here");
+            return None;
+        }
+        Some(Ext4 {
+            mount: path.to_owned(),
+            image: image.to_owned(),
+        })
+    }
+
+    /// `FS_IOC_SHUTDOWN` (`_IOR('X', 125, u32)`) without flushing the log: from now on every I/O fails.
+    fn shut_down(&self) {
+        let dir = std::fs::File::open(&self.mount).unwrap();
+        let flags: u32 = 2;
+        // SAFETY: the ioctl reads one u32 from the pointer, which outlives the call.
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&dir),
+                0x8004_587d,
+                &flags as *const u32,
+            )
+        };
+        assert_eq!(rc, 0, "shutdown ioctl");
+    }
+}
+
+impl Drop for Ext4 {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+/// The body tier on a disk that dies under the running daemon: foyer's writes fail with EIO and its
+/// flusher dies. The daemon must say so and stop storing, not go on silently as a pass-through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_store_task_is_reported_not_silent() {
+    let origin = origin().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let image = dir.path().join("bodies.img");
+    let Some(bodies) = Ext4::mount(&dir.path().join("store/bodies"), &image) else {
+        return;
+    };
+    let mut d = Daemon::start_in(origin.addr, dir.clone(), &[]);
+    for n in 0..4 {
+        get(d.addr, &format!("/big/300/a{n}")).await;
+    }
+    durable(&d, 4).await;
+    bodies.shut_down();
+    for n in 0..40 {
+        let path = format!("/big/300/b{n}");
+        let r = get(d.addr, &path).await;
+        assert!(r.body == body_for(&path), "{path}: served whole");
+        if health(&d).await["status"] == "degraded" {
+            break;
+        }
+    }
+    let h = wait_for_health(&d, "degraded").await;
+    assert!(h.to_string().contains("died"), "{h}");
+    let stats = d.stats().await;
+    assert!(
+        stats["store"]["tasks_failed"].as_u64() >= Some(1),
+        "{stats}"
+    );
+    for n in 0..4 {
+        let path = format!("/big/300/a{n}");
+        let r = get(d.addr, &path).await;
+        assert!(r.body == body_for(&path), "{path}: still served");
+    }
+    let path = "/big/300/c0";
+    for _ in 0..2 {
+        let r = get(d.addr, path).await;
+        assert!(r.body == body_for(path));
+    }
+    let refused = d.stats().await["store"]["fills_refused"].as_u64().unwrap();
+    assert!(
+        refused >= 1,
+        "fills are refused, not queued for a dead task"
+    );
+    assert!(d.log().contains("store task died"), "{}", d.log());
+    let status = d.terminate();
+    assert!(
+        status.success(),
+        "shutdown after a dead task: {status}\n{}",
+        d.log()
+    );
+}
