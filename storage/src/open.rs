@@ -117,6 +117,7 @@ impl Store {
         };
         let first = match Self::open_dir(&config, &runtime, &lock, Health::default()).await {
             Ok(store) => return Ok(store.holding(lock)),
+            Err(e @ StoreError::Locked { .. }) => return Err(e),
             Err(e) => e,
         };
         tracing::error!(
@@ -186,9 +187,18 @@ impl Store {
             .path(&meta_dir)
             .flush_every_ms(Some(200))
             .open()
-            .map_err(|source| StoreError::OpenMetadata {
-                path: meta_dir.clone(),
-                source,
+            .map_err(|source| {
+                // sled's own lock, still held by this process's previous handle: not damage.
+                if source.to_string().contains("could not acquire lock") {
+                    StoreError::Locked {
+                        path: meta_dir.clone(),
+                    }
+                } else {
+                    StoreError::OpenMetadata {
+                        path: meta_dir.clone(),
+                        source,
+                    }
+                }
             })?;
         let (journal, readback) = Journal::read(&config.dir)?;
         let device = FsDeviceBuilder::new(&body_dir)

@@ -131,3 +131,64 @@ fn sweep_tags(store: &Store) -> Result<(), crate::StoreError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PurgeMode, StoreBuilder};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_journal_is_compacted_and_still_covers_what_it_retired() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StoreBuilder::new(dir.path())
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(64 << 10)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap();
+        let keep = |store: &Store| store.inner.journal.len();
+        let put = |key: &'static str| {
+            let store = store.clone();
+            async move {
+                let mut w = store.writer(key, &[], store.mark()).unwrap();
+                w.push(b"body").await.unwrap();
+                let meta = ObjectMeta {
+                    status: 200,
+                    stored_at_ms: u64::MAX,
+                    ttl_ms: 3_600_000,
+                    ..ObjectMeta::default()
+                };
+                w.finish(key.to_owned(), meta).await.unwrap();
+            }
+        };
+        put("a.test/old").await;
+        for n in 0..20 {
+            store
+                .purge(&format!("a.test/p{n}"), PurgeMode::Hard)
+                .await
+                .unwrap();
+        }
+        put("a.test/new").await;
+        assert_eq!(keep(&store), 20);
+        let compacting = store.clone();
+        let done = tokio::task::spawn_blocking(move || compact_journal(&compacting, 10))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(done);
+        assert_eq!(keep(&store), 0, "every purge retired");
+        let state = store.inner.journal.state.lock().unwrap();
+        let old = store.lookup("a.test/old").unwrap().unwrap().variants[0].generation;
+        let new = store.lookup("a.test/new").unwrap().unwrap().variants[0].generation;
+        assert!(
+            old < state.floor && state.kept.contains(&old),
+            "the live old body is kept"
+        );
+        assert!(
+            new > state.floor,
+            "a body newer than the floor needs nothing"
+        );
+        assert_eq!(state.kept.len(), 1);
+    }
+}
