@@ -101,8 +101,13 @@ impl DiskGuard {
         } else {
             free < self.reserve
         };
-        if full != was_full {
-            self.full.store(full, Relaxed);
+        // Only the reader that flips the state logs it, so each change is logged once.
+        if full != was_full
+            && self
+                .full
+                .compare_exchange(was_full, full, Relaxed, Relaxed)
+                .is_ok()
+        {
             let (free_mib, reserve_mib) = (free >> 20, self.reserve >> 20);
             if full {
                 tracing::error!(
