@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Memory under slow readers of huge responses: lacquerd, Varnish (with transit_buffer) and NGINX (default
-proxy buffering) one after the other in front of the same origin. For each target and each kind of response
+"""Memory under slow readers of huge responses: lacquerd, Varnish (default VCL; Debian 12's Varnish 7.1 has
+no `beresp.transit_buffer`, which came with 7.2) and NGINX (default proxy buffering) one after the other in front of the same origin. For each target and each kind of response
 (cacheable, no-store), CLIENTS clients each ask for their own 2 GiB response and read it at about RATE bytes
 per second for SECONDS seconds; the proxy's resident memory (all its processes) is sampled every second.
 Reported: the growth over the idle baseline at its highest, what is still held 5 s after the clients left,
@@ -66,7 +66,7 @@ def start_target(name, work):
             f.write(f'vcl 4.1;\nbackend origin {{ .host = "127.0.0.1"; .port = "{ORIGIN_PORT}"; }}\n')
         return subprocess.Popen(
             ["/usr/sbin/varnishd", "-F", "-j", "none", "-n", f"{work}/varnish", "-a", f"127.0.0.1:{port}",
-             "-f", vcl, "-s", "malloc,256m", "-p", "transit_buffer=4M", "-T", "127.0.0.1:8992"],
+             "-f", vcl, "-s", "malloc,256m", "-T", "127.0.0.1:8992"],
             stdout=subprocess.DEVNULL)
     conf = nginx_conf(work, f"listen 127.0.0.1:{port};")
     return subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL)

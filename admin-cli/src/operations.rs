@@ -15,12 +15,16 @@ pub async fn health(client: &AdminClient, out: Output) -> Result<(), AdminError>
     let health = client.health().await?;
     let addr = client.target().addr;
     out.show(&health, |h: &Health| {
-        format!(
+        let mut text = format!(
             "{}: lacquerd {} at {addr}, up {}\n",
             h.status,
             h.version,
             duration(h.uptime_seconds)
-        )
+        );
+        for problem in &h.problems {
+            text.push_str(&format!("  - {problem}\n"));
+        }
+        text
     });
     Ok(())
 }

@@ -155,6 +155,7 @@ fn run(
                 config.storage_dir().display()
             )
         })?;
+    store.report_panics();
     let secret = secret::load_or_create(config.secret_file())?;
     let backends: BackendSet = Arc::new(
         config

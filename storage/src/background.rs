@@ -2,11 +2,19 @@
 //! so that on a small machine their walks over every record yield to the threads serving clients, and never
 //! block a runtime thread that foyer's disk tasks or the admin API need.
 
-use crate::error::StoreError;
+use std::{
+    panic::AssertUnwindSafe,
+    sync::{atomic::Ordering::Relaxed, Weak},
+};
 
+use crate::{error::StoreError, store::Inner};
+
+/// Runs `work` on its own thread, holding the store weakly; a panic is reported as a failed store task
+/// (unless the store is closing), so the daemon never goes on silently without it.
 pub(crate) fn spawn(
     name: &'static str,
-    work: impl FnOnce() + Send + 'static,
+    store: Weak<Inner>,
+    work: impl FnOnce(&Weak<Inner>) + Send + 'static,
 ) -> Result<(), StoreError> {
     std::thread::Builder::new()
         .name(format!("lacquer-{name}"))
@@ -15,7 +23,13 @@ pub(crate) fn spawn(
             if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) } != 0 {
                 tracing::debug!(thread = name, "cannot lower the thread's priority");
             }
-            work();
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| work(&store)));
+            if let (Err(panic), Some(inner)) = (outcome, store.upgrade()) {
+                if !inner.closed.load(Relaxed) {
+                    let cause = crate::health::panic_message(&*panic);
+                    inner.health.task_failed(name, &cause);
+                }
+            }
         })
         .map(drop)
         .map_err(|source| StoreError::Background { name, source })

@@ -90,6 +90,30 @@ impl StoreBuilder {
         2 * self.flushers * self.block_size()
     }
 
+    /// Free bytes the store must keep on its filesystem: what foyer may have in flight (its flush buffers)
+    /// plus room for sled's log and the invalidation journal.
+    pub(crate) fn disk_reserve(&self) -> u64 {
+        self.buffer_pool_bytes() as u64 + crate::space::METADATA_RESERVE
+    }
+
+    /// The disk tier's size on a filesystem where `usable` bytes are free or already the tier's: the
+    /// configured size when it fits with the reserve, otherwise the largest power of two MiB that does (a
+    /// power of two, so that the block layout stays the same across restarts while free space wavers), but
+    /// never under the 8 blocks the tier needs: the disk guard keeps even that from filling the disk.
+    pub(crate) fn fitted_disk_bytes(&self, usable: u64) -> usize {
+        if self.disk_bytes as u64 + self.disk_reserve() <= usable {
+            return self.disk_bytes;
+        }
+        let mut fitted = self.clone();
+        for _ in 0..4 {
+            let room = usable.saturating_sub(fitted.disk_reserve()).max(MIB as u64);
+            let pow2 = 1u64 << (63 - room.leading_zeros());
+            fitted.disk_bytes = (pow2 as usize).clamp(MIB, self.disk_bytes);
+        }
+        let floor = 8 * fitted.block_size();
+        fitted.disk_bytes.max(floor.min(self.disk_bytes))
+    }
+
     /// Checks the settings without touching the disk (used by `lacquerd --check`).
     pub fn validate(&self) -> Result<(), StoreError> {
         let bad = |what: String| Err(StoreError::Config(what));
@@ -143,6 +167,24 @@ mod tests {
         let big_chunks = StoreBuilder::new("/x").with_chunk_size(4 * MIB);
         assert!(big_chunks.block_size() >= 4 * 4 * MIB);
         assert!(small.validate().is_ok());
+    }
+
+    #[test]
+    fn an_oversized_disk_is_fitted_to_the_free_space() {
+        let b = StoreBuilder::new("/x").with_disk_bytes(256 * MIB);
+        assert_eq!(b.fitted_disk_bytes(10 << 30), 256 * MIB, "fits");
+        let fitted = b.fitted_disk_bytes(31 * MIB as u64);
+        assert_eq!(fitted, 16 * MIB);
+        let small = b.clone().with_disk_bytes(fitted);
+        assert!(small.validate().is_ok());
+        assert!(fitted as u64 + small.disk_reserve() <= 31 * MIB as u64);
+        assert_eq!(
+            b.fitted_disk_bytes(33 * MIB as u64),
+            fitted,
+            "free space wavering a little keeps the size"
+        );
+        let floor = b.fitted_disk_bytes(0);
+        assert!(b.clone().with_disk_bytes(floor).validate().is_ok());
     }
 
     #[test]

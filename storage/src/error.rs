@@ -25,6 +25,25 @@ pub enum StoreError {
     },
     #[error("store is shutting down")]
     Closed,
+    #[error("the store's disk is full: not storing new objects")]
+    DiskFull,
+    #[error("a store task has died: not storing new objects")]
+    Unavailable,
+    #[error("invalidation journal {path}: {source}")]
+    Journal {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("store directory {path} is in use by another process")]
+    Locked { path: PathBuf },
     #[error("invalid store setting: {0}")]
     Config(String),
+}
+
+impl StoreError {
+    /// A fill the store declined on purpose (full disk, dead task): already logged and counted by the store,
+    /// so callers need not report each one.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, StoreError::DiskFull | StoreError::Unavailable)
+    }
 }

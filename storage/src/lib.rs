@@ -4,15 +4,21 @@
 //! tier). Chunk keys carry the object's generation, which is never reused, so a replaced or removed object can
 //! never lend a stale chunk to its successor, even if foyer resurrects a removed entry after a restart.
 //! Object metadata lives in sled, which is the authority on what exists; a bounded in-memory copy of hot
-//! metadata keeps memory hits away from sled and the disk.
+//! metadata keeps memory hits away from sled and the disk. Purges and bans are also appended to an
+//! invalidation journal of their own (see `journal`), replayed at every start, so that a crash or damage
+//! that rolls sled back cannot bring an invalidated body back.
 
 mod background;
 mod ban;
 mod builder;
 mod chunk;
 mod error;
+mod health;
+mod journal;
 mod meta;
+mod open;
 mod purge;
+mod space;
 mod stats;
 mod store;
 mod sweep;
@@ -26,5 +32,5 @@ pub use error::StoreError;
 pub use meta::{ObjectMeta, ObjectSet};
 pub use purge::{InvalidationMark, PurgeMode};
 pub use stats::{StoreStats, StoreStatsSnapshot};
-pub use store::{ChunkRead, ChunkTiers, Store, Tier};
+pub use store::{ChunkRead, ChunkTiers, Store, Tier, VERIFY_AHEAD};
 pub use writer::{ObjectWriter, PartialBody};

@@ -12,6 +12,7 @@ use std::{
 
 use crate::{
     error::StoreError,
+    journal::{Entry, Target},
     meta::{ObjectMeta, ObjectSet},
     stats::StoreStats,
     store::{now_ms, Store},
@@ -27,11 +28,6 @@ pub enum PurgeMode {
     Hard,
     /// Make matching objects stale now; they stay servable for their grace while being refreshed.
     Soft,
-}
-
-enum Target {
-    Key(String),
-    Tags(Vec<String>),
 }
 
 /// A point in the invalidation history, taken when a fetch starts: what it fetched is tested against the
@@ -107,13 +103,14 @@ fn expire(meta: &mut ObjectMeta, now: u64) -> bool {
 impl Store {
     /// Purges every variant of one cache key; returns how many variants were affected.
     pub async fn purge(&self, primary: &str, mode: PurgeMode) -> Result<usize, StoreError> {
-        self.inner
-            .invalidations
-            .purged(Target::Key(primary.to_owned()));
+        let target = Target::Key(primary.to_owned());
+        let applying = self.journal_purge(&target, mode).await?;
+        self.inner.invalidations.purged(target);
         let n = match mode {
             PurgeMode::Hard => self.remove(primary)?,
             PurgeMode::Soft => self.soft_expire(primary, |_| true)?,
         };
+        drop(applying);
         self.count_purge(mode, n);
         self.flush_metadata().await?;
         Ok(n)
@@ -125,9 +122,9 @@ impl Store {
         purged: &[String],
         mode: PurgeMode,
     ) -> Result<usize, StoreError> {
-        self.inner
-            .invalidations
-            .purged(Target::Tags(purged.to_vec()));
+        let target = Target::Tags(purged.to_vec());
+        let applying = self.journal_purge(&target, mode).await?;
+        self.inner.invalidations.purged(target);
         let found = tags::find(&self.inner.tags, purged)?;
         let mut by_key: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
         for (_, tagged) in &found {
@@ -147,6 +144,7 @@ impl Store {
                 }
             };
         }
+        drop(applying);
         // Entries whose object was already gone (after a crash, say) go now.
         for (key, tagged) in found {
             if !self.stored_generation(&tagged.primary, tagged.generation)? {
@@ -156,6 +154,40 @@ impl Store {
         self.count_purge(mode, n);
         self.flush_metadata().await?;
         Ok(n)
+    }
+
+    /// Appends a purge to the invalidation journal (synced) before anything else happens to it; the guard
+    /// returned is held until the purge is applied to the metadata (see [`Store::compact_journal`]).
+    async fn journal_purge(
+        &self,
+        target: &Target,
+        mode: PurgeMode,
+    ) -> Result<tokio::sync::RwLockReadGuard<'_, ()>, StoreError> {
+        let applying = self.inner.journal.applying.read().await;
+        let entry = Entry::Purge {
+            id: self.next_id(),
+            target: target.clone(),
+            soft: mode == PurgeMode::Soft,
+        };
+        self.journal(entry).await?;
+        Ok(applying)
+    }
+
+    /// Appends `entry` to the invalidation journal and syncs it (on a blocking thread), then notes in sled
+    /// that the journal reaches it: a journal found shorter at start has lost entries.
+    pub(crate) async fn journal(&self, entry: Entry) -> Result<(), StoreError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let id = entry.id();
+            store.inner.journal.append(entry)?;
+            store
+                .inner
+                .state
+                .insert(crate::open::JOURNAL_LAST, &id.to_be_bytes())?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
     }
 
     fn count_purge(&self, mode: PurgeMode, n: usize) {
@@ -169,7 +201,7 @@ impl Store {
     }
 
     /// Expires the variants of `primary` selected by `which`; returns how many were selected.
-    fn soft_expire(
+    pub(crate) fn soft_expire(
         &self,
         primary: &str,
         which: impl Fn(&ObjectMeta) -> bool,

@@ -29,6 +29,9 @@ pub struct StoreStats {
     pub(crate) objects_purged: AtomicU64,
     pub(crate) objects_soft_purged: AtomicU64,
     pub(crate) publishes_cancelled: AtomicU64,
+    pub(crate) fills_refused: AtomicU64,
+    pub(crate) objects_invalidated_at_start: AtomicU64,
+    pub(crate) objects_unverified: AtomicU64,
 }
 
 /// A consistent-enough copy of the store's counters and gauges.
@@ -87,6 +90,24 @@ pub struct StoreStatsSnapshot {
     pub objects_soft_purged: u64,
     /// Fetches that completed after a purge or ban covering them, so were not stored.
     pub publishes_cancelled: u64,
+    /// 1 while the store's filesystem is below its free-space reserve: new objects are not stored (gauge).
+    pub disk_full: u64,
+    /// Fills not stored because the disk was full or a store task had died.
+    pub fills_refused: u64,
+    /// 1 when the store could not be opened at start and was moved aside: it started empty (gauge).
+    pub damaged_at_start: u64,
+    /// 1 when the store directory could not be used at all: nothing is kept across restarts (gauge).
+    pub memory_only: u64,
+    /// Store tasks (writer, sweeper, lurker, foyer's) that died; the store no longer stores new objects.
+    pub tasks_failed: u64,
+    /// Entries in the invalidation journal (gauge; compacted by the sweeper).
+    pub journal_entries: u64,
+    /// Objects found at start that an acknowledged purge or ban covers (sled rolled back by a crash or
+    /// damage), removed again.
+    pub objects_invalidated_at_start: u64,
+    /// Objects dropped at start because the invalidation journal was damaged or missing, so they could not
+    /// be proven not purged or banned.
+    pub objects_unverified: u64,
 }
 
 impl StoreStats {
@@ -124,5 +145,8 @@ impl StoreStats {
         s.objects_purged = get(&self.objects_purged);
         s.objects_soft_purged = get(&self.objects_soft_purged);
         s.publishes_cancelled = get(&self.publishes_cancelled);
+        s.fills_refused = get(&self.fills_refused);
+        s.objects_invalidated_at_start = get(&self.objects_invalidated_at_start);
+        s.objects_unverified = get(&self.objects_unverified);
     }
 }

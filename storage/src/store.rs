@@ -11,12 +11,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use foyer::{
-    BlockEngineConfig, Cache, CacheBuilder, DeviceBuilder, FsDeviceBuilder, HybridCache,
-    HybridCacheBuilder, HybridCachePolicy, PsyncIoEngineConfig, RecoverMode, SieveConfig, Source,
-    Spawner,
-};
-use mixtrics::registry::prometheus_0_14::PrometheusMetricsRegistry;
+use foyer::{Cache, HybridCache, Source};
 use tokio::sync::mpsc;
 
 use crate::{
@@ -24,11 +19,14 @@ use crate::{
     builder::StoreBuilder,
     chunk::ChunkKey,
     error::StoreError,
+    health::Health,
+    journal::Journal,
     meta::{ObjectMeta, ObjectSet},
     purge::{InvalidationMark, Invalidations},
+    space::DiskGuard,
     stats::{StoreStats, StoreStatsSnapshot},
     tags,
-    writer::{self, Job, ObjectWriter},
+    writer::{Job, ObjectWriter},
 };
 
 /// Whether reading or writing a set puts it in the hot copy (`Fill`), or only refreshes a copy already there
@@ -69,24 +67,36 @@ pub struct Store {
 pub(crate) struct Inner {
     pub(crate) chunks: HybridCache<ChunkKey, Bytes>,
     pub(crate) db: sled::Db,
-    objects: sled::Tree,
+    pub(crate) objects: sled::Tree,
     pub(crate) tags: sled::Tree,
+    /// Store-wide values: how far the invalidation journal has been seen to go.
+    pub(crate) state: sled::Tree,
     pub(crate) bans: Bans,
     pub(crate) invalidations: Invalidations,
+    pub(crate) journal: Journal,
+    /// Free space on the store's filesystem; `None` for a memory-only store.
+    pub(crate) disk: Option<DiskGuard>,
+    pub(crate) health: Health,
+    /// The store directory's lock, held while the store is open.
+    pub(crate) lock: Mutex<Option<std::fs::File>>,
     /// Group commit of sled flushes: tickets taken before writes, and the highest one a flush covered.
-    flush_tickets: AtomicU64,
-    flushed: AtomicU64,
-    flushing: tokio::sync::Mutex<()>,
-    hot: Cache<String, Arc<ObjectSet>>,
+    pub(crate) flush_tickets: AtomicU64,
+    pub(crate) flushed: AtomicU64,
+    pub(crate) flushing: tokio::sync::Mutex<()>,
+    pub(crate) hot: Cache<String, Arc<ObjectSet>>,
     /// Serialises every change to an object set, so the hot copy and sled never disagree.
-    mutate: Mutex<()>,
+    pub(crate) mutate: Mutex<()>,
     pub(crate) jobs: mpsc::Sender<Job>,
     pub(crate) stats: StoreStats,
     pub(crate) config: StoreBuilder,
-    registry: prometheus::Registry,
+    pub(crate) registry: prometheus::Registry,
     pub(crate) closed: AtomicBool,
-    runtime: tokio::runtime::Handle,
+    pub(crate) runtime: tokio::runtime::Handle,
 }
+
+/// How much of a body [`Store::open_body`] proves readable before the response starts: enough to cover
+/// most objects whole, small enough that a disk hit's first byte waits for a few reads at most.
+pub const VERIFY_AHEAD: u64 = 1 << 20;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -96,115 +106,9 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl Store {
-    pub(crate) async fn open(
-        config: StoreBuilder,
-        runtime: tokio::runtime::Handle,
-    ) -> Result<Self, StoreError> {
-        let meta_dir = config.dir.join("meta");
-        let body_dir = config.dir.join("bodies");
-        for dir in [&config.dir, &meta_dir, &body_dir] {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
-                path: dir.clone(),
-                source,
-            })?;
-        }
-        let db = sled::Config::new()
-            .path(&meta_dir)
-            .flush_every_ms(Some(200))
-            .open()
-            .map_err(|source| StoreError::OpenMetadata {
-                path: meta_dir.clone(),
-                source,
-            })?;
-        let objects = db.open_tree("objects")?;
-        let tags = db.open_tree("tags")?;
-        let bans = Bans::open(&db)?;
-
-        let registry = prometheus::Registry::new();
-        let device = FsDeviceBuilder::new(&body_dir)
-            .with_capacity(config.disk_bytes)
-            .build()
-            .map_err(|source| StoreError::OpenBodies {
-                path: body_dir.clone(),
-                source,
-            })?;
-        let buffer_pool = config.buffer_pool_bytes();
-        let chunks = HybridCacheBuilder::new()
-            .with_name("bodies")
-            .with_policy(HybridCachePolicy::WriteOnInsertion)
-            .with_metrics_registry(Box::new(PrometheusMetricsRegistry::new(registry.clone())))
-            .memory(config.memory_bytes)
-            .with_eviction_config(SieveConfig)
-            .with_weighter(|_: &ChunkKey, v: &Bytes| v.len() + 64)
-            .storage()
-            .with_io_engine_config(PsyncIoEngineConfig::new())
-            .with_engine_config(
-                BlockEngineConfig::new(device)
-                    .with_block_size(config.block_size())
-                    .with_flushers(config.flushers)
-                    .with_buffer_pool_size(buffer_pool)
-                    .with_submit_queue_size_threshold(2 * buffer_pool),
-            )
-            .with_recover_mode(RecoverMode::Quiet)
-            .with_spawner(Spawner::from(runtime.clone()))
-            .build()
-            .await
-            .map_err(|source| StoreError::OpenBodies {
-                path: body_dir.clone(),
-                source,
-            })?;
-
-        let hot = CacheBuilder::new(config.metadata_cache_bytes)
-            .with_eviction_config(SieveConfig)
-            .with_weighter(|k: &String, v: &Arc<ObjectSet>| k.len() + v.approx_size())
-            .build();
-        let (jobs, rx) = mpsc::channel(64);
-        let store = Store {
-            inner: Arc::new(Inner {
-                chunks,
-                db,
-                objects,
-                tags,
-                bans,
-                invalidations: Invalidations::default(),
-                flush_tickets: AtomicU64::new(0),
-                flushed: AtomicU64::new(0),
-                flushing: tokio::sync::Mutex::new(()),
-                hot,
-                mutate: Mutex::new(()),
-                jobs,
-                stats: StoreStats::default(),
-                config,
-                registry,
-                closed: AtomicBool::new(false),
-                runtime: runtime.clone(),
-            }),
-        };
-        store.count_objects()?;
-        runtime.spawn(writer::run(store.clone(), rx, buffer_pool / 2));
-        crate::sweep::start(
-            Arc::downgrade(&store.inner),
-            store.inner.config.sweep_interval,
-        )?;
-        crate::ban::lurker::start(
-            Arc::downgrade(&store.inner),
-            store.inner.bans.lurker.clone(),
-        )?;
-        Ok(store)
-    }
-
-    fn count_objects(&self) -> Result<(), StoreError> {
-        let (mut objects, mut bytes) = (0, 0);
-        for item in self.inner.objects.iter() {
-            let (k, v) = item?;
-            if let Ok(set) = ObjectSet::decode(&String::from_utf8_lossy(&k), &v) {
-                objects += set.variants.len() as u64;
-                bytes += set.variants.iter().map(|m| m.length).sum::<u64>();
-            }
-        }
-        self.inner.stats.objects.store(objects, Relaxed);
-        self.inner.stats.stored_bytes.store(bytes, Relaxed);
-        Ok(())
+    /// A new id from the sequence body generations and invalidations share (see `journal`).
+    pub(crate) fn next_id(&self) -> u64 {
+        self.inner.journal.next_id()
     }
 
     pub fn chunk_size(&self) -> usize {
@@ -429,7 +333,7 @@ impl Store {
         }
     }
 
-    fn forget_body(&self, meta: &ObjectMeta) {
+    pub(crate) fn forget_body(&self, meta: &ObjectMeta) {
         for index in 0..meta.chunk_count() {
             self.inner.chunks.remove(&ChunkKey {
                 object: meta.object,
@@ -647,7 +551,44 @@ impl Store {
         })
     }
 
-    /// Reads chunk `index` of a body; `None` when it is gone or not the length the metadata promised.
+    /// Proves a stored body can be served before its status line is sent, and returns its chunk 0: every
+    /// chunk must be present (memory, or the disk tier's index), and the chunks in the first
+    /// [`VERIFY_AHEAD`] bytes that are only on disk are read, which checks them and brings them to memory
+    /// for the response. `None` when the body cannot be served whole; it is then forgotten, so the request
+    /// (and every later one) is a plain miss instead of a truncated response. A body in memory costs one
+    /// lookup per chunk, as before.
+    pub async fn open_body(&self, meta: &ObjectMeta) -> Result<Option<ChunkRead>, StoreError> {
+        if meta.length == 0 {
+            return Ok(Some(ChunkRead {
+                data: Bytes::new(),
+                tier: Tier::Memory,
+            }));
+        }
+        if !self.has_body(meta) {
+            return Ok(None);
+        }
+        let Some(first) = self.read_chunk(meta, 0).await? else {
+            return Ok(None);
+        };
+        let ahead = (VERIFY_AHEAD / u64::from(meta.chunk_size.max(1))).max(1) as u32;
+        for index in 1..meta.chunk_count().min(ahead) {
+            let key = ChunkKey {
+                object: meta.object,
+                generation: meta.generation,
+                index,
+            };
+            if self.inner.chunks.memory().contains(&key) {
+                continue;
+            }
+            if self.read_chunk(meta, index).await?.is_none() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(first))
+    }
+
+    /// Reads chunk `index` of a body; `None` when it is gone or not the length the metadata promised (the
+    /// whole body is then forgotten: a body with a hole is never served again).
     pub async fn read_chunk(
         &self,
         meta: &ObjectMeta,
@@ -658,9 +599,14 @@ impl Store {
             generation: meta.generation,
             index,
         };
-        self.read_key(key, meta.chunk_len(index)).await
+        let read = self.read_key(key, meta.chunk_len(index)).await;
+        if !matches!(read, Ok(Some(_))) {
+            self.forget_body(meta);
+        }
+        read
     }
 
+    /// Reads one chunk of `expected_len` bytes; `None` when foyer holds none, or one of another length.
     pub(crate) async fn read_key(
         &self,
         key: ChunkKey,
@@ -704,7 +650,18 @@ impl Store {
         if self.inner.closed.load(Relaxed) {
             return Err(StoreError::Closed);
         }
-        let generation = self.inner.db.generate_id()?;
+        let refused = if self.inner.health.broken.load(Relaxed) {
+            Some(StoreError::Unavailable)
+        } else if self.inner.disk.as_ref().is_some_and(|g| !g.room()) {
+            Some(StoreError::DiskFull)
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
+            StoreStats::add(&self.inner.stats.fills_refused, 1);
+            return Err(refused);
+        }
+        let generation = self.next_id();
         Ok(ObjectWriter::new(
             self.clone(),
             Self::object_id(primary, variant),
@@ -725,6 +682,12 @@ impl Store {
         self.fill_from_foyer_metrics(&mut s);
         s.bans = self.inner.bans.snapshot().len() as u64;
         s.bans_pending = self.inner.bans.pending() as u64;
+        let health = &self.inner.health;
+        s.disk_full = u64::from(self.inner.disk.as_ref().is_some_and(|g| g.is_full()));
+        s.damaged_at_start = u64::from(health.damaged_at_start.is_some());
+        s.memory_only = u64::from(health.memory_only.is_some());
+        s.tasks_failed = health.tasks_failed.load(Relaxed);
+        s.journal_entries = self.inner.journal.len() as u64;
         s
     }
 
@@ -779,16 +742,35 @@ impl Store {
     }
 
     /// Finishes pending writes, waits for foyer's disk writes, closes foyer and flushes sled.
+    /// A store task that died, or a disk that filled, never makes this panic: what cannot be finished within
+    /// `timeout` is logged and left (the next start recovers from it).
     pub async fn close(&self, timeout: Duration) -> Result<(), StoreError> {
         self.inner.closed.store(true, Relaxed);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.inner.jobs.send(Job::Drain(tx)).await.is_ok() {
-            let _ = tokio::time::timeout(timeout, rx).await;
+        let drained = tokio::time::timeout(timeout, async {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if self.inner.jobs.send(Job::Drain(tx)).await.is_ok() {
+                let _ = rx.await;
+            }
+        });
+        if drained.await.is_err() {
+            tracing::warn!("pending store writes did not finish before the shutdown timeout");
         }
-        self.inner.chunks.close().await?;
+        // foyer's close panics when one of its tasks has died; a task turns that into an error.
+        let chunks = self.inner.chunks.clone();
+        let closing = self
+            .inner
+            .runtime
+            .spawn(async move { chunks.close().await });
+        match tokio::time::timeout(timeout, closing).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "closing the body cache failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "closing the body cache failed"),
+            Err(_) => tracing::warn!("the body cache did not close before the shutdown timeout"),
+        }
         // Not `flush_async`: it runs on sled's thread pool, which keeps the database (and its directory lock)
         // alive for a moment after the future resolves.
         self.inner.db.flush()?;
+        self.inner.lock.lock().expect("store lock").take();
         Ok(())
     }
 }

@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::{collections::HashSet, sync::Arc};
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -169,6 +169,10 @@ impl Drop for ObjectWriter {
     }
 }
 
+/// What [`PartialBody`]'s stored-bytes count becomes when the store refused the body (a full disk): no
+/// further chunk of it will be stored.
+const REFUSED: u64 = u64::MAX;
+
 /// The chunks of a body still being written, for readers that fell behind what the fetch keeps in memory.
 #[derive(Clone)]
 pub struct PartialBody {
@@ -189,8 +193,8 @@ impl PartialBody {
         let chunk_size = self.store.chunk_size() as u64;
         let start = u64::from(index) * chunk_size;
         let stored = match self.stored.wait_for(|stored| *stored > start).await {
-            Ok(stored) => *stored,
-            Err(_) => return Ok(None),
+            Ok(stored) if *stored != REFUSED => *stored,
+            _ => return Ok(None),
         };
         let expected = (stored - start).min(chunk_size) as usize;
         let key = ChunkKey {
@@ -209,8 +213,14 @@ impl PartialBody {
 /// The single task that inserts chunks into foyer. It asks foyer to finish its disk writes (`wait`) whenever
 /// `budget` bytes were inserted since the last time, or when it has nothing else to do, so foyer's flush queue
 /// never overflows; objects published before a completed wait are counted durable.
+///
+/// Before each chunk it asks the disk guard whether there is room: when there is not, the chunk is not given
+/// to foyer (whose flusher panics on ENOSPC) and the body it belongs to is spoiled: it is not published.
 pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize) {
     let inner = &store.inner;
+    // Bodies that lost a chunk to a full disk, by (object, generation); each leaves with its publish or
+    // discard, so the set holds at most the fills in flight.
+    let mut spoiled: HashSet<(u64, u64)> = HashSet::new();
     let mut unflushed = 0usize;
     let mut undurable = 0u64;
     let mut closing = None;
@@ -232,6 +242,17 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
         };
         match job {
             Job::Chunk { key, data, stored } => {
+                let body = (key.object, key.generation);
+                if spoiled.contains(&body) {
+                    continue;
+                }
+                if inner.disk.as_ref().is_some_and(|g| !g.room()) {
+                    spoiled.insert(body);
+                    StoreStats::add(&inner.stats.fills_refused, 1);
+                    // Readers of the body in progress stop waiting for chunks that will not come.
+                    stored.send_replace(REFUSED);
+                    continue;
+                }
                 let len = data.len() as u64;
                 unflushed += data.len();
                 StoreStats::add(&inner.stats.chunks_written, 1);
@@ -248,6 +269,11 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 epoch,
                 done,
             } => {
+                if spoiled.remove(&(meta.object, meta.generation)) {
+                    store.forget_body(&meta);
+                    let _ = done.send(Err(StoreError::DiskFull));
+                    continue;
+                }
                 meta.stored_at_ms = meta.stored_at_ms.min(now_ms());
                 let result = store.publish(&primary, *meta, epoch);
                 if result.is_ok() {
@@ -260,6 +286,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 generation,
                 chunks,
             } => {
+                spoiled.remove(&(object, generation));
                 for index in 0..chunks {
                     inner.chunks.remove(&ChunkKey {
                         object,

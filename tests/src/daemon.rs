@@ -53,6 +53,14 @@ impl Daemon {
         Self::launch(Some(backend), dir, args)
     }
 
+    /// Starts `lacquerd` in front of `backend` on a store directory prepared by the caller (`dir/store`, a
+    /// mount point for instance).
+    pub fn start_in(backend: SocketAddr, dir: Arc<tempfile::TempDir>, extra: &[&str]) -> Daemon {
+        let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::launch(Some(backend), dir, args)
+    }
+
     /// Starts `lacquerd` with `config` as its configuration file, which names the listeners (port 0 for
     /// an ephemeral one); `dir` is replaced by the store directory's path in it.
     pub fn with_config(backend: SocketAddr, config: &str) -> Daemon {
@@ -247,6 +255,11 @@ impl Daemon {
 
     pub fn kill9(&mut self) {
         self.signal(libc::SIGKILL);
+    }
+
+    /// SIGTERM, then waits; the exit status, whatever it is.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal(libc::SIGTERM)
     }
 
     /// A new process on the same store directory (and new ports).

@@ -20,14 +20,21 @@ use crate::{metrics, worker::Shared};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Is the daemon up? Needs no secret.
+/// Is the daemon up, and is anything wrong with it? Needs no secret.
 #[utoipa::path(get, path = "/v1/health", tag = "status",
-    responses((status = 200, description = "The daemon is serving", body = Health)))]
+    responses((status = 200, description = "The daemon is serving (`degraded`: with the problems listed)", body = Health)))]
 pub async fn health(State(state): State<AdminState>) -> Json<Health> {
+    let problems = state.shared.store.problems();
     Json(Health {
-        status: "ok".into(),
+        status: if problems.is_empty() {
+            "ok"
+        } else {
+            "degraded"
+        }
+        .into(),
         version: VERSION.into(),
         uptime_seconds: state.shared.started.elapsed().as_secs(),
+        problems,
     })
 }
 
@@ -152,5 +159,13 @@ fn store_stats(s: StoreStatsSnapshot) -> StoreStats {
         objects_purged,
         objects_soft_purged,
         publishes_cancelled,
+        disk_full,
+        fills_refused,
+        damaged_at_start,
+        memory_only,
+        tasks_failed,
+        journal_entries,
+        objects_invalidated_at_start,
+        objects_unverified,
     )
 }

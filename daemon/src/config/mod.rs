@@ -386,14 +386,22 @@ impl Config {
             self.storage.dir = Some(default_dir());
         }
         let dir = self.storage_dir();
-        std::fs::create_dir_all(dir)
-            .and_then(|_| tempfile_probe(dir))
-            .or_else(|e| {
-                bad(
+        match std::fs::create_dir_all(dir).and_then(|_| tempfile_probe(dir)) {
+            Ok(()) => {}
+            // A directory that exists but cannot be written (a filesystem remounted read-only after errors,
+            // say) is a failing disk, not a mistake: the store runs memory-only and says so.
+            Err(e) if dir.is_dir() => tracing::warn!(
+                dir = %dir.display(),
+                error = %e,
+                "storage.dir is not writable: the store will run memory-only"
+            ),
+            Err(e) => {
+                return bad(
                     "storage.dir",
                     format!("{} is not a writable directory: {e}", dir.display()),
                 )
-            })?;
+            }
+        }
         if self.admin.secret_file.is_none() {
             self.admin.secret_file = Some(dir.join("secret"));
         }

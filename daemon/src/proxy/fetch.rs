@@ -339,6 +339,8 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
     let mut writer = match &storable {
         Some(_) => match shared.store.writer(key, &selection, fetch.since()) {
             Ok(w) => Some(w),
+            // A full disk or a dead store task: the store has logged and counted it once.
+            Err(e) if e.is_refusal() => None,
             Err(e) => {
                 tracing::warn!(key, error = %e, "cannot store");
                 None
@@ -442,6 +444,7 @@ async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
             fetch.stored_upto(length);
             Ending::Stored
         }
+        Err(e) if e.is_refusal() => Ending::NotStored,
         Err(e) => {
             tracing::warn!(key, error = %e, "storing failed");
             Ending::NotStored

@@ -248,7 +248,8 @@ fn find(worker: &Worker, key: &str, parts: &Parts) -> Option<Found> {
     Some(Found { set, index })
 }
 
-/// Answers from a stored object whose body is all there; `None` (and the metadata dropped) when it is not.
+/// Answers from a stored object whose body is all there (every chunk present, the first ones read: see
+/// `Store::open_body`); `None` (and the metadata dropped) when it is not.
 async fn serve_stored(
     worker: &Worker,
     key: &str,
@@ -262,12 +263,7 @@ async fn serve_stored(
     let first = if meta.length == 0 {
         None
     } else {
-        let read = if shared.store.has_body(meta) {
-            shared.store.read_chunk(meta, 0).await
-        } else {
-            Ok(None)
-        };
-        match read {
+        match shared.store.open_body(meta).await {
             Ok(Some(chunk)) => Some(chunk),
             Ok(None) => {
                 inc(&shared.stats.bodies_lost);

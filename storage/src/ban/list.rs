@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::expr::{BanExpr, Subject};
 use crate::{
     error::StoreError,
+    journal::Entry,
     meta::ObjectMeta,
     store::{now_ms, Store},
 };
@@ -125,20 +126,22 @@ pub(crate) enum Verdict {
 }
 
 impl Bans {
-    pub(crate) fn open(db: &sled::Db) -> Result<Self, StoreError> {
+    /// Reads the ban list; also returns how many unreadable ban records were discarded. Discarding one does
+    /// not bring banned content back: the invalidation journal's replay at start removed every stored
+    /// object a ban covers, and anything fetched since is newer than the ban.
+    pub(crate) fn open(db: &sled::Db) -> Result<(Self, u64), StoreError> {
         let tree = db.open_tree("bans")?;
         let mut list = Vec::new();
+        let mut unreadable = 0;
         for item in tree.iter() {
             let (key, value) = item?;
             let id = u64::from_be_bytes(key.as_ref().try_into().unwrap_or_default());
             match Ban::decode(id, &value) {
                 Ok(ban) => list.push(Arc::new(ban)),
-                // Forgetting a ban could serve banned content; refuse to start instead.
                 Err(reason) => {
-                    return Err(StoreError::CorruptMetadata {
-                        key: format!("ban {id}"),
-                        reason,
-                    })
+                    tracing::error!(id, reason, "discarding an unreadable ban record");
+                    tree.remove(&key)?;
+                    unreadable += 1;
                 }
             }
         }
@@ -149,7 +152,7 @@ impl Bans {
             .map(|b| b.id)
             .max()
             .unwrap_or(0);
-        Ok(Self {
+        let bans = Self {
             tree,
             list: RwLock::new(Arc::new(list)),
             newest: AtomicU64::new(newest),
@@ -157,7 +160,15 @@ impl Bans {
             retired_upto: AtomicU64::new(0),
             adding: tokio::sync::Mutex::new(()),
             lurker: Arc::default(),
-        })
+        };
+        Ok((bans, unreadable))
+    }
+
+    /// Whether ban `id` is listed and not completed.
+    pub(crate) fn is_pending(&self, id: u64) -> bool {
+        self.snapshot()
+            .iter()
+            .any(|b| b.id == id && !b.completed.load(SeqCst))
     }
 
     pub(crate) fn newest(&self) -> u64 {
@@ -189,9 +200,11 @@ impl Bans {
     /// everything they covered.
     pub(crate) async fn add(&self, store: &Store, expr: BanExpr) -> Result<BanInfo, StoreError> {
         let _adding = self.adding.lock().await;
-        // sled's ids survive crashes monotonically, so a new ban is always newer than every checked object.
+        // Held until the ban is listed, so a journal compaction never sees it unlisted (and retirable).
+        let _applying = store.inner.journal.applying.read().await;
+        // Ids never go back, even across crashes, so a new ban is always newer than every checked object.
         let ban = Arc::new(Ban {
-            id: store.inner.db.generate_id()? + 1,
+            id: store.next_id(),
             created_ms: now_ms(),
             expr,
             tested: AtomicU64::new(0),
@@ -199,6 +212,12 @@ impl Bans {
             completed: AtomicBool::new(false),
         });
         let canonical = ban.expr.to_string();
+        store
+            .journal(Entry::Ban {
+                id: ban.id,
+                expression: canonical.clone(),
+            })
+            .await?;
         let current = self.snapshot();
         let mut next = Vec::with_capacity(current.len() + 1);
         for old in current.iter() {

@@ -50,7 +50,7 @@ impl Wake {
 /// Starts the lurker on a background thread. Holds the store weakly so that dropping every handle closes
 /// sled.
 pub(crate) fn start(store: Weak<Inner>, wake: Arc<Wake>) -> Result<(), crate::StoreError> {
-    crate::background::spawn("lurker", move || run(&store, &wake))
+    crate::background::spawn("lurker", store, move |store| run(store, &wake))
 }
 
 fn run(store: &Weak<Inner>, wake: &Wake) {

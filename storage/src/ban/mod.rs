@@ -4,6 +4,7 @@ mod expr;
 mod list;
 pub(crate) mod lurker;
 
+pub(crate) use expr::Subject;
 pub use expr::{BanExpr, BanSyntaxError};
 pub use list::BanInfo;
 pub(crate) use list::{Bans, Verdict};

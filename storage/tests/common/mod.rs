@@ -62,12 +62,17 @@ pub async fn read(store: &Store, key: &str) -> Option<(Vec<u8>, Vec<Tier>)> {
 pub async fn reopen(store: Store, dir: &std::path::Path) -> Store {
     store.close(Duration::from_secs(10)).await.unwrap();
     drop(store);
-    // sled's own thread pool may hold the database (and its directory lock) for a moment after the last
-    // handle is dropped; a restarted process never sees this.
+    open_again(dir).await
+}
+
+/// Opens the store in `dir` once the previous handle (closed and dropped) has let go of it: sled's own
+/// thread pool may hold the database (and its directory lock) for a moment after the last handle is
+/// dropped; a restarted process never sees this.
+pub async fn open_again(dir: &std::path::Path) -> Store {
     for _ in 0..50 {
         match builder(dir).open(tokio::runtime::Handle::current()).await {
             Ok(store) => return store,
-            Err(e) if e.to_string().contains("could not acquire lock") => {
+            Err(lacquer_storage::StoreError::Locked { .. }) => {
                 tokio::time::sleep(Duration::from_millis(100)).await
             }
             Err(e) => panic!("reopen failed: {e}"),

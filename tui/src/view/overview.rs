@@ -190,14 +190,28 @@ fn render_storage(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
             row,
         );
     }
-    frame.render_widget(
-        Paragraph::new(format!(
+    // What `/v1/health` would call degraded, from the same gauges.
+    let problems: Vec<&str> = [
+        ("store.disk_full", "disk full"),
+        ("store.memory_only", "memory-only"),
+        ("store.damaged_at_start", "started empty"),
+        ("store.tasks_failed", "task died"),
+    ]
+    .into_iter()
+    .filter(|(name, _)| v(name) > 0)
+    .map(|(_, what)| what)
+    .collect();
+    // A degraded store takes the objects line: it matters more.
+    let objects = if problems.is_empty() {
+        Span::raw(format!(
             "objects {} ({})",
             count(v("store.objects")),
             bytes(v("store.stored_bytes"))
-        )),
-        rows[2],
-    );
+        ))
+    } else {
+        Span::styled(format!("DEGRADED: {}", problems.join(", ")), theme.alert())
+    };
+    frame.render_widget(Paragraph::new(Line::from(objects)), rows[2]);
     let drops = state.rate("store.foyer_drops");
     let drops_style = if drops.is_some_and(|d| d > 0.0) {
         theme.alert()
@@ -315,6 +329,18 @@ mod tests {
         ] {
             assert!(s.contains(want), "{want:?} not in\n{s}");
         }
+    }
+
+    #[test]
+    fn a_degraded_store_shows_why() {
+        let mut state = busy();
+        let mut stats = state.latest.clone().expect("a sample");
+        stats.store.disk_full = 1;
+        stats.store.tasks_failed = 1;
+        state.update(stats, std::time::Instant::now());
+        let s = screen(&state, 80, 24);
+        assert!(s.contains("DEGRADED: disk full, task died"), "{s}");
+        assert!(!screen(&busy(), 80, 24).contains("DEGRADED"));
     }
 
     #[test]

@@ -21,10 +21,14 @@ pub use stats::{Field, Kind, ProxyStats, Stats, StoreStats, FAMILY_HELP};
 /// `GET /v1/health`: answered without the secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Health {
-    /// Always `ok` when the daemon answers.
+    /// `ok`, or `degraded` when the daemon serves but something is wrong (see `problems`): a full disk, a
+    /// store that was damaged at start or cannot be used, a store task that died.
     pub status: String,
     pub version: String,
     pub uptime_seconds: u64,
+    /// What is wrong, one sentence each; empty when the status is `ok`.
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 /// Every error the admin API returns.

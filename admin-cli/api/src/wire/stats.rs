@@ -240,6 +240,24 @@ stats_section! {
         objects_soft_purged: Counter "lacquer_objects_purged_total" { mode = "soft" },
         /// Fetches that completed after a purge or ban covering them, so were not stored.
         publishes_cancelled: Counter "lacquer_store_publishes_cancelled_total",
+        /// 1 while the store's filesystem is below its free-space reserve: new objects are not stored,
+        /// stored ones are still served.
+        disk_full: Gauge "lacquer_store_disk_full",
+        /// Fills not stored because the disk was full or a store task had died.
+        fills_refused: Counter "lacquer_store_fills_refused_total",
+        /// 1 when the store could not be opened at start: it was moved aside and lacquerd started empty.
+        damaged_at_start: Gauge "lacquer_store_damaged_at_start",
+        /// 1 when the store directory cannot be used at all: the store is memory-only.
+        memory_only: Gauge "lacquer_store_memory_only",
+        /// Store tasks (writer, sweeper, lurker, foyer's own) that died: new objects are no longer stored.
+        tasks_failed: Counter "lacquer_store_tasks_failed_total",
+        /// Entries in the invalidation journal (purges and bans not yet retired).
+        journal_entries: Gauge "lacquer_store_journal_entries",
+        /// Objects found at start that an acknowledged purge or ban covers (metadata rolled back by a crash
+        /// or damage), removed again.
+        objects_invalidated_at_start: Counter "lacquer_store_objects_invalidated_at_start_total",
+        /// Objects dropped at start because the invalidation journal was damaged or missing.
+        objects_unverified: Counter "lacquer_store_objects_unverified_total",
     }
 }
 
