@@ -360,14 +360,17 @@ impl Store {
     fn recover(&self, readback: Readback) -> Result<(), StoreError> {
         let inner = &self.inner;
         let journal_last = inner.journal.last();
-        let seen_last = inner
-            .state
-            .get(JOURNAL_LAST)?
+        // Every start with a journal notes it in sled: a store without that note comes from a version
+        // before the journal, whose purges and bans were in sled before they were acknowledged; it is
+        // kept, and the journal starts now.
+        let marker = inner.state.get(JOURNAL_LAST)?;
+        let seen_last = marker
+            .as_ref()
             .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
             .unwrap_or(0);
         let doubt = match &readback {
             Readback::Damaged(reason) => Some(format!("the invalidation journal is damaged ({reason})")),
-            Readback::Missing if !inner.objects.is_empty() => {
+            Readback::Missing if marker.is_some() && !inner.objects.is_empty() => {
                 Some("the invalidation journal is missing".to_owned())
             }
             _ if seen_last > journal_last => Some(format!(

@@ -116,6 +116,35 @@ async fn a_damaged_journal_drops_what_it_cannot_vouch_for() {
     close(store).await;
 }
 
+/// A journal that went missing cannot vouch for anything; a store that never had one (written by a version
+/// before it, which put purges in sled before acknowledging them) keeps its objects and starts one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_journal_empties_the_store_but_an_upgrade_keeps_it() {
+    for upgrade in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        write(&store, "a.test/kept", &body(1, 5_000)).await;
+        close(store).await;
+        std::fs::remove_file(dir.path().join("invalidations")).unwrap();
+        if upgrade {
+            let db = sled::open(dir.path().join("meta")).unwrap();
+            db.open_tree("state").unwrap().clear().unwrap();
+            db.flush().unwrap();
+        }
+
+        let store = open_again(dir.path()).await;
+        let found = read(&store, "a.test/kept").await;
+        if upgrade {
+            assert_eq!(found.unwrap().0, body(1, 5_000), "an upgraded store keeps its objects");
+            assert_eq!(store.stats().objects_unverified, 0);
+        } else {
+            assert!(found.is_none(), "a lost journal vouches for nothing");
+            assert_eq!(store.stats().objects_unverified, 1);
+        }
+        close(store).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_metadata_is_moved_aside_and_the_store_starts_empty() {
     let dir = tempfile::tempdir().unwrap();
