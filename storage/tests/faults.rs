@@ -135,7 +135,11 @@ async fn a_lost_journal_empties_the_store_but_an_upgrade_keeps_it() {
         let store = open_again(dir.path()).await;
         let found = read(&store, "a.test/kept").await;
         if upgrade {
-            assert_eq!(found.unwrap().0, body(1, 5_000), "an upgraded store keeps its objects");
+            assert_eq!(
+                found.unwrap().0,
+                body(1, 5_000),
+                "an upgraded store keeps its objects"
+            );
             assert_eq!(store.stats().objects_unverified, 0);
         } else {
             assert!(found.is_none(), "a lost journal vouches for nothing");

@@ -25,34 +25,11 @@ pub fn primary_key(req: &Parts) -> String {
 /// empty port or the port of `http` (or `https`, which TLS clients may send) dropped, leading zeros of a
 /// port ignored.
 pub fn key_for(host: &str, path_and_query: &str) -> String {
-    let host = normal_host(host.trim());
+    let host = lacquer_storage::normal_host(host.trim());
     let mut key = String::with_capacity(host.len() + path_and_query.len());
     key.push_str(&host);
     key.push_str(path_and_query);
     key
-}
-
-/// `host[:port]` lower-cased, with the port as a number and dropped when it is a default one.
-pub fn normal_host(host: &str) -> String {
-    let split = match host.rfind(':') {
-        Some(colon) if !host[colon..].contains(']') => Some((&host[..colon], &host[colon + 1..])),
-        _ => None,
-    };
-    let (name, port) = match split {
-        Some((name, "")) => (name, None),
-        Some((name, port)) => match port.parse::<u16>() {
-            Ok(80 | 443) => (name, None),
-            Ok(port) => (name, Some(port)),
-            Err(_) => (host, None),
-        },
-        None => (host, None),
-    };
-    let mut out = name.to_ascii_lowercase();
-    if let Some(port) = port {
-        out.push(':');
-        out.push_str(&port.to_string());
-    }
-    out
 }
 
 #[cfg(test)]
@@ -110,7 +87,11 @@ mod tests {
             let key = key_for(host, target);
             let (h, t) = key.split_at(key.find('/').unwrap_or(key.len()));
             if target.starts_with('/') {
-                assert_eq!((h, t), (normal_host(host).as_str(), target), "{key}");
+                assert_eq!(
+                    (h, t),
+                    (lacquer_storage::normal_host(host).as_str(), target),
+                    "{key}"
+                );
             }
             assert!(keys.insert(key.clone()), "{host} {target} collides: {key}");
         }

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! `req.url` is the path and query of the cached URL, `req.http.host` its host as the cache key holds it
-//! (lower-cased, without `:80`); both are known for every stored object, so every ban can be applied by the
+//! (lower-cased, without `:80` or `:443`); both are known for every stored object, so every ban can be applied by the
 //! lurker, unlike Varnish, where bans on `req.*` wait for a lookup.
 
 use std::fmt;
@@ -273,7 +273,7 @@ impl Parser<'_> {
                         detail: Some(one_line(&e.to_string())),
                     })?,
             ),
-            (Field::Host, _) => Value::Text(normalise_host(&raw)),
+            (Field::Host, _) => Value::Text(normal_host(raw.trim())),
             _ => Value::Text(raw),
         };
         Ok(Condition { field, op, value })
@@ -323,10 +323,28 @@ fn http_token(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
-/// The host as cache keys hold it, so that `req.http.host == Example.COM:80` matches `example.com`.
-fn normalise_host(host: &str) -> String {
-    let host = host.trim().to_ascii_lowercase();
-    host.strip_suffix(":80").map(str::to_owned).unwrap_or(host)
+/// `host[:port]` as it stands in a primary key: lower-cased, the port as a number and dropped when it is
+/// `http`'s or `https`'s (or empty), so equivalent hosts (RFC 3986 §6.2.2, §6.2.3) key and ban alike.
+pub fn normal_host(host: &str) -> String {
+    let split = match host.rfind(':') {
+        Some(colon) if !host[colon..].contains(']') => Some((&host[..colon], &host[colon + 1..])),
+        _ => None,
+    };
+    let (name, port) = match split {
+        Some((name, "")) => (name, None),
+        Some((name, port)) => match port.parse::<u16>() {
+            Ok(80 | 443) => (name, None),
+            Ok(port) => (name, Some(port)),
+            Err(_) => (host, None),
+        },
+        None => (host, None),
+    };
+    let mut out = name.to_ascii_lowercase();
+    if let Some(port) = port {
+        out.push(':');
+        out.push_str(&port.to_string());
+    }
+    out
 }
 
 /// regex reports multi-line errors with a caret diagram; an API error is one line.
@@ -397,6 +415,14 @@ mod tests {
             (
                 "req.http.host == Example.COM:80",
                 r#"req.http.host == "example.com""#,
+            ),
+            (
+                "req.http.host == example.com:443",
+                r#"req.http.host == "example.com""#,
+            ),
+            (
+                "req.http.host == example.com:08080",
+                r#"req.http.host == "example.com:8080""#,
             ),
             (
                 "req.http.host == a.test && req.url !~ '\\.css$'",
