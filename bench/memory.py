@@ -51,12 +51,12 @@ def tree(pid):
     return out
 
 
-def start_target(name, work):
+def start_target(name, work, lacquerd):
     """Starts one proxy; returns its Popen."""
     port = PORTS[name]
     if name == "lacquer":
         return subprocess.Popen(
-            [f"{ROOT}/target/release/lacquerd", "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:8991",
+            [lacquerd, "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:8991",
              "--backend", f"127.0.0.1:{ORIGIN_PORT}", "--disk", f"{work}/lacquer", "--memory", "256MiB",
              "--disk-size", "2GiB"],
             env={**os.environ, "RUST_LOG": "warn"})
@@ -104,7 +104,7 @@ def origin_bytes():
 
 
 def run_one(name, kind, args, work):
-    proc = start_target(name, work)
+    proc = start_target(name, work, args.lacquerd)
     port = PORTS[name]
     try:
         wait_port(port)
@@ -144,6 +144,8 @@ def main():
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rate", type=int, default=1_000_000, help="bytes a second per client")
     ap.add_argument("--targets", default="lacquer,varnish,nginx")
+    ap.add_argument("--lacquerd", default=f"{ROOT}/target/release/lacquerd",
+                    help="the lacquerd binary (another build, to compare before and after a change)")
     args = ap.parse_args()
     targets = args.targets.split(",")
     work = tempfile.mkdtemp(prefix="lacquer-memory-")
