@@ -10,7 +10,7 @@ use lacquer_tests::{get, open, Daemon, Origin, Reply, Step};
 use tokio::sync::Notify;
 
 fn pattern(len: usize) -> Bytes {
-    (0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>().into()
+    lacquer_tests::pattern(len).into()
 }
 
 #[tokio::test(flavor = "multi_thread")]
