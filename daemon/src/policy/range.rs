@@ -11,7 +11,7 @@ pub enum Ranges {
     Whole,
     /// `416` with `Content-Range: bytes */len`.
     Unsatisfiable,
-    /// Inclusive `(first, last)` byte positions, clamped to the length, in request order.
+    /// Inclusive `(first, last)` byte positions, clamped to the length, ascending, none overlapping or touching.
     Parts(Vec<(u64, u64)>),
 }
 
@@ -93,9 +93,26 @@ pub fn evaluate(
     if parts.is_empty() {
         Ranges::Unsatisfiable
     } else {
-        Ranges::Parts(parts)
+        Ranges::Parts(coalesce(parts))
     }
 }
+
+/// Overlapping and touching ranges merged, in ascending order (RFC 9110 §14.2 allows it whatever the
+/// request's order), so that no byte is sent twice: `0-,0-,…` must not multiply the body.
+fn coalesce(mut parts: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    parts.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(parts.len());
+    for (first, last) in parts {
+        match merged.last_mut() {
+            Some(prev) if first <= prev.1.saturating_add(1) => prev.1 = prev.1.max(last),
+            _ => merged.push((first, last)),
+        }
+    }
+    merged
+}
+
+#[cfg(test)]
+mod props;
 
 #[cfg(test)]
 mod tests {
@@ -116,6 +133,10 @@ mod tests {
             (&[("range", "bytes=1000-")], Ranges::Unsatisfiable),
             (&[("range", "bytes=-0")], Ranges::Unsatisfiable),
             (&[("range", "bytes=1000-2000, 5-6")], p(&[(5, 6)])),
+            (&[("range", "bytes=5-6, 1-2")], p(&[(1, 2), (5, 6)])),
+            (&[("range", "bytes=0-,0-,0-")], p(&[(0, 999)])),
+            (&[("range", "bytes=0-0,-1,0-0")], p(&[(0, 0), (999, 999)])),
+            (&[("range", "bytes=10-20,15-30,31-40")], p(&[(10, 40)])),
             (&[("range", "bytes=5-1")], Ranges::Whole),
             (&[("range", "bytes=a-b")], Ranges::Whole),
             (&[("range", "items=0-1")], Ranges::Whole),
