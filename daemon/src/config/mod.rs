@@ -608,6 +608,9 @@ fn default_dir() -> PathBuf {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
