@@ -4,6 +4,8 @@
 //! - `/flap/ID`: 2 KiB, fresh for one second (for the origin-failure benchmark);
 //! - `/small/...`: 1 KiB, cacheable for an hour, with `x-url: PATH` (so Varnish bans on `obj.http.x-url` can
 //!   be walked by its lurker);
+//! - `/sized/BYTES/...`: BYTES (at most 4 MiB), cacheable for an hour, with `x-url` (the soak's churning
+//!   URL set);
 //! - `/__count/PATH`: how many times PATH was requested, as a plain number; `/__total`: all requests.
 //!
 //! On CONTROL_PORT, `GET /mode/ok|503|reset|refuse` switches how the main port behaves: normally; answering
@@ -83,6 +85,15 @@ async fn serve(
         "/obj/2k" => (origin.small.clone(), "max-age=3600"),
         p if p.starts_with("/flap/") => (origin.small.clone(), "max-age=1"),
         p if p.starts_with("/small/") => (origin.tiny.clone(), "max-age=3600"),
+        p if p.starts_with("/sized/") => {
+            let len = p["/sized/".len()..]
+                .split('/')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0)
+                .min(origin.large.len());
+            (origin.large.slice(..len), "max-age=3600")
+        }
         p if p.starts_with("/burst/") => {
             tokio::time::sleep(Duration::from_millis(300)).await;
             (origin.large.clone(), "max-age=3600")
