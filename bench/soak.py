@@ -23,9 +23,14 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import ROOT, ORIGIN_PORT, TARGETS, nginx_conf, sh, stop, wait_port  # noqa: E402
+import compare  # noqa: E402
+from compare import ROOT, nginx_conf, sh, stop, wait_port  # noqa: E402
 
-ADMIN_PORT = 8991
+# Ports of its own, 100 below the other benchmarks', so that a soak can run beside one of them.
+ORIGIN_PORT = compare.ORIGIN_PORT = 8880
+TARGETS = {"lacquer": 8881, "varnish": 8882, "nginx": 8883}
+ADMIN_PORT = 8791
+VARNISH_ADMIN = "127.0.0.1:8792"
 MIB = 1024 * 1024
 
 
@@ -98,7 +103,7 @@ class Target:
             self.procs.append(subprocess.Popen(
                 ["/usr/sbin/varnishd", "-F", "-j", "none", "-n", f"{self.work}/varnish",
                  "-a", f"127.0.0.1:{self.port}", "-f", vcl, "-s", f"malloc,{a.memory_mib}m",
-                 "-T", "127.0.0.1:8992", "-p", "ban_lurker_age=0"],
+                 "-T", VARNISH_ADMIN, "-p", "ban_lurker_age=0"],
                 stdout=subprocess.DEVNULL))
             wait_port(self.port)
         else:
@@ -172,7 +177,8 @@ def soak(name, args):
             raise SystemExit("--keys must be a power of ten (the URL regex draws that many digits)")
         oha = subprocess.Popen(
             ["oha", "--no-tui", "--output-format", "json", "-z", f"{args.duration}s", "-q", str(args.rate),
-             "-c", str(args.connections), "--latency-correction", "--rand-regex-url", url],
+             "-c", str(args.connections), "--latency-correction", "--wait-ongoing-requests-after-deadline",
+             "--rand-regex-url", url],
             stdout=subprocess.PIPE, text=True)
         samples, bans, ban_errors = [], 0, 0
         stopping = threading.Event()
@@ -191,7 +197,12 @@ def soak(name, args):
         ban_thread = threading.Thread(target=banner)
         ban_thread.start()
         started = time.time()
-        while oha.poll() is None:
+        died = None
+        # Samples stop with the load: the last requests draining would read as descriptors given back.
+        while oha.poll() is None and time.time() < started + args.duration - 1:
+            if died is None and target.procs[0].poll() is not None:
+                died = round(time.time() - started)
+                print(f"  {name} exited with {target.procs[0].returncode} at {died} s", file=sys.stderr)
             s = sample(target)
             s["t"] = round(time.time() - started)
             samples.append(s)
@@ -203,9 +214,13 @@ def soak(name, args):
                 time.sleep(0.2)
         stopping.set()
         ban_thread.join()
-        result = json.loads(oha.stdout.read())
-        stats = target.stats()
-        return summarise(name, args, result, samples, bans, ban_errors, stats)
+        result = json.loads(oha.communicate()[0])
+        stats = target.stats() if died is None else None
+        out = summarise(name, args, result, samples, bans, ban_errors, stats)
+        if died is not None:
+            out["errors"] += 1
+            out["error_detail"]["exited at s"] = died
+        return out
     finally:
         stop(target.procs + [origin], work)
 
@@ -276,9 +291,10 @@ def main():
     ap.add_argument("--interval", type=int, default=10, help="seconds between samples (default 10)")
     ap.add_argument("--targets", default="lacquer,varnish,nginx", help="comma-separated (default all three)")
     args = ap.parse_args()
-    # Every proxy gets what its package gives it (lacquer.service: LimitNOFILE=1048576); 1000 connections do
-    # not fit in the usual 1024.
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1048576, 1048576))
+    # 1000 connections do not fit in the usual soft limit of 1024 descriptors; the package gives lacquerd
+    # far more (lacquer.service: LimitNOFILE=1048576), here every process gets the hard limit.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results = [soak(name, args) for name in args.targets.split(",")]
     sys.exit(0 if report(results, args) else 1)
 
