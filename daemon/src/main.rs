@@ -6,6 +6,8 @@ mod backend;
 mod body;
 mod coalesce;
 mod config;
+#[cfg(test)]
+mod corpus;
 mod invalidation;
 mod metrics;
 mod policy;

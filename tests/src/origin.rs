@@ -18,7 +18,11 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
-use tokio::sync::Notify;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    sync::Notify,
+};
 
 /// One step of a response body.
 #[derive(Clone)]
@@ -96,6 +100,33 @@ pub fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i % 251) as u8).collect()
 }
 
+/// One step of a response an origin writes byte for byte ([`Origin::raw`]), for the misbehaviour an HTTP
+/// library would not produce: a body shorter than its `Content-Length`, a chunked body without its last
+/// chunk, bytes dripped one at a time.
+#[derive(Clone)]
+pub enum Raw {
+    Write(Bytes),
+    Sleep(Duration),
+    /// Waits until the test calls `notify_one`/`notify_waiters` on the gate.
+    Gate(Arc<Notify>),
+    /// Closes the connection (a FIN, not a reset); without it the connection waits for the next request.
+    Close,
+}
+
+impl Raw {
+    pub fn write(bytes: impl Into<Bytes>) -> Self {
+        Raw::Write(bytes.into())
+    }
+
+    /// `bytes` one at a time, `gap` apart.
+    pub fn drip(bytes: &[u8], gap: Duration) -> Vec<Raw> {
+        bytes
+            .iter()
+            .flat_map(|&b| [Raw::Sleep(gap), Raw::Write(Bytes::copy_from_slice(&[b]))])
+            .collect()
+    }
+}
+
 /// What the origin saw of one request.
 #[derive(Debug, Clone)]
 pub struct Seen {
@@ -159,6 +190,60 @@ impl Origin {
             in_flight,
             max_in_flight,
             body_bytes,
+        }
+    }
+
+    /// An origin whose responses are written by the script, byte for byte; requests (without bodies) are
+    /// parsed and recorded as by [`Origin::start`].
+    pub async fn raw(script: impl Fn(&Seen) -> Vec<Raw> + Send + Sync + 'static) -> Origin {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let script = Arc::new(script);
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (registry, record) = (tasks.clone(), seen.clone());
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (script, record) = (script.clone(), record.clone());
+                let conn = tokio::spawn(async move {
+                    while let Some(request) = read_head(&mut stream).await {
+                        record.lock().unwrap().push(request.clone());
+                        for step in script(&request) {
+                            let written = match step {
+                                Raw::Write(bytes) => stream.write_all(&bytes).await,
+                                Raw::Sleep(d) => {
+                                    tokio::time::sleep(d).await;
+                                    Ok(())
+                                }
+                                Raw::Gate(g) => {
+                                    g.notified().await;
+                                    Ok(())
+                                }
+                                Raw::Close => {
+                                    let _ = stream.shutdown().await;
+                                    return;
+                                }
+                            };
+                            if written.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+                registry.lock().unwrap().push(conn.abort_handle());
+            }
+        });
+        tasks.lock().unwrap().push(accept.abort_handle());
+        Origin {
+            addr,
+            tasks,
+            seen,
+            in_flight: Arc::default(),
+            max_in_flight: Arc::default(),
+            body_bytes: Arc::default(),
         }
     }
 
@@ -288,4 +373,31 @@ async fn serve(
         },
     );
     Ok(resp.body(StreamBody::new(steps).boxed()).unwrap())
+}
+
+/// Reads one request head; `None` when the connection ends first or sends something that is not HTTP.
+async fn read_head(stream: &mut TcpStream) -> Option<Seen> {
+    let mut buf = Vec::new();
+    loop {
+        let mut slots = [httparse::EMPTY_HEADER; 64];
+        let mut req = httparse::Request::new(&mut slots);
+        if let httparse::Status::Complete(_) = req.parse(&buf).ok()? {
+            let mut headers = HeaderMap::new();
+            for h in req.headers.iter() {
+                headers.append(
+                    http::HeaderName::from_bytes(h.name.as_bytes()).ok()?,
+                    http::HeaderValue::from_bytes(h.value).ok()?,
+                );
+            }
+            return Some(Seen {
+                method: req.method?.to_owned(),
+                path: req.path?.to_owned(),
+                headers,
+                body: Bytes::new(),
+            });
+        }
+        if stream.read_buf(&mut buf).await.ok()? == 0 {
+            return None;
+        }
+    }
 }

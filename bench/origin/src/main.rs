@@ -6,6 +6,8 @@
 //!   be walked by its lurker);
 //! - `/stream/CACHE_CONTROL/LENGTH[/ANYTHING]`: a LENGTH-byte body streamed in 64 KiB frames (never held in
 //!   memory whole) with `Cache-Control: CACHE_CONTROL`, for the memory benchmark's multi-GiB responses;
+//! - `/sized/BYTES/...`: BYTES (at most 4 MiB), cacheable for an hour, with `x-url` (the soak's churning
+//!   URL set);
 //! - `/__count/PATH`: how many times PATH was requested, as a plain number; `/__total`: all requests.
 //!
 //! On CONTROL_PORT, `GET /mode/ok|503|reset|refuse` switches how the main port behaves: normally; answering
@@ -115,6 +117,15 @@ async fn serve(
         "/obj/2k" => (origin.small.clone(), "max-age=3600"),
         p if p.starts_with("/flap/") => (origin.small.clone(), "max-age=1"),
         p if p.starts_with("/small/") => (origin.tiny.clone(), "max-age=3600"),
+        p if p.starts_with("/sized/") => {
+            let len = p["/sized/".len()..]
+                .split('/')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0)
+                .min(origin.large.len());
+            (origin.large.slice(..len), "max-age=3600")
+        }
         p if p.starts_with("/burst/") => {
             tokio::time::sleep(Duration::from_millis(300)).await;
             (origin.large.clone(), "max-age=3600")

@@ -641,6 +641,9 @@ fn default_dir() -> PathBuf {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

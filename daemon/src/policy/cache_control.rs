@@ -171,6 +171,9 @@ impl<'a> Iterator for Directives<'a> {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -39,10 +39,16 @@ pub async fn read(io: &mut (impl AsyncRead + Unpin)) -> Result<ProxyHeader, Prox
         {
             return Err(ProxyHeaderError::Truncated);
         }
+        let v1 = buf.starts_with(b"PROXY ");
+        // ppp judges a v1 line before it has ended: cut after a port's space (`... 51234 `) or after
+        // `TCP6`, a header split across two TCP segments would be refused. A v1 line is parsed whole.
+        if v1 && !v1_line_ended(&buf) {
+            continue;
+        }
         let parsed = HeaderResult::parse(&buf);
         if parsed.is_incomplete() {
             // ppp calls a v1 line with a part missing incomplete even once the line has ended.
-            if buf.starts_with(b"PROXY ") && v1_line_ended(&buf) {
+            if v1 {
                 return Err(ProxyHeaderError::Invalid);
             }
             if buf.len() >= MAX_HEADER {
@@ -60,9 +66,10 @@ pub async fn read(io: &mut (impl AsyncRead + Unpin)) -> Result<ProxyHeader, Prox
     }
 }
 
-/// Whether a v1 line is over: its CRLF is in, or it has passed the 107 bytes the format allows.
+/// Whether a v1 line is over: its end of line is in (a bare LF ends it too, as a refusal), or it has
+/// passed the 107 bytes the format allows.
 fn v1_line_ended(buf: &[u8]) -> bool {
-    buf.len() >= 107 || buf.windows(2).any(|w| w == b"\r\n")
+    buf.len() >= 107 || buf.contains(&b'\n')
 }
 
 fn v1_client(a: &v1::Addresses) -> Option<SocketAddr> {
@@ -83,6 +90,9 @@ fn v2_client(h: &v2::Header<'_>) -> Option<SocketAddr> {
         v2::Addresses::Unspecified | v2::Addresses::Unix(_) => None,
     }
 }
+
+#[cfg(test)]
+mod props;
 
 #[cfg(test)]
 mod tests {
@@ -132,6 +142,18 @@ mod tests {
             .unwrap();
         assert_eq!(split.client, Some("[2001:db8::7]:5".parse().unwrap()));
         assert!(split.rest.is_empty());
+
+        // Split where ppp alone would judge the line too early: after `TCP6`, after the source port.
+        for (head, tail) in [
+            (
+                &b"PROXY TCP6"[..],
+                &b" 2001:db8::7 2001:db8::1 5 443\r\n"[..],
+            ),
+            (b"PROXY TCP6 2001:db8::7 2001:db8::1 5 ", b"443\r\n"),
+        ] {
+            let got = parse(&[head, tail]).await.unwrap();
+            assert_eq!(got.client, Some("[2001:db8::7]:5".parse().unwrap()));
+        }
 
         let unknown = parse(&[b"PROXY UNKNOWN\r\n"]).await.unwrap();
         assert_eq!(unknown.client, None);

@@ -392,6 +392,9 @@ fn quoted(text: &str) -> String {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
