@@ -53,10 +53,11 @@ mod tests {
 
     use super::*;
     use crate::policy::test_headers as headers;
+    use crate::policy::Lines;
 
     #[test]
     fn age_header_table() {
-        let cases: &[(&[(&str, &str)], Option<u64>)] = &[
+        let cases: &[(Lines<'_>, Option<u64>)] = &[
             (&[], None),
             (&[("age", "30")], Some(30)),
             (&[("age", " 30 ")], Some(30)),
@@ -78,7 +79,7 @@ mod tests {
     fn corrected_initial_age_table() {
         let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
         let req = now - Duration::from_secs(2);
-        let cases: &[(&[(&str, &str)], u64)] = &[
+        let cases: &[(Lines<'_>, u64)] = &[
             (&[], 2),
             (&[("date", "Sun, 06 Nov 1994 08:49:37 GMT")], 2),
             (&[("date", "Sun, 06 Nov 1994 08:48:37 GMT")], 60),

@@ -68,11 +68,12 @@ pub const NOT_MODIFIED_HEADERS: [header::HeaderName; 7] = [
 mod tests {
     use super::*;
     use crate::policy::test_headers as headers;
+    use crate::policy::Lines;
 
     #[test]
     fn table() {
         let lm = Some("Sun, 06 Nov 1994 08:49:37 GMT");
-        let cases: &[(&[(&str, &str)], Option<&str>, bool)] = &[
+        let cases: &[(Lines<'_>, Option<&str>, bool)] = &[
             (&[], Some("\"a\""), false),
             (&[("if-none-match", "\"a\"")], Some("\"a\""), true),
             (&[("if-none-match", "W/\"a\"")], Some("\"a\""), true),

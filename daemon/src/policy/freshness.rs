@@ -75,6 +75,7 @@ pub fn lifetime(
 mod tests {
     use super::*;
     use crate::policy::test_headers as headers;
+    use crate::policy::Lines;
 
     const DATE_S: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
 
@@ -82,7 +83,7 @@ mod tests {
     fn table() {
         let now = httpdate::parse_http_date(DATE_S).unwrap();
         let secs = Duration::from_secs;
-        let cases: &[(u16, &[(&str, &str)], Lifetime)] = &[
+        let cases: &[(u16, Lines<'_>, Lifetime)] = &[
             (
                 200,
                 &[("cache-control", "max-age=60")],

@@ -89,9 +89,13 @@ impl Default for Policy {
     }
 }
 
+/// Header lines as the policy tables write them: `(name, value)` pairs.
+#[cfg(test)]
+pub(crate) type Lines<'a> = &'a [(&'a str, &'a str)];
+
 /// Builds a header map from `(name, value)` pairs, repeating names as separate lines.
 #[cfg(test)]
-pub(crate) fn test_headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+pub(crate) fn test_headers(pairs: Lines<'_>) -> http::HeaderMap {
     let mut h = http::HeaderMap::new();
     for (k, v) in pairs {
         h.append(

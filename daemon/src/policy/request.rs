@@ -54,6 +54,7 @@ pub fn host_from_authority(parts: &mut Parts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Lines;
 
     #[test]
     fn host_comes_from_the_authority_when_there_is_one() {
@@ -92,7 +93,7 @@ mod tests {
             cache_cookie_requests: true,
             ..Policy::default()
         };
-        let cases: &[(&Policy, &str, &[(&str, &str)], RequestClass)] = &[
+        let cases: &[(&Policy, &str, Lines<'_>, RequestClass)] = &[
             (&p, "GET", &[], RequestClass::Lookup),
             (&p, "HEAD", &[("accept", "*/*")], RequestClass::Lookup),
             (&p, "POST", &[], RequestClass::Invalidate),

@@ -131,6 +131,7 @@ pub fn decide(
 mod tests {
     use super::*;
     use crate::policy::test_headers as headers;
+    use crate::policy::Lines;
 
     fn store(ttl: u64, grace: u64, no_stale: bool, vary: &[&str]) -> Decision {
         let stale_if_error = if no_stale {
@@ -152,7 +153,7 @@ mod tests {
     fn table() {
         let d = Decision::DontStore;
         let date = "Sun, 06 Nov 1994 08:49:37 GMT";
-        let cases: &[(bool, u16, &[(&str, &str)], Decision)] = &[
+        let cases: &[(bool, u16, Lines<'_>, Decision)] = &[
             (
                 false,
                 200,
@@ -395,7 +396,7 @@ mod tests {
             grace_override: Some(Duration::from_secs(60)),
             ..Policy::default()
         };
-        let cases: &[(u16, &[(&str, &str)], Decision)] = &[
+        let cases: &[(u16, Lines<'_>, Decision)] = &[
             (
                 200,
                 &[("cache-control", "max-age=5")],

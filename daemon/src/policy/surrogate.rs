@@ -34,6 +34,7 @@ pub fn tags(headers: &HeaderMap, names: &[String]) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::policy::test_headers;
+    use crate::policy::Lines;
 
     fn defaults() -> Vec<String> {
         crate::policy::Policy::default().surrogate_key_headers
@@ -42,7 +43,7 @@ mod tests {
     #[test]
     fn table() {
         let long = "x".repeat(MAX_TAG_LEN + 1);
-        let cases: &[(&[(&str, &str)], &[&str])] = &[
+        let cases: &[(Lines<'_>, &[&str])] = &[
             (&[], &[]),
             (&[("Surrogate-Key", "a b  c")], &["a", "b", "c"]),
             (&[("xkey", "p-1, p-2,p-3")], &["p-1", "p-2", "p-3"]),

@@ -92,6 +92,7 @@ pub fn invalidation_keys(req: &Parts, response: &HeaderMap) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Lines;
 
     #[test]
     fn forwarded_headers() {
@@ -137,7 +138,7 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        let cases: &[(&[(&str, &str)], &[&str])] = &[
+        let cases: &[(Lines<'_>, &[&str])] = &[
             (&[], &["example.com/form"]),
             (
                 &[("location", "/done?x=1")],
