@@ -6,14 +6,13 @@ ratios B / A; on these noisy 2-core machines only those ratios mean anything."""
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import ORIGIN_PORT, ROOT, oha_latency, wait_port, wrk_rps  # noqa: E402
+from compare import ORIGIN_PORT, ROOT, oha_latency, stop, wait_port, wrk_rps  # noqa: E402
 
 PORTS = {"A": 8984, "B": 8985}
 ADMIN = {"A": 8993, "B": 8994}
@@ -57,14 +56,7 @@ def main():
             v = rows[key]
             print(f"| {label} | {statistics.median(v):.3f} | {min(v):.2f}–{max(v):.2f} |")
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        subprocess.run(["rm", "-rf", work])
+        stop(procs, work)
 
 
 if __name__ == "__main__":
