@@ -118,9 +118,10 @@ fn walk(store: &Store) -> Result<(), crate::StoreError> {
     }
     StoreStats::add(&inner.stats.lurker_records_tested, (keys % BATCH) as u64);
     store.flush_metadata_blocking()?;
+    // Counted before the bans show completed: whoever sees no pending ban sees what the walk removed.
+    StoreStats::add(&inner.stats.objects_lurked, removed as u64);
     let completed = inner.bans.complete(upto)?;
     inner.bans.save_counters()?;
-    StoreStats::add(&inner.stats.objects_lurked, removed as u64);
     StoreStats::add(&inner.stats.bans_completed, completed as u64);
     StoreStats::add(&inner.stats.lurker_walks, 1);
     tracing::info!(
