@@ -45,6 +45,9 @@ mod tests {
         assert_eq!(to_ms(UNIX_EPOCH - Duration::from_secs(5)), 0);
         let before = now_ms();
         assert!(now_ms() >= before);
-        assert!(before > 1_600_000_000_000, "the wall clock is in milliseconds");
+        assert!(
+            before > 1_600_000_000_000,
+            "the wall clock is in milliseconds"
+        );
     }
 }

@@ -1,24 +1,8 @@
 //! `lacquerd`: the Lacquer caching reverse proxy.
 
-mod access_log;
-mod admin;
-mod backend;
-mod body;
-mod coalesce;
-mod config;
-#[cfg(test)]
-mod corpus;
-mod invalidation;
-mod metrics;
-mod policy;
-mod protection;
-mod proxy;
 mod reload;
-mod routing;
 mod secret;
-mod server;
-mod stats;
-mod worker;
+mod settings;
 
 use std::{
     io::IsTerminal,
@@ -26,7 +10,6 @@ use std::{
     path::PathBuf,
     process::ExitCode,
     sync::{Arc, OnceLock},
-    time::Instant,
 };
 
 use anyhow::Context;
@@ -38,15 +21,20 @@ use tracing_subscriber::{
     layer::SubscriberExt, reload as log_reload, util::SubscriberInitExt, EnvFilter,
 };
 
-use crate::{
+use lacquer_admin_server::Reload;
+use lacquer_backends::probe::Probes;
+use lacquer_config::{Config, Overrides};
+use lacquer_edge::WorkerSettings;
+use lacquer_proxy::{
     access_log::AccessLog,
-    backend::{probe::Probes, BackendSet, BackendState},
     coalesce::Coalescer,
-    config::{Config, Overrides},
-    reload::{Reloader, SetLogLevel},
-    server::WorkerSettings,
     stats::Stats,
-    worker::{Live, Shared},
+    worker::{Shared, Worker},
+};
+
+use crate::{
+    reload::{Reloader, SetLogLevel},
+    settings::Settings,
 };
 
 /// glibc's malloc degrades as a cache churns: in `bench/invalidation.py` (three rounds of filling 100 000
@@ -99,8 +87,10 @@ fn main() -> ExitCode {
         disk: cli.disk,
         disk_size: cli.disk_size,
     };
-    let config = match Config::load(cli.config.as_deref(), overrides.clone()) {
-        Ok(config) => config,
+    let loaded = Config::load(cli.config.as_deref(), overrides.clone())
+        .and_then(|config| settings::compile(&config).map(|settings| (config, settings)));
+    let (config, mut settings) = match loaded {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("lacquerd: {e}");
             return ExitCode::from(2);
@@ -110,8 +100,8 @@ fn main() -> ExitCode {
         println!("configuration ok");
         return ExitCode::SUCCESS;
     }
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let log_filter = std::mem::replace(&mut settings.log_filter, EnvFilter::default());
+    let filter = EnvFilter::try_from_default_env().unwrap_or(log_filter);
     let (filter, log_handle) = log_reload::Layer::new(filter);
     tracing_subscriber::registry()
         .with(filter)
@@ -125,7 +115,7 @@ fn main() -> ExitCode {
         let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
         log_handle.reload(filter).map_err(|e| e.to_string())
     });
-    match run(config, cli.config, overrides, set_log_level) {
+    match run(config, settings, cli.config, overrides, set_log_level) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -137,6 +127,7 @@ fn main() -> ExitCode {
 
 fn run(
     config: Config,
+    settings: Settings,
     config_file: Option<PathBuf>,
     overrides: Overrides,
     set_log_level: SetLogLevel,
@@ -149,8 +140,15 @@ fn run(
         .enable_all()
         .build()
         .context("cannot start the store runtime")?;
+    let Settings {
+        listeners,
+        backends,
+        live,
+        store,
+        log_filter: _,
+    } = settings;
     let store = control
-        .block_on(config.store_builder().open(control.handle().clone()))
+        .block_on(store.open(control.handle().clone()))
         .with_context(|| {
             format!(
                 "cannot open the store in {}",
@@ -159,32 +157,21 @@ fn run(
         })?;
     store.report_panics();
     let secret = secret::load_or_create(config.secret_file())?;
-    let backends: BackendSet = Arc::new(
-        config
-            .backend
-            .iter()
-            .map(|b| Arc::new(BackendState::new(b)))
-            .collect(),
-    );
     let stats = Arc::new(Stats::default());
     let (access_log, access_log_writer) = AccessLog::start(&config.access_log, stats.clone())?;
     let shared = Arc::new(Shared {
-        live: ArcSwap::from_pointee(Live::new(&config, &backends)),
+        live: ArcSwap::from_pointee(live),
         access_log: access_log.clone(),
         store: store.clone(),
         stats: stats.clone(),
         coalescer: Coalescer::new(config.server.hit_for_miss_memory.as_u64() as usize),
-        started: Instant::now(),
+        started: lacquer_clock::monotonic(),
     });
 
     let workers = config.workers();
-    let listeners = config
-        .listen
-        .iter()
-        .map(|l| server::Listener::new(l.clone()).map(Arc::new))
-        .collect::<Result<Vec<_>, _>>()?;
+    let listeners: Vec<_> = listeners.into_iter().map(Arc::new).collect();
     let addresses: Vec<SocketAddr> = listeners.iter().map(|l| l.config.address).collect();
-    let (sockets, bound) = server::bind(&addresses, workers)?;
+    let (sockets, bound) = lacquer_edge::bind(&addresses, workers)?;
     let admin_listener = control
         .block_on(tokio::net::TcpListener::bind(config.admin.listen))
         .with_context(|| format!("cannot listen on admin address {}", config.admin.listen))?;
@@ -206,8 +193,9 @@ fn run(
         stop: stopped.clone(),
     };
     probes.start(&backends);
-    let threads = server::spawn_workers(
-        shared.clone(),
+    let serving = shared.clone();
+    let threads = lacquer_edge::spawn_workers(
+        Arc::new(move || Worker::new(serving.clone())),
         settings,
         listeners.clone(),
         sockets,
@@ -222,7 +210,7 @@ fn run(
         probes,
         set_log_level,
     ));
-    let app = admin::router(admin::AdminState {
+    let app = lacquer_admin_server::router(lacquer_admin_server::AdminState {
         shared: shared.clone(),
         secret: secret.into(),
         reloader: reloader.clone(),

@@ -9,15 +9,15 @@ use std::{
 use lacquer_admin::wire::{NotApplied, Reloaded};
 use serde_json::Value;
 
-use crate::{
-    backend::{probe::Probes, BackendSet, BackendState},
-    config::{Config, ConfigError, Overrides},
-    server::{
-        tls::{Certificates, SniResolver},
-        Listener,
-    },
-    worker::{Live, Shared},
+use lacquer_backends::{backend_setting, probe::Probes, BackendSet, BackendState};
+use lacquer_config::{Config, ConfigError, Overrides};
+use lacquer_edge::{
+    tls::{Certificates, SniResolver},
+    Listener,
 };
+use lacquer_proxy::worker::{Live, Shared};
+
+use crate::settings;
 
 /// Whether a reload applies `setting` at once: the cache policy, the purge access rules, the log level,
 /// deny rules, normalisation, forwarding fields, backends (with their probes), directors and routes.
@@ -73,9 +73,12 @@ impl Reloader {
             set_log_level,
         }
     }
+}
 
-    /// Loads the file as a start would (a bad file changes nothing) and applies what can change live.
-    pub fn reload(&self) -> Result<Reloaded, ConfigError> {
+impl lacquer_admin_server::Reload for Reloader {
+    /// Loads and builds the file as a start would (a bad file changes nothing) and applies what can change
+    /// live.
+    fn reload(&self) -> Result<Reloaded, ConfigError> {
         let outcome = self.apply();
         match &outcome {
             Ok(r) => {
@@ -85,16 +88,34 @@ impl Reloader {
         }
         outcome
     }
+}
 
+impl Reloader {
+    /// Builds everything first, so that a file a start would refuse changes nothing; then applies.
     fn apply(&self) -> Result<Reloaded, ConfigError> {
         let next = Config::load(self.path.as_deref(), self.overrides.clone())?;
+        settings::log_filter(&next.log.level)?;
+        settings::store(&next)?;
+        let built = settings::listeners(&next)?;
         let mut running = self.running.lock().expect("reload mutex");
+        let mut candidate = running.clone();
+        candidate.cache = next.cache.clone();
+        candidate.purge = next.purge.clone();
+        candidate.route = next.route.clone();
+        candidate.director = next.director.clone();
+        candidate.backend = next.backend.clone();
+        candidate.deny = next.deny.clone();
+        candidate.normalize = next.normalize.clone();
+        candidate.server.forwarding_headers = next.server.forwarding_headers;
+        let backends = self.backends_for(&candidate)?;
+        let live = Live::new(&candidate, &backends.set)?;
+
         let mut outcome = Reloaded {
             config_file: self.path.as_ref().map(|p| p.display().to_string()),
             applied: Vec::new(),
             not_applied: Vec::new(),
         };
-        let certificates = self.load_certificates(&next)?;
+        let certificates = self.new_certificates(&next, &built);
         for setting in changed_settings(&running, &next) {
             let certificates_reloaded = certificates.iter().any(|c| c.setting == setting);
             let refusal = if certificates_reloaded {
@@ -119,94 +140,97 @@ impl Reloader {
             if !outcome.applied.contains(&c.setting) {
                 outcome.applied.push(c.setting);
             }
-            c.resolver.0.store(Arc::new(c.loaded));
-            running.listen[c.listener].tls = next.listen[c.listener].tls.clone();
+            c.resolver.0.store(c.loaded);
+            candidate.listen[c.listener].tls = next.listen[c.listener].tls.clone();
         }
-        running.cache = next.cache.clone();
-        running.purge = next.purge.clone();
-        running.route = next.route.clone();
-        running.director = next.director.clone();
-        running.backend = next.backend.clone();
         if outcome.applied.iter().any(|s| s == "log.level") {
-            running.log = next.log.clone();
+            candidate.log = next.log.clone();
         }
-        running.deny = next.deny.clone();
-        running.normalize = next.normalize.clone();
-        running.server.forwarding_headers = next.server.forwarding_headers;
-        let backends = self.backends_for(&running);
-        self.shared
-            .live
-            .store(Arc::new(Live::new(&running, &backends)));
+        self.probes.start(&backends.fresh);
+        for gone in &backends.gone {
+            gone.retire();
+        }
+        self.shared.live.store(Arc::new(live));
+        *running = candidate;
         Ok(outcome)
     }
-}
 
-impl Reloader {
     /// The states for `config`'s backends: a backend whose settings did not change keeps its state (health,
-    /// probe history, connection pools), the others get new ones with probes started, and the states no
-    /// longer configured are retired (their probes stop; workers drop their pools).
-    fn backends_for(&self, config: &Config) -> BackendSet {
+    /// probe history, connection pools), the others get new ones, whose probes start when the reload is
+    /// applied; the states no longer configured are to be retired then (their probes stop; workers drop
+    /// their pools).
+    fn backends_for(&self, config: &Config) -> Result<NextBackends, ConfigError> {
         let running = self.shared.live.load().router.backends.clone();
-        let next: BackendSet = Arc::new(
+        let set: BackendSet = Arc::new(
             config
                 .backend
                 .iter()
-                .map(|b| {
-                    running
-                        .iter()
-                        .find(|state| state.config == *b)
-                        .cloned()
-                        .unwrap_or_else(|| Arc::new(BackendState::new(b)))
-                })
-                .collect(),
+                .enumerate()
+                .map(
+                    |(n, b)| match running.iter().find(|state| state.config == *b) {
+                        Some(kept) => Ok(kept.clone()),
+                        None => BackendState::new(b, &backend_setting(config, n)).map(Arc::new),
+                    },
+                )
+                .collect::<Result<_, _>>()?,
         );
         let is_in = |set: &[Arc<BackendState>], s: &Arc<BackendState>| {
             set.iter().any(|o| Arc::ptr_eq(o, s))
         };
-        let fresh: Vec<_> = next
+        let fresh = set
             .iter()
             .filter(|s| !is_in(&running, s))
             .cloned()
             .collect();
-        self.probes.start(&fresh);
-        for gone in running.iter().filter(|s| !is_in(&next, s)) {
-            gone.retire();
-        }
-        next
+        let gone = running
+            .iter()
+            .filter(|s| !is_in(&set, s))
+            .cloned()
+            .collect();
+        Ok(NextBackends { set, fresh, gone })
     }
 
-    /// Every TLS listener's certificates, read again even when the paths are the same (a renewed
-    /// certificate replaces the file), paired with the resolver they go to. A listener that moved, or
-    /// stopped or started being TLS, changes on restart only.
-    fn load_certificates(&self, next: &Config) -> Result<Vec<NewCertificates>, ConfigError> {
+    /// Every TLS listener's certificates, as just read again from `built` (a renewed certificate replaces
+    /// the file, so they are read even when the paths are the same), paired with the resolver they go to. A
+    /// listener that moved, or stopped or started being TLS, changes on restart only.
+    fn new_certificates(&self, next: &Config, built: &[Listener]) -> Vec<NewCertificates> {
         let mut out = Vec::new();
         for (n, listener) in self.listeners.iter().enumerate() {
-            let (Some(resolver), Some(wanted)) = (&listener.certificates, next.listen.get(n))
-            else {
+            let (Some(resolver), Some(wanted), Some(loaded)) = (
+                &listener.certificates,
+                next.listen.get(n),
+                built.get(n).and_then(|b| b.certificates.as_ref()),
+            ) else {
                 continue;
             };
-            if wanted.address != listener.config.address || wanted.tls.is_empty() {
+            if wanted.address != listener.config.address {
                 continue;
             }
-            let setting = format!("listen[{n}].tls");
-            let loaded = Certificates::load(&wanted.tls)
-                .map_err(|e| ConfigError(format!("{setting}: {e}")))?;
             out.push(NewCertificates {
                 listener: n,
-                setting,
+                setting: format!("listen[{n}].tls"),
                 resolver: resolver.clone(),
-                loaded,
+                loaded: loaded.0.load_full(),
             });
         }
-        Ok(out)
+        out
     }
+}
+
+/// The backend states of a reloaded configuration.
+struct NextBackends {
+    set: BackendSet,
+    /// New states, whose probes start.
+    fresh: Vec<Arc<BackendState>>,
+    /// States no longer configured, to retire.
+    gone: Vec<Arc<BackendState>>,
 }
 
 struct NewCertificates {
     listener: usize,
     setting: String,
     resolver: Arc<SniResolver>,
-    loaded: Certificates,
+    loaded: Arc<Certificates>,
 }
 
 /// Dotted names of the settings whose values differ; lists of tables by index (`listen[0].address`), other
@@ -262,7 +286,7 @@ mod tests {
         assert!(changed_settings(&a, &a.clone()).is_empty());
         let mut c = a.clone();
         c.listen[0].max_connections = 10;
-        c.listen[0].tls.push(crate::config::Certificate {
+        c.listen[0].tls.push(lacquer_config::Certificate {
             cert: "c.pem".into(),
             key: "c.key".into(),
         });

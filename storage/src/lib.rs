@@ -25,7 +25,7 @@ mod sweep;
 mod tags;
 mod writer;
 
-pub use ban::{normal_host, BanExpr, BanInfo, BanSyntaxError};
+pub use ban::{BanExpr, BanInfo, BanSyntaxError};
 pub use builder::StoreBuilder;
 pub use chunk::ChunkKey;
 pub use error::StoreError;

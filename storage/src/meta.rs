@@ -67,6 +67,17 @@ impl ObjectMeta {
         (born + self.ttl_ms) as i64 - now_ms as i64
     }
 
+    /// What decides, at `now_ms`, whether the object may answer a request
+    /// ([`lacquer_policy::stale::usability`]).
+    pub fn lifetime(&self, now_ms: u64) -> lacquer_policy::stale::Lifetime {
+        lacquer_policy::stale::Lifetime {
+            remaining_ttl_ms: self.remaining_ttl_ms(now_ms),
+            grace_ms: self.grace_ms,
+            stale_if_error_ms: self.stale_if_error_ms,
+            no_stale: self.no_stale,
+        }
+    }
+
     /// When the store may forget the object (unix milliseconds): past freshness, grace and keep, and past the
     /// window in which it may stand in for a failing origin.
     pub fn expires_at_ms(&self) -> u64 {

@@ -14,6 +14,7 @@
 
 use std::fmt;
 
+use lacquer_policy::key::normal_host;
 use regex::bytes::{Regex, RegexBuilder};
 
 use crate::meta::ObjectMeta;
@@ -321,30 +322,6 @@ fn http_token(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-/// `host[:port]` as it stands in a primary key: lower-cased, the port as a number and dropped when it is
-/// `http`'s or `https`'s (or empty), so equivalent hosts (RFC 3986 §6.2.2, §6.2.3) key and ban alike.
-pub fn normal_host(host: &str) -> String {
-    let split = match host.rfind(':') {
-        Some(colon) if !host[colon..].contains(']') => Some((&host[..colon], &host[colon + 1..])),
-        _ => None,
-    };
-    let (name, port) = match split {
-        Some((name, "")) => (name, None),
-        Some((name, port)) => match port.parse::<u16>() {
-            Ok(80 | 443) => (name, None),
-            Ok(port) => (name, Some(port)),
-            Err(_) => (host, None),
-        },
-        None => (host, None),
-    };
-    let mut out = name.to_ascii_lowercase();
-    if let Some(port) = port {
-        out.push(':');
-        out.push_str(&port.to_string());
-    }
-    out
 }
 
 /// regex reports multi-line errors with a caret diagram; an API error is one line.

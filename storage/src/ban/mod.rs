@@ -5,6 +5,6 @@ mod list;
 pub(crate) mod lurker;
 
 pub(crate) use expr::Subject;
-pub use expr::{normal_host, BanExpr, BanSyntaxError};
+pub use expr::{BanExpr, BanSyntaxError};
 pub use list::BanInfo;
 pub(crate) use list::{Bans, Verdict};

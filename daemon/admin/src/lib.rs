@@ -1,0 +1,263 @@
+//! The admin API (axum, localhost by default). Every route but `GET /v1/health` and
+//! `GET /v1/openapi.json` requires `Authorization: Bearer <secret>` (and `GET /metrics` unless
+//! `admin.open_metrics`). Errors are JSON [`ApiError`]s with a stable code. Routes are registered together
+//! with their OpenAPI description, so `GET /v1/openapi.json` lists exactly what is served.
+
+#![warn(missing_docs)]
+
+mod invalidation;
+mod log;
+pub mod metrics;
+mod objects;
+mod operations;
+mod status;
+
+use std::sync::{Arc, OnceLock};
+
+use axum::{
+    body::Bytes,
+    extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Query, Request, State},
+    http::{header, request::Parts, StatusCode},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    Json, Router,
+};
+use lacquer_admin::wire::ApiError;
+use subtle::ConstantTimeEq;
+use tokio::sync::watch;
+use utoipa::{
+    openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
+    Modify, OpenApi,
+};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use lacquer_admin::wire::Reloaded;
+use lacquer_config::ConfigError;
+use lacquer_proxy::worker::Shared;
+
+/// Reads the configuration again and applies what can change while requests are served (`POST
+/// /v1/reload`, as `SIGHUP` does).
+pub trait Reload: Send + Sync + 'static {
+    /// What changed and what waits for a restart; an error says why the file cannot be used, and then
+    /// nothing changed.
+    fn reload(&self) -> Result<Reloaded, ConfigError>;
+}
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub shared: Arc<Shared>,
+    pub secret: Arc<str>,
+    pub reloader: Arc<dyn Reload>,
+    /// `host:port` of the origin, as configured.
+    pub open_metrics: bool,
+    /// Turns true on shutdown: long-lived streams end so the server can stop.
+    pub stopping: watch::Receiver<bool>,
+    /// The OpenAPI document, rendered once the routes are known.
+    pub openapi: Arc<OnceLock<Bytes>>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "lacquerd admin API",
+        description = "Operate a running lacquerd: statistics, bans, purges, inspection, backends, reload. \
+            Send the contents of the admin secret file as `Authorization: Bearer <secret>`."
+    ),
+    modifiers(&SecretAuth),
+    tags(
+        (name = "status", description = "Health, statistics, metrics and the live access log"),
+        (name = "invalidation", description = "Bans and purges"),
+        (name = "objects", description = "What the store holds"),
+        (name = "operations", description = "Backends and configuration"),
+    )
+)]
+struct ApiDoc;
+
+struct SecretAuth;
+
+impl Modify for SecretAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some(
+                "The contents of the admin secret file (`admin.secret_file`).",
+            ))
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("secret", SecurityScheme::Http(scheme));
+    }
+}
+
+pub fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let error = ApiError {
+        code: code.to_owned(),
+        message: message.into(),
+    };
+    (status, Json(error)).into_response()
+}
+
+/// Admin request bodies are small JSON documents.
+const BODY_LIMIT: usize = 64 * 1024;
+
+/// `Json` whose rejections (bad JSON, wrong fields, missing content type, too large) are API errors.
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    Json<T>: FromRequest<S, Rejection = axum::extract::rejection::JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(Self(value)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "body_too_large"
+                } else {
+                    "invalid_body"
+                };
+                Err(api_error(status, code, rejection.body_text()))
+            }
+        }
+    }
+}
+
+/// `Query` whose rejections are API errors.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    Query<T>: FromRequestParts<S, Rejection = axum::extract::rejection::QueryRejection>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(Self(value)),
+            Err(rejection) => Err(api_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                rejection.body_text(),
+            )),
+        }
+    }
+}
+
+/// The routes, each registered with its OpenAPI description, and the document they make up.
+fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
+    let guard = || middleware::from_fn_with_state(state.clone(), require_secret);
+    let open = OpenApiRouter::new()
+        .routes(routes!(status::health))
+        .routes(routes!(status::openapi));
+    let guarded = OpenApiRouter::new()
+        .routes(routes!(status::stats))
+        .routes(routes!(status::stats_stream))
+        .routes(routes!(log::stream))
+        .routes(routes!(invalidation::list_bans, invalidation::add_ban))
+        .routes(routes!(invalidation::purge_url))
+        .routes(routes!(invalidation::purge_tags))
+        .routes(routes!(objects::inspect))
+        .routes(routes!(operations::backends))
+        .routes(routes!(operations::reload))
+        .route_layer(guard());
+    let metrics = OpenApiRouter::new().routes(routes!(status::metrics));
+    let metrics = if state.open_metrics {
+        metrics
+    } else {
+        metrics.route_layer(guard())
+    };
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(open)
+        .merge(guarded)
+        .merge(metrics)
+}
+
+pub fn router(state: AdminState) -> Router {
+    let (router, doc) = routes(&state).split_for_parts();
+    let rendered = doc
+        .to_pretty_json()
+        .expect("the OpenAPI document serializes");
+    state.openapi.get_or_init(|| Bytes::from(rendered));
+    router
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .fallback(|| async { api_error(StatusCode::NOT_FOUND, "not_found", "no such admin route") })
+        .method_not_allowed_fallback(|| async {
+            api_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
+        .with_state(state)
+}
+
+async fn require_secret(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token);
+    match presented {
+        Some(token) if bool::from(token.as_bytes().ct_eq(state.secret.as_bytes())) => {
+            next.run(req).await
+        }
+        Some(_) => api_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the admin secret does not match",
+        ),
+        None => api_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing `Authorization: Bearer <secret>`; the secret is in the file given by --secret",
+        ),
+    }
+}
+
+/// The token of `Bearer <token>` credentials; the scheme's case does not matter and spaces may repeat
+/// (RFC 9110 §11.1, RFC 6750 §2.1).
+fn bearer_token(credentials: &str) -> Option<&str> {
+    let (scheme, token) = credentials.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// The answer to a store failure: logged, and reported without detail beyond the store's own message.
+pub fn store_failed(e: lacquer_storage::StoreError) -> Response {
+    tracing::error!(error = %e, "admin operation failed in the store");
+    api_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "store_error",
+        e.to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_credentials() {
+        let cases = [
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("BEARER   abc ", Some("abc")),
+            ("Bearer", None),
+            ("Bearer ", None),
+            ("Basic abc", None),
+            ("Bearerabc", None),
+            ("", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(bearer_token(value), want, "{value:?}");
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! `GET /v1/objects?url=…`: what the store holds for a URL, and where.
+
+use axum::{
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    Json,
+};
+use lacquer_admin::wire::{ApiError, HeaderField, Inspection, ObjectQuery, StoredVariant, Tiers};
+use lacquer_storage::{ChunkTiers, ObjectMeta};
+
+use super::{api_error, store_failed, AdminState, ApiQuery};
+use lacquer_policy::stale::{usability, Usability};
+use lacquer_proxy::invalidation;
+
+/// Every stored variant of a URL's cache key: status, size, tiers, freshness, tags and headers. Objects a
+/// ban covers are removed first, as a lookup would.
+#[utoipa::path(get, path = "/v1/objects", tag = "objects", security(("secret" = [])),
+    params(ObjectQuery),
+    responses(
+        (status = 200, description = "The key and its variants (none when not cached)", body = Inspection),
+        (status = 400, description = "`invalid_url`, `missing_host`, `invalid_host`, `invalid_query`", body = ApiError),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+    ))]
+pub async fn inspect(
+    State(state): State<AdminState>,
+    ApiQuery(query): ApiQuery<ObjectQuery>,
+) -> Response {
+    let key = match invalidation::purge_key(&query.url, query.host.as_deref()) {
+        Ok(key) => key,
+        Err(e) => return api_error(StatusCode::BAD_REQUEST, e.code(), e.to_string()),
+    };
+    let store = state.shared.store.clone();
+    let lookup_key = key.clone();
+    let found = tokio::task::spawn_blocking(move || store.inspect(&lookup_key))
+        .await
+        .expect("inspection does not panic");
+    match found {
+        Ok(variants) => {
+            let now = lacquer_clock::now_ms();
+            let variants: Vec<_> = variants
+                .into_iter()
+                .map(|(meta, tiers)| stored_variant(meta, tiers, now))
+                .collect();
+            Json(Inspection {
+                key,
+                cached: !variants.is_empty(),
+                variants,
+            })
+            .into_response()
+        }
+        Err(e) => store_failed(e),
+    }
+}
+
+fn stored_variant(meta: ObjectMeta, tiers: ChunkTiers, now_ms: u64) -> StoredVariant {
+    let state = match usability(meta.lifetime(now_ms)) {
+        Usability::Fresh => "fresh",
+        Usability::Grace => "grace",
+        Usability::OnError => "stale_if_error",
+        Usability::Unusable if now_ms < meta.expires_at_ms() => "keep",
+        Usability::Unusable => "expired",
+    };
+    let field = |(name, value): (String, Vec<u8>)| HeaderField {
+        name,
+        value: String::from_utf8_lossy(&value).into_owned(),
+    };
+    StoredVariant {
+        state: state.into(),
+        stored_at: meta.stored_at_ms / 1000,
+        age_seconds: meta.age_s(now_ms),
+        ttl_seconds: meta.remaining_ttl_ms(now_ms).div_euclid(1000),
+        grace_seconds: meta.grace_ms / 1000,
+        keep_seconds: meta.keep_ms / 1000,
+        stale_if_error_seconds: meta.stale_if_error_ms / 1000,
+        no_stale: meta.no_stale,
+        status: meta.status,
+        size: meta.length,
+        tiers: Tiers {
+            chunks: tiers.chunks,
+            in_memory: tiers.in_memory,
+            on_disk: tiers.on_disk,
+        },
+        generation: meta.generation,
+        vary: meta
+            .variant
+            .into_iter()
+            .map(|(n, v)| field((n, v.into_bytes())))
+            .collect(),
+        tags: meta.tags,
+        headers: meta.headers.into_iter().map(field).collect(),
+    }
+}

@@ -1,0 +1,173 @@
+//! Health, statistics (a document, a stream, Prometheus metrics) and the OpenAPI document.
+
+use std::{convert::Infallible, sync::atomic::Ordering::Relaxed, time::Duration};
+
+use axum::{
+    extract::State,
+    http::header,
+    response::{
+        sse::{Event, KeepAlive, Sse},
+        IntoResponse, Response,
+    },
+    Json,
+};
+use futures_util::Stream;
+use lacquer_admin::wire::{ApiError, Health, Stats, StoreStats};
+use lacquer_storage::StoreStatsSnapshot;
+
+use super::AdminState;
+use lacquer_proxy::worker::Shared;
+
+use crate::metrics;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Is the daemon up, and is anything wrong with it? Needs no secret.
+#[utoipa::path(get, path = "/v1/health", tag = "status",
+    responses((status = 200, description = "The daemon is serving (`degraded`: with the problems listed)", body = Health)))]
+pub async fn health(State(state): State<AdminState>) -> Json<Health> {
+    let problems = state.shared.store.problems();
+    Json(Health {
+        status: if problems.is_empty() {
+            "ok"
+        } else {
+            "degraded"
+        }
+        .into(),
+        version: VERSION.into(),
+        uptime_seconds: state.shared.started.elapsed().as_secs(),
+        problems,
+    })
+}
+
+/// This document. Needs no secret.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "status",
+    responses((status = 200, description = "The OpenAPI 3 description of the admin API", content_type = "application/json")))]
+pub async fn openapi(State(state): State<AdminState>) -> Response {
+    let doc = state.openapi.get().cloned().unwrap_or_default();
+    ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
+}
+
+/// Every counter and gauge.
+#[utoipa::path(get, path = "/v1/stats", tag = "status", security(("secret" = [])),
+    responses(
+        (status = 200, description = "Counters and gauges", body = Stats),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+    ))]
+pub async fn stats(State(state): State<AdminState>) -> Json<Stats> {
+    Json(snapshot(&state.shared))
+}
+
+/// The statistics document once a second, as server-sent events named `stats`, until the client leaves or
+/// the daemon stops.
+#[utoipa::path(get, path = "/v1/stats/stream", tag = "status", security(("secret" = [])),
+    responses(
+        (status = 200, description = "`event: stats` with a statistics document as `data`, every second", content_type = "text/event-stream", body = Stats),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+    ))]
+pub async fn stats_stream(
+    State(state): State<AdminState>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let events =
+        futures_util::stream::unfold((state, ticks), |(mut state, mut ticks)| async move {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = state.stopping.wait_for(|stopping| *stopping) => return None,
+            }
+            let event = Event::default()
+                .event("stats")
+                .json_data(snapshot(&state.shared))
+                .expect("statistics serialize");
+            Some((Ok(event), (state, ticks)))
+        });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+/// Every statistics value in Prometheus' text format, then foyer's own metrics.
+#[utoipa::path(get, path = "/metrics", tag = "status", security(("secret" = [])),
+    responses(
+        (status = 200, description = "Prometheus text exposition format 0.0.4", content_type = "text/plain"),
+        (status = 401, description = "Missing or wrong secret (unless `admin.open_metrics`)", body = ApiError),
+    ))]
+pub async fn metrics(State(state): State<AdminState>) -> Response {
+    let text = metrics::render(
+        &snapshot(&state.shared),
+        state.shared.store.metrics_registry(),
+    );
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
+}
+
+pub fn snapshot(shared: &Shared) -> Stats {
+    let sick = shared
+        .live
+        .load()
+        .router
+        .backends
+        .iter()
+        .filter(|b| !b.is_healthy())
+        .count();
+    shared.stats.backends_sick.store(sick as u64, Relaxed);
+    Stats {
+        version: VERSION.into(),
+        uptime_seconds: shared.started.elapsed().as_secs(),
+        proxy: shared.stats.snapshot(),
+        store: store_stats(shared.store.stats()),
+    }
+}
+
+/// Each field named once, taken from the store's snapshot and given to the wire type by destructuring and
+/// building: a field added to either side and not the other does not compile.
+fn store_stats(s: StoreStatsSnapshot) -> StoreStats {
+    macro_rules! same_fields {
+        ($($field:ident),* $(,)?) => {{
+            let StoreStatsSnapshot { $($field),* } = s;
+            StoreStats { $($field),* }
+        }};
+    }
+    same_fields!(
+        objects,
+        stored_bytes,
+        memory_bytes_used,
+        memory_bytes_capacity,
+        disk_bytes_capacity,
+        disk_bytes_used,
+        disk_bytes_written,
+        disk_bytes_read,
+        objects_published,
+        objects_durable,
+        objects_removed,
+        objects_swept,
+        chunks_written,
+        chunk_bytes_written,
+        chunk_reads_memory,
+        chunk_reads_disk,
+        chunks_missing,
+        variants_overflowed,
+        foyer_drops,
+        write_waits,
+        memory_evictions,
+        corrupt_records,
+        bans,
+        bans_pending,
+        bans_added,
+        bans_completed,
+        objects_banned,
+        objects_lurked,
+        lurker_walks,
+        lurker_records_tested,
+        purges,
+        objects_purged,
+        objects_soft_purged,
+        publishes_cancelled,
+        disk_full,
+        fills_refused,
+        damaged_at_start,
+        memory_only,
+        tasks_failed,
+        journal_entries,
+        objects_invalidated_at_start,
+        objects_unverified,
+    )
+}

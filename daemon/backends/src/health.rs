@@ -1,0 +1,232 @@
+//! What every worker and the probe know about one backend: its traffic, its probe window, its connection
+//! limit.
+
+use std::sync::{
+    atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+    Arc, Mutex,
+};
+
+use lacquer_admin::wire::{self, BackendView, LastError, ProbeView};
+use tokio::sync::{watch, Semaphore};
+
+use lacquer_config::{self as config, ConfigError};
+
+/// One backend, shared by every worker and its probe. A reload keeps the state of a backend whose settings
+/// did not change (its health and probe history go on) and retires the others.
+#[derive(Debug)]
+pub struct BackendState {
+    pub config: config::Backend,
+    /// `host:port`.
+    pub authority: String,
+    /// For `https://` backends.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    traffic: Traffic,
+    pub probe: Option<ProbeWindow>,
+    /// Places for requests in flight, when `max_connections` is set.
+    pub limit: Option<Arc<Semaphore>>,
+    retired: watch::Sender<bool>,
+}
+
+impl BackendState {
+    pub fn new(config: &config::Backend, setting: &str) -> Result<Self, ConfigError> {
+        let address = config::backend_address(config.address.as_deref())
+            .map_err(|e| ConfigError(format!("{setting}.{e}")))?;
+        let tls = match (address.https, config.tls_ca.as_deref()) {
+            (false, _) => None,
+            (true, Some(ca)) => Some(
+                super::tls::client_config(Some(ca))
+                    .map_err(|e| ConfigError::setting(format!("{setting}.tls_ca"), e))?,
+            ),
+            // Missing system roots are no mistake in the file: the backend is kept, and every connection
+            // to it fails, logged.
+            (true, None) => Some(super::tls::client_config(None).unwrap_or_else(|e| {
+                tracing::error!(backend = %config.name, "TLS to the backend cannot succeed: {e}");
+                super::tls::trusting_nothing()
+            })),
+        };
+        Ok(Self {
+            config: config.clone(),
+            authority: address.authority,
+            tls,
+            traffic: Traffic::default(),
+            probe: config.probe.as_ref().map(ProbeWindow::new),
+            limit: (config.max_connections > 0)
+                .then(|| Arc::new(Semaphore::new(config.max_connections))),
+            retired: watch::Sender::new(false),
+        })
+    }
+
+    /// Out of the configuration after a reload: its probe stops, workers drop their pools for it.
+    pub fn retire(&self) {
+        self.retired.send_replace(true);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        *self.retired.borrow()
+    }
+
+    pub fn retirement(&self) -> watch::Receiver<bool> {
+        self.retired.subscribe()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// False only while a probe says the backend is sick.
+    pub fn is_healthy(&self) -> bool {
+        self.probe.as_ref().is_none_or(|p| p.healthy.load(Relaxed))
+    }
+
+    pub fn succeeded(&self) {
+        let t = &self.traffic;
+        t.requests.fetch_add(1, Relaxed);
+        t.consecutive_failures.store(0, Relaxed);
+        t.last_success_ms.store(lacquer_clock::now_ms(), Relaxed);
+    }
+
+    pub fn failed(&self, message: String) {
+        let t = &self.traffic;
+        t.requests.fetch_add(1, Relaxed);
+        t.errors.fetch_add(1, Relaxed);
+        t.consecutive_failures.fetch_add(1, Relaxed);
+        *t.last_error.lock().expect("health mutex") = Some(LastError {
+            at: lacquer_clock::now_ms() / 1000,
+            message,
+        });
+    }
+
+    pub fn view(&self) -> BackendView {
+        let t = &self.traffic;
+        let requests = t.requests.load(Relaxed);
+        let consecutive_failures = t.consecutive_failures.load(Relaxed);
+        let last_success_ms = t.last_success_ms.load(Relaxed);
+        let probe = self.probe.as_ref().map(ProbeWindow::view);
+        let health = match (&probe, requests, consecutive_failures) {
+            (Some(p), _, _) if p.healthy => wire::BackendHealth::Healthy,
+            (Some(_), _, _) => wire::BackendHealth::Sick,
+            (None, 0, _) => wire::BackendHealth::Unknown,
+            (None, _, 0) => wire::BackendHealth::Healthy,
+            (None, _, _) => wire::BackendHealth::Failing,
+        };
+        BackendView {
+            name: self.name().to_owned(),
+            address: self.authority.clone(),
+            health,
+            requests,
+            errors: t.errors.load(Relaxed),
+            consecutive_failures,
+            last_success: (last_success_ms > 0).then_some(last_success_ms / 1000),
+            last_error: t.last_error.lock().expect("health mutex").clone(),
+            probe,
+        }
+    }
+}
+
+/// How requests to the backend have been going, judged from real traffic (every worker's). A 5xx answer
+/// counts as a failure, as it does for `stale-if-error`.
+#[derive(Debug, Default)]
+struct Traffic {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    consecutive_failures: AtomicU64,
+    last_success_ms: AtomicU64,
+    last_error: Mutex<Option<LastError>>,
+}
+
+/// The last `window` polls as bits, newest lowest, as Varnish keeps them.
+#[derive(Debug)]
+pub struct ProbeWindow {
+    window: u32,
+    threshold: u32,
+    bits: AtomicU64,
+    healthy: AtomicBool,
+    last: Mutex<Option<String>>,
+}
+
+impl ProbeWindow {
+    fn new(p: &config::Probe) -> Self {
+        let bits = mask(p.initial());
+        Self {
+            window: p.window,
+            threshold: p.threshold,
+            bits: AtomicU64::new(bits),
+            healthy: AtomicBool::new(bits.count_ones() >= p.threshold),
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Records a poll; returns the health before and after. Only the backend's probe task records.
+    pub fn record(&self, good: bool, what: String) -> (bool, bool) {
+        let bits = ((self.bits.load(Relaxed) << 1) | u64::from(good)) & mask(self.window);
+        self.bits.store(bits, Relaxed);
+        *self.last.lock().expect("probe mutex") = Some(what);
+        let healthy = bits.count_ones() >= self.threshold;
+        (self.healthy.swap(healthy, Relaxed), healthy)
+    }
+
+    fn view(&self) -> ProbeView {
+        let bits = self.bits.load(Relaxed);
+        ProbeView {
+            healthy: self.healthy.load(Relaxed),
+            good: bits.count_ones(),
+            window: self.window,
+            threshold: self.threshold,
+            // Oldest first, as varnishadm backend.list -p prints it.
+            history: (0..self.window)
+                .rev()
+                .map(|i| if bits >> i & 1 == 1 { 'H' } else { '-' })
+                .collect(),
+            last: self.last.lock().expect("probe mutex").clone(),
+        }
+    }
+}
+
+fn mask(n: u32) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_decides_health() {
+        let p = config::Probe {
+            window: 4,
+            threshold: 3,
+            ..Default::default()
+        };
+        let w = ProbeWindow::new(&p);
+        assert!(
+            !w.healthy.load(Relaxed),
+            "initial = threshold - 1: sick at start"
+        );
+        assert_eq!(w.view().history, "--HH");
+        assert_eq!(w.record(true, "200".into()), (false, true));
+        assert_eq!(w.record(false, "503".into()), (true, true));
+        assert_eq!(w.view().history, "HHH-");
+        assert_eq!(w.record(false, "refused".into()), (true, false));
+        assert_eq!(w.view().good, 2);
+        assert_eq!(w.view().last.as_deref(), Some("refused"));
+        assert_eq!(w.record(true, "200".into()), (false, false));
+        assert_eq!(
+            w.record(true, "200".into()),
+            (false, false),
+            "the old failures still count"
+        );
+        assert_eq!(w.record(true, "200".into()), (false, true));
+        let full = ProbeWindow::new(&config::Probe {
+            window: 64,
+            threshold: 64,
+            initial: Some(64),
+            ..Default::default()
+        });
+        assert!(full.healthy.load(Relaxed));
+        assert_eq!(full.record(false, "x".into()), (true, false));
+    }
+}

@@ -1,0 +1,263 @@
+//! The backends: per-worker connection pools (HTTP/1.1 keep-alive), their shared health and probes, and
+//! the directors that spread requests over them.
+
+#![warn(missing_docs)]
+
+pub mod body;
+mod director;
+mod health;
+pub mod probe;
+pub mod protection;
+pub mod routing;
+pub mod tls;
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use http::{Request, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::LengthLimitError;
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::{TokioExecutor, TokioTimer},
+};
+use tokio::sync::OwnedSemaphorePermit;
+
+pub use self::{director::Director, health::BackendState};
+
+/// The configured backends, in order; routes and directors refer to them by index.
+pub type BackendSet = Arc<Vec<Arc<BackendState>>>;
+
+/// How the file names backend `n`: `backend` when there is only one (a `[backend]` table may stand for
+/// the list), else `backend[n]`.
+pub fn backend_setting(config: &Config, n: usize) -> String {
+    if config.backend.len() == 1 {
+        "backend".to_owned()
+    } else {
+        format!("backend[{n}]")
+    }
+}
+
+/// Fresh states for every `[[backend]]` of `config`; the error names the backend that cannot be built.
+pub fn backend_set(config: &Config) -> Result<BackendSet, ConfigError> {
+    let states = config
+        .backend
+        .iter()
+        .enumerate()
+        .map(|(n, b)| BackendState::new(b, &backend_setting(config, n)).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    Ok(Arc::new(states))
+}
+use lacquer_config::{Config, ConfigError};
+
+use crate::body::Body;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend {authority} unreachable: {reason}")]
+    Connect { authority: String, reason: String },
+    #[error("backend {authority} sent no response head within {timeout:?}")]
+    FirstByteTimeout {
+        authority: String,
+        timeout: Duration,
+    },
+    #[error("backend {authority} failed: {reason}")]
+    Failed { authority: String, reason: String },
+    /// The client's body went over the listener's `max_request_body` while it was being forwarded: the
+    /// client's fault, not the backend's.
+    #[error("request body too large")]
+    RequestBodyTooLarge,
+    /// Reading the client's body failed while it was being forwarded (bad chunked framing, a cut
+    /// connection): the client's fault, not the backend's.
+    #[error("malformed request body: {0}")]
+    RequestBody(String),
+    /// Nothing was sent: the backend is sick, or every one of its `max_connections` stayed busy.
+    #[error("backend {name} unavailable: {reason}")]
+    Unavailable { name: String, reason: &'static str },
+}
+
+impl BackendError {
+    /// The status a client gets when no stale object can stand in.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            BackendError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            BackendError::Connect { .. } | BackendError::Unavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            BackendError::Failed { .. } => StatusCode::BAD_GATEWAY,
+            BackendError::RequestBodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            BackendError::RequestBody(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// An error reading the client's request body, marked so that a forwarding failure it causes is not put
+/// down to the backend.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClientBodyError(#[source] pub hyper::Error);
+
+/// One worker's pool of connections to one backend (cloning shares the pool).
+#[derive(Clone)]
+pub struct Backend {
+    client: Client<HttpsConnector<HttpConnector>, Body>,
+    pub state: Arc<BackendState>,
+    connect_timeout: Duration,
+    first_byte_timeout: Duration,
+    pub between_bytes_timeout: Duration,
+}
+
+impl Backend {
+    pub fn new(state: Arc<BackendState>) -> Self {
+        let cfg = &state.config;
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(cfg.connect_timeout));
+        tcp.set_nodelay(true);
+        tcp.set_keepalive(Some(Duration::from_secs(60)));
+        // The scheme of each request (the backend's) decides whether TLS is spoken.
+        tcp.enforce_http(false);
+        let tls = state.tls.clone().unwrap_or_else(tls::trusting_nothing);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config((*tls).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(cfg.idle_timeout)
+            .pool_max_idle_per_host(cfg.max_idle_connections)
+            .build(connector);
+        Self {
+            connect_timeout: cfg.connect_timeout,
+            first_byte_timeout: cfg.first_byte_timeout,
+            between_bytes_timeout: cfg.between_bytes_timeout,
+            client,
+            state,
+        }
+    }
+
+    /// Sends a request whose URI holds only the path and query; the backend's authority is filled in here.
+    /// The response body holds the backend's connection place (`max_connections`) until it is dropped.
+    pub async fn send(&self, req: Request<Body>) -> Result<Response<BackendBody>, BackendError> {
+        let permit = match &self.state.limit {
+            None => None,
+            Some(limit) => {
+                match tokio::time::timeout(self.connect_timeout, limit.clone().acquire_owned())
+                    .await
+                {
+                    Ok(Ok(permit)) => Some(permit),
+                    _ => {
+                        return Err(BackendError::Unavailable {
+                            name: self.state.name().to_owned(),
+                            reason: "every connection busy",
+                        })
+                    }
+                }
+            }
+        };
+        let result = self.request(req).await;
+        let state = &self.state;
+        match &result {
+            Ok(resp) if resp.status().is_server_error() => state.failed(format!(
+                "backend {} answered {}",
+                state.authority,
+                resp.status()
+            )),
+            Ok(_) => state.succeeded(),
+            Err(BackendError::RequestBodyTooLarge | BackendError::RequestBody(_)) => {}
+            Err(e) => state.failed(e.to_string()),
+        }
+        result.map(|resp| resp.map(|inner| BackendBody { inner, permit }))
+    }
+
+    async fn request(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
+        let authority = &self.state.authority;
+        let scheme = if self.state.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        *req.uri_mut() = format!("{scheme}://{authority}{path}")
+            .parse()
+            .map_err(|e| BackendError::Failed {
+                authority: authority.clone(),
+                reason: format!("bad request target: {e}"),
+            })?;
+        match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
+            Err(_) => Err(BackendError::FirstByteTimeout {
+                authority: authority.clone(),
+                timeout: self.first_byte_timeout,
+            }),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) if e.is_connect() => Err(BackendError::Connect {
+                authority: authority.clone(),
+                reason: error_chain(&e),
+            }),
+            Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => {
+                Err(BackendError::RequestBodyTooLarge)
+            }
+            Ok(Err(e)) if caused_by::<ClientBodyError>(&e) => {
+                Err(BackendError::RequestBody(error_chain(&e)))
+            }
+            Ok(Err(e)) => Err(BackendError::Failed {
+                authority: authority.clone(),
+                reason: error_chain(&e),
+            }),
+        }
+    }
+}
+
+/// A backend's response body, holding the backend's connection place until it is dropped.
+pub struct BackendBody {
+    inner: Incoming,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl HttpBody for BackendBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = frame {
+            // The response is over: the place is free for the next request.
+            self.permit = None;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| e.is::<E>())
+}
+
+/// `a: b: c` from an error and its sources: hyper's top-level messages alone say little.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,430 @@
+//! Routing: which backend or director a request goes to, and the cache policy its route gives it.
+
+use std::sync::Arc;
+
+use http::{header, request::Parts};
+use regex::Regex;
+
+use lacquer_config::{Config, ConfigError, Cookies, ForwardingHeaders};
+use lacquer_policy::{headers::FORWARDING, Policy};
+
+use crate::{protection::ClientRateLimit, BackendError, BackendSet, BackendState, Director};
+
+/// A route's host condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    Any,
+    Exact(String),
+    /// `*.example.com`, kept as `.example.com`.
+    Subdomains(String),
+}
+
+impl HostPattern {
+    /// `""` is any host.
+    pub fn parse(pattern: &str) -> Result<Self, String> {
+        let p = pattern.trim().to_ascii_lowercase();
+        if p.is_empty() {
+            return Ok(Self::Any);
+        }
+        let (wild, name) = match p.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, p.as_str()),
+        };
+        let valid = !name.is_empty()
+            && name.split('.').all(|l| {
+                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        match (valid, wild) {
+            (false, _) => Err(format!(
+                "{pattern:?} is not a host name or *.name (no port, no other wildcard)"
+            )),
+            (true, true) => Ok(Self::Subdomains(format!(".{name}"))),
+            (true, false) => Ok(Self::Exact(name.to_owned())),
+        }
+    }
+
+    /// `host` lower-cased, without port.
+    fn matches(&self, host: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Exact(name) => host == name,
+            Self::Subdomains(suffix) => {
+                host.len() > suffix.len() && host.ends_with(suffix.as_str())
+            }
+        }
+    }
+}
+
+/// Where a route sends requests. A route keeps its director, so a request started before a reload finishes
+/// with the director it started with.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Backend(usize),
+    Director(Arc<Director>),
+}
+
+/// One compiled route; the policy is `[cache]` with the route's overrides applied.
+#[derive(Debug)]
+pub struct Route {
+    host: HostPattern,
+    path_prefix: Option<String>,
+    path_regex: Option<Regex>,
+    pub target: Target,
+    pub policy: Policy,
+    pub pass: bool,
+    /// The backends `target` counts in, as of the configuration the route came from.
+    backends: BackendSet,
+    /// `cookies = "strip"`: `Cookie` removed from the request and `Set-Cookie` from the response.
+    pub strip_cookies: bool,
+    /// Token buckets per client; a reload starts them afresh.
+    pub rate_limit: Option<ClientRateLimit>,
+    /// Forwarding fields are removed from requests (`strip`); otherwise `policy.key_headers` names them.
+    pub strip_forwarding: bool,
+}
+
+impl Route {
+    /// The backend for a request with cache key `key`; unavailable when it (or every member of the
+    /// director) is sick.
+    pub fn pick(&self, key: &str) -> Result<&Arc<BackendState>, BackendError> {
+        let healthy = |b: usize| self.backends[b].is_healthy();
+        let chosen = match &self.target {
+            Target::Backend(b) => healthy(*b).then_some(*b),
+            Target::Director(d) => d.pick(key, healthy),
+        };
+        chosen
+            .map(|b| &self.backends[b])
+            .ok_or_else(|| BackendError::Unavailable {
+                name: self.target_name().to_owned(),
+                reason: "sick",
+            })
+    }
+
+    /// What the route targets.
+    fn target_name(&self) -> &str {
+        match &self.target {
+            Target::Backend(b) => self.backends[*b].name(),
+            Target::Director(d) => &d.name,
+        }
+    }
+
+    fn matches(&self, host: &str, path: &str) -> bool {
+        self.host.matches(host)
+            && self
+                .path_prefix
+                .as_deref()
+                .is_none_or(|p| path.starts_with(p))
+            && self.path_regex.as_ref().is_none_or(|r| r.is_match(path))
+    }
+}
+
+#[derive(Debug)]
+pub struct Router {
+    pub backends: BackendSet,
+    routes: Vec<Arc<Route>>,
+    /// For requests no route matches: the first backend, `[cache]` as is.
+    fallback: Arc<Route>,
+}
+
+impl Router {
+    /// The routes and directors of `config`, over `backends` (made from its `[[backend]]`s, in order);
+    /// the error names the setting that cannot be built.
+    pub fn new(config: &Config, backends: &BackendSet) -> Result<Self, ConfigError> {
+        let backend_index = |name: &str| backends.iter().position(|b| b.name() == name);
+        let directors = config
+            .director
+            .iter()
+            .enumerate()
+            .map(|(n, d)| {
+                let members = d
+                    .backends
+                    .iter()
+                    .map(|m| {
+                        backend_index(m).ok_or_else(|| {
+                            ConfigError::setting(
+                                format!("director[{n}].backends"),
+                                format!("no backend is named {m:?}"),
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                let names: Vec<&str> = d.backends.iter().map(String::as_str).collect();
+                Ok(Arc::new(Director::new(&d.name, d.policy, members, &names)))
+            })
+            .collect::<Result<Vec<Arc<Director>>, ConfigError>>()?;
+        let target = |n: usize, name: &str| {
+            backend_index(name)
+                .map(Target::Backend)
+                .or_else(|| {
+                    directors
+                        .iter()
+                        .find(|d| d.name == name)
+                        .map(|d| Target::Director(d.clone()))
+                })
+                .ok_or_else(|| {
+                    ConfigError::setting(
+                        format!("route[{n}].backend"),
+                        format!("no backend or director is named {name:?}"),
+                    )
+                })
+        };
+        let forwarding = |mode: ForwardingHeaders, policy: &mut Policy| {
+            if mode == ForwardingHeaders::Key {
+                policy.key_headers = FORWARDING.iter().map(|n| n.to_string()).collect();
+            }
+            mode == ForwardingHeaders::Strip
+        };
+        let mut base = Policy::new(config.cache.clone());
+        let strip_forwarding = forwarding(config.server.forwarding_headers, &mut base);
+        let routes = config
+            .route
+            .iter()
+            .enumerate()
+            .map(|(n, r)| {
+                let setting = |field: &str| format!("route[{n}].{field}");
+                let mut policy = Policy::new(config.cache.clone());
+                let mode = r
+                    .forwarding_headers
+                    .unwrap_or(config.server.forwarding_headers);
+                let strip_forwarding = forwarding(mode, &mut policy);
+                policy.ttl_override = r.ttl;
+                policy.grace_override = r.grace;
+                match r.cookies {
+                    Some(Cookies::Cache) => policy.cache.cache_cookie_requests = true,
+                    Some(Cookies::Pass) => policy.cache.cache_cookie_requests = false,
+                    Some(Cookies::Strip) | None => {}
+                }
+                Ok(Arc::new(Route {
+                    host: HostPattern::parse(r.host.as_deref().unwrap_or(""))
+                        .map_err(|e| ConfigError::setting(setting("host"), e))?,
+                    path_prefix: r.path_prefix.clone(),
+                    path_regex: r
+                        .path_regex
+                        .as_deref()
+                        .map(Regex::new)
+                        .transpose()
+                        .map_err(|e| {
+                            ConfigError::setting(
+                                setting("path_regex"),
+                                e.to_string().replace('\n', " "),
+                            )
+                        })?,
+                    target: match r.backend.as_deref() {
+                        Some(name) => target(n, name)?,
+                        None => Target::Backend(0),
+                    },
+                    policy,
+                    pass: r.pass,
+                    backends: backends.clone(),
+                    strip_cookies: r.cookies == Some(Cookies::Strip),
+                    rate_limit: r
+                        .rate_limit
+                        .as_ref()
+                        .map(ClientRateLimit::new)
+                        .transpose()
+                        .map_err(|e| ConfigError::setting(setting("rate_limit"), e))?,
+                    strip_forwarding,
+                }))
+            })
+            .collect::<Result<_, ConfigError>>()?;
+        let fallback = Arc::new(Route {
+            host: HostPattern::Any,
+            path_prefix: None,
+            path_regex: None,
+            target: Target::Backend(0),
+            policy: base,
+            pass: false,
+            backends: backends.clone(),
+            strip_cookies: false,
+            rate_limit: None,
+            strip_forwarding,
+        });
+        Ok(Self {
+            backends: backends.clone(),
+            routes,
+            fallback,
+        })
+    }
+
+    /// Forgets rate-limit buckets that are full again (run now and then).
+    pub fn forget_idle_clients(&self) {
+        for limit in self.routes.iter().filter_map(|r| r.rate_limit.as_ref()) {
+            limit.forget_idle();
+        }
+    }
+
+    /// The first route matching the request's host and path, else the fallback.
+    pub fn route(&self, parts: &Parts) -> &Arc<Route> {
+        if self.routes.is_empty() {
+            return &self.fallback;
+        }
+        let host = parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        let host = host.rsplit_once(':').map_or(host, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        });
+        let host = host.to_ascii_lowercase();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        self.routes
+            .iter()
+            .find(|r| r.matches(&host, path))
+            .unwrap_or(&self.fallback)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_patterns() {
+        let cases = [
+            ("", "anything.test", true),
+            ("Example.com", "example.com", true),
+            ("example.com", "www.example.com", false),
+            ("*.example.com", "www.example.com", true),
+            ("*.example.com", "a.b.example.com", true),
+            ("*.example.com", "example.com", false),
+            ("*.example.com", "badexample.com", false),
+        ];
+        for (pattern, host, want) in cases {
+            let p = HostPattern::parse(pattern).unwrap();
+            assert_eq!(p.matches(host), want, "{pattern} {host}");
+        }
+        for bad in ["*", "*.", "ex*.com", "example.com:80", "a..b", "*.*.a"] {
+            assert!(HostPattern::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, "t").unwrap()
+    }
+
+    fn request(host: &str, path: &str) -> Parts {
+        http::Request::get(path)
+            .header(header::HOST, host)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn the_first_matching_route_applies_with_its_overrides() {
+        let c = config(
+            r#"
+            [[backend]]
+            name = "app"
+            address = "127.0.0.1:1"
+            [[backend]]
+            name = "static"
+            address = "127.0.0.1:2"
+            [[backend]]
+            name = "static2"
+            address = "127.0.0.1:3"
+            [[director]]
+            name = "assets"
+            policy = "hash"
+            backends = ["static", "static2"]
+            [[route]]
+            host = "*.cdn.test"
+            backend = "assets"
+            ttl = "1h"
+            cookies = "strip"
+            [[route]]
+            path_prefix = "/api/"
+            pass = true
+            [[route]]
+            host = "shop.test"
+            path_regex = "\\.(png|jpg)$"
+            backend = "static"
+            grace = "5m"
+            cookies = "cache"
+            [cache]
+            default_ttl = "10s"
+            "#,
+        );
+        let backends = crate::backend_set(&c).unwrap();
+        let router = Router::new(&c, &backends).unwrap();
+        let cases = [
+            ("img.cdn.test", "/a.css", "assets", false, true),
+            ("IMG.CDN.TEST:443", "/api/x", "assets", false, true),
+            ("shop.test", "/api/cart", "app", true, false),
+            ("shop.test:8080", "/p/1.png?v=2", "app", false, false),
+            ("shop.test", "/p/1.png", "static", false, false),
+            ("cdn.test", "/a.css", "app", false, false),
+        ];
+        for (host, path, target, pass, strip) in cases {
+            let r = router.route(&request(host, path));
+            let got = (r.target_name(), r.pass, r.strip_cookies);
+            assert_eq!(got, (target, pass, strip), "{host}{path}");
+        }
+        let cdn = router.route(&request("a.cdn.test", "/"));
+        assert_eq!(
+            cdn.policy.ttl_override,
+            Some(std::time::Duration::from_secs(3600))
+        );
+        assert_eq!(
+            cdn.policy.cache.default_ttl,
+            std::time::Duration::from_secs(10)
+        );
+        let png = router.route(&request("shop.test", "/x.png"));
+        assert_eq!(
+            png.policy.grace_override,
+            Some(std::time::Duration::from_secs(300))
+        );
+        assert!(png.policy.cache.cache_cookie_requests);
+        let fallback = router.route(&request("other.test", "/"));
+        assert_eq!(fallback.policy, Policy::new(c.cache.clone()));
+        let picked = cdn.pick("a.cdn.test/x").unwrap();
+        assert!(["static", "static2"].contains(&picked.name()));
+        assert_eq!(fallback.pick("other.test/").unwrap().name(), "app");
+    }
+
+    /// Building the routes is their validation: each mistake is an error naming the setting.
+    #[test]
+    fn settings_that_cannot_be_built_are_named() {
+        let base = "[[backend]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n\
+                    [[backend]]\nname = \"b\"\naddress = \"127.0.0.1:2\"\n";
+        let cases = [
+            (
+                "[[route]]\nhost = \"x.*\"\n",
+                "route[0].host: \"x.*\" is not a host name",
+            ),
+            (
+                "[[route]]\npath_regex = \"(\"\n",
+                "route[0].path_regex: regex parse error",
+            ),
+            (
+                "[[route]]\npath_prefix = \"/\"\n[[route]]\nbackend = \"nope\"\n",
+                "route[1].backend: no backend or director is named \"nope\"",
+            ),
+            (
+                "[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = [\"a\", \"z\"]\n",
+                "director[0].backends: no backend is named \"z\"",
+            ),
+            (
+                "[[route]]\nrate_limit = { requests = 0, per = \"1s\" }\n",
+                "route[0].rate_limit: ",
+            ),
+        ];
+        for (extra, want) in cases {
+            let c = config(&format!("{base}{extra}"));
+            let backends = crate::backend_set(&c).unwrap();
+            let got = Router::new(&c, &backends).unwrap_err().to_string();
+            assert!(got.starts_with(want), "{extra}: {got}");
+        }
+        let c = config("[backend]\naddress = \"https://o.test\"\ntls_ca = \"/nonexistent.pem\"\n");
+        let got = crate::backend_set(&c).unwrap_err().to_string();
+        assert!(
+            got.starts_with("backend.tls_ca: cannot read /nonexistent.pem"),
+            "{got}"
+        );
+    }
+}

@@ -1,0 +1,857 @@
+//! The configuration file (TOML) and the command-line flags that override it.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+mod listen;
+mod protection;
+mod routes;
+mod upstream;
+
+pub use self::{
+    listen::{Certificate, Listen},
+    protection::{Deny, Normalize, RateLimit},
+    routes::{Cookies, Route},
+    upstream::{Backend, Director, DirectorPolicy, Probe},
+};
+
+/// A configuration problem, rendered as one line that names the key (and the file position when known).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl ConfigError {
+    /// `setting` (as the file names it, `route[2].path_regex`) cannot be used, because of `reason`.
+    pub fn setting(setting: impl std::fmt::Display, reason: impl std::fmt::Display) -> Self {
+        Self(format!("{setting}: {reason}"))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Client listeners (`[[listen]]`). Default: one plain listener on `0.0.0.0:6081`.
+    pub listen: Vec<Listen>,
+    pub server: Server,
+    /// Origins (`[[backend]]`, or one `[backend]` table). The first takes what no route claims.
+    #[serde(deserialize_with = "upstream::one_or_many")]
+    pub backend: Vec<Backend>,
+    /// Groups of backends (`[[director]]`). Default: none.
+    pub director: Vec<Director>,
+    /// Routing rules (`[[route]]`), in order. Default: none.
+    pub route: Vec<Route>,
+    /// Requests refused with 403 (`[[deny]]`). Default: none.
+    pub deny: Vec<Deny>,
+    pub normalize: Normalize,
+    pub admin: Admin,
+    pub storage: Storage,
+    pub cache: Cache,
+    pub purge: Purge,
+    pub log: Log,
+    pub access_log: AccessLog,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: vec![Listen::default()],
+            server: Server::default(),
+            backend: vec![Backend::default()],
+            director: Vec::new(),
+            route: Vec::new(),
+            deny: Vec::new(),
+            normalize: Normalize::default(),
+            admin: Admin::default(),
+            storage: Storage::default(),
+            cache: Cache::default(),
+            purge: Purge::default(),
+            log: Log::default(),
+            access_log: AccessLog::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Server {
+    /// Threads serving clients, each with its own listener socket (`SO_REUSEPORT`). 0: one per core.
+    pub workers: usize,
+    /// How long in-flight responses may take to finish on shutdown. Default: 30 s.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// Memory for the keys that recently proved uncacheable (hit-for-miss); the oldest leave first when it
+    /// is full. Default: 16 MiB.
+    pub hit_for_miss_memory: ByteSize,
+    /// What requests' forwarding fields (`X-Forwarded-Host`, `Forwarded`, `X-Original-URL`, …) become; a
+    /// route's `forwarding_headers` overrides it. Default: `strip`.
+    pub forwarding_headers: ForwardingHeaders,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            workers: 0,
+            shutdown_timeout: Duration::from_secs(30),
+            hit_for_miss_memory: ByteSize::mib(16),
+            forwarding_headers: ForwardingHeaders::Strip,
+        }
+    }
+}
+
+/// Fields that make an origin act on another host, scheme, path or method than the request's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardingHeaders {
+    /// Removed from every request before it is routed, looked up or forwarded: no client can make the
+    /// origin answer for another host or scheme and have that answer stored for everyone.
+    #[default]
+    Strip,
+    /// Forwarded, and every stored response varies on them (as if its `Vary` named them): for a cache
+    /// behind a trusted proxy that sets them.
+    Key,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Admin {
+    /// Default: `127.0.0.1:6082`.
+    pub listen: SocketAddr,
+    /// File holding the admin secret. Default: `<storage.dir>/secret`, generated on first start.
+    pub secret_file: Option<PathBuf>,
+    /// Serve `GET /metrics` without the secret, for a Prometheus that cannot read the secret file.
+    /// Default: false.
+    pub open_metrics: bool,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 6082)),
+            secret_file: None,
+            open_metrics: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Storage {
+    /// Default: `$STATE_DIRECTORY`, else `/var/lib/lacquer` when writable, else `~/.local/state/lacquer`.
+    pub dir: Option<PathBuf>,
+    /// Body bytes held in memory. Default: 256 MiB.
+    pub memory: ByteSize,
+    /// Body bytes held on disk. Default: 1 GiB.
+    pub disk_size: ByteSize,
+    /// Default: 256 KiB.
+    pub chunk_size: ByteSize,
+    /// Memory for hot object metadata. Default: 64 MiB.
+    pub metadata_cache: ByteSize,
+    /// Default: 16.
+    pub max_variants: usize,
+    /// Default: 60 s.
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
+}
+
+impl Default for Storage {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            memory: ByteSize::mib(256),
+            disk_size: ByteSize::gib(1),
+            chunk_size: ByteSize::kib(256),
+            metadata_cache: ByteSize::mib(64),
+            max_variants: 16,
+            sweep_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The `[cache]` section: the HTTP caching policy every route starts from. Defaults follow RFC 9111 and
+/// what a Varnish or NGINX operator expects.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cache {
+    /// Freshness for responses without any freshness information. Default: 0 (not cached).
+    #[serde(with = "humantime_serde")]
+    pub default_ttl: Duration,
+    /// Grace when the response has no `stale-while-revalidate`. Default: 0, because RFC 9111 §4.2.4 lets a
+    /// cache serve stale only when the origin allows it; set 10 s for Varnish's behaviour.
+    #[serde(with = "humantime_serde")]
+    pub default_grace: Duration,
+    /// How long objects are kept past grace for revalidation. Default: 0.
+    #[serde(with = "humantime_serde")]
+    pub keep: Duration,
+    /// How long past freshness an object may stand in for a failing origin when the response has no
+    /// `stale-if-error`. Default: 6 h.
+    #[serde(with = "humantime_serde")]
+    pub error_grace: Duration,
+    /// Share of the `Last-Modified` age used as heuristic freshness, from 0 to 1. Default: 0.1
+    /// (RFC 9111 §4.2.2).
+    pub heuristic_fraction: f64,
+    /// Cap on heuristic freshness. Default: 1 day.
+    #[serde(with = "humantime_serde")]
+    pub heuristic_max: Duration,
+    /// Look up and store requests carrying `Authorization`. Default: false (pass).
+    pub cache_authorized: bool,
+    /// Look up and store requests carrying `Cookie`. Default: false (pass).
+    pub cache_cookie_requests: bool,
+    /// Store responses carrying `Set-Cookie`. Default: false (pass).
+    pub cache_set_cookie: bool,
+    /// How long a key whose response was uncacheable bypasses request coalescing. Default: 120 s, as
+    /// Varnish.
+    #[serde(with = "humantime_serde")]
+    pub hit_for_miss: Duration,
+    /// Largest body stored; larger ones are passed. Default: 256 MiB.
+    pub max_object_size: ByteSize,
+    /// Body bytes one fetch holds in memory for its readers (at least two chunks while storing). Readers
+    /// further behind read what the store holds; when the body is not stored, the origin is read no faster
+    /// than the slowest reader. Default: 4 MiB.
+    pub transit_buffer: ByteSize,
+    /// Targeted cache-control fields (RFC 9213) this cache obeys, in precedence order (lower-cased when
+    /// read); the first present replaces `Cache-Control` and `Expires`. Default: `cdn-cache-control`.
+    #[serde(deserialize_with = "lower_case")]
+    pub targeted_cache_control: Vec<String>,
+    /// Response headers carrying surrogate keys (tags for purging), lower-cased when read. Default:
+    /// `surrogate-key`, `xkey`, `cache-tag` (Fastly, Varnish's xkey, Cloudflare).
+    #[serde(deserialize_with = "lower_case")]
+    pub surrogate_key_headers: Vec<String>,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Self {
+            default_ttl: Duration::ZERO,
+            default_grace: Duration::ZERO,
+            keep: Duration::ZERO,
+            error_grace: Duration::from_secs(6 * 3600),
+            heuristic_fraction: 0.1,
+            heuristic_max: Duration::from_secs(86_400),
+            cache_authorized: false,
+            cache_cookie_requests: false,
+            cache_set_cookie: false,
+            hit_for_miss: Duration::from_secs(120),
+            max_object_size: ByteSize::mib(256),
+            transit_buffer: ByteSize::mib(4),
+            targeted_cache_control: vec!["cdn-cache-control".into()],
+            surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],
+        }
+    }
+}
+
+/// Header names compare case-insensitively: they are lower-cased once, when the file is read.
+fn lower_case<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    Ok(names.into_iter().map(|n| n.to_ascii_lowercase()).collect())
+}
+
+/// Invalidation through the client listeners, the VCL idiom: `PURGE` and `BAN` requests.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Purge {
+    /// Honour `PURGE` and `BAN` requests from `allow_from`; otherwise they are answered 405. Default: false.
+    pub http_methods: bool,
+    /// Client networks allowed to send them. Default: `127.0.0.1/32` and `::1/128`.
+    pub allow_from: Vec<ipnet::IpNet>,
+}
+
+impl Default for Purge {
+    fn default() -> Self {
+        Self {
+            http_methods: false,
+            allow_from: vec![
+                "127.0.0.1/32".parse().expect("valid network"),
+                "::1/128".parse().expect("valid network"),
+            ],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    /// A `tracing` filter such as `info` or `lacquerd=debug`; `RUST_LOG` overrides it. Default: `info`.
+    pub level: String,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+        }
+    }
+}
+
+/// One NCSA combined line per request, with the cache result and timings appended.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLog {
+    /// File appended to (reopened on `SIGUSR1`, for logrotate); `-` for standard output. Default: none, no
+    /// access log (`GET /v1/log/stream` works either way).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Share of requests written, from 0 to 1. Default: 1.
+    pub sample: f64,
+}
+
+impl Default for AccessLog {
+    fn default() -> Self {
+        Self {
+            path: None,
+            sample: 1.0,
+        }
+    }
+}
+
+/// Command-line values that override the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Vec<SocketAddr>,
+    pub backend: Option<String>,
+    pub admin: Option<SocketAddr>,
+    pub secret: Option<PathBuf>,
+    pub memory: Option<ByteSize>,
+    pub disk: Option<PathBuf>,
+    pub disk_size: Option<ByteSize>,
+}
+
+impl Config {
+    /// Reads `path` (when given), applies the overrides and validates the result.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
+        let mut config = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError(format!("cannot read config file {}: {e}", path.display()))
+                })?;
+                Self::parse(&text, &path.display().to_string())?
+            }
+            None => Config::default(),
+        };
+        config.apply(overrides);
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+            let position = e.inner().span().map(|span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!(":{line}:{column}")
+            });
+            let key = e.path().to_string();
+            let key = if key == "." {
+                String::new()
+            } else {
+                format!(" {key}:")
+            };
+            ConfigError(format!(
+                "{origin}{}:{key} {}",
+                position.unwrap_or_default(),
+                e.inner().message().trim().replace('\n', "; ")
+            ))
+        })
+    }
+
+    fn apply(&mut self, o: Overrides) {
+        if !o.listen.is_empty() {
+            self.listen = o.listen.into_iter().map(Listen::plain).collect();
+        }
+        if o.backend.is_some() {
+            if self.backend.is_empty() {
+                self.backend.push(Backend::default());
+            }
+            self.backend[0].address = o.backend;
+        }
+        if let Some(a) = o.admin {
+            self.admin.listen = a;
+        }
+        if o.secret.is_some() {
+            self.admin.secret_file = o.secret;
+        }
+        if let Some(m) = o.memory {
+            self.storage.memory = m;
+        }
+        if o.disk.is_some() {
+            self.storage.dir = o.disk;
+        }
+        if let Some(s) = o.disk_size {
+            self.storage.disk_size = s;
+        }
+    }
+
+    fn validate(&mut self) -> Result<(), ConfigError> {
+        let bad = |key: &str, why: String| Err(ConfigError(format!("{key}: {why}")));
+        self.validate_upstream()?;
+        if self.listen.is_empty() {
+            return bad("listen", "at least one listener is required".into());
+        }
+        for (n, listen) in self.listen.iter().enumerate() {
+            let key = format!("listen[{n}]");
+            let earlier = &self.listen[..n];
+            if listen.address.port() != 0 && earlier.iter().any(|l| l.address == listen.address) {
+                return bad(&key, format!("{} is listed twice", listen.address));
+            }
+            if listen.max_header_size < ByteSize::kib(8) {
+                return bad(&key, "max_header_size must be at least 8KiB".into());
+            }
+            if listen.header_read_timeout.is_zero() || listen.idle_timeout.is_zero() {
+                return bad(&key, "timeouts must be above zero".into());
+            }
+        }
+        if !(0.0..=1.0).contains(&self.access_log.sample) {
+            return bad("access_log.sample", "must be between 0 and 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.cache.heuristic_fraction) {
+            return bad("cache.heuristic_fraction", "must be between 0 and 1".into());
+        }
+        if self.storage.dir.is_none() {
+            self.storage.dir = Some(default_dir());
+        }
+        let dir = self.storage_dir();
+        match std::fs::create_dir_all(dir).and_then(|_| tempfile_probe(dir)) {
+            Ok(()) => {}
+            // A directory that exists but cannot be written (a filesystem remounted read-only after errors,
+            // say) is a failing disk, not a mistake: the store runs memory-only and says so.
+            Err(e) if dir.is_dir() => tracing::warn!(
+                dir = %dir.display(),
+                error = %e,
+                "storage.dir is not writable: the store will run memory-only"
+            ),
+            Err(e) => {
+                return bad(
+                    "storage.dir",
+                    format!("{} is not a writable directory: {e}", dir.display()),
+                )
+            }
+        }
+        if self.admin.secret_file.is_none() {
+            self.admin.secret_file = Some(dir.join("secret"));
+        }
+        Ok(())
+    }
+
+    fn validate_upstream(&self) -> Result<(), ConfigError> {
+        let bad = |key: String, why: String| Err(ConfigError(format!("{key}: {why}")));
+        if self.backend.is_empty() {
+            return bad(
+                "backend".into(),
+                "no backend given (use --backend HOST:PORT or [backend] address)".into(),
+            );
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for (n, b) in self.backend.iter().enumerate() {
+            let key = if self.backend.len() == 1 {
+                "backend".to_owned()
+            } else {
+                format!("backend[{n}]")
+            };
+            let address = backend_address(b.address.as_deref())
+                .map_err(|e| ConfigError(format!("{key}.{e}")))?;
+            if b.tls_ca.is_some() && !address.https {
+                return bad(format!("{key}.tls_ca"), "only for https:// backends".into());
+            }
+            if let Some(p) = &b.probe {
+                if !(1..=64).contains(&p.window) || p.threshold > p.window || p.initial() > p.window
+                {
+                    return bad(
+                        format!("{key}.probe"),
+                        "window must be 1 to 64, threshold and initial at most window".into(),
+                    );
+                }
+                if !p.url.starts_with('/') || p.url.parse::<http::uri::PathAndQuery>().is_err() {
+                    return bad(
+                        format!("{key}.probe.url"),
+                        format!("{:?} is not a path", p.url),
+                    );
+                }
+            }
+            names.push(&b.name);
+        }
+        for (n, d) in self.director.iter().enumerate() {
+            let key = format!("director[{n}]");
+            if d.backends.is_empty() {
+                return bad(key, "a director needs at least one backend".into());
+            }
+            if let Some(missing) = d
+                .backends
+                .iter()
+                .find(|m| !names[..self.backend.len()].contains(&m.as_str()))
+            {
+                return bad(
+                    format!("{key}.backends"),
+                    format!("no backend is named {missing:?}"),
+                );
+            }
+            names.push(&d.name);
+        }
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
+                return bad("backend".into(), format!("the name {name:?} is used twice"));
+            }
+        }
+        for (n, r) in self.route.iter().enumerate() {
+            let key = format!("route[{n}]");
+            if let Some(target) = &r.backend {
+                if !names.contains(&target.as_str()) {
+                    return bad(
+                        format!("{key}.backend"),
+                        format!("no backend or director is named {target:?}"),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn storage_dir(&self) -> &Path {
+        self.storage.dir.as_deref().expect("set by validate")
+    }
+
+    pub fn secret_file(&self) -> &Path {
+        self.admin.secret_file.as_deref().expect("set by validate")
+    }
+
+    /// What the first backend is reached at, for messages.
+    pub fn first_backend(&self) -> String {
+        backend_address(self.backend[0].address.as_deref())
+            .map(|a| a.authority)
+            .unwrap_or_default()
+    }
+
+    pub fn workers(&self) -> usize {
+        match self.server.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+}
+
+/// `host:port` from a backend address (`host:port` or `http://host:port`); the error starts with the key.
+/// Where a backend is: `host:port` and whether it speaks TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendAddress {
+    pub https: bool,
+    /// `host:port`, the port filled in for `http://` (80) and `https://` (443) when left out.
+    pub authority: String,
+}
+
+/// Reads a backend address: `host:port`, `http://host[:port]` or `https://host[:port]`; the error starts
+/// with the key.
+pub fn backend_address(address: Option<&str>) -> Result<BackendAddress, String> {
+    let Some(address) = address else {
+        return Err(
+            "address: no backend given (use --backend HOST:PORT or [backend] address)".into(),
+        );
+    };
+    let (https, rest, default_port) = match address.split_once("://") {
+        Some(("http", rest)) => (false, rest, Some(80)),
+        Some(("https", rest)) => (true, rest, Some(443)),
+        Some(_) => {
+            return Err(format!(
+                "address: {address:?}: only http:// and https:// origins are supported"
+            ))
+        }
+        None => (false, address, None),
+    };
+    let bad = || {
+        format!("address: {address:?} is not HOST:PORT, http://HOST[:PORT] or https://HOST[:PORT]")
+    };
+    let a = rest
+        .trim_end_matches('/')
+        .parse::<http::uri::Authority>()
+        .map_err(|_| bad())?;
+    let port = a.port_u16().or(default_port).ok_or_else(bad)?;
+    if a.host().is_empty() {
+        return Err(bad());
+    }
+    Ok(BackendAddress {
+        https,
+        authority: format!("{}:{port}", a.host()),
+    })
+}
+
+fn tempfile_probe(dir: &Path) -> std::io::Result<()> {
+    let probe = dir.join(".lacquer-write-probe");
+    std::fs::write(&probe, b"")?;
+    std::fs::remove_file(&probe)
+}
+
+fn default_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("STATE_DIRECTORY") {
+        return PathBuf::from(dir);
+    }
+    let system = PathBuf::from("/var/lib/lacquer");
+    if std::fs::create_dir_all(&system)
+        .and_then(|_| tempfile_probe(&system))
+        .is_ok()
+    {
+        return system;
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".local/state/lacquer")
+}
+
+#[cfg(test)]
+mod props;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::parse(text, "lacquer.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_a_full_file() {
+        let c = Config::parse(
+            r#"
+            [[listen]]
+            address = "127.0.0.1:80"
+            [[listen]]
+            address = "[::1]:8443"
+            proxy_protocol = true
+            max_connections_per_ip = 50
+            tls = [{ cert = "/etc/lacquer/a.pem", key = "/etc/lacquer/a.key" }]
+            [backend]
+            address = "http://origin:8080"
+            first_byte_timeout = "5s"
+            [storage]
+            memory = "1GiB"
+            disk_size = "20 GiB"
+            [cache]
+            default_ttl = "2m"
+            "#,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.listen[0], Listen::plain("127.0.0.1:80".parse().unwrap()));
+        assert!(c.listen[1].proxy_protocol && c.listen[1].http2);
+        assert_eq!(c.listen[1].max_connections_per_ip, 50);
+        assert_eq!(c.listen[1].tls[0].key, Path::new("/etc/lacquer/a.key"));
+        assert_eq!(c.backend[0].first_byte_timeout, Duration::from_secs(5));
+        assert_eq!(c.storage.memory, ByteSize::gib(1));
+        assert_eq!(c.storage.disk_size, ByteSize::gib(20));
+        assert_eq!(c.cache.default_ttl, Duration::from_secs(120));
+        assert_eq!(c.first_backend(), "origin:8080");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_position() {
+        let cases = [
+            (
+                "[server]\nlistn = []",
+                "lacquer.toml:2:1: server.listn: unknown field `listn`",
+            ),
+            (
+                "[storage]\nmemory = \"12 parsecs\"",
+                "lacquer.toml:2:10: storage.memory:",
+            ),
+            (
+                "[cache]\ndefault_ttl = \"soon\"",
+                "lacquer.toml:2:15: cache.default_ttl:",
+            ),
+            ("[nope]\n", "unknown field `nope`"),
+            ("[server\n", "lacquer.toml:1:"),
+        ];
+        for (text, want) in cases {
+            let got = err(text);
+            assert!(
+                got.starts_with(want) || got.contains(want),
+                "{text:?}: {got}"
+            );
+            assert!(!got.contains('\n'), "one line: {got:?}");
+        }
+    }
+
+    #[test]
+    fn backend_forms() {
+        let address = |a: &str| backend_address(Some(a)).map(|a| (a.https, a.authority));
+        let ok = |https, authority: &str| Ok((https, authority.to_owned()));
+        assert_eq!(address("127.0.0.1:8080"), ok(false, "127.0.0.1:8080"));
+        assert_eq!(
+            address("http://example.com:80/"),
+            ok(false, "example.com:80")
+        );
+        assert_eq!(address("http://example.com"), ok(false, "example.com:80"));
+        assert_eq!(address("https://example.com"), ok(true, "example.com:443"));
+        assert_eq!(address("https://[::1]:8443"), ok(true, "[::1]:8443"));
+        assert!(address("example.com").is_err());
+        assert!(address("ftp://example.com:21")
+            .unwrap_err()
+            .contains("only http:// and https://"));
+        assert!(address("").is_err());
+        let mut c = Config::default();
+        c.backend[0].address = Some("http://example.com".into());
+        c.backend[0].tls_ca = Some("/nonexistent.pem".into());
+        let e = c.validate_upstream().unwrap_err().to_string();
+        assert_eq!(e, "backend.tls_ca: only for https:// backends");
+    }
+
+    #[test]
+    fn overrides_win_and_validation_fills_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::load(
+            None,
+            Overrides {
+                backend: Some("127.0.0.1:9".into()),
+                disk: Some(dir.path().join("store")),
+                disk_size: Some(ByteSize::mib(512)),
+                listen: vec!["127.0.0.1:0".parse().unwrap()],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.storage.disk_size, ByteSize::mib(512));
+        assert_eq!(c.secret_file(), dir.path().join("store/secret"));
+        assert_eq!(
+            c.listen,
+            vec![Listen::plain("127.0.0.1:0".parse().unwrap())]
+        );
+    }
+
+    /// The configuration the Debian package installs: it loads, and it lists every setting, commented out
+    /// with its default value except the few the package sets.
+    #[test]
+    fn the_packaged_configuration_lists_every_setting_with_its_default() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/lacquer.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let packaged = Config::parse(&text, path).unwrap();
+        assert_eq!(
+            packaged.backend[0].address.as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(
+            packaged.admin.secret_file.as_deref(),
+            Some(Path::new("/etc/lacquer/secret"))
+        );
+        let assignment = |line: &str| {
+            line.split_once(" = ").is_some_and(|(k, _)| {
+                !k.is_empty()
+                    && k.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            })
+        };
+        let mut section = String::new();
+        let mut listed = Vec::new();
+        let uncommented: Vec<&str> = text
+            .lines()
+            .map(|line| {
+                let line = line
+                    .strip_prefix("# ")
+                    .filter(|l| assignment(l))
+                    .unwrap_or(line);
+                if line.starts_with('[') && line.ends_with(']') {
+                    section = line.trim_matches(['[', ']']).to_owned();
+                } else if assignment(line) {
+                    listed.push(format!("{section}.{}", line.split_once(" = ").unwrap().0));
+                }
+                line
+            })
+            .collect();
+        let every = Config::parse(&uncommented.join("\n"), "uncommented").unwrap();
+        let every = serde_json::to_value(&every).unwrap();
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        let set_by_the_package = ["backend.address", "admin.secret_file", "storage.dir"];
+        // `[[listen]]` is listed once, for the one listener there is by default.
+        fn first(v: &serde_json::Value) -> &serde_json::Value {
+            v.as_array().map_or(v, |a| &a[0])
+        }
+        // `[[director]]` and `[[route]]` have no default entry: the file shows them in comments.
+        let defaults = serde_json::Value::Object(
+            defaults
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(_, v)| v.as_array().is_none_or(|a| !a.is_empty()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        );
+        for (name, settings) in defaults.as_object().unwrap() {
+            for (key, default) in first(settings).as_object().unwrap() {
+                let setting = format!("{name}.{key}");
+                assert!(listed.contains(&setting), "{setting} is not in {path}");
+                if !set_by_the_package.contains(&setting.as_str()) {
+                    assert_eq!(
+                        &first(&every[name])[key],
+                        default,
+                        "{setting}: the listed value is not the default"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn backends_directors_and_routes_are_checked_against_each_other() {
+        let base = "[[backend]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n\
+                    [[backend]]\nname = \"b\"\naddress = \"127.0.0.1:2\"\n";
+        let check = |extra: &str| {
+            let c = Config::parse(&format!("{base}{extra}"), "t").unwrap();
+            c.validate_upstream().err().map(|e| e.to_string())
+        };
+        assert_eq!(
+            check(
+                "[[director]]\nname = \"d\"\npolicy = \"hash\"\nbackends = [\"a\", \"b\"]\n\
+                          [[route]]\nhost = \"*.x.test\"\nbackend = \"d\"\n"
+            ),
+            None
+        );
+        let cases = [
+            ("[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = [\"a\", \"z\"]\n",
+                "director[0].backends: no backend is named \"z\""),
+            ("[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = []\n",
+                "director[0]: a director needs at least one backend"),
+            ("[[director]]\nname = \"a\"\npolicy = \"random\"\nbackends = [\"b\"]\n",
+                "backend: the name \"a\" is used twice"),
+            ("[[route]]\nbackend = \"nope\"\n", "route[0].backend: no backend or director is named \"nope\""),
+            ("[[backend]]\nname = \"c\"\naddress = \"127.0.0.1:3\"\n[backend.probe]\nwindow = 4\nthreshold = 5\n",
+                "backend[2].probe: window must be 1 to 64"),
+            ("[[backend]]\nname = \"c\"\naddress = \"127.0.0.1:3\"\n[backend.probe]\nurl = \"health\"\n",
+                "backend[2].probe.url: \"health\" is not a path"),
+        ];
+        for (extra, want) in cases {
+            let got = check(extra).unwrap_or_default();
+            assert!(got.starts_with(want), "{extra}: {got}");
+        }
+        let bad_policy = Config::parse(
+            "[[director]]\nname = \"d\"\npolicy = \"fastest\"\nbackends = []\n",
+            "t",
+        );
+        assert!(bad_policy
+            .unwrap_err()
+            .to_string()
+            .contains("unknown variant `fastest`"));
+        let typo = Config::parse("[backend]\nadress = \"x\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(typo.contains("unknown field `adress`"), "{typo}");
+    }
+
+    #[test]
+    fn an_unusable_directory_is_rejected() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let o = || Overrides {
+            backend: Some("127.0.0.1:9".into()),
+            ..Default::default()
+        };
+        let e = Config::load(
+            None,
+            Overrides {
+                disk: Some(file.path().join("x")),
+                ..o()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("storage.dir:"), "{e}");
+    }
+}

@@ -1,0 +1,98 @@
+//! `Age` and `Date` handling (RFC 9111 §4.2.3, §5.1).
+
+use std::time::SystemTime;
+
+use http::{
+    header::{AGE, DATE},
+    HeaderMap,
+};
+
+use super::cache_control::{parse_delta_seconds, DELTA_SECONDS_MAX};
+
+/// The `Age` a response arrived with. Anything but one line holding one non-negative integer (a list,
+/// several lines, a float, a sign, a parameter) makes the response count as stale (2^31 s), as the HTTP
+/// caching test suite expects of shared caches: an age that cannot be trusted must not extend freshness.
+pub fn age_header(headers: &HeaderMap) -> Option<u64> {
+    let mut lines = headers.get_all(AGE).iter();
+    let first = lines.next()?;
+    let single = lines.next().is_none();
+    let value = first.to_str().ok().map(str::trim).filter(|_| single);
+    Some(
+        value
+            .and_then(parse_delta_seconds)
+            .unwrap_or(DELTA_SECONDS_MAX),
+    )
+}
+
+/// Parses an HTTP date; `None` when absent or invalid.
+pub fn http_date(headers: &HeaderMap, name: http::header::HeaderName) -> Option<SystemTime> {
+    httpdate::parse_http_date(headers.get(name)?.to_str().ok()?.trim()).ok()
+}
+
+/// RFC 9111 §4.2.3 `corrected_initial_age`, in whole seconds.
+pub fn corrected_initial_age(
+    headers: &HeaderMap,
+    request_time: SystemTime,
+    response_time: SystemTime,
+) -> u64 {
+    let apparent_age = http_date(headers, DATE)
+        .and_then(|date| response_time.duration_since(date).ok())
+        .map_or(0, |d| d.as_secs());
+    let response_delay = response_time
+        .duration_since(request_time)
+        .map_or(0, |d| d.as_secs());
+    let corrected_age_value = age_header(headers)
+        .unwrap_or(0)
+        .saturating_add(response_delay);
+    apparent_age.max(corrected_age_value)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::test_headers as headers;
+    use crate::Lines;
+
+    #[test]
+    fn age_header_table() {
+        let cases: &[(Lines<'_>, Option<u64>)] = &[
+            (&[], None),
+            (&[("age", "30")], Some(30)),
+            (&[("age", " 30 ")], Some(30)),
+            (&[("age", "30, 60")], Some(2_147_483_648)),
+            (&[("age", "0, 0")], Some(2_147_483_648)),
+            (&[("age", "0"), ("age", "0")], Some(2_147_483_648)),
+            (&[("age", "1.5")], Some(2_147_483_648)),
+            (&[("age", "-1")], Some(2_147_483_648)),
+            (&[("age", "abc")], Some(2_147_483_648)),
+            (&[("age", "7200;foo=bar")], Some(2_147_483_648)),
+            (&[("age", "99999999999999")], Some(2_147_483_648)),
+        ];
+        for (h, want) in cases {
+            assert_eq!(age_header(&headers(h)), *want, "{h:?}");
+        }
+    }
+
+    #[test]
+    fn corrected_initial_age_table() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let req = now - Duration::from_secs(2);
+        let cases: &[(Lines<'_>, u64)] = &[
+            (&[], 2),
+            (&[("date", "Sun, 06 Nov 1994 08:49:37 GMT")], 2),
+            (&[("date", "Sun, 06 Nov 1994 08:48:37 GMT")], 60),
+            (
+                &[("date", "Sun, 06 Nov 1994 08:49:37 GMT"), ("age", "100")],
+                102,
+            ),
+            (&[("date", "Sun, 06 Nov 1994 08:50:37 GMT")], 2),
+            (&[("date", "garbage"), ("age", "10")], 12),
+            (&[("age", "ten")], 2_147_483_650),
+        ];
+        for (h, want) in cases {
+            assert_eq!(corrected_initial_age(&headers(h), req, now), *want, "{h:?}");
+        }
+    }
+}

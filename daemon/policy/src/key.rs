@@ -1,0 +1,119 @@
+//! The primary cache key: which URL an object belongs to.
+//!
+//! A key is the normalised host followed by the request target, `example.com/a?b=1`. It cannot be
+//! confused: the host went through [`super::head::valid_host`], so it holds no `/`, and an origin-form
+//! target starts with one, so the first `/` of a key always ends the host (bans split keys there).
+
+use http::{header::HOST, request::Parts};
+
+/// The key of a request whose head was checked ([`super::head::check`]) and whose authority was moved to
+/// `Host` ([`super::request::host_from_authority`]). Requests without a host (HTTP/1.0 may omit it) have an
+/// empty host part, as the origin receives them.
+pub fn primary_key(req: &Parts) -> String {
+    let host = req
+        .headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri.authority().map(|a| a.as_str()))
+        .unwrap_or("");
+    let path = req.uri.path_and_query().map_or("/", |p| p.as_str());
+    key_for(host, path)
+}
+
+/// The key for a host and a path-and-query, as used by invalidation of `Location` targets as well. The
+/// host is compared as RFC 3986 §6.2.2 and §6.2.3 say equivalent hosts compare: letter case ignored, an
+/// empty port or the port of `http` (or `https`, which TLS clients may send) dropped, leading zeros of a
+/// port ignored.
+pub fn key_for(host: &str, path_and_query: &str) -> String {
+    let host = normal_host(host.trim());
+    let mut key = String::with_capacity(host.len() + path_and_query.len());
+    key.push_str(&host);
+    key.push_str(path_and_query);
+    key
+}
+
+/// `host[:port]` as it stands in a primary key: lower-cased, the port as a number and dropped when it is
+/// `http`'s or `https`'s (or empty), so equivalent hosts (RFC 3986 §6.2.2, §6.2.3) key and ban alike.
+pub fn normal_host(host: &str) -> String {
+    let split = match host.rfind(':') {
+        Some(colon) if !host[colon..].contains(']') => Some((&host[..colon], &host[colon + 1..])),
+        _ => None,
+    };
+    let (name, port) = match split {
+        Some((name, "")) => (name, None),
+        Some((name, port)) => match port.parse::<u16>() {
+            Ok(80 | 443) => (name, None),
+            Ok(port) => (name, Some(port)),
+            Err(_) => (host, None),
+        },
+        None => (host, None),
+    };
+    let mut out = name.to_ascii_lowercase();
+    if let Some(port) = port {
+        out.push(':');
+        out.push_str(&port.to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str, host: Option<&str>) -> Parts {
+        let mut b = http::Request::builder().uri(uri);
+        if let Some(h) = host {
+            b = b.header(HOST, h);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn table() {
+        let cases = [
+            ("/a?b=1", Some("Example.COM"), "example.com/a?b=1"),
+            ("/a", Some("example.com:80"), "example.com/a"),
+            ("/a", Some("example.com:8080"), "example.com:8080/a"),
+            ("/a", Some("example.com:08080"), "example.com:8080/a"),
+            ("/a", Some("Example.com:443"), "example.com/a"),
+            ("/a", Some("example.com:"), "example.com/a"),
+            ("/a", Some("[::1]:80"), "[::1]/a"),
+            ("/a", Some("[::1]"), "[::1]/a"),
+            ("/a", Some("[2001:DB8::1]:8443"), "[2001:db8::1]:8443/a"),
+            ("http://origin.test/x", None, "origin.test/x"),
+            ("/", None, "/"),
+            ("/p%20q", Some("h"), "h/p%20q"),
+        ];
+        for (uri, host, want) in cases {
+            assert_eq!(primary_key(&parts(uri, host)), want, "{uri} {host:?}");
+        }
+    }
+
+    /// The attacks of issue 14: with hosts that passed `valid_host`, different (host, target) pairs never
+    /// meet on one key, and the host is what comes before the first `/`.
+    #[test]
+    fn keys_cannot_be_confused() {
+        let pairs = [
+            ("victim.test", "/page/evil"),
+            ("victim.test", "/page"),
+            ("victim.test:8080", "/page"),
+            ("victim.test8080", "/page"),
+            ("evil.test", "/page"),
+            ("victim.tes", "/t/page"),
+            ("", "/victim.test/page"),
+            ("[::1]", "/page"),
+            ("[::1]:81", "/page"),
+            ("a*", "*"),
+        ];
+        let mut keys = std::collections::HashSet::new();
+        for (host, target) in pairs {
+            assert!(host.is_empty() || super::super::head::valid_host(host.as_bytes()));
+            let key = key_for(host, target);
+            let (h, t) = key.split_at(key.find('/').unwrap_or(key.len()));
+            if target.starts_with('/') {
+                assert_eq!((h, t), (normal_host(host).as_str(), target), "{key}");
+            }
+            assert!(keys.insert(key.clone()), "{host} {target} collides: {key}");
+        }
+    }
+}

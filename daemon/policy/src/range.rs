@@ -1,0 +1,252 @@
+//! Byte ranges (RFC 9110 §14): which parts of a representation of known length a request asks for.
+
+use http::{header, HeaderMap};
+
+/// More ranges than this in one request are ignored (answered 200), as a guard against range abuse.
+pub const MAX_RANGES: usize = 16;
+
+/// Ranges separated by fewer bytes than this are sent as one part: a part's own head (boundary,
+/// `Content-Type`, `Content-Range`) costs about as much (RFC 9110 §15.3.7.2).
+const PART_OVERHEAD: u64 = 80;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ranges {
+    /// No usable `Range` (absent, not bytes, malformed, too many, or `If-Range` did not match): send 200.
+    Whole,
+    /// `416` with `Content-Range: bytes */len`.
+    Unsatisfiable,
+    /// Inclusive `(first, last)` byte positions, clamped to the length. Several ranges come back in
+    /// ascending order, none overlapping, with ranges closer than a part's own head merged, so a multipart
+    /// answer is never much larger than the body (RFC 9110 §14.2, §15.3.7.2); one range keeps its place.
+    Parts(Vec<(u64, u64)>),
+}
+
+/// `If-Range` holds when it names the current strong entity-tag, or exactly the current `Last-Modified`.
+fn if_range_holds(value: &str, etag: Option<&str>, last_modified: Option<&str>) -> bool {
+    let value = value.trim();
+    if value.starts_with('"') {
+        return etag.is_some_and(|e| !e.starts_with("W/") && e.trim() == value);
+    }
+    if value.starts_with("W/") {
+        return false;
+    }
+    match (
+        httpdate::parse_http_date(value),
+        last_modified.map(|l| httpdate::parse_http_date(l.trim())),
+    ) {
+        (Ok(a), Some(Ok(b))) => a == b,
+        _ => false,
+    }
+}
+
+pub fn evaluate(
+    req: &HeaderMap,
+    len: u64,
+    etag: Option<&str>,
+    last_modified: Option<&str>,
+) -> Ranges {
+    let Some(range) = req.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
+        return Ranges::Whole;
+    };
+    if let Some(if_range) = req.get(header::IF_RANGE) {
+        if !if_range
+            .to_str()
+            .is_ok_and(|v| if_range_holds(v, etag, last_modified))
+        {
+            return Ranges::Whole;
+        }
+    }
+    let Some((unit, specs)) = range.split_once('=') else {
+        return Ranges::Whole;
+    };
+    if !unit.trim().eq_ignore_ascii_case("bytes") {
+        return Ranges::Whole;
+    }
+    let mut parts = Vec::new();
+    let mut count = 0;
+    for spec in specs.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        count += 1;
+        let Some((first, last)) = spec.split_once('-') else {
+            return Ranges::Whole;
+        };
+        let number = |s: &str| -> Option<u64> {
+            let s = s.trim();
+            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().unwrap_or(u64::MAX))
+        };
+        match (first.trim().is_empty(), number(first), number(last)) {
+            (true, _, Some(suffix)) => {
+                if suffix > 0 && len > 0 {
+                    parts.push((len - suffix.min(len), len - 1));
+                }
+            }
+            (false, Some(first), None) if last.trim().is_empty() => {
+                if first < len {
+                    parts.push((first, len - 1));
+                }
+            }
+            (false, Some(first), Some(last)) if first <= last => {
+                if first < len {
+                    parts.push((first, last.min(len - 1)));
+                }
+            }
+            _ => return Ranges::Whole,
+        }
+    }
+    if count == 0 || count > MAX_RANGES {
+        return Ranges::Whole;
+    }
+    if parts.is_empty() {
+        Ranges::Unsatisfiable
+    } else {
+        Ranges::Parts(coalesce(parts))
+    }
+}
+
+/// Overlapping ranges and ranges closer than a part's own head merged, in ascending order (RFC 9110 §14.2
+/// and §15.3.7.2 allow it whatever the request's order), so that no byte is sent twice: `0-,0-,…` must not
+/// multiply the body.
+fn coalesce(mut parts: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    parts.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(parts.len());
+    for (first, last) in parts {
+        match merged.last_mut() {
+            Some((_, end)) if first <= end.saturating_add(PART_OVERHEAD) => *end = (*end).max(last),
+            _ => merged.push((first, last)),
+        }
+    }
+    merged
+}
+
+#[cfg(test)]
+mod props;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_headers as headers;
+
+    #[test]
+    fn table() {
+        let p = |v: &[(u64, u64)]| Ranges::Parts(v.to_vec());
+        let cases: &[(&[(&str, &str)], Ranges)] = &[
+            (&[], Ranges::Whole),
+            (&[("range", "bytes=0-499")], p(&[(0, 499)])),
+            (&[("range", "bytes=0-")], p(&[(0, 999)])),
+            (&[("range", "bytes=-200")], p(&[(800, 999)])),
+            (&[("range", "bytes=-5000")], p(&[(0, 999)])),
+            (&[("range", "bytes=900-5000")], p(&[(900, 999)])),
+            (
+                &[("range", "Bytes = 1-2, 500-600")],
+                p(&[(1, 2), (500, 600)]),
+            ),
+            (&[("range", "bytes=500-600, 1-2")], p(&[(1, 2), (500, 600)])),
+            (&[("range", "bytes=1-2, 5-6")], p(&[(1, 6)])),
+            (&[("range", "bytes=0-,0-,0-,0-")], p(&[(0, 999)])),
+            (
+                &[("range", "bytes=0-99,50-149,900-")],
+                p(&[(0, 149), (900, 999)]),
+            ),
+            (&[("range", "bytes=-100,0-10")], p(&[(0, 10), (900, 999)])),
+            (&[("range", "bytes=1000-")], Ranges::Unsatisfiable),
+            (&[("range", "bytes=-0")], Ranges::Unsatisfiable),
+            (&[("range", "bytes=1000-2000, 5-6")], p(&[(5, 6)])),
+            (&[("range", "bytes=10-20, 1000-2000")], p(&[(10, 20)])),
+            (&[("range", "bytes=5-6, 1-2")], p(&[(1, 6)])),
+            (&[("range", "bytes=0-,0-,0-")], p(&[(0, 999)])),
+            (&[("range", "bytes=0-0,-1,0-0")], p(&[(0, 0), (999, 999)])),
+            (&[("range", "bytes=10-20,15-30,31-40")], p(&[(10, 40)])),
+            (&[("range", "bytes=5-1")], Ranges::Whole),
+            (&[("range", "bytes=a-b")], Ranges::Whole),
+            (&[("range", "items=0-1")], Ranges::Whole),
+            (&[("range", "bytes=")], Ranges::Whole),
+            (
+                &[("range", "bytes=0-499"), ("if-range", "\"v1\"")],
+                p(&[(0, 499)]),
+            ),
+            (
+                &[("range", "bytes=0-499"), ("if-range", "\"v2\"")],
+                Ranges::Whole,
+            ),
+            (
+                &[("range", "bytes=0-499"), ("if-range", "W/\"v1\"")],
+                Ranges::Whole,
+            ),
+            (
+                &[
+                    ("range", "bytes=0-499"),
+                    ("if-range", "Sun, 06 Nov 1994 08:49:37 GMT"),
+                ],
+                p(&[(0, 499)]),
+            ),
+            (
+                &[
+                    ("range", "bytes=0-499"),
+                    ("if-range", "Sun, 06 Nov 1994 08:49:38 GMT"),
+                ],
+                Ranges::Whole,
+            ),
+        ];
+        for (h, want) in cases {
+            let got = evaluate(
+                &headers(h),
+                1000,
+                Some("\"v1\""),
+                Some("Sun, 06 Nov 1994 08:49:37 GMT"),
+            );
+            assert_eq!(&got, want, "{h:?}");
+        }
+        let many = format!(
+            "bytes={}",
+            (0..17)
+                .map(|i| format!("{i}-{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(
+            evaluate(&headers(&[("range", &many)]), 1000, None, None),
+            Ranges::Whole
+        );
+        assert_eq!(
+            evaluate(&headers(&[("range", "bytes=0-")]), 0, None, None),
+            Ranges::Unsatisfiable
+        );
+    }
+
+    /// Whatever ranges are asked for, the parts sent never add up to more than the body, and with their
+    /// heads a multipart answer stays within the body plus one part's overhead per part that survives.
+    #[test]
+    fn parts_never_exceed_the_body() {
+        let len = 1 << 20;
+        for spec in [
+            vec!["0-"; 16].join(","),
+            (0..16)
+                .map(|i| format!("{}-", i * 1000))
+                .collect::<Vec<_>>()
+                .join(","),
+            (0..16)
+                .map(|i| format!("-{}", 1000 + i))
+                .collect::<Vec<_>>()
+                .join(","),
+            (0..16)
+                .map(|i| format!("{}-{}", i * 100, i * 100 + 99))
+                .collect::<Vec<_>>()
+                .join(","),
+        ] {
+            let Ranges::Parts(parts) = evaluate(
+                &headers(&[("range", &format!("bytes={spec}"))]),
+                len,
+                None,
+                None,
+            ) else {
+                panic!("{spec}: satisfiable")
+            };
+            let sent: u64 = parts.iter().map(|(a, b)| b - a + 1).sum();
+            assert!(sent <= len, "{spec}: {sent} bytes of parts");
+            assert!(
+                parts.windows(2).all(|w| w[0].1 + PART_OVERHEAD < w[1].0),
+                "{spec}: {parts:?}"
+            );
+        }
+    }
+}

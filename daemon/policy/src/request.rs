@@ -1,0 +1,152 @@
+//! What to do with a request before any lookup.
+
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Uri};
+
+use super::{cache_control::CacheControl, Policy};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestClass {
+    /// GET or HEAD that may be answered from the cache.
+    Lookup,
+    /// Forwarded untouched; never stored.
+    Pass(&'static str),
+    /// An unsafe method, or one whose safety is unknown: forwarded untouched; on success the URL's stored
+    /// objects are invalidated (RFC 9111 §4.4).
+    Invalidate,
+}
+
+pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> RequestClass {
+    match *method {
+        Method::GET | Method::HEAD => {}
+        // Safe methods change nothing at the origin.
+        Method::OPTIONS | Method::TRACE | Method::CONNECT => return RequestClass::Pass("method"),
+        // Unsafe methods, and methods whose safety is unknown, invalidate (RFC 9111 §4.4).
+        _ => return RequestClass::Invalidate,
+    }
+    if headers.contains_key(header::AUTHORIZATION) && !policy.cache.cache_authorized {
+        return RequestClass::Pass("authorization");
+    }
+    if headers.contains_key(header::COOKIE) && !policy.cache.cache_cookie_requests {
+        return RequestClass::Pass("cookie");
+    }
+    if CacheControl::from_headers(headers).no_store {
+        return RequestClass::Pass("request no-store");
+    }
+    RequestClass::Lookup
+}
+
+/// Puts the target host where the rest of the flow looks for it, `Host`, and the target in origin form.
+/// HTTP/2 sends the host as `:authority` (which hyper puts in the URI) and often no `Host`; an HTTP/1.1
+/// request in absolute form names it in the URI, which then wins over `Host` (RFC 9112 §3.2.2).
+pub fn host_from_authority(parts: &mut Parts) {
+    let Some(authority) = parts.uri.authority() else {
+        return;
+    };
+    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+        parts.headers.insert(header::HOST, host);
+    }
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(uri) = target.parse::<Uri>() {
+        parts.uri = uri;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Cache;
+    use crate::Lines;
+
+    #[test]
+    fn host_comes_from_the_authority_when_there_is_one() {
+        let cases = [
+            ("https://Example.com/a?b", None, "Example.com", "/a?b"),
+            (
+                "http://example.com:8080",
+                Some("other"),
+                "example.com:8080",
+                "/",
+            ),
+            ("/a", Some("example.com"), "example.com", "/a"),
+            ("/a", None, "", "/a"),
+        ];
+        for (uri, host, want_host, want_target) in cases {
+            let mut b = http::Request::builder().uri(uri);
+            if let Some(h) = host {
+                b = b.header(header::HOST, h);
+            }
+            let mut parts = b.body(()).unwrap().into_parts().0;
+            host_from_authority(&mut parts);
+            let got = parts
+                .headers
+                .get(header::HOST)
+                .map_or("", |h| h.to_str().unwrap());
+            assert_eq!(got, want_host, "{uri}");
+            assert_eq!(parts.uri.to_string(), want_target, "{uri}");
+        }
+    }
+
+    #[test]
+    fn table() {
+        let p = Policy::default();
+        let permissive = Policy::new(Cache {
+            cache_authorized: true,
+            cache_cookie_requests: true,
+            ..Cache::default()
+        });
+        let cases: &[(&Policy, &str, Lines<'_>, RequestClass)] = &[
+            (&p, "GET", &[], RequestClass::Lookup),
+            (&p, "HEAD", &[("accept", "*/*")], RequestClass::Lookup),
+            (&p, "POST", &[], RequestClass::Invalidate),
+            (&p, "PUT", &[], RequestClass::Invalidate),
+            (&p, "DELETE", &[], RequestClass::Invalidate),
+            (&p, "PATCH", &[], RequestClass::Invalidate),
+            (&p, "OPTIONS", &[], RequestClass::Pass("method")),
+            (&p, "M-SEARCH", &[], RequestClass::Invalidate),
+            (
+                &p,
+                "GET",
+                &[("authorization", "Bearer x")],
+                RequestClass::Pass("authorization"),
+            ),
+            (
+                &p,
+                "GET",
+                &[("cookie", "a=b")],
+                RequestClass::Pass("cookie"),
+            ),
+            (
+                &permissive,
+                "GET",
+                &[("authorization", "Bearer x"), ("cookie", "a=b")],
+                RequestClass::Lookup,
+            ),
+            (
+                &p,
+                "GET",
+                &[("cache-control", "no-store")],
+                RequestClass::Pass("request no-store"),
+            ),
+            (
+                &p,
+                "GET",
+                &[("cache-control", "no-cache")],
+                RequestClass::Lookup,
+            ),
+        ];
+        for (policy, method, h, want) in cases {
+            let mut headers = HeaderMap::new();
+            for (k, v) in *h {
+                headers.append(
+                    http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            assert_eq!(
+                classify(&method.parse().unwrap(), &headers, policy),
+                *want,
+                "{method} {h:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! Whether a response may be stored, and for how long (RFC 9111 §3, §4.2, §5.2.2).
+
+use std::time::{Duration, SystemTime};
+
+use http::{header, HeaderMap, StatusCode};
+
+use super::{
+    cache_control::CacheControl,
+    freshness::{self, Lifetime},
+    vary::{self, Vary},
+    Policy,
+};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Storable {
+    pub ttl: Duration,
+    pub grace: Duration,
+    pub keep: Duration,
+    /// How long past freshness the object may stand in for a failing origin.
+    pub stale_if_error: Duration,
+    /// Never serve stale: `must-revalidate`, `proxy-revalidate` or `no-cache`.
+    pub no_stale: bool,
+    /// Lower-cased `Vary` names; empty when the response does not vary.
+    pub vary: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Store(Storable),
+    /// Deliver but do not store, with the reason (for logs and `Cache-Status`).
+    DontStore(&'static str),
+}
+
+fn has_validator(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED)
+}
+
+/// Decides on a response to a request that was eligible for lookup. `request_authorized` is whether the
+/// request carried `Authorization` (only reachable when the policy caches such requests).
+pub fn decide(
+    request_authorized: bool,
+    status: StatusCode,
+    headers: &HeaderMap,
+    policy: &Policy,
+    response_time: SystemTime,
+) -> Decision {
+    use Decision::DontStore;
+    if status.is_informational()
+        || matches!(
+            status,
+            StatusCode::PARTIAL_CONTENT | StatusCode::NOT_MODIFIED
+        )
+    {
+        return DontStore("status");
+    }
+    // A server error must not replace a good object that could stand in for it (stale-if-error); 501 is a
+    // lasting answer about the method, not a failure.
+    if status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED {
+        return DontStore("server error");
+    }
+    let cc = CacheControl::governing(headers, &policy.cache.targeted_cache_control);
+    // must-understand lets a cache that understands the status ignore no-store (RFC 9111 §5.2.2.3); every
+    // final status but 206 and 304 is understood here.
+    if cc.no_store && !cc.must_understand {
+        return DontStore("no-store");
+    }
+    if cc.private {
+        return DontStore("private");
+    }
+    if request_authorized && !(cc.public || cc.must_revalidate || cc.s_maxage.is_some()) {
+        return DontStore("authorization");
+    }
+    if headers.contains_key(header::SET_COOKIE) && !policy.cache.cache_set_cookie {
+        return DontStore("set-cookie");
+    }
+    let mut vary = match vary::parse(headers) {
+        Vary::Any => return DontStore("vary *"),
+        Vary::None => Vec::new(),
+        Vary::Headers(names) => names,
+    };
+    for name in &policy.key_headers {
+        if !vary.contains(name) {
+            vary.push(name.clone());
+        }
+    }
+    let lifetime = freshness::lifetime(status, headers, &cc, policy, response_time);
+    if let (Lifetime::Default(_), None) = (&lifetime, policy.ttl_override) {
+        if !freshness::heuristically_cacheable(status) {
+            return DontStore("status without freshness");
+        }
+    }
+    // A route's TTL replaces every freshness directive, `no-cache` included; only storing is still
+    // forbidden by what forbids it.
+    let no_cache = cc.no_cache && policy.ttl_override.is_none();
+    let no_stale = no_cache || cc.must_revalidate || cc.proxy_revalidate;
+    let ttl = if no_cache {
+        Duration::ZERO
+    } else {
+        policy.ttl_override.unwrap_or(lifetime.duration())
+    };
+    if ttl.is_zero() && !(no_cache && has_validator(headers)) {
+        return DontStore(if no_cache {
+            "no-cache without validator"
+        } else {
+            "not fresh"
+        });
+    }
+    let (grace, stale_if_error) = if no_stale {
+        (Duration::ZERO, Duration::ZERO)
+    } else {
+        (
+            policy.grace_override.unwrap_or(
+                cc.stale_while_revalidate
+                    .map_or(policy.cache.default_grace, Duration::from_secs),
+            ),
+            cc.stale_if_error
+                .map_or(policy.cache.error_grace, Duration::from_secs),
+        )
+    };
+    Decision::Store(Storable {
+        ttl,
+        grace,
+        keep: policy.cache.keep,
+        stale_if_error,
+        no_stale,
+        vary,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_headers as headers;
+    use crate::Cache;
+    use crate::Lines;
+
+    fn store(ttl: u64, grace: u64, no_stale: bool, vary: &[&str]) -> Decision {
+        let stale_if_error = if no_stale {
+            Duration::ZERO
+        } else {
+            Policy::default().cache.error_grace
+        };
+        Decision::Store(Storable {
+            ttl: Duration::from_secs(ttl),
+            grace: Duration::from_secs(grace),
+            keep: Duration::ZERO,
+            stale_if_error,
+            no_stale,
+            vary: vary.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    #[test]
+    fn table() {
+        let d = Decision::DontStore;
+        let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let cases: &[(bool, u16, Lines<'_>, Decision)] = &[
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60")],
+                store(60, 0, false, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60, stale-while-revalidate=30")],
+                store(60, 30, false, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60, must-revalidate")],
+                store(60, 0, true, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "s-maxage=60, proxy-revalidate")],
+                store(60, 0, true, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "no-store, max-age=60")],
+                d("no-store"),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "no-store, must-understand, max-age=60")],
+                store(60, 0, false, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "private, max-age=60")],
+                d("private"),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "no-cache"), ("etag", "\"v1\"")],
+                store(0, 0, true, &[]),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "no-cache, max-age=60")],
+                d("no-cache without validator"),
+            ),
+            (false, 200, &[], d("not fresh")),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=0")],
+                d("not fresh"),
+            ),
+            (false, 200, &[("expires", "0")], d("not fresh")),
+            (
+                false,
+                200,
+                &[
+                    ("date", date),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                store(360, 0, false, &[]),
+            ),
+            (
+                false,
+                302,
+                &[
+                    ("date", date),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                d("status without freshness"),
+            ),
+            (
+                false,
+                302,
+                &[("cache-control", "max-age=5")],
+                store(5, 0, false, &[]),
+            ),
+            (false, 206, &[("cache-control", "max-age=60")], d("status")),
+            (
+                false,
+                503,
+                &[("cache-control", "max-age=60")],
+                d("server error"),
+            ),
+            (
+                false,
+                501,
+                &[("cache-control", "max-age=60")],
+                store(60, 0, false, &[]),
+            ),
+            (false, 304, &[("cache-control", "max-age=60")], d("status")),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60"), ("set-cookie", "a=b")],
+                d("set-cookie"),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60"), ("vary", "*")],
+                d("vary *"),
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60"), ("vary", "Accept-Encoding")],
+                store(60, 0, false, &["accept-encoding"]),
+            ),
+            (
+                true,
+                200,
+                &[("cache-control", "max-age=60")],
+                d("authorization"),
+            ),
+            (
+                true,
+                200,
+                &[("cache-control", "max-age=60, public")],
+                store(60, 0, false, &[]),
+            ),
+            (
+                true,
+                200,
+                &[("cache-control", "s-maxage=60")],
+                store(60, 0, false, &[]),
+            ),
+        ];
+        for (auth, status, h, want) in cases {
+            let got = decide(
+                *auth,
+                StatusCode::from_u16(*status).unwrap(),
+                &headers(h),
+                &Policy::default(),
+                SystemTime::now(),
+            );
+            assert_eq!(&got, want, "{status} {h:?} authorized={auth}");
+        }
+    }
+
+    #[test]
+    fn stale_if_error_comes_from_the_response_or_the_policy() {
+        let h = headers(&[("cache-control", "max-age=5, stale-if-error=60")]);
+        let Decision::Store(s) = decide(
+            false,
+            StatusCode::OK,
+            &h,
+            &Policy::default(),
+            SystemTime::now(),
+        ) else {
+            panic!("stored")
+        };
+        assert_eq!(s.stale_if_error, Duration::from_secs(60));
+        let h = headers(&[(
+            "cache-control",
+            "max-age=5, must-revalidate, stale-if-error=60",
+        )]);
+        let Decision::Store(s) = decide(
+            false,
+            StatusCode::OK,
+            &h,
+            &Policy::default(),
+            SystemTime::now(),
+        ) else {
+            panic!("stored")
+        };
+        assert_eq!(s.stale_if_error, Duration::ZERO);
+    }
+
+    #[test]
+    fn cdn_cache_control_governs_and_expires_is_then_ignored() {
+        let h = headers(&[
+            ("cache-control", "no-store"),
+            ("expires", "0"),
+            ("cdn-cache-control", "max-age=600"),
+        ]);
+        let got = decide(
+            false,
+            StatusCode::OK,
+            &h,
+            &Policy::default(),
+            SystemTime::now(),
+        );
+        assert_eq!(got, store(600, 0, false, &[]));
+        let off = Policy::new(Cache {
+            targeted_cache_control: vec![],
+            ..Cache::default()
+        });
+        assert_eq!(
+            decide(false, StatusCode::OK, &h, &off, SystemTime::now()),
+            Decision::DontStore("no-store")
+        );
+    }
+
+    #[test]
+    fn keyed_request_fields_join_the_vary_names() {
+        let policy = Policy {
+            key_headers: vec!["x-forwarded-host".into(), "accept".into()],
+            ..Policy::default()
+        };
+        let h = headers(&[("cache-control", "max-age=60"), ("vary", "Accept")]);
+        let got = decide(false, StatusCode::OK, &h, &policy, SystemTime::now());
+        assert_eq!(
+            got,
+            store(60, 0, false, &["accept", "x-forwarded-host"]),
+            "the response's own names first, no repeats"
+        );
+    }
+
+    #[test]
+    fn configured_set_cookie_and_default_ttl() {
+        let policy = Policy::new(Cache {
+            cache_set_cookie: true,
+            default_ttl: Duration::from_secs(30),
+            ..Cache::default()
+        });
+        let got = decide(
+            false,
+            StatusCode::OK,
+            &headers(&[("set-cookie", "a=b")]),
+            &policy,
+            SystemTime::now(),
+        );
+        assert_eq!(got, store(30, 0, false, &[]));
+    }
+
+    #[test]
+    fn a_route_override_replaces_what_the_headers_say_but_not_what_forbids_storing() {
+        let policy = Policy {
+            ttl_override: Some(Duration::from_secs(3600)),
+            grace_override: Some(Duration::from_secs(60)),
+            ..Policy::default()
+        };
+        let cases: &[(u16, Lines<'_>, Decision)] = &[
+            (
+                200,
+                &[("cache-control", "max-age=5")],
+                store(3600, 60, false, &[]),
+            ),
+            (200, &[], store(3600, 60, false, &[])),
+            (302, &[], store(3600, 60, false, &[])),
+            (
+                200,
+                &[("cache-control", "max-age=5, stale-while-revalidate=9")],
+                store(3600, 60, false, &[]),
+            ),
+            (
+                200,
+                &[("cache-control", "no-cache")],
+                store(3600, 60, false, &[]),
+            ),
+            (
+                200,
+                &[("cache-control", "max-age=5, must-revalidate")],
+                store(3600, 0, true, &[]),
+            ),
+            (
+                200,
+                &[("cache-control", "no-store")],
+                Decision::DontStore("no-store"),
+            ),
+            (
+                200,
+                &[("cache-control", "private")],
+                Decision::DontStore("private"),
+            ),
+            (
+                200,
+                &[("set-cookie", "a=b")],
+                Decision::DontStore("set-cookie"),
+            ),
+            (503, &[], Decision::DontStore("server error")),
+        ];
+        for (status, h, want) in cases {
+            let status = StatusCode::from_u16(*status).unwrap();
+            let got = decide(false, status, &headers(h), &policy, SystemTime::now());
+            assert_eq!(&got, want, "{status} {h:?}");
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! `Vary` (RFC 9111 §4.1): which request headers select among variants of one URL.
+
+use http::{header::VARY, HeaderMap};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Vary {
+    /// The response does not vary.
+    None,
+    /// Lower-cased header names, in order, deduplicated.
+    Headers(Vec<String>),
+    /// `Vary: *`: no stored response can ever be selected.
+    Any,
+}
+
+pub fn parse(headers: &HeaderMap) -> Vary {
+    let mut names: Vec<String> = Vec::new();
+    for value in headers.get_all(VARY) {
+        let Ok(value) = value.to_str() else {
+            return Vary::Any;
+        };
+        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "*" {
+                return Vary::Any;
+            }
+            let name = name.to_ascii_lowercase();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    if names.is_empty() {
+        Vary::None
+    } else {
+        Vary::Headers(names)
+    }
+}
+
+/// The request's value for one varying header: all its lines joined, whitespace around commas normalised, so
+/// `gzip,br` and `gzip, br` select the same variant. An absent header is the empty string.
+fn request_value(req: &HeaderMap, name: &str) -> String {
+    let mut out = String::new();
+    for value in req.get_all(name) {
+        for part in String::from_utf8_lossy(value.as_bytes()).split(',') {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            if !out.is_empty() {
+                out.push_str(", ");
+            }
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+/// The variant selection a request makes under the given `Vary` names.
+pub fn selection(names: &[String], req: &HeaderMap) -> Vec<(String, String)> {
+    names
+        .iter()
+        .map(|n| (n.clone(), request_value(req, n)))
+        .collect()
+}
+
+/// Whether a stored selection is the one this request makes.
+pub fn matches(stored: &[(String, String)], req: &HeaderMap) -> bool {
+    stored
+        .iter()
+        .all(|(name, value)| request_value(req, name) == *value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_headers as headers;
+
+    #[test]
+    fn parse_table() {
+        let names = |v: &[&str]| Vary::Headers(v.iter().map(|s| s.to_string()).collect());
+        let cases: &[(&[(&str, &str)], Vary)] = &[
+            (&[], Vary::None),
+            (&[("vary", "")], Vary::None),
+            (&[("vary", "Accept-Encoding")], names(&["accept-encoding"])),
+            (
+                &[("vary", "  accept-encoding ,ACCEPT-LANGUAGE,, ")],
+                names(&["accept-encoding", "accept-language"]),
+            ),
+            (&[("vary", "a"), ("vary", "b, A")], names(&["a", "b"])),
+            (&[("vary", "*")], Vary::Any),
+            (&[("vary", "accept, *")], Vary::Any),
+            (&[("vary", "accept"), ("vary", " * ")], Vary::Any),
+        ];
+        for (h, want) in cases {
+            assert_eq!(parse(&headers(h)), *want, "{h:?}");
+        }
+    }
+
+    #[test]
+    fn selection_and_matching() {
+        let names = vec!["accept-encoding".to_string(), "x-lang".to_string()];
+        let req = headers(&[("accept-encoding", "gzip,br"), ("accept-encoding", "zstd")]);
+        let sel = selection(&names, &req);
+        assert_eq!(
+            sel,
+            vec![
+                ("accept-encoding".into(), "gzip, br, zstd".into()),
+                ("x-lang".into(), "".into())
+            ]
+        );
+        assert!(matches(
+            &sel,
+            &headers(&[("accept-encoding", "gzip, br, zstd")])
+        ));
+        assert!(!matches(&sel, &headers(&[("accept-encoding", "gzip")])));
+        assert!(!matches(
+            &sel,
+            &headers(&[("accept-encoding", "gzip, br, zstd"), ("x-lang", "de")])
+        ));
+        assert!(matches(&[], &headers(&[("x", "y")])));
+    }
+}

@@ -1,0 +1,305 @@
+//! The access log: one NCSA combined line per request with the cache result and timings appended (the line
+//! `varnishncsa` and NGINX write), to a file reopened on `SIGUSR1` or to standard output; and the same
+//! records, as JSON, to whoever follows `GET /v1/log/stream`.
+//!
+//! Workers format the line and hand it to a writer thread through a bounded queue: a slow disk drops lines
+//! (counted) rather than slowing requests down.
+
+use std::{
+    fs::{File, OpenOptions},
+    io::{self, BufWriter, Write},
+    net::IpAddr,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::{
+        mpsc::{self, RecvTimeoutError, SyncSender, TrySendError},
+        Arc,
+    },
+    task::{Context, Poll},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::{header, Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use lacquer_admin::wire::LogEntry;
+use tokio::sync::broadcast;
+
+use lacquer_backends::body::{Body, BoxError};
+use lacquer_config as config;
+
+use crate::stats::{inc, Stats};
+
+/// Lines waiting for the writer; past it, lines are dropped and counted.
+const QUEUE: usize = 65_536;
+/// Records waiting for a slow log-stream follower, who then misses some (told so by the stream).
+const TAIL_BUFFER: usize = 4096;
+
+enum Message {
+    Line(String),
+    Reopen,
+    Close,
+}
+
+pub struct AccessLog {
+    file: Option<SyncSender<Message>>,
+    sample: f64,
+    tail: broadcast::Sender<Arc<LogEntry>>,
+    stats: Arc<Stats>,
+}
+
+impl AccessLog {
+    /// Opens the file (an error here stops the start) and starts its writer thread.
+    pub fn start(
+        config: &config::AccessLog,
+        stats: Arc<Stats>,
+    ) -> io::Result<(Arc<Self>, Option<JoinHandle<()>>)> {
+        let (file, writer) = match &config.path {
+            None => (None, None),
+            Some(path) => {
+                let out = Output::open(path)?;
+                let (tx, rx) = mpsc::sync_channel(QUEUE);
+                let thread = std::thread::Builder::new()
+                    .name("lacquer-access-log".into())
+                    .spawn(move || write_lines(out, rx))?;
+                (Some(tx), Some(thread))
+            }
+        };
+        let (tail, _) = broadcast::channel(TAIL_BUFFER);
+        let log = Arc::new(Self {
+            file,
+            sample: config.sample,
+            tail,
+            stats,
+        });
+        Ok((log, writer))
+    }
+
+    /// Writes out what is queued and stops the writer thread (at shutdown, before joining it).
+    pub fn close(&self) {
+        if let Some(file) = &self.file {
+            let _ = file.send(Message::Close);
+        }
+    }
+
+    /// Closes and opens the file again, for logrotate (`SIGUSR1`).
+    pub fn reopen(&self) {
+        if let Some(file) = &self.file {
+            let _ = file.send(Message::Reopen);
+        }
+    }
+
+    pub fn follow(&self) -> broadcast::Receiver<Arc<LogEntry>> {
+        self.tail.subscribe()
+    }
+
+    /// Starts recording a request, when the file wants it (sampled) or someone follows the stream.
+    pub fn begin(
+        self: &Arc<Self>,
+        req: &Request<hyper::body::Incoming>,
+        client: IpAddr,
+    ) -> Option<Recording> {
+        let to_file = self.file.is_some() && (self.sample >= 1.0 || fastrand::f64() < self.sample);
+        if !to_file && self.tail.receiver_count() == 0 {
+            return None;
+        }
+        let text = |name: header::HeaderName| {
+            req.headers()
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
+        Some(Recording {
+            log: self.clone(),
+            to_file,
+            started: lacquer_clock::monotonic(),
+            entry: LogEntry {
+                time_ms: lacquer_clock::now_ms(),
+                client: client.to_string(),
+                method: req.method().to_string(),
+                url: req
+                    .uri()
+                    .path_and_query()
+                    .map_or("/", |p| p.as_str())
+                    .to_owned(),
+                host: text(header::HOST).or_else(|| req.uri().authority().map(|a| a.to_string())),
+                protocol: format!("{:?}", req.version()),
+                status: 0,
+                bytes: 0,
+                referer: text(header::REFERER),
+                user_agent: text(header::USER_AGENT),
+                cache: "-".into(),
+                ttfb: 0.0,
+                duration: 0.0,
+            },
+        })
+    }
+
+    fn emit(&self, entry: LogEntry, to_file: bool) {
+        if to_file {
+            if let Some(file) = &self.file {
+                match file.try_send(Message::Line(entry.ncsa_line())) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => inc(&self.stats.access_log_dropped),
+                    Err(TrySendError::Disconnected(_)) => {}
+                }
+            }
+        }
+        if self.tail.receiver_count() > 0 {
+            let _ = self.tail.send(Arc::new(entry));
+        }
+    }
+}
+
+/// A request being recorded; completed when its response body ends or is dropped.
+pub struct Recording {
+    log: Arc<AccessLog>,
+    to_file: bool,
+    started: Instant,
+    entry: LogEntry,
+}
+
+impl Recording {
+    /// Takes the response head's fields and follows the body to count its bytes.
+    pub fn respond(mut self, resp: Response<Body>) -> Response<Body> {
+        self.entry.status = resp.status().as_u16();
+        if let Some(cache) = resp.headers().get("x-cache").and_then(|v| v.to_str().ok()) {
+            self.entry.cache = cache.to_owned();
+        }
+        self.entry.ttfb = self.started.elapsed().as_secs_f64();
+        resp.map(|inner| {
+            Logged {
+                inner,
+                recording: Some(self),
+            }
+            .boxed_unsync()
+        })
+    }
+}
+
+struct Logged {
+    inner: Body,
+    recording: Option<Recording>,
+}
+
+impl HttpBody for Logged {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &frame {
+            if let (Some(data), Some(r)) = (f.data_ref(), self.recording.as_mut()) {
+                r.entry.bytes += data.len() as u64;
+            }
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.recording.take() {
+            r.entry.duration = r.started.elapsed().as_secs_f64();
+            r.log.emit(r.entry, r.to_file);
+        }
+    }
+}
+
+enum Output {
+    Stdout(io::Stdout),
+    File {
+        path: PathBuf,
+        file: BufWriter<File>,
+    },
+}
+
+impl Output {
+    fn open(path: &Path) -> io::Result<Self> {
+        if path == Path::new("-") {
+            return Ok(Self::Stdout(io::stdout()));
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot open the access log {}: {e}", path.display()),
+                )
+            })?;
+        Ok(Self::File {
+            path: path.to_owned(),
+            file: BufWriter::with_capacity(64 * 1024, file),
+        })
+    }
+
+    fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            Self::Stdout(s) => s,
+            Self::File { file, .. } => file,
+        }
+    }
+
+    fn reopen(&mut self) {
+        if let Self::File { path, file } = self {
+            let _ = file.flush();
+            match Output::open(path) {
+                Ok(fresh) => *self = fresh,
+                Err(e) => tracing::error!(error = %e, "keeping the old access log file"),
+            }
+        }
+    }
+}
+
+/// Writes what arrives, flushing whenever the queue runs dry; ends when every sender is gone.
+fn write_lines(mut out: Output, rx: mpsc::Receiver<Message>) {
+    let mut unflushed = false;
+    loop {
+        let message = if unflushed {
+            match rx.try_recv() {
+                Ok(m) => Ok(m),
+                Err(mpsc::TryRecvError::Empty) => {
+                    if let Err(e) = out.writer().flush() {
+                        tracing::error!(error = %e, "writing the access log failed");
+                    }
+                    unflushed = false;
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+            }
+        } else {
+            rx.recv_timeout(Duration::from_secs(1))
+        };
+        match message {
+            Ok(Message::Line(line)) => {
+                if let Err(e) = out.writer().write_all(line.as_bytes()) {
+                    tracing::error!(error = %e, "writing the access log failed");
+                }
+                unflushed = true;
+            }
+            Ok(Message::Reopen) => {
+                out.reopen();
+                tracing::info!("access log reopened");
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => {
+                let _ = out.writer().flush();
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,856 @@
+//! Request coalescing: concurrent misses for one key share one backend fetch, and every waiter streams the
+//! body as it arrives. A key whose response proved uncacheable is remembered for a while (hit-for-miss) so
+//! that later requests go straight to the backend instead of queueing behind each other.
+//!
+//! Memory is bounded per fetch: at most `transit_buffer` bytes of the body are held (a window over the
+//! bytes received). A reader that falls behind the window reads the chunks the store already holds; when
+//! the body is not being stored, the origin is read no faster than the slowest reader takes it. A fetch
+//! whose readers have all gone is cancelled, unless it is filling the store.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use foyer::{Cache, CacheBuilder, FifoConfig};
+use http::{HeaderMap, StatusCode};
+use http_body::Frame;
+use lacquer_storage::{InvalidationMark, ObjectMeta, ObjectWriter, PartialBody, Store, StoreError};
+use tokio::sync::{watch, Notify};
+
+use lacquer_backends::body::{self, Body, BoxError};
+
+/// What a fetch learned from the backend's response head, shared by every reader.
+#[derive(Debug)]
+pub struct FetchedHead {
+    pub status: StatusCode,
+    /// Headers as they will be stored and delivered (hop-by-hop fields removed, `Date` ensured).
+    pub headers: HeaderMap,
+    /// Whether the response is being stored; when not, only the reader that started the fetch may use it.
+    pub shareable: bool,
+    /// The variant selection the response was fetched under (empty without `Vary`).
+    pub selection: Vec<(String, String)>,
+    /// Corrected initial age in seconds, at `received_at`.
+    pub initial_age: u64,
+    pub received_at: Instant,
+    /// Freshness left at `received_at` (zero when not stored).
+    pub ttl: Duration,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct FetchError(pub Arc<str>);
+
+impl FetchError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        Self(Arc::from(msg.into()))
+    }
+}
+
+/// A head failure carries the status the client should see.
+#[derive(Debug, Clone)]
+pub struct HeadError {
+    pub status: StatusCode,
+    pub error: FetchError,
+}
+
+/// Where readers behind the window find the body's bytes.
+#[derive(Clone)]
+enum Backing {
+    /// The chunks the fill's writer has stored so far.
+    Writing(PartialBody),
+    /// A stored body the origin confirmed (304): all of it.
+    Stored(Store, Arc<ObjectMeta>),
+}
+
+impl Backing {
+    fn chunk_size(&self) -> u64 {
+        match self {
+            Backing::Writing(partial) => partial.chunk_size(),
+            Backing::Stored(_, meta) => u64::from(meta.chunk_size),
+        }
+    }
+
+    async fn read_chunk(&mut self, index: u32) -> Result<Option<Bytes>, StoreError> {
+        match self {
+            Backing::Writing(partial) => partial.read_chunk(index).await,
+            Backing::Stored(store, meta) => {
+                Ok(store.read_chunk(meta, index).await?.map(|c| c.data))
+            }
+        }
+    }
+}
+
+struct State {
+    /// Body bytes held in memory before the origin read waits.
+    limit: u64,
+    head: Option<Result<Arc<FetchedHead>, HeadError>>,
+    /// The body bytes held in memory, each frame with its offset: `window_start..received`.
+    window: VecDeque<(u64, Bytes)>,
+    window_start: u64,
+    received: u64,
+    /// The store's copy of the body, for readers behind the window.
+    stored: Option<Backing>,
+    /// Bytes handed to the store: the window may drop bytes below this.
+    sent: u64,
+    /// Whether the store still takes the body; such a fetch runs on when its readers leave.
+    storing: bool,
+    /// The fill stopped storing a body it meant to share: the bytes it dropped from memory are in no store.
+    abandoned: bool,
+    /// A writer that stopped storing, kept unfinished so the chunks it stored stay readable for readers
+    /// behind the window until the fetch itself is dropped.
+    parked: Option<ObjectWriter>,
+    /// Each reader's position in the body.
+    readers: HashMap<u64, u64>,
+    next_reader: u64,
+    /// Every reader left before the fetch was worth finishing: it stopped.
+    cancelled: bool,
+    end: Option<Result<(), FetchError>>,
+    /// The fill task is done, including publishing to the store: a new lookup now sees what it stored.
+    settled: bool,
+}
+
+impl State {
+    /// Drops the frames no reader needs from memory: those every reader has passed, and, while the store
+    /// holds them, the oldest ones past `limit`. While the body is being stored nothing past what the store
+    /// holds is dropped, so a reader joining late finds every byte in the store or in the window.
+    fn trim(&mut self) {
+        let slowest = self
+            .readers
+            .values()
+            .min()
+            .copied()
+            .unwrap_or(self.received);
+        while let Some((start, data)) = self.window.front() {
+            let end = start + data.len() as u64;
+            let held = self.received - self.window_start;
+            let passed = end <= slowest;
+            let in_store = self.stored.is_some() && end <= self.sent;
+            let droppable = if self.storing {
+                in_store && (passed || held > self.limit)
+            } else {
+                passed || (in_store && held > self.limit)
+            };
+            if !droppable {
+                break;
+            }
+            self.window_start = end;
+            self.window.pop_front();
+        }
+    }
+
+    /// The bytes held from `pos` to the end of the frame holding it.
+    fn held_at(&self, pos: u64) -> Option<Bytes> {
+        let i = self.window.partition_point(|(start, _)| *start <= pos);
+        let (start, data) = self.window.get(i.checked_sub(1)?)?;
+        let from = (pos - start) as usize;
+        (from < data.len()).then(|| data.slice(from..))
+    }
+}
+
+/// One backend fetch and the window of body bytes its readers have not all taken yet.
+pub struct Fetch {
+    state: Mutex<State>,
+    /// Wakes readers: the head, more body, or the end arrived.
+    changed: watch::Sender<()>,
+    /// Wakes the fill task: a reader moved on or left.
+    progress: Notify,
+    /// When the fetch started, against bans and purges.
+    since: InvalidationMark,
+}
+
+impl Fetch {
+    pub fn new(since: InvalidationMark, transit_buffer: u64) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                limit: transit_buffer,
+                head: None,
+                window: VecDeque::new(),
+                window_start: 0,
+                received: 0,
+                stored: None,
+                sent: 0,
+                storing: false,
+                abandoned: false,
+                parked: None,
+                readers: HashMap::new(),
+                next_reader: 0,
+                cancelled: false,
+                end: None,
+                settled: false,
+            }),
+            changed: watch::Sender::new(()),
+            progress: Notify::new(),
+            since,
+        })
+    }
+
+    pub fn since(&self) -> InvalidationMark {
+        self.since
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("fetch mutex")
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.lock());
+        self.changed.send_replace(());
+    }
+
+    pub fn set_head(&self, head: Result<Arc<FetchedHead>, HeadError>) {
+        self.update(|s| s.head = Some(head));
+    }
+
+    /// The body is being stored by `writer`: readers that fall behind the window read it back from there,
+    /// and the fetch goes on when its readers leave. The window then holds at least two chunks, since the
+    /// bytes of a chunk still filling up cannot be read back yet.
+    pub fn store_into(&self, writer: &ObjectWriter) {
+        let mut s = self.lock();
+        let stored = writer.partial_body();
+        s.limit = s.limit.max(2 * stored.chunk_size());
+        s.stored = Some(Backing::Writing(stored));
+        s.storing = true;
+    }
+
+    /// The whole body is `meta`'s, which the store holds (the origin confirmed it with a 304): every reader
+    /// reads it from there, and the fetch holds none of it.
+    pub fn complete_from_store(&self, store: Store, meta: ObjectMeta) {
+        let length = meta.length;
+        self.update(|s| {
+            s.stored = Some(Backing::Stored(store, Arc::new(meta)));
+            s.received = length;
+            s.window_start = length;
+            s.sent = length;
+            s.end = Some(Ok(()));
+        });
+    }
+
+    /// The store has been handed the body up to `sent`.
+    pub fn stored_upto(&self, sent: u64) {
+        self.lock().sent = sent;
+    }
+
+    /// The body is no longer being stored. The writer is kept (unfinished) while the fetch lives, so what
+    /// it stored stays readable for the readers behind the window; from now on the origin is read no faster
+    /// than the slowest reader.
+    pub fn stop_storing(&self, writer: Option<ObjectWriter>) {
+        let mut s = self.lock();
+        s.storing = false;
+        s.abandoned = true;
+        s.parked = writer;
+    }
+
+    pub fn push(&self, data: Bytes) {
+        self.update(|s| {
+            let len = data.len() as u64;
+            s.window.push_back((s.received, data));
+            s.received += len;
+        });
+    }
+
+    pub fn end(&self, result: Result<(), FetchError>) {
+        self.update(|s| s.end = Some(result));
+    }
+
+    /// Waits until the window has room for more of the body, dropping what no reader needs.
+    pub async fn room(&self) {
+        loop {
+            {
+                let mut s = self.lock();
+                s.trim();
+                if s.received - s.window_start < s.limit {
+                    return;
+                }
+            }
+            self.progress.notified().await;
+        }
+    }
+
+    /// Resolves once every reader has gone while the body is not being stored; the fetch is then marked
+    /// cancelled (atomically with that check, so a reader cannot join it in between) and should stop.
+    pub async fn deserted(&self) {
+        loop {
+            {
+                let mut s = self.lock();
+                if s.readers.is_empty() && !s.storing {
+                    s.cancelled = true;
+                    s.head.get_or_insert_with(|| {
+                        Err(HeadError {
+                            status: StatusCode::BAD_GATEWAY,
+                            error: FetchError::new("fetch cancelled"),
+                        })
+                    });
+                    s.end
+                        .get_or_insert_with(|| Err(FetchError::new("fetch cancelled")));
+                    drop(s);
+                    self.changed.send_replace(());
+                    return;
+                }
+            }
+            self.progress.notified().await;
+        }
+    }
+
+    /// Whether no reader is left (the fetch goes on only because it is filling the store).
+    pub fn unattended(&self) -> bool {
+        self.lock().readers.is_empty()
+    }
+
+    /// Ends a fetch that cannot go on (its task panicked): readers still waiting for the head get `head`,
+    /// readers of a body get an error instead of waiting for bytes that will not come.
+    pub fn abandon(&self, head: HeadError) {
+        let error = head.error.clone();
+        self.update(|s| {
+            s.head.get_or_insert(Err(head));
+            s.end.get_or_insert(Err(error));
+        });
+    }
+
+    pub fn settle(&self) {
+        self.update(|s| s.settled = true);
+    }
+
+    /// Whether the whole body has arrived.
+    pub fn is_complete(&self) -> bool {
+        matches!(self.lock().end, Some(Ok(())))
+    }
+
+    /// Whether a newcomer may read this fetch: not when it was cancelled, nor when it stopped storing a
+    /// body it meant to share (the bytes it dropped from memory are then in no store).
+    fn joinable(&self) -> bool {
+        let s = self.lock();
+        !s.cancelled && !s.abandoned
+    }
+
+    /// A reader from the start of the body. [`FetchReader::cancelled`] tells whether the fetch had already
+    /// been given up, in which case the reader must fetch for itself.
+    pub fn reader(self: &Arc<Self>) -> FetchReader {
+        let mut s = self.lock();
+        let id = s.next_reader;
+        s.next_reader += 1;
+        s.readers.insert(id, 0);
+        let cancelled = s.cancelled;
+        drop(s);
+        FetchReader {
+            fetch: self.clone(),
+            rx: self.changed.subscribe(),
+            id,
+            pos: 0,
+            cancelled,
+        }
+    }
+}
+
+pub struct FetchReader {
+    fetch: Arc<Fetch>,
+    rx: watch::Receiver<()>,
+    id: u64,
+    pos: u64,
+    cancelled: bool,
+}
+
+impl Drop for FetchReader {
+    fn drop(&mut self) {
+        self.fetch.lock().readers.remove(&self.id);
+        self.fetch.progress.notify_one();
+    }
+}
+
+/// Where a reader's next bytes come from.
+enum Next {
+    Data(Bytes),
+    Store(Backing),
+    End(Option<Result<Bytes, FetchError>>),
+    Wait,
+}
+
+impl FetchReader {
+    /// Whether the fetch had been cancelled (all its readers gone) before this reader joined it.
+    pub fn cancelled(&self) -> bool {
+        self.cancelled
+    }
+
+    /// Waits for the response head.
+    pub async fn head(&mut self) -> Result<Arc<FetchedHead>, HeadError> {
+        loop {
+            self.rx.borrow_and_update();
+            if let Some(head) = &self.fetch.lock().head {
+                return head.clone();
+            }
+            if self.rx.changed().await.is_err() {
+                return Err(HeadError {
+                    status: StatusCode::BAD_GATEWAY,
+                    error: FetchError::new("fetch abandoned"),
+                });
+            }
+        }
+    }
+
+    /// Waits until the fill task is done, including publishing what it stored.
+    pub async fn settled(&mut self) {
+        loop {
+            self.rx.borrow_and_update();
+            if self.fetch.lock().settled {
+                return;
+            }
+            if self.rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn advance(&mut self, data: Bytes) -> Option<Result<Bytes, FetchError>> {
+        self.pos += data.len() as u64;
+        self.fetch.lock().readers.insert(self.id, self.pos);
+        self.fetch.progress.notify_one();
+        Some(Ok(data))
+    }
+
+    async fn next_chunk(&mut self) -> Option<Result<Bytes, FetchError>> {
+        loop {
+            self.rx.borrow_and_update();
+            let next = {
+                let s = self.fetch.lock();
+                if self.pos < s.window_start {
+                    match &s.stored {
+                        Some(stored) => Next::Store(stored.clone()),
+                        None => Next::End(Some(Err(FetchError::new(
+                            "the reader fell behind a body that is not stored",
+                        )))),
+                    }
+                } else if let Some(data) = s.held_at(self.pos) {
+                    Next::Data(data)
+                } else {
+                    match &s.end {
+                        Some(Ok(())) => Next::End(None),
+                        Some(Err(e)) => Next::End(Some(Err(e.clone()))),
+                        None => Next::Wait,
+                    }
+                }
+            };
+            match next {
+                Next::Data(data) => return self.advance(data),
+                Next::End(end) => return end,
+                Next::Store(mut stored) => {
+                    let chunk_size = stored.chunk_size();
+                    let index = (self.pos / chunk_size) as u32;
+                    return match stored.read_chunk(index).await {
+                        Ok(Some(chunk)) => {
+                            let from = (self.pos - u64::from(index) * chunk_size) as usize;
+                            self.advance(chunk.slice(from.min(chunk.len())..))
+                        }
+                        Ok(None) => Some(Err(FetchError::new(
+                            "a stored chunk of the body in progress was lost",
+                        ))),
+                        Err(e) => Some(Err(FetchError::new(format!(
+                            "reading the body in progress back from the store failed: {e}"
+                        )))),
+                    };
+                }
+                Next::Wait => {}
+            }
+            if self.rx.changed().await.is_err() {
+                return Some(Err(FetchError::new("fetch abandoned")));
+            }
+        }
+    }
+
+    /// Bytes `first..=last` of the body, each sent as soon as it has arrived.
+    pub fn into_range_body(self, first: u64, last: u64) -> Body {
+        body::from_stream(futures_util::stream::unfold(
+            (self, 0u64),
+            move |(mut reader, mut offset)| async move {
+                while offset <= last {
+                    let data = match reader.next_chunk().await? {
+                        Ok(data) => data,
+                        Err(e) => return Some((Err(BoxError::from(e)), (reader, u64::MAX))),
+                    };
+                    let start = offset;
+                    offset += data.len() as u64;
+                    if offset <= first {
+                        continue;
+                    }
+                    let from = first.saturating_sub(start) as usize;
+                    let to = ((last + 1).saturating_sub(start) as usize).min(data.len());
+                    return Some((Ok(Frame::data(data.slice(from..to))), (reader, offset)));
+                }
+                None
+            },
+        ))
+    }
+
+    /// The body as it arrives; an error if the fetch fails or is cut short, so the client never takes a
+    /// truncated body for a whole one.
+    pub fn into_body(self) -> Body {
+        body::from_stream(futures_util::stream::unfold(
+            self,
+            |mut reader| async move {
+                let item = reader.next_chunk().await?;
+                Some((item.map(Frame::data).map_err(BoxError::from), reader))
+            },
+        ))
+    }
+}
+
+/// How a miss proceeds.
+pub enum Joined {
+    /// No fetch was in flight: the caller must start one with this handle.
+    Leader(Arc<Fetch>),
+    /// A fetch is in flight: read it.
+    Waiter(Arc<Fetch>),
+    /// The key recently proved uncacheable: fetch alone, without registering.
+    HitForMiss,
+}
+
+/// Fetches in flight by key, and the keys that recently proved uncacheable.
+pub struct Coalescer {
+    fetching: Mutex<HashMap<String, Arc<Fetch>>>,
+    /// Until when each key bypasses coalescing; bounded in bytes, the oldest entries leave first, so
+    /// endless unique uncacheable URLs cannot grow it.
+    hit_for_miss: Cache<String, Instant>,
+}
+
+/// What one hit-for-miss entry costs besides its key (the entry, the instant, the table's slot).
+const HIT_FOR_MISS_OVERHEAD: usize = 96;
+
+impl Coalescer {
+    /// A coalescer whose hit-for-miss table holds at most `hit_for_miss_memory` bytes.
+    pub fn new(hit_for_miss_memory: usize) -> Self {
+        Self {
+            fetching: Mutex::default(),
+            hit_for_miss: CacheBuilder::new(hit_for_miss_memory)
+                .with_shards(4)
+                .with_eviction_config(FifoConfig::default())
+                .with_weighter(|key: &String, _: &Instant| key.len() + HIT_FOR_MISS_OVERHEAD)
+                .build(),
+        }
+    }
+
+    /// Joins the fetch in flight for `key`, unless a ban or purge came after it started (`now` is later):
+    /// what it brings may be what was invalidated, so a new fetch replaces it for everyone who comes later.
+    /// The same goes for a fetch that was cancelled or stopped storing.
+    pub fn join(&self, key: &str, now: InvalidationMark, transit_buffer: u64) -> Joined {
+        let mut fetching = self.fetching.lock().expect("coalescer mutex");
+        match fetching.get(key) {
+            Some(fetch) if fetch.since.epoch == now.epoch && fetch.joinable() => {
+                return Joined::Waiter(fetch.clone())
+            }
+            _ => {}
+        }
+        if let Some(until) = self.hit_for_miss.get(key) {
+            if *until.value() > lacquer_clock::monotonic() {
+                return Joined::HitForMiss;
+            }
+        }
+        let fetch = Fetch::new(now, transit_buffer);
+        fetching.insert(key.to_owned(), fetch.clone());
+        Joined::Leader(fetch)
+    }
+
+    /// Unregisters `fetch` so later requests look the key up again; with `hit_for_miss`, they bypass
+    /// coalescing for that long.
+    pub fn finish(&self, key: &str, fetch: &Arc<Fetch>, hit_for_miss: Option<Duration>) {
+        let mut fetching = self.fetching.lock().expect("coalescer mutex");
+        if !fetching.get(key).is_some_and(|f| Arc::ptr_eq(f, fetch)) {
+            return;
+        }
+        fetching.remove(key);
+        if let Some(d) = hit_for_miss.filter(|d| !d.is_zero()) {
+            self.hit_for_miss
+                .insert(key.to_owned(), lacquer_clock::monotonic() + d);
+        }
+    }
+
+    /// Forgets a hit-for-miss marker once the key turned out cacheable after all.
+    pub fn clear_hit_for_miss(&self, key: &str) {
+        self.hit_for_miss.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    const WINDOW: u64 = 64 * 1024;
+
+    fn mark(epoch: u64) -> InvalidationMark {
+        InvalidationMark { ban: 0, epoch }
+    }
+
+    fn head(shareable: bool) -> Arc<FetchedHead> {
+        Arc::new(FetchedHead {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            shareable,
+            selection: vec![],
+            initial_age: 0,
+            received_at: lacquer_clock::monotonic(),
+            ttl: Duration::ZERO,
+        })
+    }
+
+    fn coalescer() -> Coalescer {
+        Coalescer::new(1024 * 1024)
+    }
+
+    /// Deterministic body bytes, so a reader's output proves where every byte came from.
+    fn bytes(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    fn held(fetch: &Fetch) -> u64 {
+        let s = fetch.lock();
+        s.received - s.window_start
+    }
+
+    /// Whether `room()` would wait now.
+    async fn full(fetch: &Fetch) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), fetch.room())
+            .await
+            .is_err()
+    }
+
+    #[tokio::test]
+    async fn waiters_stream_bytes_as_they_arrive() {
+        let c = coalescer();
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+            panic!("first is leader")
+        };
+        let Joined::Waiter(same) = c.join("k", mark(0), WINDOW) else {
+            panic!("second waits")
+        };
+        assert!(Arc::ptr_eq(&fetch, &same));
+        let mut reader = same.reader();
+        fetch.set_head(Ok(head(true)));
+        assert_eq!(reader.head().await.unwrap().status, StatusCode::OK);
+        fetch.push(Bytes::from_static(b"first"));
+        let mut body = reader.into_body();
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "first");
+        fetch.push(Bytes::from_static(b"second"));
+        fetch.end(Ok(()));
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "second");
+        c.finish("k", &fetch, None);
+        assert!(matches!(c.join("k", mark(0), WINDOW), Joined::Leader(_)));
+    }
+
+    #[tokio::test]
+    async fn a_failed_fetch_reaches_readers_as_an_error() {
+        let fetch = Fetch::new(mark(0), WINDOW);
+        let reader = fetch.reader();
+        fetch.set_head(Ok(head(true)));
+        fetch.push(Bytes::from_static(b"part"));
+        fetch.end(Err(FetchError::new("reset")));
+        assert!(reader.into_body().collect().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_fetch_ends_every_reader() {
+        let before_head = Fetch::new(mark(0), WINDOW);
+        let mut waiting = before_head.reader();
+        before_head.abandon(HeadError {
+            status: StatusCode::BAD_GATEWAY,
+            error: FetchError::new("panicked"),
+        });
+        assert_eq!(
+            waiting.head().await.unwrap_err().status,
+            StatusCode::BAD_GATEWAY
+        );
+
+        let mid_body = Fetch::new(mark(0), WINDOW);
+        let reader = mid_body.reader();
+        mid_body.set_head(Ok(head(true)));
+        mid_body.push(Bytes::from_static(b"part"));
+        mid_body.abandon(HeadError {
+            status: StatusCode::BAD_GATEWAY,
+            error: FetchError::new("panicked"),
+        });
+        assert!(
+            reader.into_body().collect().await.is_err(),
+            "a short body is an error"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unstored_body_is_read_from_the_origin_no_faster_than_its_slowest_reader() {
+        let fetch = Fetch::new(mark(0), WINDOW);
+        let slow = fetch.reader();
+        let mut fast = fetch.reader().into_body();
+        fetch.set_head(Ok(head(false)));
+        let frame = Bytes::from(vec![7u8; 16 * 1024]);
+        for _ in 0..4 {
+            fetch.room().await;
+            fetch.push(frame.clone());
+        }
+        assert!(full(&fetch).await, "the window is full");
+        for _ in 0..4 {
+            fast.frame().await.unwrap().unwrap();
+        }
+        assert!(full(&fetch).await, "the slow reader still holds the window");
+        assert_eq!(held(&fetch), 4 * 16 * 1024);
+
+        let mut slow = slow.into_body();
+        slow.frame().await.unwrap().unwrap();
+        fetch.room().await;
+        assert_eq!(
+            held(&fetch),
+            3 * 16 * 1024,
+            "what both have read is dropped"
+        );
+        drop(slow);
+        fetch.room().await;
+        assert_eq!(held(&fetch), 0, "a reader that leaves holds nothing");
+    }
+
+    #[tokio::test]
+    async fn a_fetch_whose_readers_all_left_is_cancelled_and_not_joined() {
+        let c = coalescer();
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+            panic!()
+        };
+        let reader = fetch.reader();
+        let deserted = tokio::time::timeout(Duration::from_millis(20), fetch.deserted());
+        assert!(deserted.await.is_err(), "a reader is still there");
+        drop(reader);
+        fetch.deserted().await;
+        let late = fetch.reader();
+        assert!(late.cancelled(), "a reader arriving now must fetch alone");
+        assert!(
+            matches!(c.join("k", mark(0), WINDOW), Joined::Leader(f) if !Arc::ptr_eq(&f, &fetch)),
+            "a cancelled fetch is replaced"
+        );
+    }
+
+    /// A reader that falls behind a stored body reads the chunks the store holds, then the window, and gets
+    /// every byte in order; the window stays bounded whatever that reader does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_behind_a_stored_body_reads_it_back_from_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = lacquer_storage::StoreBuilder::new(dir.path())
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(16 * 1024)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap();
+        let c = coalescer();
+        let Joined::Leader(fetch) = c.join("k", store.mark(), WINDOW) else {
+            panic!()
+        };
+        let slow = fetch.reader();
+        let mut writer = store.writer("k", &[], fetch.since()).unwrap();
+        fetch.store_into(&writer);
+        fetch.set_head(Ok(head(true)));
+        let body = bytes(1024 * 1024 + 123);
+        let mut max_held = 0;
+        for piece in body.chunks(10_000) {
+            fetch.room().await;
+            fetch.push(Bytes::copy_from_slice(piece));
+            writer.push(piece).await.unwrap();
+            fetch.stored_upto(writer.sent());
+            max_held = max_held.max(held(&fetch));
+        }
+        assert!(
+            max_held <= WINDOW + 10_000,
+            "the window grew to {max_held} bytes"
+        );
+        let length = writer.length();
+        writer
+            .finish(
+                "k".into(),
+                lacquer_storage::ObjectMeta {
+                    status: 200,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        fetch.stored_upto(length);
+        fetch.end(Ok(()));
+
+        let Joined::Waiter(joined) = c.join("k", store.mark(), WINDOW) else {
+            panic!("a storing fetch can be joined late")
+        };
+        let late = joined.reader();
+        for reader in [slow, late] {
+            let got = reader.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(got.len(), body.len());
+            assert!(got == body, "bytes differ");
+        }
+    }
+
+    #[test]
+    fn hit_for_miss_bypasses_and_expires() {
+        let c = coalescer();
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+            panic!()
+        };
+        c.finish("k", &fetch, Some(Duration::from_secs(60)));
+        assert!(matches!(c.join("k", mark(0), WINDOW), Joined::HitForMiss));
+        c.clear_hit_for_miss("k");
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+            panic!()
+        };
+        c.finish("k", &fetch, Some(Duration::from_nanos(1)));
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(matches!(c.join("k", mark(0), WINDOW), Joined::Leader(_)));
+    }
+
+    #[test]
+    fn unique_uncacheable_keys_cannot_grow_the_hit_for_miss_table() {
+        let c = Coalescer::new(64 * 1024);
+        for i in 0..20_000 {
+            let key = format!("example.test/unique/{i}");
+            let Joined::Leader(fetch) = c.join(&key, mark(0), WINDOW) else {
+                panic!()
+            };
+            c.finish(&key, &fetch, Some(Duration::from_secs(60)));
+        }
+        assert!(c.hit_for_miss.usage() <= 64 * 1024);
+        assert!(
+            matches!(
+                c.join("example.test/unique/19999", mark(0), WINDOW),
+                Joined::HitForMiss
+            ),
+            "the newest are kept"
+        );
+        assert!(
+            matches!(
+                c.join("example.test/unique/0", mark(0), WINDOW),
+                Joined::Leader(_)
+            ),
+            "the oldest left first"
+        );
+        assert!(c.fetching.lock().unwrap().len() <= 1);
+    }
+
+    #[test]
+    fn an_invalidation_replaces_the_fetch_in_flight_for_newcomers() {
+        let c = coalescer();
+        let Joined::Leader(old) = c.join("k", mark(0), WINDOW) else {
+            panic!()
+        };
+        let Joined::Leader(new) = c.join("k", mark(1), WINDOW) else {
+            panic!("a fetch from before the invalidation is not joined")
+        };
+        assert!(matches!(c.join("k", mark(1), WINDOW), Joined::Waiter(f) if Arc::ptr_eq(&f, &new)));
+        c.finish("k", &old, None);
+        assert!(matches!(c.join("k", mark(1), WINDOW), Joined::Waiter(f) if Arc::ptr_eq(&f, &new)));
+    }
+
+    #[test]
+    fn finishing_someone_elses_fetch_changes_nothing() {
+        let c = coalescer();
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+            panic!()
+        };
+        c.finish("k", &Fetch::new(mark(0), WINDOW), None);
+        assert!(
+            matches!(c.join("k", mark(0), WINDOW), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch))
+        );
+    }
+}

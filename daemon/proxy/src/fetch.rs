@@ -1,0 +1,449 @@
+//! The fill task: one backend fetch that streams into a shared [`Fetch`] for its readers and, when the
+//! response is storable, into the store.
+
+use std::{
+    net::IpAddr,
+    panic::AssertUnwindSafe,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use futures_util::FutureExt;
+use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use lacquer_storage::ObjectMeta;
+
+use super::{forward, respond, Found};
+use lacquer_backends::{error_chain, routing::Route, BackendError};
+use lacquer_policy::{
+    age::corrected_initial_age,
+    headers::strip_hop_by_hop,
+    storable::{self, Decision, Storable},
+    surrogate, vary, Policy,
+};
+
+use crate::{
+    coalesce::{Fetch, FetchError, FetchedHead, HeadError},
+    stats::{add, dec, inc},
+    worker::Worker,
+};
+
+/// How a fill ended, for the coalescer: whether later requests should skip coalescing for a while.
+enum Ending {
+    Stored,
+    /// The origin confirmed the stored object (304); its headers and freshness were refreshed.
+    Revalidated,
+    NotStored,
+    Failed,
+    /// Every reader left while the body was not being stored: the origin read stopped.
+    Cancelled,
+}
+
+/// One fill: what to fetch, for whom, and what is stored already.
+pub struct Fill {
+    pub key: String,
+    /// Whether the fetch is the coalescer's entry for the key (unregistered when done).
+    pub registered: bool,
+    /// The request the fill is made for: its headers select the variant.
+    pub parts: Arc<Parts>,
+    pub client: IpAddr,
+    /// The route the request took: its backend and cache policy.
+    pub route: Arc<Route>,
+    /// A stored variant with validators: they go with the request, and a 304 refreshes it instead of
+    /// transferring the body again (RFC 9111 §4.3).
+    pub stale: Option<Found>,
+    /// A refresh nobody waits for (grace): it is not cancelled for want of readers before its head arrives.
+    pub background: bool,
+}
+
+pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
+    let stats = &worker.shared.stats;
+    inc(&stats.fetches_in_flight);
+    inc(&stats.backend_requests);
+    // A bug must not leave this fetch's readers waiting forever (found when a TLS connector panicked).
+    let ending = match AssertUnwindSafe(fill(&worker, &fetch, &request))
+        .catch_unwind()
+        .await
+    {
+        Ok(ending) => ending,
+        Err(_) => {
+            tracing::error!(key = %request.key, "the fetch panicked; its readers get 502");
+            fetch.abandon(HeadError {
+                status: StatusCode::BAD_GATEWAY,
+                error: FetchError::new("internal error while fetching"),
+            });
+            Ending::Failed
+        }
+    };
+    dec(&stats.fetches_in_flight);
+    let coalescer = &worker.shared.coalescer;
+    let Fill {
+        key,
+        registered,
+        route,
+        ..
+    } = request;
+    match ending {
+        Ending::Stored => {
+            inc(&stats.objects_stored);
+            coalescer.clear_hit_for_miss(&key);
+        }
+        Ending::Revalidated => {
+            inc(&stats.revalidations);
+            coalescer.clear_hit_for_miss(&key);
+        }
+        Ending::Failed => inc(&stats.backend_errors),
+        Ending::NotStored => inc(&stats.uncacheable),
+        Ending::Cancelled => inc(&stats.fetches_cancelled),
+    }
+    if registered {
+        let hit_for_miss =
+            matches!(ending, Ending::NotStored).then_some(route.policy.cache.hit_for_miss);
+        coalescer.finish(&key, &fetch, hit_for_miss);
+    }
+    fetch.settle();
+}
+
+const KEEP_ON_UPDATE: [HeaderName; 4] = [
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
+    header::CONTENT_RANGE,
+    header::ETAG,
+];
+
+/// A 304 for a stored object: its headers are updated from the 304 (RFC 9111 §4.3.4), its freshness is
+/// recomputed, and the readers get the stored body, which the origin did not send again.
+async fn revalidated(
+    worker: &Worker,
+    fetch: &Fetch,
+    request: &Fill,
+    stale: &Found,
+    update: HeaderMap,
+    initial_age: u64,
+    response_time: SystemTime,
+) -> Ending {
+    let store = &worker.shared.store;
+    let key = request.key.as_str();
+    let old = stale.meta();
+    let mut headers = respond::header_map(old);
+    for name in update.keys() {
+        // Fields that describe the stored body itself keep describing it (RFC 9111 §3.2): a 304 cannot
+        // change the bytes, so it cannot change their length, coding, range, digest or entity-tag.
+        if KEEP_ON_UPDATE.contains(name) || name == "content-md5" {
+            continue;
+        }
+        headers.remove(name);
+        for value in update.get_all(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let status = StatusCode::from_u16(old.status).unwrap_or(StatusCode::OK);
+    let authorized = request.parts.headers.contains_key(header::AUTHORIZATION);
+    let policy = &request.route.policy;
+    let decision = storable::decide(authorized, status, &headers, policy, response_time);
+    let ttl = match &decision {
+        Decision::Store(s) => s.ttl.saturating_sub(Duration::from_secs(initial_age)),
+        Decision::DontStore(_) => Duration::ZERO,
+    };
+    if !store.has_body(old) {
+        fetch.set_head(Err(HeadError {
+            status: StatusCode::BAD_GATEWAY,
+            error: FetchError::new("the stored body was lost during revalidation"),
+        }));
+        let _ = store.remove_generation(key, old.generation);
+        return Ending::Failed;
+    }
+    fetch.set_head(Ok(Arc::new(FetchedHead {
+        status,
+        headers: headers.clone(),
+        shareable: true,
+        selection: old.variant.clone(),
+        initial_age,
+        received_at: lacquer_clock::monotonic(),
+        ttl,
+    })));
+    fetch.complete_from_store(store.clone(), old.clone());
+    let result = match decision {
+        Decision::Store(s) => {
+            let meta = with_response(
+                old.clone(),
+                &headers,
+                &s,
+                initial_age,
+                response_time,
+                policy,
+            );
+            store.refresh(key, meta).map(drop)
+        }
+        Decision::DontStore(_) => store.remove_generation(key, old.generation),
+    };
+    if let Err(e) = result {
+        tracing::warn!(key, error = %e, "updating a revalidated object failed");
+    }
+    Ending::Revalidated
+}
+
+/// `base` carrying the headers and freshness of a response the store keeps.
+fn with_response(
+    base: ObjectMeta,
+    headers: &HeaderMap,
+    storable: &Storable,
+    initial_age: u64,
+    response_time: SystemTime,
+    policy: &Policy,
+) -> ObjectMeta {
+    ObjectMeta {
+        tags: surrogate::tags(headers, &policy.cache.surrogate_key_headers),
+        headers: headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect(),
+        stored_at_ms: lacquer_clock::to_ms(response_time),
+        initial_age_s: initial_age,
+        ttl_ms: storable.ttl.as_millis() as u64,
+        grace_ms: storable.grace.as_millis() as u64,
+        keep_ms: storable.keep.as_millis() as u64,
+        stale_if_error_ms: storable.stale_if_error.as_millis() as u64,
+        no_stale: storable.no_stale,
+        ..base
+    }
+}
+
+/// A fill that got no response head: nothing to send to (sick, or every connection busy), or the send
+/// failed. Readers get the error's status.
+fn failed(worker: &Worker, fetch: &Fetch, key: &str, e: BackendError) -> Ending {
+    if let BackendError::Unavailable { .. } = e {
+        inc(&worker.shared.stats.backend_unavailable);
+        tracing::debug!(key, error = %e, "nothing to fetch from");
+    } else {
+        tracing::warn!(key, error = %e, "fetch failed");
+    }
+    fetch.set_head(Err(HeadError {
+        status: e.status(),
+        error: FetchError::new(e.to_string()),
+    }));
+    Ending::Failed
+}
+
+async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
+    let Fill {
+        key,
+        parts,
+        client,
+        route,
+        stale,
+        ..
+    } = request;
+    let key = key.as_str();
+    let shared = &worker.shared;
+    let policy = &route.policy;
+    let backend = match route.pick(key) {
+        Ok(state) => worker.pool(state),
+        Err(e) => return failed(worker, fetch, key, e),
+    };
+    let request_time = lacquer_clock::wall();
+    let build = || {
+        let mut req = forward::fill_request(parts, *client);
+        if let Some(stale) = stale {
+            let meta = stale.meta();
+            for (validator, condition) in [
+                (header::ETAG, header::IF_NONE_MATCH),
+                (header::LAST_MODIFIED, header::IF_MODIFIED_SINCE),
+            ] {
+                if let Some(value) = meta
+                    .header(validator.as_str())
+                    .and_then(|v| HeaderValue::from_bytes(v).ok())
+                {
+                    req.headers_mut().insert(condition, value);
+                }
+            }
+        }
+        req
+    };
+    // A pooled connection the origin closed while idle fails the first request sent on it; a fill has no
+    // body to lose, so it is sent once more on a fresh connection.
+    let send = async {
+        match backend.send(build()).await {
+            Err(BackendError::Failed { .. }) => backend.send(build()).await,
+            other => other,
+        }
+    };
+    // Clients that give up (an HTTP/2 reset, a closed connection) before the head arrives take the request
+    // to the origin with them.
+    let sent = tokio::select! {
+        sent = send => sent,
+        () = fetch.deserted(), if !request.background => {
+            tracing::debug!(key, "every reader left before the response head; fetch cancelled");
+            return Ending::Cancelled;
+        }
+    };
+    let resp = match sent {
+        Ok(resp) => resp,
+        Err(e) => return failed(worker, fetch, key, e),
+    };
+    let response_time = lacquer_clock::wall();
+    let received_at = lacquer_clock::monotonic();
+    let (mut head, mut body) = resp.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    if route.strip_cookies {
+        head.headers.remove(header::SET_COOKIE);
+    }
+    if !head.headers.contains_key(header::DATE) {
+        head.headers.insert(
+            header::DATE,
+            HeaderValue::from_str(&httpdate::fmt_http_date(response_time)).expect("date"),
+        );
+    }
+    let initial_age = corrected_initial_age(&head.headers, request_time, response_time);
+    head.headers.remove(header::AGE);
+    if let (StatusCode::NOT_MODIFIED, Some(stale)) = (head.status, stale) {
+        return revalidated(
+            worker,
+            fetch,
+            request,
+            stale,
+            head.headers,
+            initial_age,
+            response_time,
+        )
+        .await;
+    }
+
+    let authorized = parts.headers.contains_key(header::AUTHORIZATION);
+    let too_large = head
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|len| len > policy.cache.max_object_size.as_u64());
+    let decision = match storable::decide(
+        authorized,
+        head.status,
+        &head.headers,
+        policy,
+        response_time,
+    ) {
+        Decision::Store(_) if too_large => Decision::DontStore("too large"),
+        d => d,
+    };
+    let (storable, selection) = match &decision {
+        Decision::Store(s) => (Some(s.clone()), vary::selection(&s.vary, &parts.headers)),
+        Decision::DontStore(reason) => {
+            tracing::debug!(key, reason, "not storing");
+            (None, Vec::new())
+        }
+    };
+    let mut writer = match &storable {
+        Some(_) => match shared.store.writer(key, &selection, fetch.since()) {
+            Ok(w) => Some(w),
+            // A full disk or a dead store task: the store has logged and counted it once.
+            Err(e) if e.is_refusal() => None,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "cannot store");
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(w) = &writer {
+        fetch.store_into(w);
+    }
+    let fetched = Arc::new(FetchedHead {
+        status: head.status,
+        headers: head.headers.clone(),
+        shareable: writer.is_some(),
+        selection: selection.clone(),
+        initial_age,
+        received_at,
+        ttl: storable.as_ref().map_or(Duration::ZERO, |s| {
+            s.ttl.saturating_sub(Duration::from_secs(initial_age))
+        }),
+    });
+    fetch.set_head(Ok(fetched));
+
+    let mut unattended = false;
+    loop {
+        fetch.room().await;
+        if writer.is_some() && !unattended && fetch.unattended() {
+            unattended = true;
+            inc(&shared.stats.background_fills);
+        }
+        let next = tokio::select! {
+            biased;
+            () = fetch.deserted() => {
+                tracing::debug!(key, "every reader left an unstored body; fetch cancelled");
+                return Ending::Cancelled;
+            }
+            next = tokio::time::timeout(backend.between_bytes_timeout, body.frame()) => next,
+        };
+        let frame = match next {
+            Err(_) => Err(format!(
+                "no body bytes for {:?}",
+                backend.between_bytes_timeout
+            )),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => Err(error_chain(&e)),
+            Ok(Some(Ok(frame))) => Ok(frame),
+        };
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(reason) => {
+                tracing::warn!(key, reason, "backend body failed; nothing stored");
+                fetch.end(Err(FetchError::new(format!(
+                    "backend body failed: {reason}"
+                ))));
+                return Ending::Failed;
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        add(&shared.stats.bytes_in, data.len() as u64);
+        fetch.push(data.clone());
+        if let Some(w) = writer.as_mut() {
+            let over = w.length() + data.len() as u64 > policy.cache.max_object_size.as_u64();
+            if over {
+                tracing::info!(key, "body exceeds max_object_size; not storing");
+            }
+            if over || w.push(&data).await.is_err() {
+                fetch.stop_storing(writer.take());
+            } else {
+                fetch.stored_upto(w.sent());
+            }
+        }
+    }
+    fetch.end(Ok(()));
+
+    let (Some(writer), Some(storable)) = (writer, storable) else {
+        // A server error is a failure of the origin, not a sign that the URL is uncacheable: no hit-for-miss.
+        return if head.status.is_server_error() {
+            Ending::Failed
+        } else {
+            Ending::NotStored
+        };
+    };
+    let base = ObjectMeta {
+        variant: selection,
+        status: head.status.as_u16(),
+        ..ObjectMeta::default()
+    };
+    let meta = with_response(
+        base,
+        &head.headers,
+        &storable,
+        initial_age,
+        response_time,
+        policy,
+    );
+    let length = writer.length();
+    match writer.finish(key.to_owned(), meta).await {
+        Ok(()) => {
+            fetch.stored_upto(length);
+            Ending::Stored
+        }
+        Err(e) if e.is_refusal() => Ending::NotStored,
+        Err(e) => {
+            tracing::warn!(key, error = %e, "storing failed");
+            Ending::NotStored
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Preparing requests for the backend and deciding what an unsafe method invalidates.
+
+use std::net::IpAddr;
+
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request};
+
+use lacquer_backends::body;
+use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
+
+/// What this proxy adds to `Via` on requests and responses.
+pub const VIA: &str = "1.1 lacquer";
+
+pub fn append(headers: &mut HeaderMap, name: header::HeaderName, value: &str) {
+    let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.is_empty() => format!("{existing}, {value}"),
+        _ => value.to_owned(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+/// Makes client headers fit to forward: hop-by-hop fields removed, the client appended to
+/// `X-Forwarded-For`, this proxy to `Via`. `Host` is kept as the client sent it.
+pub fn prepare_headers(headers: &mut HeaderMap, client: IpAddr) {
+    strip_hop_by_hop(headers);
+    append(
+        headers,
+        header::HeaderName::from_static("x-forwarded-for"),
+        &client.to_string(),
+    );
+    append(headers, header::VIA, VIA);
+}
+
+/// The request a cache fill sends: always a full, unconditional GET, so the object can be stored and the
+/// client's own conditionals or ranges are answered from it.
+pub fn fill_request(parts: &Parts, client: IpAddr) -> Request<body::Body> {
+    let mut headers = parts.headers.clone();
+    prepare_headers(&mut headers, client);
+    for name in [
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+        header::IF_MATCH,
+        header::IF_UNMODIFIED_SINCE,
+        header::IF_RANGE,
+        header::RANGE,
+        header::CONTENT_LENGTH,
+        header::EXPECT,
+    ] {
+        headers.remove(name);
+    }
+    let mut req = Request::new(body::empty());
+    *req.method_mut() = Method::GET;
+    *req.uri_mut() = parts.uri.clone();
+    *req.headers_mut() = headers;
+    req
+}
+
+/// Keys an unsafe request invalidates on success (RFC 9111 §4.4): its own URL, and `Location` and
+/// `Content-Location` when they point at the same host.
+pub fn invalidation_keys(req: &Parts, response: &HeaderMap) -> Vec<String> {
+    let own = key::primary_key(req);
+    let host = req
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let mut keys = vec![own];
+    for name in [header::LOCATION, header::CONTENT_LOCATION] {
+        let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else {
+            continue;
+        };
+        let Ok(uri) = target.parse::<http::Uri>() else {
+            continue;
+        };
+        let same_host = uri
+            .authority()
+            .is_none_or(|a| key::key_for(a.as_str(), "") == key::key_for(host, ""));
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        if same_host && path.starts_with('/') {
+            let k = key::key_for(host, &normalize::target(path));
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Lines<'a> = &'a [(&'a str, &'a str)];
+
+    #[test]
+    fn forwarded_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
+        h.insert("via", "1.0 edge".parse().unwrap());
+        h.insert("connection", "close, x-hop".parse().unwrap());
+        h.insert("x-hop", "1".parse().unwrap());
+        h.insert("host", "example.com".parse().unwrap());
+        prepare_headers(&mut h, "192.0.2.7".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
+        assert_eq!(h["via"], "1.0 edge, 1.1 lacquer");
+        assert_eq!(h["host"], "example.com");
+        assert!(!h.contains_key("x-hop") && !h.contains_key("connection"));
+    }
+
+    #[test]
+    fn fill_requests_are_unconditional_gets() {
+        let (parts, _) = Request::builder()
+            .method("HEAD")
+            .uri("/a?b")
+            .header("if-none-match", "\"x\"")
+            .header("range", "bytes=0-1")
+            .header("accept-encoding", "gzip")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let req = fill_request(&parts, "127.0.0.1".parse().unwrap());
+        assert_eq!(req.method(), Method::GET);
+        assert_eq!(req.uri(), "/a?b");
+        assert!(
+            !req.headers().contains_key("if-none-match") && !req.headers().contains_key("range")
+        );
+        assert_eq!(req.headers()["accept-encoding"], "gzip");
+    }
+
+    #[test]
+    fn invalidation_targets() {
+        let (parts, _) = Request::builder()
+            .method("POST")
+            .uri("/form")
+            .header("host", "Example.com")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let cases: &[(Lines<'_>, &[&str])] = &[
+            (&[], &["example.com/form"]),
+            (
+                &[("location", "/done?x=1")],
+                &["example.com/form", "example.com/done?x=1"],
+            ),
+            (
+                &[
+                    ("location", "http://example.com/a"),
+                    ("content-location", "/b"),
+                ],
+                &["example.com/form", "example.com/a", "example.com/b"],
+            ),
+            (
+                &[("location", "http://other.example/a")],
+                &["example.com/form"],
+            ),
+            (&[("content-location", "/form")], &["example.com/form"]),
+            (
+                &[("location", "/a//./b/../%7Ec")],
+                &["example.com/form", "example.com/a/~c"],
+            ),
+        ];
+        for (h, want) in cases {
+            let mut headers = HeaderMap::new();
+            for (k, v) in *h {
+                headers.insert(header::HeaderName::from_static(k), v.parse().unwrap());
+            }
+            assert_eq!(invalidation_keys(&parts, &headers), *want, "{h:?}");
+        }
+    }
+}

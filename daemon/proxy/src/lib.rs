@@ -1,0 +1,559 @@
+//! The client-facing request flow: classify, look up, coalesce misses, pass the rest.
+
+#![warn(missing_docs)]
+
+pub mod access_log;
+pub mod coalesce;
+mod fetch;
+mod forward;
+pub mod invalidation;
+mod purge_method;
+mod respond;
+pub mod stats;
+pub mod worker;
+
+use std::{
+    future::Future,
+    net::IpAddr,
+    sync::{atomic::Ordering::Relaxed, Arc},
+    time::Duration,
+};
+
+use http::{header, request::Parts, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use lacquer_edge::{Client, EdgeStats};
+use lacquer_storage::{ObjectMeta, ObjectSet, Tier};
+
+use self::respond::Outcome;
+use lacquer_backends::{
+    body::{self, Body, BoxError},
+    routing::Route,
+    BackendError, ClientBodyError,
+};
+use lacquer_policy::{
+    head,
+    headers::{strip_forwarding, strip_hop_by_hop},
+    key::primary_key,
+    normalize,
+    request::{classify, host_from_authority, RequestClass},
+    stale::{usability, Usability},
+    vary,
+};
+
+use crate::{
+    coalesce::{Fetch, Joined},
+    fetch::Fill,
+    stats::{add, inc, Stats},
+    worker::Worker,
+};
+
+impl lacquer_edge::Service for Worker {
+    type Body = Body;
+    type Error = BoxError;
+
+    fn call(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        client: Client,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static {
+        let recording = self.shared.access_log.begin(&req, client.ip);
+        async move {
+            let resp = if client.refused {
+                too_many_connections()
+            } else {
+                handle(self, client, req).await
+            };
+            match recording {
+                Some(r) => r.respond(resp),
+                None => resp,
+            }
+        }
+    }
+
+    fn stats(&self) -> &EdgeStats {
+        &self.shared.stats.edge
+    }
+}
+
+fn too_many_connections() -> Response<Body> {
+    let mut resp = Response::new(body::full("too many connections\n"));
+    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let h = resp.headers_mut();
+    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Answers one request: checks its head, routes it, then looks it up, passes it or invalidates with it.
+pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> Response<Body> {
+    let stats = &worker.shared.stats;
+    inc(&stats.requests);
+    let (mut parts, body) = req.into_parts();
+    if let Err(e) = head::check(&parts) {
+        inc(&stats.bad_requests);
+        return refused(StatusCode::BAD_REQUEST, &e.to_string(), None);
+    }
+    host_from_authority(&mut parts);
+    // From here on the head is the one the origin receives: the key, the variant, the class and every
+    // rule are made from it, never from fields that are not forwarded.
+    strip_hop_by_hop(&mut parts.headers);
+    let Client {
+        ip: client,
+        max_request_body,
+        ..
+    } = client;
+    let route = {
+        // A guard, not a counted reference: nothing is awaited while it is held.
+        let live = worker.shared.live.load();
+        normalize::apply(&mut parts, &live.normalize);
+        if live.deny.iter().any(|rule| rule.matches(&parts, client)) {
+            inc(&stats.denied);
+            return refused(StatusCode::FORBIDDEN, "denied", None);
+        }
+        live.router.route(&parts).clone()
+    };
+    if route.strip_forwarding {
+        strip_forwarding(&mut parts.headers);
+    }
+    if purge_method::is_invalidation(&parts.method) {
+        return purge_method::handle(&worker, client, &parts).await;
+    }
+    if let Some(Err(wait)) = route.rate_limit.as_ref().map(|l| l.check(client)) {
+        inc(&stats.rate_limited);
+        return refused(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many requests",
+            Some(wait),
+        );
+    }
+    if route.strip_cookies {
+        parts.headers.remove(header::COOKIE);
+    }
+    let class = match classify(&parts.method, &parts.headers, &route.policy) {
+        RequestClass::Lookup if route.pass => RequestClass::Pass("route"),
+        class => class,
+    };
+    let resp = match class {
+        RequestClass::Lookup => lookup(&worker, client, &route, parts).await,
+        RequestClass::Pass(_) | RequestClass::Invalidate => {
+            let unsafe_method = class == RequestClass::Invalidate;
+            match limited(body, &parts, max_request_body) {
+                Some(body) => pass(&worker, client, &route, parts, body, unsafe_method).await,
+                None => {
+                    inc(&stats.bodies_too_large);
+                    body_too_large()
+                }
+            }
+        }
+    };
+    counted(resp, worker.shared.stats.clone())
+}
+
+/// The request body to forward, cut off past `max` bytes; `None` when its declared length is over `max`.
+fn limited(body: Incoming, parts: &Parts, max: u64) -> Option<Body> {
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > max) {
+        return None;
+    }
+    Some(
+        Limited::new(body.map_err(ClientBodyError), max as usize)
+            .map_err(BoxError::from)
+            .boxed_unsync(),
+    )
+}
+
+/// A request refused before any lookup; `retry` becomes `Retry-After` in whole seconds, at least 1.
+fn refused(status: StatusCode, message: &str, retry: Option<Duration>) -> Response<Body> {
+    let mut resp = respond::error(
+        status,
+        Outcome::Pass {
+            unsafe_method: false,
+        },
+        message,
+    );
+    if let Some(wait) = retry {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, seconds.max(1).into());
+    }
+    resp
+}
+
+fn body_too_large() -> Response<Body> {
+    refused(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request body too large",
+        None,
+    )
+}
+
+/// Counts body bytes as they go out to the client.
+fn counted(resp: Response<Body>, stats: Arc<Stats>) -> Response<Body> {
+    resp.map(|b| {
+        b.map_frame(move |frame| {
+            if let Some(data) = frame.data_ref() {
+                add(&stats.bytes_out, data.len() as u64);
+            }
+            frame
+        })
+        .boxed_unsync()
+    })
+}
+
+async fn lookup(
+    worker: &Arc<Worker>,
+    client: IpAddr,
+    route: &Arc<Route>,
+    parts: Parts,
+) -> Response<Body> {
+    let shared = &worker.shared;
+    let key = primary_key(&parts);
+    let parts = Arc::new(parts);
+    let mut may_wait = true;
+    loop {
+        let now = lacquer_clock::now_ms();
+        let mut stale = None;
+        if let Some(found) = find(worker, &key, &parts) {
+            let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
+            match usability(found.meta().lifetime(now)) {
+                Usability::Fresh => {
+                    if let Some(resp) =
+                        serve_stored(worker, &key, &parts, &found, now, Outcome::Hit { ttl_s })
+                            .await
+                    {
+                        return resp;
+                    }
+                }
+                Usability::Grace => {
+                    let outcome = Outcome::Stale {
+                        ttl_s,
+                        origin_failed: false,
+                        fwd_status: None,
+                    };
+                    if let Some(resp) =
+                        serve_stored(worker, &key, &parts, &found, now, outcome).await
+                    {
+                        inc(&shared.stats.stale_served);
+                        refresh(worker, &key, &parts, client, route, found);
+                        return resp;
+                    }
+                }
+                Usability::OnError | Usability::Unusable => stale = Some(found),
+            }
+        }
+        match miss(worker, client, route, &key, &parts, may_wait, stale).await {
+            Some(resp) => return resp,
+            // Another variant's fetch has settled: look up again, this time without waiting for anyone.
+            None => may_wait = false,
+        }
+    }
+}
+
+/// A stored variant selected for a request.
+#[derive(Clone)]
+pub struct Found {
+    set: Arc<ObjectSet>,
+    index: usize,
+}
+
+impl Found {
+    pub fn meta(&self) -> &ObjectMeta {
+        &self.set.variants[self.index]
+    }
+
+    /// Whether a fill can ask the origin to confirm it instead of sending the body again.
+    fn revalidatable(&self) -> bool {
+        let meta = self.meta();
+        meta.header("etag").is_some() || meta.header("last-modified").is_some()
+    }
+}
+
+/// The stored variant this request selects, fresh or not (the sweeper removes what is past keeping).
+fn find(worker: &Worker, key: &str, parts: &Parts) -> Option<Found> {
+    let set = worker.shared.store.lookup(key).unwrap_or_else(|e| {
+        tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
+        None
+    })?;
+    let index = set
+        .variants
+        .iter()
+        .position(|m| vary::matches(&m.variant, &parts.headers))?;
+    Some(Found { set, index })
+}
+
+/// Answers from a stored object whose body is all there (every chunk present, the first ones read: see
+/// `Store::open_body`); `None` (and the metadata dropped) when it is not.
+async fn serve_stored(
+    worker: &Worker,
+    key: &str,
+    parts: &Parts,
+    found: &Found,
+    now: u64,
+    outcome: Outcome,
+) -> Option<Response<Body>> {
+    let shared = &worker.shared;
+    let meta = found.meta();
+    let first = if meta.length == 0 {
+        None
+    } else {
+        match shared.store.open_body(meta).await {
+            Ok(Some(chunk)) => Some(chunk),
+            Ok(None) => {
+                inc(&shared.stats.bodies_lost);
+                if let Err(e) = shared.store.remove_generation(key, meta.generation) {
+                    tracing::warn!(key, error = %e, "cannot drop metadata of a lost body");
+                }
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(key, error = %e, "reading a stored body failed; refetching");
+                return None;
+            }
+        }
+    };
+    record_hit(
+        &shared.stats,
+        first.as_ref().map_or(Tier::Memory, |c| c.tier),
+    );
+    let data = first.map(|c| c.data);
+    Some(respond::stored(
+        shared.store.clone(),
+        found.set.clone(),
+        found.index,
+        data,
+        now,
+        outcome,
+        parts,
+    ))
+}
+
+/// Starts one background fetch (a revalidation when the object has validators) for a key served in grace,
+/// unless a fetch for it is already running.
+fn refresh(
+    worker: &Arc<Worker>,
+    key: &str,
+    parts: &Arc<Parts>,
+    client: IpAddr,
+    route: &Arc<Route>,
+    found: Found,
+) {
+    let now = worker.shared.store.mark();
+    let transit_buffer = route.policy.cache.transit_buffer.as_u64();
+    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now, transit_buffer) {
+        let fill = Fill {
+            key: key.to_owned(),
+            registered: true,
+            parts: parts.clone(),
+            client,
+            route: route.clone(),
+            stale: found.revalidatable().then_some(found),
+            background: true,
+        };
+        tokio::spawn(fetch::run(worker.clone(), fetch, fill));
+    }
+}
+
+fn record_hit(stats: &Stats, tier: Tier) {
+    inc(&stats.hits);
+    inc(match tier {
+        Tier::Memory => &stats.hits_memory,
+        Tier::Disk => &stats.hits_disk,
+    });
+}
+
+/// Answers a request the store could not, from a fetch: a new one, or one in flight for the same key.
+/// `None` when the fetch in flight is for another variant and has now settled, so the caller should look up
+/// again (with `may_wait` false it fetches alone instead).
+async fn miss(
+    worker: &Arc<Worker>,
+    client: IpAddr,
+    route: &Arc<Route>,
+    key: &str,
+    parts: &Arc<Parts>,
+    may_wait: bool,
+    stale: Option<Found>,
+) -> Option<Response<Body>> {
+    let shared = &worker.shared;
+    let transit_buffer = route.policy.cache.transit_buffer.as_u64();
+    // Starts the coalescer's fetch for the key (`leader`), or one of this request's own. The reader exists
+    // before the fill task starts, so the fill never sees a fetch without readers that it would cancel.
+    let start = |leader: Option<Arc<Fetch>>| {
+        let registered = leader.is_some();
+        let fetch = leader.unwrap_or_else(|| Fetch::new(shared.store.mark(), transit_buffer));
+        let reader = fetch.reader();
+        let fill = Fill {
+            key: key.to_owned(),
+            registered,
+            parts: parts.clone(),
+            client,
+            route: route.clone(),
+            stale: stale.clone().filter(Found::revalidatable),
+            background: false,
+        };
+        tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
+        (fetch, reader)
+    };
+    let now = shared.store.mark();
+    let ((fetch, mut reader), mut owner) = match shared.coalescer.join(key, now, transit_buffer) {
+        Joined::Leader(fetch) => (start(Some(fetch)), true),
+        Joined::Waiter(fetch) => {
+            let reader = fetch.reader();
+            if reader.cancelled() {
+                // Its readers all left just before this one came: it is no longer fetching.
+                (start(None), true)
+            } else {
+                ((fetch, reader), false)
+            }
+        }
+        Joined::HitForMiss => {
+            inc(&shared.stats.hit_for_miss);
+            (start(None), true)
+        }
+    };
+    // A body that is already complete is as good as stored: the store just has not published it yet.
+    let complete = !owner && fetch.is_complete();
+    let mut head = reader.head().await;
+    if let (false, Ok(h)) = (owner, &head) {
+        let other_variant = !vary::matches(&h.selection, &parts.headers);
+        if h.shareable && other_variant && may_wait {
+            reader.settled().await;
+            return None;
+        }
+        // A finished fetch stands in for the store only while its response is fresh: a no-cache or
+        // already expired response must be validated again for this request.
+        let spent = complete && h.ttl.saturating_sub(h.received_at.elapsed()).is_zero();
+        if !h.shareable || other_variant || spent {
+            // Uncacheable, another variant again, or spent: fetch alone at once rather than queue.
+            reader = start(None).1;
+            head = reader.head().await;
+            owner = true;
+        }
+    }
+    // A stale object may stand in for an origin that failed or answered with a server error.
+    let failure = match &head {
+        Err(_) => Some(None),
+        Ok(h) if h.status.is_server_error() => Some(Some(h.status.as_u16())),
+        Ok(_) => None,
+    };
+    let now = lacquer_clock::now_ms();
+    let fallback =
+        stale.filter(|found| usability(found.meta().lifetime(now)) == Usability::OnError);
+    if let (Some(fwd_status), Some(found)) = (failure, &fallback) {
+        let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
+        let outcome = Outcome::Stale {
+            ttl_s,
+            origin_failed: true,
+            fwd_status,
+        };
+        if let Some(resp) = serve_stored(worker, key, parts, found, now, outcome).await {
+            inc(&shared.stats.stale_on_error);
+            return Some(resp);
+        }
+    }
+    let resp = match head {
+        Ok(head) if complete && !owner => {
+            record_hit(&shared.stats, Tier::Memory);
+            let ttl_s = head
+                .ttl
+                .saturating_sub(head.received_at.elapsed())
+                .as_secs() as i64;
+            respond::fetched(&head, reader, Outcome::Hit { ttl_s }, parts)
+        }
+        Ok(head) => {
+            inc(&shared.stats.misses);
+            if !owner {
+                inc(&shared.stats.coalesced_waiters);
+            }
+            let outcome = Outcome::Miss {
+                stored: head.shareable,
+                collapsed: !owner,
+                detail: None,
+            };
+            respond::fetched(&head, reader, outcome, parts)
+        }
+        Err(e) => {
+            inc(&shared.stats.misses);
+            let outcome = Outcome::Miss {
+                stored: false,
+                collapsed: !owner,
+                detail: Some("backend-error"),
+            };
+            respond::error(e.status, outcome, &e.error.to_string())
+        }
+    };
+    Some(resp)
+}
+
+async fn pass(
+    worker: &Worker,
+    client: IpAddr,
+    route: &Route,
+    parts: Parts,
+    body: Body,
+    unsafe_method: bool,
+) -> Response<Body> {
+    let shared = &worker.shared;
+    inc(&shared.stats.passes);
+    let outcome = Outcome::Pass { unsafe_method };
+    let invalidation_target = unsafe_method.then(|| parts.clone());
+    let mut parts = parts;
+    forward::prepare_headers(&mut parts.headers, client);
+    let sent = match route.pick(&primary_key(&parts)) {
+        Ok(backend) => {
+            inc(&shared.stats.backend_requests);
+            worker
+                .pool(backend)
+                .send(Request::from_parts(parts, body))
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    let resp = match sent {
+        Ok(resp) => resp,
+        Err(BackendError::RequestBodyTooLarge) => {
+            inc(&shared.stats.bodies_too_large);
+            return body_too_large();
+        }
+        Err(e @ BackendError::RequestBody(_)) => {
+            inc(&shared.stats.bad_requests);
+            return refused(e.status(), &e.to_string(), None);
+        }
+        Err(e @ BackendError::Unavailable { .. }) => {
+            inc(&shared.stats.backend_unavailable);
+            return respond::error(e.status(), outcome, &e.to_string());
+        }
+        Err(e) => {
+            inc(&shared.stats.backend_errors);
+            tracing::warn!(error = %e, "pass failed");
+            return respond::error(e.status(), outcome, &e.to_string());
+        }
+    };
+    let (mut head, body) = resp.into_parts();
+    if let Some(req) = invalidation_target {
+        if head.status.is_success() || head.status.is_redirection() {
+            for key in forward::invalidation_keys(&req, &head.headers) {
+                match shared.store.remove(&key) {
+                    Ok(n) => add(&shared.stats.invalidations, n as u64),
+                    Err(e) => tracing::warn!(key, error = %e, "invalidation failed"),
+                }
+            }
+        }
+    }
+    strip_hop_by_hop(&mut head.headers);
+    respond::decorate(&mut head.headers, outcome, None);
+    let stats = shared.stats.clone();
+    let body = body.map_frame(move |f| {
+        if let Some(d) = f.data_ref() {
+            stats.bytes_in.fetch_add(d.len() as u64, Relaxed);
+        }
+        f
+    });
+    Response::from_parts(head, body::incoming(body))
+}

@@ -1,0 +1,131 @@
+//! `PURGE` and `BAN` on the client listeners, the VCL idiom: off by default, and only from `purge.allow_from`.
+//!
+//! - `PURGE /path` purges every variant of that URL on the request's host; with an `xkey-purge` or
+//!   `Surrogate-Key` header it purges those tags instead. `Soft-Purge: 1` makes either soft.
+//! - `BAN /regex` bans `req.http.host == <host> && req.url ~ <regex>`; an `X-Ban` header gives the whole
+//!   expression instead.
+
+use std::net::IpAddr;
+
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Response, StatusCode};
+use lacquer_storage::BanExpr;
+
+use lacquer_backends::body::{self, Body};
+use lacquer_policy::{key::primary_key, surrogate};
+
+use crate::{
+    invalidation::{self, PurgeTarget},
+    stats::inc,
+    worker::Worker,
+};
+
+/// Methods this cache may answer for itself; `Allow` of a refused `PURGE` or `BAN`.
+const ALLOW: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
+
+pub fn is_invalidation(method: &Method) -> bool {
+    matches!(method.as_str(), "PURGE" | "BAN")
+}
+
+pub async fn handle(worker: &Worker, client: IpAddr, parts: &Parts) -> Response<Body> {
+    let shared = &worker.shared;
+    let live = shared.live();
+    let access = &live.purge;
+    if !access.http_methods || !access.allow_from.iter().any(|net| net.contains(&client)) {
+        inc(&shared.stats.purge_requests_refused);
+        let message = format!("{} is not allowed from {client}", parts.method);
+        let mut resp = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            &message,
+        );
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+        return resp;
+    }
+    inc(&shared.stats.purge_requests);
+    if parts.method == "BAN" {
+        return ban(worker, parts).await;
+    }
+    let soft = parts
+        .headers
+        .get("soft-purge")
+        .is_some_and(|v| matches!(v.as_bytes(), b"1" | b"true" | b"yes"));
+    let target = match requested_tags(&parts.headers) {
+        Some(tags) => match invalidation::tag_list(tags) {
+            Ok(tags) => PurgeTarget::Tags(tags),
+            Err(e) => return error(StatusCode::BAD_REQUEST, e.code(), &e.to_string()),
+        },
+        None => PurgeTarget::Key(primary_key(parts)),
+    };
+    match invalidation::purge(&shared.store, target, soft).await {
+        Ok(n) => json(StatusCode::OK, format!(r#"{{"purged":{n},"soft":{soft}}}"#)),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "store_error",
+            &e.to_string(),
+        ),
+    }
+}
+
+/// Tags named by `xkey-purge` (Varnish's xkey) or `Surrogate-Key` (Fastly) on a `PURGE`.
+fn requested_tags(headers: &HeaderMap) -> Option<Vec<String>> {
+    let names = ["xkey-purge".to_string(), "surrogate-key".to_string()];
+    let tags = surrogate::tags(headers, &names);
+    (!tags.is_empty()).then_some(tags)
+}
+
+async fn ban(worker: &Worker, parts: &Parts) -> Response<Body> {
+    let text = match parts.headers.get("x-ban") {
+        Some(value) => match value.to_str() {
+            Ok(text) => text.to_owned(),
+            Err(_) => return error(StatusCode::BAD_REQUEST, "invalid_ban", "X-Ban is not text"),
+        },
+        None => {
+            let key = primary_key(parts);
+            let (host, path) = key.split_at(key.find('/').unwrap_or(key.len()));
+            format!(
+                "req.http.host == {} && req.url ~ {}",
+                quote(host),
+                quote(path)
+            )
+        }
+    };
+    let expr = match BanExpr::parse(&text) {
+        Ok(expr) => expr,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_ban", &e.to_string()),
+    };
+    match worker.shared.store.add_ban(expr).await {
+        Ok(info) => json(
+            StatusCode::OK,
+            serde_json::json!({"id": info.id, "expression": info.expression}).to_string(),
+        ),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "store_error",
+            &e.to_string(),
+        ),
+    }
+}
+
+fn quote(text: &str) -> String {
+    serde_json::to_string(text).expect("a string serialises")
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    json(
+        status,
+        serde_json::json!({"code": code, "message": message}).to_string(),
+    )
+}
+
+fn json(status: StatusCode, text: String) -> Response<Body> {
+    let mut resp = Response::new(body::full(text + "\n"));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}

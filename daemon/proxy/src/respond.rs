@@ -1,0 +1,446 @@
+//! Building client responses: from a stored object, from a fetch in flight, or for a failure. Every one
+//! carries `Age`, `X-Cache`, `Cache-Status` (RFC 9211) and `Via`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use http::{
+    header, request::Parts, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode,
+};
+use http_body::Frame;
+use lacquer_storage::{ObjectMeta, ObjectSet, Store};
+
+use super::forward::{append, VIA};
+use lacquer_backends::body::{self, Body, BoxError};
+use lacquer_policy::{
+    conditional,
+    range::{self, Ranges},
+};
+
+use crate::coalesce::{FetchReader, FetchedHead};
+
+pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// The cache's verdict on one response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Hit {
+        ttl_s: i64,
+    },
+    /// A stale object: within grace while a background fetch refreshes it (`origin_failed` false), or
+    /// standing in for an origin that failed (`fwd_status` is its 5xx, none when it could not be reached).
+    Stale {
+        ttl_s: i64,
+        origin_failed: bool,
+        fwd_status: Option<u16>,
+    },
+    /// Answered from a fetch; `stored` when the response is being stored, `collapsed` when the request
+    /// joined a fetch started by another.
+    Miss {
+        stored: bool,
+        collapsed: bool,
+        detail: Option<&'static str>,
+    },
+    Pass {
+        unsafe_method: bool,
+    },
+}
+
+impl Outcome {
+    fn x_cache(self) -> &'static str {
+        match self {
+            Outcome::Hit { .. } => "HIT",
+            Outcome::Stale { .. } => "STALE",
+            Outcome::Miss { .. } => "MISS",
+            Outcome::Pass { .. } => "PASS",
+        }
+    }
+
+    fn cache_status(self) -> String {
+        match self {
+            Outcome::Hit { ttl_s } => format!("lacquer; hit; ttl={ttl_s}"),
+            Outcome::Stale {
+                ttl_s,
+                origin_failed: false,
+                ..
+            } => {
+                format!("lacquer; hit; ttl={ttl_s}; detail=\"stale-while-revalidate\"")
+            }
+            Outcome::Stale {
+                ttl_s,
+                origin_failed: true,
+                fwd_status: Some(status),
+            } => {
+                format!("lacquer; fwd=stale; fwd-status={status}; ttl={ttl_s}")
+            }
+            Outcome::Stale {
+                ttl_s,
+                origin_failed: true,
+                fwd_status: None,
+            } => {
+                format!("lacquer; fwd=stale; ttl={ttl_s}; detail=\"origin-unreachable\"")
+            }
+            Outcome::Miss {
+                stored,
+                collapsed,
+                detail,
+            } => {
+                let mut s = String::from("lacquer; fwd=miss");
+                if stored {
+                    s.push_str("; stored");
+                }
+                if collapsed {
+                    s.push_str("; collapsed");
+                }
+                if let Some(d) = detail {
+                    s.push_str(&format!("; detail=\"{d}\""));
+                }
+                s
+            }
+            Outcome::Pass {
+                unsafe_method: true,
+            } => "lacquer; fwd=method".into(),
+            Outcome::Pass {
+                unsafe_method: false,
+            } => "lacquer; fwd=bypass".into(),
+        }
+    }
+}
+
+/// Adds what every delivered response carries. `age` replaces any `Age` already present.
+pub fn decorate(headers: &mut HeaderMap, outcome: Outcome, age: Option<u64>) {
+    if let Some(age) = age {
+        headers.insert(header::AGE, HeaderValue::from(age));
+    } else if !headers.contains_key(header::AGE) {
+        headers.insert(header::AGE, HeaderValue::from_static("0"));
+    }
+    headers.insert(X_CACHE, HeaderValue::from_static(outcome.x_cache()));
+    if let Ok(v) = HeaderValue::from_str(&outcome.cache_status()) {
+        headers.insert(CACHE_STATUS, v);
+    }
+    append(headers, header::VIA, VIA);
+}
+
+pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Body> {
+    let mut resp = Response::new(body::full(format!("{message}\n")));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    decorate(h, outcome, Some(0));
+    resp
+}
+
+/// A response read from a fetch in flight (or just finished). A 200 is shaped for the request: 304 for a
+/// matching conditional, 206 for a single range when the length is known (answered as its bytes arrive).
+pub fn fetched(
+    head: &FetchedHead,
+    reader: FetchReader,
+    outcome: Outcome,
+    req: &Parts,
+) -> Response<Body> {
+    let mut headers = head.headers.clone();
+    let age = head.initial_age + head.received_at.elapsed().as_secs();
+    decorate(&mut headers, outcome, Some(age));
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let shape = match length {
+        Some(len) if head.status == StatusCode::OK => shape(req, &mut headers, len),
+        _ => Shape::Whole,
+    };
+    let head_only = req.method == Method::HEAD;
+    let (status, body) = match shape {
+        Shape::Whole if head_only => (head.status, body::empty()),
+        Shape::Whole => (head.status, reader.into_body()),
+        Shape::Part(first, last) if !head_only => (
+            StatusCode::PARTIAL_CONTENT,
+            reader.into_range_body(first, last),
+        ),
+        // Several ranges of a body still arriving: the whole body is a correct answer too.
+        Shape::Parts(_) => {
+            headers.insert(
+                header::CONTENT_LENGTH,
+                HeaderValue::from(length.unwrap_or(0)),
+            );
+            headers.remove(header::CONTENT_RANGE);
+            (
+                head.status,
+                if head_only {
+                    body::empty()
+                } else {
+                    reader.into_body()
+                },
+            )
+        }
+        other => other.without_body(head_only),
+    };
+    response(status, headers, body)
+}
+
+/// A response from a stored object whose first chunk has been read already (so the object is known to be
+/// readable before the status line goes out), shaped for the request like [`fetched`], with multipart
+/// answers for several ranges.
+pub fn stored(
+    store: Store,
+    set: Arc<ObjectSet>,
+    variant: usize,
+    first: Option<Bytes>,
+    now_ms: u64,
+    outcome: Outcome,
+    req: &Parts,
+) -> Response<Body> {
+    let meta = &set.variants[variant];
+    let mut headers = header_map(meta);
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.length));
+    decorate(&mut headers, outcome, Some(meta.age_s(now_ms)));
+    let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
+    let len = meta.length;
+    let shape = if status == StatusCode::OK {
+        shape(req, &mut headers, len)
+    } else {
+        Shape::Whole
+    };
+    let head_only = req.method == Method::HEAD;
+    let source = Stored {
+        store,
+        set,
+        variant,
+        first,
+    };
+    let (status, body) = match shape {
+        Shape::Whole if head_only || len == 0 => (status, body::empty()),
+        Shape::Whole => (status, source.range(0, len - 1)),
+        Shape::Part(first, last) if !head_only => {
+            (StatusCode::PARTIAL_CONTENT, source.range(first, last))
+        }
+        Shape::Parts(parts) => {
+            let content_type = headers.get(header::CONTENT_TYPE).cloned();
+            let (body, total, boundary) = source.multipart(&parts, content_type.as_ref());
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(total));
+            let value = format!("multipart/byteranges; boundary={boundary}");
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(&value).expect("boundary is ASCII"),
+            );
+            (
+                StatusCode::PARTIAL_CONTENT,
+                if head_only { body::empty() } else { body },
+            )
+        }
+        other => other.without_body(head_only),
+    };
+    response(status, headers, body)
+}
+
+/// The stored response headers as a header map (with room for what delivery adds).
+pub fn header_map(meta: &ObjectMeta) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(meta.headers.len() + 7);
+    for (name, value) in &meta.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    headers
+}
+
+fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    resp
+}
+
+/// What a 200 becomes for this request.
+enum Shape {
+    Whole,
+    NotModified,
+    Unsatisfiable,
+    Part(u64, u64),
+    Parts(Vec<(u64, u64)>),
+}
+
+impl Shape {
+    /// Status and (empty) body of the shapes that carry none, and of a HEAD.
+    fn without_body(self, head_only: bool) -> (StatusCode, Body) {
+        let status = match self {
+            Shape::NotModified => StatusCode::NOT_MODIFIED,
+            Shape::Unsatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
+            Shape::Part(..) | Shape::Parts(_) => StatusCode::PARTIAL_CONTENT,
+            Shape::Whole => StatusCode::OK,
+        };
+        debug_assert!(head_only || !matches!(status, StatusCode::OK | StatusCode::PARTIAL_CONTENT));
+        (status, body::empty())
+    }
+}
+
+/// Evaluates conditionals, then ranges, for a 200 of `len` bytes, and sets the headers that go with the
+/// answer (a 304 keeps only what RFC 9110 §15.4.5 allows).
+fn shape(req: &Parts, headers: &mut HeaderMap, len: u64) -> Shape {
+    if !matches!(req.method, Method::GET | Method::HEAD) {
+        return Shape::Whole;
+    }
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    // Most requests carry neither conditionals nor ranges: skip copying the validators for them.
+    let asks = [
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+        header::RANGE,
+    ];
+    if !asks.iter().any(|name| req.headers.contains_key(name)) {
+        return Shape::Whole;
+    }
+    let text = |h: &HeaderMap, name| {
+        h.get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let etag = text(headers, header::ETAG);
+    let last_modified = text(headers, header::LAST_MODIFIED);
+    if conditional::not_modified(&req.headers, etag.as_deref(), last_modified.as_deref()) {
+        let keep: Vec<HeaderName> = conditional::NOT_MODIFIED_HEADERS
+            .iter()
+            .cloned()
+            .chain([header::AGE, header::VIA, X_CACHE, CACHE_STATUS])
+            .collect();
+        let names: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| !keep.contains(n))
+            .cloned()
+            .collect();
+        for name in names {
+            headers.remove(name);
+        }
+        return Shape::NotModified;
+    }
+    if req.method != Method::GET {
+        return Shape::Whole;
+    }
+    match range::evaluate(&req.headers, len, etag.as_deref(), last_modified.as_deref()) {
+        Ranges::Whole => Shape::Whole,
+        Ranges::Unsatisfiable => {
+            headers.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"),
+            );
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+            Shape::Unsatisfiable
+        }
+        Ranges::Parts(parts) if parts.len() == 1 => {
+            let (first, last) = parts[0];
+            let value = format!("bytes {first}-{last}/{len}");
+            headers.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&value).expect("ascii"),
+            );
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(last - first + 1));
+            Shape::Part(first, last)
+        }
+        Ranges::Parts(parts) => Shape::Parts(parts),
+    }
+}
+
+/// A stored body, read chunk by chunk.
+struct Stored {
+    store: Store,
+    set: Arc<ObjectSet>,
+    variant: usize,
+    /// Chunk 0, already read to prove the body is there.
+    first: Option<Bytes>,
+}
+
+impl Stored {
+    /// Streams bytes `first..=last`, reading only the chunks that hold them. A chunk lost mid-body ends the
+    /// stream with an error, so the client sees a broken response rather than a short one.
+    fn range(self, first: u64, last: u64) -> Body {
+        body::from_stream(self.range_stream(first, last))
+    }
+
+    fn range_stream(
+        self,
+        first: u64,
+        last: u64,
+    ) -> impl Stream<Item = Result<Frame<Bytes>, BoxError>> + Send {
+        let chunk_size = u64::from(self.set.variants[self.variant].chunk_size);
+        let start_index = (first / chunk_size) as u32;
+        let end_index = (last / chunk_size) as u32;
+        futures_util::stream::unfold((self, start_index), move |(source, index)| async move {
+            if index > end_index {
+                return None;
+            }
+            let meta = &source.set.variants[source.variant];
+            let data: Result<Bytes, BoxError> = match (index, &source.first) {
+                (0, Some(data)) => Ok(data.clone()),
+                _ => match source.store.read_chunk(meta, index).await {
+                    Ok(Some(read)) => Ok(read.data),
+                    Ok(None) => Err(format!("chunk {index} of a stored body is gone").into()),
+                    Err(e) => Err(e.into()),
+                },
+            };
+            let chunk_start = u64::from(index) * chunk_size;
+            let data = data.map(|d| {
+                let from = first.saturating_sub(chunk_start) as usize;
+                let to = ((last + 1 - chunk_start) as usize).min(d.len());
+                d.slice(from..to)
+            });
+            let next = if data.is_err() {
+                end_index + 1
+            } else {
+                index + 1
+            };
+            Some((data.map(Frame::data), (source, next)))
+        })
+    }
+
+    /// A `multipart/byteranges` body for several ranges, its length, and its boundary.
+    fn multipart(
+        self,
+        parts: &[(u64, u64)],
+        content_type: Option<&HeaderValue>,
+    ) -> (Body, u64, String) {
+        let len = self.set.variants[self.variant].length;
+        let boundary = format!(
+            "lacquer-{:016x}",
+            self.set.variants[self.variant].generation
+        );
+        let content_type = content_type
+            .and_then(|v| v.to_str().ok())
+            .map(|t| format!("Content-Type: {t}\r\n"));
+        let mut total = 0u64;
+        let mut pieces = Vec::new();
+        for &(first, last) in parts {
+            let head = format!(
+                "\r\n--{boundary}\r\n{}Content-Range: bytes {first}-{last}/{len}\r\n\r\n",
+                content_type.as_deref().unwrap_or("")
+            );
+            total += head.len() as u64 + (last - first + 1);
+            pieces.push((Bytes::from(head), first, last));
+        }
+        let tail = Bytes::from(format!("\r\n--{boundary}--\r\n"));
+        total += tail.len() as u64;
+        let source = Arc::new(self);
+        let stream = futures_util::stream::iter(pieces)
+            .flat_map(move |(head, first, last)| {
+                let part = Stored {
+                    store: source.store.clone(),
+                    set: source.set.clone(),
+                    variant: source.variant,
+                    first: source.first.clone(),
+                };
+                futures_util::stream::once(async move { Ok(Frame::data(head)) })
+                    .chain(part.range_stream(first, last))
+            })
+            .chain(futures_util::stream::once(
+                async move { Ok(Frame::data(tail)) },
+            ));
+        (body::from_stream(stream), total, boundary)
+    }
+}

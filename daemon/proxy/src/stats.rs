@@ -1,0 +1,87 @@
+//! The daemon's counters: lock-free on the hot path, read as one snapshot by the admin API. What each one
+//! means is declared once, with the wire type ([`ProxyStats`]).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use lacquer_admin::wire::ProxyStats;
+use lacquer_edge::EdgeStats;
+
+macro_rules! counters {
+    ($($name:ident),* $(,)?; edge: $($edge:ident),* $(,)?) => {
+        /// Counters and gauges of the proxy; see [`ProxyStats`] for what each counts.
+        #[derive(Debug, Default)]
+        pub struct Stats {
+            $(#[allow(missing_docs)] pub $name: AtomicU64,)*
+            /// The connection counters, kept by the edge.
+            pub edge: EdgeStats,
+        }
+
+        impl Stats {
+            /// Naming every field of [`ProxyStats`] here keeps the two in step: a counter missing on either
+            /// side does not compile.
+            pub fn snapshot(&self) -> ProxyStats {
+                ProxyStats {
+                    $($name: self.$name.load(Relaxed),)*
+                    $($edge: self.edge.$edge.load(Relaxed),)*
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    requests,
+    hits,
+    hits_memory,
+    hits_disk,
+    stale_served,
+    stale_on_error,
+    misses,
+    passes,
+    coalesced_waiters,
+    hit_for_miss,
+    uncacheable,
+    backend_requests,
+    backend_errors,
+    fetches_in_flight,
+    fetches_cancelled,
+    background_fills,
+    objects_stored,
+    revalidations,
+    bodies_lost,
+    invalidations,
+    purge_requests,
+    purge_requests_refused,
+    bytes_in,
+    bytes_out,
+    backend_unavailable,
+    backends_sick,
+    bodies_too_large,
+    bad_requests,
+    denied,
+    rate_limited,
+    access_log_dropped;
+    edge:
+    connections,
+    connections_open,
+    connections_tls,
+    connections_http2,
+    connections_refused,
+    proxy_protocol_errors,
+    tls_handshake_errors,
+    header_timeouts,
+    idle_timeouts,
+    headers_too_large,
+}
+
+pub fn inc(counter: &AtomicU64) {
+    counter.fetch_add(1, Relaxed);
+}
+
+pub fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Relaxed);
+}
+
+pub fn dec(counter: &AtomicU64) {
+    counter.fetch_sub(1, Relaxed);
+}

@@ -1,0 +1,90 @@
+//! State shared by every worker thread, and what each worker owns.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use arc_swap::ArcSwap;
+use lacquer_storage::Store;
+
+use lacquer_backends::{protection::DenyRule, routing::Router, Backend, BackendSet, BackendState};
+use lacquer_config::{Config, ConfigError, Normalize, Purge};
+
+use crate::{access_log::AccessLog, coalesce::Coalescer, stats::Stats};
+
+/// The settings a reload can change while requests are served.
+#[derive(Debug)]
+pub struct Live {
+    /// Routes (each with its cache policy and rate limit) and directors.
+    pub router: Router,
+    pub purge: Purge,
+    pub deny: Vec<DenyRule>,
+    pub normalize: Normalize,
+}
+
+impl Live {
+    /// The live settings of `config`, with backends made from its `[[backend]]`s; building them is their
+    /// validation, and the error names the setting that cannot be built.
+    pub fn new(config: &Config, backends: &BackendSet) -> Result<Self, ConfigError> {
+        Ok(Self {
+            router: Router::new(config, backends)?,
+            purge: config.purge.clone(),
+            deny: config
+                .deny
+                .iter()
+                .enumerate()
+                .map(|(n, d)| {
+                    DenyRule::compile(d).map_err(|e| ConfigError::setting(format!("deny[{n}]"), e))
+                })
+                .collect::<Result<_, _>>()?,
+            normalize: config.normalize.clone(),
+        })
+    }
+}
+
+pub struct Shared {
+    /// Routes, backends, rules: what a reload replaces.
+    pub live: ArcSwap<Live>,
+    pub access_log: Arc<AccessLog>,
+    pub store: Store,
+    pub stats: Arc<Stats>,
+    pub coalescer: Coalescer,
+    pub started: Instant,
+}
+
+impl Shared {
+    /// The live settings as of now, for work that awaits while it uses them: it keeps the copy it started
+    /// with. Synchronous uses read `live.load()`, which counts no reference.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+}
+
+/// One client-serving thread: its own runtime, listener sockets and backend connection pools.
+pub struct Worker {
+    pub shared: Arc<Shared>,
+    /// One pool per backend in use; only this worker's thread locks it, on misses and passes.
+    pools: Mutex<Vec<Backend>>,
+}
+
+impl Worker {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            pools: Mutex::default(),
+        }
+    }
+
+    /// This worker's pool for `backend`, made on first use; pools of backends a reload retired go then.
+    pub fn pool(&self, backend: &Arc<BackendState>) -> Backend {
+        let mut pools = self.pools.lock().expect("pools mutex");
+        if let Some(pool) = pools.iter().find(|p| Arc::ptr_eq(&p.state, backend)) {
+            return pool.clone();
+        }
+        pools.retain(|p| !p.state.is_retired());
+        let pool = Backend::new(backend.clone());
+        pools.push(pool.clone());
+        pool
+    }
+}
