@@ -723,7 +723,7 @@ mod tests {
     /// with its default value except the few the package sets.
     #[test]
     fn the_packaged_configuration_lists_every_setting_with_its_default() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/lacquer.toml");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/lacquer.toml");
         let text = std::fs::read_to_string(path).unwrap();
         let packaged = Config::parse(&text, path).unwrap();
         assert_eq!(
