@@ -156,7 +156,7 @@ fn run(
             )
         })?;
     store.report_panics();
-    let secret = secret::load_or_create(config.secret_file())?;
+    let secret = secret::load_or_create(&config.secret_file())?;
     let stats = Arc::new(Stats::default());
     let (access_log, access_log_writer) = AccessLog::start(&config.access_log, stats.clone())?;
     let shared = Arc::new(Shared {

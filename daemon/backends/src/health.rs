@@ -31,6 +31,26 @@ impl BackendState {
     pub fn new(config: &config::Backend, setting: &str) -> Result<Self, ConfigError> {
         let address = config::backend_address(config.address.as_deref())
             .map_err(|e| ConfigError(format!("{setting}.{e}")))?;
+        if config.tls_ca.is_some() && !address.https {
+            return Err(ConfigError::setting(
+                format!("{setting}.tls_ca"),
+                "only for https:// backends",
+            ));
+        }
+        if let Some(p) = &config.probe {
+            if !(1..=64).contains(&p.window) || p.threshold > p.window || p.initial() > p.window {
+                return Err(ConfigError::setting(
+                    format!("{setting}.probe"),
+                    "window must be 1 to 64, threshold and initial at most window",
+                ));
+            }
+            if !p.url.starts_with('/') || p.url.parse::<http::uri::PathAndQuery>().is_err() {
+                return Err(ConfigError::setting(
+                    format!("{setting}.probe.url"),
+                    format!("{:?} is not a path", p.url),
+                ));
+            }
+        }
         let tls = match (address.https, config.tls_ca.as_deref()) {
             (false, _) => None,
             (true, Some(ca)) => Some(

@@ -46,6 +46,12 @@ pub fn backend_setting(config: &Config, n: usize) -> String {
 
 /// Fresh states for every `[[backend]]` of `config`; the error names the backend that cannot be built.
 pub fn backend_set(config: &Config) -> Result<BackendSet, ConfigError> {
+    if config.backend.is_empty() {
+        return Err(ConfigError::setting(
+            "backend",
+            "no backend given (use --backend HOST:PORT or [backend] address)",
+        ));
+    }
     let states = config
         .backend
         .iter()

@@ -130,6 +130,25 @@ impl Router {
     /// the error names the setting that cannot be built.
     pub fn new(config: &Config, backends: &BackendSet) -> Result<Self, ConfigError> {
         let backend_index = |name: &str| backends.iter().position(|b| b.name() == name);
+        let names = config
+            .backend
+            .iter()
+            .map(|b| &b.name)
+            .chain(config.director.iter().map(|d| &d.name));
+        for (i, name) in names.clone().enumerate() {
+            if names.clone().take(i).any(|earlier| earlier == name) {
+                return Err(ConfigError::setting(
+                    "backend",
+                    format!("the name {name:?} is used twice"),
+                ));
+            }
+        }
+        if let Some(n) = config.director.iter().position(|d| d.backends.is_empty()) {
+            return Err(ConfigError::setting(
+                format!("director[{n}]"),
+                "a director needs at least one backend",
+            ));
+        }
         let directors = config
             .director
             .iter()
@@ -413,6 +432,14 @@ mod tests {
                 "[[route]]\nrate_limit = { requests = 0, per = \"1s\" }\n",
                 "route[0].rate_limit: ",
             ),
+            (
+                "[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = []\n",
+                "director[0]: a director needs at least one backend",
+            ),
+            (
+                "[[director]]\nname = \"a\"\npolicy = \"random\"\nbackends = [\"b\"]\n",
+                "backend: the name \"a\" is used twice",
+            ),
         ];
         for (extra, want) in cases {
             let c = config(&format!("{base}{extra}"));
@@ -420,11 +447,24 @@ mod tests {
             let got = Router::new(&c, &backends).unwrap_err().to_string();
             assert!(got.starts_with(want), "{extra}: {got}");
         }
-        let c = config("[backend]\naddress = \"https://o.test\"\ntls_ca = \"/nonexistent.pem\"\n");
-        let got = crate::backend_set(&c).unwrap_err().to_string();
-        assert!(
-            got.starts_with("backend.tls_ca: cannot read /nonexistent.pem"),
-            "{got}"
-        );
+        let backend_cases = [
+            ("[backend]\naddress = \"https://o.test\"\ntls_ca = \"/nonexistent.pem\"\n".to_owned(),
+                "backend.tls_ca: cannot read /nonexistent.pem"),
+            ("[backend]\naddress = \"http://o.test\"\ntls_ca = \"/nonexistent.pem\"\n".to_owned(),
+                "backend.tls_ca: only for https:// backends"),
+            ("[backend]\naddress = \"ftp://o.test\"\n".to_owned(), "backend.address: \"ftp://o.test\": only http://"),
+            (format!("{base}[[backend]]\nname = \"c\"\naddress = \"127.0.0.1:3\"\n[backend.probe]\nwindow = 4\nthreshold = 5\n"),
+                "backend[2].probe: window must be 1 to 64"),
+            (format!("{base}[[backend]]\nname = \"c\"\naddress = \"127.0.0.1:3\"\n[backend.probe]\nurl = \"health\"\n"),
+                "backend[2].probe.url: \"health\" is not a path"),
+        ];
+        for (text, want) in backend_cases {
+            let got = crate::backend_set(&config(&text)).unwrap_err().to_string();
+            assert!(got.starts_with(want), "{text}: {got}");
+        }
+        let mut none = config(base);
+        none.backend.clear();
+        let got = crate::backend_set(&none).unwrap_err().to_string();
+        assert!(got.starts_with("backend: no backend given"), "{got}");
     }
 }

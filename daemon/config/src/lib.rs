@@ -389,7 +389,6 @@ impl Config {
 
     fn validate(&mut self) -> Result<(), ConfigError> {
         let bad = |key: &str, why: String| Err(ConfigError(format!("{key}: {why}")));
-        self.validate_upstream()?;
         if self.listen.is_empty() {
             return bad("listen", "at least one listener is required".into());
         }
@@ -415,7 +414,7 @@ impl Config {
         if self.storage.dir.is_none() {
             self.storage.dir = Some(default_dir());
         }
-        let dir = self.storage_dir();
+        let dir = &self.storage_dir();
         match std::fs::create_dir_all(dir).and_then(|_| tempfile_probe(dir)) {
             Ok(()) => {}
             // A directory that exists but cannot be written (a filesystem remounted read-only after errors,
@@ -438,85 +437,18 @@ impl Config {
         Ok(())
     }
 
-    fn validate_upstream(&self) -> Result<(), ConfigError> {
-        let bad = |key: String, why: String| Err(ConfigError(format!("{key}: {why}")));
-        if self.backend.is_empty() {
-            return bad(
-                "backend".into(),
-                "no backend given (use --backend HOST:PORT or [backend] address)".into(),
-            );
-        }
-        let mut names: Vec<&str> = Vec::new();
-        for (n, b) in self.backend.iter().enumerate() {
-            let key = if self.backend.len() == 1 {
-                "backend".to_owned()
-            } else {
-                format!("backend[{n}]")
-            };
-            let address = backend_address(b.address.as_deref())
-                .map_err(|e| ConfigError(format!("{key}.{e}")))?;
-            if b.tls_ca.is_some() && !address.https {
-                return bad(format!("{key}.tls_ca"), "only for https:// backends".into());
-            }
-            if let Some(p) = &b.probe {
-                if !(1..=64).contains(&p.window) || p.threshold > p.window || p.initial() > p.window
-                {
-                    return bad(
-                        format!("{key}.probe"),
-                        "window must be 1 to 64, threshold and initial at most window".into(),
-                    );
-                }
-                if !p.url.starts_with('/') || p.url.parse::<http::uri::PathAndQuery>().is_err() {
-                    return bad(
-                        format!("{key}.probe.url"),
-                        format!("{:?} is not a path", p.url),
-                    );
-                }
-            }
-            names.push(&b.name);
-        }
-        for (n, d) in self.director.iter().enumerate() {
-            let key = format!("director[{n}]");
-            if d.backends.is_empty() {
-                return bad(key, "a director needs at least one backend".into());
-            }
-            if let Some(missing) = d
-                .backends
-                .iter()
-                .find(|m| !names[..self.backend.len()].contains(&m.as_str()))
-            {
-                return bad(
-                    format!("{key}.backends"),
-                    format!("no backend is named {missing:?}"),
-                );
-            }
-            names.push(&d.name);
-        }
-        for (i, name) in names.iter().enumerate() {
-            if names[..i].contains(name) {
-                return bad("backend".into(), format!("the name {name:?} is used twice"));
-            }
-        }
-        for (n, r) in self.route.iter().enumerate() {
-            let key = format!("route[{n}]");
-            if let Some(target) = &r.backend {
-                if !names.contains(&target.as_str()) {
-                    return bad(
-                        format!("{key}.backend"),
-                        format!("no backend or director is named {target:?}"),
-                    );
-                }
-            }
-        }
-        Ok(())
+    /// The store directory: `storage.dir`, which [`Config::load`] fills in when the file leaves it out.
+    pub fn storage_dir(&self) -> PathBuf {
+        self.storage.dir.clone().unwrap_or_else(default_dir)
     }
 
-    pub fn storage_dir(&self) -> &Path {
-        self.storage.dir.as_deref().expect("set by validate")
-    }
-
-    pub fn secret_file(&self) -> &Path {
-        self.admin.secret_file.as_deref().expect("set by validate")
+    /// The admin secret file: `admin.secret_file`, which [`Config::load`] fills in when the file leaves it
+    /// out.
+    pub fn secret_file(&self) -> PathBuf {
+        self.admin
+            .secret_file
+            .clone()
+            .unwrap_or_else(|| self.storage_dir().join("secret"))
     }
 
     /// What the first backend is reached at, for messages.
@@ -690,11 +622,6 @@ mod tests {
             .unwrap_err()
             .contains("only http:// and https://"));
         assert!(address("").is_err());
-        let mut c = Config::default();
-        c.backend[0].address = Some("http://example.com".into());
-        c.backend[0].tls_ca = Some("/nonexistent.pem".into());
-        let e = c.validate_upstream().unwrap_err().to_string();
-        assert_eq!(e, "backend.tls_ca: only for https:// backends");
     }
 
     #[test]
@@ -792,37 +719,7 @@ mod tests {
     }
 
     #[test]
-    fn backends_directors_and_routes_are_checked_against_each_other() {
-        let base = "[[backend]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n\
-                    [[backend]]\nname = \"b\"\naddress = \"127.0.0.1:2\"\n";
-        let check = |extra: &str| {
-            let c = Config::parse(&format!("{base}{extra}"), "t").unwrap();
-            c.validate_upstream().err().map(|e| e.to_string())
-        };
-        assert_eq!(
-            check(
-                "[[director]]\nname = \"d\"\npolicy = \"hash\"\nbackends = [\"a\", \"b\"]\n\
-                          [[route]]\nhost = \"*.x.test\"\nbackend = \"d\"\n"
-            ),
-            None
-        );
-        let cases = [
-            ("[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = [\"a\", \"z\"]\n",
-                "director[0].backends: no backend is named \"z\""),
-            ("[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = []\n",
-                "director[0]: a director needs at least one backend"),
-            ("[[director]]\nname = \"a\"\npolicy = \"random\"\nbackends = [\"b\"]\n",
-                "backend: the name \"a\" is used twice"),
-            ("[[route]]\nbackend = \"nope\"\n", "route[0].backend: no backend or director is named \"nope\""),
-            ("[[backend]]\nname = \"c\"\naddress = \"127.0.0.1:3\"\n[backend.probe]\nwindow = 4\nthreshold = 5\n",
-                "backend[2].probe: window must be 1 to 64"),
-            ("[[backend]]\nname = \"c\"\naddress = \"127.0.0.1:3\"\n[backend.probe]\nurl = \"health\"\n",
-                "backend[2].probe.url: \"health\" is not a path"),
-        ];
-        for (extra, want) in cases {
-            let got = check(extra).unwrap_or_default();
-            assert!(got.starts_with(want), "{extra}: {got}");
-        }
+    fn unknown_policies_and_fields_are_refused_when_read() {
         let bad_policy = Config::parse(
             "[[director]]\nname = \"d\"\npolicy = \"fastest\"\nbackends = []\n",
             "t",
