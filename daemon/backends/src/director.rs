@@ -9,9 +9,13 @@ use lacquer_config::DirectorPolicy;
 /// Points per backend on the hash ring: enough that 2 to 10 backends get shares within a few percent.
 const POINTS_PER_BACKEND: usize = 160;
 
+/// One `[[director]]`, compiled: its members and, for `hash`, the ring. A reload builds new ones; a route
+/// holds its own, so requests already routed finish with the director they started with.
 #[derive(Debug)]
 pub struct Director {
+    /// What routes target and `unavailable` errors name.
     pub name: String,
+    /// How a healthy member is picked.
     pub policy: DirectorPolicy,
     /// Indexes into the daemon's backends.
     pub members: Vec<usize>,

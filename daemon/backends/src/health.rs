@@ -15,19 +15,22 @@ use lacquer_config::{self as config, ConfigError};
 /// did not change (its health and probe history go on) and retires the others.
 #[derive(Debug)]
 pub struct BackendState {
+    /// The `[[backend]]` section it was built from; a reload keeps the state while this is unchanged.
     pub config: config::Backend,
     /// `host:port`.
     pub authority: String,
     /// For `https://` backends.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     traffic: Traffic,
-    pub probe: Option<ProbeWindow>,
+    pub(crate) probe: Option<ProbeWindow>,
     /// Places for requests in flight, when `max_connections` is set.
     pub limit: Option<Arc<Semaphore>>,
     retired: watch::Sender<bool>,
 }
 
 impl BackendState {
+    /// Reads the address and the CAs to trust; errors start with `setting` (`backend`, `backend[n]`). No
+    /// system roots is not an error: the backend is kept, every connection to it fails, logged.
     pub fn new(config: &config::Backend, setting: &str) -> Result<Self, ConfigError> {
         let address = config::backend_address(config.address.as_deref())
             .map_err(|e| ConfigError(format!("{setting}.{e}")))?;
@@ -81,14 +84,17 @@ impl BackendState {
         self.retired.send_replace(true);
     }
 
+    /// Retired by a reload: workers drop their pools for it.
     pub fn is_retired(&self) -> bool {
         *self.retired.borrow()
     }
 
-    pub fn retirement(&self) -> watch::Receiver<bool> {
+    /// Changes to `true` when the backend is retired, for the probe to stop.
+    pub(crate) fn retirement(&self) -> watch::Receiver<bool> {
         self.retired.subscribe()
     }
 
+    /// Its `name`, as routes, directors, errors and the statistics use it.
     pub fn name(&self) -> &str {
         &self.config.name
     }
@@ -98,14 +104,16 @@ impl BackendState {
         self.probe.as_ref().is_none_or(|p| p.healthy.load(Relaxed))
     }
 
-    pub fn succeeded(&self) {
+    /// Counts a request answered below 500.
+    pub(crate) fn succeeded(&self) {
         let t = &self.traffic;
         t.requests.fetch_add(1, Relaxed);
         t.consecutive_failures.store(0, Relaxed);
         t.last_success_ms.store(lacquer_clock::now_ms(), Relaxed);
     }
 
-    pub fn failed(&self, message: String) {
+    /// Counts a failed request (no connection, a timeout, a 5xx) and keeps `message` as the last error.
+    pub(crate) fn failed(&self, message: String) {
         let t = &self.traffic;
         t.requests.fetch_add(1, Relaxed);
         t.errors.fetch_add(1, Relaxed);
@@ -116,6 +124,8 @@ impl BackendState {
         });
     }
 
+    /// Health, traffic and probe history as `GET /v1/backends` shows them; without a probe, health is
+    /// judged from traffic (`unknown` before the first request, `failing` while the latest requests fail).
     pub fn view(&self) -> BackendView {
         let t = &self.traffic;
         let requests = t.requests.load(Relaxed);

@@ -64,17 +64,37 @@ use lacquer_config::{Config, ConfigError};
 
 use crate::body::Body;
 
+/// Why a request to a backend got no response head. Those that are the backend's fault count against its
+/// health; the message is what a client gets in the error page when no stale object stands in.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
+    /// No connection: refused, no TCP connection within `connect_timeout`, or the TLS handshake or
+    /// certificate check failed. Answered `503`.
     #[error("backend {authority} unreachable: {reason}")]
-    Connect { authority: String, reason: String },
+    Connect {
+        /// The backend's `host:port`.
+        authority: String,
+        /// The error and its sources, as [`error_chain`] writes them.
+        reason: String,
+    },
+    /// No response head within `first_byte_timeout` of the request starting (connecting included).
+    /// Answered `504`.
     #[error("backend {authority} sent no response head within {timeout:?}")]
     FirstByteTimeout {
+        /// The backend's `host:port`.
         authority: String,
+        /// The `first_byte_timeout` that ran out.
         timeout: Duration,
     },
+    /// Connected, but the exchange broke before a usable response head (closed, reset, not HTTP).
+    /// Answered `502`.
     #[error("backend {authority} failed: {reason}")]
-    Failed { authority: String, reason: String },
+    Failed {
+        /// The backend's `host:port`.
+        authority: String,
+        /// The error and its sources, as [`error_chain`] writes them.
+        reason: String,
+    },
     /// The client's body went over the listener's `max_request_body` while it was being forwarded: the
     /// client's fault, not the backend's.
     #[error("request body too large")]
@@ -85,7 +105,12 @@ pub enum BackendError {
     RequestBody(String),
     /// Nothing was sent: the backend is sick, or every one of its `max_connections` stayed busy.
     #[error("backend {name} unavailable: {reason}")]
-    Unavailable { name: String, reason: &'static str },
+    Unavailable {
+        /// The backend or director the route targets.
+        name: String,
+        /// `sick`, or `every connection busy`.
+        reason: &'static str,
+    },
 }
 
 impl BackendError {
@@ -113,13 +138,17 @@ pub struct ClientBodyError(#[source] pub hyper::Error);
 #[derive(Clone)]
 pub struct Backend {
     client: Client<HttpsConnector<HttpConnector>, Body>,
+    /// What every worker shares about the backend: settings, health, traffic, connection limit.
     pub state: Arc<BackendState>,
     connect_timeout: Duration,
     first_byte_timeout: Duration,
+    /// Longest silence while the body arrives; whoever reads the body after [`Backend::send`] enforces it.
     pub between_bytes_timeout: Duration,
 }
 
 impl Backend {
+    /// An empty pool for this worker, with the backend's timeouts and TLS trust; connections are opened by
+    /// requests, and kept alive per `max_idle_connections` and `idle_timeout`.
     pub fn new(state: Arc<BackendState>) -> Self {
         let cfg = &state.config;
         let mut tcp = HttpConnector::new();

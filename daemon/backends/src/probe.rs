@@ -93,12 +93,15 @@ where
 /// Starts probes on the store runtime: at start, and for the backends a reload brings.
 #[derive(Clone)]
 pub struct Probes {
+    /// Where probe tasks are spawned: the store's runtime, not a worker's.
     pub runtime: tokio::runtime::Handle,
     /// Shutdown.
     pub stop: watch::Receiver<bool>,
 }
 
 impl Probes {
+    /// Starts a probe for each of `backends` that has one; each stops at shutdown or when its backend is
+    /// retired.
     pub fn start(&self, backends: &[Arc<BackendState>]) {
         for backend in backends.iter().filter(|b| b.probe.is_some()) {
             self.runtime.spawn(run(backend.clone(), self.stop.clone()));

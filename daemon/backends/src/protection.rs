@@ -65,6 +65,8 @@ impl DenyRule {
         })
     }
 
+    /// Every condition given holds for this request from `client` (the PROXY protocol's client where the
+    /// listener expects it); `path_regex` is searched in the path and query.
     pub fn matches(&self, parts: &Parts, client: IpAddr) -> bool {
         (self.methods.is_empty() || self.methods.contains(&parts.method))
             && self.path.as_ref().is_none_or(|re| {
@@ -96,7 +98,8 @@ impl std::fmt::Debug for ClientRateLimit {
 }
 
 impl ClientRateLimit {
-    pub fn new(limit: &RateLimit) -> Result<Self, String> {
+    /// Fails with the message for `rate_limit` when `requests`, `burst` or `per` is zero.
+    pub(crate) fn new(limit: &RateLimit) -> Result<Self, String> {
         let requests = NonZeroU32::new(limit.requests).ok_or("requests must be above 0")?;
         let burst = NonZeroU32::new(limit.burst.unwrap_or(limit.requests))
             .ok_or("burst must be above 0")?;

@@ -12,7 +12,7 @@ use crate::{protection::ClientRateLimit, BackendError, BackendSet, BackendState,
 
 /// A route's host condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostPattern {
+pub(crate) enum HostPattern {
     Any,
     Exact(String),
     /// `*.example.com`, kept as `.example.com`.
@@ -59,7 +59,9 @@ impl HostPattern {
 /// with the director it started with.
 #[derive(Debug, Clone)]
 pub enum Target {
+    /// One backend, by its index in the route's backend set.
     Backend(usize),
+    /// A director, which picks among its healthy members.
     Director(Arc<Director>),
 }
 
@@ -69,8 +71,11 @@ pub struct Route {
     host: HostPattern,
     path_prefix: Option<String>,
     path_regex: Option<Regex>,
+    /// Where the route's requests go.
     pub target: Target,
+    /// `[cache]` with the route's `ttl`, `grace`, `cookies` and keyed forwarding fields applied.
     pub policy: Policy,
+    /// `pass = true`: never looked up or stored.
     pub pass: bool,
     /// The backends `target` counts in, as of the configuration the route came from.
     backends: BackendSet,
@@ -117,8 +122,11 @@ impl Route {
     }
 }
 
+/// A configuration's routes and directors, compiled over its backends: what a reload replaces whole.
 #[derive(Debug)]
 pub struct Router {
+    /// The `[[backend]]`s in order (the first takes what no route claims); states a reload found
+    /// unchanged are carried over, health and all.
     pub backends: BackendSet,
     routes: Vec<Arc<Route>>,
     /// For requests no route matches: the first backend, `[cache]` as is.

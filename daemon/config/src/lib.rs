@@ -1,5 +1,7 @@
 //! The configuration file (TOML) and the command-line flags that override it.
 
+#![warn(missing_docs)]
+
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -33,11 +35,14 @@ impl ConfigError {
     }
 }
 
+/// The whole file, as plain data: every section defaults to what lacquerd runs on without a file. Building
+/// the live settings from it is what validates the rest (routes, directors, deny rules, certificates).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Client listeners (`[[listen]]`). Default: one plain listener on `0.0.0.0:6081`.
     pub listen: Vec<Listen>,
+    /// `[server]`: worker threads, shutdown, hit-for-miss memory, forwarding fields.
     pub server: Server,
     /// Origins (`[[backend]]`, or one `[backend]` table). The first takes what no route claims.
     #[serde(deserialize_with = "upstream::one_or_many")]
@@ -48,12 +53,19 @@ pub struct Config {
     pub route: Vec<Route>,
     /// Requests refused with 403 (`[[deny]]`). Default: none.
     pub deny: Vec<Deny>,
+    /// `[normalize]`: query rewrites applied before rules, key and origin see the target. Default: none.
     pub normalize: Normalize,
+    /// `[admin]`: the admin API's address and secret.
     pub admin: Admin,
+    /// `[storage]`: where and how much the store holds.
     pub storage: Storage,
+    /// `[cache]`: the HTTP caching policy every route starts from.
     pub cache: Cache,
+    /// `[purge]`: `PURGE` and `BAN` on the client listeners. Default: off.
     pub purge: Purge,
+    /// `[log]`: the daemon's own log level.
     pub log: Log,
+    /// `[access_log]`: one line per request. Default: none written.
     pub access_log: AccessLog,
 }
 
@@ -77,10 +89,12 @@ impl Default for Config {
     }
 }
 
+/// `[server]`: process-wide settings of the client side.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Server {
     /// Threads serving clients, each with its own listener socket (`SO_REUSEPORT`). 0: one per core.
+    /// Default: 0.
     pub workers: usize,
     /// How long in-flight responses may take to finish on shutdown. Default: 30 s.
     #[serde(with = "humantime_serde")]
@@ -117,10 +131,12 @@ pub enum ForwardingHeaders {
     Key,
 }
 
+/// `[admin]`: the admin API (`cachectl`, `cachetop`, Prometheus), on its own listener.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Admin {
-    /// Default: `127.0.0.1:6082`.
+    /// Where the admin API listens; every route there but an open `/metrics` needs the secret. Default:
+    /// `127.0.0.1:6082`.
     pub listen: SocketAddr,
     /// File holding the admin secret. Default: `<storage.dir>/secret`, generated on first start.
     pub secret_file: Option<PathBuf>,
@@ -139,22 +155,27 @@ impl Default for Admin {
     }
 }
 
+/// `[storage]`: the store's directory and its memory and disk budgets.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Storage {
-    /// Default: `$STATE_DIRECTORY`, else `/var/lib/lacquer` when writable, else `~/.local/state/lacquer`.
+    /// Directory of the store (bodies, metadata, the generated secret); one that exists but cannot be
+    /// written makes the store run memory-only (logged). Default: `$STATE_DIRECTORY`, else
+    /// `/var/lib/lacquer` when writable, else `~/.local/state/lacquer`.
     pub dir: Option<PathBuf>,
     /// Body bytes held in memory. Default: 256 MiB.
     pub memory: ByteSize,
-    /// Body bytes held on disk. Default: 1 GiB.
+    /// Body bytes held on disk; never derived from free space, but reduced (with a warning) when it does
+    /// not fit. Default: 1 GiB.
     pub disk_size: ByteSize,
-    /// Default: 256 KiB.
+    /// Bodies are stored and read in pieces of this size, so a range reads only the pieces that hold it
+    /// (architecture.md has the measurement). Default: 256 KiB.
     pub chunk_size: ByteSize,
     /// Memory for hot object metadata. Default: 64 MiB.
     pub metadata_cache: ByteSize,
-    /// Default: 16.
+    /// `Vary` variants kept per URL; past it the oldest goes (counted). Default: 16.
     pub max_variants: usize,
-    /// Default: 60 s.
+    /// How often expired and evicted objects' metadata is dropped. Default: 60 s.
     #[serde(with = "humantime_serde")]
     pub sweep_interval: Duration,
 }
@@ -185,7 +206,8 @@ pub struct Cache {
     /// cache serve stale only when the origin allows it; set 10 s for Varnish's behaviour.
     #[serde(with = "humantime_serde")]
     pub default_grace: Duration,
-    /// How long objects are kept past grace for revalidation. Default: 0.
+    /// How long objects are kept past grace so that a miss can revalidate them (`If-None-Match`,
+    /// `If-Modified-Since`) instead of fetching the body again. Default: 0.
     #[serde(with = "humantime_serde")]
     pub keep: Duration,
     /// How long past freshness an object may stand in for a failing origin when the response has no
@@ -273,6 +295,7 @@ impl Default for Purge {
     }
 }
 
+/// `[log]`: the daemon's own log (standard error, the journal under systemd).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Log {
@@ -309,15 +332,22 @@ impl Default for AccessLog {
     }
 }
 
-/// Command-line values that override the file.
+/// Command-line values that override the file; `None` (or empty) leaves the file's value.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
+    /// `--listen`: replaces every `[[listen]]` with plain listeners on these addresses, default limits.
     pub listen: Vec<SocketAddr>,
+    /// `--backend`: the first backend's `address` (one is added when the file has none).
     pub backend: Option<String>,
+    /// `--admin`: `admin.listen`.
     pub admin: Option<SocketAddr>,
+    /// `--secret`: `admin.secret_file`.
     pub secret: Option<PathBuf>,
+    /// `--memory`: `storage.memory`.
     pub memory: Option<ByteSize>,
+    /// `--disk`: `storage.dir`.
     pub disk: Option<PathBuf>,
+    /// `--disk-size`: `storage.disk_size`.
     pub disk_size: Option<ByteSize>,
 }
 
@@ -338,6 +368,8 @@ impl Config {
         Ok(config)
     }
 
+    /// Reads TOML `text` without overrides or validation; errors start with `origin` (the file name), the
+    /// line and column, and the key, as `--check` prints them.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
         serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
             let position = e.inner().span().map(|span| {
@@ -458,6 +490,7 @@ impl Config {
             .unwrap_or_default()
     }
 
+    /// Worker threads to start: `server.workers`, or the available cores when it is 0.
     pub fn workers(&self) -> usize {
         match self.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -466,10 +499,10 @@ impl Config {
     }
 }
 
-/// `host:port` from a backend address (`host:port` or `http://host:port`); the error starts with the key.
 /// Where a backend is: `host:port` and whether it speaks TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendAddress {
+    /// `https://`: connections to it are TLS, the certificate checked against the host.
     pub https: bool,
     /// `host:port`, the port filled in for `http://` (80) and `https://` (443) when left out.
     pub authority: String,

@@ -62,6 +62,7 @@ impl Default for Listen {
 }
 
 impl Listen {
+    /// A listener on `address` with every other setting at its default: plain HTTP, what `--listen` makes.
     pub fn plain(address: SocketAddr) -> Self {
         Self {
             address,
@@ -74,6 +75,8 @@ impl Listen {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Certificate {
+    /// PEM chain, leaf first; read again on every reload, so a renewed file at the same path is served.
     pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1, ECDSA or RSA) that must match the leaf.
     pub key: PathBuf,
 }

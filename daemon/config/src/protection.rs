@@ -42,10 +42,12 @@ pub struct Normalize {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
+    /// Requests allowed every `per`, on average. Required.
     pub requests: u32,
+    /// The period `requests` are counted over. Default: 1 s.
     #[serde(with = "humantime_serde", default = "one_second")]
     pub per: Duration,
-    /// Default: `requests`.
+    /// Requests a quiet client may send at once before the rate applies. Default: `requests`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
 }

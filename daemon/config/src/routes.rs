@@ -13,7 +13,7 @@ pub struct Route {
     /// letter case are ignored. Default: any host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    /// Default: any path.
+    /// The normalised target (path and query) starts with it. Default: any path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
     /// A regular expression searched in the path and query. Default: any.
@@ -44,6 +44,7 @@ pub struct Route {
     pub forwarding_headers: Option<super::ForwardingHeaders>,
 }
 
+/// What a route does with `Cookie` on requests (and `Set-Cookie` on responses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cookies {

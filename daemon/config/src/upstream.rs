@@ -17,7 +17,7 @@ pub struct Backend {
     /// Default: the system's roots (`/etc/ssl/certs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<PathBuf>,
-    /// Default: 3 s.
+    /// Time to open a TCP connection, and to wait for a place under `max_connections`. Default: 3 s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Time to the response head. Default: 60 s.
@@ -66,13 +66,13 @@ impl Default for Backend {
 pub struct Probe {
     /// Path (and query) requested with `GET`. Default: `/`.
     pub url: String,
-    /// Default: 5 s.
+    /// Time between polls, the first made at start. Default: 5 s.
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
     /// A poll without a complete response head in this time fails. Default: 2 s.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
-    /// Default: 200.
+    /// The status a good poll answers with; any other fails it. Default: 200.
     pub expected_status: u16,
     /// Polls remembered, at most 64. Default: 8.
     pub window: u32,
@@ -99,6 +99,7 @@ impl Default for Probe {
 }
 
 impl Probe {
+    /// Polls counted as good at start: `initial`, else `threshold - 1` (sick until the first good poll).
     pub fn initial(&self) -> u32 {
         self.initial.unwrap_or(self.threshold.saturating_sub(1))
     }
@@ -108,12 +109,15 @@ impl Probe {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Director {
+    /// What routes name as their `backend`; shares one namespace with the backends. Required.
     pub name: String,
+    /// How a member is picked. Required.
     pub policy: DirectorPolicy,
-    /// Backend names.
+    /// Names of `[[backend]]`s (not directors), at least one. Required.
     pub backends: Vec<String>,
 }
 
+/// How a director picks among its healthy members.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DirectorPolicy {

@@ -69,6 +69,7 @@ use lacquer_config::Listen;
 
 /// A listener's settings and the state its connections share across workers.
 pub struct Listener {
+    /// The `[[listen]]` section it was built from; a reload compares it to tell what changed.
     pub config: Listen,
     limits: Arc<ConnectionLimits>,
     tls: Option<TlsAcceptor>,
@@ -77,6 +78,8 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// Reads and checks the certificates, so a bad file fails `--check`, start or reload rather than a
+    /// handshake; binds nothing (see [`bind`]).
     pub fn new(config: Listen) -> Result<Self, tls::TlsError> {
         let certificates = tls::Certificates::load(&config.tls)?;
         let resolver = (!certificates.is_empty())

@@ -13,15 +13,21 @@ use rustls::{
 
 use lacquer_config::Certificate;
 
+/// Why a listener's certificates cannot be used; the message names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A certificate or key file is missing, unreadable or not PEM.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file, as configured.
         path: String,
+        /// What reading or decoding it failed on.
         source: rustls::pki_types::pem::Error,
     },
+    /// The `cert` file (named) is PEM but holds no certificate.
     #[error("{0} holds no certificate")]
     NoCertificate(String),
+    /// The `key` file (named) is of an unsupported kind or does not match the chain's leaf.
     #[error("{0}: {1}")]
     Key(String, rustls::Error),
 }
@@ -40,6 +46,7 @@ impl Certificates {
             .map(Self)
     }
 
+    /// No certificate configured: the listener speaks plain HTTP.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

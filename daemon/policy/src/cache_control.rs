@@ -7,30 +7,53 @@ use http::{header::CACHE_CONTROL, HeaderMap};
 /// RFC 9111 §1.2.2: delta-seconds beyond what a cache can represent are taken as 2^31.
 pub const DELTA_SECONDS_MAX: u64 = 2_147_483_648;
 
+/// The directives of one request's or response's cache-control field; absent ones are `false` or `None`.
+/// Durations are delta-seconds, saturated at [`DELTA_SECONDS_MAX`]; sections are RFC 9111's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheControl {
+    /// Response: not stored unless `must_understand` (§5.2.2.5). Request: passed, never stored (§5.2.1.5).
     pub no_store: bool,
+    /// Response: revalidated before every use and never served stale, so stored only with a validator; a
+    /// route's `ttl` overrides it. Field names after it are ignored: the whole response is no-cache, the
+    /// safe reading (§5.2.2.4).
     pub no_cache: bool,
+    /// For one user: never stored in this shared cache (§5.2.2.7).
     pub private: bool,
+    /// Lets a response to a request with `Authorization` be stored (§3.5, §5.2.2.9).
     pub public: bool,
+    /// Never served stale (§5.2.2.2); also lets an authorized response be stored (§3.5).
     pub must_revalidate: bool,
+    /// `must-revalidate` for shared caches only, this one included (§5.2.2.8).
     pub proxy_revalidate: bool,
+    /// Overrides `no-store` for statuses this cache understands: every final status but 206 and 304
+    /// (§5.2.2.3).
     pub must_understand: bool,
+    /// Parsed (RFC 8246) but not acted on: a fresh object is never revalidated anyway.
     pub immutable: bool,
+    /// Request directive, parsed but not acted on: the request is looked up as any other (§5.2.1.7).
     pub only_if_cached: bool,
     /// `Some(0)` when present but invalid: invalid freshness counts as stale (RFC 9111 §4.2.1).
     pub max_age: Option<u64>,
+    /// Freshness for shared caches, winning over `max-age` and `Expires`; `Some(0)` when invalid. Also
+    /// lets an authorized response be stored (§5.2.2.10).
     pub s_maxage: Option<u64>,
+    /// Seconds past freshness the object may be served while one background fetch refreshes it (RFC 5861
+    /// §3); `None` when absent or invalid, then `cache.default_grace` applies.
     pub stale_while_revalidate: Option<u64>,
+    /// Seconds past freshness the object may stand in for a failing origin (RFC 5861 §4); `None` when
+    /// absent or invalid, then `cache.error_grace` applies.
     pub stale_if_error: Option<u64>,
+    /// Request directive, parsed but not acted on (§5.2.1.3).
     pub min_fresh: Option<u64>,
-    /// `Some(None)` for `max-stale` without a value: any staleness.
+    /// Request directive, parsed but not acted on (§5.2.1.2). `Some(None)` for `max-stale` without a value:
+    /// any staleness.
     pub max_stale: Option<Option<u64>>,
     /// The directives came from a targeted field (RFC 9213): `Expires` is ignored too.
     pub targeted: bool,
 }
 
 impl CacheControl {
+    /// The directives of every `Cache-Control` line in `headers`, the first occurrence of each winning.
     pub fn from_headers(headers: &HeaderMap) -> Self {
         Self::from_header_values(headers, CACHE_CONTROL.as_str())
     }

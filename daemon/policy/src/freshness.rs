@@ -9,6 +9,8 @@ use http::{
 
 use super::{age::http_date, cache_control::CacheControl, Policy};
 
+/// A response's freshness lifetime and where it came from, counted from when the origin generated it
+/// (the corrected initial age eats into it, RFC 9111 §4.2.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lifetime {
     /// From `s-maxage`, `max-age` or `Expires`.
@@ -20,6 +22,7 @@ pub enum Lifetime {
 }
 
 impl Lifetime {
+    /// The lifetime whatever its source.
     pub fn duration(self) -> Duration {
         match self {
             Lifetime::Explicit(d) | Lifetime::Heuristic(d) | Lifetime::Default(d) => d,
@@ -35,6 +38,9 @@ pub fn heuristically_cacheable(status: StatusCode) -> bool {
     )
 }
 
+/// The freshness lifetime of a response received at `response_time`: `s-maxage`, else `max-age`, else
+/// `Expires − Date` (`Expires` ignored under a targeted field; an invalid one is already stale), else a
+/// heuristic share of the `Last-Modified` age for [`heuristically_cacheable`] statuses, else the default.
 pub fn lifetime(
     status: StatusCode,
     headers: &HeaderMap,

@@ -6,16 +6,24 @@ use std::net::Ipv6Addr;
 
 use http::{header, request::Parts, Version};
 
+/// Why a request head is refused with `400`; the message is the response body's one-line reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadHead {
+    /// Two `Host` lines: the cache and the origin might each read a different one (RFC 9112 §3.2).
     #[error("more than one Host field")]
     HostRepeated,
+    /// `Host` holds something other than a name, IPv4 address or bracketed IPv6 literal with an optional
+    /// port (a path, `@`, spaces, …).
     #[error("Host is not a host name or address with an optional port")]
     HostInvalid,
+    /// The absolute-form target's or HTTP/2 `:authority`'s host is not valid (userinfo included), and it
+    /// would have replaced `Host`.
     #[error("the request target's authority is not a host name or address with an optional port")]
     AuthorityInvalid,
+    /// An HTTP/1.1 request without `Host`, or an HTTP/2 one with neither `:authority` nor `Host`.
     #[error("an HTTP/1.1 request needs a Host field")]
     HostMissing,
+    /// `Connection: host`: the origin would be asked to drop the host the key was made of.
     #[error("Connection names Host, which is not hop-by-hop")]
     ConnectionNamesHost,
 }

@@ -37,6 +37,9 @@ pub const FORWARDING: [&str; 17] = [
     "front-end-https",
 ];
 
+/// Removes the forwarding fields (`X-Forwarded-Host`, `Forwarded`, `X-Original-URL`, method overrides, …)
+/// that make an origin answer for another host, scheme, path or method: what `forwarding_headers =
+/// "strip"` does, so no client can have such an answer stored for everyone.
 pub fn strip_forwarding(headers: &mut HeaderMap) {
     for name in FORWARDING {
         headers.remove(name);

@@ -10,6 +10,8 @@ use http::{request::Parts, Uri};
 
 use lacquer_config::Normalize;
 
+/// Rewrites the request target in place: the path always normalised, the query sorted and stripped as
+/// `rules` say; the target is left as it is when nothing changes.
 pub fn apply(parts: &mut Parts, rules: &Normalize) {
     // The asterisk form (`OPTIONS *`) has no path to normalise.
     let raw_path = parts.uri.path();

@@ -9,6 +9,7 @@ pub const MAX_RANGES: usize = 16;
 /// `Content-Type`, `Content-Range`) costs about as much (RFC 9110 §15.3.7.2).
 const PART_OVERHEAD: u64 = 80;
 
+/// How to answer a request's `Range` for a representation of known length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ranges {
     /// No usable `Range` (absent, not bytes, malformed, too many, or `If-Range` did not match): send 200.
@@ -39,6 +40,8 @@ fn if_range_holds(value: &str, etag: Option<&str>, last_modified: Option<&str>) 
     }
 }
 
+/// The answer to `req`'s `Range` (and `If-Range`) for a body of `len` bytes whose current validators are
+/// `etag` and `last_modified`; only the `bytes` unit is understood, anything unusable means [`Ranges::Whole`].
 pub fn evaluate(
     req: &HeaderMap,
     len: u64,

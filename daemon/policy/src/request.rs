@@ -4,6 +4,7 @@ use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Uri};
 
 use super::{cache_control::CacheControl, Policy};
 
+/// What the cache does with a request, decided from its method and head alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestClass {
     /// GET or HEAD that may be answered from the cache.
@@ -15,6 +16,9 @@ pub enum RequestClass {
     Invalidate,
 }
 
+/// Classifies a request: unsafe methods invalidate; `OPTIONS`, `TRACE`, `CONNECT`, and `GET`/`HEAD` with
+/// `Authorization`, `Cookie` (unless `[cache]` allows them) or `Cache-Control: no-store` pass; the rest
+/// are looked up.
 pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> RequestClass {
     match *method {
         Method::GET | Method::HEAD => {}

@@ -11,10 +11,16 @@ use super::{
     Policy,
 };
 
+/// How long a storable response lives, and what selects it among the URL's variants.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Storable {
+    /// Freshness lifetime, counted from when the origin generated the response: a route's `ttl`, else
+    /// [`freshness::lifetime`]; zero for `no-cache` (stored only to be revalidated).
     pub ttl: Duration,
+    /// How long past freshness the object may be served while one background fetch refreshes it: a
+    /// route's `grace`, else `stale-while-revalidate`, else `cache.default_grace`; zero when `no_stale`.
     pub grace: Duration,
+    /// How long past grace the object is kept for a miss to revalidate (`cache.keep`).
     pub keep: Duration,
     /// How long past freshness the object may stand in for a failing origin.
     pub stale_if_error: Duration,
@@ -24,8 +30,10 @@ pub struct Storable {
     pub vary: Vec<String>,
 }
 
+/// Whether a response is stored; either way it is delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// Store it, with these lifetimes and variant fields.
     Store(Storable),
     /// Deliver but do not store, with the reason (for logs and `Cache-Status`).
     DontStore(&'static str),

@@ -2,6 +2,7 @@
 
 use http::{header::VARY, HeaderMap};
 
+/// A response's `Vary`, read from all its lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Vary {
     /// The response does not vary.
@@ -12,6 +13,7 @@ pub enum Vary {
     Any,
 }
 
+/// Reads every `Vary` line; a value that is not visible ASCII counts as `*`, the safe reading.
 pub fn parse(headers: &HeaderMap) -> Vary {
     let mut names: Vec<String> = Vec::new();
     for value in headers.get_all(VARY) {
