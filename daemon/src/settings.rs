@@ -76,6 +76,9 @@ pub fn store(config: &Config) -> Result<StoreBuilder, ConfigError> {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use lacquer_config::Overrides;
 

@@ -565,9 +565,6 @@ fn default_dir() -> PathBuf {
 }
 
 #[cfg(test)]
-mod props;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

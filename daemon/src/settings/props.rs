@@ -1,7 +1,10 @@
-//! Property tests (the fuzz target `config`): no TOML document panics the loader, and a document with one
-//! setting given a wrong, odd or extreme value is either accepted or refused with an error that names
-//! that setting.
+//! Property tests (the fuzz target `config`): no TOML document panics the loader or the builders, and a
+//! document with one setting given a wrong, odd or extreme value is either accepted or refused with an
+//! error that names that setting.
 
+use std::path::Path;
+
+use lacquer_config::Overrides;
 use proptest::prelude::*;
 use toml::{Table, Value};
 
@@ -103,14 +106,16 @@ fn odd_value() -> impl Strategy<Value = Value> {
     })
 }
 
-/// Parses and validates as `lacquerd --config` does, with the store in a scratch directory.
+/// Reads and builds as `lacquerd --config` does, with the store in a scratch directory.
 fn load(text: &str, dir: &Path) -> Result<Config, ConfigError> {
-    let mut config = Config::parse(text, "lacquer.toml")?;
-    config.apply(Overrides {
-        disk: Some(dir.to_path_buf()),
+    let file = dir.join("lacquer.toml");
+    std::fs::write(&file, text).unwrap();
+    let overrides = Overrides {
+        disk: Some(dir.join("store")),
         ..Default::default()
-    });
-    config.validate()?;
+    };
+    let config = Config::load(Some(&file), overrides)?;
+    compile(&config)?;
     Ok(config)
 }
 
