@@ -7,7 +7,7 @@
 
 mod invalidation;
 mod log;
-pub mod metrics;
+mod metrics;
 mod objects;
 mod operations;
 mod status;
@@ -43,12 +43,17 @@ pub trait Reload: Send + Sync + 'static {
     fn reload(&self) -> Result<Reloaded, ConfigError>;
 }
 
+/// What the handlers work on; cloned per request, so everything in it is shared.
 #[derive(Clone)]
 pub struct AdminState {
+    /// The state the client-serving workers share: store, statistics, live settings, access log.
     pub shared: Arc<Shared>,
+    /// The admin secret every guarded route requires as `Authorization: Bearer <secret>`, compared in
+    /// constant time.
     pub secret: Arc<str>,
+    /// What `POST /v1/reload` runs, off the async threads since it reads files.
     pub reloader: Arc<dyn Reload>,
-    /// `host:port` of the origin, as configured.
+    /// `GET /metrics` answers without the secret (`admin.open_metrics`), for scrapers that cannot send one.
     pub open_metrics: bool,
     /// Turns true on shutdown: long-lived streams end so the server can stop.
     pub stopping: watch::Receiver<bool>,
@@ -90,6 +95,7 @@ impl Modify for SecretAuth {
     }
 }
 
+/// The JSON answer to a failed admin request: `status` with `code`, which clients match on.
 pub fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     let error = ApiError {
         code: code.to_owned(),
@@ -178,6 +184,8 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .merge(metrics)
 }
 
+/// The admin API, ready to serve: every route, the secret guard, JSON errors for unknown routes and
+/// methods, a 64 KiB body limit. Renders the OpenAPI document into `state.openapi` once.
 pub fn router(state: AdminState) -> Router {
     let (router, doc) = routes(&state).split_for_parts();
     let rendered = doc
