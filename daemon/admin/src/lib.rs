@@ -1,10 +1,12 @@
 //! The admin API (axum, localhost by default). Every route but `GET /v1/health` and
 //! `GET /v1/openapi.json` requires `Authorization: Bearer <secret>` (and `GET /metrics` unless
-//! `admin.open_metrics`). Errors are JSON [`ApiError`]s with a stable code. Routes are registered together
-//! with their OpenAPI description, so `GET /v1/openapi.json` lists exactly what is served.
+//! `admin.open_metrics`). Every failure is an [`AdminError`], answered as a JSON `ApiError` with a stable
+//! code. Routes are registered together with their OpenAPI description, so `GET /v1/openapi.json` lists
+//! exactly what is served.
 
 #![warn(missing_docs)]
 
+mod error;
 mod invalidation;
 mod log;
 mod metrics;
@@ -17,12 +19,11 @@ use std::sync::{Arc, OnceLock};
 use axum::{
     body::Bytes,
     extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Query, Request, State},
-    http::{header, request::Parts, StatusCode},
+    http::{header, request::Parts},
     middleware::{self, Next},
-    response::{IntoResponse, Response},
+    response::Response,
     Json, Router,
 };
-use lacquer_admin::wire::ApiError;
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 use utoipa::{
@@ -34,6 +35,8 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use lacquer_admin::wire::Reloaded;
 use lacquer_config::ConfigError;
 use lacquer_proxy::worker::Shared;
+
+pub use error::AdminError;
 
 /// Reads the configuration again and applies what can change while requests are served (`POST
 /// /v1/reload`, as `SIGHUP` does).
@@ -95,15 +98,6 @@ impl Modify for SecretAuth {
     }
 }
 
-/// The JSON answer to a failed admin request: `status` with `code`, which clients match on.
-pub fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let error = ApiError {
-        code: code.to_owned(),
-        message: message.into(),
-    };
-    (status, Json(error)).into_response()
-}
-
 /// Admin request bodies are small JSON documents.
 const BODY_LIMIT: usize = 64 * 1024;
 
@@ -115,21 +109,11 @@ where
     Json<T>: FromRequest<S, Rejection = axum::extract::rejection::JsonRejection>,
     S: Send + Sync,
 {
-    type Rejection = Response;
+    type Rejection = AdminError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Self(value)),
-            Err(rejection) => {
-                let status = rejection.status();
-                let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                    "body_too_large"
-                } else {
-                    "invalid_body"
-                };
-                Err(api_error(status, code, rejection.body_text()))
-            }
-        }
+        let Json(value) = Json::<T>::from_request(req, state).await?;
+        Ok(Self(value))
     }
 }
 
@@ -141,17 +125,11 @@ where
     Query<T>: FromRequestParts<S, Rejection = axum::extract::rejection::QueryRejection>,
     S: Send + Sync,
 {
-    type Rejection = Response;
+    type Rejection = AdminError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match Query::<T>::from_request_parts(parts, state).await {
-            Ok(Query(value)) => Ok(Self(value)),
-            Err(rejection) => Err(api_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_query",
-                rejection.body_text(),
-            )),
-        }
+        let Query(value) = Query::<T>::from_request_parts(parts, state).await?;
+        Ok(Self(value))
     }
 }
 
@@ -184,8 +162,8 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .merge(metrics)
 }
 
-/// The admin API, ready to serve: every route, the secret guard, JSON errors for unknown routes and
-/// methods, a 64 KiB body limit. Renders the OpenAPI document into `state.openapi` once.
+/// The admin API, ready to serve: every route, the secret guard, JSON [`AdminError`]s for unknown routes
+/// and methods, a 64 KiB body limit. Renders the OpenAPI document into `state.openapi` once.
 pub fn router(state: AdminState) -> Router {
     let (router, doc) = routes(&state).split_for_parts();
     let rendered = doc
@@ -194,37 +172,26 @@ pub fn router(state: AdminState) -> Router {
     state.openapi.get_or_init(|| Bytes::from(rendered));
     router
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .fallback(|| async { api_error(StatusCode::NOT_FOUND, "not_found", "no such admin route") })
-        .method_not_allowed_fallback(|| async {
-            api_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "this route does not take that method",
-            )
-        })
+        .fallback(|| async { AdminError::NotFound })
+        .method_not_allowed_fallback(|| async { AdminError::MethodNotAllowed })
         .with_state(state)
 }
 
-async fn require_secret(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+async fn require_secret(
+    State(state): State<AdminState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, AdminError> {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
-    match presented {
-        Some(token) if bool::from(token.as_bytes().ct_eq(state.secret.as_bytes())) => {
-            next.run(req).await
-        }
-        Some(_) => api_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "the admin secret does not match",
-        ),
-        None => api_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing `Authorization: Bearer <secret>`; the secret is in the file given by --secret",
-        ),
+        .and_then(bearer_token)
+        .ok_or(AdminError::MissingSecret)?;
+    if bool::from(presented.as_bytes().ct_eq(state.secret.as_bytes())) {
+        Ok(next.run(req).await)
+    } else {
+        Err(AdminError::WrongSecret)
     }
 }
 
@@ -236,16 +203,6 @@ fn bearer_token(credentials: &str) -> Option<&str> {
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim())
         .filter(|t| !t.is_empty())
-}
-
-/// The answer to a store failure: logged, and reported without detail beyond the store's own message.
-pub fn store_failed(e: lacquer_storage::StoreError) -> Response {
-    tracing::error!(error = %e, "admin operation failed in the store");
-    api_error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "store_error",
-        e.to_string(),
-    )
 }
 
 #[cfg(test)]
