@@ -128,3 +128,148 @@ impl From<QueryRejection> for AdminError {
         Self::InvalidQuery(rejection.body_text())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::{body::to_bytes, http::header};
+    use lacquer_storage::BanExpr;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// What a client receives for `error`: the status, the content type and the JSON body.
+    async fn answer(error: AdminError) -> (u16, String, Value) {
+        let response = error.into_response();
+        let status = response.status().as_u16();
+        let content_type = response.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let body = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, content_type, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// Every variant answers with the status and code docs/admin-api.md promises, the message as the one
+    /// other field.
+    #[tokio::test]
+    async fn every_error_answers_its_documented_status_and_code() {
+        let ban = BanExpr::parse("req.url ~ (").unwrap_err();
+        let ban_message = ban.to_string();
+        let cases: Vec<(AdminError, u16, &str, String)> = vec![
+            (
+                AdminError::MissingSecret,
+                401,
+                "unauthorized",
+                "missing `Authorization: Bearer <secret>`; the secret is in the file given by --secret"
+                    .into(),
+            ),
+            (
+                AdminError::WrongSecret,
+                401,
+                "unauthorized",
+                "the admin secret does not match".into(),
+            ),
+            (
+                AdminError::NotFound,
+                404,
+                "not_found",
+                "no such admin route".into(),
+            ),
+            (
+                AdminError::MethodNotAllowed,
+                405,
+                "method_not_allowed",
+                "this route does not take that method".into(),
+            ),
+            (
+                AdminError::MalformedBody("EOF while parsing".into()),
+                400,
+                "invalid_body",
+                "EOF while parsing".into(),
+            ),
+            (
+                AdminError::NotJson("want json".into()),
+                415,
+                "invalid_body",
+                "want json".into(),
+            ),
+            (
+                AdminError::WrongFields("missing field `expression`".into()),
+                422,
+                "invalid_body",
+                "missing field `expression`".into(),
+            ),
+            (
+                AdminError::BodyTooLarge("length limit exceeded".into()),
+                413,
+                "body_too_large",
+                "length limit exceeded".into(),
+            ),
+            (
+                AdminError::InvalidQuery("missing field `url`".into()),
+                400,
+                "invalid_query",
+                "missing field `url`".into(),
+            ),
+            (ban.into(), 400, "invalid_ban", ban_message),
+            (
+                InvalidationError::InvalidUrl("::".into()).into(),
+                400,
+                "invalid_url",
+                "invalid url \"::\": give http://host/path or /path with a host".into(),
+            ),
+            (
+                InvalidationError::MissingHost("/a".into()).into(),
+                400,
+                "missing_host",
+                "\"/a\" has no host: give an absolute url or a host".into(),
+            ),
+            (
+                InvalidationError::InvalidHost("a b".into()).into(),
+                400,
+                "invalid_host",
+                "invalid host \"a b\": give a host name or address with an optional port".into(),
+            ),
+            (
+                InvalidationError::NoTags.into(),
+                400,
+                "no_tags",
+                "no tags given".into(),
+            ),
+            (
+                InvalidationError::InvalidTag("a,b".into()).into(),
+                400,
+                "invalid_tag",
+                InvalidationError::InvalidTag("a,b".into()).to_string(),
+            ),
+            (
+                InvalidationError::TooManyTags.into(),
+                400,
+                "too_many_tags",
+                InvalidationError::TooManyTags.to_string(),
+            ),
+            (
+                ConfigError("lacquer.toml:2:15: cache.default_ttl: invalid value".into()).into(),
+                400,
+                "invalid_config",
+                "lacquer.toml:2:15: cache.default_ttl: invalid value".into(),
+            ),
+            (
+                StoreError::DiskFull.into(),
+                500,
+                "store_error",
+                "the store's disk is full: not storing new objects".into(),
+            ),
+        ];
+        for (error, status, code, message) in cases {
+            let described = format!("{error:?}");
+            let (got_status, content_type, body) = answer(error).await;
+            assert_eq!(
+                (got_status, body),
+                (status, json!({"code": code, "message": message})),
+                "{described}"
+            );
+            assert_eq!(content_type, "application/json", "{described}");
+        }
+    }
+}

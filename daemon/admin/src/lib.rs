@@ -207,7 +207,121 @@ fn bearer_token(credentials: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    use arc_swap::ArcSwap;
+    use axum::{
+        body::{to_bytes, Body},
+        http::{Method, StatusCode},
+    };
+    use lacquer_config::{Config, Overrides};
+    use lacquer_proxy::{access_log::AccessLog, coalesce::Coalescer, stats::Stats, worker::Live};
+    use lacquer_storage::StoreBuilder;
+    use serde_json::Value;
+    use tower::ServiceExt;
+
     use super::*;
+
+    const SECRET: &str = "s3cret";
+
+    struct FailingReload;
+
+    impl Reload for FailingReload {
+        fn reload(&self) -> Result<Reloaded, ConfigError> {
+            Err(ConfigError("lacquer.toml:1:1: unreadable".into()))
+        }
+    }
+
+    /// The router as lacquerd serves it, over a real (small, temporary) store and default settings.
+    async fn app(dir: &std::path::Path) -> Router {
+        let overrides = Overrides {
+            backend: Some("127.0.0.1:9".into()),
+            disk: Some(dir.join("store")),
+            ..Default::default()
+        };
+        let config = Config::load(None, overrides).unwrap();
+        let backends = lacquer_backends::backend_set(&config).unwrap();
+        let store = StoreBuilder::new(dir.join("store"))
+            .with_memory_bytes(1 << 20)
+            .with_disk_bytes(16 << 20)
+            .with_chunk_size(16 * 1024)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let (access_log, _) = AccessLog::start(&config.access_log, stats.clone()).unwrap();
+        let shared = Arc::new(Shared {
+            live: ArcSwap::from_pointee(Live::new(&config, &backends).unwrap()),
+            access_log,
+            store,
+            stats,
+            coalescer: Coalescer::new(1 << 20),
+            started: lacquer_clock::monotonic(),
+        });
+        let (_, stopping) = watch::channel(false);
+        router(AdminState {
+            shared,
+            secret: SECRET.into(),
+            reloader: Arc::new(FailingReload),
+            open_metrics: false,
+            stopping,
+            openapi: Arc::default(),
+        })
+    }
+
+    /// Requests refused before any handler touches the store are answered, through the whole router, with
+    /// the documented status and code: the guard, the fallbacks, the extractors' rejections, the handlers'
+    /// own checks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refusals_through_the_router() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = app(dir.path()).await;
+        let bearer = format!("Bearer {SECRET}");
+        let bearer = Some(bearer.as_str());
+        let json = Some("application/json");
+        let big = format!(r#"{{"expression": "{}"}}"#, "x".repeat(70_000));
+        let big = big.as_str();
+        #[rustfmt::skip]
+        let cases = [
+            (Method::GET, "/v1/stats", None, None, "", 401, "unauthorized"),
+            (Method::GET, "/v1/stats", Some("Bearer nope"), None, "", 401, "unauthorized"),
+            (Method::GET, "/v1/stats", Some("Basic czNjcmV0"), None, "", 401, "unauthorized"),
+            (Method::GET, "/metrics", None, None, "", 401, "unauthorized"),
+            (Method::GET, "/v1/nope", None, None, "", 404, "not_found"),
+            (Method::DELETE, "/v1/stats", bearer, None, "", 405, "method_not_allowed"),
+            (Method::POST, "/v1/bans", bearer, None, r#"{"expression": "obj.status == 599"}"#, 415, "invalid_body"),
+            (Method::POST, "/v1/bans", bearer, json, "{", 400, "invalid_body"),
+            (Method::POST, "/v1/bans", bearer, json, r#"{"expr": "x"}"#, 422, "invalid_body"),
+            (Method::POST, "/v1/bans", bearer, json, big, 413, "body_too_large"),
+            (Method::POST, "/v1/bans", bearer, json, r#"{"expression": "req.url ~ ("}"#, 400, "invalid_ban"),
+            (Method::GET, "/v1/objects", bearer, None, "", 400, "invalid_query"),
+            (Method::GET, "/v1/objects?url=/a", bearer, None, "", 400, "missing_host"),
+            (Method::POST, "/v1/purge/tags", bearer, json, r#"{"tags": []}"#, 400, "no_tags"),
+            (Method::GET, "/v1/log/stream?status=6xx", bearer, None, "", 400, "invalid_query"),
+            (Method::POST, "/v1/reload", bearer, None, "", 400, "invalid_config"),
+        ];
+        for (method, path, authorization, content_type, body, status, code) in cases {
+            let mut request = Request::builder().method(method.clone()).uri(path);
+            if let Some(value) = authorization {
+                request = request.header(header::AUTHORIZATION, value);
+            }
+            if let Some(value) = content_type {
+                request = request.header(header::CONTENT_TYPE, value);
+            }
+            let request = request.body(Body::from(body.to_owned())).unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status().as_u16(), status, "{method} {path}");
+            let body = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body["code"], code, "{method} {path}: {body}");
+            assert!(
+                body["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "{body}"
+            );
+        }
+
+        let health = Request::get("/v1/health").body(Body::empty()).unwrap();
+        let response = app.oneshot(health).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "health needs no secret");
+    }
 
     #[test]
     fn bearer_credentials() {
