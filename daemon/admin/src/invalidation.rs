@@ -47,6 +47,7 @@ pub async fn list_bans(State(state): State<AdminState>) -> Json<BanList> {
         (status = 400, description = "`invalid_ban` (with the column), `invalid_body`", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
         (status = 413, description = "`body_too_large`", body = ApiError),
+        (status = 415, description = "`invalid_body`: not `Content-Type: application/json`", body = ApiError),
         (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
     ))]
 pub async fn add_ban(
@@ -68,6 +69,8 @@ pub async fn add_ban(
         (status = 200, description = "How many stored variants were purged", body = Purged),
         (status = 400, description = "`invalid_url`, `missing_host`, `invalid_host`, `invalid_body`", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 413, description = "`body_too_large`", body = ApiError),
+        (status = 415, description = "`invalid_body`: not `Content-Type: application/json`", body = ApiError),
         (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
     ))]
 pub async fn purge_url(
@@ -85,6 +88,8 @@ pub async fn purge_url(
         (status = 200, description = "How many stored variants were purged", body = Purged),
         (status = 400, description = "`no_tags`, `invalid_tag`, `too_many_tags`, `invalid_body`", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 413, description = "`body_too_large`", body = ApiError),
+        (status = 415, description = "`invalid_body`: not `Content-Type: application/json`", body = ApiError),
         (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
     ))]
 pub async fn purge_tags(
