@@ -1,15 +1,10 @@
 //! `/v1/bans`, `/v1/purge` and `/v1/purge/tags`: invalidation for operators and deploy scripts.
 
-use axum::{
-    extract::State,
-    http::StatusCode,
-    response::{IntoResponse, Response},
-    Json,
-};
+use axum::{extract::State, http::StatusCode, Json};
 use lacquer_admin::wire::{ApiError, BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 use lacquer_storage::{BanExpr, BanInfo};
 
-use super::{api_error, store_failed, AdminState, ApiJson};
+use super::{AdminError, AdminState, ApiJson};
 use lacquer_proxy::invalidation::{self, PurgeTarget};
 
 fn ban_view(info: BanInfo, now_ms: u64) -> BanView {
@@ -52,21 +47,19 @@ pub async fn list_bans(State(state): State<AdminState>) -> Json<BanList> {
         (status = 400, description = "`invalid_ban` (with the column), `invalid_body`", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
         (status = 413, description = "`body_too_large`", body = ApiError),
+        (status = 415, description = "`invalid_body`: not `Content-Type: application/json`", body = ApiError),
         (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
     ))]
-pub async fn add_ban(State(state): State<AdminState>, ApiJson(body): ApiJson<NewBan>) -> Response {
-    let expr = match BanExpr::parse(&body.expression) {
-        Ok(expr) => expr,
-        Err(e) => return api_error(StatusCode::BAD_REQUEST, "invalid_ban", e.to_string()),
-    };
-    match state.shared.store.add_ban(expr).await {
-        Ok(info) => (
-            StatusCode::CREATED,
-            Json(ban_view(info, lacquer_clock::now_ms())),
-        )
-            .into_response(),
-        Err(e) => store_failed(e),
-    }
+pub async fn add_ban(
+    State(state): State<AdminState>,
+    ApiJson(body): ApiJson<NewBan>,
+) -> Result<(StatusCode, Json<BanView>), AdminError> {
+    let expr = BanExpr::parse(&body.expression)?;
+    let info = state.shared.store.add_ban(expr).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(ban_view(info, lacquer_clock::now_ms())),
+    ))
 }
 
 /// Purges one URL's cache key: every variant. Durable when answered.
@@ -76,16 +69,15 @@ pub async fn add_ban(State(state): State<AdminState>, ApiJson(body): ApiJson<New
         (status = 200, description = "How many stored variants were purged", body = Purged),
         (status = 400, description = "`invalid_url`, `missing_host`, `invalid_host`, `invalid_body`", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 413, description = "`body_too_large`", body = ApiError),
+        (status = 415, description = "`invalid_body`: not `Content-Type: application/json`", body = ApiError),
         (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
     ))]
 pub async fn purge_url(
     State(state): State<AdminState>,
     ApiJson(body): ApiJson<PurgeUrl>,
-) -> Response {
-    let key = match invalidation::purge_key(&body.url, body.host.as_deref()) {
-        Ok(key) => key,
-        Err(e) => return api_error(StatusCode::BAD_REQUEST, e.code(), e.to_string()),
-    };
+) -> Result<Json<Purged>, AdminError> {
+    let key = invalidation::purge_key(&body.url, body.host.as_deref())?;
     purge(&state, PurgeTarget::Key(key), body.soft).await
 }
 
@@ -96,26 +88,26 @@ pub async fn purge_url(
         (status = 200, description = "How many stored variants were purged", body = Purged),
         (status = 400, description = "`no_tags`, `invalid_tag`, `too_many_tags`, `invalid_body`", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 413, description = "`body_too_large`", body = ApiError),
+        (status = 415, description = "`invalid_body`: not `Content-Type: application/json`", body = ApiError),
         (status = 422, description = "`invalid_body`: wrong or missing fields", body = ApiError),
     ))]
 pub async fn purge_tags(
     State(state): State<AdminState>,
     ApiJson(body): ApiJson<PurgeTags>,
-) -> Response {
-    let tags = match invalidation::tag_list(body.tags) {
-        Ok(tags) => tags,
-        Err(e) => return api_error(StatusCode::BAD_REQUEST, e.code(), e.to_string()),
-    };
+) -> Result<Json<Purged>, AdminError> {
+    let tags = invalidation::tag_list(body.tags)?;
     purge(&state, PurgeTarget::Tags(tags), body.soft).await
 }
 
-async fn purge(state: &AdminState, target: PurgeTarget, soft: bool) -> Response {
-    match invalidation::purge(&state.shared.store, target, soft).await {
-        Ok(purged) => Json(Purged {
-            purged: purged as u64,
-            soft,
-        })
-        .into_response(),
-        Err(e) => store_failed(e),
-    }
+async fn purge(
+    state: &AdminState,
+    target: PurgeTarget,
+    soft: bool,
+) -> Result<Json<Purged>, AdminError> {
+    let purged = invalidation::purge(&state.shared.store, target, soft).await?;
+    Ok(Json(Purged {
+        purged: purged as u64,
+        soft,
+    }))
 }

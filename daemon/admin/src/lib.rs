@@ -1,13 +1,15 @@
 //! The admin API (axum, localhost by default). Every route but `GET /v1/health` and
 //! `GET /v1/openapi.json` requires `Authorization: Bearer <secret>` (and `GET /metrics` unless
-//! `admin.open_metrics`). Errors are JSON [`ApiError`]s with a stable code. Routes are registered together
-//! with their OpenAPI description, so `GET /v1/openapi.json` lists exactly what is served.
+//! `admin.open_metrics`). Every failure is an [`AdminError`], answered as a JSON `ApiError` with a stable
+//! code. Routes are registered together with their OpenAPI description, so `GET /v1/openapi.json` lists
+//! exactly what is served.
 
 #![warn(missing_docs)]
 
+mod error;
 mod invalidation;
 mod log;
-pub mod metrics;
+mod metrics;
 mod objects;
 mod operations;
 mod status;
@@ -17,12 +19,11 @@ use std::sync::{Arc, OnceLock};
 use axum::{
     body::Bytes,
     extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Query, Request, State},
-    http::{header, request::Parts, StatusCode},
+    http::{header, request::Parts},
     middleware::{self, Next},
-    response::{IntoResponse, Response},
+    response::Response,
     Json, Router,
 };
-use lacquer_admin::wire::ApiError;
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 use utoipa::{
@@ -35,6 +36,8 @@ use lacquer_admin::wire::Reloaded;
 use lacquer_config::ConfigError;
 use lacquer_proxy::worker::Shared;
 
+pub use error::AdminError;
+
 /// Reads the configuration again and applies what can change while requests are served (`POST
 /// /v1/reload`, as `SIGHUP` does).
 pub trait Reload: Send + Sync + 'static {
@@ -43,12 +46,17 @@ pub trait Reload: Send + Sync + 'static {
     fn reload(&self) -> Result<Reloaded, ConfigError>;
 }
 
+/// What the handlers work on; cloned per request, so everything in it is shared.
 #[derive(Clone)]
 pub struct AdminState {
+    /// The state the client-serving workers share: store, statistics, live settings, access log.
     pub shared: Arc<Shared>,
+    /// The admin secret every guarded route requires as `Authorization: Bearer <secret>`, compared in
+    /// constant time.
     pub secret: Arc<str>,
+    /// What `POST /v1/reload` runs, off the async threads since it reads files.
     pub reloader: Arc<dyn Reload>,
-    /// `host:port` of the origin, as configured.
+    /// `GET /metrics` answers without the secret (`admin.open_metrics`), for scrapers that cannot send one.
     pub open_metrics: bool,
     /// Turns true on shutdown: long-lived streams end so the server can stop.
     pub stopping: watch::Receiver<bool>,
@@ -90,14 +98,6 @@ impl Modify for SecretAuth {
     }
 }
 
-pub fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let error = ApiError {
-        code: code.to_owned(),
-        message: message.into(),
-    };
-    (status, Json(error)).into_response()
-}
-
 /// Admin request bodies are small JSON documents.
 const BODY_LIMIT: usize = 64 * 1024;
 
@@ -109,21 +109,11 @@ where
     Json<T>: FromRequest<S, Rejection = axum::extract::rejection::JsonRejection>,
     S: Send + Sync,
 {
-    type Rejection = Response;
+    type Rejection = AdminError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Self(value)),
-            Err(rejection) => {
-                let status = rejection.status();
-                let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                    "body_too_large"
-                } else {
-                    "invalid_body"
-                };
-                Err(api_error(status, code, rejection.body_text()))
-            }
-        }
+        let Json(value) = Json::<T>::from_request(req, state).await?;
+        Ok(Self(value))
     }
 }
 
@@ -135,17 +125,11 @@ where
     Query<T>: FromRequestParts<S, Rejection = axum::extract::rejection::QueryRejection>,
     S: Send + Sync,
 {
-    type Rejection = Response;
+    type Rejection = AdminError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match Query::<T>::from_request_parts(parts, state).await {
-            Ok(Query(value)) => Ok(Self(value)),
-            Err(rejection) => Err(api_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_query",
-                rejection.body_text(),
-            )),
-        }
+        let Query(value) = Query::<T>::from_request_parts(parts, state).await?;
+        Ok(Self(value))
     }
 }
 
@@ -178,6 +162,8 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .merge(metrics)
 }
 
+/// The admin API, ready to serve: every route, the secret guard, JSON [`AdminError`]s for unknown routes
+/// and methods, a 64 KiB body limit. Renders the OpenAPI document into `state.openapi` once.
 pub fn router(state: AdminState) -> Router {
     let (router, doc) = routes(&state).split_for_parts();
     let rendered = doc
@@ -186,37 +172,26 @@ pub fn router(state: AdminState) -> Router {
     state.openapi.get_or_init(|| Bytes::from(rendered));
     router
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .fallback(|| async { api_error(StatusCode::NOT_FOUND, "not_found", "no such admin route") })
-        .method_not_allowed_fallback(|| async {
-            api_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "this route does not take that method",
-            )
-        })
+        .fallback(|| async { AdminError::NotFound })
+        .method_not_allowed_fallback(|| async { AdminError::MethodNotAllowed })
         .with_state(state)
 }
 
-async fn require_secret(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+async fn require_secret(
+    State(state): State<AdminState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, AdminError> {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
-    match presented {
-        Some(token) if bool::from(token.as_bytes().ct_eq(state.secret.as_bytes())) => {
-            next.run(req).await
-        }
-        Some(_) => api_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "the admin secret does not match",
-        ),
-        None => api_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing `Authorization: Bearer <secret>`; the secret is in the file given by --secret",
-        ),
+        .and_then(bearer_token)
+        .ok_or(AdminError::MissingSecret)?;
+    if bool::from(presented.as_bytes().ct_eq(state.secret.as_bytes())) {
+        Ok(next.run(req).await)
+    } else {
+        Err(AdminError::WrongSecret)
     }
 }
 
@@ -230,19 +205,123 @@ fn bearer_token(credentials: &str) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// The answer to a store failure: logged, and reported without detail beyond the store's own message.
-pub fn store_failed(e: lacquer_storage::StoreError) -> Response {
-    tracing::error!(error = %e, "admin operation failed in the store");
-    api_error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "store_error",
-        e.to_string(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
+    use arc_swap::ArcSwap;
+    use axum::{
+        body::{to_bytes, Body},
+        http::{Method, StatusCode},
+    };
+    use lacquer_config::{Config, Overrides};
+    use lacquer_proxy::{access_log::AccessLog, coalesce::Coalescer, stats::Stats, worker::Live};
+    use lacquer_storage::StoreBuilder;
+    use serde_json::Value;
+    use tower::ServiceExt;
+
     use super::*;
+
+    const SECRET: &str = "s3cret";
+
+    struct FailingReload;
+
+    impl Reload for FailingReload {
+        fn reload(&self) -> Result<Reloaded, ConfigError> {
+            Err(ConfigError("lacquer.toml:1:1: unreadable".into()))
+        }
+    }
+
+    /// The router as lacquerd serves it, over a real (small, temporary) store and default settings.
+    async fn app(dir: &std::path::Path) -> Router {
+        let overrides = Overrides {
+            backend: Some("127.0.0.1:9".into()),
+            disk: Some(dir.join("store")),
+            ..Default::default()
+        };
+        let config = Config::load(None, overrides).unwrap();
+        let backends = lacquer_backends::backend_set(&config).unwrap();
+        let store = StoreBuilder::new(dir.join("store"))
+            .with_memory_bytes(1 << 20)
+            .with_disk_bytes(16 << 20)
+            .with_chunk_size(16 * 1024)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let (access_log, _) = AccessLog::start(&config.access_log, stats.clone()).unwrap();
+        let shared = Arc::new(Shared {
+            live: ArcSwap::from_pointee(Live::new(&config, &backends).unwrap()),
+            access_log,
+            store,
+            stats,
+            coalescer: Coalescer::new(1 << 20),
+            started: lacquer_clock::monotonic(),
+        });
+        let (_, stopping) = watch::channel(false);
+        router(AdminState {
+            shared,
+            secret: SECRET.into(),
+            reloader: Arc::new(FailingReload),
+            open_metrics: false,
+            stopping,
+            openapi: Arc::default(),
+        })
+    }
+
+    /// Requests refused before any handler touches the store are answered, through the whole router, with
+    /// the documented status and code: the guard, the fallbacks, the extractors' rejections, the handlers'
+    /// own checks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refusals_through_the_router() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = app(dir.path()).await;
+        let bearer = format!("Bearer {SECRET}");
+        let bearer = Some(bearer.as_str());
+        let json = Some("application/json");
+        let big = format!(r#"{{"expression": "{}"}}"#, "x".repeat(70_000));
+        let big = big.as_str();
+        #[rustfmt::skip]
+        let cases = [
+            (Method::GET, "/v1/stats", None, None, "", 401, "unauthorized"),
+            (Method::GET, "/v1/stats", Some("Bearer nope"), None, "", 401, "unauthorized"),
+            (Method::GET, "/v1/stats", Some("Basic czNjcmV0"), None, "", 401, "unauthorized"),
+            (Method::GET, "/metrics", None, None, "", 401, "unauthorized"),
+            (Method::GET, "/v1/nope", None, None, "", 404, "not_found"),
+            (Method::DELETE, "/v1/stats", bearer, None, "", 405, "method_not_allowed"),
+            (Method::POST, "/v1/bans", bearer, None, r#"{"expression": "obj.status == 599"}"#, 415, "invalid_body"),
+            (Method::POST, "/v1/bans", bearer, json, "{", 400, "invalid_body"),
+            (Method::POST, "/v1/bans", bearer, json, r#"{"expr": "x"}"#, 422, "invalid_body"),
+            (Method::POST, "/v1/bans", bearer, json, big, 413, "body_too_large"),
+            (Method::POST, "/v1/bans", bearer, json, r#"{"expression": "req.url ~ ("}"#, 400, "invalid_ban"),
+            (Method::GET, "/v1/objects", bearer, None, "", 400, "invalid_query"),
+            (Method::GET, "/v1/objects?url=/a", bearer, None, "", 400, "missing_host"),
+            (Method::POST, "/v1/purge/tags", bearer, json, r#"{"tags": []}"#, 400, "no_tags"),
+            (Method::GET, "/v1/log/stream?status=6xx", bearer, None, "", 400, "invalid_query"),
+            (Method::POST, "/v1/reload", bearer, None, "", 400, "invalid_config"),
+        ];
+        for (method, path, authorization, content_type, body, status, code) in cases {
+            let mut request = Request::builder().method(method.clone()).uri(path);
+            if let Some(value) = authorization {
+                request = request.header(header::AUTHORIZATION, value);
+            }
+            if let Some(value) = content_type {
+                request = request.header(header::CONTENT_TYPE, value);
+            }
+            let request = request.body(Body::from(body.to_owned())).unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status().as_u16(), status, "{method} {path}");
+            let body = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body["code"], code, "{method} {path}: {body}");
+            assert!(
+                body["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "{body}"
+            );
+        }
+
+        let health = Request::get("/v1/health").body(Body::empty()).unwrap();
+        let response = app.oneshot(health).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "health needs no secret");
+    }
 
     #[test]
     fn bearer_credentials() {

@@ -4,17 +4,13 @@ use std::{convert::Infallible, sync::Arc};
 
 use axum::{
     extract::State,
-    http::StatusCode,
-    response::{
-        sse::{Event, KeepAlive, Sse},
-        IntoResponse, Response,
-    },
+    response::sse::{Event, KeepAlive, Sse},
 };
-use futures_util::stream;
+use futures_util::{stream, Stream};
 use lacquer_admin::wire::{ApiError, LogEntry, LogFilter};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{api_error, AdminState, ApiQuery};
+use super::{AdminError, AdminState, ApiQuery};
 
 /// Every request as it completes, as server-sent events named `log` whose data is a log record, filtered
 /// by URL and status; `lagged` (with the number of records missed) when the client reads too slowly to
@@ -29,22 +25,17 @@ use super::{api_error, AdminState, ApiQuery};
 pub async fn stream(
     State(state): State<AdminState>,
     ApiQuery(filter): ApiQuery<LogFilter>,
-) -> Response {
-    let status = match filter
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, AdminError> {
+    let status = filter
         .status
         .as_deref()
         .map(StatusFilter::parse)
         .transpose()
-    {
-        Ok(s) => s,
-        Err(()) => {
-            return api_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_query",
-                "status: a status such as 404, or a class such as 5xx",
+        .map_err(|()| {
+            AdminError::InvalidQuery(
+                "status: a status such as 404, or a class such as 5xx".to_owned(),
             )
-        }
-    };
+        })?;
     let url = filter.url;
     let records = state.shared.access_log.follow();
     let events = stream::unfold(
@@ -73,9 +64,7 @@ pub async fn stream(
             }
         },
     );
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,6 +9,7 @@ use prometheus::{
     TextEncoder,
 };
 
+/// The media type of Prometheus' text exposition format, the version `render` writes.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Renders `stats` and the metrics in `foyer`.

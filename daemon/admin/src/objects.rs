@@ -1,15 +1,10 @@
 //! `GET /v1/objects?url=…`: what the store holds for a URL, and where.
 
-use axum::{
-    extract::State,
-    http::StatusCode,
-    response::{IntoResponse, Response},
-    Json,
-};
+use axum::{extract::State, Json};
 use lacquer_admin::wire::{ApiError, HeaderField, Inspection, ObjectQuery, StoredVariant, Tiers};
 use lacquer_storage::{ChunkTiers, ObjectMeta};
 
-use super::{api_error, store_failed, AdminState, ApiQuery};
+use super::{AdminError, AdminState, ApiQuery};
 use lacquer_policy::stale::{usability, Usability};
 use lacquer_proxy::invalidation;
 
@@ -25,32 +20,23 @@ use lacquer_proxy::invalidation;
 pub async fn inspect(
     State(state): State<AdminState>,
     ApiQuery(query): ApiQuery<ObjectQuery>,
-) -> Response {
-    let key = match invalidation::purge_key(&query.url, query.host.as_deref()) {
-        Ok(key) => key,
-        Err(e) => return api_error(StatusCode::BAD_REQUEST, e.code(), e.to_string()),
-    };
+) -> Result<Json<Inspection>, AdminError> {
+    let key = invalidation::purge_key(&query.url, query.host.as_deref())?;
     let store = state.shared.store.clone();
     let lookup_key = key.clone();
     let found = tokio::task::spawn_blocking(move || store.inspect(&lookup_key))
         .await
-        .expect("inspection does not panic");
-    match found {
-        Ok(variants) => {
-            let now = lacquer_clock::now_ms();
-            let variants: Vec<_> = variants
-                .into_iter()
-                .map(|(meta, tiers)| stored_variant(meta, tiers, now))
-                .collect();
-            Json(Inspection {
-                key,
-                cached: !variants.is_empty(),
-                variants,
-            })
-            .into_response()
-        }
-        Err(e) => store_failed(e),
-    }
+        .expect("inspection does not panic")?;
+    let now = lacquer_clock::now_ms();
+    let variants: Vec<_> = found
+        .into_iter()
+        .map(|(meta, tiers)| stored_variant(meta, tiers, now))
+        .collect();
+    Ok(Json(Inspection {
+        key,
+        cached: !variants.is_empty(),
+        variants,
+    }))
 }
 
 fn stored_variant(meta: ObjectMeta, tiers: ChunkTiers, now_ms: u64) -> StoredVariant {

@@ -1,14 +1,9 @@
 //! `GET /v1/backends` and `POST /v1/reload`.
 
-use axum::{
-    extract::State,
-    http::StatusCode,
-    response::{IntoResponse, Response},
-    Json,
-};
+use axum::{extract::State, Json};
 use lacquer_admin::wire::{ApiError, BackendList, Reloaded};
 
-use super::{api_error, AdminState};
+use super::{AdminError, AdminState};
 
 /// The backends: their probes' verdicts, and how their requests have been going.
 #[utoipa::path(get, path = "/v1/backends", tag = "operations", security(("secret" = [])),
@@ -39,13 +34,10 @@ pub async fn backends(State(state): State<AdminState>) -> Json<BackendList> {
         (status = 400, description = "`invalid_config`: the file does not load; nothing changed", body = ApiError),
         (status = 401, description = "Missing or wrong secret", body = ApiError),
     ))]
-pub async fn reload(State(state): State<AdminState>) -> Response {
+pub async fn reload(State(state): State<AdminState>) -> Result<Json<Reloaded>, AdminError> {
     let reloader = state.reloader.clone();
-    let outcome = tokio::task::spawn_blocking(move || reloader.reload())
+    let reloaded = tokio::task::spawn_blocking(move || reloader.reload())
         .await
-        .expect("reloading does not panic");
-    match outcome {
-        Ok(reloaded) => Json(reloaded).into_response(),
-        Err(e) => api_error(StatusCode::BAD_REQUEST, "invalid_config", e.to_string()),
-    }
+        .expect("reloading does not panic")?;
+    Ok(Json(reloaded))
 }
