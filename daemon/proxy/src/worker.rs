@@ -11,7 +11,7 @@ use lacquer_storage::Store;
 use lacquer_backends::{protection::DenyRule, routing::Router, Backend, BackendSet, BackendState};
 use lacquer_config::{Config, ConfigError, Normalize, Purge};
 
-use crate::{access_log::AccessLog, coalesce::Coalescer, stats::Stats};
+use crate::{access_log::AccessLog, coalesce::Coalescer, stats::Stats, store::CacheStore};
 
 /// The settings a reload can change while requests are served.
 #[derive(Debug)]
@@ -43,17 +43,17 @@ impl Live {
     }
 }
 
-pub struct Shared {
+pub struct Shared<S: CacheStore = Store> {
     /// Routes, backends, rules: what a reload replaces.
     pub live: ArcSwap<Live>,
     pub access_log: Arc<AccessLog>,
-    pub store: Store,
+    pub store: S,
     pub stats: Arc<Stats>,
-    pub coalescer: Coalescer,
+    pub coalescer: Coalescer<S>,
     pub started: Instant,
 }
 
-impl Shared {
+impl<S: CacheStore> Shared<S> {
     /// The live settings as of now, for work that awaits while it uses them: it keeps the copy it started
     /// with. Synchronous uses read `live.load()`, which counts no reference.
     pub fn live(&self) -> Arc<Live> {
@@ -62,14 +62,14 @@ impl Shared {
 }
 
 /// One client-serving thread: its own runtime, listener sockets and backend connection pools.
-pub struct Worker {
-    pub shared: Arc<Shared>,
+pub struct Worker<S: CacheStore = Store> {
+    pub shared: Arc<Shared<S>>,
     /// One pool per backend in use; only this worker's thread locks it, on misses and passes.
     pools: Mutex<Vec<Backend>>,
 }
 
-impl Worker {
-    pub fn new(shared: Arc<Shared>) -> Self {
+impl<S: CacheStore> Worker<S> {
+    pub fn new(shared: Arc<Shared<S>>) -> Self {
         Self {
             shared,
             pools: Mutex::default(),
