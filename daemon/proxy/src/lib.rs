@@ -7,10 +7,14 @@ pub mod coalesce;
 mod fetch;
 mod forward;
 pub mod invalidation;
+#[cfg(test)]
+mod memory;
 mod purge_method;
 mod respond;
 pub mod stats;
 pub mod store;
+#[cfg(test)]
+mod tests;
 pub mod worker;
 
 use std::{
