@@ -27,6 +27,7 @@ use crate::store::{BodyWriter, CacheStore, PartialRead};
 /// What a fetch learned from the backend's response head, shared by every reader.
 #[derive(Debug)]
 pub struct FetchedHead {
+    /// The backend's status.
     pub status: StatusCode,
     /// Headers as they will be stored and delivered (hop-by-hop fields removed, `Date` ensured).
     pub headers: HeaderMap,
@@ -36,16 +37,19 @@ pub struct FetchedHead {
     pub selection: Vec<(String, String)>,
     /// Corrected initial age in seconds, at `received_at`.
     pub initial_age: u64,
+    /// When the head arrived (monotonic): ages and remaining freshness count from it.
     pub received_at: Instant,
     /// Freshness left at `received_at` (zero when not stored).
     pub ttl: Duration,
 }
 
+/// Why a fetch failed, shared by every reader of it (cheap to clone).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct FetchError(pub Arc<str>);
 
 impl FetchError {
+    /// An error saying `msg`.
     pub fn new(msg: impl Into<String>) -> Self {
         Self(Arc::from(msg.into()))
     }
@@ -54,7 +58,9 @@ impl FetchError {
 /// A head failure carries the status the client should see.
 #[derive(Debug, Clone)]
 pub struct HeadError {
+    /// The status the client gets (502, 503 or 504).
     pub status: StatusCode,
+    /// What went wrong, for the body and the log.
     pub error: FetchError,
 }
 
@@ -172,6 +178,8 @@ pub struct Fetch<S: CacheStore = Store> {
 }
 
 impl<S: CacheStore> Fetch<S> {
+    /// A fetch started at `since`, holding at most `transit_buffer` body bytes in memory (at least two
+    /// chunks once it stores the body).
     pub fn new(since: InvalidationMark, transit_buffer: u64) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
@@ -197,6 +205,8 @@ impl<S: CacheStore> Fetch<S> {
         })
     }
 
+    /// Where the invalidation history stood when the fetch started: what it stores is tested against
+    /// the bans and purges after it.
     pub fn since(&self) -> InvalidationMark {
         self.since
     }
@@ -210,6 +220,7 @@ impl<S: CacheStore> Fetch<S> {
         self.changed.send_replace(());
     }
 
+    /// The response head, or why there is none; wakes every reader waiting for it.
     pub fn set_head(&self, head: Result<Arc<FetchedHead>, HeadError>) {
         self.update(|s| s.head = Some(head));
     }
@@ -253,6 +264,7 @@ impl<S: CacheStore> Fetch<S> {
         s.parked = writer;
     }
 
+    /// Body bytes from the backend, for the readers (call [`Fetch::room`] first to stay in the window).
     pub fn push(&self, data: Bytes) {
         self.update(|s| {
             let len = data.len() as u64;
@@ -261,6 +273,7 @@ impl<S: CacheStore> Fetch<S> {
         });
     }
 
+    /// The body ended: whole (`Ok`), or cut short, which readers see as an error.
     pub fn end(&self, result: Result<(), FetchError>) {
         self.update(|s| s.end = Some(result));
     }
@@ -319,6 +332,7 @@ impl<S: CacheStore> Fetch<S> {
         });
     }
 
+    /// The fill is done, publication included: readers waiting to look up again may.
     pub fn settle(&self) {
         self.update(|s| s.settled = true);
     }
@@ -354,6 +368,8 @@ impl<S: CacheStore> Fetch<S> {
     }
 }
 
+/// One reader of a fetch: its position in the body keeps the bytes it has not read in the window (or
+/// in the store). Dropping it leaves the fetch.
 pub struct FetchReader<S: CacheStore = Store> {
     fetch: Arc<Fetch<S>>,
     rx: watch::Receiver<()>,

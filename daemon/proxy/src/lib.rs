@@ -270,6 +270,7 @@ pub struct Found {
 }
 
 impl Found {
+    /// The variant's metadata, as stored when it was looked up.
     pub fn meta(&self) -> &ObjectMeta {
         &self.set.variants[self.index]
     }
