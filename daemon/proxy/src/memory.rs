@@ -148,6 +148,11 @@ impl MemoryStore {
         std::mem::take(&mut self.lock().reads)
     }
 
+    /// Drops one chunk of a body, as an eviction or a damaged disk would.
+    pub fn lose_chunk(&self, generation: u64, index: u32) {
+        self.lock().chunks.remove(&(generation, index));
+    }
+
     /// Chunks held, of every body.
     pub fn chunks(&self) -> usize {
         self.lock().chunks.len()

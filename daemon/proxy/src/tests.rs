@@ -613,3 +613,66 @@ async fn a_purge_during_a_fill_is_not_undone_by_it() {
     );
     assert_eq!(store.published(), 1, "the fill from after it");
 }
+
+/// A stored body missing a chunk is never served short: the request is a miss, the origin sends the body
+/// again, and the damaged copy is replaced.
+#[tokio::test]
+async fn a_body_missing_a_chunk_is_fetched_again() {
+    let origin =
+        Origin::start(|_| Reply::ok(pattern(40)).header("cache-control", "max-age=60")).await;
+    let store = MemoryStore::new(8);
+    let w = worker(&origin, &store);
+    get(&w, "/l", &[]).await;
+    fills_done(&w).await;
+    let lost = store.variants(&key("/l"))[0].generation;
+    store.lose_chunk(lost, 3);
+
+    let got = get(&w, "/l", &[]).await;
+    assert_eq!(got.x_cache(), "MISS");
+    assert_eq!(got.body, pattern(40));
+    assert_eq!(origin.count("/l"), 2);
+    assert_eq!(w.shared.stats.bodies_lost.load(SeqCst), 1);
+    fills_done(&w).await;
+    let stored = store.variants(&key("/l"));
+    assert_eq!(stored.len(), 1);
+    assert_ne!(stored[0].generation, lost, "the damaged body is gone");
+    assert_eq!(get(&w, "/l", &[]).await.x_cache(), "HIT");
+}
+
+/// Two ranges of a stored body, each across a chunk boundary, answered as `multipart/byteranges`.
+#[tokio::test]
+async fn several_ranges_of_a_stored_body_are_a_multipart_answer() {
+    let origin = Origin::start(|_| {
+        Reply::ok(pattern(100))
+            .header("cache-control", "max-age=60")
+            .header("content-type", "application/octet-stream")
+    })
+    .await;
+    let store = MemoryStore::new(10);
+    let w = worker(&origin, &store);
+    get(&w, "/mp", &[]).await;
+    fills_done(&w).await;
+
+    let got = get(&w, "/mp", &[("range", "bytes=8-12,95-")]).await;
+    assert_eq!(got.status, StatusCode::PARTIAL_CONTENT);
+    let boundary = got
+        .header("content-type")
+        .strip_prefix("multipart/byteranges; boundary=")
+        .expect("a multipart answer")
+        .to_owned();
+    let mut want = Vec::new();
+    for (first, last) in [(8, 12), (95, 99)] {
+        want.extend_from_slice(
+            format!(
+                "\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\
+                 Content-Range: bytes {first}-{last}/100\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        want.extend_from_slice(&pattern(100)[first..=last]);
+    }
+    want.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    assert!(got.body == want, "{:?}", got.body);
+    assert_eq!(got.header("content-length"), want.len().to_string());
+    assert_eq!(origin.total(), 1);
+}
