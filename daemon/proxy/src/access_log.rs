@@ -43,6 +43,8 @@ enum Message {
     Close,
 }
 
+/// The access log: a file written by a thread of its own (never by the workers), and a live stream for
+/// `GET /v1/log/stream`.
 pub struct AccessLog {
     file: Option<SyncSender<Message>>,
     sample: f64,
@@ -91,6 +93,8 @@ impl AccessLog {
         }
     }
 
+    /// Every request recorded from now on (whatever the file's sampling), for live followers; a follower
+    /// that falls behind loses the oldest entries, never slows requests down.
     pub fn follow(&self) -> broadcast::Receiver<Arc<LogEntry>> {
         self.tail.subscribe()
     }

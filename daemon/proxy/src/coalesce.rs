@@ -17,14 +17,17 @@ use bytes::Bytes;
 use foyer::{Cache, CacheBuilder, FifoConfig};
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
-use lacquer_storage::{InvalidationMark, ObjectMeta, ObjectWriter, PartialBody, Store, StoreError};
+use lacquer_storage::{InvalidationMark, ObjectMeta, Store, StoreError};
 use tokio::sync::{watch, Notify};
 
 use lacquer_backends::body::{self, Body, BoxError};
 
+use crate::store::{BodyWriter, CacheStore, PartialRead};
+
 /// What a fetch learned from the backend's response head, shared by every reader.
 #[derive(Debug)]
 pub struct FetchedHead {
+    /// The backend's status.
     pub status: StatusCode,
     /// Headers as they will be stored and delivered (hop-by-hop fields removed, `Date` ensured).
     pub headers: HeaderMap,
@@ -34,16 +37,19 @@ pub struct FetchedHead {
     pub selection: Vec<(String, String)>,
     /// Corrected initial age in seconds, at `received_at`.
     pub initial_age: u64,
+    /// When the head arrived (monotonic): ages and remaining freshness count from it.
     pub received_at: Instant,
     /// Freshness left at `received_at` (zero when not stored).
     pub ttl: Duration,
 }
 
+/// Why a fetch failed, shared by every reader of it (cheap to clone).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct FetchError(pub Arc<str>);
 
 impl FetchError {
+    /// An error saying `msg`.
     pub fn new(msg: impl Into<String>) -> Self {
         Self(Arc::from(msg.into()))
     }
@@ -52,20 +58,30 @@ impl FetchError {
 /// A head failure carries the status the client should see.
 #[derive(Debug, Clone)]
 pub struct HeadError {
+    /// The status the client gets (502, 503 or 504).
     pub status: StatusCode,
+    /// What went wrong, for the body and the log.
     pub error: FetchError,
 }
 
 /// Where readers behind the window find the body's bytes.
-#[derive(Clone)]
-enum Backing {
+enum Backing<S: CacheStore> {
     /// The chunks the fill's writer has stored so far.
-    Writing(PartialBody),
+    Writing(S::Partial),
     /// A stored body the origin confirmed (304): all of it.
-    Stored(Store, Arc<ObjectMeta>),
+    Stored(S, Arc<ObjectMeta>),
 }
 
-impl Backing {
+impl<S: CacheStore> Clone for Backing<S> {
+    fn clone(&self) -> Self {
+        match self {
+            Backing::Writing(partial) => Backing::Writing(partial.clone()),
+            Backing::Stored(store, meta) => Backing::Stored(store.clone(), meta.clone()),
+        }
+    }
+}
+
+impl<S: CacheStore> Backing<S> {
     fn chunk_size(&self) -> u64 {
         match self {
             Backing::Writing(partial) => partial.chunk_size(),
@@ -83,7 +99,7 @@ impl Backing {
     }
 }
 
-struct State {
+struct State<S: CacheStore> {
     /// Body bytes held in memory before the origin read waits.
     limit: u64,
     head: Option<Result<Arc<FetchedHead>, HeadError>>,
@@ -92,7 +108,7 @@ struct State {
     window_start: u64,
     received: u64,
     /// The store's copy of the body, for readers behind the window.
-    stored: Option<Backing>,
+    stored: Option<Backing<S>>,
     /// Bytes handed to the store: the window may drop bytes below this.
     sent: u64,
     /// Whether the store still takes the body; such a fetch runs on when its readers leave.
@@ -101,7 +117,7 @@ struct State {
     abandoned: bool,
     /// A writer that stopped storing, kept unfinished so the chunks it stored stay readable for readers
     /// behind the window until the fetch itself is dropped.
-    parked: Option<ObjectWriter>,
+    parked: Option<S::Writer>,
     /// Each reader's position in the body.
     readers: HashMap<u64, u64>,
     next_reader: u64,
@@ -112,7 +128,7 @@ struct State {
     settled: bool,
 }
 
-impl State {
+impl<S: CacheStore> State<S> {
     /// Drops the frames no reader needs from memory: those every reader has passed, and, while the store
     /// holds them, the oldest ones past `limit`. While the body is being stored nothing past what the store
     /// holds is dropped, so a reader joining late finds every byte in the store or in the window.
@@ -151,8 +167,8 @@ impl State {
 }
 
 /// One backend fetch and the window of body bytes its readers have not all taken yet.
-pub struct Fetch {
-    state: Mutex<State>,
+pub struct Fetch<S: CacheStore = Store> {
+    state: Mutex<State<S>>,
     /// Wakes readers: the head, more body, or the end arrived.
     changed: watch::Sender<()>,
     /// Wakes the fill task: a reader moved on or left.
@@ -161,7 +177,9 @@ pub struct Fetch {
     since: InvalidationMark,
 }
 
-impl Fetch {
+impl<S: CacheStore> Fetch<S> {
+    /// A fetch started at `since`, holding at most `transit_buffer` body bytes in memory (at least two
+    /// chunks once it stores the body).
     pub fn new(since: InvalidationMark, transit_buffer: u64) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
@@ -187,19 +205,22 @@ impl Fetch {
         })
     }
 
+    /// Where the invalidation history stood when the fetch started: what it stores is tested against
+    /// the bans and purges after it.
     pub fn since(&self) -> InvalidationMark {
         self.since
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<S>> {
         self.state.lock().expect("fetch mutex")
     }
 
-    fn update(&self, f: impl FnOnce(&mut State)) {
+    fn update(&self, f: impl FnOnce(&mut State<S>)) {
         f(&mut self.lock());
         self.changed.send_replace(());
     }
 
+    /// The response head, or why there is none; wakes every reader waiting for it.
     pub fn set_head(&self, head: Result<Arc<FetchedHead>, HeadError>) {
         self.update(|s| s.head = Some(head));
     }
@@ -207,7 +228,7 @@ impl Fetch {
     /// The body is being stored by `writer`: readers that fall behind the window read it back from there,
     /// and the fetch goes on when its readers leave. The window then holds at least two chunks, since the
     /// bytes of a chunk still filling up cannot be read back yet.
-    pub fn store_into(&self, writer: &ObjectWriter) {
+    pub fn store_into(&self, writer: &S::Writer) {
         let mut s = self.lock();
         let stored = writer.partial_body();
         s.limit = s.limit.max(2 * stored.chunk_size());
@@ -217,7 +238,7 @@ impl Fetch {
 
     /// The whole body is `meta`'s, which the store holds (the origin confirmed it with a 304): every reader
     /// reads it from there, and the fetch holds none of it.
-    pub fn complete_from_store(&self, store: Store, meta: ObjectMeta) {
+    pub fn complete_from_store(&self, store: S, meta: ObjectMeta) {
         let length = meta.length;
         self.update(|s| {
             s.stored = Some(Backing::Stored(store, Arc::new(meta)));
@@ -236,13 +257,14 @@ impl Fetch {
     /// The body is no longer being stored. The writer is kept (unfinished) while the fetch lives, so what
     /// it stored stays readable for the readers behind the window; from now on the origin is read no faster
     /// than the slowest reader.
-    pub fn stop_storing(&self, writer: Option<ObjectWriter>) {
+    pub fn stop_storing(&self, writer: Option<S::Writer>) {
         let mut s = self.lock();
         s.storing = false;
         s.abandoned = true;
         s.parked = writer;
     }
 
+    /// Body bytes from the backend, for the readers (call [`Fetch::room`] first to stay in the window).
     pub fn push(&self, data: Bytes) {
         self.update(|s| {
             let len = data.len() as u64;
@@ -251,6 +273,7 @@ impl Fetch {
         });
     }
 
+    /// The body ended: whole (`Ok`), or cut short, which readers see as an error.
     pub fn end(&self, result: Result<(), FetchError>) {
         self.update(|s| s.end = Some(result));
     }
@@ -309,6 +332,7 @@ impl Fetch {
         });
     }
 
+    /// The fill is done, publication included: readers waiting to look up again may.
     pub fn settle(&self) {
         self.update(|s| s.settled = true);
     }
@@ -327,7 +351,7 @@ impl Fetch {
 
     /// A reader from the start of the body. [`FetchReader::cancelled`] tells whether the fetch had already
     /// been given up, in which case the reader must fetch for itself.
-    pub fn reader(self: &Arc<Self>) -> FetchReader {
+    pub fn reader(self: &Arc<Self>) -> FetchReader<S> {
         let mut s = self.lock();
         let id = s.next_reader;
         s.next_reader += 1;
@@ -344,15 +368,17 @@ impl Fetch {
     }
 }
 
-pub struct FetchReader {
-    fetch: Arc<Fetch>,
+/// One reader of a fetch: its position in the body keeps the bytes it has not read in the window (or
+/// in the store). Dropping it leaves the fetch.
+pub struct FetchReader<S: CacheStore = Store> {
+    fetch: Arc<Fetch<S>>,
     rx: watch::Receiver<()>,
     id: u64,
     pos: u64,
     cancelled: bool,
 }
 
-impl Drop for FetchReader {
+impl<S: CacheStore> Drop for FetchReader<S> {
     fn drop(&mut self) {
         self.fetch.lock().readers.remove(&self.id);
         self.fetch.progress.notify_one();
@@ -360,14 +386,14 @@ impl Drop for FetchReader {
 }
 
 /// Where a reader's next bytes come from.
-enum Next {
+enum Next<S: CacheStore> {
     Data(Bytes),
-    Store(Backing),
+    Store(Backing<S>),
     End(Option<Result<Bytes, FetchError>>),
     Wait,
 }
 
-impl FetchReader {
+impl<S: CacheStore> FetchReader<S> {
     /// Whether the fetch had been cancelled (all its readers gone) before this reader joined it.
     pub fn cancelled(&self) -> bool {
         self.cancelled
@@ -496,18 +522,18 @@ impl FetchReader {
 }
 
 /// How a miss proceeds.
-pub enum Joined {
+pub enum Joined<S: CacheStore = Store> {
     /// No fetch was in flight: the caller must start one with this handle.
-    Leader(Arc<Fetch>),
+    Leader(Arc<Fetch<S>>),
     /// A fetch is in flight: read it.
-    Waiter(Arc<Fetch>),
+    Waiter(Arc<Fetch<S>>),
     /// The key recently proved uncacheable: fetch alone, without registering.
     HitForMiss,
 }
 
 /// Fetches in flight by key, and the keys that recently proved uncacheable.
-pub struct Coalescer {
-    fetching: Mutex<HashMap<String, Arc<Fetch>>>,
+pub struct Coalescer<S: CacheStore = Store> {
+    fetching: Mutex<HashMap<String, Arc<Fetch<S>>>>,
     /// Until when each key bypasses coalescing; bounded in bytes, the oldest entries leave first, so
     /// endless unique uncacheable URLs cannot grow it.
     hit_for_miss: Cache<String, Instant>,
@@ -516,7 +542,7 @@ pub struct Coalescer {
 /// What one hit-for-miss entry costs besides its key (the entry, the instant, the table's slot).
 const HIT_FOR_MISS_OVERHEAD: usize = 96;
 
-impl Coalescer {
+impl<S: CacheStore> Coalescer<S> {
     /// A coalescer whose hit-for-miss table holds at most `hit_for_miss_memory` bytes.
     pub fn new(hit_for_miss_memory: usize) -> Self {
         Self {
@@ -532,7 +558,7 @@ impl Coalescer {
     /// Joins the fetch in flight for `key`, unless a ban or purge came after it started (`now` is later):
     /// what it brings may be what was invalidated, so a new fetch replaces it for everyone who comes later.
     /// The same goes for a fetch that was cancelled or stopped storing.
-    pub fn join(&self, key: &str, now: InvalidationMark, transit_buffer: u64) -> Joined {
+    pub fn join(&self, key: &str, now: InvalidationMark, transit_buffer: u64) -> Joined<S> {
         let mut fetching = self.fetching.lock().expect("coalescer mutex");
         match fetching.get(key) {
             Some(fetch) if fetch.since.epoch == now.epoch && fetch.joinable() => {
@@ -552,7 +578,7 @@ impl Coalescer {
 
     /// Unregisters `fetch` so later requests look the key up again; with `hit_for_miss`, they bypass
     /// coalescing for that long.
-    pub fn finish(&self, key: &str, fetch: &Arc<Fetch>, hit_for_miss: Option<Duration>) {
+    pub fn finish(&self, key: &str, fetch: &Arc<Fetch<S>>, hit_for_miss: Option<Duration>) {
         let mut fetching = self.fetching.lock().expect("coalescer mutex");
         if !fetching.get(key).is_some_and(|f| Arc::ptr_eq(f, fetch)) {
             return;
@@ -640,7 +666,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_fetch_reaches_readers_as_an_error() {
-        let fetch = Fetch::new(mark(0), WINDOW);
+        let fetch = Fetch::<Store>::new(mark(0), WINDOW);
         let reader = fetch.reader();
         fetch.set_head(Ok(head(true)));
         fetch.push(Bytes::from_static(b"part"));
@@ -650,7 +676,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_abandoned_fetch_ends_every_reader() {
-        let before_head = Fetch::new(mark(0), WINDOW);
+        let before_head = Fetch::<Store>::new(mark(0), WINDOW);
         let mut waiting = before_head.reader();
         before_head.abandon(HeadError {
             status: StatusCode::BAD_GATEWAY,
@@ -661,7 +687,7 @@ mod tests {
             StatusCode::BAD_GATEWAY
         );
 
-        let mid_body = Fetch::new(mark(0), WINDOW);
+        let mid_body = Fetch::<Store>::new(mark(0), WINDOW);
         let reader = mid_body.reader();
         mid_body.set_head(Ok(head(true)));
         mid_body.push(Bytes::from_static(b"part"));
@@ -677,7 +703,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unstored_body_is_read_from_the_origin_no_faster_than_its_slowest_reader() {
-        let fetch = Fetch::new(mark(0), WINDOW);
+        let fetch = Fetch::<Store>::new(mark(0), WINDOW);
         let slow = fetch.reader();
         let mut fast = fetch.reader().into_body();
         fetch.set_head(Ok(head(false)));
@@ -802,7 +828,7 @@ mod tests {
 
     #[test]
     fn unique_uncacheable_keys_cannot_grow_the_hit_for_miss_table() {
-        let c = Coalescer::new(64 * 1024);
+        let c: Coalescer = Coalescer::new(64 * 1024);
         for i in 0..20_000 {
             let key = format!("example.test/unique/{i}");
             let Joined::Leader(fetch) = c.join(&key, mark(0), WINDOW) else {
@@ -848,7 +874,7 @@ mod tests {
         let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
             panic!()
         };
-        c.finish("k", &Fetch::new(mark(0), WINDOW), None);
+        c.finish("k", &Fetch::<Store>::new(mark(0), WINDOW), None);
         assert!(
             matches!(c.join("k", mark(0), WINDOW), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch))
         );

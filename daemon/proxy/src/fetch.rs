@@ -25,6 +25,7 @@ use lacquer_policy::{
 use crate::{
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
     stats::{add, dec, inc},
+    store::{BodyWriter, CacheStore},
     worker::Worker,
 };
 
@@ -56,7 +57,7 @@ pub struct Fill {
     pub background: bool,
 }
 
-pub async fn run(worker: Arc<Worker>, fetch: Arc<Fetch>, request: Fill) {
+pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, request: Fill) {
     let stats = &worker.shared.stats;
     inc(&stats.fetches_in_flight);
     inc(&stats.backend_requests);
@@ -113,9 +114,9 @@ const KEEP_ON_UPDATE: [HeaderName; 4] = [
 
 /// A 304 for a stored object: its headers are updated from the 304 (RFC 9111 §4.3.4), its freshness is
 /// recomputed, and the readers get the stored body, which the origin did not send again.
-async fn revalidated(
-    worker: &Worker,
-    fetch: &Fetch,
+async fn revalidated<S: CacheStore>(
+    worker: &Worker<S>,
+    fetch: &Fetch<S>,
     request: &Fill,
     stale: &Found,
     update: HeaderMap,
@@ -211,7 +212,12 @@ fn with_response(
 
 /// A fill that got no response head: nothing to send to (sick, or every connection busy), or the send
 /// failed. Readers get the error's status.
-fn failed(worker: &Worker, fetch: &Fetch, key: &str, e: BackendError) -> Ending {
+fn failed<S: CacheStore>(
+    worker: &Worker<S>,
+    fetch: &Fetch<S>,
+    key: &str,
+    e: BackendError,
+) -> Ending {
     if let BackendError::Unavailable { .. } = e {
         inc(&worker.shared.stats.backend_unavailable);
         tracing::debug!(key, error = %e, "nothing to fetch from");
@@ -225,7 +231,7 @@ fn failed(worker: &Worker, fetch: &Fetch, key: &str, e: BackendError) -> Ending 
     Ending::Failed
 }
 
-async fn fill(worker: &Worker, fetch: &Fetch, request: &Fill) -> Ending {
+async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fill) -> Ending {
     let Fill {
         key,
         parts,

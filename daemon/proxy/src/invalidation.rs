@@ -10,18 +10,25 @@ use lacquer_policy::{
     surrogate::{MAX_TAGS, MAX_TAG_LEN},
 };
 
+/// What is wrong with a purge's URL, host or tags; [`InvalidationError::code`] is the stable code.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidationError {
+    /// Neither an absolute `http://` URL nor a path.
     #[error("invalid url {0:?}: give http://host/path or /path with a host")]
     InvalidUrl(String),
+    /// A path without a host to go with it.
     #[error("{0:?} has no host: give an absolute url or a host")]
     MissingHost(String),
+    /// A host that is not a host name or address with an optional port (it would name another key).
     #[error("invalid host {0:?}: give a host name or address with an optional port")]
     InvalidHost(String),
+    /// A tag purge naming no tag.
     #[error("no tags given")]
     NoTags,
+    /// An empty or too long tag, or one holding a space or comma.
     #[error("invalid tag {0:?}: tags are 1 to {MAX_TAG_LEN} bytes without spaces or commas")]
     InvalidTag(String),
+    /// More tags than one purge takes.
     #[error("at most {MAX_TAGS} tags per purge")]
     TooManyTags,
 }
@@ -40,9 +47,11 @@ impl InvalidationError {
     }
 }
 
+/// What a purge removes (or, soft, makes stale).
 pub enum PurgeTarget {
     /// One cache key: every variant of it.
     Key(String),
+    /// Every object carrying one of these surrogate keys, whatever its host.
     Tags(Vec<String>),
 }
 

@@ -7,9 +7,14 @@ pub mod coalesce;
 mod fetch;
 mod forward;
 pub mod invalidation;
+#[cfg(test)]
+mod memory;
 mod purge_method;
 mod respond;
 pub mod stats;
+pub mod store;
+#[cfg(test)]
+mod tests;
 pub mod worker;
 
 use std::{
@@ -45,6 +50,7 @@ use crate::{
     coalesce::{Fetch, Joined},
     fetch::Fill,
     stats::{add, inc, Stats},
+    store::CacheStore,
     worker::Worker,
 };
 
@@ -207,8 +213,8 @@ fn counted(resp: Response<Body>, stats: Arc<Stats>) -> Response<Body> {
     })
 }
 
-async fn lookup(
-    worker: &Arc<Worker>,
+async fn lookup<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
     client: IpAddr,
     route: &Arc<Route>,
     parts: Parts,
@@ -264,6 +270,7 @@ pub struct Found {
 }
 
 impl Found {
+    /// The variant's metadata, as stored when it was looked up.
     pub fn meta(&self) -> &ObjectMeta {
         &self.set.variants[self.index]
     }
@@ -276,7 +283,7 @@ impl Found {
 }
 
 /// The stored variant this request selects, fresh or not (the sweeper removes what is past keeping).
-fn find(worker: &Worker, key: &str, parts: &Parts) -> Option<Found> {
+fn find<S: CacheStore>(worker: &Worker<S>, key: &str, parts: &Parts) -> Option<Found> {
     let set = worker.shared.store.lookup(key).unwrap_or_else(|e| {
         tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
         None
@@ -290,8 +297,8 @@ fn find(worker: &Worker, key: &str, parts: &Parts) -> Option<Found> {
 
 /// Answers from a stored object whose body is all there (every chunk present, the first ones read: see
 /// `Store::open_body`); `None` (and the metadata dropped) when it is not.
-async fn serve_stored(
-    worker: &Worker,
+async fn serve_stored<S: CacheStore>(
+    worker: &Worker<S>,
     key: &str,
     parts: &Parts,
     found: &Found,
@@ -336,8 +343,8 @@ async fn serve_stored(
 
 /// Starts one background fetch (a revalidation when the object has validators) for a key served in grace,
 /// unless a fetch for it is already running.
-fn refresh(
-    worker: &Arc<Worker>,
+fn refresh<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
     key: &str,
     parts: &Arc<Parts>,
     client: IpAddr,
@@ -371,8 +378,8 @@ fn record_hit(stats: &Stats, tier: Tier) {
 /// Answers a request the store could not, from a fetch: a new one, or one in flight for the same key.
 /// `None` when the fetch in flight is for another variant and has now settled, so the caller should look up
 /// again (with `may_wait` false it fetches alone instead).
-async fn miss(
-    worker: &Arc<Worker>,
+async fn miss<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
     client: IpAddr,
     route: &Arc<Route>,
     key: &str,
@@ -384,7 +391,7 @@ async fn miss(
     let transit_buffer = route.policy.cache.transit_buffer.as_u64();
     // Starts the coalescer's fetch for the key (`leader`), or one of this request's own. The reader exists
     // before the fill task starts, so the fill never sees a fetch without readers that it would cancel.
-    let start = |leader: Option<Arc<Fetch>>| {
+    let start = |leader: Option<Arc<Fetch<S>>>| {
         let registered = leader.is_some();
         let fetch = leader.unwrap_or_else(|| Fetch::new(shared.store.mark(), transit_buffer));
         let reader = fetch.reader();
@@ -491,8 +498,8 @@ async fn miss(
     Some(resp)
 }
 
-async fn pass(
-    worker: &Worker,
+async fn pass<S: CacheStore>(
+    worker: &Worker<S>,
     client: IpAddr,
     route: &Route,
     parts: Parts,

@@ -9,7 +9,7 @@ use http::{
     header, request::Parts, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode,
 };
 use http_body::Frame;
-use lacquer_storage::{ObjectMeta, ObjectSet, Store};
+use lacquer_storage::{ObjectMeta, ObjectSet};
 
 use super::forward::{append, VIA};
 use lacquer_backends::body::{self, Body, BoxError};
@@ -18,7 +18,10 @@ use lacquer_policy::{
     range::{self, Ranges},
 };
 
-use crate::coalesce::{FetchReader, FetchedHead};
+use crate::{
+    coalesce::{FetchReader, FetchedHead},
+    store::CacheStore,
+};
 
 pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -138,9 +141,9 @@ pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Bo
 
 /// A response read from a fetch in flight (or just finished). A 200 is shaped for the request: 304 for a
 /// matching conditional, 206 for a single range when the length is known (answered as its bytes arrive).
-pub fn fetched(
+pub fn fetched<S: CacheStore>(
     head: &FetchedHead,
-    reader: FetchReader,
+    reader: FetchReader<S>,
     outcome: Outcome,
     req: &Parts,
 ) -> Response<Body> {
@@ -186,8 +189,8 @@ pub fn fetched(
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
 /// readable before the status line goes out), shaped for the request like [`fetched`], with multipart
 /// answers for several ranges.
-pub fn stored(
-    store: Store,
+pub fn stored<S: CacheStore>(
+    store: S,
     set: Arc<ObjectSet>,
     variant: usize,
     first: Option<Bytes>,
@@ -349,15 +352,15 @@ fn shape(req: &Parts, headers: &mut HeaderMap, len: u64) -> Shape {
 }
 
 /// A stored body, read chunk by chunk.
-struct Stored {
-    store: Store,
+struct Stored<S> {
+    store: S,
     set: Arc<ObjectSet>,
     variant: usize,
     /// Chunk 0, already read to prove the body is there.
     first: Option<Bytes>,
 }
 
-impl Stored {
+impl<S: CacheStore> Stored<S> {
     /// Streams bytes `first..=last`, reading only the chunks that hold them. A chunk lost mid-body ends the
     /// stream with an error, so the client sees a broken response rather than a short one.
     fn range(self, first: u64, last: u64) -> Body {

@@ -74,14 +74,17 @@ counters! {
     headers_too_large,
 }
 
+/// Counts one (relaxed: counters order nothing).
 pub fn inc(counter: &AtomicU64) {
     counter.fetch_add(1, Relaxed);
 }
 
+/// Counts `n`.
 pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Relaxed);
 }
 
+/// Takes one off a gauge.
 pub fn dec(counter: &AtomicU64) {
     counter.fetch_sub(1, Relaxed);
 }

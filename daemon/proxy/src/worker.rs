@@ -11,15 +11,18 @@ use lacquer_storage::Store;
 use lacquer_backends::{protection::DenyRule, routing::Router, Backend, BackendSet, BackendState};
 use lacquer_config::{Config, ConfigError, Normalize, Purge};
 
-use crate::{access_log::AccessLog, coalesce::Coalescer, stats::Stats};
+use crate::{access_log::AccessLog, coalesce::Coalescer, stats::Stats, store::CacheStore};
 
 /// The settings a reload can change while requests are served.
 #[derive(Debug)]
 pub struct Live {
     /// Routes (each with its cache policy and rate limit) and directors.
     pub router: Router,
+    /// Who may send `PURGE` and `BAN` to the client listeners.
     pub purge: Purge,
+    /// Requests refused with 403 before anything else.
     pub deny: Vec<DenyRule>,
+    /// How request targets and headers are normalised before the key is made.
     pub normalize: Normalize,
 }
 
@@ -43,17 +46,24 @@ impl Live {
     }
 }
 
-pub struct Shared {
+/// What every worker thread and the admin API share: the live settings, the store, the counters and the
+/// fetches in flight. `S` is the store the data path serves from (the real one but in unit tests).
+pub struct Shared<S: CacheStore = Store> {
     /// Routes, backends, rules: what a reload replaces.
     pub live: ArcSwap<Live>,
+    /// Where requests are recorded.
     pub access_log: Arc<AccessLog>,
-    pub store: Store,
+    /// The object store.
+    pub store: S,
+    /// The proxy's counters.
     pub stats: Arc<Stats>,
-    pub coalescer: Coalescer,
+    /// The fetches in flight by key, which concurrent misses join.
+    pub coalescer: Coalescer<S>,
+    /// When the daemon started (monotonic), for the uptime.
     pub started: Instant,
 }
 
-impl Shared {
+impl<S: CacheStore> Shared<S> {
     /// The live settings as of now, for work that awaits while it uses them: it keeps the copy it started
     /// with. Synchronous uses read `live.load()`, which counts no reference.
     pub fn live(&self) -> Arc<Live> {
@@ -62,14 +72,16 @@ impl Shared {
 }
 
 /// One client-serving thread: its own runtime, listener sockets and backend connection pools.
-pub struct Worker {
-    pub shared: Arc<Shared>,
+pub struct Worker<S: CacheStore = Store> {
+    /// What it shares with the other workers.
+    pub shared: Arc<Shared<S>>,
     /// One pool per backend in use; only this worker's thread locks it, on misses and passes.
     pools: Mutex<Vec<Backend>>,
 }
 
-impl Worker {
-    pub fn new(shared: Arc<Shared>) -> Self {
+impl<S: CacheStore> Worker<S> {
+    /// A worker with no backend connection yet.
+    pub fn new(shared: Arc<Shared<S>>) -> Self {
         Self {
             shared,
             pools: Mutex::default(),

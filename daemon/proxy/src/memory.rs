@@ -1,0 +1,439 @@
+//! An in-memory [`CacheStore`] for unit tests of the data path. It keeps the contract the data path relies
+//! on as the real store does: bodies in chunks of a chosen size under a generation never reused, variants
+//! replaced by selection, bans tested at lookup and before a fill publishes, purges that cancel a fill that
+//! started before them. Tests can also age objects, ban or purge at any point of a fill, and see which
+//! chunks were read.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use bytes::{Bytes, BytesMut};
+use lacquer_storage::{
+    ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, Store, StoreError, Tier,
+};
+use tokio::sync::watch;
+
+use crate::store::{BodyWriter, CacheStore, PartialRead};
+
+/// Which objects a ban covers, given the cache key and the stored metadata.
+type BanTest = Arc<dyn Fn(&str, &ObjectMeta) -> bool + Send + Sync>;
+
+struct Ban {
+    id: u64,
+    covers: BanTest,
+}
+
+#[derive(Default)]
+struct State {
+    sets: HashMap<String, Arc<ObjectSet>>,
+    /// Chunk bytes by (generation, index): a generation is unique, as in the real store.
+    chunks: HashMap<(u64, u32), Bytes>,
+    /// One sequence for generations and ban ids, as the store's journal shares one.
+    next_id: u64,
+    bans: Vec<Ban>,
+    /// Keys purged, by the epoch each purge moved to.
+    purges: Vec<(u64, String)>,
+    epoch: u64,
+    /// Chunks read by (generation, index), in order.
+    reads: Vec<(u64, u32)>,
+    published: usize,
+    publishes_cancelled: usize,
+}
+
+impl State {
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn newest_ban(&self) -> u64 {
+        self.bans.last().map_or(0, |b| b.id)
+    }
+
+    /// Whether a ban newer than the one `meta` was tested against covers it.
+    fn banned(&self, primary: &str, meta: &ObjectMeta) -> bool {
+        self.bans
+            .iter()
+            .any(|b| b.id > meta.ban_checked && (b.covers)(primary, meta))
+    }
+
+    fn forget_body(&mut self, generation: u64) {
+        self.chunks.retain(|(g, _), _| *g != generation);
+    }
+
+    /// Replaces the variants of `primary`, dropping the bodies of those no longer kept.
+    fn save(&mut self, primary: &str, variants: Vec<ObjectMeta>) {
+        let old = self.sets.remove(primary);
+        for meta in old.iter().flat_map(|s| &s.variants) {
+            if !variants.iter().any(|m| m.generation == meta.generation) {
+                self.forget_body(meta.generation);
+            }
+        }
+        if !variants.is_empty() {
+            self.sets
+                .insert(primary.to_owned(), Arc::new(ObjectSet { variants }));
+        }
+    }
+}
+
+/// A store held in memory; cloning shares it.
+#[derive(Clone)]
+pub struct MemoryStore {
+    chunk_size: u64,
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryStore {
+    /// An empty store whose bodies are cut in chunks of `chunk_size` bytes.
+    pub fn new(chunk_size: u64) -> Self {
+        Self {
+            chunk_size,
+            state: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("memory store mutex")
+    }
+
+    /// Adds a ban on whatever `covers` matches: stored objects and fills in flight alike.
+    pub fn ban(&self, covers: impl Fn(&str, &ObjectMeta) -> bool + Send + Sync + 'static) {
+        let mut s = self.lock();
+        let id = s.next_id();
+        s.bans.push(Ban {
+            id,
+            covers: Arc::new(covers),
+        });
+        s.epoch += 1;
+    }
+
+    /// Removes every variant of `primary`, and cancels the publication of fills that started before.
+    pub fn purge(&self, primary: &str) {
+        let mut s = self.lock();
+        s.epoch += 1;
+        let epoch = s.epoch;
+        s.purges.push((epoch, primary.to_owned()));
+        s.save(primary, Vec::new());
+    }
+
+    /// Moves every variant of `primary` `ms` milliseconds into the past, as if stored that much earlier.
+    pub fn age(&self, primary: &str, ms: u64) {
+        let mut s = self.lock();
+        let Some(set) = s.sets.get(primary) else {
+            return;
+        };
+        let variants = set
+            .variants
+            .iter()
+            .map(|m| ObjectMeta {
+                stored_at_ms: m.stored_at_ms - ms,
+                ..m.clone()
+            })
+            .collect();
+        s.save(primary, variants);
+    }
+
+    /// The variants of `primary` as stored, bans not applied.
+    pub fn variants(&self, primary: &str) -> Vec<ObjectMeta> {
+        self.lock()
+            .sets
+            .get(primary)
+            .map_or_else(Vec::new, |s| s.variants.clone())
+    }
+
+    /// Chunks read so far, as (generation, index), in order; clears the record.
+    pub fn take_reads(&self) -> Vec<(u64, u32)> {
+        std::mem::take(&mut self.lock().reads)
+    }
+
+    /// Drops one chunk of a body, as an eviction or a damaged disk would.
+    pub fn lose_chunk(&self, generation: u64, index: u32) {
+        self.lock().chunks.remove(&(generation, index));
+    }
+
+    /// Chunks held, of every body.
+    pub fn chunks(&self) -> usize {
+        self.lock().chunks.len()
+    }
+
+    /// Bodies made visible by fills.
+    pub fn published(&self) -> usize {
+        self.lock().published
+    }
+
+    /// Fills whose body an invalidation during their fetch kept from being published.
+    pub fn publishes_cancelled(&self) -> usize {
+        self.lock().publishes_cancelled
+    }
+
+    fn read(&self, meta: &ObjectMeta, index: u32) -> Option<Bytes> {
+        let mut s = self.lock();
+        s.reads.push((meta.generation, index));
+        match s.chunks.get(&(meta.generation, index)) {
+            Some(data) if data.len() == meta.chunk_len(index) => Some(data.clone()),
+            // A body with a hole is never served again.
+            _ => {
+                s.forget_body(meta.generation);
+                None
+            }
+        }
+    }
+
+    fn publish(&self, primary: &str, mut meta: ObjectMeta, epoch: u64) {
+        let mut s = self.lock();
+        let purged = s.purges.iter().any(|(e, key)| *e > epoch && key == primary);
+        if purged || s.banned(primary, &meta) {
+            s.forget_body(meta.generation);
+            s.publishes_cancelled += 1;
+            return;
+        }
+        meta.ban_checked = s.newest_ban();
+        let mut variants: Vec<ObjectMeta> = s
+            .sets
+            .get(primary)
+            .map_or_else(Vec::new, |set| set.variants.clone());
+        variants.retain(|v| v.variant != meta.variant);
+        variants.insert(0, meta);
+        s.save(primary, variants);
+        s.published += 1;
+    }
+}
+
+impl CacheStore for MemoryStore {
+    type Writer = MemoryWriter;
+    type Partial = MemoryPartial;
+
+    fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        let mut s = self.lock();
+        let Some(set) = s.sets.get(primary).cloned() else {
+            return Ok(None);
+        };
+        let newest = s.newest_ban();
+        if set.variants.iter().all(|m| m.ban_checked >= newest) {
+            return Ok(Some(set));
+        }
+        let kept: Vec<ObjectMeta> = set
+            .variants
+            .iter()
+            .filter(|m| !s.banned(primary, m))
+            .map(|m| ObjectMeta {
+                ban_checked: newest,
+                ..m.clone()
+            })
+            .collect();
+        s.save(primary, kept);
+        Ok(s.sets.get(primary).cloned())
+    }
+
+    fn mark(&self) -> InvalidationMark {
+        let s = self.lock();
+        InvalidationMark {
+            ban: s.newest_ban(),
+            epoch: s.epoch,
+        }
+    }
+
+    fn has_body(&self, meta: &ObjectMeta) -> bool {
+        let s = self.lock();
+        (0..meta.chunk_count()).all(|i| s.chunks.contains_key(&(meta.generation, i)))
+    }
+
+    async fn open_body(&self, meta: &ObjectMeta) -> Result<Option<ChunkRead>, StoreError> {
+        if meta.length == 0 {
+            return Ok(Some(ChunkRead {
+                data: Bytes::new(),
+                tier: Tier::Memory,
+            }));
+        }
+        if !self.has_body(meta) {
+            return Ok(None);
+        }
+        Ok(self.read(meta, 0).map(|data| ChunkRead {
+            data,
+            tier: Tier::Memory,
+        }))
+    }
+
+    async fn read_chunk(
+        &self,
+        meta: &ObjectMeta,
+        index: u32,
+    ) -> Result<Option<ChunkRead>, StoreError> {
+        Ok(self.read(meta, index).map(|data| ChunkRead {
+            data,
+            tier: Tier::Memory,
+        }))
+    }
+
+    fn writer(
+        &self,
+        primary: &str,
+        variant: &[(String, String)],
+        since: InvalidationMark,
+    ) -> Result<MemoryWriter, StoreError> {
+        let generation = self.lock().next_id();
+        Ok(MemoryWriter {
+            store: self.clone(),
+            object: Store::object_id(primary, variant),
+            generation,
+            since,
+            buf: BytesMut::new(),
+            chunks: 0,
+            length: 0,
+            finished: false,
+            stored: Arc::new(watch::Sender::new(0)),
+        })
+    }
+
+    fn refresh(&self, primary: &str, meta: ObjectMeta) -> Result<bool, StoreError> {
+        let mut s = self.lock();
+        let Some(set) = s.sets.get(primary) else {
+            return Ok(false);
+        };
+        let mut variants = set.variants.clone();
+        let Some(slot) = variants
+            .iter_mut()
+            .find(|m| m.generation == meta.generation)
+        else {
+            return Ok(false);
+        };
+        let ban_checked = slot.ban_checked.max(meta.ban_checked);
+        *slot = ObjectMeta {
+            ban_checked,
+            ..meta
+        };
+        s.save(primary, variants);
+        Ok(true)
+    }
+
+    fn remove(&self, primary: &str) -> Result<usize, StoreError> {
+        let mut s = self.lock();
+        let n = s.sets.get(primary).map_or(0, |set| set.variants.len());
+        s.save(primary, Vec::new());
+        Ok(n)
+    }
+
+    fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
+        let mut s = self.lock();
+        let kept = s.sets.get(primary).map_or_else(Vec::new, |set| {
+            set.variants
+                .iter()
+                .filter(|m| m.generation != generation)
+                .cloned()
+                .collect()
+        });
+        s.save(primary, kept);
+        Ok(())
+    }
+}
+
+/// Writes one body into a [`MemoryStore`]; chunks are readable through [`MemoryPartial`] as soon as they
+/// are full.
+pub struct MemoryWriter {
+    store: MemoryStore,
+    object: u64,
+    generation: u64,
+    since: InvalidationMark,
+    buf: BytesMut,
+    chunks: u32,
+    length: u64,
+    finished: bool,
+    /// Bytes stored as chunks so far; dropped with the writer, which tells readers no more will come.
+    stored: Arc<watch::Sender<u64>>,
+}
+
+impl MemoryWriter {
+    fn store_chunk(&mut self, data: Bytes) {
+        let len = data.len() as u64;
+        self.store
+            .lock()
+            .chunks
+            .insert((self.generation, self.chunks), data);
+        self.chunks += 1;
+        self.stored.send_modify(|stored| *stored += len);
+    }
+}
+
+impl BodyWriter for MemoryWriter {
+    type Partial = MemoryPartial;
+
+    fn length(&self) -> u64 {
+        self.length
+    }
+
+    fn sent(&self) -> u64 {
+        self.length - self.buf.len() as u64
+    }
+
+    fn partial_body(&self) -> MemoryPartial {
+        MemoryPartial {
+            store: self.store.clone(),
+            generation: self.generation,
+            stored: self.stored.subscribe(),
+        }
+    }
+
+    async fn push(&mut self, data: &[u8]) -> Result<(), StoreError> {
+        self.length += data.len() as u64;
+        self.buf.extend_from_slice(data);
+        while self.buf.len() as u64 >= self.store.chunk_size {
+            let chunk = self.buf.split_to(self.store.chunk_size as usize).freeze();
+            self.store_chunk(chunk);
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self, primary: String, mut meta: ObjectMeta) -> Result<(), StoreError> {
+        if !self.buf.is_empty() {
+            let rest = self.buf.split().freeze();
+            self.store_chunk(rest);
+        }
+        meta.object = self.object;
+        meta.generation = self.generation;
+        meta.length = self.length;
+        meta.chunk_size = self.store.chunk_size as u32;
+        meta.ban_checked = self.since.ban;
+        self.finished = true;
+        self.store.publish(&primary, meta, self.since.epoch);
+        Ok(())
+    }
+}
+
+impl Drop for MemoryWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.store.lock().forget_body(self.generation);
+        }
+    }
+}
+
+/// The chunks a [`MemoryWriter`] has stored so far.
+#[derive(Clone)]
+pub struct MemoryPartial {
+    store: MemoryStore,
+    generation: u64,
+    stored: watch::Receiver<u64>,
+}
+
+impl PartialRead for MemoryPartial {
+    fn chunk_size(&self) -> u64 {
+        self.store.chunk_size
+    }
+
+    async fn read_chunk(&mut self, index: u32) -> Result<Option<Bytes>, StoreError> {
+        let start = u64::from(index) * self.store.chunk_size;
+        let stored = match self.stored.wait_for(|stored| *stored > start).await {
+            Ok(stored) => *stored,
+            Err(_) => return Ok(None),
+        };
+        let expected = (stored - start).min(self.store.chunk_size) as usize;
+        let mut s = self.store.lock();
+        s.reads.push((self.generation, index));
+        Ok(s.chunks
+            .get(&(self.generation, index))
+            .filter(|d| d.len() == expected)
+            .cloned())
+    }
+}

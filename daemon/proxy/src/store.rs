@@ -1,0 +1,209 @@
+//! What the data path needs from the store, as a seam: looking an object set up, proving a body readable
+//! and reading its chunks, writing a new body while readers follow it, refreshing or removing a stored body,
+//! and the invalidation mark a fetch starts from.
+//!
+//! The data path is generic over [`CacheStore`] rather than holding a trait object: a hit reads every chunk
+//! through [`CacheStore::read_chunk`], and an `async` method of a trait object returns a boxed future, one
+//! allocation per chunk. Generic code is compiled for [`lacquer_storage::Store`] alone in `lacquerd`, so the
+//! hit path is the same machine code as when it called the store directly; the unit tests compile it again
+//! for an in-memory store. Invalidations an operator asks for (`PURGE`, `BAN`, the admin API) are not part of
+//! the seam: they are the store's own API, and only their effect on lookups and fills is the data path's
+//! business.
+
+use std::{future::Future, sync::Arc};
+
+use bytes::Bytes;
+use lacquer_storage::{
+    ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, ObjectWriter, PartialBody, Store,
+    StoreError,
+};
+
+/// A store the data path can serve from and fill. The contract the data path relies on:
+/// - a body is published by [`BodyWriter::finish`] only if no ban or purge that came after the writer's
+///   `since` mark covers it: a fill never makes visible what an invalidation during its fetch removed;
+/// - [`CacheStore::lookup`] never returns a variant a ban covers;
+/// - chunks are `chunk_size` bytes but the last, and a generation's chunks never change: a reader holding
+///   an old [`ObjectMeta`] reads that body or nothing.
+pub trait CacheStore: Clone + Send + Sync + 'static {
+    /// Writes one new body; see [`BodyWriter`].
+    type Writer: BodyWriter<Partial = Self::Partial>;
+    /// The part of a body in progress that its writer has stored; see [`PartialRead`].
+    type Partial: PartialRead;
+
+    /// Every stored variant of the cache key `primary` that no ban covers, newest first.
+    fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError>;
+
+    /// Where the invalidation history stands now: taken when a fetch starts, so that what it brings is
+    /// tested against the bans and purges that came later before it is stored.
+    fn mark(&self) -> InvalidationMark;
+
+    /// Whether every chunk of the body is still held: a revalidation confirms only a body that is there.
+    fn has_body(&self, meta: &ObjectMeta) -> bool;
+
+    /// Proves the body can be served whole before a status line goes out, and returns chunk 0; `None`
+    /// when it cannot (the caller then treats the request as a miss).
+    fn open_body(
+        &self,
+        meta: &ObjectMeta,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send;
+
+    /// Chunk `index` of a stored body; `None` when it is gone (the body is then never served again).
+    fn read_chunk(
+        &self,
+        meta: &ObjectMeta,
+        index: u32,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send;
+
+    /// Starts writing a new body for `primary` and its variant selection, fetched since `since`. An error
+    /// for which [`StoreError::is_refusal`] holds was logged and counted by the store already.
+    fn writer(
+        &self,
+        primary: &str,
+        variant: &[(String, String)],
+        since: InvalidationMark,
+    ) -> Result<Self::Writer, StoreError>;
+
+    /// Replaces the metadata of a stored body (same generation, same chunks), as after a 304; `false`
+    /// when that body is no longer stored.
+    fn refresh(&self, primary: &str, meta: ObjectMeta) -> Result<bool, StoreError>;
+
+    /// Removes every variant of `primary`; returns how many there were.
+    fn remove(&self, primary: &str) -> Result<usize, StoreError>;
+
+    /// Removes one stored body if it is still the current one (a body found lost, or no longer storable).
+    fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError>;
+}
+
+/// Writes one body chunk by chunk as it arrives; dropping it without [`BodyWriter::finish`] discards what
+/// it wrote.
+pub trait BodyWriter: Send + Sync + 'static {
+    /// Read access to what this writer has stored so far.
+    type Partial;
+
+    /// Bytes pushed so far.
+    fn length(&self) -> u64;
+
+    /// Bytes handed on to be stored as whole chunks, which [`BodyWriter::partial_body`] can read back (the
+    /// rest waits for its chunk to fill).
+    fn sent(&self) -> u64;
+
+    /// Read access to the chunks stored so far, for readers that fell behind what a fetch keeps in memory.
+    fn partial_body(&self) -> Self::Partial;
+
+    /// Appends body bytes; may wait for the store, which slows the origin read.
+    fn push(&mut self, data: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Stores the last chunk and publishes the body under `primary` with `meta` (identity, length and
+    /// chunk layout are filled in by the writer), unless an invalidation since the writer's mark covers it.
+    fn finish(
+        self,
+        primary: String,
+        meta: ObjectMeta,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The chunks of a body still being written.
+pub trait PartialRead: Clone + Send + Sync + 'static {
+    /// Bytes per chunk.
+    fn chunk_size(&self) -> u64;
+
+    /// Chunk `index` once it is stored; `None` when it never will be (the writer stopped) or is gone.
+    fn read_chunk(
+        &mut self,
+        index: u32,
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
+}
+
+impl CacheStore for Store {
+    type Writer = ObjectWriter;
+    type Partial = PartialBody;
+
+    fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        Store::lookup(self, primary)
+    }
+
+    fn mark(&self) -> InvalidationMark {
+        Store::mark(self)
+    }
+
+    fn has_body(&self, meta: &ObjectMeta) -> bool {
+        Store::has_body(self, meta)
+    }
+
+    fn open_body(
+        &self,
+        meta: &ObjectMeta,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send {
+        Store::open_body(self, meta)
+    }
+
+    fn read_chunk(
+        &self,
+        meta: &ObjectMeta,
+        index: u32,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send {
+        Store::read_chunk(self, meta, index)
+    }
+
+    fn writer(
+        &self,
+        primary: &str,
+        variant: &[(String, String)],
+        since: InvalidationMark,
+    ) -> Result<ObjectWriter, StoreError> {
+        Store::writer(self, primary, variant, since)
+    }
+
+    fn refresh(&self, primary: &str, meta: ObjectMeta) -> Result<bool, StoreError> {
+        Store::refresh(self, primary, meta)
+    }
+
+    fn remove(&self, primary: &str) -> Result<usize, StoreError> {
+        Store::remove(self, primary)
+    }
+
+    fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
+        Store::remove_generation(self, primary, generation)
+    }
+}
+
+impl BodyWriter for ObjectWriter {
+    type Partial = PartialBody;
+
+    fn length(&self) -> u64 {
+        ObjectWriter::length(self)
+    }
+
+    fn sent(&self) -> u64 {
+        ObjectWriter::sent(self)
+    }
+
+    fn partial_body(&self) -> PartialBody {
+        ObjectWriter::partial_body(self)
+    }
+
+    fn push(&mut self, data: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ObjectWriter::push(self, data)
+    }
+
+    fn finish(
+        self,
+        primary: String,
+        meta: ObjectMeta,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ObjectWriter::finish(self, primary, meta)
+    }
+}
+
+impl PartialRead for PartialBody {
+    fn chunk_size(&self) -> u64 {
+        PartialBody::chunk_size(self)
+    }
+
+    fn read_chunk(
+        &mut self,
+        index: u32,
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
+        PartialBody::read_chunk(self, index)
+    }
+}

@@ -1,0 +1,678 @@
+//! The data path (lookup, coalescing, fetch, respond) against an in-memory store and a scripted origin on
+//! a real socket: what the client gets, what the origin saw, and what the store holds.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc,
+    },
+    time::Duration,
+};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{request::Parts, HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use lacquer_backends::backend_set;
+use lacquer_config::{Config, Overrides};
+use lacquer_tests::{pattern, Origin, Raw, Reply, Step};
+use tokio::sync::Notify;
+
+use crate::{
+    access_log::AccessLog,
+    coalesce::Coalescer,
+    memory::MemoryStore,
+    stats::Stats,
+    worker::{Live, Shared, Worker},
+};
+
+const HOST: &str = "example.test";
+const CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// A worker serving from `store`, in front of `origin`, with the default configuration.
+fn worker(origin: &Origin, store: &MemoryStore) -> Arc<Worker<MemoryStore>> {
+    let overrides = Overrides {
+        backend: Some(origin.addr.to_string()),
+        ..Overrides::default()
+    };
+    let config = Config::load(None, overrides).expect("default configuration");
+    let backends = backend_set(&config).expect("backends");
+    let live = Live::new(&config, &backends).expect("live settings");
+    let stats = Arc::new(Stats::default());
+    let (access_log, _) = AccessLog::start(&config.access_log, stats.clone()).expect("no file");
+    Arc::new(Worker::new(Arc::new(Shared {
+        live: ArcSwap::from_pointee(live),
+        access_log,
+        store: store.clone(),
+        stats,
+        coalescer: Coalescer::new(1 << 20),
+        started: lacquer_clock::monotonic(),
+    })))
+}
+
+/// What a client got.
+struct Got {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Got {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map_or("", |v| v.to_str().expect("text"))
+    }
+
+    fn x_cache(&self) -> &str {
+        self.header("x-cache")
+    }
+}
+
+fn parts(path: &str, headers: &[(&str, &str)]) -> Parts {
+    let mut req = Request::get(path).header("host", HOST);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.body(()).expect("request").into_parts().0
+}
+
+/// A GET for `path` on [`HOST`] through the lookup path, its body read to the end.
+async fn get(worker: &Arc<Worker<MemoryStore>>, path: &str, headers: &[(&str, &str)]) -> Got {
+    let parts = parts(path, headers);
+    let route = worker.shared.live.load().router.route(&parts).clone();
+    let resp = crate::lookup(worker, CLIENT, &route, parts).await;
+    let (head, body) = resp.into_parts();
+    let body = body.collect().await.expect("a whole body").to_bytes();
+    Got {
+        status: head.status,
+        headers: head.headers,
+        body,
+    }
+}
+
+fn key(path: &str) -> String {
+    format!("{HOST}{path}")
+}
+
+/// Waits until no fill is running (each counts itself out once it has published, or not, what it stored).
+async fn fills_done(worker: &Worker<MemoryStore>) {
+    let stats = &worker.shared.stats;
+    for _ in 0..500 {
+        if stats.fetches_in_flight.load(SeqCst) == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("a fill is still running");
+}
+
+/// Waits until the origin has seen `n` requests.
+async fn origin_saw(origin: &Origin, n: usize) {
+    for _ in 0..500 {
+        if origin.total() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the origin saw {} requests, not {n}", origin.total());
+}
+
+/// A request index per origin request, for scripts whose answer changes over time.
+fn counter() -> Arc<AtomicUsize> {
+    Arc::new(AtomicUsize::new(0))
+}
+
+#[tokio::test]
+async fn a_miss_is_fetched_streamed_and_stored() {
+    let origin = Origin::start(|_| {
+        Reply::ok("hello")
+            .header("cache-control", "max-age=60")
+            .header("etag", "\"v1\"")
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+
+    let got = get(&w, "/a", &[]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.body, "hello");
+    assert_eq!(got.x_cache(), "MISS");
+    assert_eq!(got.header("cache-status"), "lacquer; fwd=miss; stored");
+    assert_eq!(origin.count("/a"), 1);
+    let seen = &origin.seen()[0];
+    assert_eq!(seen.method, "GET");
+    assert_eq!(seen.headers["host"], HOST);
+    assert!(
+        !seen.headers.contains_key("if-none-match"),
+        "a miss with nothing stored asks unconditionally"
+    );
+
+    fills_done(&w).await;
+    let stored = store.variants(&key("/a"));
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].length, 5);
+    assert_eq!(stored[0].chunk_count(), 2, "4-byte chunks");
+    assert_eq!(stored[0].ttl_ms, 60_000);
+    assert_eq!(w.shared.stats.misses.load(SeqCst), 1);
+    assert_eq!(w.shared.stats.objects_stored.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_stored_object_is_a_hit_without_the_origin() {
+    let origin =
+        Origin::start(|_| Reply::ok(pattern(1000)).header("cache-control", "max-age=60")).await;
+    let store = MemoryStore::new(64);
+    let w = worker(&origin, &store);
+    get(&w, "/h", &[]).await;
+    fills_done(&w).await;
+    store.take_reads();
+
+    let got = get(&w, "/h", &[]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.x_cache(), "HIT");
+    assert!(got.header("cache-status").starts_with("lacquer; hit; ttl="));
+    assert_eq!(got.header("content-length"), "1000");
+    assert!(got.body == pattern(1000), "the stored bytes, in order");
+    assert_eq!(origin.count("/h"), 1, "a hit does not reach the origin");
+    let reads: Vec<u32> = store.take_reads().into_iter().map(|(_, i)| i).collect();
+    assert_eq!(
+        reads,
+        (0..16).collect::<Vec<_>>(),
+        "every chunk once, in order"
+    );
+    assert_eq!(w.shared.stats.hits.load(SeqCst), 1);
+}
+
+/// Two requests that miss together make one origin request; the one that joined is told so.
+#[tokio::test]
+async fn concurrent_misses_share_one_fetch() {
+    let origin = Origin::start(|_| {
+        Reply::ok("")
+            .header("cache-control", "max-age=60")
+            .delay(Duration::from_millis(50))
+            .steps(
+                vec![
+                    Step::Data(Bytes::from_static(b"first half, ")),
+                    Step::Sleep(Duration::from_millis(20)),
+                    Step::Data(Bytes::from_static(b"second half")),
+                ],
+                Some(23),
+            )
+    })
+    .await;
+    let store = MemoryStore::new(8);
+    let w = worker(&origin, &store);
+
+    // Both are polled before the fill task runs: both miss and the second joins the first's fetch.
+    let (a, b) = tokio::join!(get(&w, "/c", &[]), get(&w, "/c", &[]));
+    assert_eq!(origin.count("/c"), 1, "one origin fetch for both");
+    for got in [&a, &b] {
+        assert_eq!(got.status, StatusCode::OK);
+        assert_eq!(got.body, "first half, second half");
+        assert_eq!(got.x_cache(), "MISS");
+    }
+    assert_eq!(a.header("cache-status"), "lacquer; fwd=miss; stored");
+    assert_eq!(
+        b.header("cache-status"),
+        "lacquer; fwd=miss; stored; collapsed"
+    );
+    assert_eq!(w.shared.stats.coalesced_waiters.load(SeqCst), 1);
+    fills_done(&w).await;
+    assert_eq!(store.published(), 1);
+}
+
+/// With `Vary: Accept-Encoding`, a request for the other variant that waited on a fetch looks up again and
+/// fetches its own; each variant is then a hit with its own body.
+#[tokio::test]
+async fn variants_are_fetched_and_served_apart() {
+    let origin = Origin::start(|seen| {
+        let gzip = seen
+            .headers
+            .get("accept-encoding")
+            .is_some_and(|v| v.as_bytes() == b"gzip");
+        let reply = if gzip {
+            Reply::ok("gzipped body").header("content-encoding", "gzip")
+        } else {
+            Reply::ok("plain body")
+        };
+        reply
+            .header("cache-control", "max-age=60")
+            .header("vary", "Accept-Encoding")
+            .delay(Duration::from_millis(20))
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+    let gzip = [("accept-encoding", "gzip")];
+    let plain = [("accept-encoding", "identity")];
+
+    let (a, b) = tokio::join!(get(&w, "/v", &gzip), get(&w, "/v", &plain));
+    assert_eq!(a.body, "gzipped body");
+    assert_eq!(a.header("content-encoding"), "gzip");
+    assert_eq!(
+        b.body, "plain body",
+        "not the variant the other fetch brought"
+    );
+    assert_eq!(b.header("content-encoding"), "");
+    assert_eq!(b.x_cache(), "MISS");
+    assert_eq!(origin.count("/v"), 2, "one fetch per variant");
+    let asked: Vec<_> = origin
+        .seen()
+        .iter()
+        .map(|s| s.headers["accept-encoding"].clone())
+        .collect();
+    assert_eq!(asked, ["gzip", "identity"]);
+    fills_done(&w).await;
+    assert_eq!(store.variants(&key("/v")).len(), 2);
+
+    for (headers, body) in [(&plain, "plain body"), (&gzip, "gzipped body")] {
+        let got = get(&w, "/v", headers).await;
+        assert_eq!(got.x_cache(), "HIT");
+        assert_eq!(got.body, body);
+    }
+    assert_eq!(origin.count("/v"), 2);
+}
+
+/// An object within `stale-while-revalidate` is served at once while one background fetch refreshes it.
+#[tokio::test]
+async fn stale_while_revalidate_serves_at_once_and_refreshes_once() {
+    let n = counter();
+    let gate = Arc::new(Notify::new());
+    let script = {
+        let (n, gate) = (n.clone(), gate.clone());
+        move |_: &lacquer_tests::origin::Seen| {
+            let version = n.fetch_add(1, SeqCst) + 1;
+            let reply = Reply::ok(format!("version {version}"))
+                .header("cache-control", "max-age=1, stale-while-revalidate=60")
+                .header("etag", &format!("\"v{version}\""));
+            if version == 1 {
+                return reply;
+            }
+            // The refresh is held at the origin: the stale answers must not wait for it.
+            let body = Bytes::from(format!("version {version}"));
+            reply.steps(vec![Step::Gate(gate.clone()), Step::Data(body)], Some(9))
+        }
+    };
+    let origin = Origin::start(script).await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+    get(&w, "/s", &[]).await;
+    fills_done(&w).await;
+    store.age(&key("/s"), 2_000);
+
+    for _ in 0..2 {
+        let got = tokio::time::timeout(Duration::from_secs(2), get(&w, "/s", &[]))
+            .await
+            .expect("a stale answer does not wait for the origin");
+        assert_eq!(got.x_cache(), "STALE");
+        assert_eq!(got.body, "version 1");
+        assert!(
+            got.header("cache-status")
+                .ends_with("detail=\"stale-while-revalidate\""),
+            "{}",
+            got.header("cache-status")
+        );
+    }
+    origin_saw(&origin, 2).await;
+    assert_eq!(origin.seen()[1].headers["if-none-match"], "\"v1\"");
+    gate.notify_one();
+    fills_done(&w).await;
+    assert_eq!(origin.total(), 2, "one refresh for both stale answers");
+    assert_eq!(w.shared.stats.stale_served.load(SeqCst), 2);
+
+    let got = get(&w, "/s", &[]).await;
+    assert_eq!(got.x_cache(), "HIT");
+    assert_eq!(got.body, "version 2");
+    assert_eq!(origin.total(), 2);
+}
+
+/// An object past freshness but within `stale-if-error` stands in for an origin that fails (5xx) or cannot
+/// be reached, and says which.
+#[tokio::test]
+async fn stale_if_error_stands_in_for_a_failing_origin() {
+    let n = counter();
+    let script = {
+        let n = n.clone();
+        move |_: &lacquer_tests::origin::Seen| match n.fetch_add(1, SeqCst) {
+            0 => Reply::ok("kept body")
+                .header("cache-control", "max-age=1, stale-if-error=600")
+                .header("etag", "\"k\""),
+            _ => Reply::ok("down").status(503),
+        }
+    };
+    let origin = Origin::start(script).await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+    get(&w, "/e", &[]).await;
+    fills_done(&w).await;
+    store.age(&key("/e"), 2_000);
+
+    let got = get(&w, "/e", &[]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.body, "kept body");
+    assert_eq!(got.x_cache(), "STALE");
+    assert!(
+        got.header("cache-status")
+            .starts_with("lacquer; fwd=stale; fwd-status=503; ttl=-"),
+        "{}",
+        got.header("cache-status")
+    );
+    assert_eq!(origin.count("/e"), 2, "the origin was asked first");
+
+    origin.stop();
+    let got = get(&w, "/e", &[]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.body, "kept body");
+    assert!(
+        got.header("cache-status")
+            .ends_with("detail=\"origin-unreachable\""),
+        "{}",
+        got.header("cache-status")
+    );
+    assert_eq!(w.shared.stats.stale_on_error.load(SeqCst), 2);
+    assert_eq!(
+        store.variants(&key("/e"))[0].length,
+        9,
+        "the stale object is kept"
+    );
+}
+
+/// A stale object with a validator is revalidated: the origin's 304 refreshes its headers and freshness,
+/// and the stored body, not sent again, is what the client gets.
+#[tokio::test]
+async fn a_304_refreshes_the_stored_object_and_keeps_its_body() {
+    let n = counter();
+    let script = {
+        let n = n.clone();
+        move |_: &lacquer_tests::origin::Seen| match n.fetch_add(1, SeqCst) {
+            0 => Reply::ok(pattern(50))
+                .header("cache-control", "max-age=1")
+                .header("etag", "\"e1\"")
+                .header("x-version", "old"),
+            _ => Reply::ok("")
+                .status(304)
+                .steps(vec![], None)
+                .header("cache-control", "max-age=300")
+                .header("etag", "\"e1\"")
+                .header("x-version", "new"),
+        }
+    };
+    let origin = Origin::start(script).await;
+    let store = MemoryStore::new(16);
+    let w = worker(&origin, &store);
+    get(&w, "/r", &[]).await;
+    fills_done(&w).await;
+    let before = store.variants(&key("/r"))[0].clone();
+    store.age(&key("/r"), 5_000);
+
+    let got = get(&w, "/r", &[]).await;
+    assert_eq!(
+        got.status,
+        StatusCode::OK,
+        "the client asked unconditionally"
+    );
+    assert_eq!(got.body, pattern(50));
+    assert_eq!(got.header("x-version"), "new");
+    assert_eq!(got.header("content-length"), "50");
+    let asked = &origin.seen()[1];
+    assert_eq!(asked.headers["if-none-match"], "\"e1\"");
+    fills_done(&w).await;
+    assert_eq!(w.shared.stats.revalidations.load(SeqCst), 1);
+
+    let after = store.variants(&key("/r"));
+    assert_eq!(after.len(), 1);
+    let after = &after[0];
+    assert_eq!(after.generation, before.generation, "the same body");
+    assert_eq!(after.length, 50);
+    assert_eq!(after.ttl_ms, 300_000);
+    assert!(after.stored_at_ms > before.stored_at_ms - 5_000);
+    assert_eq!(after.header("x-version"), Some(&b"new"[..]));
+    assert_eq!(store.published(), 1, "nothing new was written");
+
+    let got = get(&w, "/r", &[]).await;
+    assert_eq!(got.x_cache(), "HIT");
+    assert_eq!(got.body, pattern(50));
+    assert_eq!(origin.total(), 2);
+}
+
+/// A range spanning three chunks of a stored body reads only those chunks and answers 206 with exactly the
+/// bytes asked for; a range of a body still arriving is cut from the fetch the same way.
+#[tokio::test]
+async fn a_range_across_chunk_boundaries() {
+    let origin =
+        Origin::start(|_| Reply::ok(pattern(100)).header("cache-control", "max-age=60")).await;
+    let store = MemoryStore::new(10);
+    let w = worker(&origin, &store);
+
+    let got = get(&w, "/g", &[("range", "bytes=5-12")]).await;
+    assert_eq!(got.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(got.x_cache(), "MISS");
+    assert_eq!(got.header("content-range"), "bytes 5-12/100");
+    assert_eq!(got.body, pattern(100)[5..=12]);
+    assert!(
+        !origin.seen()[0].headers.contains_key("range"),
+        "a fill asks for the whole body"
+    );
+    fills_done(&w).await;
+    store.take_reads();
+
+    let got = get(&w, "/g", &[("range", "bytes=15-37")]).await;
+    assert_eq!(got.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(got.x_cache(), "HIT");
+    assert_eq!(got.header("content-range"), "bytes 15-37/100");
+    assert_eq!(got.header("content-length"), "23");
+    assert_eq!(got.header("accept-ranges"), "bytes");
+    assert_eq!(got.body, pattern(100)[15..=37]);
+    let reads: Vec<u32> = store.take_reads().into_iter().map(|(_, i)| i).collect();
+    assert_eq!(
+        reads,
+        [0, 1, 2, 3],
+        "chunk 0 proves the body, then the three the range spans"
+    );
+
+    let got = get(&w, "/g", &[("range", "bytes=90-")]).await;
+    assert_eq!(got.header("content-range"), "bytes 90-99/100");
+    assert_eq!(got.body, pattern(100)[90..]);
+    assert_eq!(origin.total(), 1);
+}
+
+/// A ban that lands after a fill started, before the origin answered, keeps what the fill brings out of the
+/// store: the next request goes to the origin again.
+#[tokio::test]
+async fn a_ban_during_a_fill_keeps_its_object_out_of_the_store() {
+    let gate = Arc::new(Notify::new());
+    let held = gate.clone();
+    let origin = Origin::raw(move |_| {
+        vec![
+            Raw::Gate(held.clone()),
+            Raw::write(
+                "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 6\r\n\r\nbanned",
+            ),
+        ]
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+
+    let first = tokio::spawn({
+        let w = w.clone();
+        async move { get(&w, "/b", &[]).await }
+    });
+    origin_saw(&origin, 1).await;
+    store.ban(|primary, _| primary == key("/b"));
+    gate.notify_one();
+    let got = first.await.expect("the request task");
+    assert_eq!(
+        got.body, "banned",
+        "the request that started the fill still gets its answer"
+    );
+    fills_done(&w).await;
+    assert_eq!(store.publishes_cancelled(), 1);
+    assert!(store.variants(&key("/b")).is_empty(), "nothing published");
+
+    let again = tokio::spawn({
+        let w = w.clone();
+        async move { get(&w, "/b", &[]).await }
+    });
+    origin_saw(&origin, 2).await;
+    gate.notify_one();
+    let got = again.await.expect("the request task");
+    assert_eq!(got.x_cache(), "MISS", "the banned body was not served");
+    fills_done(&w).await;
+    assert_eq!(
+        store.variants(&key("/b")).len(),
+        1,
+        "a fill after the ban is stored"
+    );
+}
+
+/// A ban that lands while the body streams in, after the store started taking it, discards it too.
+#[tokio::test]
+async fn a_ban_while_the_body_arrives_discards_the_body() {
+    let gate = Arc::new(Notify::new());
+    let held = gate.clone();
+    let origin = Origin::start(move |_| {
+        Reply::ok("").header("cache-control", "max-age=60").steps(
+            vec![
+                Step::Data(Bytes::from_static(b"0123456789")),
+                Step::Gate(held.clone()),
+                Step::Data(Bytes::from_static(b"abcdef")),
+            ],
+            Some(16),
+        )
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+
+    let first = tokio::spawn({
+        let w = w.clone();
+        async move { get(&w, "/m", &[]).await }
+    });
+    origin_saw(&origin, 1).await;
+    // The first bytes are in: some chunks of the body are stored already.
+    for _ in 0..500 {
+        if w.shared.stats.bytes_in.load(SeqCst) >= 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    store.ban(|primary, meta| primary == key("/m") && meta.status == 200);
+    gate.notify_one();
+    assert_eq!(first.await.unwrap().body, "0123456789abcdef");
+    fills_done(&w).await;
+    assert_eq!(store.publishes_cancelled(), 1);
+    assert!(store.variants(&key("/m")).is_empty());
+    assert_eq!(store.chunks(), 0, "no chunk of it is left behind");
+}
+
+/// A purge while a fill waits for its origin keeps the fill's body out of the store, and a request after the
+/// purge does not join the fetch from before it.
+#[tokio::test]
+async fn a_purge_during_a_fill_is_not_undone_by_it() {
+    let gate = Arc::new(Notify::new());
+    let held = gate.clone();
+    let origin = Origin::raw(move |_| {
+        vec![
+            Raw::Gate(held.clone()),
+            Raw::write(
+                "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 3\r\n\r\nold",
+            ),
+        ]
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+
+    let before = tokio::spawn({
+        let w = w.clone();
+        async move { get(&w, "/p", &[]).await }
+    });
+    origin_saw(&origin, 1).await;
+    store.purge(&key("/p"));
+    let after = tokio::spawn({
+        let w = w.clone();
+        async move { get(&w, "/p", &[]).await }
+    });
+    origin_saw(&origin, 2).await;
+    gate.notify_waiters();
+    let (before, after) = (before.await.unwrap(), after.await.unwrap());
+    assert_eq!(before.body, "old");
+    assert_eq!(
+        after.header("cache-status"),
+        "lacquer; fwd=miss; stored",
+        "a fetch of its own, not the one from before the purge"
+    );
+    fills_done(&w).await;
+    assert_eq!(
+        store.publishes_cancelled(),
+        1,
+        "the fill from before the purge"
+    );
+    assert_eq!(store.published(), 1, "the fill from after it");
+}
+
+/// A stored body missing a chunk is never served short: the request is a miss, the origin sends the body
+/// again, and the damaged copy is replaced.
+#[tokio::test]
+async fn a_body_missing_a_chunk_is_fetched_again() {
+    let origin =
+        Origin::start(|_| Reply::ok(pattern(40)).header("cache-control", "max-age=60")).await;
+    let store = MemoryStore::new(8);
+    let w = worker(&origin, &store);
+    get(&w, "/l", &[]).await;
+    fills_done(&w).await;
+    let lost = store.variants(&key("/l"))[0].generation;
+    store.lose_chunk(lost, 3);
+
+    let got = get(&w, "/l", &[]).await;
+    assert_eq!(got.x_cache(), "MISS");
+    assert_eq!(got.body, pattern(40));
+    assert_eq!(origin.count("/l"), 2);
+    assert_eq!(w.shared.stats.bodies_lost.load(SeqCst), 1);
+    fills_done(&w).await;
+    let stored = store.variants(&key("/l"));
+    assert_eq!(stored.len(), 1);
+    assert_ne!(stored[0].generation, lost, "the damaged body is gone");
+    assert_eq!(get(&w, "/l", &[]).await.x_cache(), "HIT");
+}
+
+/// Two ranges of a stored body, each across a chunk boundary, answered as `multipart/byteranges`.
+#[tokio::test]
+async fn several_ranges_of_a_stored_body_are_a_multipart_answer() {
+    let origin = Origin::start(|_| {
+        Reply::ok(pattern(100))
+            .header("cache-control", "max-age=60")
+            .header("content-type", "application/octet-stream")
+    })
+    .await;
+    let store = MemoryStore::new(10);
+    let w = worker(&origin, &store);
+    get(&w, "/mp", &[]).await;
+    fills_done(&w).await;
+
+    let got = get(&w, "/mp", &[("range", "bytes=8-12,95-")]).await;
+    assert_eq!(got.status, StatusCode::PARTIAL_CONTENT);
+    let boundary = got
+        .header("content-type")
+        .strip_prefix("multipart/byteranges; boundary=")
+        .expect("a multipart answer")
+        .to_owned();
+    let mut want = Vec::new();
+    for (first, last) in [(8, 12), (95, 99)] {
+        want.extend_from_slice(
+            format!(
+                "\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\
+                 Content-Range: bytes {first}-{last}/100\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        want.extend_from_slice(&pattern(100)[first..=last]);
+    }
+    want.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    assert!(got.body == want, "{:?}", got.body);
+    assert_eq!(got.header("content-length"), want.len().to_string());
+    assert_eq!(origin.total(), 1);
+}
