@@ -100,7 +100,7 @@ fn main() -> ExitCode {
         println!("configuration ok");
         return ExitCode::SUCCESS;
     }
-    let log_filter = std::mem::replace(&mut settings.log_filter, EnvFilter::default());
+    let log_filter = std::mem::take(&mut settings.log_filter);
     let filter = EnvFilter::try_from_default_env().unwrap_or(log_filter);
     let (filter, log_handle) = log_reload::Layer::new(filter);
     tracing_subscriber::registry()
