@@ -34,7 +34,7 @@ use crate::{
     purge::Invalidations,
     space::{self, DiskGuard},
     stats::StoreStats,
-    store::{now_ms, Inner, Store},
+    store::{Inner, Store},
 };
 
 /// The newest entry id the metadata has seen appended to the journal (sled tree `state`): a journal that
@@ -94,7 +94,10 @@ fn move_aside(dir: &Path) -> std::io::Result<PathBuf> {
             std::fs::remove_dir_all(entry.path())?;
         }
     }
-    let aside = dir.join(format!("{DAMAGED_PREFIX}{}", now_ms() / 1000));
+    let aside = dir.join(format!(
+        "{DAMAGED_PREFIX}{}",
+        lacquer_clock::now_ms() / 1000
+    ));
     std::fs::create_dir(&aside)?;
     for part in parts(dir) {
         if part.exists() {
@@ -413,7 +416,7 @@ impl Store {
         inner.stats.stored_bytes.store(bytes, Relaxed);
         StoreStats::add(&inner.stats.corrupt_records, unreadable);
 
-        let next = (now_ms() * IDS_PER_MS)
+        let next = (lacquer_clock::now_ms() * IDS_PER_MS)
             .max(newest + 1)
             .max(journal_last + 1)
             .max(inner.db.generate_id()? + 1);

@@ -15,7 +15,7 @@ use crate::{
     journal::{Entry, Target},
     meta::{ObjectMeta, ObjectSet},
     stats::StoreStats,
-    store::{now_ms, Store},
+    store::Store,
     tags,
 };
 
@@ -207,7 +207,7 @@ impl Store {
         which: impl Fn(&ObjectMeta) -> bool,
     ) -> Result<usize, StoreError> {
         self.modify(primary, |set: &mut ObjectSet| {
-            let now = now_ms();
+            let now = lacquer_clock::now_ms();
             let mut n = 0;
             for meta in set.variants.iter_mut().filter(|m| which(m)) {
                 expire(meta, now);

@@ -7,7 +7,7 @@ use std::{
         },
         Arc, Mutex,
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -97,13 +97,6 @@ pub(crate) struct Inner {
 /// How much of a body [`Store::open_body`] proves readable before the response starts: enough to cover
 /// most objects whole, small enough that a disk hit's first byte waits for a few reads at most.
 pub const VERIFY_AHEAD: u64 = 1 << 20;
-
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 impl Store {
     /// A new id from the sequence body generations and invalidations share (see `journal`).

@@ -2,7 +2,7 @@ use crate::{
     journal::{Entry, COMPACT_AT},
     meta::{ObjectMeta, ObjectSet},
     stats::StoreStats,
-    store::{now_ms, Inner, Store},
+    store::{Inner, Store},
 };
 use std::{
     collections::HashSet,
@@ -90,7 +90,7 @@ fn gone(store: &Store, meta: &ObjectMeta, now: u64) -> bool {
 }
 
 pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
-    let now = now_ms();
+    let now = lacquer_clock::now_ms();
     let mut removed = 0;
     let (mut objects, mut bytes) = (0u64, 0u64);
     for item in store.objects_tree().iter() {

@@ -4,11 +4,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::{
-    chunk::ChunkKey,
-    error::StoreError,
-    meta::ObjectMeta,
-    stats::StoreStats,
-    store::{now_ms, Store},
+    chunk::ChunkKey, error::StoreError, meta::ObjectMeta, stats::StoreStats, store::Store,
 };
 
 pub(crate) enum Job {
@@ -274,7 +270,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                     let _ = done.send(Err(StoreError::DiskFull));
                     continue;
                 }
-                meta.stored_at_ms = meta.stored_at_ms.min(now_ms());
+                meta.stored_at_ms = meta.stored_at_ms.min(lacquer_clock::now_ms());
                 let result = store.publish(&primary, *meta, epoch);
                 if result.is_ok() {
                     undurable += 1;

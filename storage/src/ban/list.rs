@@ -8,12 +8,7 @@ use std::sync::{
 use serde::{Deserialize, Serialize};
 
 use super::expr::{BanExpr, Subject};
-use crate::{
-    error::StoreError,
-    journal::Entry,
-    meta::ObjectMeta,
-    store::{now_ms, Store},
-};
+use crate::{error::StoreError, journal::Entry, meta::ObjectMeta, store::Store};
 
 /// Completed bans still listed (for `GET /v1/bans`); older completed ones are retired.
 const COMPLETED_KEPT: usize = 100;
@@ -205,7 +200,7 @@ impl Bans {
         // Ids never go back, even across crashes, so a new ban is always newer than every checked object.
         let ban = Arc::new(Ban {
             id: store.next_id(),
-            created_ms: now_ms(),
+            created_ms: lacquer_clock::now_ms(),
             expr,
             tested: AtomicU64::new(0),
             removed: AtomicU64::new(0),
