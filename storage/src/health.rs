@@ -5,12 +5,12 @@
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
-        Arc, Mutex, Weak,
+        Mutex,
     },
     time::Duration,
 };
 
-use crate::store::{Inner, Store};
+use crate::store::{Store, WeakStore};
 
 /// Failures listed in full; later ones are only counted.
 const LISTED: usize = 8;
@@ -59,7 +59,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// Watches the writer task: if it ends while the store is open, the store says so.
 pub(crate) fn supervise(
-    store: Weak<Inner>,
+    store: WeakStore,
     task: &'static str,
     handle: tokio::task::JoinHandle<()>,
     runtime: &tokio::runtime::Handle,
@@ -70,10 +70,8 @@ pub(crate) fn supervise(
             Err(e) if e.is_panic() => panic_message(&*e.into_panic()),
             Err(e) => e.to_string(),
         };
-        if let Some(inner) = store.upgrade() {
-            if !inner.closed.load(Relaxed) {
-                inner.health.task_failed(task, &cause);
-            }
+        if let Some(store) = store.open() {
+            store.health().task_failed(task, &cause);
         }
     });
 }
@@ -82,7 +80,7 @@ impl Store {
     /// Reports a panic in foyer's own tasks (its flushers and reclaimers run on the store's runtime, out of
     /// the store's sight) as a failed store task. Installed once by the binary; chains to the previous hook.
     pub fn report_panics(&self) {
-        let store = Arc::downgrade(&self.inner);
+        let store = self.downgrade();
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             previous(info);
@@ -92,24 +90,24 @@ impl Store {
             if !location.file().contains("foyer") {
                 return;
             }
-            if let Some(inner) = store.upgrade() {
+            if let Some(store) = store.upgrade() {
                 let cause = format!("{} at {location}", panic_message(info.payload()));
-                inner.health.task_failed("body cache (foyer)", &cause);
+                store.health().task_failed("body cache (foyer)", &cause);
             }
         }));
     }
 
     /// What is wrong with the store now, one sentence each; empty when nothing is.
     pub fn problems(&self) -> Vec<String> {
-        let inner = &self.inner;
+        let health = self.health();
         let mut problems = Vec::new();
-        if let Some(reason) = &inner.health.memory_only {
+        if let Some(reason) = &health.memory_only {
             problems.push(reason.clone());
         }
-        if let Some(reason) = &inner.health.damaged_at_start {
+        if let Some(reason) = &health.damaged_at_start {
             problems.push(reason.clone());
         }
-        if let Some(guard) = &inner.disk {
+        if let Some(guard) = self.disk() {
             if guard.is_full() {
                 problems.push(format!(
                     "store disk is full: {} MiB free, below the reserve of {} MiB; new objects are not stored",
@@ -118,7 +116,7 @@ impl Store {
                 ));
             }
         }
-        problems.extend(inner.health.failures());
+        problems.extend(health.failures());
         problems
     }
 }

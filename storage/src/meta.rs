@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::error::StoreError;
+use crate::{chunk::ChunkKey, error::StoreError};
 
 /// First byte of every sled record: bump it when the layout changes so old records are recognised.
 const FORMAT_VERSION: u8 = 3;
@@ -47,6 +47,15 @@ impl ObjectMeta {
             0
         } else {
             self.length.div_ceil(u64::from(self.chunk_size)) as u32
+        }
+    }
+
+    /// The key chunk `index` of this body is stored under.
+    pub(crate) fn chunk_key(&self, index: u32) -> ChunkKey {
+        ChunkKey {
+            object: self.object,
+            generation: self.generation,
+            index,
         }
     }
 

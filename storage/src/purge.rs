@@ -14,9 +14,7 @@ use crate::{
     error::StoreError,
     journal::{Entry, Target},
     meta::{ObjectMeta, ObjectSet},
-    stats::StoreStats,
     store::Store,
-    tags,
 };
 
 /// Purges remembered for fetches in flight; a fetch older than all of them is not published.
@@ -105,7 +103,7 @@ impl Store {
     pub async fn purge(&self, primary: &str, mode: PurgeMode) -> Result<usize, StoreError> {
         let target = Target::Key(primary.to_owned());
         let applying = self.journal_purge(&target, mode).await?;
-        self.inner.invalidations.purged(target);
+        self.invalidations().purged(target);
         let n = match mode {
             PurgeMode::Hard => self.remove(primary)?,
             PurgeMode::Soft => self.soft_expire(primary, |_| true)?,
@@ -124,8 +122,8 @@ impl Store {
     ) -> Result<usize, StoreError> {
         let target = Target::Tags(purged.to_vec());
         let applying = self.journal_purge(&target, mode).await?;
-        self.inner.invalidations.purged(target);
-        let found = tags::find(&self.inner.tags, purged)?;
+        self.invalidations().purged(target);
+        let found = self.tagged(purged)?;
         let mut by_key: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
         for (_, tagged) in &found {
             by_key
@@ -147,9 +145,7 @@ impl Store {
         drop(applying);
         // Entries whose object was already gone (after a crash, say) go now.
         for (key, tagged) in found {
-            if !self.stored_generation(&tagged.primary, tagged.generation)? {
-                self.inner.tags.remove(key)?;
-            }
+            self.prune_tag_entry(&key, &tagged)?;
         }
         self.count_purge(mode, n);
         self.flush_metadata().await?;
@@ -157,47 +153,30 @@ impl Store {
     }
 
     /// Appends a purge to the invalidation journal (synced) before anything else happens to it; the guard
-    /// returned is held until the purge is applied to the metadata (see [`Store::compact_journal`]).
+    /// returned is held until the purge is applied to the metadata (see `Journal::applying`).
     async fn journal_purge(
         &self,
         target: &Target,
         mode: PurgeMode,
     ) -> Result<tokio::sync::RwLockReadGuard<'_, ()>, StoreError> {
-        let applying = self.inner.journal.applying.read().await;
+        let applying = self.journal().applying().await;
         let entry = Entry::Purge {
             id: self.next_id(),
             target: target.clone(),
             soft: mode == PurgeMode::Soft,
         };
-        self.journal(entry).await?;
+        self.append_journal(entry).await?;
         Ok(applying)
     }
 
-    /// Appends `entry` to the invalidation journal and syncs it (on a blocking thread), then notes in sled
-    /// that the journal reaches it: a journal found shorter at start has lost entries.
-    pub(crate) async fn journal(&self, entry: Entry) -> Result<(), StoreError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let id = entry.id();
-            store.inner.journal.append(entry)?;
-            store
-                .inner
-                .state
-                .insert(crate::open::JOURNAL_LAST, &id.to_be_bytes())?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
-    }
-
     fn count_purge(&self, mode: PurgeMode, n: usize) {
-        let stats = &self.inner.stats;
-        StoreStats::add(&stats.purges, 1);
+        let counters = self.counters();
+        counters.purges.add(1);
         let counter = match mode {
-            PurgeMode::Hard => &stats.objects_purged,
-            PurgeMode::Soft => &stats.objects_soft_purged,
+            PurgeMode::Hard => &counters.objects_purged,
+            PurgeMode::Soft => &counters.objects_soft_purged,
         };
-        StoreStats::add(counter, n as u64);
+        counter.add(n as u64);
     }
 
     /// Expires the variants of `primary` selected by `which`; returns how many were selected.

@@ -196,7 +196,7 @@ impl Bans {
     pub(crate) async fn add(&self, store: &Store, expr: BanExpr) -> Result<BanInfo, StoreError> {
         let _adding = self.adding.lock().await;
         // Held until the ban is listed, so a journal compaction never sees it unlisted (and retirable).
-        let _applying = store.inner.journal.applying.read().await;
+        let _applying = store.journal().applying().await;
         // Ids never go back, even across crashes, so a new ban is always newer than every checked object.
         let ban = Arc::new(Ban {
             id: store.next_id(),
@@ -208,7 +208,7 @@ impl Bans {
         });
         let canonical = ban.expr.to_string();
         store
-            .journal(Entry::Ban {
+            .append_journal(Entry::Ban {
                 id: ban.id,
                 expression: canonical.clone(),
             })

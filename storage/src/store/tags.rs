@@ -7,11 +7,15 @@ use std::collections::HashSet;
 
 use crate::{error::StoreError, meta::ObjectMeta};
 
+use super::Store;
+
 /// A stored body a tag points at.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Tagged {
-    pub primary: String,
-    pub generation: u64,
+    /// The cache key of the record holding the body.
+    pub(crate) primary: String,
+    /// The body's generation: a body stored again under the same key is another entry.
+    pub(crate) generation: u64,
 }
 
 fn entry(tag: &str, primary: &str, generation: u64) -> Vec<u8> {
@@ -32,7 +36,7 @@ fn prefix(tag: &str) -> Vec<u8> {
 
 /// Splits an entry key; `None` for a malformed one. Tags and cache keys never contain NUL (header values
 /// and request targets cannot), so the first NUL ends the tag.
-pub(crate) fn parse(key: &[u8]) -> Option<(String, Tagged)> {
+fn parse(key: &[u8]) -> Option<(String, Tagged)> {
     let (head, generation) = key.split_at_checked(key.len().checked_sub(8)?)?;
     let (tag, rest) = head.split_at(head.iter().position(|&b| b == 0)?);
     let primary = rest.strip_prefix(&[0u8])?.strip_suffix(&[0u8])?;
@@ -45,18 +49,14 @@ pub(crate) fn parse(key: &[u8]) -> Option<(String, Tagged)> {
     ))
 }
 
-pub(crate) fn add(tree: &sled::Tree, primary: &str, meta: &ObjectMeta) -> Result<(), StoreError> {
+fn add(tree: &sled::Tree, primary: &str, meta: &ObjectMeta) -> Result<(), StoreError> {
     for tag in &meta.tags {
         tree.insert(entry(tag, primary, meta.generation), &[])?;
     }
     Ok(())
 }
 
-pub(crate) fn remove(
-    tree: &sled::Tree,
-    primary: &str,
-    meta: &ObjectMeta,
-) -> Result<(), StoreError> {
+fn remove(tree: &sled::Tree, primary: &str, meta: &ObjectMeta) -> Result<(), StoreError> {
     for tag in &meta.tags {
         tree.remove(entry(tag, primary, meta.generation))?;
     }
@@ -64,10 +64,7 @@ pub(crate) fn remove(
 }
 
 /// Every body carrying one of `tags`, and the index keys that pointed there.
-pub(crate) fn find(
-    tree: &sled::Tree,
-    tags: &[String],
-) -> Result<Vec<(Vec<u8>, Tagged)>, StoreError> {
+fn find(tree: &sled::Tree, tags: &[String]) -> Result<Vec<(Vec<u8>, Tagged)>, StoreError> {
     let mut seen = HashSet::new();
     let mut found = Vec::new();
     for tag in tags {
@@ -85,6 +82,55 @@ pub(crate) fn find(
         }
     }
     Ok(found)
+}
+
+impl Store {
+    /// Adds the entries of `meta`'s tags; the locked record operations call it before writing the record
+    /// that carries them.
+    pub(super) fn index_tags(&self, primary: &str, meta: &ObjectMeta) -> Result<(), StoreError> {
+        add(&self.inner.tags, primary, meta)
+    }
+
+    /// Removes the entries of `meta`'s tags; the locked record operations call it after removing the
+    /// body from its record.
+    pub(super) fn unindex_tags(&self, primary: &str, meta: &ObjectMeta) -> Result<(), StoreError> {
+        remove(&self.inner.tags, primary, meta)
+    }
+
+    /// Every body the index says carries one of `tags`, once each, with the entry that pointed at it
+    /// (a malformed entry met on the way is removed). The body may be gone already: act on it through
+    /// the locked record operations, by generation.
+    pub(crate) fn tagged(&self, tags: &[String]) -> Result<Vec<(Vec<u8>, Tagged)>, StoreError> {
+        find(&self.inner.tags, tags)
+    }
+
+    /// Removes the index entry `key` when the body it points at (`tagged`) is no longer stored; returns
+    /// whether it was removed.
+    pub(crate) fn prune_tag_entry(&self, key: &[u8], tagged: &Tagged) -> Result<bool, StoreError> {
+        if self.stored_generation(&tagged.primary, tagged.generation)? {
+            return Ok(false);
+        }
+        self.inner.tags.remove(key)?;
+        Ok(true)
+    }
+
+    /// Removes every entry whose body is gone, or that is malformed: left behind by a crash between
+    /// removing an object and its entries, or by a record dropped as unreadable. Walks the whole index:
+    /// the sweeper runs it.
+    pub(crate) fn prune_tag_index(&self) -> Result<(), StoreError> {
+        for item in self.inner.tags.iter() {
+            let (key, _) = item?;
+            match parse(&key) {
+                Some((_, tagged)) => {
+                    self.prune_tag_entry(&key, &tagged)?;
+                }
+                None => {
+                    self.inner.tags.remove(&key)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
