@@ -7,6 +7,7 @@
 //! metadata keeps memory hits away from sled and the disk. Purges and bans are also appended to an
 //! invalidation journal of their own (see `journal`), replayed at every start, so that a crash or damage
 //! that rolls sled back cannot bring an invalidated body back.
+#![warn(missing_docs)]
 
 mod background;
 mod ban;

@@ -20,6 +20,7 @@ use crate::{
 /// Purges remembered for fetches in flight; a fetch older than all of them is not published.
 const RECENT_KEPT: usize = 4096;
 
+/// What a purge does to the objects it matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PurgeMode {
     /// Remove every matching object now.

@@ -65,6 +65,7 @@ impl ObjectWriter {
         }
     }
 
+    /// Body bytes pushed so far, stored or still buffered.
     pub fn length(&self) -> u64 {
         self.length
     }
@@ -168,6 +169,7 @@ pub struct PartialBody {
 }
 
 impl PartialBody {
+    /// The store's chunk size: chunk `n` starts at byte `n × chunk_size`.
     pub fn chunk_size(&self) -> u64 {
         self.store.chunk_size() as u64
     }

@@ -29,6 +29,7 @@ pub struct Ban {
 /// What `GET /v1/bans` reports of one ban.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BanInfo {
+    /// Orders the ban against stored bodies: it covers those whose generation is below it.
     pub id: u64,
     /// The expression in canonical form.
     pub expression: String,

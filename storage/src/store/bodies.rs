@@ -12,21 +12,29 @@ use super::Store;
 /// Which tier served a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
+    /// The memory tier (or a chunk just read from disk into it by the same request).
     Memory,
+    /// The disk tier: the read went to the device.
     Disk,
 }
 
 /// How many of a body's chunks each tier holds (a chunk in both counts in both).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ChunkTiers {
+    /// Chunks the body is stored in.
     pub chunks: u32,
+    /// Chunks the memory tier holds.
     pub in_memory: u32,
+    /// Chunks the disk tier's index holds (an index hit can still fail to read).
     pub on_disk: u32,
 }
 
+/// One chunk read from the store.
 #[derive(Debug, Clone)]
 pub struct ChunkRead {
+    /// The chunk's bytes: exactly the length the metadata promised.
     pub data: Bytes,
+    /// Where it came from (hits are counted by tier).
     pub tier: Tier,
 }
 

@@ -196,7 +196,8 @@ struct FoyerMetrics {
 }
 
 impl Store {
-    /// The store's statistics now.
+    /// The store's statistics now. Cheap enough to take every second (atomics, and one gather of foyer's
+    /// metrics registry); `lacquerd` takes one per `/v1/stats` request and per event of the stats stream.
     pub fn stats(&self) -> StoreStatsSnapshot {
         let inner = &self.inner;
         let foyer = self.foyer_metrics();
