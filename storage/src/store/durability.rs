@@ -7,30 +7,65 @@
 //! - sled flushes are grouped: one flush covers every caller that arrived before it started
 //!   ([`Store::flush_metadata`]), so a stampede of purges costs one flush per batch.
 
-use std::sync::atomic::Ordering::SeqCst;
+use std::{
+    future::Future,
+    sync::atomic::{AtomicU64, Ordering::SeqCst},
+};
 
 use crate::{error::StoreError, journal::Entry};
 
 use super::{Store, JOURNAL_LAST};
 
-impl Store {
-    /// Makes every metadata write made before the call durable. One flush at a time covers every caller
-    /// that arrived before it started (group commit). Not sled's `flush_async`: it parks sled's own IO
-    /// threads until a log write queued on that same pool runs, which deadlocks once a few callers overlap.
-    pub(crate) async fn flush_metadata(&self) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let ticket = inner.flush_tickets.fetch_add(1, SeqCst) + 1;
-        let _one = inner.flushing.lock().await;
-        if inner.flushed.load(SeqCst) >= ticket {
+/// Group commit: one flush at a time, and a flush covers every caller that arrived before it started, so
+/// callers that pile up behind a running flush share the next one instead of flushing once each.
+#[derive(Default)]
+pub(super) struct GroupCommit {
+    /// Tickets handed out, one per caller, taken before waiting (after the caller's writes).
+    tickets: AtomicU64,
+    /// The highest ticket a completed flush covered.
+    covered: AtomicU64,
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl GroupCommit {
+    /// Returns once a `flush` that started after this call began has succeeded: the caller's writes, made
+    /// before the call, are covered. Runs `flush` itself unless a flush started meanwhile already covered
+    /// it. A failed flush covers nobody: its error goes to the caller that ran it, and the next caller
+    /// flushes again.
+    async fn commit<F, Fut>(&self, flush: F) -> Result<(), StoreError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(), StoreError>>,
+    {
+        let ticket = self.tickets.fetch_add(1, SeqCst) + 1;
+        let _one = self.one_at_a_time.lock().await;
+        if self.covered.load(SeqCst) >= ticket {
             return Ok(());
         }
-        let upto = inner.flush_tickets.load(SeqCst);
-        let db = inner.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
-            .await
-            .map_err(|e| sled::Error::ReportableBug(format!("metadata flush task: {e}")))??;
-        inner.flushed.store(upto, SeqCst);
+        let upto = self.tickets.load(SeqCst);
+        flush().await?;
+        self.covered.store(upto, SeqCst);
         Ok(())
+    }
+}
+
+impl Store {
+    /// Makes every metadata write made before the call durable, grouped with concurrent callers (see
+    /// [`GroupCommit`]). Not sled's `flush_async`: it parks sled's own IO threads until a log write queued
+    /// on that same pool runs, which deadlocks once a few callers overlap.
+    pub(crate) async fn flush_metadata(&self) -> Result<(), StoreError> {
+        self.inner
+            .flushes
+            .commit(|| async {
+                let db = self.inner.db.clone();
+                tokio::task::spawn_blocking(move || db.flush())
+                    .await
+                    .map_err(|e| {
+                        sled::Error::ReportableBug(format!("metadata flush task: {e}"))
+                    })??;
+                Ok(())
+            })
+            .await
     }
 
     /// Writes sled's log to disk now, from a thread that may block (the lurker's walk is durable before
@@ -70,5 +105,96 @@ impl Store {
         self.counters().write_waits.add(1);
         self.counters().objects_durable.add(published);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc,
+    };
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// A flush that counts its runs and waits for the test to let it finish.
+    fn flush(
+        runs: &Arc<AtomicUsize>,
+        gate: &Arc<Semaphore>,
+    ) -> impl Future<Output = Result<(), StoreError>> {
+        let (runs, gate) = (runs.clone(), gate.clone());
+        async move {
+            runs.fetch_add(1, SeqCst);
+            gate.acquire().await.unwrap().forget();
+            Ok(())
+        }
+    }
+
+    async fn until(what: impl Fn() -> bool) {
+        while !what() {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_behind_a_running_flush_share_the_next_one() {
+        let group = Arc::new(GroupCommit::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        let first = tokio::spawn({
+            let (group, runs, gate) = (group.clone(), runs.clone(), gate.clone());
+            async move { group.commit(|| flush(&runs, &gate)).await }
+        });
+        until(|| runs.load(SeqCst) == 1).await;
+        // Seven callers whose writes came after the running flush started: it cannot cover them.
+        let later: Vec<_> = (0..7)
+            .map(|_| {
+                let (group, runs, gate) = (group.clone(), runs.clone(), gate.clone());
+                tokio::spawn(async move { group.commit(|| flush(&runs, &gate)).await })
+            })
+            .collect();
+        until(|| group.tickets.load(SeqCst) == 8).await;
+        gate.add_permits(8);
+        first.await.unwrap().unwrap();
+        for caller in later {
+            caller.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            runs.load(SeqCst),
+            2,
+            "one flush for the first caller, one shared by the seven behind it"
+        );
+        assert_eq!(group.covered.load(SeqCst), 8);
+    }
+
+    #[tokio::test]
+    async fn a_failed_flush_covers_nobody() {
+        let group = GroupCommit::default();
+        let failed = group.commit(|| async { Err(StoreError::Closed) }).await;
+        assert!(matches!(failed, Err(StoreError::Closed)));
+        assert_eq!(group.covered.load(SeqCst), 0);
+        let runs = AtomicUsize::new(0);
+        group
+            .commit(|| async {
+                runs.fetch_add(1, SeqCst);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(runs.load(SeqCst), 1, "the next caller flushes again");
+        group
+            .commit(|| async {
+                runs.fetch_add(1, SeqCst);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            runs.load(SeqCst),
+            2,
+            "a caller arriving after a completed flush is not covered by it"
+        );
     }
 }

@@ -22,7 +22,7 @@ mod tags;
 use std::{
     hash::{Hash, Hasher},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, Ordering::Relaxed},
         Arc, Mutex, Weak,
     },
     time::Duration,
@@ -33,6 +33,7 @@ use foyer::{Cache, HybridCache};
 use tokio::sync::mpsc;
 
 pub use bodies::{ChunkRead, ChunkTiers, Tier, VERIFY_AHEAD};
+use durability::GroupCommit;
 pub(crate) use open::JOURNAL_LAST;
 pub(crate) use stats::Counters;
 pub use stats::StoreStatsSnapshot;
@@ -91,10 +92,8 @@ struct Inner {
     health: Health,
     /// The store directory's lock, held while the store is open.
     lock: Mutex<Option<std::fs::File>>,
-    /// Group commit of sled flushes: tickets taken before writes, and the highest one a flush covered.
-    flush_tickets: AtomicU64,
-    flushed: AtomicU64,
-    flushing: tokio::sync::Mutex<()>,
+    /// Group commit of sled flushes.
+    flushes: GroupCommit,
     hot: Cache<String, Arc<ObjectSet>>,
     /// Serialises every change to an object set, so the hot copy and sled never disagree.
     mutate: Mutex<()>,

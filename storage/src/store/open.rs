@@ -11,10 +11,7 @@
 use std::{
     fs::File,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, AtomicU64},
-        Arc, Mutex,
-    },
+    sync::{atomic::AtomicBool, Arc, Mutex},
 };
 
 use foyer::{
@@ -36,7 +33,7 @@ use crate::{
     space::{self, DiskGuard},
 };
 
-use super::{Counters, Inner, Store};
+use super::{Counters, GroupCommit, Inner, Store};
 
 /// The newest entry id the metadata has seen appended to the journal (sled tree `state`): a journal that
 /// ends before it has lost entries.
@@ -312,9 +309,7 @@ impl Store {
                 disk,
                 health,
                 lock: Mutex::new(None),
-                flush_tickets: AtomicU64::new(0),
-                flushed: AtomicU64::new(0),
-                flushing: tokio::sync::Mutex::new(()),
+                flushes: GroupCommit::default(),
                 hot,
                 mutate: Mutex::new(()),
                 jobs,
