@@ -297,3 +297,34 @@ impl Store {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn background_tasks_let_go_of_a_closing_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StoreBuilder::new(dir.path())
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(64 << 10)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap();
+        let weak = store.downgrade();
+        assert!(weak.open().is_some());
+        store.close(Duration::from_secs(5)).await.unwrap();
+        assert!(weak.open().is_none(), "tasks stop once the store closes");
+        assert!(
+            weak.upgrade().is_some(),
+            "a failure report still reaches it"
+        );
+        assert!(matches!(
+            store.writer("a.test/x", &[], store.mark()),
+            Err(StoreError::Closed)
+        ));
+        drop(store);
+        assert!(weak.upgrade().is_none(), "nothing but handles keeps it");
+    }
+}

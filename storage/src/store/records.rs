@@ -417,3 +417,220 @@ impl Store {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::{PurgeMode, StoreBuilder};
+
+    async fn open(dir: &std::path::Path) -> Store {
+        StoreBuilder::new(dir)
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(64 << 10)
+            .with_max_variants(2)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap()
+    }
+
+    /// Metadata of a new body in the `encoding` variant (no chunks: these operations never read them).
+    fn body(store: &Store, encoding: &str, tags: &[&str]) -> ObjectMeta {
+        ObjectMeta {
+            generation: store.next_id(),
+            variant: vec![("accept-encoding".into(), encoding.into())],
+            status: 200,
+            length: 10,
+            chunk_size: 64 << 10,
+            stored_at_ms: lacquer_clock::now_ms(),
+            ttl_ms: 60_000,
+            tags: tags.iter().map(|t| (*t).to_owned()).collect(),
+            ban_checked: store.mark().ban,
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// The record in sled, read past the hot copy.
+    fn in_sled(store: &Store, primary: &str) -> Option<ObjectSet> {
+        let bytes = store.inner.objects.get(primary).unwrap()?;
+        Some(ObjectSet::decode(primary, &bytes).unwrap())
+    }
+
+    fn in_memory(store: &Store, primary: &str) -> Option<ObjectSet> {
+        store
+            .inner
+            .hot
+            .get(primary)
+            .map(|entry| (**entry.value()).clone())
+    }
+
+    fn generations(set: &ObjectSet) -> Vec<u64> {
+        set.variants.iter().map(|m| m.generation).collect()
+    }
+
+    fn tagged(store: &Store, tag: &str) -> HashSet<u64> {
+        store
+            .tagged(&[tag.to_owned()])
+            .unwrap()
+            .into_iter()
+            .map(|(_, t)| t.generation)
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn publishing_replaces_the_selection_keeps_the_newest_and_memory_matches_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        let epoch = store.mark().epoch;
+        let gzip = body(&store, "gzip", &["t"]);
+        let br = body(&store, "br", &["t"]);
+        let gzip_again = body(&store, "gzip", &["t"]);
+        let identity = body(&store, "identity", &["t"]);
+        for meta in [&gzip, &br, &gzip_again, &identity] {
+            store.publish(key, meta.clone(), epoch).unwrap();
+        }
+        let set = store.lookup(key).unwrap().unwrap();
+        assert_eq!(
+            generations(&set),
+            [identity.generation, gzip_again.generation],
+            "newest first; gzip replaced in place, br dropped past max_variants"
+        );
+        assert_eq!(in_sled(&store, key).as_ref(), Some(&*set));
+        assert_eq!(in_memory(&store, key).as_ref(), Some(&*set));
+        assert_eq!(
+            tagged(&store, "t"),
+            HashSet::from([identity.generation, gzip_again.generation]),
+            "dropped bodies leave the tag index"
+        );
+        let stats = store.stats();
+        assert_eq!(stats.objects_published, 4);
+        assert_eq!(stats.variants_overflowed, 1);
+        assert_eq!((stats.objects, stats.stored_bytes), (2, 20));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_fetched_before_a_covering_purge_is_not_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        let before = store.mark();
+        store.purge(key, PurgeMode::Hard).await.unwrap();
+        store
+            .publish(key, body(&store, "gzip", &[]), before.epoch)
+            .unwrap();
+        assert!(store.lookup(key).unwrap().is_none());
+        assert!(in_sled(&store, key).is_none());
+        assert_eq!(store.stats().publishes_cancelled, 1);
+        let after = store.mark();
+        store
+            .publish(key, body(&store, "gzip", &[]), after.epoch)
+            .unwrap();
+        assert!(store.lookup(key).unwrap().is_some(), "fetched after it");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refresh_keeps_the_newest_ban_check_and_moves_the_tag_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        let stored = ObjectMeta {
+            ban_checked: 40,
+            ..body(&store, "gzip", &["a", "b"])
+        };
+        store
+            .publish(key, stored.clone(), store.mark().epoch)
+            .unwrap();
+        let revalidated = ObjectMeta {
+            ttl_ms: 120_000,
+            ban_checked: 0,
+            tags: vec!["b".into(), "c".into()],
+            ..stored.clone()
+        };
+        assert!(store.refresh(key, revalidated).unwrap());
+        let set = in_sled(&store, key).unwrap();
+        assert_eq!(set.variants[0].ttl_ms, 120_000);
+        assert_eq!(
+            set.variants[0].ban_checked, 40,
+            "bans already passed are not tested again"
+        );
+        assert_eq!(in_memory(&store, key), Some(set));
+        assert!(tagged(&store, "a").is_empty());
+        assert_eq!(tagged(&store, "b"), HashSet::from([stored.generation]));
+        assert_eq!(tagged(&store, "c"), HashSet::from([stored.generation]));
+        let gone = ObjectMeta {
+            generation: store.next_id(),
+            ..stored
+        };
+        assert!(
+            !store.refresh(key, gone).unwrap(),
+            "a body no longer stored is not brought back"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn walks_read_without_filling_memory_and_remove_by_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        let old = body(&store, "gzip", &[]);
+        store.publish(key, old.clone(), store.mark().epoch).unwrap();
+        store.inner.hot.remove(key);
+        assert!(store.stored_generation(key, old.generation).unwrap());
+        assert!(
+            in_memory(&store, key).is_none(),
+            "a walk does not make keys hot"
+        );
+        // The body is replaced between a walk's read and its removal: the new one stays.
+        let new = body(&store, "gzip", &[]);
+        store.publish(key, new.clone(), store.mark().epoch).unwrap();
+        assert_eq!(
+            store
+                .retain(key, |m| m.generation != old.generation)
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            generations(&in_sled(&store, key).unwrap()),
+            [new.generation]
+        );
+        assert_eq!(
+            store
+                .retain(key, |m| m.generation != new.generation)
+                .unwrap(),
+            1
+        );
+        assert!(in_sled(&store, key).is_none() && in_memory(&store, key).is_none());
+        assert_eq!(store.stats().objects, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_record_is_dropped_only_while_it_is_still_unreadable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        store
+            .inner
+            .objects
+            .insert(key, &b"\xffgarbage"[..])
+            .unwrap();
+        let walked: Vec<Record> = store.records().map(Result::unwrap).collect();
+        assert_eq!(walked.len(), 1);
+        assert!(walked[0].set.is_none());
+        // Rewritten after the walk read it: left alone.
+        store
+            .publish(key, body(&store, "gzip", &[]), store.mark().epoch)
+            .unwrap();
+        assert!(!store.drop_unreadable(&walked[0].key).unwrap());
+        assert!(in_sled(&store, key).is_some());
+        store
+            .inner
+            .objects
+            .insert(key, &b"\xffgarbage"[..])
+            .unwrap();
+        assert!(store.drop_unreadable(&walked[0].key).unwrap());
+        assert!(store.inner.objects.get(key).unwrap().is_none());
+    }
+}

@@ -152,4 +152,57 @@ mod tests {
         assert_eq!(parse(b"short"), None);
         assert_eq!(parse(b"no-separators-at-all"), None);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pruning_removes_entries_whose_body_is_gone_and_keeps_the_live_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::StoreBuilder::new(dir.path())
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(64 << 10)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap();
+        let live = ObjectMeta {
+            generation: store.next_id(),
+            status: 200,
+            ttl_ms: 60_000,
+            stored_at_ms: lacquer_clock::now_ms(),
+            tags: vec!["t".into()],
+            ..ObjectMeta::default()
+        };
+        store
+            .publish("a.test/live", live.clone(), store.mark().epoch)
+            .unwrap();
+        // What a crash between removing a record and its entries leaves behind.
+        let dead = ObjectMeta {
+            generation: store.next_id(),
+            ..live.clone()
+        };
+        store.index_tags("a.test/dead", &dead).unwrap();
+        store.inner.tags.insert(b"malformed", &[]).unwrap();
+        let found = store.tagged(&["t".into()]).unwrap();
+        assert_eq!(found.len(), 2, "the index still points at the dead body");
+        let (key, tagged) = found
+            .iter()
+            .find(|(_, t)| t.primary == "a.test/dead")
+            .unwrap();
+        assert!(store.prune_tag_entry(key, tagged).unwrap());
+        store.index_tags("a.test/dead", &dead).unwrap();
+        store.prune_tag_index().unwrap();
+        let left: Vec<Tagged> = store
+            .tagged(&["t".into()])
+            .unwrap()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
+        assert_eq!(
+            left,
+            [Tagged {
+                primary: "a.test/live".into(),
+                generation: live.generation
+            }]
+        );
+        assert!(store.inner.tags.get(b"malformed").unwrap().is_none());
+    }
 }
