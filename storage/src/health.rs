@@ -18,16 +18,53 @@ const LISTED: usize = 8;
 #[derive(Default)]
 pub(crate) struct Health {
     /// Set at open when the store could not be read and was moved aside.
-    pub(crate) damaged_at_start: Option<String>,
+    damaged_at_start: Option<String>,
     /// Set at open when the store directory could not be used at all.
-    pub(crate) memory_only: Option<String>,
-    pub(crate) failures: Mutex<Vec<String>>,
-    pub(crate) tasks_failed: AtomicU64,
+    memory_only: Option<String>,
+    failures: Mutex<Vec<String>>,
+    tasks_failed: AtomicU64,
     /// A task the write path needs has died: fills are refused rather than queued for nobody.
-    pub(crate) broken: AtomicBool,
+    broken: AtomicBool,
 }
 
 impl Health {
+    /// The health of a store that was moved aside at open (`reason` says why and where to) and started
+    /// empty.
+    pub(crate) fn damaged_at_start(reason: String) -> Self {
+        Self {
+            damaged_at_start: Some(reason),
+            ..Self::default()
+        }
+    }
+
+    /// The health of a store whose directory could not be used at all (`reason` says why).
+    pub(crate) fn memory_only(reason: String) -> Self {
+        Self {
+            memory_only: Some(reason),
+            ..Self::default()
+        }
+    }
+
+    /// Whether the store started empty because it could not be opened.
+    pub(crate) fn was_damaged_at_start(&self) -> bool {
+        self.damaged_at_start.is_some()
+    }
+
+    /// Whether the store keeps nothing across restarts.
+    pub(crate) fn is_memory_only(&self) -> bool {
+        self.memory_only.is_some()
+    }
+
+    /// Whether a task the write path needs has died: fills are then refused.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Relaxed)
+    }
+
+    /// Store tasks that died since start.
+    pub(crate) fn tasks_failed(&self) -> u64 {
+        self.tasks_failed.load(Relaxed)
+    }
+
     /// Records that a store task died; fills stop, the rest keeps serving.
     pub(crate) fn task_failed(&self, task: &str, cause: &str) {
         tracing::error!(

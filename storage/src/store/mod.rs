@@ -133,7 +133,7 @@ impl Store {
         if self.is_closed() {
             return Err(StoreError::Closed);
         }
-        let refused = if self.inner.health.broken.load(Relaxed) {
+        let refused = if self.health().is_broken() {
             Some(StoreError::Unavailable)
         } else if !self.disk_has_room() {
             Some(StoreError::DiskFull)

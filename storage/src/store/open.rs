@@ -125,13 +125,10 @@ impl Store {
         );
         let second = match move_aside(&config.dir) {
             Ok(aside) => {
-                let health = Health {
-                    damaged_at_start: Some(format!(
-                        "the store could not be opened ({first}): it was moved aside to {} and lacquerd started empty",
-                        aside.display()
-                    )),
-                    ..Health::default()
-                };
+                let health = Health::damaged_at_start(format!(
+                    "the store could not be opened ({first}): it was moved aside to {} and lacquerd started empty",
+                    aside.display()
+                ));
                 match Self::open_dir(&config, &runtime, &lock, health).await {
                     Ok(store) => return Ok(store.holding(lock)),
                     Err(e) => e,
@@ -232,10 +229,7 @@ impl Store {
         );
         tracing::error!("{reason}");
         let db = sled::Config::new().temporary(true).open()?;
-        let health = Health {
-            memory_only: Some(reason),
-            ..Health::default()
-        };
+        let health = Health::memory_only(reason);
         Self::assemble(
             config,
             &runtime,

@@ -214,9 +214,9 @@ impl Store {
             bans: inner.bans.snapshot().len() as u64,
             bans_pending: inner.bans.pending() as u64,
             disk_full: u64::from(inner.disk.as_ref().is_some_and(|g| g.is_full())),
-            damaged_at_start: u64::from(health.damaged_at_start.is_some()),
-            memory_only: u64::from(health.memory_only.is_some()),
-            tasks_failed: health.tasks_failed.load(Relaxed),
+            damaged_at_start: u64::from(health.was_damaged_at_start()),
+            memory_only: u64::from(health.is_memory_only()),
+            tasks_failed: health.tasks_failed(),
             journal_entries: inner.journal.len() as u64,
         })
     }
