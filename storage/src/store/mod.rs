@@ -51,15 +51,15 @@ use crate::{
     writer::{Job, ObjectWriter},
 };
 
-/// Handle on the store; cheap to clone. Dropping the last handle (background tasks hold it weakly) closes
-/// sled; [`Store::close`] also finishes pending writes first.
+/// Handle on the store; cheap to clone. The writer task holds one until [`Store::close`], which finishes
+/// pending writes and releases the store directory (a process can then open it again).
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
 }
 
-/// A handle that does not keep the store open: what background tasks hold, so that dropping every
-/// [`Store`] closes sled.
+/// A handle that does not keep the store open: what background tasks hold, so that none of them keeps a
+/// closed store (sled, the directory lock) alive.
 #[derive(Clone)]
 pub(crate) struct WeakStore(Weak<Inner>);
 
