@@ -75,11 +75,11 @@ pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
     let (mut objects, mut bytes) = (0u64, 0u64);
     for record in store.records() {
         let record = record?;
-        let Some(set) = record.set else {
+        let primary = record.primary();
+        let Some(set) = &record.set else {
             store.drop_unreadable(&record.key)?;
             continue;
         };
-        let primary = record.primary;
         if set.variants.iter().any(|m| gone(store, m, now)) {
             removed += store.retain(&primary, |m| !gone(store, m, now))?;
         }

@@ -84,10 +84,10 @@ fn walk(store: &Store) -> Result<(), crate::StoreError> {
             return Ok(());
         }
         let record = record?;
-        let primary = record.primary;
+        let primary = record.primary();
         // Tested on the record as read, without the store's lock: only a banned variant needs the lock,
         // to remove exactly that body (by generation, so a body replaced meanwhile is left alone).
-        match record.set {
+        match &record.set {
             Some(set) => {
                 let banned: Vec<u64> = set
                     .variants

@@ -7,7 +7,10 @@
 //! that need it held take the guard ([`Locked`]) as an argument, so calling one without the lock does not
 //! compile.
 
-use std::sync::{Arc, MutexGuard};
+use std::{
+    borrow::Cow,
+    sync::{Arc, MutexGuard},
+};
 
 use crate::{
     ban::Verdict,
@@ -30,10 +33,15 @@ enum HotCopy {
 pub(crate) struct Record {
     /// The record's key as stored.
     pub(crate) key: sled::IVec,
-    /// The cache key (the stored key read as UTF-8, lossily).
-    pub(crate) primary: String,
     /// The variants; `None` when the record cannot be decoded.
     pub(crate) set: Option<ObjectSet>,
+}
+
+impl Record {
+    /// The cache key: the stored key read as UTF-8 (lossily; borrowed, so a walk allocates nothing for it).
+    pub(crate) fn primary(&self) -> Cow<'_, str> {
+        String::from_utf8_lossy(&self.key)
+    }
 }
 
 /// Proof that the record lock is held, for as long as this lives.
@@ -396,9 +404,8 @@ impl Store {
     pub(crate) fn records(&self) -> impl Iterator<Item = Result<Record, StoreError>> + '_ {
         self.inner.objects.iter().map(|item| {
             let (key, value) = item?;
-            let primary = String::from_utf8_lossy(&key).into_owned();
-            let set = ObjectSet::decode(&primary, &value).ok();
-            Ok(Record { key, primary, set })
+            let set = ObjectSet::decode(&String::from_utf8_lossy(&key), &value).ok();
+            Ok(Record { key, set })
         })
     }
 
