@@ -34,8 +34,8 @@ use tokio::sync::mpsc;
 
 pub use bodies::{ChunkRead, ChunkTiers, Tier, VERIFY_AHEAD};
 use durability::GroupCommit;
-pub(crate) use open::JOURNAL_LAST;
-pub(crate) use stats::Counters;
+use open::JOURNAL_LAST;
+use stats::Counters;
 pub use stats::StoreStatsSnapshot;
 
 use crate::{
