@@ -2,19 +2,16 @@
 //! so that on a small machine their walks over every record yield to the threads serving clients, and never
 //! block a runtime thread that foyer's disk tasks or the admin API need.
 
-use std::{
-    panic::AssertUnwindSafe,
-    sync::{atomic::Ordering::Relaxed, Weak},
-};
+use std::panic::AssertUnwindSafe;
 
-use crate::{error::StoreError, store::Inner};
+use crate::{error::StoreError, store::WeakStore};
 
 /// Runs `work` on its own thread, holding the store weakly; a panic is reported as a failed store task
 /// (unless the store is closing), so the daemon never goes on silently without it.
 pub(crate) fn spawn(
     name: &'static str,
-    store: Weak<Inner>,
-    work: impl FnOnce(&Weak<Inner>) + Send + 'static,
+    store: WeakStore,
+    work: impl FnOnce(&WeakStore) + Send + 'static,
 ) -> Result<(), StoreError> {
     std::thread::Builder::new()
         .name(format!("lacquer-{name}"))
@@ -24,11 +21,9 @@ pub(crate) fn spawn(
                 tracing::debug!(thread = name, "cannot lower the thread's priority");
             }
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| work(&store)));
-            if let (Err(panic), Some(inner)) = (outcome, store.upgrade()) {
-                if !inner.closed.load(Relaxed) {
-                    let cause = crate::health::panic_message(&*panic);
-                    inner.health.task_failed(name, &cause);
-                }
+            if let (Err(panic), Some(store)) = (outcome, store.open()) {
+                let cause = crate::health::panic_message(&*panic);
+                store.health().task_failed(name, &cause);
             }
         })
         .map(drop)

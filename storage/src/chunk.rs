@@ -8,8 +8,11 @@ use foyer::Code;
 /// are immutable: a new body for the same object gets new chunk keys and old chunks can only ever miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ChunkKey {
+    /// [`crate::Store::object_id`] of the cache key and variant.
     pub object: u64,
+    /// The body's generation ([`crate::ObjectMeta::generation`]).
     pub generation: u64,
+    /// The chunk's position in the body, from 0.
     pub index: u32,
 }
 

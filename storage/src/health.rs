@@ -5,12 +5,12 @@
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
-        Arc, Mutex, Weak,
+        Mutex,
     },
     time::Duration,
 };
 
-use crate::store::{Inner, Store};
+use crate::store::{Store, WeakStore};
 
 /// Failures listed in full; later ones are only counted.
 const LISTED: usize = 8;
@@ -18,16 +18,53 @@ const LISTED: usize = 8;
 #[derive(Default)]
 pub(crate) struct Health {
     /// Set at open when the store could not be read and was moved aside.
-    pub(crate) damaged_at_start: Option<String>,
+    damaged_at_start: Option<String>,
     /// Set at open when the store directory could not be used at all.
-    pub(crate) memory_only: Option<String>,
-    pub(crate) failures: Mutex<Vec<String>>,
-    pub(crate) tasks_failed: AtomicU64,
+    memory_only: Option<String>,
+    failures: Mutex<Vec<String>>,
+    tasks_failed: AtomicU64,
     /// A task the write path needs has died: fills are refused rather than queued for nobody.
-    pub(crate) broken: AtomicBool,
+    broken: AtomicBool,
 }
 
 impl Health {
+    /// The health of a store that was moved aside at open (`reason` says why and where to) and started
+    /// empty.
+    pub(crate) fn damaged_at_start(reason: String) -> Self {
+        Self {
+            damaged_at_start: Some(reason),
+            ..Self::default()
+        }
+    }
+
+    /// The health of a store whose directory could not be used at all (`reason` says why).
+    pub(crate) fn memory_only(reason: String) -> Self {
+        Self {
+            memory_only: Some(reason),
+            ..Self::default()
+        }
+    }
+
+    /// Whether the store started empty because it could not be opened.
+    pub(crate) fn was_damaged_at_start(&self) -> bool {
+        self.damaged_at_start.is_some()
+    }
+
+    /// Whether the store keeps nothing across restarts.
+    pub(crate) fn is_memory_only(&self) -> bool {
+        self.memory_only.is_some()
+    }
+
+    /// Whether a task the write path needs has died: fills are then refused.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Relaxed)
+    }
+
+    /// Store tasks that died since start.
+    pub(crate) fn tasks_failed(&self) -> u64 {
+        self.tasks_failed.load(Relaxed)
+    }
+
     /// Records that a store task died; fills stop, the rest keeps serving.
     pub(crate) fn task_failed(&self, task: &str, cause: &str) {
         tracing::error!(
@@ -59,7 +96,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// Watches the writer task: if it ends while the store is open, the store says so.
 pub(crate) fn supervise(
-    store: Weak<Inner>,
+    store: WeakStore,
     task: &'static str,
     handle: tokio::task::JoinHandle<()>,
     runtime: &tokio::runtime::Handle,
@@ -70,10 +107,8 @@ pub(crate) fn supervise(
             Err(e) if e.is_panic() => panic_message(&*e.into_panic()),
             Err(e) => e.to_string(),
         };
-        if let Some(inner) = store.upgrade() {
-            if !inner.closed.load(Relaxed) {
-                inner.health.task_failed(task, &cause);
-            }
+        if let Some(store) = store.open() {
+            store.health().task_failed(task, &cause);
         }
     });
 }
@@ -82,7 +117,7 @@ impl Store {
     /// Reports a panic in foyer's own tasks (its flushers and reclaimers run on the store's runtime, out of
     /// the store's sight) as a failed store task. Installed once by the binary; chains to the previous hook.
     pub fn report_panics(&self) {
-        let store = Arc::downgrade(&self.inner);
+        let store = self.downgrade();
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             previous(info);
@@ -92,24 +127,24 @@ impl Store {
             if !location.file().contains("foyer") {
                 return;
             }
-            if let Some(inner) = store.upgrade() {
+            if let Some(store) = store.upgrade() {
                 let cause = format!("{} at {location}", panic_message(info.payload()));
-                inner.health.task_failed("body cache (foyer)", &cause);
+                store.health().task_failed("body cache (foyer)", &cause);
             }
         }));
     }
 
     /// What is wrong with the store now, one sentence each; empty when nothing is.
     pub fn problems(&self) -> Vec<String> {
-        let inner = &self.inner;
+        let health = self.health();
         let mut problems = Vec::new();
-        if let Some(reason) = &inner.health.memory_only {
+        if let Some(reason) = &health.memory_only {
             problems.push(reason.clone());
         }
-        if let Some(reason) = &inner.health.damaged_at_start {
+        if let Some(reason) = &health.damaged_at_start {
             problems.push(reason.clone());
         }
-        if let Some(guard) = &inner.disk {
+        if let Some(guard) = self.disk() {
             if guard.is_full() {
                 problems.push(format!(
                     "store disk is full: {} MiB free, below the reserve of {} MiB; new objects are not stored",
@@ -118,7 +153,7 @@ impl Store {
                 ));
             }
         }
-        problems.extend(inner.health.failures());
+        problems.extend(health.failures());
         problems
     }
 }

@@ -92,11 +92,11 @@ pub(crate) struct Journal {
     path: PathBuf,
     /// The append handle; `None` for a store that keeps nothing across restarts.
     file: Mutex<Option<File>>,
-    pub(crate) state: Mutex<State>,
+    state: Mutex<State>,
     next_id: AtomicU64,
     /// Appends (and what they apply to the metadata) hold it shared; a compaction takes it exclusively to
     /// wait for every entry it retires to be applied.
-    pub(crate) applying: tokio::sync::RwLock<()>,
+    applying: tokio::sync::RwLock<()>,
     /// Group commit: appends written, and the highest one a sync covered.
     written: AtomicU64,
     synced: AtomicU64,
@@ -294,6 +294,37 @@ impl Journal {
         Ok(())
     }
 
+    /// Reads the checkpoint and the entries after it (the start-up replay indexes them), holding the
+    /// journal's state lock meanwhile: appends wait.
+    pub(crate) fn view<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.state.lock().expect("journal state"))
+    }
+
+    /// Held (shared) by whoever appends an invalidation, from taking its id until what it invalidates is
+    /// applied to the metadata: [`Journal::retirable`] waits for every holder, so a compaction never
+    /// retires an entry whose effect is not yet in the records it keeps.
+    pub(crate) async fn applying(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.applying.read().await
+    }
+
+    /// The ids of the entries a compaction may retire now: every purge (applied before it was
+    /// acknowledged) and every ban `pending` does not claim. Waits for appends in progress to be applied
+    /// first; blocks, so it runs on the sweeper's thread.
+    pub(crate) fn retirable(&self, pending: impl Fn(u64) -> bool) -> HashSet<u64> {
+        let _applied = self.applying.blocking_write();
+        let state = self.state.lock().expect("journal state");
+        state
+            .entries
+            .iter()
+            .filter(|e| match e {
+                Entry::Ban { id, .. } => !pending(*id),
+                _ => true,
+            })
+            .map(Entry::id)
+            .collect()
+    }
+
+    /// Entries past the checkpoint.
     pub(crate) fn len(&self) -> usize {
         self.state.lock().expect("journal state").entries.len()
     }

@@ -7,6 +7,7 @@
 //! metadata keeps memory hits away from sled and the disk. Purges and bans are also appended to an
 //! invalidation journal of their own (see `journal`), replayed at every start, so that a crash or damage
 //! that rolls sled back cannot bring an invalidated body back.
+#![warn(missing_docs)]
 
 mod background;
 mod ban;
@@ -16,13 +17,10 @@ mod error;
 mod health;
 mod journal;
 mod meta;
-mod open;
 mod purge;
 mod space;
-mod stats;
 mod store;
 mod sweep;
-mod tags;
 mod writer;
 
 pub use ban::{BanExpr, BanInfo, BanSyntaxError};
@@ -31,6 +29,5 @@ pub use chunk::ChunkKey;
 pub use error::StoreError;
 pub use meta::{ObjectMeta, ObjectSet};
 pub use purge::{InvalidationMark, PurgeMode};
-pub use stats::{StoreStats, StoreStatsSnapshot};
-pub use store::{ChunkRead, ChunkTiers, Store, Tier, VERIFY_AHEAD};
+pub use store::{ChunkRead, ChunkTiers, Store, StoreStatsSnapshot, Tier, VERIFY_AHEAD};
 pub use writer::{ObjectWriter, PartialBody};

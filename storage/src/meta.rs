@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::error::StoreError;
+use crate::{chunk::ChunkKey, error::StoreError};
 
 /// First byte of every sled record: bump it when the layout changes so old records are recognised.
 const FORMAT_VERSION: u8 = 3;
@@ -15,10 +15,13 @@ pub struct ObjectMeta {
     /// The request header values the response's `Vary` selected (lower-case names, in `Vary` order); empty when
     /// the response did not vary.
     pub variant: Vec<(String, String)>,
+    /// The response's status code.
     pub status: u16,
     /// Response headers as stored (hop-by-hop and `Connection`-listed headers already removed).
     pub headers: Vec<(String, Vec<u8>)>,
+    /// Body length in bytes.
     pub length: u64,
+    /// The chunk size the body was split with (a store reopened with another chunk size still reads it).
     pub chunk_size: u32,
     /// When the response was received (unix milliseconds): the `response_time` of RFC 9111 §4.2.3.
     pub stored_at_ms: u64,
@@ -42,11 +45,21 @@ pub struct ObjectMeta {
 }
 
 impl ObjectMeta {
+    /// How many chunks the body is stored in (0 for an empty body).
     pub fn chunk_count(&self) -> u32 {
         if self.length == 0 {
             0
         } else {
             self.length.div_ceil(u64::from(self.chunk_size)) as u32
+        }
+    }
+
+    /// The key chunk `index` of this body is stored under.
+    pub(crate) fn chunk_key(&self, index: u32) -> ChunkKey {
+        ChunkKey {
+            object: self.object,
+            generation: self.generation,
+            index,
         }
     }
 
@@ -89,6 +102,7 @@ impl ObjectMeta {
         born.saturating_add(self.ttl_ms).saturating_add(after)
     }
 
+    /// The stored value of header `name` (case-insensitive); the first one when it was repeated.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
@@ -115,6 +129,7 @@ impl ObjectMeta {
 /// Every stored variant of one cache key, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectSet {
+    /// Newest first; at most `max_variants` (the oldest is dropped past it).
     pub variants: Vec<ObjectMeta>,
 }
 

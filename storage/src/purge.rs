@@ -14,14 +14,13 @@ use crate::{
     error::StoreError,
     journal::{Entry, Target},
     meta::{ObjectMeta, ObjectSet},
-    stats::StoreStats,
-    store::{now_ms, Store},
-    tags,
+    store::Store,
 };
 
 /// Purges remembered for fetches in flight; a fetch older than all of them is not published.
 const RECENT_KEPT: usize = 4096;
 
+/// What a purge does to the objects it matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PurgeMode {
     /// Remove every matching object now.
@@ -105,7 +104,7 @@ impl Store {
     pub async fn purge(&self, primary: &str, mode: PurgeMode) -> Result<usize, StoreError> {
         let target = Target::Key(primary.to_owned());
         let applying = self.journal_purge(&target, mode).await?;
-        self.inner.invalidations.purged(target);
+        self.invalidations().purged(target);
         let n = match mode {
             PurgeMode::Hard => self.remove(primary)?,
             PurgeMode::Soft => self.soft_expire(primary, |_| true)?,
@@ -124,8 +123,8 @@ impl Store {
     ) -> Result<usize, StoreError> {
         let target = Target::Tags(purged.to_vec());
         let applying = self.journal_purge(&target, mode).await?;
-        self.inner.invalidations.purged(target);
-        let found = tags::find(&self.inner.tags, purged)?;
+        self.invalidations().purged(target);
+        let found = self.tagged(purged)?;
         let mut by_key: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
         for (_, tagged) in &found {
             by_key
@@ -147,9 +146,7 @@ impl Store {
         drop(applying);
         // Entries whose object was already gone (after a crash, say) go now.
         for (key, tagged) in found {
-            if !self.stored_generation(&tagged.primary, tagged.generation)? {
-                self.inner.tags.remove(key)?;
-            }
+            self.prune_tag_entry(&key, &tagged)?;
         }
         self.count_purge(mode, n);
         self.flush_metadata().await?;
@@ -157,47 +154,30 @@ impl Store {
     }
 
     /// Appends a purge to the invalidation journal (synced) before anything else happens to it; the guard
-    /// returned is held until the purge is applied to the metadata (see [`Store::compact_journal`]).
+    /// returned is held until the purge is applied to the metadata (see `Journal::applying`).
     async fn journal_purge(
         &self,
         target: &Target,
         mode: PurgeMode,
     ) -> Result<tokio::sync::RwLockReadGuard<'_, ()>, StoreError> {
-        let applying = self.inner.journal.applying.read().await;
+        let applying = self.journal().applying().await;
         let entry = Entry::Purge {
             id: self.next_id(),
             target: target.clone(),
             soft: mode == PurgeMode::Soft,
         };
-        self.journal(entry).await?;
+        self.append_journal(entry).await?;
         Ok(applying)
     }
 
-    /// Appends `entry` to the invalidation journal and syncs it (on a blocking thread), then notes in sled
-    /// that the journal reaches it: a journal found shorter at start has lost entries.
-    pub(crate) async fn journal(&self, entry: Entry) -> Result<(), StoreError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let id = entry.id();
-            store.inner.journal.append(entry)?;
-            store
-                .inner
-                .state
-                .insert(crate::open::JOURNAL_LAST, &id.to_be_bytes())?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
-    }
-
     fn count_purge(&self, mode: PurgeMode, n: usize) {
-        let stats = &self.inner.stats;
-        StoreStats::add(&stats.purges, 1);
+        let counters = self.counters();
+        counters.purges.add(1);
         let counter = match mode {
-            PurgeMode::Hard => &stats.objects_purged,
-            PurgeMode::Soft => &stats.objects_soft_purged,
+            PurgeMode::Hard => &counters.objects_purged,
+            PurgeMode::Soft => &counters.objects_soft_purged,
         };
-        StoreStats::add(counter, n as u64);
+        counter.add(n as u64);
     }
 
     /// Expires the variants of `primary` selected by `which`; returns how many were selected.
@@ -207,7 +187,7 @@ impl Store {
         which: impl Fn(&ObjectMeta) -> bool,
     ) -> Result<usize, StoreError> {
         self.modify(primary, |set: &mut ObjectSet| {
-            let now = now_ms();
+            let now = lacquer_clock::now_ms();
             let mut n = 0;
             for meta in set.variants.iter_mut().filter(|m| which(m)) {
                 expire(meta, now);

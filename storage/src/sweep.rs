@@ -1,13 +1,12 @@
+//! The sweeper: keeps sled bounded by what the body cache holds, and the invalidation journal bounded by
+//! what can still matter.
+
+use std::time::Duration;
+
 use crate::{
-    journal::{Entry, COMPACT_AT},
-    meta::{ObjectMeta, ObjectSet},
-    stats::StoreStats,
-    store::{now_ms, Inner, Store},
-};
-use std::{
-    collections::HashSet,
-    sync::{atomic::Ordering::Relaxed, Weak},
-    time::Duration,
+    journal::COMPACT_AT,
+    meta::ObjectMeta,
+    store::{Store, WeakStore},
 };
 
 /// Bodies younger than this may still sit in foyer's flush queue, where `contains` can miss them.
@@ -16,14 +15,10 @@ const SETTLE_MS: u64 = 10_000;
 /// Periodically removes metadata of objects past their keep time and of bodies foyer has evicted, so sled
 /// stays bounded by what the body cache holds. Runs on a background thread; holds the store weakly so that
 /// dropping every handle closes sled.
-pub(crate) fn start(store: Weak<Inner>, interval: Duration) -> Result<(), crate::StoreError> {
+pub(crate) fn start(store: WeakStore, interval: Duration) -> Result<(), crate::StoreError> {
     crate::background::spawn("sweeper", store, move |store| loop {
         std::thread::sleep(interval);
-        let Some(inner) = store.upgrade() else { return };
-        if inner.closed.load(Relaxed) {
-            return;
-        }
-        let store = Store { inner };
+        let Some(store) = store.open() else { return };
         match sweep_once(&store) {
             Ok(n) if n > 0 => tracing::debug!(removed = n, "swept metadata"),
             Ok(_) => {}
@@ -41,32 +36,17 @@ pub(crate) fn start(store: Weak<Inner>, interval: Duration) -> Result<(), crate:
 /// bodies below it still stored now, which passed every retired entry. A record that a crash or damage
 /// brings back from below the floor is dropped at the next start. Blocks: runs on the sweeper's thread.
 pub(crate) fn compact_journal(store: &Store, at: usize) -> Result<bool, crate::StoreError> {
-    let inner = &store.inner;
-    if inner.journal.len() < at {
+    let journal = store.journal();
+    if journal.len() < at {
         return Ok(false);
     }
-    let retired: HashSet<u64> = {
-        // Appends hold this shared until applied: taking it exclusively waits for those in progress, and
-        // the entries read meanwhile are all applied.
-        let _applied = inner.journal.applying.blocking_write();
-        let state = inner.journal.state.lock().expect("journal state");
-        state
-            .entries
-            .iter()
-            .filter(|e| match e {
-                Entry::Ban { id, .. } => !inner.bans.is_pending(*id),
-                _ => true,
-            })
-            .map(Entry::id)
-            .collect()
-    };
+    let retired = journal.retirable(|id| store.ban_list().is_pending(id));
     let Some(&floor) = retired.iter().max() else {
         return Ok(false);
     };
     let mut kept = Vec::new();
-    for item in store.objects_tree().iter() {
-        let (key, value) = item?;
-        if let Ok(set) = ObjectSet::decode(&String::from_utf8_lossy(&key), &value) {
+    for record in store.records() {
+        if let Some(set) = record?.set {
             kept.extend(
                 set.variants
                     .iter()
@@ -75,10 +55,10 @@ pub(crate) fn compact_journal(store: &Store, at: usize) -> Result<bool, crate::S
             );
         }
     }
-    inner.journal.compact(floor, &retired, kept)?;
+    journal.compact(floor, &retired, kept)?;
     tracing::info!(
         retired = retired.len(),
-        left = inner.journal.len(),
+        left = journal.len(),
         "invalidation journal compacted"
     );
     Ok(true)
@@ -90,14 +70,14 @@ fn gone(store: &Store, meta: &ObjectMeta, now: u64) -> bool {
 }
 
 pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
-    let now = now_ms();
+    let now = lacquer_clock::now_ms();
     let mut removed = 0;
     let (mut objects, mut bytes) = (0u64, 0u64);
-    for item in store.objects_tree().iter() {
-        let (key, value) = item?;
-        let primary = String::from_utf8_lossy(&key).into_owned();
-        let Ok(set) = ObjectSet::decode(&primary, &value) else {
-            store.objects_tree().remove(&key)?;
+    for record in store.records() {
+        let record = record?;
+        let primary = record.primary();
+        let Some(set) = &record.set else {
+            store.drop_unreadable(&record.key)?;
             continue;
         };
         if set.variants.iter().any(|m| gone(store, m, now)) {
@@ -108,28 +88,10 @@ pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
             bytes += m.length;
         }
     }
-    sweep_tags(store)?;
-    StoreStats::add(&store.inner.stats.objects_swept, removed as u64);
-    store.inner.stats.objects.store(objects, Relaxed);
-    store.inner.stats.stored_bytes.store(bytes, Relaxed);
+    store.prune_tag_index()?;
+    store.counters().objects_swept.add(removed as u64);
+    store.recount(objects, bytes);
     Ok(removed)
-}
-
-/// Removes tag entries whose object is gone: left behind by a crash between removing an object and its
-/// entries, or by a record dropped as unreadable.
-fn sweep_tags(store: &Store) -> Result<(), crate::StoreError> {
-    let tree = &store.inner.tags;
-    for item in tree.iter() {
-        let (key, _) = item?;
-        let alive = match crate::tags::parse(&key) {
-            Some((_, tagged)) => store.stored_generation(&tagged.primary, tagged.generation)?,
-            None => false,
-        };
-        if !alive {
-            tree.remove(&key)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -147,7 +109,7 @@ mod tests {
             .open(tokio::runtime::Handle::current())
             .await
             .unwrap();
-        let keep = |store: &Store| store.inner.journal.len();
+        let keep = |store: &Store| store.journal().len();
         let put = |key: &'static str| {
             let store = store.clone();
             async move {
@@ -178,17 +140,16 @@ mod tests {
             .unwrap();
         assert!(done);
         assert_eq!(keep(&store), 0, "every purge retired");
-        let state = store.inner.journal.state.lock().unwrap();
         let old = store.lookup("a.test/old").unwrap().unwrap().variants[0].generation;
         let new = store.lookup("a.test/new").unwrap().unwrap().variants[0].generation;
+        let (floor, kept) = store
+            .journal()
+            .view(|state| (state.floor, state.kept.clone()));
         assert!(
-            old < state.floor && state.kept.contains(&old),
+            old < floor && kept.contains(&old),
             "the live old body is kept"
         );
-        assert!(
-            new > state.floor,
-            "a body newer than the floor needs nothing"
-        );
-        assert_eq!(state.kept.len(), 1);
+        assert!(new > floor, "a body newer than the floor needs nothing");
+        assert_eq!(kept.len(), 1);
     }
 }

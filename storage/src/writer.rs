@@ -3,13 +3,7 @@ use std::{collections::HashSet, sync::Arc};
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::{
-    chunk::ChunkKey,
-    error::StoreError,
-    meta::ObjectMeta,
-    stats::StoreStats,
-    store::{now_ms, Store},
-};
+use crate::{chunk::ChunkKey, error::StoreError, meta::ObjectMeta, store::Store};
 
 pub(crate) enum Job {
     Chunk {
@@ -71,6 +65,7 @@ impl ObjectWriter {
         }
     }
 
+    /// Body bytes pushed so far, stored or still buffered.
     pub fn length(&self) -> u64 {
         self.length
     }
@@ -113,15 +108,12 @@ impl ObjectWriter {
         };
         self.chunks += 1;
         self.store
-            .inner
-            .jobs
-            .send(Job::Chunk {
+            .submit(Job::Chunk {
                 key,
                 data,
                 stored: self.stored.clone(),
             })
             .await
-            .map_err(|_| StoreError::Closed)
     }
 
     /// Writes the last chunk and publishes the object. `meta` supplies the response's description; identity,
@@ -139,16 +131,13 @@ impl ObjectWriter {
         let (done, wait) = oneshot::channel();
         self.finished = true;
         self.store
-            .inner
-            .jobs
-            .send(Job::Publish {
+            .submit(Job::Publish {
                 primary,
                 meta: Box::new(meta),
                 epoch: self.epoch,
                 done,
             })
-            .await
-            .map_err(|_| StoreError::Closed)?;
+            .await?;
         wait.await.map_err(|_| StoreError::Closed)?
     }
 }
@@ -161,10 +150,7 @@ impl Drop for ObjectWriter {
                 generation: self.generation,
                 chunks: self.chunks,
             };
-            let jobs = self.store.inner.jobs.clone();
-            self.store.runtime().spawn(async move {
-                let _ = jobs.send(job).await;
-            });
+            self.store.submit_detached(job);
         }
     }
 }
@@ -183,6 +169,7 @@ pub struct PartialBody {
 }
 
 impl PartialBody {
+    /// The store's chunk size: chunk `n` starts at byte `n × chunk_size`.
     pub fn chunk_size(&self) -> u64 {
         self.store.chunk_size() as u64
     }
@@ -217,7 +204,6 @@ impl PartialBody {
 /// Before each chunk it asks the disk guard whether there is room: when there is not, the chunk is not given
 /// to foyer (whose flusher panics on ENOSPC) and the body it belongs to is spoiled: it is not published.
 pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize) {
-    let inner = &store.inner;
     // Bodies that lost a chunk to a full disk, by (object, generation); each leaves with its publish or
     // discard, so the set holds at most the fills in flight.
     let mut spoiled: HashSet<(u64, u64)> = HashSet::new();
@@ -246,18 +232,18 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 if spoiled.contains(&body) {
                     continue;
                 }
-                if inner.disk.as_ref().is_some_and(|g| !g.room()) {
+                if !store.disk_has_room() {
                     spoiled.insert(body);
-                    StoreStats::add(&inner.stats.fills_refused, 1);
+                    store.counters().fills_refused.add(1);
                     // Readers of the body in progress stop waiting for chunks that will not come.
                     stored.send_replace(REFUSED);
                     continue;
                 }
                 let len = data.len() as u64;
                 unflushed += data.len();
-                StoreStats::add(&inner.stats.chunks_written, 1);
-                StoreStats::add(&inner.stats.chunk_bytes_written, len);
-                inner.chunks.insert(key, data);
+                store.counters().chunks_written.add(1);
+                store.counters().chunk_bytes_written.add(len);
+                store.insert_chunk(key, data);
                 stored.send_modify(|bytes| *bytes += len);
                 if unflushed >= budget {
                     settle(&store, &mut unflushed, &mut undurable).await;
@@ -274,7 +260,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                     let _ = done.send(Err(StoreError::DiskFull));
                     continue;
                 }
-                meta.stored_at_ms = meta.stored_at_ms.min(now_ms());
+                meta.stored_at_ms = meta.stored_at_ms.min(lacquer_clock::now_ms());
                 let result = store.publish(&primary, *meta, epoch);
                 if result.is_ok() {
                     undurable += 1;
@@ -287,17 +273,11 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 chunks,
             } => {
                 spoiled.remove(&(object, generation));
-                for index in 0..chunks {
-                    inner.chunks.remove(&ChunkKey {
-                        object,
-                        generation,
-                        index,
-                    });
-                }
+                store.discard_chunks(object, generation, chunks);
             }
             Job::Drain(done) => {
                 settle(&store, &mut unflushed, &mut undurable).await;
-                if inner.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                if store.is_closed() {
                     closing = Some(done);
                     break;
                 }
@@ -312,19 +292,11 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
     }
 }
 
-/// Waits for foyer's disk writes, then flushes sled, so that objects counted durable survive a `kill -9`.
+/// Makes what was written so far durable (see [`Store::settle_writes`]); the counts start again only once
+/// it succeeded.
 async fn settle(store: &Store, unflushed: &mut usize, undurable: &mut u64) {
-    store.inner.chunks.storage().wait().await;
-    if *undurable > 0 {
-        if let Err(e) = store.flush_metadata().await {
-            tracing::warn!(error = %e, "flushing metadata failed");
-            return;
-        }
+    if store.settle_writes(*undurable).await {
+        *undurable = 0;
+        *unflushed = 0;
     }
-    StoreStats::add(&store.inner.stats.write_waits, 1);
-    StoreStats::add(
-        &store.inner.stats.objects_durable,
-        std::mem::take(undurable),
-    );
-    *unflushed = 0;
 }

@@ -117,8 +117,9 @@ pub fn snapshot(shared: &Shared) -> Stats {
     }
 }
 
-/// Each field named once, taken from the store's snapshot and given to the wire type by destructuring and
-/// building: a field added to either side and not the other does not compile.
+/// Every field named by the store's own list ([`lacquer_storage::for_each_store_stat`]), taken from its
+/// snapshot and given to the wire type by destructuring and building: a field added to either side and not
+/// the other does not compile.
 fn store_stats(s: StoreStatsSnapshot) -> StoreStats {
     macro_rules! same_fields {
         ($($field:ident),* $(,)?) => {{
@@ -126,48 +127,5 @@ fn store_stats(s: StoreStatsSnapshot) -> StoreStats {
             StoreStats { $($field),* }
         }};
     }
-    same_fields!(
-        objects,
-        stored_bytes,
-        memory_bytes_used,
-        memory_bytes_capacity,
-        disk_bytes_capacity,
-        disk_bytes_used,
-        disk_bytes_written,
-        disk_bytes_read,
-        objects_published,
-        objects_durable,
-        objects_removed,
-        objects_swept,
-        chunks_written,
-        chunk_bytes_written,
-        chunk_reads_memory,
-        chunk_reads_disk,
-        chunks_missing,
-        variants_overflowed,
-        foyer_drops,
-        write_waits,
-        memory_evictions,
-        corrupt_records,
-        bans,
-        bans_pending,
-        bans_added,
-        bans_completed,
-        objects_banned,
-        objects_lurked,
-        lurker_walks,
-        lurker_records_tested,
-        purges,
-        objects_purged,
-        objects_soft_purged,
-        publishes_cancelled,
-        disk_full,
-        fills_refused,
-        damaged_at_start,
-        memory_only,
-        tasks_failed,
-        journal_entries,
-        objects_invalidated_at_start,
-        objects_unverified,
-    )
+    lacquer_storage::for_each_store_stat!(same_fields)
 }

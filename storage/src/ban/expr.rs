@@ -28,8 +28,11 @@ const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// Displayed as `unclosed quote at 14`, or `invalid regex at 11: unclosed group` when there is a detail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BanSyntaxError {
+    /// 1-based character column where the problem starts.
     pub position: usize,
+    /// What is wrong, in a few words (`unclosed quote`).
     pub reason: String,
+    /// More from the component that refused it (the regex compiler's message, on one line).
     pub detail: Option<String>,
 }
 
@@ -100,6 +103,8 @@ impl<'a> Subject<'a> {
 }
 
 impl BanExpr {
+    /// Parses and compiles an expression (syntax in `docs/invalidation.md`); refuses one longer than
+    /// 4 KiB, or with a regex that would compile to more than 1 MiB.
     pub fn parse(text: &str) -> Result<Self, BanSyntaxError> {
         if text.len() > MAX_LEN {
             return Err(error(1, format!("expression longer than {MAX_LEN} bytes")));

@@ -8,12 +8,7 @@ use std::sync::{
 use serde::{Deserialize, Serialize};
 
 use super::expr::{BanExpr, Subject};
-use crate::{
-    error::StoreError,
-    journal::Entry,
-    meta::ObjectMeta,
-    store::{now_ms, Store},
-};
+use crate::{error::StoreError, journal::Entry, meta::ObjectMeta, store::Store};
 
 /// Completed bans still listed (for `GET /v1/bans`); older completed ones are retired.
 const COMPLETED_KEPT: usize = 100;
@@ -34,6 +29,7 @@ pub struct Ban {
 /// What `GET /v1/bans` reports of one ban.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BanInfo {
+    /// Orders the ban against stored bodies: it covers those whose generation is below it.
     pub id: u64,
     /// The expression in canonical form.
     pub expression: String,
@@ -201,11 +197,11 @@ impl Bans {
     pub(crate) async fn add(&self, store: &Store, expr: BanExpr) -> Result<BanInfo, StoreError> {
         let _adding = self.adding.lock().await;
         // Held until the ban is listed, so a journal compaction never sees it unlisted (and retirable).
-        let _applying = store.inner.journal.applying.read().await;
+        let _applying = store.journal().applying().await;
         // Ids never go back, even across crashes, so a new ban is always newer than every checked object.
         let ban = Arc::new(Ban {
             id: store.next_id(),
-            created_ms: now_ms(),
+            created_ms: lacquer_clock::now_ms(),
             expr,
             tested: AtomicU64::new(0),
             removed: AtomicU64::new(0),
@@ -213,7 +209,7 @@ impl Bans {
         });
         let canonical = ban.expr.to_string();
         store
-            .journal(Entry::Ban {
+            .append_journal(Entry::Ban {
                 id: ban.id,
                 expression: canonical.clone(),
             })

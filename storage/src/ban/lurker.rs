@@ -2,15 +2,13 @@
 //! removals are durable, the bans are completed, so they stop costing lookups and can be retired.
 
 use std::{
-    sync::{atomic::Ordering::Relaxed, Arc, Condvar, Mutex, Weak},
+    sync::{Arc, Condvar, Mutex},
     time::{Duration, Instant},
 };
 
 use crate::{
     ban::Verdict,
-    meta::ObjectSet,
-    stats::StoreStats,
-    store::{Inner, Store},
+    store::{Store, WeakStore},
 };
 
 /// Like Varnish's `ban_lurker_batch` and `ban_lurker_sleep`: the walk pauses after this many keys so that
@@ -49,27 +47,24 @@ impl Wake {
 
 /// Starts the lurker on a background thread. Holds the store weakly so that dropping every handle closes
 /// sled.
-pub(crate) fn start(store: Weak<Inner>, wake: Arc<Wake>) -> Result<(), crate::StoreError> {
+pub(crate) fn start(store: WeakStore, wake: Arc<Wake>) -> Result<(), crate::StoreError> {
     crate::background::spawn("lurker", store, move |store| run(store, &wake))
 }
 
-fn run(store: &Weak<Inner>, wake: &Wake) {
+fn run(store: &WeakStore, wake: &Wake) {
     loop {
-        let Some(pending) = store.upgrade().map(|inner| inner.bans.pending()) else {
+        let Some(pending) = store.open().map(|store| store.ban_list().pending()) else {
             return;
         };
         if pending == 0 {
             wake.wait(RETRY);
             std::thread::sleep(GATHER);
         }
-        let Some(inner) = store.upgrade() else { return };
-        if inner.closed.load(Relaxed) {
-            return;
-        }
-        if inner.bans.pending() == 0 {
+        let Some(store) = store.open() else { return };
+        if store.ban_list().pending() == 0 {
             continue;
         }
-        if let Err(e) = walk(&Store { inner }) {
+        if let Err(e) = walk(&store) {
             tracing::warn!(error = %e, "ban lurker walk failed; retrying");
             std::thread::sleep(RETRY);
         }
@@ -79,28 +74,26 @@ fn run(store: &Weak<Inner>, wake: &Wake) {
 /// Tests every stored object against the bans that exist now; then, once the removals are durable, marks
 /// those bans completed. Objects published during the walk were tested when published.
 fn walk(store: &Store) -> Result<(), crate::StoreError> {
-    let inner = &store.inner;
-    let upto = inner.bans.newest();
-    let bans = inner.bans.snapshot();
+    let list = store.ban_list();
+    let upto = list.newest();
+    let bans = list.snapshot();
     let started = Instant::now();
     let (mut keys, mut removed) = (0usize, 0usize);
-    for item in store.objects_tree().iter() {
-        if inner.closed.load(Relaxed) {
+    for record in store.records() {
+        if store.is_closed() {
             return Ok(());
         }
-        let (key, value) = item?;
-        let primary = String::from_utf8_lossy(&key);
+        let record = record?;
+        let primary = record.primary();
         // Tested on the record as read, without the store's lock: only a banned variant needs the lock,
         // to remove exactly that body (by generation, so a body replaced meanwhile is left alone).
-        match ObjectSet::decode(&primary, &value) {
-            Ok(set) => {
+        match &record.set {
+            Some(set) => {
                 let banned: Vec<u64> = set
                     .variants
                     .iter()
-                    .filter(|m| inner.bans.needs_test(m, upto))
-                    .filter(|m| {
-                        matches!(inner.bans.test(&bans, upto, &primary, m), Verdict::Banned)
-                    })
+                    .filter(|m| list.needs_test(m, upto))
+                    .filter(|m| matches!(list.test(&bans, upto, &primary, m), Verdict::Banned))
                     .map(|m| m.generation)
                     .collect();
                 if !banned.is_empty() {
@@ -108,22 +101,25 @@ fn walk(store: &Store) -> Result<(), crate::StoreError> {
                 }
             }
             // An unreadable record is dropped the way a lookup drops it.
-            Err(_) => removed += store.apply_bans(&primary, upto)?,
+            None => removed += store.apply_bans(&primary, upto)?,
         }
         keys += 1;
         if keys % BATCH == 0 {
-            StoreStats::add(&inner.stats.lurker_records_tested, BATCH as u64);
+            store.counters().lurker_records_tested.add(BATCH as u64);
             std::thread::sleep(PAUSE);
         }
     }
-    StoreStats::add(&inner.stats.lurker_records_tested, (keys % BATCH) as u64);
+    store
+        .counters()
+        .lurker_records_tested
+        .add((keys % BATCH) as u64);
     store.flush_metadata_blocking()?;
     // Counted before the bans show completed: whoever sees no pending ban sees what the walk removed.
-    StoreStats::add(&inner.stats.objects_lurked, removed as u64);
-    let completed = inner.bans.complete(upto)?;
-    inner.bans.save_counters()?;
-    StoreStats::add(&inner.stats.bans_completed, completed as u64);
-    StoreStats::add(&inner.stats.lurker_walks, 1);
+    store.counters().objects_lurked.add(removed as u64);
+    let completed = list.complete(upto)?;
+    list.save_counters()?;
+    store.counters().bans_completed.add(completed as u64);
+    store.counters().lurker_walks.add(1);
     tracing::info!(
         keys,
         removed,

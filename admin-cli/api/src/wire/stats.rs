@@ -170,7 +170,9 @@ stats_section! {
 }
 
 stats_section! {
-    /// Counters and gauges of the store: objects, tiers, bans and purges.
+    /// Counters and gauges of the store: objects, tiers, bans and purges. The store declares the same
+    /// names once (`storage/src/store/stats.rs`), and `lacquerd` converts its snapshot into this type
+    /// field by field from that list: a statistic added on one side only does not compile.
     pub struct StoreStats {
         /// Stored variants.
         objects: Gauge "lacquer_store_objects",

@@ -3,17 +3,15 @@
 //! store. Either is logged at error level and shown by [`Store::problems`]: a cache that starts empty is an
 //! inconvenience, a cache that does not start is an outage.
 //!
-//! At every start the invalidation journal is replayed over the metadata, so that no body an acknowledged
-//! purge or ban removed is served again, whatever sled's files went through.
+//! Opening wires the parts together: sled (metadata, bans, the journal's high-water mark), foyer (bodies,
+//! memory tier in front of a disk tier fitted to the free space), the journal, the disk guard; then the
+//! start-up replay (`recover`) runs before anything can read, and the writer task, the sweeper and the ban
+//! lurker start.
 
 use std::{
-    collections::HashMap,
     fs::File,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
-        Arc, Mutex,
-    },
+    sync::{atomic::AtomicBool, Arc, Mutex},
 };
 
 use foyer::{
@@ -24,27 +22,24 @@ use mixtrics::registry::prometheus_0_14::PrometheusMetricsRegistry;
 use tokio::sync::mpsc;
 
 use crate::{
-    ban::{BanExpr, Bans, Subject},
+    ban::Bans,
     builder::StoreBuilder,
     chunk::ChunkKey,
     error::StoreError,
     health::Health,
-    journal::{Entry, Journal, Readback, Target},
-    meta::{ObjectMeta, ObjectSet},
+    journal::{Journal, Readback},
+    meta::ObjectSet,
     purge::Invalidations,
     space::{self, DiskGuard},
-    stats::StoreStats,
-    store::{now_ms, Inner, Store},
 };
+
+use super::{Counters, GroupCommit, Inner, Store};
 
 /// The newest entry id the metadata has seen appended to the journal (sled tree `state`): a journal that
 /// ends before it has lost entries.
 pub(crate) const JOURNAL_LAST: &[u8] = b"journal-last";
 const LOCK: &str = "lock";
 const DAMAGED_PREFIX: &str = "damaged-";
-/// Ids handed out per millisecond of wall clock before the sequence runs ahead of it: ids start above
-/// `now × this` after a restart, so they never go back even if sled and the journal both lost their tail.
-const IDS_PER_MS: u64 = 4096;
 
 /// What the store holds on disk, moved aside together: bodies without their metadata are garbage.
 fn parts(dir: &Path) -> [PathBuf; 3] {
@@ -94,7 +89,10 @@ fn move_aside(dir: &Path) -> std::io::Result<PathBuf> {
             std::fs::remove_dir_all(entry.path())?;
         }
     }
-    let aside = dir.join(format!("{DAMAGED_PREFIX}{}", now_ms() / 1000));
+    let aside = dir.join(format!(
+        "{DAMAGED_PREFIX}{}",
+        lacquer_clock::now_ms() / 1000
+    ));
     std::fs::create_dir(&aside)?;
     for part in parts(dir) {
         if part.exists() {
@@ -127,13 +125,10 @@ impl Store {
         );
         let second = match move_aside(&config.dir) {
             Ok(aside) => {
-                let health = Health {
-                    damaged_at_start: Some(format!(
-                        "the store could not be opened ({first}): it was moved aside to {} and lacquerd started empty",
-                        aside.display()
-                    )),
-                    ..Health::default()
-                };
+                let health = Health::damaged_at_start(format!(
+                    "the store could not be opened ({first}): it was moved aside to {} and lacquerd started empty",
+                    aside.display()
+                ));
                 match Self::open_dir(&config, &runtime, &lock, health).await {
                     Ok(store) => return Ok(store.holding(lock)),
                     Err(e) => e,
@@ -234,10 +229,7 @@ impl Store {
         );
         tracing::error!("{reason}");
         let db = sled::Config::new().temporary(true).open()?;
-        let health = Health {
-            memory_only: Some(reason),
-            ..Health::default()
-        };
+        let health = Health::memory_only(reason);
         Self::assemble(
             config,
             &runtime,
@@ -311,235 +303,36 @@ impl Store {
                 disk,
                 health,
                 lock: Mutex::new(None),
-                flush_tickets: AtomicU64::new(0),
-                flushed: AtomicU64::new(0),
-                flushing: tokio::sync::Mutex::new(()),
+                flushes: GroupCommit::default(),
                 hot,
                 mutate: Mutex::new(()),
                 jobs,
-                stats: StoreStats::default(),
+                counters: Counters::default(),
                 config,
                 registry,
                 closed: AtomicBool::new(false),
                 runtime: runtime.clone(),
             }),
         };
-        StoreStats::add(&store.inner.stats.corrupt_records, unreadable_bans);
+        store.counters().corrupt_records.add(unreadable_bans);
         store.recover(readback)?;
         let writer = runtime.spawn(crate::writer::run(store.clone(), rx, buffer_pool / 2));
-        crate::health::supervise(Arc::downgrade(&store.inner), "writer", writer, runtime);
-        crate::sweep::start(
-            Arc::downgrade(&store.inner),
-            store.inner.config.sweep_interval,
-        )?;
-        crate::ban::lurker::start(
-            Arc::downgrade(&store.inner),
-            store.inner.bans.lurker.clone(),
-        )?;
+        crate::health::supervise(store.downgrade(), "writer", writer, runtime);
+        crate::sweep::start(store.downgrade(), store.inner.config.sweep_interval)?;
+        crate::ban::lurker::start(store.downgrade(), store.inner.bans.lurker.clone())?;
         if store.inner.disk.is_some() {
-            let weak = Arc::downgrade(&store.inner);
+            let weak = store.downgrade();
             runtime.spawn(async move {
                 let mut every = tokio::time::interval(crate::health::DISK_POLL);
                 loop {
                     every.tick().await;
-                    let Some(inner) = weak.upgrade() else { return };
-                    if inner.closed.load(Relaxed) {
-                        return;
-                    }
-                    if let Some(guard) = &inner.disk {
+                    let Some(store) = weak.open() else { return };
+                    if let Some(guard) = store.disk() {
                         guard.check();
                     }
                 }
             });
         }
         Ok(store)
-    }
-
-    /// Replays the invalidation journal over every metadata record, drops what it covers (or everything,
-    /// when the journal cannot vouch for the records), counts what is left, and starts the journal.
-    fn recover(&self, readback: Readback) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let journal_last = inner.journal.last();
-        // Every start with a journal notes it in sled: a store without that note comes from a version
-        // before the journal, whose purges and bans were in sled before they were acknowledged; it is
-        // kept, and the journal starts now.
-        let marker = inner.state.get(JOURNAL_LAST)?;
-        let seen_last = marker
-            .as_ref()
-            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
-            .unwrap_or(0);
-        let doubt = match &readback {
-            Readback::Damaged(reason) => Some(format!("the invalidation journal is damaged ({reason})")),
-            Readback::Missing if marker.is_some() && !inner.objects.is_empty() => {
-                Some("the invalidation journal is missing".to_owned())
-            }
-            _ if seen_last > journal_last => Some(format!(
-                "the invalidation journal ends at entry {journal_last} but the metadata saw entry {seen_last}"
-            )),
-            _ => None,
-        };
-        let replay = Replay::new(&inner.journal);
-        let (mut dropped, mut softened, mut unreadable) = (Vec::new(), Vec::new(), 0u64);
-        let (mut objects, mut bytes, mut newest) = (0u64, 0u64, 0u64);
-        for item in inner.objects.iter() {
-            let (key, value) = item?;
-            let primary = String::from_utf8_lossy(&key).into_owned();
-            let Ok(set) = ObjectSet::decode(&primary, &value) else {
-                unreadable += 1;
-                inner.objects.remove(&key)?;
-                continue;
-            };
-            for meta in &set.variants {
-                newest = newest.max(meta.generation).max(meta.ban_checked);
-                match (&doubt, replay.verdict(&primary, meta)) {
-                    (Some(_), _) | (None, Some(false)) => {
-                        dropped.push((primary.clone(), meta.generation))
-                    }
-                    (None, Some(true)) => softened.push((primary.clone(), meta.generation)),
-                    (None, None) => {
-                        objects += 1;
-                        bytes += meta.length;
-                    }
-                }
-            }
-        }
-        for (primary, generation) in &dropped {
-            self.retain(primary, |m| m.generation != *generation)?;
-        }
-        for (primary, generation) in &softened {
-            self.soft_expire(primary, |m| m.generation == *generation)?;
-        }
-        inner.stats.objects.store(objects, Relaxed);
-        inner.stats.stored_bytes.store(bytes, Relaxed);
-        StoreStats::add(&inner.stats.corrupt_records, unreadable);
-
-        let next = (now_ms() * IDS_PER_MS)
-            .max(newest + 1)
-            .max(journal_last + 1)
-            .max(inner.db.generate_id()? + 1);
-        let fresh = match (&doubt, &readback) {
-            (Some(_), _) => Some(next),
-            (None, Readback::Missing) => Some(0),
-            _ => None,
-        };
-        inner.journal.start(next, fresh)?;
-        inner
-            .state
-            .insert(JOURNAL_LAST, &inner.journal.last().to_be_bytes())?;
-        inner.db.flush()?;
-        if unreadable > 0 {
-            tracing::error!(
-                records = unreadable,
-                "discarded unreadable metadata records at start; their objects will be fetched again"
-            );
-        }
-        if let Some(doubt) = doubt {
-            StoreStats::add(&inner.stats.objects_unverified, dropped.len() as u64);
-            tracing::error!(
-                objects = dropped.len(),
-                "{doubt}: dropped every stored object, since none can be proven not purged or banned"
-            );
-        } else if !dropped.is_empty() || !softened.is_empty() {
-            StoreStats::add(
-                &inner.stats.objects_invalidated_at_start,
-                (dropped.len() + softened.len()) as u64,
-            );
-            tracing::warn!(
-                removed = dropped.len(),
-                made_stale = softened.len(),
-                "the metadata still held objects that acknowledged purges or bans cover (rolled back by a crash or damage): removed them again"
-            );
-        }
-        tracing::info!(
-            objects,
-            journal_entries = inner.journal.len(),
-            "store opened"
-        );
-        Ok(())
-    }
-}
-
-/// The journal indexed for the start-up replay: by cache key, by tag, and the bans.
-struct Replay {
-    floor: u64,
-    kept: std::collections::HashSet<u64>,
-    keys: HashMap<String, Vec<(u64, bool)>>,
-    tags: HashMap<String, Vec<(u64, bool)>>,
-    /// A ban whose expression no longer parses covers everything older than it.
-    bans: Vec<(u64, Option<BanExpr>)>,
-}
-
-impl Replay {
-    fn new(journal: &Journal) -> Self {
-        let state = journal.state.lock().expect("journal state");
-        let mut replay = Replay {
-            floor: state.floor,
-            kept: state.kept.clone(),
-            keys: HashMap::new(),
-            tags: HashMap::new(),
-            bans: Vec::new(),
-        };
-        for entry in &state.entries {
-            match entry {
-                Entry::Purge {
-                    id,
-                    target: Target::Key(key),
-                    soft,
-                } => replay
-                    .keys
-                    .entry(key.clone())
-                    .or_default()
-                    .push((*id, *soft)),
-                Entry::Purge {
-                    id,
-                    target: Target::Tags(tags),
-                    soft,
-                } => {
-                    for tag in tags {
-                        replay
-                            .tags
-                            .entry(tag.clone())
-                            .or_default()
-                            .push((*id, *soft));
-                    }
-                }
-                Entry::Ban { id, expression } => {
-                    replay.bans.push((*id, BanExpr::parse(expression).ok()))
-                }
-                Entry::Checkpoint { .. } => {}
-            }
-        }
-        replay
-    }
-
-    /// `Some(false)`: an entry removes the body; `Some(true)`: a soft purge makes it stale; `None`: nothing
-    /// covers it.
-    fn verdict(&self, primary: &str, meta: &ObjectMeta) -> Option<bool> {
-        let generation = meta.generation;
-        if generation < self.floor && !self.kept.contains(&generation) {
-            return Some(false);
-        }
-        let subject = Subject::new(primary, meta);
-        let banned = self.bans.iter().any(|(id, expr)| {
-            *id > generation && expr.as_ref().is_none_or(|e| e.matches(&subject))
-        });
-        if banned {
-            return Some(false);
-        }
-        let purges = self
-            .keys
-            .get(primary)
-            .into_iter()
-            .chain(meta.tags.iter().filter_map(|t| self.tags.get(t)))
-            .flatten()
-            .filter(|(id, _)| *id > generation);
-        let mut soft = None;
-        for (_, is_soft) in purges {
-            if !is_soft {
-                return Some(false);
-            }
-            soft = Some(true);
-        }
-        soft
     }
 }

@@ -1,0 +1,330 @@
+//! The store handle and the parts it is wired from. Only the modules below see [`Inner`]'s fields; the rest
+//! of the crate (the writer, the sweeper, purges, the ban lurker, health) goes through the narrow methods
+//! each of them documents:
+//!
+//! - `open`: opening the directory, wiring foyer (bodies) and sled (metadata), starting the background tasks;
+//! - `recover`: the start-up replay of the invalidation journal over the metadata;
+//! - `records`: every change to a metadata record, under the one lock that keeps the hot copy and sled in
+//!   step; bans are applied to a record here when a lookup meets it;
+//! - `tags`: the surrogate-key index, changed together with the records;
+//! - `bodies`: reading, proving and forgetting body chunks;
+//! - `durability`: what is promised to survive a crash, and when (group commit of sled, the journal);
+//! - `stats`: the store's counters, declared once.
+
+mod bodies;
+mod durability;
+mod open;
+mod records;
+mod recover;
+mod stats;
+mod tags;
+
+use std::{
+    hash::{Hash, Hasher},
+    sync::{
+        atomic::{AtomicBool, Ordering::Relaxed},
+        Arc, Mutex, Weak,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use foyer::{Cache, HybridCache};
+use tokio::sync::mpsc;
+
+pub use bodies::{ChunkRead, ChunkTiers, Tier, VERIFY_AHEAD};
+use durability::GroupCommit;
+use open::JOURNAL_LAST;
+use stats::Counters;
+pub use stats::StoreStatsSnapshot;
+
+use crate::{
+    ban::{BanExpr, BanInfo, Bans},
+    builder::StoreBuilder,
+    chunk::ChunkKey,
+    error::StoreError,
+    health::Health,
+    journal::Journal,
+    meta::ObjectSet,
+    purge::{InvalidationMark, Invalidations},
+    space::DiskGuard,
+    writer::{Job, ObjectWriter},
+};
+
+/// Handle on the store; cheap to clone. The writer task holds one until [`Store::close`], which finishes
+/// pending writes and releases the store directory (a process can then open it again).
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+/// A handle that does not keep the store open: what background tasks hold, so that none of them keeps a
+/// closed store (sled, the directory lock) alive.
+#[derive(Clone)]
+pub(crate) struct WeakStore(Weak<Inner>);
+
+impl WeakStore {
+    /// The store, unless every handle was dropped or it is closing: a background task ends when this is
+    /// `None`.
+    pub(crate) fn open(&self) -> Option<Store> {
+        let inner = self.0.upgrade()?;
+        (!inner.closed.load(Relaxed)).then_some(Store { inner })
+    }
+
+    /// The store while any handle keeps it, closing or not: what a failure report needs.
+    pub(crate) fn upgrade(&self) -> Option<Store> {
+        self.0.upgrade().map(|inner| Store { inner })
+    }
+}
+
+struct Inner {
+    chunks: HybridCache<ChunkKey, Bytes>,
+    db: sled::Db,
+    objects: sled::Tree,
+    tags: sled::Tree,
+    /// Store-wide values: how far the invalidation journal has been seen to go.
+    state: sled::Tree,
+    bans: Bans,
+    invalidations: Invalidations,
+    journal: Journal,
+    /// Free space on the store's filesystem; `None` for a memory-only store.
+    disk: Option<DiskGuard>,
+    health: Health,
+    /// The store directory's lock, held while the store is open.
+    lock: Mutex<Option<std::fs::File>>,
+    /// Group commit of sled flushes.
+    flushes: GroupCommit,
+    hot: Cache<String, Arc<ObjectSet>>,
+    /// Serialises every change to an object set, so the hot copy and sled never disagree.
+    mutate: Mutex<()>,
+    jobs: mpsc::Sender<Job>,
+    counters: Counters,
+    config: StoreBuilder,
+    registry: prometheus::Registry,
+    closed: AtomicBool,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Store {
+    /// The size bodies are split into (see [`StoreBuilder::with_chunk_size`]); every chunk but a body's
+    /// last is exactly this long.
+    pub fn chunk_size(&self) -> usize {
+        self.inner.config.chunk_size
+    }
+
+    /// A stable id for a cache key and variant: chunk keys carry it, so it must not change across
+    /// restarts of the same build.
+    pub fn object_id(primary: &str, variant: &[(String, String)]) -> u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        primary.hash(&mut h);
+        variant.hash(&mut h);
+        h.finish()
+    }
+
+    /// Starts writing a new body for `primary` and its variant selection, fetched since `since` (taken
+    /// with [`Store::mark`] when the fetch started). Refused while the disk is full or a store task has
+    /// died ([`StoreError::is_refusal`]), and once the store is closing.
+    pub fn writer(
+        &self,
+        primary: &str,
+        variant: &[(String, String)],
+        since: InvalidationMark,
+    ) -> Result<ObjectWriter, StoreError> {
+        if self.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        let refused = if self.health().is_broken() {
+            Some(StoreError::Unavailable)
+        } else if !self.disk_has_room() {
+            Some(StoreError::DiskFull)
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
+            self.counters().fills_refused.add(1);
+            return Err(refused);
+        }
+        let generation = self.next_id();
+        Ok(ObjectWriter::new(
+            self.clone(),
+            Self::object_id(primary, variant),
+            generation,
+            since.ban,
+            since.epoch,
+        ))
+    }
+
+    /// Adds a ban (see [`BanExpr`]); it applies to every object stored before this call returns, and it is
+    /// durable when it returns.
+    pub async fn add_ban(&self, expr: BanExpr) -> Result<BanInfo, StoreError> {
+        let info = self.inner.bans.add(self, expr).await?;
+        self.inner.invalidations.banned();
+        self.counters().bans_added.add(1);
+        Ok(info)
+    }
+
+    /// The ban list, oldest first: pending bans and the most recent completed ones.
+    pub fn bans(&self) -> Vec<BanInfo> {
+        self.inner.bans.infos()
+    }
+
+    /// Where the invalidation history stands now; see [`InvalidationMark`].
+    pub fn mark(&self) -> InvalidationMark {
+        InvalidationMark {
+            ban: self.inner.bans.newest(),
+            epoch: self.inner.invalidations.epoch(),
+        }
+    }
+
+    /// Drops metadata past its keep time or whose body is gone (the sweeper does this every
+    /// [`StoreBuilder::with_sweep_interval`]); returns how many variants were dropped. Blocks on sled.
+    pub fn sweep(&self) -> Result<usize, StoreError> {
+        crate::sweep::sweep_once(self)
+    }
+
+    /// The Prometheus registry holding foyer's own metrics (appended to `/metrics` as they are).
+    pub fn metrics_registry(&self) -> &prometheus::Registry {
+        &self.inner.registry
+    }
+
+    /// The runtime the store's disk tasks and write pipeline run on (given to [`StoreBuilder::open`]).
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.runtime
+    }
+
+    /// Finishes pending writes, waits for foyer's disk writes, closes foyer and flushes sled.
+    /// A store task that died, or a disk that filled, never makes this panic: what cannot be finished within
+    /// `timeout` is logged and left (the next start recovers from it).
+    pub async fn close(&self, timeout: Duration) -> Result<(), StoreError> {
+        self.inner.closed.store(true, Relaxed);
+        let drained = tokio::time::timeout(timeout, async {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if self.inner.jobs.send(Job::Drain(tx)).await.is_ok() {
+                let _ = rx.await;
+            }
+        });
+        if drained.await.is_err() {
+            tracing::warn!("pending store writes did not finish before the shutdown timeout");
+        }
+        // foyer's close panics when one of its tasks has died; a task turns that into an error.
+        let chunks = self.inner.chunks.clone();
+        let closing = self
+            .inner
+            .runtime
+            .spawn(async move { chunks.close().await });
+        match tokio::time::timeout(timeout, closing).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "closing the body cache failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "closing the body cache failed"),
+            Err(_) => tracing::warn!("the body cache did not close before the shutdown timeout"),
+        }
+        // Not `flush_async`: it runs on sled's thread pool, which keeps the database (and its directory lock)
+        // alive for a moment after the future resolves.
+        self.inner.db.flush()?;
+        self.inner.lock.lock().expect("store lock").take();
+        Ok(())
+    }
+
+    /// A new id from the sequence body generations and invalidations share (see `journal`): never handed
+    /// out twice, and never lower than one handed out before, even across a crash.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.inner.journal.next_id()
+    }
+
+    /// A handle for a background task, which must not keep the store open.
+    pub(crate) fn downgrade(&self) -> WeakStore {
+        WeakStore(Arc::downgrade(&self.inner))
+    }
+
+    /// Whether [`Store::close`] has begun: background work stops, new fills are refused.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.inner.closed.load(Relaxed)
+    }
+
+    /// The counters the store keeps itself; anyone who does what one counts adds to it.
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    /// The ban list: what the lurker walks for, and what lookups and publishes test against.
+    pub(crate) fn ban_list(&self) -> &Bans {
+        &self.inner.bans
+    }
+
+    /// The purges and bans fetches in flight are tested against before they publish.
+    pub(crate) fn invalidations(&self) -> &Invalidations {
+        &self.inner.invalidations
+    }
+
+    /// The invalidation journal, for compaction and the start-up replay; appends go through
+    /// [`Store::append_journal`], which also notes them in sled.
+    pub(crate) fn journal(&self) -> &Journal {
+        &self.inner.journal
+    }
+
+    /// What is wrong with the store (failed tasks, damage at start).
+    pub(crate) fn health(&self) -> &Health {
+        &self.inner.health
+    }
+
+    /// The free-space guard; `None` for a memory-only store, which has no disk to fill.
+    pub(crate) fn disk(&self) -> Option<&DiskGuard> {
+        self.inner.disk.as_ref()
+    }
+
+    /// Whether a chunk may be given to foyer now: false below the free-space reserve (foyer panics on
+    /// ENOSPC). Rereads the free space at most every few hundred milliseconds.
+    pub(crate) fn disk_has_room(&self) -> bool {
+        self.disk().is_none_or(DiskGuard::room)
+    }
+
+    /// Queues a job for the writer task, waiting while its queue is full (the backpressure that slows the
+    /// origin read instead of letting foyer drop entries); [`StoreError::Closed`] once the task is gone.
+    pub(crate) async fn submit(&self, job: Job) -> Result<(), StoreError> {
+        self.inner
+            .jobs
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Closed)
+    }
+
+    /// Queues a job for the writer task without waiting, from where one cannot wait (a `Drop`): the job is
+    /// sent from a task on the store's runtime.
+    pub(crate) fn submit_detached(&self, job: Job) {
+        let jobs = self.inner.jobs.clone();
+        self.inner.runtime.spawn(async move {
+            let _ = jobs.send(job).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn background_tasks_let_go_of_a_closing_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StoreBuilder::new(dir.path())
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(64 << 10)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap();
+        let weak = store.downgrade();
+        assert!(weak.open().is_some());
+        store.close(Duration::from_secs(5)).await.unwrap();
+        assert!(weak.open().is_none(), "tasks stop once the store closes");
+        assert!(
+            weak.upgrade().is_some(),
+            "a failure report still reaches it"
+        );
+        assert!(matches!(
+            store.writer("a.test/x", &[], store.mark()),
+            Err(StoreError::Closed)
+        ));
+        drop(store);
+        assert!(weak.upgrade().is_none(), "nothing but handles keeps it");
+    }
+}

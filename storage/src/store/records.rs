@@ -1,0 +1,643 @@
+//! Every change to a metadata record happens here, under one lock (`Inner::mutate`): the record in sled,
+//! its copy in the hot-metadata cache and its tag-index entries change together, so a lookup served from
+//! memory and one served from sled never disagree. Bans are applied to a record when a lookup (or the
+//! lurker) meets it; a body fetched meanwhile is tested before it is published.
+//!
+//! The lock is a plain mutex, held for a few sled operations and never across an `await`. The functions
+//! that need it held take the guard ([`Locked`]) as an argument, so calling one without the lock does not
+//! compile.
+
+use std::{
+    borrow::Cow,
+    sync::{Arc, MutexGuard},
+};
+
+use crate::{
+    ban::Verdict,
+    error::StoreError,
+    meta::{ObjectMeta, ObjectSet},
+};
+
+use super::{ChunkTiers, Store};
+
+/// Whether reading or writing a set puts it in the hot copy (`Fill`), or only refreshes a copy already there
+/// (`IfPresent`, for the lurker's walk over every record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HotCopy {
+    Fill,
+    IfPresent,
+}
+
+/// One metadata record as a walk over sled found it, without the lock: by the time it is acted on it may
+/// have changed, so walkers change it only through the locked operations below, by generation.
+pub(crate) struct Record {
+    /// The record's key as stored.
+    pub(crate) key: sled::IVec,
+    /// The variants; `None` when the record cannot be decoded.
+    pub(crate) set: Option<ObjectSet>,
+}
+
+impl Record {
+    /// The cache key: the stored key read as UTF-8 (lossily; borrowed, so a walk allocates nothing for it).
+    pub(crate) fn primary(&self) -> Cow<'_, str> {
+        String::from_utf8_lossy(&self.key)
+    }
+}
+
+/// Proof that the record lock is held, for as long as this lives.
+struct Locked<'a> {
+    _guard: MutexGuard<'a, ()>,
+}
+
+impl Store {
+    /// Every stored variant of `primary` that no ban covers. Served from memory when hot; reads sled
+    /// otherwise. Variants not yet tested against the newest bans are tested now, and removed if banned.
+    pub fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        let newest = self.inner.bans.newest();
+        if let Some(entry) = self.inner.hot.get(primary) {
+            let set = entry.value().clone();
+            if !set
+                .variants
+                .iter()
+                .any(|m| self.inner.bans.needs_test(m, newest))
+            {
+                return Ok(Some(set));
+            }
+        }
+        let locked = self.lock_records();
+        let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
+            return Ok(None);
+        };
+        let (set, removed) =
+            self.apply_bans_locked(&locked, primary, set, newest, HotCopy::Fill)?;
+        self.counters().objects_banned.add(removed as u64);
+        Ok(set)
+    }
+
+    /// Tests the variants of `primary` against bans up to `upto`, removing the banned ones; returns what is
+    /// left and how many were removed. The caller holds the mutation lock.
+    ///
+    /// Removals reach sled at once. That the others passed is recorded in the hot copy only, keeping sled
+    /// writes off the hit path and out of the lurker's walk: losing it in a restart only means testing again
+    /// against bans still pending, and once the lurker completes a ban no object needs testing against it.
+    fn apply_bans_locked(
+        &self,
+        locked: &Locked<'_>,
+        primary: &str,
+        set: Arc<ObjectSet>,
+        upto: u64,
+        hot: HotCopy,
+    ) -> Result<(Option<Arc<ObjectSet>>, usize), StoreError> {
+        if !set
+            .variants
+            .iter()
+            .any(|m| self.inner.bans.needs_test(m, upto))
+        {
+            return Ok((Some(set), 0));
+        }
+        let bans = self.inner.bans.snapshot();
+        let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+        for meta in &set.variants {
+            if !self.inner.bans.needs_test(meta, upto) {
+                kept.push(meta.clone());
+                continue;
+            }
+            match self.inner.bans.test(&bans, upto, primary, meta) {
+                Verdict::Banned => dropped.push(meta.clone()),
+                Verdict::Clear(checked) => kept.push(ObjectMeta {
+                    ban_checked: checked,
+                    ..meta.clone()
+                }),
+            }
+        }
+        let removed = dropped.len();
+        if removed == 0 {
+            let set = Arc::new(ObjectSet { variants: kept });
+            if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
+                self.inner.hot.insert(primary.to_owned(), set.clone());
+            }
+            return Ok((Some(set), 0));
+        }
+        let set = self.save_set(locked, primary, ObjectSet { variants: kept }, &dropped, hot)?;
+        Ok((set, removed))
+    }
+
+    /// Whether the body `generation` of `primary` is still stored (bans are not applied).
+    /// Leaves the hot copy alone: the sweeper and tag purges ask this for every tag entry.
+    pub(super) fn stored_generation(
+        &self,
+        primary: &str,
+        generation: u64,
+    ) -> Result<bool, StoreError> {
+        let locked = self.lock_records();
+        Ok(self
+            .load_set(&locked, primary, HotCopy::IfPresent)?
+            .is_some_and(|set| set.variants.iter().any(|m| m.generation == generation)))
+    }
+
+    /// Tests the variants of `primary` against bans up to `upto` under the lock, as a lookup would but
+    /// without filling the hot copy: what the lurker does with a record it could not read on its own.
+    pub(crate) fn apply_bans(&self, primary: &str, upto: u64) -> Result<usize, StoreError> {
+        let locked = self.lock_records();
+        let Some(set) = self.load_set(&locked, primary, HotCopy::IfPresent)? else {
+            return Ok(0);
+        };
+        self.apply_bans_locked(&locked, primary, set, upto, HotCopy::IfPresent)
+            .map(|(_, n)| n)
+    }
+
+    /// Reads the set from the hot copy or sled; the caller holds the mutation lock.
+    fn load_set(
+        &self,
+        _locked: &Locked<'_>,
+        primary: &str,
+        hot: HotCopy,
+    ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        if let Some(entry) = self.inner.hot.get(primary) {
+            return Ok(Some(entry.value().clone()));
+        }
+        let Some(bytes) = self.inner.objects.get(primary.as_bytes())? else {
+            return Ok(None);
+        };
+        match ObjectSet::decode(primary, &bytes) {
+            Ok(set) => {
+                let set = Arc::new(set);
+                if hot == HotCopy::Fill {
+                    self.inner.hot.insert(primary.to_owned(), set.clone());
+                }
+                Ok(Some(set))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping unreadable metadata record");
+                self.counters().corrupt_records.add(1);
+                self.inner.objects.remove(primary.as_bytes())?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Replaces the set of `primary` (or removes it when empty) in sled and the hot copy, and returns it; the
+    /// caller holds the mutation lock. Chunks and tag entries of `dropped` variants are removed.
+    fn save_set(
+        &self,
+        _locked: &Locked<'_>,
+        primary: &str,
+        set: ObjectSet,
+        dropped: &[ObjectMeta],
+        hot: HotCopy,
+    ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        let saved = if set.variants.is_empty() {
+            self.inner.objects.remove(primary.as_bytes())?;
+            self.inner.hot.remove(primary);
+            None
+        } else {
+            self.inner
+                .objects
+                .insert(primary.as_bytes(), set.encode())?;
+            let set = Arc::new(set);
+            if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
+                self.inner.hot.insert(primary.to_owned(), set.clone());
+            }
+            Some(set)
+        };
+        for meta in dropped {
+            self.unindex_tags(primary, meta)?;
+            self.forget_body_later(meta);
+        }
+        self.counters().objects.sub(dropped.len() as u64);
+        self.counters()
+            .stored_bytes
+            .sub(dropped.iter().map(|m| m.length).sum());
+        Ok(saved)
+    }
+
+    /// Applies `change` to the set of `primary` and saves it; returns what `change` returned (0 when there
+    /// is no set).
+    pub(crate) fn modify(
+        &self,
+        primary: &str,
+        change: impl FnOnce(&mut ObjectSet) -> usize,
+    ) -> Result<usize, StoreError> {
+        let locked = self.lock_records();
+        let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
+            return Ok(0);
+        };
+        let mut set = (*set).clone();
+        let n = change(&mut set);
+        if n > 0 {
+            self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
+        }
+        Ok(n)
+    }
+
+    /// Makes a fully written body visible, replacing the variant it shares a selection with; unless a purge
+    /// or ban added since its fetch started (at `epoch`) covers it, in which case it is discarded.
+    pub(crate) fn publish(
+        &self,
+        primary: &str,
+        mut meta: ObjectMeta,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        let locked = self.lock_records();
+        let newest = self.inner.bans.newest();
+        let banned = meta.ban_checked < newest
+            && match self.inner.bans.test_fetched(
+                &self.inner.bans.snapshot(),
+                meta.ban_checked,
+                primary,
+                &meta,
+            ) {
+                Verdict::Banned => true,
+                Verdict::Clear(checked) => {
+                    meta.ban_checked = checked;
+                    false
+                }
+            };
+        if banned || self.inner.invalidations.covers(epoch, primary, &meta.tags) {
+            self.forget_body(&meta);
+            self.counters().publishes_cancelled.add(1);
+            return Ok(());
+        }
+        self.index_tags(primary, &meta)?;
+        let mut set = self
+            .load_set(&locked, primary, HotCopy::Fill)?
+            .map(|s| (*s).clone())
+            .unwrap_or_default();
+        let mut dropped = Vec::new();
+        if let Some(pos) = set.variants.iter().position(|v| v.variant == meta.variant) {
+            dropped.push(set.variants.remove(pos));
+        }
+        self.counters().objects.add(1);
+        self.counters().stored_bytes.add(meta.length);
+        set.variants.insert(0, meta);
+        while set.variants.len() > self.inner.config.max_variants {
+            dropped.push(set.variants.pop().expect("non-empty"));
+            self.counters().variants_overflowed.add(1);
+        }
+        self.save_set(&locked, primary, set, &dropped, HotCopy::Fill)?;
+        self.counters().objects_published.add(1);
+        Ok(())
+    }
+
+    /// Removes every variant of `primary`; returns how many there were.
+    pub fn remove(&self, primary: &str) -> Result<usize, StoreError> {
+        let locked = self.lock_records();
+        let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
+            return Ok(0);
+        };
+        let dropped = set.variants.clone();
+        self.save_set(
+            &locked,
+            primary,
+            ObjectSet::default(),
+            &dropped,
+            HotCopy::Fill,
+        )?;
+        self.counters().objects_removed.add(dropped.len() as u64);
+        Ok(dropped.len())
+    }
+
+    /// Replaces the metadata of a stored body (same generation, same chunks), as after a revalidation;
+    /// `false` when that body is no longer stored.
+    pub fn refresh(&self, primary: &str, meta: ObjectMeta) -> Result<bool, StoreError> {
+        let locked = self.lock_records();
+        let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
+            return Ok(false);
+        };
+        let mut set = (*set).clone();
+        let Some(slot) = set
+            .variants
+            .iter_mut()
+            .find(|m| m.generation == meta.generation)
+        else {
+            return Ok(false);
+        };
+        let mut meta = meta;
+        meta.ban_checked = meta.ban_checked.max(slot.ban_checked);
+        let old = std::mem::replace(slot, meta.clone());
+        if old.tags != meta.tags {
+            self.index_tags(primary, &meta)?;
+        }
+        self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
+        if old.tags != meta.tags {
+            let gone = ObjectMeta {
+                tags: old
+                    .tags
+                    .into_iter()
+                    .filter(|t| !meta.tags.contains(t))
+                    .collect(),
+                ..old
+            };
+            self.unindex_tags(primary, &gone)?;
+        }
+        Ok(true)
+    }
+
+    /// Removes one stored body (for instance one whose chunks were lost) if it is still the current one.
+    pub fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
+        self.retain(primary, |m| m.generation != generation)
+            .map(|_| ())
+    }
+
+    /// Keeps the variants of `primary` for which `keep` holds; returns how many were dropped.
+    pub(crate) fn retain(
+        &self,
+        primary: &str,
+        keep: impl Fn(&ObjectMeta) -> bool,
+    ) -> Result<usize, StoreError> {
+        let locked = self.lock_records();
+        let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
+            return Ok(0);
+        };
+        let (kept, dropped): (Vec<_>, Vec<_>) = set.variants.iter().cloned().partition(|m| keep(m));
+        if dropped.is_empty() {
+            return Ok(0);
+        }
+        self.save_set(
+            &locked,
+            primary,
+            ObjectSet { variants: kept },
+            &dropped,
+            HotCopy::Fill,
+        )?;
+        Ok(dropped.len())
+    }
+
+    /// Every stored variant of `primary` that no ban covers, with where its chunks are, for operators: unlike
+    /// [`Store::lookup`] it does not make the key hot.
+    pub fn inspect(&self, primary: &str) -> Result<Vec<(ObjectMeta, ChunkTiers)>, StoreError> {
+        let set = {
+            let locked = self.lock_records();
+            let Some(set) = self.load_set(&locked, primary, HotCopy::IfPresent)? else {
+                return Ok(Vec::new());
+            };
+            let (set, removed) = self.apply_bans_locked(
+                &locked,
+                primary,
+                set,
+                self.inner.bans.newest(),
+                HotCopy::IfPresent,
+            )?;
+            self.counters().objects_banned.add(removed as u64);
+            set
+        };
+        let variants = set.map_or_else(Vec::new, |set| set.variants.clone());
+        Ok(variants
+            .into_iter()
+            .map(|meta| {
+                let tiers = self.chunk_tiers(&meta);
+                (meta, tiers)
+            })
+            .collect())
+    }
+
+    /// Takes the lock every change to a record holds, from reading it to writing it back (sled, the hot
+    /// copy and the tag index). Not reentrant: the locked operations here take it themselves.
+    fn lock_records(&self) -> Locked<'_> {
+        Locked {
+            _guard: self.inner.mutate.lock().expect("store mutex"),
+        }
+    }
+
+    /// Walks every record in sled in key order, without the lock (a walk over a large store must not hold
+    /// up lookups): act on what it yields only through the locked operations above.
+    pub(crate) fn records(&self) -> impl Iterator<Item = Result<Record, StoreError>> + '_ {
+        self.inner.objects.iter().map(|item| {
+            let (key, value) = item?;
+            let set = ObjectSet::decode(&String::from_utf8_lossy(&key), &value).ok();
+            Ok(Record { key, set })
+        })
+    }
+
+    /// Removes the record at `key` that a walk could not decode, under the lock and only if it still cannot
+    /// be decoded (a record rewritten since the walk read it is left alone); returns whether it was removed.
+    /// Not counted: callers count what they report.
+    pub(crate) fn drop_unreadable(&self, key: &[u8]) -> Result<bool, StoreError> {
+        let _locked = self.lock_records();
+        let Some(value) = self.inner.objects.get(key)? else {
+            return Ok(false);
+        };
+        if ObjectSet::decode(&String::from_utf8_lossy(key), &value).is_ok() {
+            return Ok(false);
+        }
+        self.inner.objects.remove(key)?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::{PurgeMode, StoreBuilder};
+
+    async fn open(dir: &std::path::Path) -> Store {
+        StoreBuilder::new(dir)
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(64 << 10)
+            .with_max_variants(2)
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap()
+    }
+
+    /// Metadata of a new body in the `encoding` variant (no chunks: these operations never read them).
+    fn body(store: &Store, encoding: &str, tags: &[&str]) -> ObjectMeta {
+        ObjectMeta {
+            generation: store.next_id(),
+            variant: vec![("accept-encoding".into(), encoding.into())],
+            status: 200,
+            length: 10,
+            chunk_size: 64 << 10,
+            stored_at_ms: lacquer_clock::now_ms(),
+            ttl_ms: 60_000,
+            tags: tags.iter().map(|t| (*t).to_owned()).collect(),
+            ban_checked: store.mark().ban,
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// The record in sled, read past the hot copy.
+    fn in_sled(store: &Store, primary: &str) -> Option<ObjectSet> {
+        let bytes = store.inner.objects.get(primary).unwrap()?;
+        Some(ObjectSet::decode(primary, &bytes).unwrap())
+    }
+
+    fn in_memory(store: &Store, primary: &str) -> Option<ObjectSet> {
+        store
+            .inner
+            .hot
+            .get(primary)
+            .map(|entry| (**entry.value()).clone())
+    }
+
+    fn generations(set: &ObjectSet) -> Vec<u64> {
+        set.variants.iter().map(|m| m.generation).collect()
+    }
+
+    fn tagged(store: &Store, tag: &str) -> HashSet<u64> {
+        store
+            .tagged(&[tag.to_owned()])
+            .unwrap()
+            .into_iter()
+            .map(|(_, t)| t.generation)
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn publishing_replaces_the_selection_keeps_the_newest_and_memory_matches_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        let epoch = store.mark().epoch;
+        let gzip = body(&store, "gzip", &["t"]);
+        let br = body(&store, "br", &["t"]);
+        let gzip_again = body(&store, "gzip", &["t"]);
+        let identity = body(&store, "identity", &["t"]);
+        for meta in [&gzip, &br, &gzip_again, &identity] {
+            store.publish(key, meta.clone(), epoch).unwrap();
+        }
+        let set = store.lookup(key).unwrap().unwrap();
+        assert_eq!(
+            generations(&set),
+            [identity.generation, gzip_again.generation],
+            "newest first; gzip replaced in place, br dropped past max_variants"
+        );
+        assert_eq!(in_sled(&store, key).as_ref(), Some(&*set));
+        assert_eq!(in_memory(&store, key).as_ref(), Some(&*set));
+        assert_eq!(
+            tagged(&store, "t"),
+            HashSet::from([identity.generation, gzip_again.generation]),
+            "dropped bodies leave the tag index"
+        );
+        let stats = store.stats();
+        assert_eq!(stats.objects_published, 4);
+        assert_eq!(stats.variants_overflowed, 1);
+        assert_eq!((stats.objects, stats.stored_bytes), (2, 20));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_fetched_before_a_covering_purge_is_not_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        let before = store.mark();
+        store.purge(key, PurgeMode::Hard).await.unwrap();
+        store
+            .publish(key, body(&store, "gzip", &[]), before.epoch)
+            .unwrap();
+        assert!(store.lookup(key).unwrap().is_none());
+        assert!(in_sled(&store, key).is_none());
+        assert_eq!(store.stats().publishes_cancelled, 1);
+        let after = store.mark();
+        store
+            .publish(key, body(&store, "gzip", &[]), after.epoch)
+            .unwrap();
+        assert!(store.lookup(key).unwrap().is_some(), "fetched after it");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refresh_keeps_the_newest_ban_check_and_moves_the_tag_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        let stored = ObjectMeta {
+            ban_checked: 40,
+            ..body(&store, "gzip", &["a", "b"])
+        };
+        store
+            .publish(key, stored.clone(), store.mark().epoch)
+            .unwrap();
+        let revalidated = ObjectMeta {
+            ttl_ms: 120_000,
+            ban_checked: 0,
+            tags: vec!["b".into(), "c".into()],
+            ..stored.clone()
+        };
+        assert!(store.refresh(key, revalidated).unwrap());
+        let set = in_sled(&store, key).unwrap();
+        assert_eq!(set.variants[0].ttl_ms, 120_000);
+        assert_eq!(
+            set.variants[0].ban_checked, 40,
+            "bans already passed are not tested again"
+        );
+        assert_eq!(in_memory(&store, key), Some(set));
+        assert!(tagged(&store, "a").is_empty());
+        assert_eq!(tagged(&store, "b"), HashSet::from([stored.generation]));
+        assert_eq!(tagged(&store, "c"), HashSet::from([stored.generation]));
+        let gone = ObjectMeta {
+            generation: store.next_id(),
+            ..stored
+        };
+        assert!(
+            !store.refresh(key, gone).unwrap(),
+            "a body no longer stored is not brought back"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn walks_read_without_filling_memory_and_remove_by_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        let old = body(&store, "gzip", &[]);
+        store.publish(key, old.clone(), store.mark().epoch).unwrap();
+        store.inner.hot.remove(key);
+        assert!(store.stored_generation(key, old.generation).unwrap());
+        assert!(
+            in_memory(&store, key).is_none(),
+            "a walk does not make keys hot"
+        );
+        // The body is replaced between a walk's read and its removal: the new one stays.
+        let new = body(&store, "gzip", &[]);
+        store.publish(key, new.clone(), store.mark().epoch).unwrap();
+        assert_eq!(
+            store
+                .retain(key, |m| m.generation != old.generation)
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            generations(&in_sled(&store, key).unwrap()),
+            [new.generation]
+        );
+        assert_eq!(
+            store
+                .retain(key, |m| m.generation != new.generation)
+                .unwrap(),
+            1
+        );
+        assert!(in_sled(&store, key).is_none() && in_memory(&store, key).is_none());
+        assert_eq!(store.stats().objects, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_record_is_dropped_only_while_it_is_still_unreadable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let key = "a.test/x";
+        store
+            .inner
+            .objects
+            .insert(key, &b"\xffgarbage"[..])
+            .unwrap();
+        let walked: Vec<Record> = store.records().map(Result::unwrap).collect();
+        assert_eq!(walked.len(), 1);
+        assert!(walked[0].set.is_none());
+        // Rewritten after the walk read it: left alone.
+        store
+            .publish(key, body(&store, "gzip", &[]), store.mark().epoch)
+            .unwrap();
+        assert!(!store.drop_unreadable(&walked[0].key).unwrap());
+        assert!(in_sled(&store, key).is_some());
+        store
+            .inner
+            .objects
+            .insert(key, &b"\xffgarbage"[..])
+            .unwrap();
+        assert!(store.drop_unreadable(&walked[0].key).unwrap());
+        assert!(store.inner.objects.get(key).unwrap().is_none());
+    }
+}
