@@ -203,3 +203,14 @@ mod tests {
             .is_err());
     }
 }
+
+#[cfg(test)]
+impl StoreBuilder {
+    /// A store small enough for unit tests: 8 MiB of memory, 64 MiB of disk, 64 KiB chunks.
+    pub(crate) fn small(dir: impl Into<PathBuf>) -> Self {
+        Self::new(dir)
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(64 << 10)
+    }
+}

@@ -102,10 +102,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_journal_is_compacted_and_still_covers_what_it_retired() {
         let dir = tempfile::tempdir().unwrap();
-        let store = StoreBuilder::new(dir.path())
-            .with_memory_bytes(8 << 20)
-            .with_disk_bytes(64 << 20)
-            .with_chunk_size(64 << 10)
+        let store = StoreBuilder::small(dir.path())
             .open(tokio::runtime::Handle::current())
             .await
             .unwrap();

@@ -433,10 +433,7 @@ mod tests {
     use crate::{PurgeMode, StoreBuilder};
 
     async fn open(dir: &std::path::Path) -> Store {
-        StoreBuilder::new(dir)
-            .with_memory_bytes(8 << 20)
-            .with_disk_bytes(64 << 20)
-            .with_chunk_size(64 << 10)
+        StoreBuilder::small(dir)
             .with_max_variants(2)
             .open(tokio::runtime::Handle::current())
             .await

@@ -156,10 +156,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn pruning_removes_entries_whose_body_is_gone_and_keeps_the_live_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::StoreBuilder::new(dir.path())
-            .with_memory_bytes(8 << 20)
-            .with_disk_bytes(64 << 20)
-            .with_chunk_size(64 << 10)
+        let store = crate::StoreBuilder::small(dir.path())
             .open(tokio::runtime::Handle::current())
             .await
             .unwrap();
