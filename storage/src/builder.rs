@@ -155,6 +155,17 @@ fn align_up(n: usize) -> usize {
 }
 
 #[cfg(test)]
+impl StoreBuilder {
+    /// A store small enough for unit tests: 8 MiB of memory, 64 MiB of disk, 64 KiB chunks.
+    pub(crate) fn small(dir: impl Into<PathBuf>) -> Self {
+        Self::new(dir)
+            .with_memory_bytes(8 << 20)
+            .with_disk_bytes(64 << 20)
+            .with_chunk_size(64 << 10)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -201,16 +212,5 @@ mod tests {
             .with_memory_bytes(10 * KIB)
             .validate()
             .is_err());
-    }
-}
-
-#[cfg(test)]
-impl StoreBuilder {
-    /// A store small enough for unit tests: 8 MiB of memory, 64 MiB of disk, 64 KiB chunks.
-    pub(crate) fn small(dir: impl Into<PathBuf>) -> Self {
-        Self::new(dir)
-            .with_memory_bytes(8 << 20)
-            .with_disk_bytes(64 << 20)
-            .with_chunk_size(64 << 10)
     }
 }
