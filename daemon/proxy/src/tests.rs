@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{request::Parts, HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use lacquer_backends::backend_set;
-use lacquer_config::{Config, Overrides};
+use lacquer_config::Config;
 use lacquer_tests::{pattern, Origin, Raw, Reply, Step};
 use tokio::sync::Notify;
 
@@ -32,11 +32,10 @@ const CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// A worker serving from `store`, in front of `origin`, with the default configuration.
 fn worker(origin: &Origin, store: &MemoryStore) -> Arc<Worker<MemoryStore>> {
-    let overrides = Overrides {
-        backend: Some(origin.addr.to_string()),
-        ..Overrides::default()
-    };
-    let config = Config::load(None, overrides).expect("default configuration");
+    // Built from the defaults in memory: `Config::load` would resolve (and create) the default store
+    // directory, which these tests never use.
+    let mut config = Config::default();
+    config.backend[0].address = Some(origin.addr.to_string());
     let backends = backend_set(&config).expect("backends");
     let live = Live::new(&config, &backends).expect("live settings");
     let stats = Arc::new(Stats::default());
