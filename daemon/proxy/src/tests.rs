@@ -107,6 +107,14 @@ async fn fills_done(worker: &Worker<MemoryStore>) {
     panic!("a fill is still running");
 }
 
+/// An origin that holds every response until `gate` lets it go, then writes `reply` (raw HTTP/1.1).
+async fn gated(reply: &'static str) -> (Origin, Arc<Notify>) {
+    let gate = Arc::new(Notify::new());
+    let held = gate.clone();
+    let origin = Origin::raw(move |_| vec![Raw::Gate(held.clone()), Raw::write(reply)]).await;
+    (origin, gate)
+}
+
 /// Waits until the origin has seen `n` requests.
 async fn origin_saw(origin: &Origin, n: usize) {
     for _ in 0..500 {
@@ -481,17 +489,9 @@ async fn a_range_across_chunk_boundaries() {
 /// store: the next request goes to the origin again.
 #[tokio::test]
 async fn a_ban_during_a_fill_keeps_its_object_out_of_the_store() {
-    let gate = Arc::new(Notify::new());
-    let held = gate.clone();
-    let origin = Origin::raw(move |_| {
-        vec![
-            Raw::Gate(held.clone()),
-            Raw::write(
-                "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 6\r\n\r\nbanned",
-            ),
-        ]
-    })
-    .await;
+    let (origin, gate) =
+        gated("HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 6\r\n\r\nbanned")
+            .await;
     let store = MemoryStore::new(4);
     let w = worker(&origin, &store);
 
@@ -571,17 +571,8 @@ async fn a_ban_while_the_body_arrives_discards_the_body() {
 /// purge does not join the fetch from before it.
 #[tokio::test]
 async fn a_purge_during_a_fill_is_not_undone_by_it() {
-    let gate = Arc::new(Notify::new());
-    let held = gate.clone();
-    let origin = Origin::raw(move |_| {
-        vec![
-            Raw::Gate(held.clone()),
-            Raw::write(
-                "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 3\r\n\r\nold",
-            ),
-        ]
-    })
-    .await;
+    let (origin, gate) =
+        gated("HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 3\r\n\r\nold").await;
     let store = MemoryStore::new(4);
     let w = worker(&origin, &store);
 
