@@ -242,10 +242,7 @@ impl CacheStore for MemoryStore {
 
     async fn open_body(&self, meta: &ObjectMeta) -> Result<Option<ChunkRead>, StoreError> {
         if meta.length == 0 {
-            return Ok(Some(ChunkRead {
-                data: Bytes::new(),
-                tier: Tier::Memory,
-            }));
+            return Ok(Some(ChunkRead::empty()));
         }
         if !self.has_body(meta) {
             return Ok(None);

@@ -38,6 +38,16 @@ pub struct ChunkRead {
     pub tier: Tier,
 }
 
+impl ChunkRead {
+    /// The whole of an empty body: nothing to read, from anywhere.
+    pub fn empty() -> Self {
+        Self {
+            data: Bytes::new(),
+            tier: Tier::Memory,
+        }
+    }
+}
+
 /// How much of a body [`Store::open_body`] proves readable before the response starts: enough to cover
 /// most objects whole, small enough that a disk hit's first byte waits for a few reads at most.
 pub const VERIFY_AHEAD: u64 = 1 << 20;
@@ -57,10 +67,7 @@ impl Store {
     /// lookup per chunk, as before.
     pub async fn open_body(&self, meta: &ObjectMeta) -> Result<Option<ChunkRead>, StoreError> {
         if meta.length == 0 {
-            return Ok(Some(ChunkRead {
-                data: Bytes::new(),
-                tier: Tier::Memory,
-            }));
+            return Ok(Some(ChunkRead::empty()));
         }
         if !self.has_body(meta) {
             return Ok(None);
