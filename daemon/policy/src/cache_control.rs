@@ -59,27 +59,90 @@ impl CacheControl {
     }
 
     /// The directives that govern a response in this cache: those of the first field on the target list
-    /// (RFC 9213, e.g. `CDN-Cache-Control`) that is present with a non-empty value, else `Cache-Control`.
+    /// (RFC 9213, e.g. `CDN-Cache-Control`) that is present, valid and not empty, else `Cache-Control`.
     pub fn governing(headers: &HeaderMap, targets: &[String]) -> Self {
-        for target in targets {
-            let (cc, directives) = Self::parse_field(headers, target);
-            if directives > 0 {
-                return CacheControl {
-                    targeted: true,
-                    ..cc
-                };
+        targets
+            .iter()
+            .find_map(|target| Self::targeted(headers, target))
+            .unwrap_or_else(|| Self::from_headers(headers))
+    }
+
+    /// A targeted field's directives (RFC 9213 §2.1): a Structured Fields Dictionary (RFC 9651), its
+    /// lines joined. `None` when the field is absent, empty, fails to parse, or gives a known directive a
+    /// value of the wrong type (`max-age="10"`): such a field is ignored as a whole, so `Cache-Control`
+    /// governs instead of a field that no longer says what the origin meant. Parameters and unknown
+    /// directives are ignored.
+    fn targeted(headers: &HeaderMap, name: &str) -> Option<Self> {
+        let lines = headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().ok())
+            .collect::<Option<Vec<&str>>>()?;
+        let joined = lines.join(", ");
+        let dictionary: sfv::Dictionary = sfv::Parser::new(&joined).parse().ok()?;
+        if dictionary.is_empty() {
+            return None;
+        }
+        let mut cc = CacheControl {
+            targeted: true,
+            ..CacheControl::default()
+        };
+        const KNOWN: [&str; 12] = [
+            "max-age",
+            "s-maxage",
+            "stale-while-revalidate",
+            "stale-if-error",
+            "no-store",
+            "public",
+            "must-revalidate",
+            "proxy-revalidate",
+            "must-understand",
+            "immutable",
+            "no-cache",
+            "private",
+        ];
+        for (key, entry) in &dictionary {
+            let item = match entry {
+                sfv::ListEntry::Item(item) => item,
+                // No known directive takes an inner list.
+                sfv::ListEntry::InnerList(_) if KNOWN.contains(&key.as_str()) => return None,
+                sfv::ListEntry::InnerList(_) => continue,
+            };
+            let seconds = || {
+                item.bare_item
+                    .as_integer()
+                    .map(i64::from)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .map(|n| n.min(DELTA_SECONDS_MAX))
+            };
+            let flag = || item.bare_item.as_boolean() == Some(true);
+            let field_names = || flag() || item.bare_item.as_string().is_some();
+            match key.as_str() {
+                "max-age" => cc.max_age = Some(seconds()?),
+                "s-maxage" => cc.s_maxage = Some(seconds()?),
+                "stale-while-revalidate" => cc.stale_while_revalidate = Some(seconds()?),
+                "stale-if-error" => cc.stale_if_error = Some(seconds()?),
+                "no-store" => cc.no_store = flag().then_some(true)?,
+                "public" => cc.public = flag().then_some(true)?,
+                "must-revalidate" => cc.must_revalidate = flag().then_some(true)?,
+                "proxy-revalidate" => cc.proxy_revalidate = flag().then_some(true)?,
+                "must-understand" => cc.must_understand = flag().then_some(true)?,
+                "immutable" => cc.immutable = flag().then_some(true)?,
+                "no-cache" => cc.no_cache = field_names().then_some(true)?,
+                "private" => cc.private = field_names().then_some(true)?,
+                _ => {}
             }
         }
-        Self::from_headers(headers)
+        Some(cc)
     }
 
     /// Parses every line of the named field.
     pub fn from_header_values(headers: &HeaderMap, name: &str) -> Self {
-        Self::parse_field(headers, name).0
+        Self::parse_field(headers, name)
     }
 
-    /// The directives of a field and how many there were.
-    fn parse_field(headers: &HeaderMap, name: &str) -> (Self, usize) {
+    /// The directives of every line of a field.
+    fn parse_field(headers: &HeaderMap, name: &str) -> Self {
         let mut cc = CacheControl::default();
         let mut seen: Vec<String> = Vec::new();
         for value in headers.get_all(name) {
@@ -93,7 +156,7 @@ impl CacheControl {
                 seen.push(name);
             }
         }
-        (cc, seen.len())
+        cc
     }
 
     fn apply(&mut self, name: &str, arg: Option<&str>) {
@@ -396,6 +459,65 @@ mod tests {
             "an empty field is skipped"
         );
         assert_eq!(CacheControl::governing(&h, &[]).max_age, Some(10));
+    }
+
+    /// RFC 9213 §2.1: a targeted field is a Structured Fields Dictionary; one that does not parse, or
+    /// gives a known directive the wrong type, is ignored as a whole and `Cache-Control` governs.
+    #[test]
+    fn targeted_fields_are_structured_fields() {
+        let targets = vec!["cdn-cache-control".to_string()];
+        // (CDN-Cache-Control lines, what governs: (max_age, s_maxage, no_store, private, targeted))
+        let cases: &[(&[&str], (Option<u64>, Option<u64>, bool, bool, bool))] = &[
+            (&["max-age=600"], (Some(600), None, false, false, true)),
+            (
+                &["max-age=600", "s-maxage=60"],
+                (Some(600), Some(60), false, false, true),
+            ),
+            (
+                &["max-age=600;foo=bar, unknown=\"x\""],
+                (Some(600), None, false, false, true),
+            ),
+            (
+                &["private=\"set-cookie\", max-age=5"],
+                (Some(5), None, false, true, true),
+            ),
+            (&["no-store"], (None, None, true, false, true)),
+            (
+                &["max-age=99999999999"],
+                (Some(DELTA_SECONDS_MAX), None, false, false, true),
+            ),
+            // Invalid: Cache-Control (max-age=10) governs.
+            (
+                &["max-age=10000, &&&&&"],
+                (Some(10), None, false, false, false),
+            ),
+            (
+                &["max-age=\"10000\""],
+                (Some(10), None, false, false, false),
+            ),
+            (&["max-age=-1"], (Some(10), None, false, false, false)),
+            (&["max-age=1.5"], (Some(10), None, false, false, false)),
+            (&["no-store=?0"], (Some(10), None, false, false, false)),
+            (&["max-age=(1 2)"], (Some(10), None, false, false, false)),
+            (&["MAX-AGE=600"], (Some(10), None, false, false, false)),
+            (&[""], (Some(10), None, false, false, false)),
+        ];
+        for (lines, want) in cases {
+            let mut h = HeaderMap::new();
+            h.insert(CACHE_CONTROL, "max-age=10".parse().unwrap());
+            for line in *lines {
+                h.append("cdn-cache-control", line.parse().unwrap());
+            }
+            let cc = CacheControl::governing(&h, &targets);
+            let got = (
+                cc.max_age,
+                cc.s_maxage,
+                cc.no_store,
+                cc.private,
+                cc.targeted,
+            );
+            assert_eq!(got, *want, "{lines:?}");
+        }
     }
 
     #[test]

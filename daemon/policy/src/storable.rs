@@ -24,7 +24,8 @@ pub struct Storable {
     pub keep: Duration,
     /// How long past freshness the object may stand in for a failing origin.
     pub stale_if_error: Duration,
-    /// Never serve stale: `must-revalidate`, `proxy-revalidate` or `no-cache`.
+    /// Never serve stale: `must-revalidate`, `proxy-revalidate`, `s-maxage` (which implies it for a shared
+    /// cache) or `no-cache`.
     pub no_stale: bool,
     /// Lower-cased `Vary` names; empty when the response does not vary.
     pub vary: Vec<String>,
@@ -100,7 +101,8 @@ pub fn decide(
     // A route's TTL replaces every freshness directive, `no-cache` included; only storing is still
     // forbidden by what forbids it.
     let no_cache = cc.no_cache && policy.ttl_override.is_none();
-    let no_stale = no_cache || cc.must_revalidate || cc.proxy_revalidate;
+    // s-maxage carries proxy-revalidate's meaning for a shared cache (RFC 9111 §5.2.2.10).
+    let no_stale = no_cache || cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
     let ttl = if no_cache {
         Duration::ZERO
     } else {
@@ -185,6 +187,15 @@ mod tests {
                 false,
                 200,
                 &[("cache-control", "s-maxage=60, proxy-revalidate")],
+                store(60, 0, true, &[]),
+            ),
+            (
+                false,
+                200,
+                &[(
+                    "cache-control",
+                    "max-age=600, s-maxage=60, stale-while-revalidate=30",
+                )],
                 store(60, 0, true, &[]),
             ),
             (
@@ -297,7 +308,7 @@ mod tests {
                 true,
                 200,
                 &[("cache-control", "s-maxage=60")],
-                store(60, 0, false, &[]),
+                store(60, 0, true, &[]),
             ),
         ];
         for (auth, status, h, want) in cases {
