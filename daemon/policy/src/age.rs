@@ -26,7 +26,38 @@ pub fn age_header(headers: &HeaderMap) -> Option<u64> {
 
 /// Parses an HTTP date; `None` when absent or invalid.
 pub fn http_date(headers: &HeaderMap, name: http::header::HeaderName) -> Option<SystemTime> {
-    httpdate::parse_http_date(headers.get(name)?.to_str().ok()?.trim()).ok()
+    parse_date(headers.get(name)?.to_str().ok()?)
+}
+
+/// An HTTP-date in any of its three formats (RFC 9110 §5.6.7: IMF-fixdate, and the obsolete RFC 850 and
+/// asctime formats a recipient must accept), letter case ignored (`THU, 18 AUG 2050 02:01:18 gMT`), as
+/// the section encourages recipients to be robust; anything else (other zones, two-digit years but RFC
+/// 850's, extra spaces) is invalid.
+pub fn parse_date(value: &str) -> Option<SystemTime> {
+    let value = value.trim();
+    if let Ok(t) = httpdate::parse_http_date(value) {
+        return Some(t);
+    }
+    if !value.is_ascii() {
+        return None;
+    }
+    let mut canonical = String::with_capacity(value.len());
+    for (n, word) in value.split(|c: char| !c.is_ascii_alphabetic()).enumerate() {
+        if n > 0 {
+            // The separator the split consumed, at the same position.
+            canonical.push(value.as_bytes()[canonical.len()] as char);
+        }
+        if word.eq_ignore_ascii_case("gmt") {
+            canonical.push_str("GMT");
+        } else {
+            let mut letters = word.chars();
+            if let Some(first) = letters.next() {
+                canonical.push(first.to_ascii_uppercase());
+                canonical.extend(letters.map(|c| c.to_ascii_lowercase()));
+            }
+        }
+    }
+    httpdate::parse_http_date(&canonical).ok()
 }
 
 /// RFC 9111 §4.2.3 `corrected_initial_age`, in whole seconds.
@@ -52,6 +83,41 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// RFC 9110 §5.6.7's three formats, in any letter case; everything else is invalid.
+    #[test]
+    fn dates() {
+        let t = httpdate::parse_http_date("Thu, 18 Aug 2050 02:01:18 GMT").unwrap();
+        let valid = [
+            "Thu, 18 Aug 2050 02:01:18 GMT",
+            "  Thu, 18 Aug 2050 02:01:18 GMT ",
+            "Thursday, 18-Aug-50 02:01:18 GMT",
+            "Thu Aug 18 02:01:18 2050",
+            "THU, 18 Aug 2050 02:01:18 GMT",
+            "Thu, 18 AUG 2050 02:01:18 GMT",
+            "Thu, 18 Aug 2050 02:01:18 gMT",
+            "thursday, 18-aug-50 02:01:18 gmt",
+        ];
+        for v in valid {
+            assert_eq!(parse_date(v), Some(t), "{v:?}");
+        }
+        let invalid = [
+            "Thu, 18 Aug 2050 02:01:18 UTC",
+            "Thu, 18 Aug 2050 02:01:18 AEST",
+            "Thu, 18 Aug 50 02:01:18 GMT",
+            "Thu 18 Aug 2050 02:01:18 GMT",
+            "Thu, 18 Aug  2050 02:01:18 GMT",
+            "Thu, 18-Aug-2050 02:01:18 GMT",
+            "Thu, 18 Aug 2050 02.01.18 GMT",
+            "Thu, 18 Aug 2050 2:01:18 GMT",
+            "Thü, 18 Aug 2050 02:01:18 GMT",
+            "0",
+            "",
+        ];
+        for v in invalid {
+            assert_eq!(parse_date(v), None, "{v:?}");
+        }
+    }
     use crate::test_headers as headers;
     use crate::Lines;
 

@@ -48,8 +48,8 @@ pub fn not_modified(req: &HeaderMap, etag: Option<&str>, last_modified: Option<&
     let since = req
         .get(header::IF_MODIFIED_SINCE)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| httpdate::parse_http_date(v.trim()).ok());
-    let modified = last_modified.and_then(|v| httpdate::parse_http_date(v.trim()).ok());
+        .and_then(crate::age::parse_date);
+    let modified = last_modified.and_then(crate::age::parse_date);
     matches!((since, modified), (Some(since), Some(modified)) if modified <= since)
 }
 

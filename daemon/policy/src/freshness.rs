@@ -52,10 +52,7 @@ pub fn lifetime(
         return Lifetime::Explicit(Duration::from_secs(s));
     }
     if let Some(expires) = headers.get(EXPIRES).filter(|_| !cc.targeted) {
-        let expires = expires
-            .to_str()
-            .ok()
-            .and_then(|v| httpdate::parse_http_date(v.trim()).ok());
+        let expires = expires.to_str().ok().and_then(crate::age::parse_date);
         let Some(expires) = expires else {
             // An invalid Expires ("0" included) means already expired.
             return Lifetime::Explicit(Duration::ZERO);
