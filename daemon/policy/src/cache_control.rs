@@ -465,9 +465,11 @@ mod tests {
     /// gives a known directive the wrong type, is ignored as a whole and `Cache-Control` governs.
     #[test]
     fn targeted_fields_are_structured_fields() {
+        /// What governs: `(max_age, s_maxage, no_store, private, targeted)`.
+        type Governs = (Option<u64>, Option<u64>, bool, bool, bool);
         let targets = vec!["cdn-cache-control".to_string()];
-        // (CDN-Cache-Control lines, what governs: (max_age, s_maxage, no_store, private, targeted))
-        let cases: &[(&[&str], (Option<u64>, Option<u64>, bool, bool, bool))] = &[
+        // (CDN-Cache-Control lines, what governs)
+        let cases: &[(&[&str], Governs)] = &[
             (&["max-age=600"], (Some(600), None, false, false, true)),
             (
                 &["max-age=600", "s-maxage=60"],
