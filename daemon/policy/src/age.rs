@@ -7,21 +7,17 @@ use http::{
     HeaderMap,
 };
 
-use super::cache_control::{parse_delta_seconds, DELTA_SECONDS_MAX};
+use super::cache_control::parse_delta_seconds;
 
-/// The `Age` a response arrived with. Anything but one line holding one non-negative integer (a list,
-/// several lines, a float, a sign, a parameter) makes the response count as stale (2^31 s), as the HTTP
-/// caching test suite expects of shared caches: an age that cannot be trusted must not extend freshness.
+/// The `Age` a response arrived with (RFC 9111 §5.1): the first member of the first line, its parameters
+/// dropped, saturated at 2^31 s. A value that is not a non-negative integer (`abc`, `-7200`, `7200.0`) is
+/// ignored as if absent, as the HTTP caching test suite expects and Varnish, Traffic Server and Fastly do:
+/// `Age: 0, 7200` is fresh, `Age: 7200, 0` stale.
 pub fn age_header(headers: &HeaderMap) -> Option<u64> {
-    let mut lines = headers.get_all(AGE).iter();
-    let first = lines.next()?;
-    let single = lines.next().is_none();
-    let value = first.to_str().ok().map(str::trim).filter(|_| single);
-    Some(
-        value
-            .and_then(parse_delta_seconds)
-            .unwrap_or(DELTA_SECONDS_MAX),
-    )
+    let first = headers.get(AGE)?.to_str().ok()?;
+    let member = first.split(',').next()?;
+    let value = member.split(';').next()?.trim();
+    parse_delta_seconds(value)
 }
 
 /// Parses an HTTP date; `None` when absent or invalid.
@@ -127,14 +123,29 @@ mod tests {
             (&[], None),
             (&[("age", "30")], Some(30)),
             (&[("age", " 30 ")], Some(30)),
-            (&[("age", "30, 60")], Some(2_147_483_648)),
-            (&[("age", "0, 0")], Some(2_147_483_648)),
-            (&[("age", "0"), ("age", "0")], Some(2_147_483_648)),
-            (&[("age", "1.5")], Some(2_147_483_648)),
-            (&[("age", "-1")], Some(2_147_483_648)),
-            (&[("age", "abc")], Some(2_147_483_648)),
-            (&[("age", "7200;foo=bar")], Some(2_147_483_648)),
-            (&[("age", "99999999999999")], Some(2_147_483_648)),
+            (&[("age", "0")], Some(0)),
+            // The first member of the first line counts.
+            (&[("age", "7200, 0")], Some(7200)),
+            (&[("age", "0, 7200")], Some(0)),
+            (&[("age", "0, 0")], Some(0)),
+            (&[("age", "7200"), ("age", "0")], Some(7200)),
+            (&[("age", "0"), ("age", "7200")], Some(0)),
+            (&[("age", "3600"), ("age", "3600")], Some(3600)),
+            // Not a non-negative integer: ignored.
+            (&[("age", "abc")], None),
+            (&[("age", "-7200")], None),
+            (&[("age", "7200.0")], None),
+            (&[("age", "1.5")], None),
+            (&[("age", "")], None),
+            (&[("age", "abc, 7200")], None),
+            // Parameters are not part of the value.
+            (&[("age", "7200;foo=bar")], Some(7200)),
+            (&[("age", "7200;foo=111")], Some(7200)),
+            // Saturated at 2^31.
+            (&[("age", "2147483647")], Some(2_147_483_647)),
+            (&[("age", "2147483648")], Some(2_147_483_648)),
+            (&[("age", "2147483649")], Some(2_147_483_648)),
+            (&[("age", "99999999999999999999999")], Some(2_147_483_648)),
         ];
         for (h, want) in cases {
             assert_eq!(age_header(&headers(h)), *want, "{h:?}");
@@ -155,7 +166,7 @@ mod tests {
             ),
             (&[("date", "Sun, 06 Nov 1994 08:50:37 GMT")], 2),
             (&[("date", "garbage"), ("age", "10")], 12),
-            (&[("age", "ten")], 2_147_483_650),
+            (&[("age", "ten")], 2),
         ];
         for (h, want) in cases {
             assert_eq!(corrected_initial_age(&headers(h), req, now), *want, "{h:?}");
