@@ -40,7 +40,8 @@ pub fn heuristically_cacheable(status: StatusCode) -> bool {
 
 /// The freshness lifetime of a response received at `response_time`: `s-maxage`, else `max-age`, else
 /// `Expires − Date` (`Expires` ignored under a targeted field; an invalid one is already stale), else a
-/// heuristic share of the `Last-Modified` age for [`heuristically_cacheable`] statuses, else the default.
+/// heuristic share of the `Last-Modified` age for [`heuristically_cacheable`] statuses and for responses
+/// marked `public` (RFC 9111 §4.2.2, §5.2.2.9), else the default.
 pub fn lifetime(
     status: StatusCode,
     headers: &HeaderMap,
@@ -60,7 +61,7 @@ pub fn lifetime(
         let date = http_date(headers, DATE).unwrap_or(response_time);
         return Lifetime::Explicit(expires.duration_since(date).unwrap_or_default());
     }
-    if heuristically_cacheable(status) {
+    if heuristically_cacheable(status) || cc.public {
         if let Some(modified) = http_date(headers, LAST_MODIFIED) {
             let date = http_date(headers, DATE).unwrap_or(response_time);
             let since = date.duration_since(modified).unwrap_or_default();
@@ -162,6 +163,32 @@ mod tests {
             ),
             (
                 302,
+                &[
+                    ("date", DATE_S),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                Lifetime::Default(secs(0)),
+            ),
+            (
+                302,
+                &[
+                    ("date", DATE_S),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                    ("cache-control", "public"),
+                ],
+                Lifetime::Heuristic(secs(360)),
+            ),
+            (
+                599,
+                &[
+                    ("date", DATE_S),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                    ("cache-control", "public"),
+                ],
+                Lifetime::Heuristic(secs(360)),
+            ),
+            (
+                599,
                 &[
                     ("date", DATE_S),
                     ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
