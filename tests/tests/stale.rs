@@ -206,3 +206,70 @@ async fn a_fetch_that_stalls_mid_body_stores_nothing() {
     );
     assert_eq!(origin.count("/s"), 2);
 }
+
+/// RFC 9111 §3: a server error with explicit freshness is stored and reused like any response; one with
+/// `no-store, must-understand` and a status this cache does not know is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_error_with_freshness_is_stored() {
+    let origin = Origin::start(|s| match s.path.as_str() {
+        "/503" => Reply::ok("down for a minute")
+            .status(503)
+            .header("cache-control", "max-age=60"),
+        "/599" => Reply::ok("unknown")
+            .status(599)
+            .header("cache-control", "max-age=60, no-store, must-understand"),
+        _ => Reply::ok("down").status(503),
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    for path in ["/503", "/599", "/plain"] {
+        get(d.addr, path).await;
+    }
+    let r = get(d.addr, "/503").await;
+    assert_eq!(
+        (r.status.as_u16(), r.x_cache(), r.body.as_ref()),
+        (503, "HIT", &b"down for a minute"[..])
+    );
+    assert_eq!(origin.count("/503"), 1);
+    let r = get(d.addr, "/599").await;
+    assert_eq!((r.status.as_u16(), r.x_cache()), (599, "MISS"));
+    assert_eq!(origin.count("/599"), 2);
+    let r = get(d.addr, "/plain").await;
+    assert_eq!((r.status.as_u16(), r.x_cache()), (503, "MISS"));
+    assert_eq!(origin.count("/plain"), 2, "no freshness, not stored");
+}
+
+/// A server error, even a storable one, does not replace a stale object that stands in for it: every
+/// request during the outage is answered stale and asks the origin again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_storable_server_error_does_not_replace_what_stands_in_for_it() {
+    let failing = Arc::new(AtomicU8::new(OK));
+    let f = failing.clone();
+    let origin = Origin::start(move |_| {
+        if f.load(Ordering::SeqCst) == SERVER_ERROR {
+            Reply::ok("broken")
+                .status(503)
+                .header("cache-control", "max-age=60")
+        } else {
+            Reply::ok("v1").header("cache-control", "max-age=1")
+        }
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    assert_eq!(get(d.addr, "/o").await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    failing.store(SERVER_ERROR, Ordering::SeqCst);
+    for n in 2..=3 {
+        let r = get(d.addr, "/o").await;
+        assert_eq!(
+            (r.status.as_u16(), r.x_cache(), r.body.as_ref()),
+            (200, "STALE", &b"v1"[..]),
+            "request {n}"
+        );
+        assert_eq!(origin.count("/o"), n);
+    }
+    assert_eq!(d.stats().await["proxy"]["stale_on_error"], 2);
+    failing.store(OK, Ordering::SeqCst);
+    let r = get(d.addr, "/o").await;
+    assert_eq!((r.x_cache(), r.body.as_ref()), ("MISS", &b"v1"[..]));
+}

@@ -40,6 +40,28 @@ pub enum Decision {
     DontStore(&'static str),
 }
 
+/// Statuses whose caching requirements this cache knows, for `must-understand`: the registered final
+/// ones it stores whole (not 206 or 304).
+fn understood(status: StatusCode) -> bool {
+    status.canonical_reason().is_some()
+        && !matches!(
+            status,
+            StatusCode::PARTIAL_CONTENT | StatusCode::NOT_MODIFIED
+        )
+}
+
+/// A failure of the origin: a server error but 501, which is a lasting answer about the method.
+fn failure(status: StatusCode) -> bool {
+    status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED
+}
+
+/// Whether a response may replace the stored variant it was fetched for. A server error may not while
+/// that variant can still stand in for a failing origin (grace or stale-if-error): storing the error
+/// would end the stale answers that are better than it.
+pub fn replaces_stand_in(status: StatusCode) -> bool {
+    !failure(status)
+}
+
 fn has_validator(headers: &HeaderMap) -> bool {
     headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED)
 }
@@ -62,15 +84,15 @@ pub fn decide(
     {
         return DontStore("status");
     }
-    // A server error must not replace a good object that could stand in for it (stale-if-error); 501 is a
-    // lasting answer about the method, not a failure.
-    if status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED {
+    // A server error is stored only for the freshness its own headers give it (RFC 9111 §3), never for a
+    // route's TTL, which is meant for the good answers.
+    let server_error = failure(status);
+    if server_error && policy.ttl_override.is_some() {
         return DontStore("server error");
     }
     let cc = CacheControl::governing(headers, &policy.cache.targeted_cache_control);
-    // must-understand lets a cache that understands the status ignore no-store (RFC 9111 §5.2.2.3); every
-    // final status but 206 and 304 is understood here.
-    if cc.no_store && !cc.must_understand {
+    // must-understand lets a cache that understands the status ignore no-store (RFC 9111 §5.2.2.3).
+    if cc.no_store && !(cc.must_understand && understood(status)) {
         return DontStore("no-store");
     }
     if cc.private {
@@ -123,8 +145,14 @@ pub fn decide(
                 cc.stale_while_revalidate
                     .map_or(policy.cache.default_grace, Duration::from_secs),
             ),
-            cc.stale_if_error
-                .map_or(policy.cache.error_grace, Duration::from_secs),
+            // A stored server error does not stand in for the next one: the origin's newer answer is
+            // as good, and the stale error would hide that the origin has changed its mind.
+            if server_error {
+                Duration::ZERO
+            } else {
+                cc.stale_if_error
+                    .map_or(policy.cache.error_grace, Duration::from_secs)
+            },
         )
     };
     Decision::Store(Storable {
@@ -158,6 +186,31 @@ mod tests {
             no_stale,
             vary: vary.iter().map(|s| s.to_string()).collect(),
         })
+    }
+
+    fn store_error(ttl: u64) -> Decision {
+        Decision::Store(Storable {
+            stale_if_error: Duration::ZERO,
+            ..match store(ttl, 0, false, &[]) {
+                Decision::Store(s) => s,
+                Decision::DontStore(_) => unreachable!(),
+            }
+        })
+    }
+
+    #[test]
+    fn a_server_error_never_replaces_what_stands_in_for_one() {
+        for (status, replaces) in [
+            (200, true),
+            (404, true),
+            (501, true),
+            (500, false),
+            (503, false),
+            (599, false),
+        ] {
+            let status = StatusCode::from_u16(status).unwrap();
+            assert_eq!(replaces_stand_in(status), replaces, "{status}");
+        }
     }
 
     #[test]
@@ -265,7 +318,63 @@ mod tests {
                 false,
                 503,
                 &[("cache-control", "max-age=60")],
-                d("server error"),
+                store_error(60),
+            ),
+            (
+                false,
+                500,
+                &[("cache-control", "max-age=5")],
+                store_error(5),
+            ),
+            (
+                false,
+                599,
+                &[("cache-control", "max-age=5")],
+                store_error(5),
+            ),
+            (
+                false,
+                502,
+                &[("cache-control", "max-age=5, stale-if-error=60")],
+                store_error(5),
+            ),
+            (
+                false,
+                503,
+                &[
+                    ("date", date),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                ],
+                d("status without freshness"),
+            ),
+            (false, 503, &[], d("status without freshness")),
+            (
+                false,
+                599,
+                &[
+                    ("date", date),
+                    ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
+                    ("cache-control", "public"),
+                ],
+                store_error(360),
+            ),
+            (
+                false,
+                599,
+                &[("cache-control", "max-age=60, no-store, must-understand")],
+                d("no-store"),
+            ),
+            (
+                false,
+                299,
+                &[("cache-control", "max-age=60, no-store, must-understand")],
+                d("no-store"),
+            ),
+            (
+                false,
+                404,
+                &[("cache-control", "max-age=60, no-store, must-understand")],
+                store(60, 0, false, &[]),
             ),
             (
                 false,

@@ -55,6 +55,9 @@ pub struct Fill {
     pub stale: Option<Found>,
     /// A refresh nobody waits for (grace): it is not cancelled for want of readers before its head arrives.
     pub background: bool,
+    /// The stored variant can still stand in for a failing origin (grace or stale-if-error): a server
+    /// error does not replace it.
+    pub stand_in: bool,
 }
 
 pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, request: Fill) {
@@ -329,6 +332,9 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fil
         response_time,
     ) {
         Decision::Store(_) if too_large => Decision::DontStore("too large"),
+        Decision::Store(_) if request.stand_in && !storable::replaces_stand_in(head.status) => {
+            Decision::DontStore("server error while a stale object stands in")
+        }
         d => d,
     };
     let (storable, selection) = match &decision {

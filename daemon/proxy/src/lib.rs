@@ -362,6 +362,7 @@ fn refresh<S: CacheStore>(
             route: route.clone(),
             stale: found.revalidatable().then_some(found),
             background: true,
+            stand_in: true,
         };
         tokio::spawn(fetch::run(worker.clone(), fetch, fill));
     }
@@ -389,6 +390,9 @@ async fn miss<S: CacheStore>(
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
     let transit_buffer = route.policy.cache.transit_buffer.as_u64();
+    let stand_in = stale.as_ref().is_some_and(|found| {
+        usability(found.meta().lifetime(lacquer_clock::now_ms())) != Usability::Unusable
+    });
     // Starts the coalescer's fetch for the key (`leader`), or one of this request's own. The reader exists
     // before the fill task starts, so the fill never sees a fetch without readers that it would cancel.
     let start = |leader: Option<Arc<Fetch<S>>>| {
@@ -403,6 +407,7 @@ async fn miss<S: CacheStore>(
             route: route.clone(),
             stale: stale.clone().filter(Found::revalidatable),
             background: false,
+            stand_in,
         };
         tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
         (fetch, reader)
