@@ -273,3 +273,53 @@ async fn a_storable_server_error_does_not_replace_what_stands_in_for_it() {
     let r = get(d.addr, "/o").await;
     assert_eq!((r.x_cache(), r.body.as_ref()), ("MISS", &b"v1"[..]));
 }
+
+/// An origin that closes the connection without answering, once the first answer for each path is out:
+/// a stale object is served when its response allows it, and a 502 (an answer, not a dropped client
+/// connection) when `must-revalidate`, `proxy-revalidate`, `no-cache` or `s-maxage` forbids it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_origin_that_closes_gets_stale_or_a_502() {
+    use lacquer_tests::Raw;
+    let answered = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let origin = Origin::raw(move |seen| {
+        if !answered.lock().unwrap().insert(seen.path.clone()) {
+            return vec![Raw::Close];
+        }
+        let cache_control = match seen.path.as_str() {
+            "/must-revalidate" => "max-age=1, must-revalidate",
+            "/proxy-revalidate" => "max-age=1, proxy-revalidate",
+            "/no-cache" => "max-age=1, no-cache",
+            "/s-maxage" => "s-maxage=1",
+            _ => "max-age=1",
+        };
+        vec![Raw::write(format!(
+            "HTTP/1.1 200 OK\r\ncache-control: {cache_control}\r\netag: \"1\"\r\ncontent-length: 2\r\n\r\nv1"
+        ))]
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let paths = [
+        "/plain",
+        "/must-revalidate",
+        "/proxy-revalidate",
+        "/no-cache",
+        "/s-maxage",
+    ];
+    for path in paths {
+        assert_eq!(get(d.addr, path).await.body, "v1", "{path}");
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let r = get(d.addr, "/plain").await;
+    assert_eq!(
+        (r.status.as_u16(), r.x_cache(), r.body.as_ref()),
+        (200, "STALE", &b"v1"[..])
+    );
+    for path in &paths[1..] {
+        let r = lacquer_tests::request(d.addr, http::Method::GET, path, &[], Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("{path}: the client got no answer: {e}"));
+        assert_eq!((r.status.as_u16(), r.x_cache()), (502, "MISS"), "{path}");
+        assert_ne!(r.body, "v1", "{path}");
+    }
+    assert_eq!(d.stats().await["proxy"]["stale_on_error"], 1);
+}
