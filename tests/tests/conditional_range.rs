@@ -163,12 +163,84 @@ async fn ranges_and_conditionals_on_a_miss() {
     let whole = get(&d, "/b.ts", &[]).await;
     assert!(whole.body == body(), "the whole object was stored");
 
+    // An origin that ignores the client's If-None-Match sends the whole object: stored, and the client's
+    // conditional answered from it.
     let r = get(&d, "/c.ts", &[("if-none-match", "\"v1\"")]).await;
     assert_eq!((r.status.as_u16(), r.body.len()), (304, 0));
-    assert!(origin
-        .seen()
-        .iter()
-        .all(|s| !s.headers.contains_key("if-none-match")));
     assert_eq!(get(&d, "/c.ts", &[]).await.body.len(), LEN);
     assert_eq!(origin.total(), 3);
+}
+
+/// With nothing stored to validate with, a client's own `If-None-Match`/`If-Modified-Since` goes to the
+/// origin and its 304 answers that client; nothing is stored, the URL is not marked uncacheable, and a
+/// request coalesced on that fetch gets the whole object all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_conditional_goes_to_the_origin_when_nothing_is_stored() {
+    let origin = Origin::start(|s| {
+        let matched = s
+            .headers
+            .get("if-none-match")
+            .is_some_and(|v| v == "\"v1\"")
+            || s.headers
+                .get("if-modified-since")
+                .is_some_and(|v| v == "Sun, 06 Nov 1994 08:49:37 GMT");
+        let reply = if matched {
+            Reply::ok("").status(304)
+        } else {
+            Reply::ok("whole")
+        };
+        reply
+            .header("cache-control", "max-age=60")
+            .header("etag", "\"v1\"")
+            .header("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT")
+            .delay(std::time::Duration::from_millis(300))
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    for (path, condition) in [
+        ("/inm", ("if-none-match", "\"v1\"")),
+        (
+            "/ims",
+            ("if-modified-since", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        ),
+    ] {
+        let r = get(&d, path, &[condition]).await;
+        assert_eq!(
+            (r.status.as_u16(), r.x_cache(), r.body.len()),
+            (304, "MISS", 0),
+            "{path}"
+        );
+        let seen = origin.seen();
+        let sent = seen.iter().rfind(|s| s.path == path).unwrap();
+        assert_eq!(sent.headers[condition.0], condition.1, "{path}");
+    }
+    let stats = d.stats().await;
+    assert_eq!(stats["proxy"]["objects_stored"], 0);
+    assert_eq!(stats["proxy"]["uncacheable"], 0);
+
+    // A conditional request leads the fetch and an unconditional one joins it: the 304 is for the first
+    // alone, the second fetches the whole object for itself, which is stored.
+    let conditional = get(&d, "/both", &[("if-none-match", "\"v1\"")]);
+    let plain = async {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        get(&d, "/both", &[]).await
+    };
+    let (conditional, plain) = tokio::join!(conditional, plain);
+    assert_eq!(conditional.status, 304);
+    assert_eq!(
+        (plain.status.as_u16(), plain.body.as_ref()),
+        (200, &b"whole"[..])
+    );
+    assert_eq!(origin.count("/both"), 2);
+    let r = get(&d, "/both", &[("if-none-match", "\"v1\"")]).await;
+    assert_eq!((r.status.as_u16(), r.x_cache()), (304, "HIT"));
+    let r = get(&d, "/both", &[]).await;
+    assert_eq!((r.x_cache(), r.body.as_ref()), ("HIT", &b"whole"[..]));
+    assert_eq!(origin.count("/both"), 2);
+    let unconditional = origin
+        .seen()
+        .iter()
+        .filter(|s| s.path == "/both" && !s.headers.contains_key("if-none-match"))
+        .count();
+    assert_eq!(unconditional, 1);
 }

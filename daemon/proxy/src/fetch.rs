@@ -35,6 +35,9 @@ enum Ending {
     /// The origin confirmed the stored object (304); its headers and freshness were refreshed.
     Revalidated,
     NotStored,
+    /// The origin answered the client's own conditional with 304: an answer for that client alone, which
+    /// says nothing about whether the URL is cacheable.
+    NotModified,
     Failed,
     /// Every reader left while the body was not being stored: the origin read stopped.
     Cancelled,
@@ -98,6 +101,7 @@ pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, re
         }
         Ending::Failed => inc(&stats.backend_errors),
         Ending::NotStored => inc(&stats.uncacheable),
+        Ending::NotModified => {}
         Ending::Cancelled => inc(&stats.fetches_cancelled),
     }
     if registered {
@@ -251,8 +255,11 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fil
         Err(e) => return failed(worker, fetch, key, e),
     };
     let request_time = lacquer_clock::wall();
+    // With nothing stored to validate with, the client's own validators may go: a 304 is not shareable,
+    // so any request coalesced on this fill fetches again for itself rather than take it.
+    let client_validators = stale.is_none() && !request.background;
     let build = || {
-        let mut req = forward::fill_request(parts, *client);
+        let mut req = forward::fill_request(parts, *client, client_validators);
         if let Some(stale) = stale {
             let meta = stale.meta();
             for (validator, condition) in [
@@ -429,6 +436,8 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fil
         // A server error is a failure of the origin, not a sign that the URL is uncacheable: no hit-for-miss.
         return if head.status.is_server_error() {
             Ending::Failed
+        } else if head.status == StatusCode::NOT_MODIFIED {
+            Ending::NotModified
         } else {
             Ending::NotStored
         };

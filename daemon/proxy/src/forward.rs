@@ -32,14 +32,18 @@ pub fn prepare_headers(headers: &mut HeaderMap, client: IpAddr) {
     append(headers, header::VIA, VIA);
 }
 
-/// The request a cache fill sends: always a full, unconditional GET, so the object can be stored and the
-/// client's own conditionals or ranges are answered from it.
-pub fn fill_request(parts: &Parts, client: IpAddr) -> Request<body::Body> {
+/// The request a cache fill sends: always a full GET, so the object can be stored and the client's ranges
+/// are answered from it. The client's own `If-None-Match` and `If-Modified-Since` go with it only when
+/// `client_validators` (nothing stored to validate with: the origin's 304 then answers that client); the
+/// other conditionals, which would make the origin answer 412 or a part, never do.
+pub fn fill_request(parts: &Parts, client: IpAddr, client_validators: bool) -> Request<body::Body> {
     let mut headers = parts.headers.clone();
     prepare_headers(&mut headers, client);
+    if !client_validators {
+        headers.remove(header::IF_NONE_MATCH);
+        headers.remove(header::IF_MODIFIED_SINCE);
+    }
     for name in [
-        header::IF_NONE_MATCH,
-        header::IF_MODIFIED_SINCE,
         header::IF_MATCH,
         header::IF_UNMODIFIED_SINCE,
         header::IF_RANGE,
@@ -109,23 +113,40 @@ mod tests {
     }
 
     #[test]
-    fn fill_requests_are_unconditional_gets() {
+    fn fill_requests_are_whole_gets() {
         let (parts, _) = Request::builder()
             .method("HEAD")
             .uri("/a?b")
             .header("if-none-match", "\"x\"")
+            .header("if-modified-since", "Sun, 06 Nov 1994 08:49:37 GMT")
+            .header("if-match", "\"x\"")
+            .header("if-unmodified-since", "Sun, 06 Nov 1994 08:49:37 GMT")
+            .header("if-range", "\"x\"")
             .header("range", "bytes=0-1")
             .header("accept-encoding", "gzip")
             .body(())
             .unwrap()
             .into_parts();
-        let req = fill_request(&parts, "127.0.0.1".parse().unwrap());
-        assert_eq!(req.method(), Method::GET);
-        assert_eq!(req.uri(), "/a?b");
-        assert!(
-            !req.headers().contains_key("if-none-match") && !req.headers().contains_key("range")
-        );
-        assert_eq!(req.headers()["accept-encoding"], "gzip");
+        let never = ["if-match", "if-unmodified-since", "if-range", "range"];
+        for (client_validators, kept) in [
+            (false, &[][..]),
+            (true, &["if-none-match", "if-modified-since"][..]),
+        ] {
+            let req = fill_request(&parts, "127.0.0.1".parse().unwrap(), client_validators);
+            assert_eq!(req.method(), Method::GET);
+            assert_eq!(req.uri(), "/a?b");
+            assert_eq!(req.headers()["accept-encoding"], "gzip");
+            for name in ["if-none-match", "if-modified-since"] {
+                assert_eq!(
+                    req.headers().contains_key(name),
+                    kept.contains(&name),
+                    "{name} with client_validators={client_validators}"
+                );
+            }
+            for name in never {
+                assert!(!req.headers().contains_key(name), "{name}");
+            }
+        }
     }
 
     #[test]
