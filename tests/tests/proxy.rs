@@ -47,6 +47,53 @@ async fn second_request_is_a_hit_with_age() {
     assert_eq!(stats["proxy"]["misses"], 1);
 }
 
+/// A HEAD that misses, or finds a stale object, goes to the origin as a GET that fills the cache (a
+/// conditional GET when the stale object has validators), as Varnish does: the HEAD gets the headers, the
+/// next GET is a hit. The origin never sees a HEAD for a looked-up request, so no HEAD response ever
+/// updates a stored one (RFC 9111 §4.3.5 does not arise).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_head_that_misses_fills_with_a_get() {
+    let origin = Origin::start(|s| {
+        if s.headers.get("if-none-match").is_some_and(|v| v == "\"1\"") {
+            Reply::ok("")
+                .status(304)
+                .header("cache-control", "max-age=1")
+        } else {
+            Reply::ok("the body")
+                .header("cache-control", "max-age=1")
+                .header("etag", "\"1\"")
+        }
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let head = request(d.addr, Method::HEAD, "/h", &[], Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        (head.status.as_u16(), head.x_cache(), head.body.len()),
+        (200, "MISS", 0)
+    );
+    assert_eq!(head.header("content-length"), "8");
+    let r = get(d.addr, "/h").await;
+    assert_eq!((r.x_cache(), r.body.as_ref()), ("HIT", &b"the body"[..]));
+
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let head = request(d.addr, Method::HEAD, "/h", &[], Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!((head.status.as_u16(), head.body.len()), (200, 0));
+    assert_eq!(head.header("content-length"), "8");
+    let r = get(d.addr, "/h").await;
+    assert_eq!((r.x_cache(), r.body.as_ref()), ("HIT", &b"the body"[..]));
+
+    let seen = origin.seen();
+    let sent: Vec<_> = seen
+        .iter()
+        .map(|s| (s.method.as_str(), s.headers.contains_key("if-none-match")))
+        .collect();
+    assert_eq!(sent, [("GET", false), ("GET", true)]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn forwarding_headers() {
     let origin = Origin::start(|_| cacheable("x")).await;
