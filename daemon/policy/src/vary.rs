@@ -37,10 +37,17 @@ pub fn parse(headers: &HeaderMap) -> Vary {
     }
 }
 
+/// Fields whose values are case-insensitive throughout (language ranges, RFC 9110 §12.5.4, RFC 4647 §2), so
+/// `en, de` and `eN, De` select the same variant. The order of the members is kept: without q-values it is
+/// how clients say which they prefer.
+const CASELESS: [&str; 1] = ["accept-language"];
+
 /// The request's value for one varying header: all its lines joined, whitespace around commas normalised, so
-/// `gzip,br` and `gzip, br` select the same variant. An absent header is the empty string.
+/// `gzip,br` and `gzip, br` select the same variant; lower-cased for the [`CASELESS`] fields. An absent
+/// header is the empty string.
 fn request_value(req: &HeaderMap, name: &str) -> String {
     let mut out = String::new();
+    let caseless = CASELESS.contains(&name);
     for value in req.get_all(name) {
         for part in String::from_utf8_lossy(value.as_bytes()).split(',') {
             let part = part.trim();
@@ -50,7 +57,11 @@ fn request_value(req: &HeaderMap, name: &str) -> String {
             if !out.is_empty() {
                 out.push_str(", ");
             }
-            out.push_str(part);
+            if caseless {
+                out.push_str(&part.to_ascii_lowercase());
+            } else {
+                out.push_str(part);
+            }
         }
     }
     out
@@ -119,5 +130,44 @@ mod tests {
             &headers(&[("accept-encoding", "gzip, br, zstd"), ("x-lang", "de")])
         ));
         assert!(matches(&[], &headers(&[("x", "y")])));
+    }
+
+    #[test]
+    fn accept_language_is_caseless_but_ordered() {
+        let names = vec!["accept-language".to_string(), "x-tag".to_string()];
+        let sel = selection(
+            &names,
+            &headers(&[("accept-language", "en-US, de;q=0.5"), ("x-tag", "Ab")]),
+        );
+        assert_eq!(sel[0].1, "en-us, de;q=0.5");
+        let cases: &[(&[(&str, &str)], bool)] = &[
+            (
+                &[("accept-language", "en-US, de;q=0.5"), ("x-tag", "Ab")],
+                true,
+            ),
+            (
+                &[("accept-language", "EN-us,DE;Q=0.5"), ("x-tag", "Ab")],
+                true,
+            ),
+            (
+                &[
+                    ("accept-language", "en-us"),
+                    ("accept-language", "de;q=0.5"),
+                    ("x-tag", "Ab"),
+                ],
+                true,
+            ),
+            (
+                &[("accept-language", "de;q=0.5, en-US"), ("x-tag", "Ab")],
+                false,
+            ),
+            (
+                &[("accept-language", "en-US, de;q=0.5"), ("x-tag", "ab")],
+                false,
+            ),
+        ];
+        for (h, want) in cases {
+            assert_eq!(matches(&sel, &headers(h)), *want, "{h:?}");
+        }
     }
 }
