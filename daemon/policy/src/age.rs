@@ -53,7 +53,35 @@ pub fn parse_date(value: &str) -> Option<SystemTime> {
             }
         }
     }
-    httpdate::parse_http_date(&canonical).ok()
+    httpdate::parse_http_date(&canonical)
+        .ok()
+        .or_else(|| with_any_weekday(&canonical))
+}
+
+const WEEKDAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
+
+/// A date whose day name does not match its date (`Thu Aug  8 … 2050`, a Monday): the day name is
+/// redundant, so the date stands if one of the seven names, in the same short or long form, makes it
+/// valid; a word that is not a day name is still invalid.
+fn with_any_weekday(canonical: &str) -> Option<SystemTime> {
+    let end = canonical.find(|c: char| !c.is_ascii_alphabetic())?;
+    let (given, rest) = canonical.split_at(end);
+    let long = WEEKDAYS.contains(&given);
+    if !long && !WEEKDAYS.iter().any(|day| &day[..3] == given) {
+        return None;
+    }
+    WEEKDAYS.iter().find_map(|day| {
+        let name = if long { day } else { &day[..3] };
+        httpdate::parse_http_date(&format!("{name}{rest}")).ok()
+    })
 }
 
 /// RFC 9111 §4.2.3 `corrected_initial_age`, in whole seconds.
@@ -93,10 +121,19 @@ mod tests {
             "Thu, 18 AUG 2050 02:01:18 GMT",
             "Thu, 18 Aug 2050 02:01:18 gMT",
             "thursday, 18-aug-50 02:01:18 gmt",
+            // The day name is redundant: a wrong one is ignored.
+            "Mon, 18 Aug 2050 02:01:18 GMT",
+            "monday, 18-Aug-50 02:01:18 GMT",
+            "Sun Aug 18 02:01:18 2050",
         ];
         for v in valid {
             assert_eq!(parse_date(v), Some(t), "{v:?}");
         }
+        assert_eq!(
+            parse_date("Thu Aug  8 02:01:18 2050"),
+            httpdate::parse_http_date("Mon Aug  8 02:01:18 2050").ok(),
+            "the suite's asctime date, on a Monday"
+        );
         let invalid = [
             "Thu, 18 Aug 2050 02:01:18 UTC",
             "Thu, 18 Aug 2050 02:01:18 AEST",
@@ -107,6 +144,11 @@ mod tests {
             "Thu, 18 Aug 2050 02.01.18 GMT",
             "Thu, 18 Aug 2050 2:01:18 GMT",
             "Thü, 18 Aug 2050 02:01:18 GMT",
+            "Xyz, 18 Aug 2050 02:01:18 GMT",
+            "Mo, 18 Aug 2050 02:01:18 GMT",
+            "Mon, 18-Aug-50 02:01:18 GMT",
+            "Monday, 18 Aug 2050 02:01:18 GMT",
+            "Mon, 31 Feb 2050 02:01:18 GMT",
             "0",
             "",
         ];
