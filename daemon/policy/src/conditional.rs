@@ -32,8 +32,14 @@ fn opaque(tag: &str) -> &str {
 }
 
 /// Whether a GET or HEAD with these headers gets `304 Not Modified` for a representation with the given
-/// validators. `If-None-Match` decides when present; `If-Modified-Since` only otherwise.
-pub fn not_modified(req: &HeaderMap, etag: Option<&str>, last_modified: Option<&str>) -> bool {
+/// validators. `If-None-Match` decides when present; `If-Modified-Since` only otherwise, against
+/// `Last-Modified`, or the response's `Date` when it has none (RFC 9111 §4.3.2).
+pub fn not_modified(
+    req: &HeaderMap,
+    etag: Option<&str>,
+    last_modified: Option<&str>,
+    date: Option<&str>,
+) -> bool {
     let inm: Vec<&str> = req
         .get_all(header::IF_NONE_MATCH)
         .iter()
@@ -49,7 +55,7 @@ pub fn not_modified(req: &HeaderMap, etag: Option<&str>, last_modified: Option<&
         .get(header::IF_MODIFIED_SINCE)
         .and_then(|v| v.to_str().ok())
         .and_then(crate::age::parse_date);
-    let modified = last_modified.and_then(crate::age::parse_date);
+    let modified = last_modified.or(date).and_then(crate::age::parse_date);
     matches!((since, modified), (Some(since), Some(modified)) if modified <= since)
 }
 
@@ -124,15 +130,43 @@ mod tests {
         ];
         for (h, etag, want) in cases {
             assert_eq!(
-                not_modified(&headers(h), *etag, lm),
+                not_modified(&headers(h), *etag, lm, None),
                 *want,
                 "{h:?} etag {etag:?}"
             );
         }
-        assert!(!not_modified(
-            &headers(&[("if-modified-since", "Sun, 06 Nov 1994 09:49:37 GMT")]),
-            None,
-            None
-        ));
+    }
+
+    /// Without `Last-Modified`, `If-Modified-Since` is compared with the response's `Date`.
+    #[test]
+    fn if_modified_since_without_last_modified() {
+        let date = Some("Sun, 06 Nov 1994 08:49:37 GMT");
+        let cases: &[(&str, Option<&str>, Option<&str>, bool)] = &[
+            ("Sun, 06 Nov 1994 09:49:37 GMT", None, date, true),
+            ("Sun, 06 Nov 1994 08:49:37 GMT", None, date, true),
+            ("Sun, 06 Nov 1994 07:49:37 GMT", None, date, false),
+            ("Sun, 06 Nov 1994 09:49:37 GMT", None, None, false),
+            (
+                "Sun, 06 Nov 1994 09:49:37 GMT",
+                None,
+                Some("garbage"),
+                false,
+            ),
+            // Last-Modified, when there is one, is what counts.
+            (
+                "Sun, 06 Nov 1994 09:49:37 GMT",
+                Some("Sun, 06 Nov 1994 10:49:37 GMT"),
+                date,
+                false,
+            ),
+        ];
+        for (since, lm, date, want) in cases {
+            let req = headers(&[("if-modified-since", since)]);
+            assert_eq!(
+                not_modified(&req, None, *lm, *date),
+                *want,
+                "{since} lm {lm:?} date {date:?}"
+            );
+        }
     }
 }

@@ -144,7 +144,7 @@ mod hostile {
             storable::decide(true, StatusCode::OK, &h, &policy, now);
             request::classify(&Method::GET, &h, &policy);
             vary::selection(&["range".to_string()], &h);
-            conditional::not_modified(&h, Some(value), Some(value));
+            conditional::not_modified(&h, Some(value), None, Some(value));
             range::evaluate(&h, 1000, Some(value), Some(value));
             range::evaluate(&h, 0, None, None);
             headers::strip_hop_by_hop(&mut h);

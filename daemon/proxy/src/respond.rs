@@ -308,7 +308,13 @@ fn shape(req: &Parts, headers: &mut HeaderMap, len: u64) -> Shape {
     };
     let etag = text(headers, header::ETAG);
     let last_modified = text(headers, header::LAST_MODIFIED);
-    if conditional::not_modified(&req.headers, etag.as_deref(), last_modified.as_deref()) {
+    let date = text(headers, header::DATE);
+    if conditional::not_modified(
+        &req.headers,
+        etag.as_deref(),
+        last_modified.as_deref(),
+        date.as_deref(),
+    ) {
         let keep: Vec<HeaderName> = conditional::NOT_MODIFIED_HEADERS
             .iter()
             .cloned()
