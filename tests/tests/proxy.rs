@@ -144,14 +144,19 @@ async fn uncacheable_responses_and_requests_pass() {
             "{path} must reach the origin every time"
         );
     }
-    for (name, value) in [("cookie", "a=b"), ("authorization", "Bearer t")] {
+    // A request with Cookie passes; one with Authorization is a miss of its own, whose response is not
+    // stored unless it says it may be shared (below).
+    for (name, value, x_cache, status) in [
+        ("cookie", "a=b", "PASS", "lacquer; fwd=bypass"),
+        ("authorization", "Bearer t", "MISS", "lacquer; fwd=miss"),
+    ] {
         let path = format!("/req-{name}");
         for _ in 0..2 {
             let r = request(d.addr, Method::GET, &path, &[(name, value)], Bytes::new())
                 .await
                 .unwrap();
-            assert_eq!(r.x_cache(), "PASS");
-            assert_eq!(r.header("cache-status"), "lacquer; fwd=bypass");
+            assert_eq!(r.x_cache(), x_cache);
+            assert_eq!(r.header("cache-status"), status);
         }
         assert_eq!(origin.count(&path), 2);
         assert_eq!(
@@ -164,6 +169,60 @@ async fn uncacheable_responses_and_requests_pass() {
             0
         );
     }
+}
+
+/// RFC 9111 §3.5: a response to a request with `Authorization` is stored when it says it may be shared
+/// (`public`, `s-maxage`, `must-revalidate`) and then answers requests without it; a request with
+/// `Authorization` is never answered from the cache (`cache_authorized = false`) nor coalesced.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shareable_answer_to_an_authorized_request_is_stored_for_others() {
+    let origin = Origin::start(|s| {
+        let cache_control = match s.path.as_str() {
+            "/public" => "max-age=60, public",
+            "/s-maxage" => "s-maxage=60",
+            "/must-revalidate" => "max-age=60, must-revalidate",
+            _ => "max-age=60",
+        };
+        let who = s
+            .headers
+            .get("authorization")
+            .map_or("anonymous", |v| v.to_str().unwrap());
+        Reply::ok(format!("{} for {who}", s.path)).header("cache-control", cache_control)
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let auth = [("authorization", "Bearer t")];
+    for path in ["/public", "/s-maxage", "/must-revalidate", "/plain"] {
+        let r = request(d.addr, Method::GET, path, &auth, Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.x_cache(), r.body.clone()),
+            ("MISS", Bytes::from(format!("{path} for Bearer t"))),
+            "{path}"
+        );
+    }
+    for path in ["/public", "/s-maxage", "/must-revalidate"] {
+        let r = get(d.addr, path).await;
+        assert_eq!(
+            (r.x_cache(), r.body.clone()),
+            ("HIT", Bytes::from(format!("{path} for Bearer t"))),
+            "{path}"
+        );
+        assert_eq!(origin.count(path), 1, "{path}");
+    }
+    let r = get(d.addr, "/plain").await;
+    assert_eq!(
+        (r.x_cache(), r.body.clone()),
+        ("MISS", Bytes::from("/plain for anonymous"))
+    );
+    // Stored, yet a request with Authorization still goes to the origin.
+    let r = request(d.addr, Method::GET, "/public", &auth, Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(r.x_cache(), "MISS");
+    assert_eq!(origin.count("/public"), 2);
+    assert_eq!(d.stats().await["proxy"]["coalesced_waiters"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]

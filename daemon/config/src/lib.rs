@@ -220,7 +220,9 @@ pub struct Cache {
     /// Cap on heuristic freshness. Default: 1 day.
     #[serde(with = "humantime_serde")]
     pub heuristic_max: Duration,
-    /// Look up and store requests carrying `Authorization`. Default: false (pass).
+    /// Look up requests carrying `Authorization`. Default: false: a GET with it always goes to the origin,
+    /// and its response is stored for other requests only when `public`, `s-maxage` or `must-revalidate`
+    /// allow it (RFC 9111 §3.5).
     pub cache_authorized: bool,
     /// Look up and store requests carrying `Cookie`. Default: false (pass).
     pub cache_cookie_requests: bool,

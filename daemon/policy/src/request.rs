@@ -9,6 +9,9 @@ use super::{cache_control::CacheControl, Policy};
 pub enum RequestClass {
     /// GET or HEAD that may be answered from the cache.
     Lookup,
+    /// A GET never answered from the cache nor coalesced with others: fetched for itself, and its response
+    /// stored when it may be (a request with `Authorization`, RFC 9111 §3.5: for later requests).
+    Miss(&'static str),
     /// Forwarded untouched; never stored.
     Pass(&'static str),
     /// An unsafe method, or one whose safety is unknown: forwarded untouched; on success the URL's stored
@@ -17,8 +20,9 @@ pub enum RequestClass {
 }
 
 /// Classifies a request: unsafe methods invalidate; `OPTIONS`, `TRACE`, `CONNECT`, and `GET`/`HEAD` with
-/// `Authorization`, `Cookie` (unless `[cache]` allows them) or `Cache-Control: no-store` pass; the rest
-/// are looked up.
+/// `Cookie` (unless `[cache]` allows it) or `Cache-Control: no-store` pass; a GET with `Authorization`
+/// (unless `[cache]` allows it) is a miss whose response may be stored for others, a HEAD with it passes;
+/// the rest are looked up.
 pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> RequestClass {
     match *method {
         Method::GET | Method::HEAD => {}
@@ -27,14 +31,20 @@ pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> Reques
         // Unsafe methods, and methods whose safety is unknown, invalidate (RFC 9111 §4.4).
         _ => return RequestClass::Invalidate,
     }
-    if headers.contains_key(header::AUTHORIZATION) && !policy.cache.cache_authorized {
-        return RequestClass::Pass("authorization");
-    }
     if headers.contains_key(header::COOKIE) && !policy.cache.cache_cookie_requests {
         return RequestClass::Pass("cookie");
     }
     if CacheControl::from_headers(headers).no_store {
         return RequestClass::Pass("request no-store");
+    }
+    if headers.contains_key(header::AUTHORIZATION) && !policy.cache.cache_authorized {
+        // The answer may be meant for this client alone, so nothing stored answers it; but what the
+        // origin marks as shareable (`public`, `s-maxage`, `must-revalidate`) is stored for the others.
+        return if *method == Method::GET {
+            RequestClass::Miss("authorization")
+        } else {
+            RequestClass::Pass("authorization")
+        };
     }
     RequestClass::Lookup
 }
@@ -111,7 +121,25 @@ mod tests {
                 &p,
                 "GET",
                 &[("authorization", "Bearer x")],
+                RequestClass::Miss("authorization"),
+            ),
+            (
+                &p,
+                "HEAD",
+                &[("authorization", "Bearer x")],
                 RequestClass::Pass("authorization"),
+            ),
+            (
+                &p,
+                "GET",
+                &[("authorization", "Bearer x"), ("cookie", "a=b")],
+                RequestClass::Pass("cookie"),
+            ),
+            (
+                &p,
+                "GET",
+                &[("authorization", "Bearer x"), ("cache-control", "no-store")],
+                RequestClass::Pass("request no-store"),
             ),
             (
                 &p,

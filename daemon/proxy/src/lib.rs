@@ -140,11 +140,17 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
         parts.headers.remove(header::COOKIE);
     }
     let class = match classify(&parts.method, &parts.headers, &route.policy) {
-        RequestClass::Lookup if route.pass => RequestClass::Pass("route"),
+        RequestClass::Lookup | RequestClass::Miss(_) if route.pass => RequestClass::Pass("route"),
         class => class,
     };
     let resp = match class {
         RequestClass::Lookup => lookup(&worker, client, &route, parts).await,
+        RequestClass::Miss(_) => {
+            let key = primary_key(&parts);
+            let parts = Arc::new(parts);
+            let alone = miss(&worker, client, &route, &key, &parts, Joining::Never, None).await;
+            alone.expect("a fetch of its own never waits for another variant")
+        }
         RequestClass::Pass(_) | RequestClass::Invalidate => {
             let unsafe_method = class == RequestClass::Invalidate;
             match limited(body, &parts, max_request_body) {
@@ -254,7 +260,12 @@ async fn lookup<S: CacheStore>(
                 Usability::OnError | Usability::Unusable => stale = Some(found),
             }
         }
-        match miss(worker, client, route, &key, &parts, may_wait, stale).await {
+        let joining = if may_wait {
+            Joining::MayWait
+        } else {
+            Joining::NoWait
+        };
+        match miss(worker, client, route, &key, &parts, joining, stale).await {
             Some(resp) => return resp,
             // Another variant's fetch has settled: look up again, this time without waiting for anyone.
             None => may_wait = false,
@@ -376,18 +387,30 @@ fn record_hit(stats: &Stats, tier: Tier) {
     });
 }
 
+/// How a miss may share a fetch with other requests for the key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Joining {
+    /// Join the fetch in flight, and wait for it to settle when it turns out to be another variant's.
+    MayWait,
+    /// Join the fetch in flight, but fetch alone when it is another variant's.
+    NoWait,
+    /// Always fetch alone (the request must not take another's answer, nor give its own).
+    Never,
+}
+
 /// Answers a request the store could not, from a fetch: a new one, or one in flight for the same key.
 /// `None` when the fetch in flight is for another variant and has now settled, so the caller should look up
-/// again (with `may_wait` false it fetches alone instead).
+/// again (with [`Joining::NoWait`] it fetches alone instead).
 async fn miss<S: CacheStore>(
     worker: &Arc<Worker<S>>,
     client: IpAddr,
     route: &Arc<Route>,
     key: &str,
     parts: &Arc<Parts>,
-    may_wait: bool,
+    joining: Joining,
     stale: Option<Found>,
 ) -> Option<Response<Body>> {
+    let may_wait = joining == Joining::MayWait;
     let shared = &worker.shared;
     let transit_buffer = route.policy.cache.transit_buffer.as_u64();
     let stand_in = stale.as_ref().is_some_and(|found| {
@@ -413,9 +436,12 @@ async fn miss<S: CacheStore>(
         (fetch, reader)
     };
     let now = shared.store.mark();
-    let ((fetch, mut reader), mut owner) = match shared.coalescer.join(key, now, transit_buffer) {
-        Joined::Leader(fetch) => (start(Some(fetch)), true),
-        Joined::Waiter(fetch) => {
+    let joined =
+        (joining != Joining::Never).then(|| shared.coalescer.join(key, now, transit_buffer));
+    let ((fetch, mut reader), mut owner) = match joined {
+        None => (start(None), true),
+        Some(Joined::Leader(fetch)) => (start(Some(fetch)), true),
+        Some(Joined::Waiter(fetch)) => {
             let reader = fetch.reader();
             if reader.cancelled() {
                 // Its readers all left just before this one came: it is no longer fetching.
@@ -424,7 +450,7 @@ async fn miss<S: CacheStore>(
                 ((fetch, reader), false)
             }
         }
-        Joined::HitForMiss => {
+        Some(Joined::HitForMiss) => {
             inc(&shared.stats.hit_for_miss);
             (start(None), true)
         }
