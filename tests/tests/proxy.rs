@@ -225,6 +225,41 @@ async fn a_shareable_answer_to_an_authorized_request_is_stored_for_others() {
     assert_eq!(d.stats().await["proxy"]["coalesced_waiters"], 0);
 }
 
+/// Interim responses (103 Early Hints, 102) from the origin are counted and never stored: neither the
+/// final response nor the stored one carries their fields. (They cannot be forwarded: hyper's server
+/// cannot send a 1xx, hyper#3815.)
+#[tokio::test(flavor = "multi_thread")]
+async fn interim_responses_are_counted_and_never_stored() {
+    let origin = lacquer_tests::Origin::raw(|_| {
+        vec![lacquer_tests::Raw::write(
+            "HTTP/1.1 102 Processing\r\n\r\n\
+             HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\nx-hint: 1\r\n\r\n\
+             HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 5\r\n\r\nfinal",
+        )]
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let first = get(d.addr, "/early").await;
+    let second = get(d.addr, "/early").await;
+    for (r, x_cache) in [(&first, "MISS"), (&second, "HIT")] {
+        assert_eq!(
+            (r.status.as_u16(), r.x_cache(), r.body.as_ref()),
+            (200, x_cache, &b"final"[..])
+        );
+        assert!(
+            !r.headers.contains_key("link") && !r.headers.contains_key("x-hint"),
+            "{:?}",
+            r.headers
+        );
+    }
+    assert_eq!(origin.total(), 1);
+    let pass = request(d.addr, Method::POST, "/early", &[], Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(pass.status, 200);
+    assert_eq!(d.stats().await["proxy"]["interim_responses"], 4);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn successful_unsafe_methods_invalidate() {
     let origin = Origin::start(|s| match s.method.as_str() {

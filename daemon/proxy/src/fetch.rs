@@ -260,6 +260,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fil
     let client_validators = stale.is_none() && !request.background;
     let build = || {
         let mut req = forward::fill_request(parts, *client, client_validators);
+        forward::count_interim(&mut req, &shared.stats);
         if let Some(stale) = stale {
             let meta = stale.meta();
             for (validator, condition) in [

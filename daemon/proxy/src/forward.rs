@@ -1,11 +1,13 @@
 //! Preparing requests for the backend and deciding what an unsafe method invalidates.
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request};
 
 use lacquer_backends::body;
 use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
+
+use crate::stats::{inc, Stats};
 
 /// What this proxy adds to `Via` on requests and responses.
 pub const VIA: &str = "1.1 lacquer";
@@ -58,6 +60,13 @@ pub fn fill_request(parts: &Parts, client: IpAddr, client_validators: bool) -> R
     *req.uri_mut() = parts.uri.clone();
     *req.headers_mut() = headers;
     req
+}
+
+/// Counts the interim (1xx) responses the backend sends before its final answer to `req`. hyper's client
+/// reads past them (HTTP/1 only); its server cannot send them on (hyper#3815, #4114), so they stop here.
+pub fn count_interim<B>(req: &mut Request<B>, stats: &Arc<Stats>) {
+    let stats = stats.clone();
+    hyper::ext::on_informational(req, move |_| inc(&stats.interim_responses));
 }
 
 /// Keys an unsafe request invalidates on success (RFC 9111 §4.4): its own URL, and `Location` and

@@ -546,10 +546,9 @@ async fn pass<S: CacheStore>(
     let sent = match route.pick(&primary_key(&parts)) {
         Ok(backend) => {
             inc(&shared.stats.backend_requests);
-            worker
-                .pool(backend)
-                .send(Request::from_parts(parts, body))
-                .await
+            let mut req = Request::from_parts(parts, body);
+            forward::count_interim(&mut req, &shared.stats);
+            worker.pool(backend).send(req).await
         }
         Err(e) => Err(e),
     };

@@ -43,6 +43,7 @@ counters! {
     uncacheable,
     backend_requests,
     backend_errors,
+    interim_responses,
     fetches_in_flight,
     fetches_cancelled,
     background_fills,

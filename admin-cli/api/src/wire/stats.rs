@@ -105,6 +105,9 @@ stats_section! {
         backend_requests: Counter "lacquer_backend_requests_total",
         /// Backend requests that failed: refused, reset, timed out, or cut short.
         backend_errors: Counter "lacquer_backend_errors_total",
+        /// Interim (1xx) responses backends sent before their final one (103 Early Hints, 102): counted,
+        /// never stored, and not forwarded (hyper's server cannot send them).
+        interim_responses: Counter "lacquer_backend_interim_responses_total",
         /// Backend fetches in flight.
         fetches_in_flight: Gauge "lacquer_backend_fetches_in_flight",
         /// Backend fetches stopped because every client reading them had gone (closed, or reset its HTTP/2
