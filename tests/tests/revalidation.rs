@@ -77,6 +77,55 @@ async fn a_304_refreshes_headers_and_freshness_without_the_body() {
     assert_eq!(d.stats().await["proxy"]["revalidations"], 1);
 }
 
+/// A 304 whose headers leave the object without freshness (here `max-age=0`; in cache-tests'
+/// conditional-etag-vary-headers an `Expires` before the 304's `Date`): the object is dropped, but only
+/// once the clients waiting on the revalidation have read the confirmed body from the store.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_304_that_leaves_the_object_stale_still_delivers_the_body() {
+    let body = lacquer_tests::pattern(600_000);
+    let served = body.clone();
+    let origin = Origin::start(move |s| {
+        if s.headers.contains_key("if-none-match") {
+            let mut reply = Reply::ok("")
+                .status(304)
+                .header("cache-control", "max-age=0");
+            reply.headers.retain(|(n, _)| n != "content-length");
+            reply.header("etag", "\"v1\"")
+        } else {
+            Reply::ok(served.clone())
+                .header("cache-control", "max-age=1")
+                .header("etag", "\"v1\"")
+        }
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    assert_eq!(get(d.addr, "/x").await.body.len(), body.len());
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    for n in 2..=3 {
+        let r = lacquer_tests::request(d.addr, http::Method::GET, "/x", &[], Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("request {n}: {e}"));
+        assert_eq!(r.status, 200, "request {n}");
+        assert!(r.body == body, "request {n}: the whole body");
+        if n == 2 {
+            d.wait_for_stats("dropped once read", |s| s["store"]["objects"] == 0)
+                .await;
+        }
+    }
+    let conditional: Vec<bool> = origin
+        .seen()
+        .iter()
+        .map(|s| s.headers.contains_key("if-none-match"))
+        .collect();
+    assert_eq!(
+        conditional,
+        [false, true, false],
+        "revalidated, then dropped once read"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn no_cache_objects_are_revalidated_on_every_request() {
     let (origin, bodies) = origin("no-cache", "no-cache").await;

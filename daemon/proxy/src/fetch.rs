@@ -123,7 +123,7 @@ const KEEP_ON_UPDATE: [HeaderName; 4] = [
 /// recomputed, and the readers get the stored body, which the origin did not send again.
 async fn revalidated<S: CacheStore>(
     worker: &Worker<S>,
-    fetch: &Fetch<S>,
+    fetch: &Arc<Fetch<S>>,
     request: &Fill,
     stale: &Found,
     update: HeaderMap,
@@ -183,7 +183,18 @@ async fn revalidated<S: CacheStore>(
             );
             store.refresh(key, meta).map(drop)
         }
-        Decision::DontStore(_) => store.remove_generation(key, old.generation),
+        Decision::DontStore(_) => {
+            // The readers are reading the confirmed body from the store: it goes once they are done.
+            let (fetch, store, key) = (fetch.clone(), store.clone(), key.to_owned());
+            let generation = old.generation;
+            tokio::spawn(async move {
+                fetch.deserted().await;
+                if let Err(e) = store.remove_generation(&key, generation) {
+                    tracing::warn!(key, error = %e, "dropping a revalidated object failed");
+                }
+            });
+            Ok(())
+        }
     };
     if let Err(e) = result {
         tracing::warn!(key, error = %e, "updating a revalidated object failed");
@@ -238,7 +249,7 @@ fn failed<S: CacheStore>(
     Ending::Failed
 }
 
-async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fill) -> Ending {
+async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request: &Fill) -> Ending {
     let Fill {
         key,
         parts,
