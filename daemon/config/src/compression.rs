@@ -108,8 +108,9 @@ impl Compression {
     /// Checks on the values alone; `key` is where the section is (`compression`).
     pub fn check(&self, key: &str) -> Result<(), crate::ConfigError> {
         let bad = |field: &str, why: &str| Err(crate::ConfigError(format!("{key}.{field}: {why}")));
-        if self.enabled && self.codings.is_empty() {
-            return bad("codings", "at least one coding is required while enabled");
+        // Even while off: a route may turn it on.
+        if self.codings.is_empty() {
+            return bad("codings", "at least one coding is required");
         }
         for (n, coding) in self.codings.iter().enumerate() {
             if self.codings[..n].contains(coding) {
