@@ -18,7 +18,7 @@ use compression_codecs::{
 };
 pub use lacquer_config::Coding;
 
-/// Largest piece of output one call to `next` returns.
+/// Largest piece of output one call to `piece` returns.
 pub const PIECE: usize = 64 * 1024;
 
 /// The zstd window HTTP allows (RFC 9659 §3: 8 MiB), as a power of two.
@@ -98,21 +98,21 @@ impl Encoder {
         self.coding
     }
 
-    /// Queues `data`; take the output with [`Encoder::next`] until it returns `None` before feeding more.
+    /// Queues `data`; take the output with [`Encoder::piece`] until it returns `None` before feeding more.
     pub fn feed(&mut self, data: Bytes) {
-        debug_assert!(self.input.is_empty(), "feed after next returned None");
+        debug_assert!(self.input.is_empty(), "feed after piece returned None");
         self.consumed += data.len() as u64;
         self.input = data;
     }
 
-    /// Marks the end of the input: `next` then returns what the codec still holds, and the trailer.
+    /// Marks the end of the input: `piece` then returns what the codec still holds, and the trailer.
     pub fn end(&mut self) {
         self.ending = true;
     }
 
     /// The next piece of output, `None` when everything fed so far has been consumed (or, after
     /// [`Encoder::end`], when the stream is complete).
-    pub fn next(&mut self) -> Result<Option<Bytes>, CodecError> {
+    pub fn piece(&mut self) -> Result<Option<Bytes>, CodecError> {
         let mut out = vec![0u8; PIECE];
         let mut buf = WriteBuffer::new_initialized(&mut out);
         let coding = self.coding.token();
@@ -200,22 +200,22 @@ impl Decoder {
         self.coding
     }
 
-    /// Queues `data`; take the output with [`Decoder::next`] until it returns `None` before feeding more.
+    /// Queues `data`; take the output with [`Decoder::piece`] until it returns `None` before feeding more.
     pub fn feed(&mut self, data: Bytes) {
-        debug_assert!(self.input.is_empty(), "feed after next returned None");
+        debug_assert!(self.input.is_empty(), "feed after piece returned None");
         self.flushed = data.is_empty();
         self.fed += data.len() as u64;
         self.input = data;
     }
 
-    /// Marks the end of the input: `next` then checks that the coded stream ended too.
+    /// Marks the end of the input: `piece` then checks that the coded stream ended too.
     pub fn end(&mut self) {
         self.ending = true;
     }
 
     /// The next piece of output, `None` when everything fed so far has been decoded (or, after
     /// [`Decoder::end`], when the stream has been checked complete).
-    pub fn next(&mut self) -> Result<Option<Bytes>, CodecError> {
+    pub fn piece(&mut self) -> Result<Option<Bytes>, CodecError> {
         let coding = self.coding.token();
         let corrupt = |source| CodecError::Corrupt { coding, source };
         let left = self.limit - self.produced;

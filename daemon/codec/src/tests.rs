@@ -34,13 +34,13 @@ fn encode(coding: Coding, data: &[u8], piece: usize) -> Vec<u8> {
     let mut out = Vec::new();
     for part in data.chunks(piece.max(1)) {
         e.feed(Bytes::copy_from_slice(part));
-        while let Some(b) = e.next().unwrap() {
+        while let Some(b) = e.piece().unwrap() {
             assert!(b.len() <= PIECE);
             out.extend_from_slice(&b);
         }
     }
     e.end();
-    while let Some(b) = e.next().unwrap() {
+    while let Some(b) = e.piece().unwrap() {
         out.extend_from_slice(&b);
     }
     assert_eq!(e.consumed(), data.len() as u64);
@@ -53,13 +53,13 @@ fn decode(coding: Coding, data: &[u8], piece: usize, limit: u64) -> Result<Vec<u
     let mut out = Vec::new();
     for part in data.chunks(piece.max(1)) {
         d.feed(Bytes::copy_from_slice(part));
-        while let Some(b) = d.next()? {
+        while let Some(b) = d.piece()? {
             assert!(b.len() <= PIECE);
             out.extend_from_slice(&b);
         }
     }
     d.end();
-    while let Some(b) = d.next()? {
+    while let Some(b) = d.piece()? {
         out.extend_from_slice(&b);
     }
     assert_eq!(d.produced(), out.len() as u64);
@@ -93,7 +93,7 @@ fn round_trips_in_every_coding() {
 #[test]
 fn gzip_from_other_encoders_and_concatenated_members() {
     let data = text(100_000);
-    let mut member = |part: &[u8]| {
+    let member = |part: &[u8]| {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         e.write_all(part).unwrap();
         e.finish().unwrap()
@@ -178,7 +178,7 @@ fn a_bomb_is_cut_off_at_the_limit() {
         'feed: for part in coded.chunks(16 * 1024) {
             d.feed(Bytes::copy_from_slice(part));
             loop {
-                match d.next() {
+                match d.piece() {
                     Ok(Some(b)) => out += b.len() as u64,
                     Ok(None) => break,
                     Err(e) => {
