@@ -63,7 +63,10 @@ pub struct Encoder {
     input: Bytes,
     ending: bool,
     done: bool,
+    /// A flush was asked for and is not complete.
+    flushing: bool,
     consumed: u64,
+    consumed_at_output: u64,
     produced: u64,
 }
 
@@ -88,7 +91,9 @@ impl Encoder {
             input: Bytes::new(),
             ending: false,
             done: false,
+            flushing: false,
             consumed: 0,
+            consumed_at_output: 0,
             produced: 0,
         }
     }
@@ -103,6 +108,12 @@ impl Encoder {
         debug_assert!(self.input.is_empty(), "feed after piece returned None");
         self.consumed += data.len() as u64;
         self.input = data;
+    }
+
+    /// Asks for everything fed so far to come out of `piece` (at some cost in ratio), so that a reader is
+    /// not kept waiting while the codec gathers a block.
+    pub fn flush(&mut self) {
+        self.flushing = true;
     }
 
     /// Marks the end of the input: `piece` then returns what the codec still holds, and the trailer.
@@ -128,6 +139,10 @@ impl Encoder {
             } else if self.ending && !self.done {
                 self.done = self.codec.finish(&mut buf).map_err(fail)?;
                 self.done
+            } else if self.flushing {
+                // Done once everything taken so far is out.
+                self.flushing = !self.codec.flush(&mut buf).map_err(fail)?;
+                true
             } else {
                 break;
             };
@@ -137,6 +152,9 @@ impl Encoder {
         }
         let n = buf.written_len();
         self.produced += n as u64;
+        if n > 0 {
+            self.consumed_at_output = self.consumed;
+        }
         Ok((n > 0).then(|| {
             out.truncate(n);
             Bytes::from(out)
@@ -151,6 +169,11 @@ impl Encoder {
     /// Bytes produced so far.
     pub fn produced(&self) -> u64 {
         self.produced
+    }
+
+    /// How many bytes had been fed when output last came out.
+    pub fn consumed_at_output(&self) -> u64 {
+        self.consumed_at_output
     }
 }
 

@@ -91,6 +91,41 @@ fn round_trips_in_every_coding() {
 }
 
 #[test]
+fn a_flush_gives_out_everything_fed_so_far() {
+    for coding in ALL {
+        let data = text(300_000);
+        let mut e = Encoder::new(coding, 5);
+        let mut out = Vec::new();
+        e.feed(Bytes::copy_from_slice(&data[..100_000]));
+        while let Some(b) = e.piece().unwrap() {
+            out.extend_from_slice(&b);
+        }
+        e.flush();
+        while let Some(b) = e.piece().unwrap() {
+            out.extend_from_slice(&b);
+        }
+        // What came out so far decodes to all that went in.
+        let mut d = Decoder::new(coding, u64::MAX);
+        d.feed(Bytes::from(out.clone()));
+        let mut back = Vec::new();
+        while let Some(b) = d.piece().unwrap() {
+            back.extend_from_slice(&b);
+        }
+        assert!(
+            back == data[..100_000],
+            "{coding:?}: {} of 100000",
+            back.len()
+        );
+        e.feed(Bytes::copy_from_slice(&data[100_000..]));
+        e.end();
+        while let Some(b) = e.piece().unwrap() {
+            out.extend_from_slice(&b);
+        }
+        assert_eq!(decode(coding, &out, 4096, u64::MAX).unwrap(), data);
+    }
+}
+
+#[test]
 fn gzip_from_other_encoders_and_concatenated_members() {
     let data = text(100_000);
     let member = |part: &[u8]| {

@@ -246,11 +246,21 @@ pub enum FillCoding {
     /// Compressed as it streams (the response was stored uncompressed in a listed type).
     Compress(Encoder),
     /// The origin's compressed body, checked as it streams so that a truncated or corrupt one is never
-    /// stored or delivered as complete; its decoded length is counted for identity clients.
-    Check(Decoder),
+    /// stored or delivered as complete; its decoded length is counted for identity clients. Each frame is
+    /// held until the next arrives (the last until the check is done): with a `Content-Length`, a client
+    /// given every byte would take the body for complete whatever came after.
+    Check {
+        /// The decoder that checks.
+        decoder: Decoder,
+        /// The frame held back.
+        held: Option<Bytes>,
+    },
     /// A compressed body that expanded past the limit: sent on as it is, not stored, not checked further.
     Unchecked,
 }
+
+/// Input compressed without any output before the compressor is made to flush.
+const FLUSH_AFTER: u64 = 256 * 1024;
 
 /// What one origin frame became.
 pub enum Pushed {
@@ -299,7 +309,10 @@ impl FillCoding {
             // decode it themselves (or through a decoder that checks it on the way out).
             Coded::With(coding) if storing => {
                 vary_on_accept_encoding(headers);
-                FillCoding::Check(Decoder::new(coding, limit))
+                FillCoding::Check {
+                    decoder: Decoder::new(coding, limit),
+                    held: None,
+                }
             }
             Coded::With(_) | Coded::Other => {
                 vary_on_accept_encoding(headers);
@@ -319,17 +332,28 @@ impl FillCoding {
                 while let Some(piece) = encoder.piece()? {
                     pieces.push(piece);
                 }
+                // Readers of a slow origin get compressed bytes at least every FLUSH_AFTER of input, not
+                // only when the codec has gathered a block (brotli's can be megabytes).
+                if encoder.consumed() - encoder.consumed_at_output() >= FLUSH_AFTER {
+                    encoder.flush();
+                    while let Some(piece) = encoder.piece()? {
+                        pieces.push(piece);
+                    }
+                }
                 Ok(Pushed::Pieces(pieces))
             }
-            FillCoding::Check(decoder) => {
+            FillCoding::Check { decoder, held } => {
                 decoder.feed(data.clone());
+                let released: Vec<Bytes> = held.replace(data).into_iter().collect();
                 loop {
                     match decoder.piece() {
                         Ok(Some(_)) => {}
-                        Ok(None) => return Ok(Pushed::Pieces(vec![data])),
+                        Ok(None) => return Ok(Pushed::Pieces(released)),
                         Err(CodecError::TooLarge { .. }) => {
+                            let mut all = released;
+                            all.extend(held.take());
                             *self = FillCoding::Unchecked;
-                            return Ok(Pushed::OverLimit(vec![data]));
+                            return Ok(Pushed::OverLimit(all));
                         }
                         Err(e) => return Err(e),
                     }
@@ -350,9 +374,10 @@ impl FillCoding {
                     pieces.push(piece);
                 }
             }
-            FillCoding::Check(decoder) => {
+            FillCoding::Check { decoder, held } => {
                 decoder.end();
                 while decoder.piece()?.is_some() {}
+                pieces.extend(held.take());
             }
         }
         Ok(pieces)
@@ -366,7 +391,7 @@ impl FillCoding {
                 add(&stats.compress_out, encoder.produced());
                 encoder.consumed()
             }
-            FillCoding::Check(decoder) => decoder.produced(),
+            FillCoding::Check { decoder, .. } => decoder.produced(),
             FillCoding::AsSent | FillCoding::Unchecked => return,
         };
         headers.insert(IDENTITY_LENGTH, HeaderValue::from(identity));
