@@ -137,6 +137,7 @@ impl Router {
     /// The routes and directors of `config`, over `backends` (made from its `[[backend]]`s, in order);
     /// the error names the setting that cannot be built.
     pub fn new(config: &Config, backends: &BackendSet) -> Result<Self, ConfigError> {
+        config.compression.check("compression")?;
         let backend_index = |name: &str| backends.iter().position(|b| b.name() == name);
         let names = config
             .backend

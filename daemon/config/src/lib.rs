@@ -445,7 +445,6 @@ impl Config {
         if !(0.0..=1.0).contains(&self.access_log.sample) {
             return bad("access_log.sample", "must be between 0 and 1".into());
         }
-        self.compression.check("compression")?;
         if !(0.0..=1.0).contains(&self.cache.heuristic_fraction) {
             return bad("cache.heuristic_fraction", "must be between 0 and 1".into());
         }
