@@ -286,6 +286,18 @@ stats_section! {
 /// its label value counts).
 pub const FAMILY_HELP: &[(&str, &str)] = &[
     (
+        "lacquer_compression_bytes_total",
+        "Body bytes compressed when stored, before and after compression.",
+    ),
+    (
+        "lacquer_coding_conversions_total",
+        "Responses decompressed on the way out, by the stored coding.",
+    ),
+    (
+        "lacquer_coded_body_errors_total",
+        "Compressed bodies that did not decode or expanded past max_object_size, by reason.",
+    ),
+    (
         "lacquer_cache_requests_total",
         "Client requests by cache result: hit, miss or pass.",
     ),
