@@ -123,6 +123,11 @@ mod tests {
             ("[[listen]]\naddress = \"127.0.0.1:0\"\ntls = [{ cert = \"/nonexistent.pem\", key = \"/nonexistent.key\" }]\n",
                 "listen[0].tls: "),
             ("[[route]]\npath_regex = \"(\"\n", "route[0].path_regex: regex parse error"),
+            ("[compression]\nbrotli_level = 12\n", "compression.brotli_level: must be between 0 and 11"),
+            ("[compression]\ngzip_level = 0\n", "compression.gzip_level: "),
+            ("[compression]\ncodings = []\n", "compression.codings: at least one"),
+            ("[compression]\ncodings = [\"br\", \"br\"]\n", "compression.codings: br is listed twice"),
+            ("[compression]\ntypes = [\"html\"]\n", "compression.types: \"html\" is not a media type"),
             ("[[deny]]\npath_regex = \"[\"\n", "deny[0]: "),
         ];
         for (text, want) in cases {

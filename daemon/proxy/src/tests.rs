@@ -81,7 +81,7 @@ fn parts(path: &str, headers: &[(&str, &str)]) -> Parts {
 async fn get(worker: &Arc<Worker<MemoryStore>>, path: &str, headers: &[(&str, &str)]) -> Got {
     let parts = parts(path, headers);
     let route = worker.shared.live.load().router.route(&parts).clone();
-    let resp = crate::lookup(worker, CLIENT, &route, parts).await;
+    let resp = crate::lookup(worker, CLIENT, &route, parts, false).await;
     let (head, body) = resp.into_parts();
     let body = body.collect().await.expect("a whole body").to_bytes();
     Got {
@@ -235,51 +235,91 @@ async fn concurrent_misses_share_one_fetch() {
 #[tokio::test]
 async fn variants_are_fetched_and_served_apart() {
     let origin = Origin::start(|seen| {
-        let gzip = seen
+        let german = seen
             .headers
-            .get("accept-encoding")
-            .is_some_and(|v| v.as_bytes() == b"gzip");
-        let reply = if gzip {
-            Reply::ok("gzipped body").header("content-encoding", "gzip")
+            .get("accept-language")
+            .is_some_and(|v| v.as_bytes() == b"de");
+        let reply = if german {
+            Reply::ok("Hallo").header("content-language", "de")
         } else {
-            Reply::ok("plain body")
+            Reply::ok("Hello")
         };
         reply
             .header("cache-control", "max-age=60")
-            .header("vary", "Accept-Encoding")
+            .header("vary", "Accept-Language")
             .delay(Duration::from_millis(20))
     })
     .await;
     let store = MemoryStore::new(4);
     let w = worker(&origin, &store);
-    let gzip = [("accept-encoding", "gzip")];
-    let plain = [("accept-encoding", "identity")];
+    let german = [("accept-language", "de")];
+    let english = [("accept-language", "en")];
 
-    let (a, b) = tokio::join!(get(&w, "/v", &gzip), get(&w, "/v", &plain));
-    assert_eq!(a.body, "gzipped body");
-    assert_eq!(a.header("content-encoding"), "gzip");
-    assert_eq!(
-        b.body, "plain body",
-        "not the variant the other fetch brought"
-    );
-    assert_eq!(b.header("content-encoding"), "");
+    let (a, b) = tokio::join!(get(&w, "/v", &german), get(&w, "/v", &english));
+    assert_eq!(a.body, "Hallo");
+    assert_eq!(a.header("content-language"), "de");
+    assert_eq!(b.body, "Hello", "not the variant the other fetch brought");
+    assert_eq!(b.header("content-language"), "");
     assert_eq!(b.x_cache(), "MISS");
     assert_eq!(origin.count("/v"), 2, "one fetch per variant");
     let asked: Vec<_> = origin
         .seen()
         .iter()
-        .map(|s| s.headers["accept-encoding"].clone())
+        .map(|s| s.headers["accept-language"].clone())
         .collect();
-    assert_eq!(asked, ["gzip", "identity"]);
+    assert_eq!(asked, ["de", "en"]);
     fills_done(&w).await;
     assert_eq!(store.variants(&key("/v")).len(), 2);
 
-    for (headers, body) in [(&plain, "plain body"), (&gzip, "gzipped body")] {
+    for (headers, body) in [(&english, "Hello"), (&german, "Hallo")] {
         let got = get(&w, "/v", headers).await;
         assert_eq!(got.x_cache(), "HIT");
         assert_eq!(got.body, body);
     }
     assert_eq!(origin.count("/v"), 2);
+}
+
+/// Under `[compression]` (on by default) every client's `Accept-Encoding` selects the one stored object:
+/// text is compressed into the store once, sent as stored to clients that take its coding and decoded for
+/// the others.
+#[tokio::test]
+async fn one_compressed_body_serves_every_accept_encoding() {
+    let text: Bytes = "<p>lacquer</p>\n".repeat(400).into();
+    let served = text.clone();
+    let origin = Origin::start(move |_| {
+        Reply::ok(served.clone())
+            .header("content-type", "text/html")
+            .header("cache-control", "max-age=60")
+            .header("etag", "\"t\"")
+    })
+    .await;
+    let store = MemoryStore::new(1024);
+    let w = worker(&origin, &store);
+    let br = get(&w, "/t", &[("accept-encoding", "gzip, deflate, br")]).await;
+    assert_eq!(br.header("content-encoding"), "br");
+    assert!(br.body.len() < text.len() / 10);
+    assert_eq!(br.header("etag"), "W/\"t\"");
+    fills_done(&w).await;
+    let stored = store.variants(&key("/t"));
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].length, br.body.len() as u64);
+    assert_eq!(
+        stored[0].variant,
+        [("accept-encoding".to_owned(), "br, gzip".to_owned())]
+    );
+    for ae in ["gzip", "identity", "br;q=0"] {
+        let got = get(&w, "/t", &[("accept-encoding", ae)]).await;
+        assert_eq!(got.x_cache(), "HIT", "{ae}");
+        assert_eq!(got.header("content-encoding"), "", "{ae}");
+        assert_eq!(got.body, text, "{ae}");
+        assert_eq!(got.header("content-length"), text.len().to_string(), "{ae}");
+    }
+    let again = get(&w, "/t", &[("accept-encoding", "br")]).await;
+    assert_eq!(again.body, br.body);
+    assert_eq!(origin.count("/t"), 1);
+    assert_eq!(origin.seen()[0].headers["accept-encoding"], "br, gzip");
+    assert_eq!(w.shared.stats.decoded_br.load(SeqCst), 3);
+    assert_eq!(w.shared.stats.compress_in.load(SeqCst), text.len() as u64);
 }
 
 /// An object within `stale-while-revalidate` is served at once while one background fetch refreshes it.
