@@ -120,17 +120,6 @@ impl Accepts {
             }
         }
     }
-
-    /// The best of `preference` this request accepts: highest quality first, then preference order.
-    pub fn best(&self, preference: &[Coding]) -> Option<Coding> {
-        preference
-            .iter()
-            .copied()
-            .filter(|c| self.accepts(Some(*c)))
-            .enumerate()
-            .max_by_key(|(i, c)| (self.quality(Some(*c)), usize::MAX - i))
-            .map(|(_, c)| c)
-    }
 }
 
 /// How a response body is coded, from its `Content-Encoding`.
@@ -166,10 +155,19 @@ impl Coded {
 }
 
 /// The `Accept-Encoding` lacquerd sends the origin and varies stored objects on: the same for every client,
-/// so one stored object serves them all.
+/// so one stored object serves them all. Quality values say the preference order (`gzip, br;q=0.9`), for
+/// origins that choose by them.
 pub fn origin_accept_encoding(settings: &Compression) -> HeaderValue {
-    let tokens: Vec<&str> = settings.codings.iter().map(|c| c.token()).collect();
-    HeaderValue::from_str(&tokens.join(", ")).expect("coding tokens are ASCII")
+    let members: Vec<String> = settings
+        .codings
+        .iter()
+        .enumerate()
+        .map(|(n, c)| match n {
+            0 => c.token().to_owned(),
+            n => format!("{};q=0.{}", c.token(), 10 - n.min(9)),
+        })
+        .collect();
+    HeaderValue::from_str(&members.join(", ")).expect("coding tokens are ASCII")
 }
 
 /// The coding to compress a response with when it is stored: the first configured one, if the response is a
