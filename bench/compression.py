@@ -178,7 +178,7 @@ class Origin(http.server.BaseHTTPRequestHandler):
         with self.lock:
             seen = self.fetches.setdefault(path, {})
             seen[str(ae)] = seen.get(str(ae), 0) + 1
-        etag = hashlib.sha256(self.body).hexdigest()[:16]
+        etag = etag_of(self.body)
         headers = [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "max-age=3600"),
                    ("Vary", "Accept-Encoding"), ("Last-Modified", "Mon, 30 Nov 2026 12:00:00 GMT")]
         if self.gzip_enabled and "gzip" in accepted(ae):
@@ -403,10 +403,18 @@ def decode(coding, data):
     return subprocess.run(tool, input=data, capture_output=True, check=True).stdout
 
 
-def verify(port, path, body):
+def etag_of(body):
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
+def verify(port, path, body, origin_gzip):
     """One request per client class (twice, on one connection): the status, the coding sent (which the client
-    must accept), `Vary` naming Accept-Encoding, and the body decoded against the origin's. Returns per class
-    (coding, body length) and a list of problems."""
+    must accept), `Vary` naming Accept-Encoding, the body decoded against the origin's, and a strong ETag only
+    on the origin's own bytes (RFC 9110 §8.8.3: a transformed body's must be weak). Returns per class
+    (coding, body length, ETag) and a list of problems."""
+    originals = {"identity": (body, f'"{etag_of(body)}"')}
+    if origin_gzip:
+        originals["gzip"] = (gzip.compress(body, 6, mtime=0), f'"{etag_of(body)}-gzip"')
     coding_by_class, problems = {}, []
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     for name, ae, _ in CLIENTS:
@@ -434,7 +442,10 @@ def verify(port, path, body):
                     problems.append(f"{name}: {coding} body does not decode to the origin's")
             except Exception as e:  # noqa: BLE001 (a failed decode is what is being reported)
                 problems.append(f"{name}: {coding} body does not decode: {e}")
-            coding_by_class[name] = (coding, len(data), resp.getheader("ETag"))
+            etag = resp.getheader("ETag")
+            if etag and not etag.startswith("W/") and originals.get(coding) != (data, etag):
+                problems.append(f"{name}: strong ETag {etag} on a {coding} body that is not the origin's")
+            coding_by_class[name] = (coding, len(data), etag)
     conn.close()
     return coding_by_class, problems
 
@@ -494,7 +505,7 @@ def run_target(target, pid, path, body, args):
     res = load(port, path, args.rate, args.seconds, args.connections)
     cpu1, (busy1, all1), oha1 = cpu_seconds(pids), machine_busy(), resource.getrusage(resource.RUSAGE_CHILDREN)
     counted = origin_count(path)
-    coding, problems = verify(port, path, body)
+    coding, problems = verify(port, path, body, args.origin_gzip)
     out = {"fetches": counted["fetches"], "fetches_measured": counted["fetches"] - fetches_warm,
            "origin_ae": counted["accept_encoding"], "problems": problems,
            "coding": {c: v[0] for c, v in coding.items()}, "etag": {c: v[2] for c, v in coding.items()},
@@ -595,33 +606,34 @@ def report(raw, names, args, body):
 
     codings = sorted({k[len("bytes_"):] for t in names for r in raw[t] for k in r
                       if k.startswith("bytes_") and k != "bytes_per_response"})
-    rows = [("origin fetches per object (fill under load + measured)", "fetches", "{:.0f}"),
-            ("origin fetches while measured", "fetches_measured", "{:.0f}"),
-            ("responses per second achieved", "rps", "{:.0f}"),
-            ("body bytes per response, all clients", "bytes_per_response", "{:.0f}")]
-    rows += [(f"body bytes per {c} response", f"bytes_{c}", "{:.0f}") for c in codings]
-    rows += [(f"share of responses sent {c}", f"share_{c}", "{:.2f}") for c in codings]
-    rows += [("TTFB p50, all clients (ms)", "ttfb_all_p50", "{:.2f}"),
-             ("TTFB p99, all clients (ms)", "ttfb_all_p99", "{:.2f}"),
-             ("TTFB p50, clients accepting a coding (ms)", "ttfb_encoding_p50", "{:.2f}"),
-             ("TTFB p99, clients accepting a coding (ms)", "ttfb_encoding_p99", "{:.2f}"),
-             ("TTFB p50, identity clients (ms)", "ttfb_identity_p50", "{:.2f}"),
-             ("TTFB p99, identity clients (ms)", "ttfb_identity_p99", "{:.2f}"),
-             ("target CPU per 1000 responses (ms)", "cpu_per_1000", "{:.0f}"),
-             ("load generator (12 oha) CPU per 1000 responses (ms)", "loadgen_cpu_per_1000", "{:.0f}"),
-             ("machine CPU busy while measured", "machine_busy", "{:.0%}"),
-             ("load average (1 min) before measuring", "loadavg_before", "{:.2f}")]
+    # (label, key, format, whether lacquer / varnish means anything for it)
+    rows = [("origin fetches per object (fill under load + measured)", "fetches", "{:.0f}", True),
+            ("origin fetches while measured", "fetches_measured", "{:.0f}", False),
+            ("responses per second achieved", "rps", "{:.0f}", True),
+            ("body bytes per response, all clients", "bytes_per_response", "{:.0f}", True)]
+    rows += [(f"body bytes per {c} response", f"bytes_{c}", "{:.0f}", True) for c in codings]
+    rows += [(f"share of responses sent {c}", f"share_{c}", "{:.2f}", False) for c in codings]
+    rows += [("TTFB p50, all clients (ms)", "ttfb_all_p50", "{:.2f}", True),
+             ("TTFB p99, all clients (ms)", "ttfb_all_p99", "{:.2f}", True),
+             ("TTFB p50, clients accepting a coding (ms)", "ttfb_encoding_p50", "{:.2f}", True),
+             ("TTFB p99, clients accepting a coding (ms)", "ttfb_encoding_p99", "{:.2f}", True),
+             ("TTFB p50, identity clients (ms)", "ttfb_identity_p50", "{:.2f}", True),
+             ("TTFB p99, identity clients (ms)", "ttfb_identity_p99", "{:.2f}", True),
+             ("target CPU per 1000 responses (ms)", "cpu_per_1000", "{:.0f}", True),
+             ("load generator (12 oha) CPU per 1000 responses (ms)", "loadgen_cpu_per_1000", "{:.0f}", False),
+             ("machine CPU busy while measured", "machine_busy", "{:.0%}", False),
+             ("load average (1 min) before measuring", "loadavg_before", "{:.2f}", False)]
     print(f"\nmedian of {args.rounds} rounds, {args.rate} rps for {args.seconds} s per round and target after "
           f"{args.warmup} s on the cold URL; page {len(body)} bytes (gzip -6: {len(gzip.compress(body, 6))})\n")
     ratio = {"lacquer", "varnish"} <= set(names)
     print("| metric | " + " | ".join(names) + " |" + (" lacquer / varnish |" if ratio else ""))
     print("|---|" + "---|" * len(names) + ("---|" if ratio else ""))
-    for label, key, spec in rows:
+    for label, key, spec, comparable in rows:
         cells = [fmt(med(t, key), spec) for t in names]
         line = f"| {label} | " + " | ".join(cells) + " |"
         if ratio:
             lq, vn = med("lacquer", key), med("varnish", key)
-            line += f" {lq / vn:.2f} |" if lq is not None and vn else " - |"
+            line += f" {lq / vn:.2f} |" if comparable and lq is not None and vn else " |"
         print(line)
     print("\ncoding sent per client class (last round):\n")
     print("| client | Accept-Encoding | " + " | ".join(names) + " |")
