@@ -127,6 +127,16 @@ fn summary(stats: &Stats) -> Vec<(&'static str, String)> {
             ),
         ),
         (
+            "compression",
+            format!(
+                "{} of {} stored ({}), {} decoded on delivery",
+                bytes(p.compress_out),
+                bytes(p.compress_in),
+                percent(p.compress_out, p.compress_in),
+                p.decoded_br + p.decoded_gzip + p.decoded_zstd
+            ),
+        ),
+        (
             "backend errors",
             format!(
                 "{} of {} backend requests",

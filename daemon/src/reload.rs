@@ -26,6 +26,7 @@ use crate::settings;
 fn is_live(setting: &str) -> bool {
     let live = [
         "cache.",
+        "compression.",
         "purge.",
         "backend",
         "director",
@@ -100,6 +101,7 @@ impl Reloader {
         let mut running = self.running.lock().expect("reload mutex");
         let mut candidate = running.clone();
         candidate.cache = next.cache.clone();
+        candidate.compression = next.compression.clone();
         candidate.purge = next.purge.clone();
         candidate.route = next.route.clone();
         candidate.director = next.director.clone();

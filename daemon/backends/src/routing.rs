@@ -200,7 +200,13 @@ impl Router {
             }
             mode == ForwardingHeaders::Strip
         };
+        let compression = |route: Option<bool>| {
+            route
+                .unwrap_or(config.compression.enabled)
+                .then(|| config.compression.clone())
+        };
         let mut base = Policy::new(config.cache.clone());
+        base.compression = compression(None);
         let strip_forwarding = forwarding(config.server.forwarding_headers, &mut base);
         let routes = config
             .route
@@ -215,6 +221,7 @@ impl Router {
                 let strip_forwarding = forwarding(mode, &mut policy);
                 policy.ttl_override = r.ttl;
                 policy.grace_override = r.grace;
+                policy.compression = compression(r.compression);
                 match r.cookies {
                     Some(Cookies::Cache) => policy.cache.cache_cookie_requests = true,
                     Some(Cookies::Pass) => policy.cache.cache_cookie_requests = false,
@@ -373,6 +380,7 @@ mod tests {
             backend = "static"
             grace = "5m"
             cookies = "cache"
+            compression = false
             [cache]
             default_ttl = "10s"
             "#,
@@ -407,8 +415,14 @@ mod tests {
             Some(std::time::Duration::from_secs(300))
         );
         assert!(png.policy.cache.cache_cookie_requests);
+        assert_eq!(png.policy.compression, None);
+        assert_eq!(cdn.policy.compression, Some(c.compression.clone()));
         let fallback = router.route(&request("other.test", "/"));
-        assert_eq!(fallback.policy, Policy::new(c.cache.clone()));
+        let base = Policy {
+            compression: Some(c.compression.clone()),
+            ..Policy::new(c.cache.clone())
+        };
+        assert_eq!(fallback.policy, base);
         let picked = cdn.pick("a.cdn.test/x").unwrap();
         assert!(["static", "static2"].contains(&picked.name()));
         assert_eq!(fallback.pick("other.test/").unwrap().name(), "app");

@@ -11,12 +11,14 @@ use std::{
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
+mod compression;
 mod listen;
 mod protection;
 mod routes;
 mod upstream;
 
 pub use self::{
+    compression::{Coding, Compression},
     listen::{Certificate, Listen},
     protection::{Deny, Normalize, RateLimit},
     routes::{Cookies, Route},
@@ -61,6 +63,8 @@ pub struct Config {
     pub storage: Storage,
     /// `[cache]`: the HTTP caching policy every route starts from.
     pub cache: Cache,
+    /// `[compression]`: content codings negotiated, stored once and converted on delivery. Default: on.
+    pub compression: Compression,
     /// `[purge]`: `PURGE` and `BAN` on the client listeners. Default: off.
     pub purge: Purge,
     /// `[log]`: the daemon's own log level.
@@ -82,6 +86,7 @@ impl Default for Config {
             admin: Admin::default(),
             storage: Storage::default(),
             cache: Cache::default(),
+            compression: Compression::default(),
             purge: Purge::default(),
             log: Log::default(),
             access_log: AccessLog::default(),
@@ -440,6 +445,7 @@ impl Config {
         if !(0.0..=1.0).contains(&self.access_log.sample) {
             return bad("access_log.sample", "must be between 0 and 1".into());
         }
+        self.compression.check("compression")?;
         if !(0.0..=1.0).contains(&self.cache.heuristic_fraction) {
             return bad("cache.heuristic_fraction", "must be between 0 and 1".into());
         }

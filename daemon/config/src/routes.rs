@@ -42,6 +42,10 @@ pub struct Route {
     /// `strip` or `key` the forwarding fields on this route. Default: `server.forwarding_headers`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forwarding_headers: Option<super::ForwardingHeaders>,
+    /// `false` turns `[compression]` off on this route: `Accept-Encoding` is forwarded as sent and varies
+    /// the cache, bodies are stored and sent as the origin sent them. Default: `compression.enabled`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression: Option<bool>,
 }
 
 /// What a route does with `Cookie` on requests (and `Set-Cookie` on responses).

@@ -43,6 +43,9 @@ pub struct CacheControl {
     /// Seconds past freshness the object may stand in for a failing origin (RFC 5861 §4); `None` when
     /// absent or invalid, then `cache.error_grace` applies.
     pub stale_if_error: Option<u64>,
+    /// No intermediary may change the content (RFC 9110 §7.7, RFC 9111 §5.2.1.6, §5.2.2.6): lacquerd
+    /// neither compresses nor decompresses it.
+    pub no_transform: bool,
     /// Request directive, parsed but not acted on (§5.2.1.3).
     pub min_fresh: Option<u64>,
     /// Request directive, parsed but not acted on (§5.2.1.2). `Some(None)` for `max-stale` without a value:
@@ -173,6 +176,7 @@ impl CacheControl {
             "must-understand" => self.must_understand = true,
             "immutable" => self.immutable = true,
             "only-if-cached" => self.only_if_cached = true,
+            "no-transform" => self.no_transform = true,
             "max-age" => self.max_age = seconds(),
             "s-maxage" => self.s_maxage = seconds(),
             "stale-while-revalidate" => {

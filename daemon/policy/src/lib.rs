@@ -6,6 +6,7 @@
 pub mod age;
 pub mod cache_control;
 pub mod conditional;
+pub mod encoding;
 pub mod freshness;
 pub mod head;
 pub mod headers;
@@ -35,6 +36,9 @@ pub struct Policy {
     /// Request fields every stored response varies on, as if its `Vary` named them, lower-case: the
     /// forwarding fields when a route keys on them. Default: none.
     pub key_headers: Vec<String>,
+    /// `[compression]` when it applies to the route: `Accept-Encoding` negotiated by lacquerd, bodies
+    /// compressed when stored and decoded on delivery. Default: none (the field varies like any other).
+    pub compression: Option<encoding::Compression>,
 }
 
 impl Policy {
@@ -131,6 +135,9 @@ mod hostile {
             "etag",
             "connection",
             "host",
+            "accept-encoding",
+            "content-encoding",
+            "content-type",
         ];
         for value in NASTY {
             let pairs: Vec<(&str, &str)> = names.iter().map(|n| (*n, *value)).collect();
@@ -147,6 +154,10 @@ mod hostile {
             conditional::not_modified(&h, Some(value), Some(value));
             range::evaluate(&h, 1000, Some(value), Some(value));
             range::evaluate(&h, 0, None, None);
+            let accepts = encoding::Accepts::from_headers(&h);
+            accepts.best(&[encoding::Coding::Br, encoding::Coding::Gzip]);
+            encoding::delivery(&h, &accepts, false);
+            encoding::compress_with(StatusCode::OK, &h, &encoding::Compression::default());
             headers::strip_hop_by_hop(&mut h);
         }
     }

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
@@ -24,6 +25,7 @@ use lacquer_policy::{
 
 use crate::{
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
+    coding::{FillCoding, Pushed, IDENTITY_LENGTH},
     stats::{add, dec, inc},
     store::{BodyWriter, CacheStore},
     worker::Worker,
@@ -231,6 +233,42 @@ fn failed<S: CacheStore>(
     Ending::Failed
 }
 
+/// Sends one piece of the body to the fetch's readers and, while storing, to the store.
+async fn forward_piece<S: CacheStore>(
+    fetch: &Fetch<S>,
+    writer: &mut Option<S::Writer>,
+    piece: Bytes,
+    max_object_size: u64,
+    key: &str,
+) {
+    fetch.push(piece.clone());
+    if let Some(w) = writer.as_mut() {
+        let over = w.length() + piece.len() as u64 > max_object_size;
+        if over {
+            tracing::info!(key, "body exceeds max_object_size; not storing");
+        }
+        if over || w.push(&piece).await.is_err() {
+            fetch.stop_storing(writer.take());
+        } else {
+            fetch.stored_upto(w.sent());
+        }
+    }
+}
+
+/// A compressed body from the origin that does not decode: nothing is stored and the readers' responses
+/// end in an error, so none takes it for complete.
+fn corrupt<S: CacheStore>(
+    worker: &Worker<S>,
+    fetch: &Fetch<S>,
+    key: &str,
+    e: lacquer_codec::CodecError,
+) -> Ending {
+    inc(&worker.shared.stats.corrupt_bodies);
+    tracing::warn!(key, error = %e, "backend body does not decode; nothing stored");
+    fetch.end(Err(FetchError::new(format!("backend body failed: {e}"))));
+    Ending::Failed
+}
+
 async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fill) -> Ending {
     let Fill {
         key,
@@ -291,6 +329,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fil
     let received_at = lacquer_clock::monotonic();
     let (mut head, mut body) = resp.into_parts();
     strip_hop_by_hop(&mut head.headers);
+    head.headers.remove(IDENTITY_LENGTH);
     if route.strip_cookies {
         head.headers.remove(header::SET_COOKIE);
     }
@@ -332,7 +371,15 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fil
         d => d,
     };
     let (storable, selection) = match &decision {
-        Decision::Store(s) => (Some(s.clone()), vary::selection(&s.vary, &parts.headers)),
+        Decision::Store(s) => {
+            // Under `[compression]` every stored response varies on the shared `Accept-Encoding`: with
+            // compression turned off, clients' own values no longer select what was stored for it.
+            let mut names = s.vary.clone();
+            if policy.compression.is_some() && !names.iter().any(|n| n == "accept-encoding") {
+                names.push("accept-encoding".into());
+            }
+            (Some(s.clone()), vary::selection(&names, &parts.headers))
+        }
         Decision::DontStore(reason) => {
             tracing::debug!(key, reason, "not storing");
             (None, Vec::new())
@@ -353,6 +400,14 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fil
     if let Some(w) = &writer {
         fetch.store_into(w);
     }
+    let max_object_size = policy.cache.max_object_size.as_u64();
+    let mut coding = FillCoding::start(
+        policy.compression.as_ref(),
+        head.status,
+        &mut head.headers,
+        writer.is_some(),
+        max_object_size,
+    );
     let fetched = Arc::new(FetchedHead {
         status: head.status,
         headers: head.headers.clone(),
@@ -404,20 +459,32 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Fetch<S>, request: &Fil
             continue;
         };
         add(&shared.stats.bytes_in, data.len() as u64);
-        fetch.push(data.clone());
-        if let Some(w) = writer.as_mut() {
-            let over = w.length() + data.len() as u64 > policy.cache.max_object_size.as_u64();
-            if over {
-                tracing::info!(key, "body exceeds max_object_size; not storing");
-            }
-            if over || w.push(&data).await.is_err() {
+        let pieces = match coding.push(data) {
+            Ok(Pushed::Pieces(pieces)) => pieces,
+            Ok(Pushed::OverLimit(pieces)) => {
+                inc(&shared.stats.decode_limit);
+                tracing::info!(
+                    key,
+                    "compressed body expands past max_object_size; not storing"
+                );
                 fetch.stop_storing(writer.take());
-            } else {
-                fetch.stored_upto(w.sent());
+                pieces
             }
+            Err(e) => return corrupt(worker, fetch, key, e),
+        };
+        for piece in pieces {
+            forward_piece(fetch, &mut writer, piece, max_object_size, key).await;
         }
     }
+    let last = match coding.finish() {
+        Ok(pieces) => pieces,
+        Err(e) => return corrupt(worker, fetch, key, e),
+    };
+    for piece in last {
+        forward_piece(fetch, &mut writer, piece, max_object_size, key).await;
+    }
     fetch.end(Ok(()));
+    coding.record(&mut head.headers, &shared.stats);
 
     let (Some(writer), Some(storable)) = (writer, storable) else {
         // A server error is a failure of the origin, not a sign that the URL is uncacheable: no hit-for-miss.

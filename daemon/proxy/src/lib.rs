@@ -4,6 +4,7 @@
 
 pub mod access_log;
 pub mod coalesce;
+mod coding;
 mod fetch;
 mod forward;
 pub mod invalidation;
@@ -24,7 +25,7 @@ use std::{
     time::Duration,
 };
 
-use http::{header, request::Parts, HeaderValue, Request, Response, StatusCode};
+use http::{header, request::Parts, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use lacquer_edge::{Client, EdgeStats};
@@ -37,6 +38,7 @@ use lacquer_backends::{
     BackendError, ClientBodyError,
 };
 use lacquer_policy::{
+    encoding::Delivery,
     head,
     headers::{strip_forwarding, strip_hop_by_hop},
     key::primary_key,
@@ -48,6 +50,7 @@ use lacquer_policy::{
 
 use crate::{
     coalesce::{Fetch, Joined},
+    coding::{Conversion, Negotiated},
     fetch::Fill,
     stats::{add, inc, Stats},
     store::CacheStore,
@@ -217,11 +220,23 @@ async fn lookup<S: CacheStore>(
     worker: &Arc<Worker<S>>,
     client: IpAddr,
     route: &Arc<Route>,
-    parts: Parts,
+    mut parts: Parts,
 ) -> Response<Body> {
     let shared = &worker.shared;
     let key = primary_key(&parts);
+    // From here on the request carries the `Accept-Encoding` the origin is sent and the variant is made
+    // from; the client's own decides only how the body leaves.
+    let negotiated = route
+        .policy
+        .compression
+        .as_ref()
+        .map(|settings| Negotiated::take(&mut parts.headers, settings));
     let parts = Arc::new(parts);
+    let ctx = Ctx {
+        client,
+        route,
+        negotiated: negotiated.as_ref(),
+    };
     let mut may_wait = true;
     loop {
         let now = lacquer_clock::now_ms();
@@ -230,9 +245,16 @@ async fn lookup<S: CacheStore>(
             let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
             match usability(found.meta().lifetime(now)) {
                 Usability::Fresh => {
-                    if let Some(resp) =
-                        serve_stored(worker, &key, &parts, &found, now, Outcome::Hit { ttl_s })
-                            .await
+                    if let Some(resp) = serve_stored(
+                        worker,
+                        &ctx,
+                        &key,
+                        &parts,
+                        &found,
+                        now,
+                        Outcome::Hit { ttl_s },
+                    )
+                    .await
                     {
                         return resp;
                     }
@@ -244,7 +266,7 @@ async fn lookup<S: CacheStore>(
                         fwd_status: None,
                     };
                     if let Some(resp) =
-                        serve_stored(worker, &key, &parts, &found, now, outcome).await
+                        serve_stored(worker, &ctx, &key, &parts, &found, now, outcome).await
                     {
                         inc(&shared.stats.stale_served);
                         refresh(worker, &key, &parts, client, route, found);
@@ -254,11 +276,47 @@ async fn lookup<S: CacheStore>(
                 Usability::OnError | Usability::Unusable => stale = Some(found),
             }
         }
-        match miss(worker, client, route, &key, &parts, may_wait, stale).await {
+        match miss(worker, &ctx, &key, &parts, may_wait, stale).await {
             Some(resp) => return resp,
             // Another variant's fetch has settled: look up again, this time without waiting for anyone.
             None => may_wait = false,
         }
+    }
+}
+
+/// Who a lookup answers and how its body may be coded.
+struct Ctx<'a> {
+    client: IpAddr,
+    route: &'a Arc<Route>,
+    /// The client's `Accept-Encoding` when the route negotiates codings.
+    negotiated: Option<&'a Negotiated>,
+}
+
+impl Ctx<'_> {
+    /// How a response with `headers` leaves for this client.
+    fn delivery(&self, headers: &HeaderMap) -> Delivery {
+        self.negotiated
+            .map_or(Delivery::AsStored, |n| n.delivery(headers))
+    }
+
+    fn conversion(&self, delivery: Delivery, stats: &Arc<Stats>) -> Conversion {
+        let limit = self.route.policy.cache.max_object_size.as_u64();
+        Conversion::new(delivery, limit, stats)
+    }
+
+    /// Sends the request to the origin as the client sent it, `Accept-Encoding` included: nothing stored
+    /// or fetched is in a coding this client may get.
+    async fn forward_as_sent<S: CacheStore>(
+        &self,
+        worker: &Worker<S>,
+        parts: &Parts,
+    ) -> Response<Body> {
+        inc(&worker.shared.stats.coding_forwarded);
+        let mut parts = parts.clone();
+        if let Some(n) = self.negotiated {
+            n.restore(&mut parts.headers);
+        }
+        pass(worker, self.client, self.route, parts, body::empty(), false).await
     }
 }
 
@@ -299,6 +357,7 @@ fn find<S: CacheStore>(worker: &Worker<S>, key: &str, parts: &Parts) -> Option<F
 /// `Store::open_body`); `None` (and the metadata dropped) when it is not.
 async fn serve_stored<S: CacheStore>(
     worker: &Worker<S>,
+    ctx: &Ctx<'_>,
     key: &str,
     parts: &Parts,
     found: &Found,
@@ -307,6 +366,11 @@ async fn serve_stored<S: CacheStore>(
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
     let meta = found.meta();
+    let headers = respond::header_map(meta);
+    let delivery = ctx.delivery(&headers);
+    if delivery == Delivery::Forward {
+        return Some(ctx.forward_as_sent(worker, parts).await);
+    }
     let first = if meta.length == 0 {
         None
     } else {
@@ -338,6 +402,8 @@ async fn serve_stored<S: CacheStore>(
         now,
         outcome,
         parts,
+        headers,
+        &ctx.conversion(delivery, &shared.stats),
     ))
 }
 
@@ -380,14 +446,14 @@ fn record_hit(stats: &Stats, tier: Tier) {
 /// again (with `may_wait` false it fetches alone instead).
 async fn miss<S: CacheStore>(
     worker: &Arc<Worker<S>>,
-    client: IpAddr,
-    route: &Arc<Route>,
+    ctx: &Ctx<'_>,
     key: &str,
     parts: &Arc<Parts>,
     may_wait: bool,
     stale: Option<Found>,
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
+    let Ctx { client, route, .. } = *ctx;
     let transit_buffer = route.policy.cache.transit_buffer.as_u64();
     // Starts the coalescer's fetch for the key (`leader`), or one of this request's own. The reader exists
     // before the fill task starts, so the fill never sees a fetch without readers that it would cancel.
@@ -459,11 +525,19 @@ async fn miss<S: CacheStore>(
             origin_failed: true,
             fwd_status,
         };
-        if let Some(resp) = serve_stored(worker, key, parts, found, now, outcome).await {
+        if let Some(resp) = serve_stored(worker, ctx, key, parts, found, now, outcome).await {
             inc(&shared.stats.stale_on_error);
             return Some(resp);
         }
     }
+    let delivery = match &head {
+        Ok(h) => ctx.delivery(&h.headers),
+        Err(_) => Delivery::AsStored,
+    };
+    if delivery == Delivery::Forward {
+        return Some(ctx.forward_as_sent(worker, parts).await);
+    }
+    let conversion = ctx.conversion(delivery, &shared.stats);
     let resp = match head {
         Ok(head) if complete && !owner => {
             record_hit(&shared.stats, Tier::Memory);
@@ -471,7 +545,7 @@ async fn miss<S: CacheStore>(
                 .ttl
                 .saturating_sub(head.received_at.elapsed())
                 .as_secs() as i64;
-            respond::fetched(&head, reader, Outcome::Hit { ttl_s }, parts)
+            respond::fetched(&head, reader, Outcome::Hit { ttl_s }, parts, &conversion)
         }
         Ok(head) => {
             inc(&shared.stats.misses);
@@ -483,7 +557,7 @@ async fn miss<S: CacheStore>(
                 collapsed: !owner,
                 detail: None,
             };
-            respond::fetched(&head, reader, outcome, parts)
+            respond::fetched(&head, reader, outcome, parts, &conversion)
         }
         Err(e) => {
             inc(&shared.stats.misses);

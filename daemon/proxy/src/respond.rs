@@ -20,6 +20,7 @@ use lacquer_policy::{
 
 use crate::{
     coalesce::{FetchReader, FetchedHead},
+    coding::Conversion,
     store::CacheStore,
 };
 
@@ -146,21 +147,25 @@ pub fn fetched<S: CacheStore>(
     reader: FetchReader<S>,
     outcome: Outcome,
     req: &Parts,
+    conversion: &Conversion,
 ) -> Response<Body> {
     let mut headers = head.headers.clone();
     let age = head.initial_age + head.received_at.elapsed().as_secs();
-    decorate(&mut headers, outcome, Some(age));
     let length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let shape = match length {
-        Some(len) if head.status == StatusCode::OK => shape(req, &mut headers, len),
-        _ => Shape::Whole,
+    let length = conversion.headers(&mut headers, length);
+    decorate(&mut headers, outcome, Some(age));
+    let shape = if head.status == StatusCode::OK {
+        shape(req, &mut headers, length)
+    } else {
+        Shape::Whole
     };
     let head_only = req.method == Method::HEAD;
     let (status, body) = match shape {
         Shape::Whole if head_only => (head.status, body::empty()),
-        Shape::Whole => (head.status, reader.into_body()),
+        Shape::Whole => (head.status, conversion.body(reader.into_body(), None)),
+        // Ranges are evaluated only over a known length, which a body decoded as it arrives lacks.
         Shape::Part(first, last) if !head_only => (
             StatusCode::PARTIAL_CONTENT,
             reader.into_range_body(first, last),
@@ -188,7 +193,10 @@ pub fn fetched<S: CacheStore>(
 
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
 /// readable before the status line goes out), shaped for the request like [`fetched`], with multipart
-/// answers for several ranges.
+/// answers for several ranges. `headers` are the stored ones ([`header_map`]). A body decoded on the way
+/// out is ranged over its decoded bytes when the decoded length is known, and is sent whole for several
+/// ranges.
+#[allow(clippy::too_many_arguments)]
 pub fn stored<S: CacheStore>(
     store: S,
     set: Arc<ObjectSet>,
@@ -197,13 +205,17 @@ pub fn stored<S: CacheStore>(
     now_ms: u64,
     outcome: Outcome,
     req: &Parts,
+    mut headers: HeaderMap,
+    conversion: &Conversion,
 ) -> Response<Body> {
     let meta = &set.variants[variant];
-    let mut headers = header_map(meta);
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.length));
+    let stored_len = meta.length;
+    let len = conversion.headers(&mut headers, Some(stored_len));
+    if let (false, Some(len)) = (conversion.decodes(), len) {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
     decorate(&mut headers, outcome, Some(meta.age_s(now_ms)));
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
-    let len = meta.length;
     let shape = if status == StatusCode::OK {
         shape(req, &mut headers, len)
     } else {
@@ -212,15 +224,32 @@ pub fn stored<S: CacheStore>(
     let head_only = req.method == Method::HEAD;
     let source = Stored {
         store,
-        set,
+        set: set.clone(),
         variant,
         first,
     };
+    let decodes = conversion.decodes();
     let (status, body) = match shape {
-        Shape::Whole if head_only || len == 0 => (status, body::empty()),
-        Shape::Whole => (status, source.range(0, len - 1)),
+        Shape::Whole if head_only || stored_len == 0 => (status, body::empty()),
+        Shape::Whole => (
+            status,
+            conversion.body(source.range(0, stored_len - 1), None),
+        ),
+        Shape::Part(first, last) if !head_only && decodes => (
+            StatusCode::PARTIAL_CONTENT,
+            conversion.body(source.range(0, stored_len - 1), Some((first, last))),
+        ),
         Shape::Part(first, last) if !head_only => {
             (StatusCode::PARTIAL_CONTENT, source.range(first, last))
+        }
+        Shape::Parts(_) if decodes => {
+            headers.remove(header::CONTENT_RANGE);
+            let body = if head_only || stored_len == 0 {
+                body::empty()
+            } else {
+                conversion.body(source.range(0, stored_len - 1), None)
+            };
+            (status, body)
         }
         Shape::Parts(parts) => {
             let content_type = headers.get(header::CONTENT_TYPE).cloned();
@@ -285,13 +314,15 @@ impl Shape {
     }
 }
 
-/// Evaluates conditionals, then ranges, for a 200 of `len` bytes, and sets the headers that go with the
-/// answer (a 304 keeps only what RFC 9110 §15.4.5 allows).
-fn shape(req: &Parts, headers: &mut HeaderMap, len: u64) -> Shape {
+/// Evaluates conditionals, then ranges, for a 200 of `len` bytes (`None`: a length not known yet, so no
+/// ranges), and sets the headers that go with the answer (a 304 keeps only what RFC 9110 §15.4.5 allows).
+fn shape(req: &Parts, headers: &mut HeaderMap, len: Option<u64>) -> Shape {
     if !matches!(req.method, Method::GET | Method::HEAD) {
         return Shape::Whole;
     }
-    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if len.is_some() {
+        headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    }
     // Most requests carry neither conditionals nor ranges: skip copying the validators for them.
     let asks = [
         header::IF_NONE_MATCH,
@@ -324,9 +355,9 @@ fn shape(req: &Parts, headers: &mut HeaderMap, len: u64) -> Shape {
         }
         return Shape::NotModified;
     }
-    if req.method != Method::GET {
+    let Some(len) = len.filter(|_| req.method == Method::GET) else {
         return Shape::Whole;
-    }
+    };
     match range::evaluate(&req.headers, len, etag.as_deref(), last_modified.as_deref()) {
         Ranges::Whole => Shape::Whole,
         Ranges::Unsatisfiable => {

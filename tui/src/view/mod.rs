@@ -170,6 +170,9 @@ pub(crate) mod tests {
                 coalesced_waiters: 500 + 5 * n,
                 fetches_in_flight: 3,
                 bytes_out: 50_000_000 + 400_000 * n,
+                compress_in: 8_000_000,
+                compress_out: 2_000_000,
+                decoded_gzip: 100 + 3 * n,
                 ..Default::default()
             },
             store: StoreStats {

@@ -17,7 +17,7 @@ pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
     let lower = (2 * state.backends.len().max(1) as u16 + 2).max(6);
     let [traffic, tiers, work, requests] = Layout::vertical([
         Constraint::Length(SERIES.len() as u16 + 2),
-        Constraint::Length(6),
+        Constraint::Length(7),
         Constraint::Length(lower),
         Constraint::Min(0),
     ])
@@ -92,7 +92,8 @@ fn render_cache(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
     let block = panel("cache", theme);
     let inner = block.inner(area);
     frame.render_widget(block, area);
-    let [gauge, bar, legend, stale] = Layout::vertical([Constraint::Length(1); 4]).areas(inner);
+    let [gauge, bar, legend, stale, coding] =
+        Layout::vertical([Constraint::Length(1); 5]).areas(inner);
     let ratio = state.hit_ratio();
     frame.render_widget(
         Gauge::default()
@@ -139,10 +140,29 @@ fn render_cache(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
         Paragraph::new(format!(
             "stale {} grace, {} on error",
             rate(state.rate("proxy.stale_served")),
-            rate(state.rate("proxy.stale_on_error"))
+            rate(state.rate("proxy.stale_on_error")),
         )),
         stale,
     );
+    frame.render_widget(
+        Paragraph::new(format!(
+            "compressed to {}, {} decoded",
+            percent(compression_ratio(state)),
+            rate(
+                ["br", "gzip", "zstd"]
+                    .iter()
+                    .map(|c| state.rate(&format!("proxy.decoded_{c}")))
+                    .sum()
+            )
+        )),
+        coding,
+    );
+}
+
+/// Stored bytes after compression over bytes before, since the start.
+fn compression_ratio(state: &State) -> Option<f64> {
+    let before = state.value("proxy.compress_in").filter(|n| *n > 0)?;
+    Some(state.value("proxy.compress_out")? as f64 / before as f64)
 }
 
 fn render_storage(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
@@ -318,6 +338,7 @@ mod tests {
             "hit ratio 60.6 %",
             "█mem 40% ▓disk 20% ▒miss 30% ░pass 10%",
             "stale 1.0/s grace, 0.0/s on error",
+            "compressed to 25.0 %, 3.0/s decoded",
             "memory 64.0 MiB/256.0 MiB  25%",
             "disk   512.0 MiB/2.0 GiB  25%",
             "objects 1234 (300.0 MiB)",

@@ -129,6 +129,25 @@ stats_section! {
         bytes_in: Counter "lacquer_backend_body_bytes_total",
         /// Body bytes sent to clients.
         bytes_out: Counter "lacquer_client_body_bytes_total",
+        /// Body bytes compressed when stored (`[compression]`), before compression.
+        compress_in: Counter "lacquer_compression_bytes_total" { stage = "before" },
+        /// The same bodies' bytes after compression: `compress_out / compress_in` is the ratio.
+        compress_out: Counter "lacquer_compression_bytes_total" { stage = "after" },
+        /// Responses whose brotli body was decompressed on the way out, for a client that does not take br.
+        decoded_br: Counter "lacquer_coding_conversions_total" { coding = "br" },
+        /// Responses whose gzip body was decompressed on the way out.
+        decoded_gzip: Counter "lacquer_coding_conversions_total" { coding = "gzip" },
+        /// Responses whose zstd body was decompressed on the way out.
+        decoded_zstd: Counter "lacquer_coding_conversions_total" { coding = "zstd" },
+        /// Lookups sent to the origin as the client asked because the stored coding was not acceptable and
+        /// could not be converted (`no-transform`, or a coding lacquerd does not decode).
+        coding_forwarded: Counter "lacquer_coding_forwarded_total",
+        /// Compressed bodies from the origin that did not decode (truncated or corrupt): never stored, and the
+        /// clients' responses end in an error.
+        corrupt_bodies: Counter "lacquer_coded_body_errors_total" { reason = "corrupt" },
+        /// Compressed bodies that expanded past `max_object_size` (decompression bombs): not stored, and
+        /// decoding on the way out is cut off at that size.
+        decode_limit: Counter "lacquer_coded_body_errors_total" { reason = "too_large" },
         /// Requests that found no backend to send to: every candidate sick, or busy at `max_connections`.
         backend_unavailable: Counter "lacquer_backend_unavailable_total",
         /// Backends their probe says are sick.

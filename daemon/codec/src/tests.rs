@@ -1,0 +1,253 @@
+use std::io::Write;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const ALL: [Coding; 3] = [Coding::Br, Coding::Gzip, Coding::Zstd];
+
+fn text(len: usize) -> Vec<u8> {
+    let words = [
+        "cache ",
+        "stale ",
+        "<div class=\"x\">",
+        "vary ",
+        "\n",
+        "0123 ",
+        "lacquer ",
+    ];
+    let mut out = Vec::with_capacity(len);
+    let mut n = 7u64;
+    while out.len() < len {
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        out.extend_from_slice(words[(n >> 33) as usize % words.len()].as_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Runs `data` through `feed`/`next` in pieces of `piece` bytes, checking the output piece bound.
+fn encode(coding: Coding, data: &[u8], piece: usize) -> Vec<u8> {
+    let mut e = Encoder::new(coding, 5);
+    let mut out = Vec::new();
+    for part in data.chunks(piece.max(1)) {
+        e.feed(Bytes::copy_from_slice(part));
+        while let Some(b) = e.piece().unwrap() {
+            assert!(b.len() <= PIECE);
+            out.extend_from_slice(&b);
+        }
+    }
+    e.end();
+    while let Some(b) = e.piece().unwrap() {
+        out.extend_from_slice(&b);
+    }
+    assert_eq!(e.consumed(), data.len() as u64);
+    assert_eq!(e.produced(), out.len() as u64);
+    out
+}
+
+fn decode(coding: Coding, data: &[u8], piece: usize, limit: u64) -> Result<Vec<u8>, CodecError> {
+    let mut d = Decoder::new(coding, limit);
+    let mut out = Vec::new();
+    for part in data.chunks(piece.max(1)) {
+        d.feed(Bytes::copy_from_slice(part));
+        while let Some(b) = d.piece()? {
+            assert!(b.len() <= PIECE);
+            out.extend_from_slice(&b);
+        }
+    }
+    d.end();
+    while let Some(b) = d.piece()? {
+        out.extend_from_slice(&b);
+    }
+    assert_eq!(d.produced(), out.len() as u64);
+    Ok(out)
+}
+
+#[test]
+fn round_trips_in_every_coding() {
+    for coding in ALL {
+        for len in [0, 1, 1000, 70_000, 1 << 20] {
+            let data = text(len);
+            let coded = encode(coding, &data, 16 * 1024);
+            if len >= 1000 {
+                assert!(
+                    coded.len() * 3 < data.len(),
+                    "{coding:?} {len}: {}",
+                    coded.len()
+                );
+            }
+            for piece in [1, 7, 4096, 1 << 20] {
+                if piece == 1 && len > 70_000 {
+                    continue;
+                }
+                let back = decode(coding, &coded, piece, u64::MAX).unwrap();
+                assert!(back == data, "{coding:?} len {len} piece {piece}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_flush_gives_out_everything_fed_so_far() {
+    for coding in ALL {
+        let data = text(300_000);
+        let mut e = Encoder::new(coding, 5);
+        let mut out = Vec::new();
+        e.feed(Bytes::copy_from_slice(&data[..100_000]));
+        while let Some(b) = e.piece().unwrap() {
+            out.extend_from_slice(&b);
+        }
+        e.flush();
+        while let Some(b) = e.piece().unwrap() {
+            out.extend_from_slice(&b);
+        }
+        // What came out so far decodes to all that went in.
+        let mut d = Decoder::new(coding, u64::MAX);
+        d.feed(Bytes::from(out.clone()));
+        let mut back = Vec::new();
+        while let Some(b) = d.piece().unwrap() {
+            back.extend_from_slice(&b);
+        }
+        assert!(
+            back == data[..100_000],
+            "{coding:?}: {} of 100000",
+            back.len()
+        );
+        e.feed(Bytes::copy_from_slice(&data[100_000..]));
+        e.end();
+        while let Some(b) = e.piece().unwrap() {
+            out.extend_from_slice(&b);
+        }
+        assert_eq!(decode(coding, &out, 4096, u64::MAX).unwrap(), data);
+    }
+}
+
+#[test]
+fn gzip_from_other_encoders_and_concatenated_members() {
+    let data = text(100_000);
+    let member = |part: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(part).unwrap();
+        e.finish().unwrap()
+    };
+    let mut two = member(&data[..40_000]);
+    two.extend(member(&data[40_000..]));
+    assert_eq!(decode(Coding::Gzip, &two, 3000, u64::MAX).unwrap(), data);
+}
+
+#[test]
+fn an_empty_body_is_empty_in_any_coding() {
+    for coding in ALL {
+        assert_eq!(decode(coding, b"", 1, 10).unwrap(), b"");
+    }
+}
+
+#[test]
+fn truncated_bodies_fail_at_their_end() {
+    let data = text(200_000);
+    for coding in ALL {
+        let coded = encode(coding, &data, 8192);
+        for cut in [1, 10, coded.len() / 2, coded.len() - 1] {
+            match decode(coding, &coded[..cut], 4096, u64::MAX) {
+                Err(CodecError::Truncated(_)) | Err(CodecError::Corrupt { .. }) => {}
+                other => panic!("{coding:?} cut at {cut}: {:?}", other.map(|v| v.len())),
+            }
+        }
+    }
+}
+
+#[test]
+fn corrupt_bodies_fail() {
+    let data = text(50_000);
+    for coding in ALL {
+        let mut coded = encode(coding, &data, 8192);
+        let at = coded.len() / 2;
+        for b in &mut coded[at..at + 8] {
+            *b ^= 0x5a;
+        }
+        assert!(
+            decode(coding, &coded, 4096, u64::MAX).is_err(),
+            "{coding:?}"
+        );
+        assert!(
+            decode(
+                coding,
+                b"this was never compressed at all, not even once",
+                7,
+                1 << 20
+            )
+            .is_err(),
+            "{coding:?}"
+        );
+    }
+    // gzip's trailer checks the data: a body whose length field lies is refused.
+    let mut coded = encode(Coding::Gzip, &data, 8192);
+    let n = coded.len();
+    coded[n - 1] ^= 1;
+    assert!(matches!(
+        decode(Coding::Gzip, &coded, 4096, u64::MAX),
+        Err(CodecError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn trailing_garbage_after_a_brotli_stream_is_corrupt() {
+    let mut coded = encode(Coding::Br, &text(5000), 4096);
+    coded.extend_from_slice(b"tail");
+    assert!(decode(Coding::Br, &coded, 4096, u64::MAX).is_err());
+}
+
+#[test]
+fn a_bomb_is_cut_off_at_the_limit() {
+    // 64 MiB of zeros compresses to some tens of KiB.
+    let zeros = vec![0u8; 64 << 20];
+    for coding in ALL {
+        let coded = encode(coding, &zeros, 1 << 20);
+        assert!(coded.len() < 300_000, "{coding:?} {}", coded.len());
+        let mut d = Decoder::new(coding, 1 << 20);
+        let mut out = 0u64;
+        let mut err = None;
+        'feed: for part in coded.chunks(16 * 1024) {
+            d.feed(Bytes::copy_from_slice(part));
+            loop {
+                match d.piece() {
+                    Ok(Some(b)) => out += b.len() as u64,
+                    Ok(None) => break,
+                    Err(e) => {
+                        err = Some(e);
+                        break 'feed;
+                    }
+                }
+            }
+        }
+        assert!(
+            matches!(err, Some(CodecError::TooLarge { .. })),
+            "{coding:?}"
+        );
+        assert!(out <= 1 << 20, "{coding:?} produced {out}");
+        // A body exactly at the limit is fine.
+        let exact = encode(coding, &zeros[..1 << 20], 1 << 20);
+        assert_eq!(
+            decode(coding, &exact, 4096, 1 << 20).unwrap().len(),
+            1 << 20
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn any_input_any_pieces(data in proptest::collection::vec(any::<u8>(), 0..20_000), piece in 1usize..5000, which in 0usize..3) {
+        let coding = ALL[which];
+        let coded = encode(coding, &data, piece);
+        prop_assert_eq!(decode(coding, &coded, piece, u64::MAX).unwrap(), data);
+    }
+
+    #[test]
+    fn garbage_never_panics(data in proptest::collection::vec(any::<u8>(), 0..4000), which in 0usize..3) {
+        let _ = decode(ALL[which], &data, 97, 1 << 16);
+    }
+}

@@ -1,0 +1,147 @@
+//! `[compression]`: content codings lacquerd negotiates, stores and converts.
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// A content coding lacquerd can decode and encode (RFC 9110 §8.4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Coding {
+    /// `br` (RFC 7932).
+    Br,
+    /// `gzip` (RFC 1952), also accepted as `x-gzip`.
+    Gzip,
+    /// `zstd` (RFC 8878, with the 8 MiB window RFC 9659 sets for HTTP).
+    Zstd,
+}
+
+impl Coding {
+    /// The token in `Content-Encoding` and `Accept-Encoding`.
+    pub fn token(self) -> &'static str {
+        match self {
+            Coding::Br => "br",
+            Coding::Gzip => "gzip",
+            Coding::Zstd => "zstd",
+        }
+    }
+
+    /// The coding a `Content-Encoding` or `Accept-Encoding` token names, in any letter case.
+    pub fn from_token(token: &str) -> Option<Coding> {
+        [
+            ("br", Coding::Br),
+            ("gzip", Coding::Gzip),
+            ("x-gzip", Coding::Gzip),
+            ("zstd", Coding::Zstd),
+        ]
+        .into_iter()
+        .find(|(name, _)| token.eq_ignore_ascii_case(name))
+        .map(|(_, coding)| coding)
+    }
+}
+
+/// `[compression]`: like Varnish's `http_gzip_support` and NGINX's `gzip`/`gunzip`. `Accept-Encoding` is
+/// negotiated by lacquerd instead of being a variant per client string: the origin is asked once for a
+/// compressed body, text it sends uncompressed is compressed once when stored, and every client gets the
+/// stored coding when it accepts it, or the body decompressed on the way out.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Compression {
+    /// Negotiate codings and compress at the edge. Off, `Accept-Encoding` is forwarded as the client sent it
+    /// and varies the cache like any other field. Default: true.
+    pub enabled: bool,
+    /// Codings lacquerd asks origins for and accepts, in preference order; the first is the one it
+    /// compresses with. Default: `["br", "gzip"]` (add `"zstd"` to offer it to clients that list it).
+    pub codings: Vec<Coding>,
+    /// Media types compressed when the origin sends them uncompressed; `text/*` matches every subtype.
+    /// Default: text, JSON, JavaScript, XML, SVG, wasm and the web font types that are not compressed already.
+    #[serde(deserialize_with = "lower_case")]
+    pub types: Vec<String>,
+    /// Bodies whose `Content-Length` is below this are stored as sent. Default: 1 KiB.
+    pub min_size: ByteSize,
+    /// Brotli quality, 0 to 11: 5 keeps a miss fast and compresses within a few per cent of 11 on text.
+    /// Default: 5.
+    pub brotli_level: u32,
+    /// gzip level, 1 to 9. Default: 6 (NGINX's `gzip_comp_level` is 1; 6 is gzip's own default).
+    pub gzip_level: u32,
+    /// zstd level, 1 to 19. Default: 3.
+    pub zstd_level: u32,
+}
+
+impl Default for Compression {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            codings: vec![Coding::Br, Coding::Gzip],
+            types: [
+                "text/*",
+                "application/json",
+                "application/javascript",
+                "application/x-javascript",
+                "application/ecmascript",
+                "application/xml",
+                "application/xhtml+xml",
+                "application/rss+xml",
+                "application/atom+xml",
+                "application/ld+json",
+                "application/manifest+json",
+                "application/geo+json",
+                "application/vnd.apple.mpegurl",
+                "application/x-mpegurl",
+                "application/wasm",
+                "image/svg+xml",
+                "image/x-icon",
+                "font/ttf",
+                "font/otf",
+                "application/vnd.ms-fontobject",
+            ]
+            .map(String::from)
+            .to_vec(),
+            min_size: ByteSize::kib(1),
+            brotli_level: 5,
+            gzip_level: 6,
+            zstd_level: 3,
+        }
+    }
+}
+
+impl Compression {
+    /// Checks on the values alone; `key` is where the section is (`compression`).
+    pub fn check(&self, key: &str) -> Result<(), crate::ConfigError> {
+        let bad = |field: &str, why: &str| Err(crate::ConfigError(format!("{key}.{field}: {why}")));
+        // Even while off: a route may turn it on.
+        if self.codings.is_empty() {
+            return bad("codings", "at least one coding is required");
+        }
+        for (n, coding) in self.codings.iter().enumerate() {
+            if self.codings[..n].contains(coding) {
+                return bad("codings", &format!("{} is listed twice", coding.token()));
+            }
+        }
+        for t in &self.types {
+            let valid = t
+                .split_once('/')
+                .is_some_and(|(a, b)| !a.is_empty() && !b.is_empty() && !t.contains([' ', ';']));
+            if !valid {
+                return bad(
+                    "types",
+                    &format!("{t:?} is not a media type like text/html or text/*"),
+                );
+            }
+        }
+        if self.brotli_level > 11 {
+            return bad("brotli_level", "must be between 0 and 11");
+        }
+        if !(1..=9).contains(&self.gzip_level) {
+            return bad("gzip_level", "must be between 1 and 9");
+        }
+        if !(1..=19).contains(&self.zstd_level) {
+            return bad("zstd_level", "must be between 1 and 19");
+        }
+        Ok(())
+    }
+}
+
+fn lower_case<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    Ok(names.into_iter().map(|n| n.to_ascii_lowercase()).collect())
+}

@@ -1,0 +1,265 @@
+//! Content codings (RFC 9110 §8.4, §12.5.3): what a client accepts, what the origin is asked for, what is
+//! compressed when stored, and how a stored body reaches each client.
+
+use http::{
+    header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE},
+    HeaderMap, HeaderValue, StatusCode,
+};
+pub use lacquer_config::{Coding, Compression};
+
+use crate::cache_control::CacheControl;
+
+/// What one request's `Accept-Encoding` accepts, read once. Quality values are kept in thousandths.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Accepts {
+    /// `br`, `gzip`, `zstd`: the quality the field gives each, when it names it.
+    known: [Option<u16>; 3],
+    /// `identity`, when named.
+    identity: Option<u16>,
+    /// `*`, when named: the quality of every coding not named.
+    any: Option<u16>,
+    /// Whether the request had the field at all.
+    present: bool,
+    /// The first few other codings accepted (`deflate`, `compress`), lower-cased; a hostile field of
+    /// thousands of members adds nothing past them.
+    others: Vec<String>,
+}
+
+/// How many codings lacquerd does not know are remembered per request.
+const OTHERS_KEPT: usize = 4;
+
+fn slot(coding: Coding) -> usize {
+    match coding {
+        Coding::Br => 0,
+        Coding::Gzip => 1,
+        Coding::Zstd => 2,
+    }
+}
+
+/// A `qvalue` (RFC 9110 §12.4.2) in thousandths; `None` when malformed, which makes the member ignored.
+fn qvalue(s: &str) -> Option<u16> {
+    let s = s.trim();
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let frac_value = format!("{frac:0<3}").parse::<u16>().ok()?;
+    match int {
+        "0" => Some(frac_value),
+        "1" if frac_value == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+impl Accepts {
+    /// Reads every `Accept-Encoding` line. Members that do not parse are skipped; the first mention of a
+    /// coding wins. Linear in the field's length, whatever the number of members.
+    pub fn from_headers(headers: &HeaderMap) -> Self {
+        let mut accepts = Accepts::default();
+        for value in headers.get_all(ACCEPT_ENCODING) {
+            accepts.present = true;
+            let Ok(value) = value.to_str() else { continue };
+            for member in value.split(',') {
+                let mut params = member.split(';');
+                let token = params.next().unwrap_or("").trim();
+                if token.is_empty() {
+                    continue;
+                }
+                let mut q = Some(1000);
+                for param in params {
+                    if let Some((name, v)) = param.split_once('=') {
+                        if name.trim().eq_ignore_ascii_case("q") {
+                            q = qvalue(v);
+                        }
+                    }
+                }
+                let Some(q) = q else { continue };
+                let target = if token == "*" {
+                    &mut accepts.any
+                } else if token.eq_ignore_ascii_case("identity") {
+                    &mut accepts.identity
+                } else if let Some(coding) = Coding::from_token(token) {
+                    &mut accepts.known[slot(coding)]
+                } else {
+                    if q > 0 && accepts.others.len() < OTHERS_KEPT {
+                        accepts.others.push(token.to_ascii_lowercase());
+                    }
+                    continue;
+                };
+                target.get_or_insert(q);
+            }
+        }
+        accepts
+    }
+
+    /// The quality given to `coding` (`None`: identity).
+    fn quality(&self, coding: Option<Coding>) -> u16 {
+        match coding {
+            Some(c) => self.known[slot(c)].or(self.any).unwrap_or(0),
+            // Identity is acceptable unless refused by name or by `*;q=0` (RFC 9110 §12.5.3).
+            None => self.identity.or(self.any.filter(|q| *q == 0)).unwrap_or(1),
+        }
+    }
+
+    /// Whether `coding` (`None`: identity) is acceptable. Without the field only identity is: RFC 9110
+    /// allows any coding then, but clients that send nothing are the ones least likely to decode.
+    pub fn accepts(&self, coding: Option<Coding>) -> bool {
+        match coding {
+            Some(_) if !self.present => false,
+            c => self.quality(c) > 0,
+        }
+    }
+
+    /// Whether a coding lacquerd does not know is accepted, by name or by `*`.
+    fn accepts_other(&self, token: &str) -> bool {
+        match Coding::from_token(token) {
+            Some(c) => self.accepts(Some(c)),
+            None => {
+                self.others.iter().any(|o| o.eq_ignore_ascii_case(token))
+                    || self.any.is_some_and(|q| q > 0)
+            }
+        }
+    }
+
+    /// The best of `preference` this request accepts: highest quality first, then preference order.
+    pub fn best(&self, preference: &[Coding]) -> Option<Coding> {
+        preference
+            .iter()
+            .copied()
+            .filter(|c| self.accepts(Some(*c)))
+            .enumerate()
+            .max_by_key(|(i, c)| (self.quality(Some(*c)), usize::MAX - i))
+            .map(|(_, c)| c)
+    }
+}
+
+/// How a response body is coded, from its `Content-Encoding`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coded {
+    /// No coding (absent, empty or `identity`).
+    Identity,
+    /// One coding lacquerd can decode.
+    With(Coding),
+    /// A coding lacquerd cannot decode, or several stacked: sent only to clients that ask for it as is.
+    Other,
+}
+
+/// Reads `Content-Encoding`.
+pub fn coded(headers: &HeaderMap) -> Coded {
+    let mut codings = headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("identity"));
+    match (codings.next(), codings.next()) {
+        (None, _) => Coded::Identity,
+        (Some(one), None) => Coded::from_token(one),
+        _ => Coded::Other,
+    }
+}
+
+impl Coded {
+    fn from_token(token: &str) -> Coded {
+        Coding::from_token(token).map_or(Coded::Other, Coded::With)
+    }
+}
+
+/// The `Accept-Encoding` lacquerd sends the origin and varies stored objects on: the same for every client,
+/// so one stored object serves them all.
+pub fn origin_accept_encoding(settings: &Compression) -> HeaderValue {
+    let tokens: Vec<&str> = settings.codings.iter().map(|c| c.token()).collect();
+    HeaderValue::from_str(&tokens.join(", ")).expect("coding tokens are ASCII")
+}
+
+/// The coding to compress a response with when it is stored: the first configured one, if the response is a
+/// complete 200 in a listed type, not coded already, not marked `no-transform`, and not known to be smaller
+/// than `min_size`.
+pub fn compress_with(
+    status: StatusCode,
+    headers: &HeaderMap,
+    settings: &Compression,
+) -> Option<Coding> {
+    if status != StatusCode::OK
+        || coded(headers) != Coded::Identity
+        || headers.contains_key(CONTENT_RANGE)
+        || CacheControl::from_headers(headers).no_transform
+    {
+        return None;
+    }
+    let length = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if length.is_some_and(|len| len < settings.min_size.as_u64()) {
+        return None;
+    }
+    let media_type = headers
+        .get(CONTENT_TYPE)?
+        .to_str()
+        .ok()?
+        .split(';')
+        .next()?
+        .trim()
+        .to_ascii_lowercase();
+    let (kind, _) = media_type.split_once('/')?;
+    let listed = settings.types.iter().any(|t| match t.strip_suffix("/*") {
+        Some(any_of) => any_of == kind,
+        None => *t == media_type,
+    });
+    listed.then(|| settings.codings.first().copied()).flatten()
+}
+
+/// How a stored (or arriving) body reaches one client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The bytes as stored.
+    AsStored,
+    /// Decompressed on the way out, for a client that accepts none of the stored coding.
+    Decode(Coding),
+    /// Nothing stored can be sent: the stored coding is not acceptable and may not or cannot be decoded
+    /// (`no-transform`, or a coding lacquerd does not know). The request goes to the origin as the client
+    /// sent it.
+    Forward,
+}
+
+/// Chooses how a response with headers `stored` reaches a client; `no_transform` when the response or the
+/// request says `no-transform`. A client that refuses identity too still gets identity: RFC 9110 §12.5.3
+/// prefers that to a 415.
+pub fn delivery(stored: &HeaderMap, client: &Accepts, no_transform: bool) -> Delivery {
+    match coded(stored) {
+        Coded::Identity => Delivery::AsStored,
+        Coded::With(c) if client.accepts(Some(c)) => Delivery::AsStored,
+        Coded::With(c) if !no_transform => Delivery::Decode(c),
+        Coded::With(_) => Delivery::Forward,
+        Coded::Other => {
+            let every = stored
+                .get_all(CONTENT_ENCODING)
+                .iter()
+                .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+                .map(str::trim)
+                .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("identity"))
+                .all(|t| client.accepts_other(t));
+            if every {
+                Delivery::AsStored
+            } else {
+                Delivery::Forward
+            }
+        }
+    }
+}
+
+/// `etag` made weak (RFC 9110 §8.8.3): the bytes sent are not the origin's, so only weak comparison may
+/// match them. Weak tags and values that are not entity-tags are kept as they are.
+pub fn weak_etag(etag: &HeaderValue) -> HeaderValue {
+    let bytes = etag.as_bytes();
+    if bytes.starts_with(b"\"") {
+        let mut weak = b"W/".to_vec();
+        weak.extend_from_slice(bytes);
+        HeaderValue::from_bytes(&weak).unwrap_or_else(|_| etag.clone())
+    } else {
+        etag.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,399 @@
+//! Content codings on the data path (`[compression]`): the client's `Accept-Encoding` set aside for one
+//! the origin and the store share, bodies compressed (or checked) as a fill streams them, and stored bodies
+//! decompressed on the way out for clients that do not take their coding.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, HeaderValue};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use lacquer_backends::body::{self, Body, BoxError};
+use lacquer_codec::{CodecError, Decoder, Encoder};
+use lacquer_policy::{
+    cache_control::CacheControl,
+    encoding::{self, Accepts, Coded, Coding, Compression, Delivery},
+};
+
+use crate::stats::{add, inc, Stats};
+
+/// The length a compressed stored body has once decoded, kept with its headers so identity clients get a
+/// `Content-Length` and byte ranges. Internal: removed from what origins send and from what clients get.
+pub const IDENTITY_LENGTH: HeaderName = HeaderName::from_static("lacquer-identity-length");
+
+/// A lookup's `Accept-Encoding`, read and replaced by the one the origin and the store see.
+pub struct Negotiated {
+    accepts: Accepts,
+    /// The field as the client sent it, for a request that must go to the origin as sent.
+    original: Vec<HeaderValue>,
+    /// The request says `no-transform`: it gets the stored coding or the origin's answer, never a
+    /// conversion.
+    no_transform: bool,
+}
+
+impl Negotiated {
+    /// Reads the client's `Accept-Encoding` and puts in its place the one every client shares.
+    pub fn take(headers: &mut HeaderMap, settings: &Compression) -> Self {
+        let accepts = Accepts::from_headers(headers);
+        let original = headers
+            .get_all(header::ACCEPT_ENCODING)
+            .iter()
+            .cloned()
+            .collect();
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            encoding::origin_accept_encoding(settings),
+        );
+        Self {
+            accepts,
+            original,
+            no_transform: CacheControl::from_headers(headers).no_transform,
+        }
+    }
+
+    /// How a response with `headers` reaches this client.
+    pub fn delivery(&self, headers: &HeaderMap) -> Delivery {
+        let no_transform = self.no_transform || CacheControl::from_headers(headers).no_transform;
+        encoding::delivery(headers, &self.accepts, no_transform)
+    }
+
+    /// Puts the client's own `Accept-Encoding` back, for a request sent to the origin as the client sent it.
+    pub fn restore(&self, headers: &mut HeaderMap) {
+        headers.remove(header::ACCEPT_ENCODING);
+        for value in &self.original {
+            headers.append(header::ACCEPT_ENCODING, value.clone());
+        }
+    }
+}
+
+/// How a response leaves: the delivery chosen, with the decoding's settings when it decodes.
+pub enum Conversion {
+    /// The bytes as stored or fetched.
+    None,
+    /// Decompressed on the way out.
+    Decode {
+        /// The stored coding.
+        coding: Coding,
+        /// Output past this many bytes cuts the response off (`max_object_size`).
+        limit: u64,
+        /// Where the conversion and any failure are counted.
+        stats: Arc<Stats>,
+    },
+}
+
+impl Conversion {
+    /// The conversion for `delivery` (never called with `Forward`, which the caller handles first).
+    pub fn new(delivery: Delivery, limit: u64, stats: &Arc<Stats>) -> Self {
+        match delivery {
+            Delivery::Decode(coding) => Conversion::Decode {
+                coding,
+                limit,
+                stats: stats.clone(),
+            },
+            Delivery::AsStored | Delivery::Forward => Conversion::None,
+        }
+    }
+
+    /// Whether the body is decoded on the way out.
+    pub fn decodes(&self) -> bool {
+        matches!(self, Conversion::Decode { .. })
+    }
+
+    /// Shapes the headers for what is sent: for a decoded body `Content-Encoding` goes, the entity-tag
+    /// turns weak (RFC 9110 §8.8.3) and `Content-Length` becomes the decoded length when known; any coded
+    /// body tells caches downstream that it varies on `Accept-Encoding`. Returns the length sent, when
+    /// known.
+    pub fn headers(&self, headers: &mut HeaderMap, stored_length: Option<u64>) -> Option<u64> {
+        let identity_length = headers
+            .remove(IDENTITY_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if encoding::coded(headers) != Coded::Identity {
+            vary_on_accept_encoding(headers);
+        }
+        let Conversion::Decode { coding, stats, .. } = self else {
+            return stored_length;
+        };
+        inc(match coding {
+            Coding::Br => &stats.decoded_br,
+            Coding::Gzip => &stats.decoded_gzip,
+            Coding::Zstd => &stats.decoded_zstd,
+        });
+        headers.remove(header::CONTENT_ENCODING);
+        if let Some(etag) = headers.get(header::ETAG) {
+            let weak = encoding::weak_etag(etag);
+            headers.insert(header::ETAG, weak);
+        }
+        match identity_length {
+            Some(len) => {
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            }
+            None => {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+        }
+        identity_length
+    }
+
+    /// `body` as sent: decoded when the conversion decodes, restricted to bytes `first..=last` of the
+    /// decoded body when `range` says so. A body that does not decode, or decodes past the limit, ends in
+    /// an error, so the client never takes it for complete.
+    pub fn body(&self, body: Body, range: Option<(u64, u64)>) -> Body {
+        let Conversion::Decode {
+            coding,
+            limit,
+            stats,
+        } = self
+        else {
+            return body;
+        };
+        let state = DecodeState {
+            inner: body,
+            decoder: Decoder::new(*coding, *limit),
+            ended: false,
+            offset: 0,
+            range,
+            failed: false,
+            stats: stats.clone(),
+        };
+        body::from_stream(futures_util::stream::unfold(state, |mut s| async move {
+            match s.next().await {
+                Ok(Some(data)) => Some((Ok(Frame::data(data)), s)),
+                Ok(None) => None,
+                Err(e) => {
+                    s.failed = true;
+                    Some((Err(e), s))
+                }
+            }
+        }))
+    }
+}
+
+/// Adds `Accept-Encoding` to `Vary` unless it is there (or `Vary: *` says it all).
+pub fn vary_on_accept_encoding(headers: &mut HeaderMap) {
+    let listed = headers
+        .get_all(header::VARY)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("").split(','))
+        .any(|n| n.trim().eq_ignore_ascii_case("accept-encoding") || n.trim() == "*");
+    if !listed {
+        headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+}
+
+struct DecodeState {
+    inner: Body,
+    decoder: Decoder,
+    ended: bool,
+    /// Decoded bytes produced so far (for ranges).
+    offset: u64,
+    range: Option<(u64, u64)>,
+    /// An error was sent: the body is over.
+    failed: bool,
+    stats: Arc<Stats>,
+}
+
+impl DecodeState {
+    /// The next decoded piece to send, `None` at the end.
+    async fn next(&mut self) -> Result<Option<Bytes>, BoxError> {
+        loop {
+            if self.failed || self.range.is_some_and(|(_, last)| self.offset > last) {
+                return Ok(None);
+            }
+            match self.decoder.piece() {
+                Ok(Some(data)) => {
+                    let start = self.offset;
+                    self.offset += data.len() as u64;
+                    let Some((first, last)) = self.range else {
+                        return Ok(Some(data));
+                    };
+                    if self.offset <= first {
+                        continue;
+                    }
+                    let from = first.saturating_sub(start) as usize;
+                    let to = ((last + 1).saturating_sub(start) as usize).min(data.len());
+                    return Ok(Some(data.slice(from..to)));
+                }
+                Ok(None) if self.ended => return Ok(None),
+                Ok(None) => {}
+                Err(e) => {
+                    inc(match e {
+                        CodecError::TooLarge { .. } => &self.stats.decode_limit,
+                        _ => &self.stats.corrupt_bodies,
+                    });
+                    return Err(e.into());
+                }
+            }
+            match self.inner.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.decoder.feed(data);
+                    }
+                }
+                Some(Err(e)) => return Err(e),
+                None => {
+                    self.ended = true;
+                    self.decoder.end();
+                }
+            }
+        }
+    }
+}
+
+/// What a fill does to the body it streams.
+pub enum FillCoding {
+    /// Nothing: sent and stored as the origin sent it.
+    AsSent,
+    /// Compressed as it streams (the response was stored uncompressed in a listed type).
+    Compress(Encoder),
+    /// The origin's compressed body, checked as it streams so that a truncated or corrupt one is never
+    /// stored or delivered as complete; its decoded length is counted for identity clients. Each frame is
+    /// held until the next arrives (the last until the check is done): with a `Content-Length`, a client
+    /// given every byte would take the body for complete whatever came after.
+    Check {
+        /// The decoder that checks.
+        decoder: Decoder,
+        /// The frame held back.
+        held: Option<Bytes>,
+    },
+    /// A compressed body that expanded past the limit: sent on as it is, not stored, not checked further.
+    Unchecked,
+}
+
+/// Input compressed without any output before the compressor is made to flush.
+const FLUSH_AFTER: u64 = 256 * 1024;
+
+/// What one origin frame became.
+pub enum Pushed {
+    /// Pieces to send and store.
+    Pieces(Vec<Bytes>),
+    /// The body expands past `max_object_size`: stop storing; the pieces still go to the readers.
+    OverLimit(Vec<Bytes>),
+}
+
+impl FillCoding {
+    /// Decides for a response with `headers` (changed to describe what is stored) under `settings`;
+    /// `storing` when the response is being stored, `limit` is `max_object_size`.
+    pub fn start(
+        settings: Option<&Compression>,
+        status: http::StatusCode,
+        headers: &mut HeaderMap,
+        storing: bool,
+        limit: u64,
+    ) -> Self {
+        let Some(settings) = settings else {
+            return FillCoding::AsSent;
+        };
+        if let Some(coding) = storing
+            .then(|| encoding::compress_with(status, headers, settings))
+            .flatten()
+        {
+            let level = match coding {
+                Coding::Br => settings.brotli_level,
+                Coding::Gzip => settings.gzip_level,
+                Coding::Zstd => settings.zstd_level,
+            };
+            headers.insert(
+                header::CONTENT_ENCODING,
+                HeaderValue::from_static(coding.token()),
+            );
+            headers.remove(header::CONTENT_LENGTH);
+            if let Some(etag) = headers.get(header::ETAG) {
+                let weak = encoding::weak_etag(etag);
+                headers.insert(header::ETAG, weak);
+            }
+            vary_on_accept_encoding(headers);
+            return FillCoding::Compress(Encoder::new(coding, level));
+        }
+        match encoding::coded(headers) {
+            // Only what is stored is checked: what is not goes on as the origin sent it, to clients that
+            // decode it themselves (or through a decoder that checks it on the way out).
+            Coded::With(coding) if storing => {
+                vary_on_accept_encoding(headers);
+                FillCoding::Check {
+                    decoder: Decoder::new(coding, limit),
+                    held: None,
+                }
+            }
+            Coded::With(_) | Coded::Other => {
+                vary_on_accept_encoding(headers);
+                FillCoding::AsSent
+            }
+            Coded::Identity => FillCoding::AsSent,
+        }
+    }
+
+    /// Takes one origin frame.
+    pub fn push(&mut self, data: Bytes) -> Result<Pushed, CodecError> {
+        match self {
+            FillCoding::AsSent | FillCoding::Unchecked => Ok(Pushed::Pieces(vec![data])),
+            FillCoding::Compress(encoder) => {
+                encoder.feed(data);
+                let mut pieces = Vec::new();
+                while let Some(piece) = encoder.piece()? {
+                    pieces.push(piece);
+                }
+                // Readers of a slow origin get compressed bytes at least every FLUSH_AFTER of input, not
+                // only when the codec has gathered a block (brotli's can be megabytes).
+                if encoder.consumed() - encoder.consumed_at_output() >= FLUSH_AFTER {
+                    encoder.flush();
+                    while let Some(piece) = encoder.piece()? {
+                        pieces.push(piece);
+                    }
+                }
+                Ok(Pushed::Pieces(pieces))
+            }
+            FillCoding::Check { decoder, held } => {
+                decoder.feed(data.clone());
+                let released: Vec<Bytes> = held.replace(data).into_iter().collect();
+                loop {
+                    match decoder.piece() {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return Ok(Pushed::Pieces(released)),
+                        Err(CodecError::TooLarge { .. }) => {
+                            let mut all = released;
+                            all.extend(held.take());
+                            *self = FillCoding::Unchecked;
+                            return Ok(Pushed::OverLimit(all));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the body: the compressor's last pieces, or the check that the coded body ended where the
+    /// HTTP body did.
+    pub fn finish(&mut self) -> Result<Vec<Bytes>, CodecError> {
+        let mut pieces = Vec::new();
+        match self {
+            FillCoding::AsSent | FillCoding::Unchecked => {}
+            FillCoding::Compress(encoder) => {
+                encoder.end();
+                while let Some(piece) = encoder.piece()? {
+                    pieces.push(piece);
+                }
+            }
+            FillCoding::Check { decoder, held } => {
+                decoder.end();
+                while decoder.piece()?.is_some() {}
+                pieces.extend(held.take());
+            }
+        }
+        Ok(pieces)
+    }
+
+    /// Counts the compression, and records the decoded length in the headers to store.
+    pub fn record(&self, headers: &mut HeaderMap, stats: &Stats) {
+        let identity = match self {
+            FillCoding::Compress(encoder) => {
+                add(&stats.compress_in, encoder.consumed());
+                add(&stats.compress_out, encoder.produced());
+                encoder.consumed()
+            }
+            FillCoding::Check { decoder, .. } => decoder.produced(),
+            FillCoding::AsSent | FillCoding::Unchecked => return,
+        };
+        headers.insert(IDENTITY_LENGTH, HeaderValue::from(identity));
+    }
+}
