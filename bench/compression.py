@@ -53,7 +53,6 @@ CLIENTS = [
     ("none", None, 0.10),
     ("identity", "identity", 0.10),
 ]
-IDENTITY_CLIENTS = {"none", "identity"}
 
 WORDS = """the of and to in a is that for it as was with be by on not he this are or his from at which but have
 an they you were her she there been one all we their has would when if so no will more about up out who can its
@@ -539,8 +538,12 @@ def run_target(target, pid, path, body, args):
     for c, e in by_coding.items():
         out[f"bytes_{c}"] = e["bytes"] / max(e["n"], 1)
         out[f"share_{c}"] = e["n"] / max(ok, 1)
-    groups = {"all": list(res), "identity": [n for n in res if n in IDENTITY_CLIENTS],
-              "encoding": [n for n in res if n not in IDENTITY_CLIENTS]}
+    groups = {"all": list(res)}
+    for name in res:
+        groups.setdefault(coding.get(name, ("?",))[0], []).append(name)
+    out["classes"] = {n: {"coding": coding.get(n, ("?",))[0], "responses": d["statusCodeDistribution"].get("200", 0),
+                          "ttfb_p50": (d["firstBytePercentiles"]["p50"] or 0) * 1000,
+                          "ttfb_p99": (d["firstBytePercentiles"]["p99"] or 0) * 1000} for n, d in res.items()}
     for group, names in groups.items():
         pct = [res[n]["firstBytePercentiles"] for n in names]
         weights = [res[n]["statusCodeDistribution"].get("200", 0) for n in names]
@@ -614,12 +617,11 @@ def report(raw, names, args, body):
     rows += [(f"body bytes per {c} response", f"bytes_{c}", "{:.0f}", True) for c in codings]
     rows += [(f"share of responses sent {c}", f"share_{c}", "{:.2f}", False) for c in codings]
     rows += [("TTFB p50, all clients (ms)", "ttfb_all_p50", "{:.2f}", True),
-             ("TTFB p99, all clients (ms)", "ttfb_all_p99", "{:.2f}", True),
-             ("TTFB p50, clients accepting a coding (ms)", "ttfb_encoding_p50", "{:.2f}", True),
-             ("TTFB p99, clients accepting a coding (ms)", "ttfb_encoding_p99", "{:.2f}", True),
-             ("TTFB p50, identity clients (ms)", "ttfb_identity_p50", "{:.2f}", True),
-             ("TTFB p99, identity clients (ms)", "ttfb_identity_p99", "{:.2f}", True),
-             ("target CPU per 1000 responses (ms)", "cpu_per_1000", "{:.0f}", True),
+             ("TTFB p99, all clients (ms)", "ttfb_all_p99", "{:.2f}", True)]
+    for c in codings:
+        rows += [(f"TTFB p50, {c} responses (ms)", f"ttfb_{c}_p50", "{:.2f}", True),
+                 (f"TTFB p99, {c} responses (ms)", f"ttfb_{c}_p99", "{:.2f}", True)]
+    rows += [("target CPU per 1000 responses (ms)", "cpu_per_1000", "{:.0f}", True),
              ("load generator (12 oha) CPU per 1000 responses (ms)", "loadgen_cpu_per_1000", "{:.0f}", False),
              ("machine CPU busy while measured", "machine_busy", "{:.0%}", False),
              ("load average (1 min) before measuring", "loadavg_before", "{:.2f}", False)]
@@ -635,12 +637,16 @@ def report(raw, names, args, body):
             lq, vn = med("lacquer", key), med("varnish", key)
             line += f" {lq / vn:.2f} |" if comparable and lq is not None and vn else " |"
         print(line)
-    print("\ncoding sent per client class (last round):\n")
+    def cell(t, name):
+        ttfb = [r["classes"][name]["ttfb_p50"] for r in raw[t] if name in r.get("classes", {})]
+        return raw[t][-1]["coding"].get(name, "-") + (f" {statistics.median(ttfb):.2f}" if ttfb else "")
+
+    print("\ncoding sent per client class (last round) and its TTFB p50 in ms (median of rounds):\n")
     print("| client | Accept-Encoding | " + " | ".join(names) + " |")
     print("|---|---|" + "---|" * len(names))
     for name, ae, _ in CLIENTS:
         print(f"| {name} | {'(none)' if ae is None else '`' + ae + '`'} | "
-              + " | ".join(raw[t][-1]["coding"].get(name, "-") for t in names) + " |")
+              + " | ".join(cell(t, name) for t in names) + " |")
     print("\nfetches per round: " + "; ".join(f"{t} {[r['fetches'] for r in raw[t]]}" for t in names))
     print("Accept-Encoding the origin saw (last round): "
           + "; ".join(f"{t} {raw[t][-1]['origin_ae']}" for t in names))
