@@ -20,13 +20,7 @@ pub struct Accepts {
     any: Option<u16>,
     /// Whether the request had the field at all.
     present: bool,
-    /// The first few other codings accepted (`deflate`, `compress`), lower-cased; a hostile field of
-    /// thousands of members adds nothing past them.
-    others: Vec<String>,
 }
-
-/// How many codings lacquerd does not know are remembered per request.
-const OTHERS_KEPT: usize = 4;
 
 fn slot(coding: Coding) -> usize {
     match coding {
@@ -81,9 +75,6 @@ impl Accepts {
                 } else if let Some(coding) = Coding::from_token(token) {
                     &mut accepts.known[slot(coding)]
                 } else {
-                    if q > 0 && accepts.others.len() < OTHERS_KEPT {
-                        accepts.others.push(token.to_ascii_lowercase());
-                    }
                     continue;
                 };
                 target.get_or_insert(q);
@@ -110,14 +101,6 @@ impl Accepts {
         }
     }
 
-    /// Whether a coding lacquerd does not know is accepted, by name or by `*`.
-    fn accepts_other(&self, token: &str) -> bool {
-        match Coding::from_token(token) {
-            Some(c) => self.accepts(Some(c)),
-            None => {
-                self.others.iter().any(|o| o.eq_ignore_ascii_case(token))
-                    || self.any.is_some_and(|q| q > 0)
-            }
         }
     }
 }
@@ -129,7 +112,7 @@ pub enum Coded {
     Identity,
     /// One coding lacquerd can decode.
     With(Coding),
-    /// A coding lacquerd cannot decode, or several stacked: sent only to clients that ask for it as is.
+    /// A coding lacquerd cannot decode, or several stacked: delivered as the origin sent it.
     Other,
 }
 
@@ -214,9 +197,8 @@ pub enum Delivery {
     AsStored,
     /// Decompressed on the way out, for a client that accepts none of the stored coding.
     Decode(Coding),
-    /// Nothing stored can be sent: the stored coding is not acceptable and may not or cannot be decoded
-    /// (`no-transform`, or a coding lacquerd does not know). The request goes to the origin as the client
-    /// sent it.
+    /// Nothing stored can be sent: the stored coding is not acceptable and `no-transform` forbids decoding
+    /// it. The request goes to the origin as the client sent it.
     Forward,
 }
 
@@ -229,20 +211,9 @@ pub fn delivery(stored: &HeaderMap, client: &Accepts, no_transform: bool) -> Del
         Coded::With(c) if client.accepts(Some(c)) => Delivery::AsStored,
         Coded::With(c) if !no_transform => Delivery::Decode(c),
         Coded::With(_) => Delivery::Forward,
-        Coded::Other => {
-            let every = stored
-                .get_all(CONTENT_ENCODING)
-                .iter()
-                .flat_map(|v| v.to_str().unwrap_or("?").split(','))
-                .map(str::trim)
-                .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("identity"))
-                .all(|t| client.accepts_other(t));
-            if every {
-                Delivery::AsStored
-            } else {
-                Delivery::Forward
-            }
-        }
+        // What lacquerd cannot decode goes as the origin sent it, as through any cache: the origin chose
+        // to send it to a request that did not ask for it.
+        Coded::Other => Delivery::AsStored,
     }
 }
 

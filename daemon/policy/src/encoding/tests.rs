@@ -74,7 +74,6 @@ fn a_field_of_ten_thousand_members_is_read_in_one_pass() {
     value.push_str("gzip;q=0.4");
     let a = accepts(Some(&value));
     assert_eq!(accepted(&a), "g");
-    assert_eq!(a.others.len(), OTHERS_KEPT);
 }
 
 #[test]
@@ -191,7 +190,8 @@ fn how_a_stored_body_reaches_each_client() {
         (gzip, Some("identity"), false, Decode(Coding::Gzip)),
         (br, Some("gzip"), true, Forward),
         (deflate, Some("deflate, gzip"), false, AsStored),
-        (deflate, Some("gzip"), false, Forward),
+        (deflate, Some("gzip"), false, AsStored),
+        (deflate, None, true, AsStored),
         (deflate, Some("*"), false, AsStored),
     ];
     for (stored, client, no_transform, want) in cases {
