@@ -100,9 +100,6 @@ impl Accepts {
             c => self.quality(c) > 0,
         }
     }
-
-        }
-    }
 }
 
 /// How a response body is coded, from its `Content-Encoding`.
