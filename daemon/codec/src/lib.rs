@@ -18,8 +18,20 @@ use compression_codecs::{
 };
 pub use lacquer_config::Coding;
 
-/// Largest piece of output one call to `piece` returns.
-pub const PIECE: usize = 64 * 1024;
+/// Largest piece of output one call to `piece` returns: small enough that the first bytes of a decoded
+/// body leave early, large enough that a frame's overhead stays small.
+pub const PIECE: usize = 16 * 1024;
+
+/// `out`'s first `n` bytes, in an allocation of their size when they fill little of it: a piece kept in
+/// a fetch's window must not hold more memory than its length says.
+fn piece_of(mut out: Vec<u8>, n: usize) -> Bytes {
+    if n < out.len() / 2 {
+        Bytes::copy_from_slice(&out[..n])
+    } else {
+        out.truncate(n);
+        Bytes::from(out)
+    }
+}
 
 /// The zstd window HTTP allows (RFC 9659 §3: 8 MiB), as a power of two.
 const ZSTD_WINDOW_LOG: u32 = 23;
@@ -155,10 +167,7 @@ impl Encoder {
         if n > 0 {
             self.consumed_at_output = self.consumed;
         }
-        Ok((n > 0).then(|| {
-            out.truncate(n);
-            Bytes::from(out)
-        }))
+        Ok((n > 0).then(|| piece_of(out, n)))
     }
 
     /// Bytes fed so far.
@@ -305,10 +314,7 @@ impl Decoder {
             });
         }
         self.produced += n as u64;
-        Ok((n > 0).then(|| {
-            out.truncate(n);
-            Bytes::from(out)
-        }))
+        Ok((n > 0).then(|| piece_of(out, n)))
     }
 
     /// Bytes produced so far.

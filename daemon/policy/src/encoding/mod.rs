@@ -20,13 +20,7 @@ pub struct Accepts {
     any: Option<u16>,
     /// Whether the request had the field at all.
     present: bool,
-    /// The first few other codings accepted (`deflate`, `compress`), lower-cased; a hostile field of
-    /// thousands of members adds nothing past them.
-    others: Vec<String>,
 }
-
-/// How many codings lacquerd does not know are remembered per request.
-const OTHERS_KEPT: usize = 4;
 
 fn slot(coding: Coding) -> usize {
     match coding {
@@ -81,9 +75,6 @@ impl Accepts {
                 } else if let Some(coding) = Coding::from_token(token) {
                     &mut accepts.known[slot(coding)]
                 } else {
-                    if q > 0 && accepts.others.len() < OTHERS_KEPT {
-                        accepts.others.push(token.to_ascii_lowercase());
-                    }
                     continue;
                 };
                 target.get_or_insert(q);
@@ -109,28 +100,6 @@ impl Accepts {
             c => self.quality(c) > 0,
         }
     }
-
-    /// Whether a coding lacquerd does not know is accepted, by name or by `*`.
-    fn accepts_other(&self, token: &str) -> bool {
-        match Coding::from_token(token) {
-            Some(c) => self.accepts(Some(c)),
-            None => {
-                self.others.iter().any(|o| o.eq_ignore_ascii_case(token))
-                    || self.any.is_some_and(|q| q > 0)
-            }
-        }
-    }
-
-    /// The best of `preference` this request accepts: highest quality first, then preference order.
-    pub fn best(&self, preference: &[Coding]) -> Option<Coding> {
-        preference
-            .iter()
-            .copied()
-            .filter(|c| self.accepts(Some(*c)))
-            .enumerate()
-            .max_by_key(|(i, c)| (self.quality(Some(*c)), usize::MAX - i))
-            .map(|(_, c)| c)
-    }
 }
 
 /// How a response body is coded, from its `Content-Encoding`.
@@ -140,7 +109,7 @@ pub enum Coded {
     Identity,
     /// One coding lacquerd can decode.
     With(Coding),
-    /// A coding lacquerd cannot decode, or several stacked: sent only to clients that ask for it as is.
+    /// A coding lacquerd cannot decode, or several stacked: delivered as the origin sent it.
     Other,
 }
 
@@ -166,10 +135,19 @@ impl Coded {
 }
 
 /// The `Accept-Encoding` lacquerd sends the origin and varies stored objects on: the same for every client,
-/// so one stored object serves them all.
+/// so one stored object serves them all. Quality values say the preference order (`gzip, br;q=0.9`), for
+/// origins that choose by them.
 pub fn origin_accept_encoding(settings: &Compression) -> HeaderValue {
-    let tokens: Vec<&str> = settings.codings.iter().map(|c| c.token()).collect();
-    HeaderValue::from_str(&tokens.join(", ")).expect("coding tokens are ASCII")
+    let members: Vec<String> = settings
+        .codings
+        .iter()
+        .enumerate()
+        .map(|(n, c)| match n {
+            0 => c.token().to_owned(),
+            n => format!("{};q=0.{}", c.token(), 10 - n.min(9)),
+        })
+        .collect();
+    HeaderValue::from_str(&members.join(", ")).expect("coding tokens are ASCII")
 }
 
 /// The coding to compress a response with when it is stored: the first configured one, if the response is a
@@ -216,9 +194,8 @@ pub enum Delivery {
     AsStored,
     /// Decompressed on the way out, for a client that accepts none of the stored coding.
     Decode(Coding),
-    /// Nothing stored can be sent: the stored coding is not acceptable and may not or cannot be decoded
-    /// (`no-transform`, or a coding lacquerd does not know). The request goes to the origin as the client
-    /// sent it.
+    /// Nothing stored can be sent: the stored coding is not acceptable and `no-transform` forbids decoding
+    /// it. The request goes to the origin as the client sent it.
     Forward,
 }
 
@@ -231,20 +208,9 @@ pub fn delivery(stored: &HeaderMap, client: &Accepts, no_transform: bool) -> Del
         Coded::With(c) if client.accepts(Some(c)) => Delivery::AsStored,
         Coded::With(c) if !no_transform => Delivery::Decode(c),
         Coded::With(_) => Delivery::Forward,
-        Coded::Other => {
-            let every = stored
-                .get_all(CONTENT_ENCODING)
-                .iter()
-                .flat_map(|v| v.to_str().unwrap_or("?").split(','))
-                .map(str::trim)
-                .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("identity"))
-                .all(|t| client.accepts_other(t));
-            if every {
-                Delivery::AsStored
-            } else {
-                Delivery::Forward
-            }
-        }
+        // What lacquerd cannot decode goes as the origin sent it, as through any cache: the origin chose
+        // to send it to a request that did not ask for it.
+        Coded::Other => Delivery::AsStored,
     }
 }
 
