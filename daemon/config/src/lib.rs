@@ -226,8 +226,8 @@ pub struct Cache {
     #[serde(with = "humantime_serde")]
     pub heuristic_max: Duration,
     /// Look up requests carrying `Authorization`. Default: false: a GET with it always goes to the origin,
-    /// and its response is stored for other requests only when `public`, `s-maxage` or `must-revalidate`
-    /// allow it (RFC 9111 §3.5).
+    /// and its response is stored for other requests only when `public` or `s-maxage` allow it (true also
+    /// takes `must-revalidate` as leave to share, as RFC 9111 §3.5 does).
     pub cache_authorized: bool,
     /// Look up and store requests carrying `Cookie`. Default: false (pass).
     pub cache_cookie_requests: bool,

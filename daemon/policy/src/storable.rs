@@ -98,7 +98,12 @@ pub fn decide(
     if cc.private {
         return DontStore("private");
     }
-    if request_authorized && !(cc.public || cc.must_revalidate || cc.s_maxage.is_some()) {
+    // RFC 9111 §3.5 lets `must-revalidate` share an authorized response too, but personal pages carry it
+    // (`max-age=0, must-revalidate`) more often than they carry `private`: only an operator who looks up
+    // authorized requests (`cache_authorized`) takes it as leave to share.
+    let shareable =
+        cc.public || cc.s_maxage.is_some() || (cc.must_revalidate && policy.cache.cache_authorized);
+    if request_authorized && !shareable {
         return DontStore("authorization");
     }
     if headers.contains_key(header::SET_COOKIE) && !policy.cache.cache_set_cookie {
@@ -419,6 +424,12 @@ mod tests {
                 &[("cache-control", "s-maxage=60")],
                 store(60, 0, true, &[]),
             ),
+            (
+                true,
+                200,
+                &[("cache-control", "max-age=60, must-revalidate")],
+                d("authorization"),
+            ),
         ];
         for (auth, status, h, want) in cases {
             let got = decide(
@@ -430,6 +441,20 @@ mod tests {
             );
             assert_eq!(&got, want, "{status} {h:?} authorized={auth}");
         }
+        // An operator who looks up authorized requests takes must-revalidate as RFC 9111 §3.5 does.
+        let looked_up = Policy::new(Cache {
+            cache_authorized: true,
+            ..Cache::default()
+        });
+        let revalidated = headers(&[("cache-control", "max-age=60, must-revalidate")]);
+        let got = decide(
+            true,
+            StatusCode::OK,
+            &revalidated,
+            &looked_up,
+            SystemTime::now(),
+        );
+        assert!(matches!(got, Decision::Store(_)), "{got:?}");
     }
 
     #[test]

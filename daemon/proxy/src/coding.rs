@@ -153,6 +153,7 @@ impl Conversion {
             offset: 0,
             range,
             failed: false,
+            yielded_at: 0,
             stats: stats.clone(),
         };
         body::from_stream(futures_util::stream::unfold(state, |mut s| async move {
@@ -189,12 +190,24 @@ struct DecodeState {
     range: Option<(u64, u64)>,
     /// An error was sent: the body is over.
     failed: bool,
+    /// `offset` when the task last let go of its thread.
+    yielded_at: u64,
     stats: Arc<Stats>,
 }
+
+/// Decoded bytes sent between two yields to the connection.
+const YIELD_EVERY: u64 = 64 * 1024;
 
 impl DecodeState {
     /// The next decoded piece to send, `None` at the end.
     async fn next(&mut self) -> Result<Option<Bytes>, BoxError> {
+        // Decoding a stored body never waits, so the connection would take every piece before writing
+        // any: letting go of the thread after the first piece, and every YIELD_EVERY after, sends the head
+        // and the first bytes while the rest is decoded.
+        if self.offset > 0 && self.offset - self.yielded_at >= YIELD_EVERY.min(self.offset) {
+            self.yielded_at = self.offset;
+            tokio::task::yield_now().await;
+        }
         loop {
             if self.failed || self.range.is_some_and(|(_, last)| self.offset > last) {
                 return Ok(None);
