@@ -28,7 +28,7 @@ import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import ROOT, stop  # noqa: E402
+from compare import ROOT, stop, tree  # noqa: E402
 
 ORIGIN_PORT = 8940
 TARGETS = {"lacquer": 8941, "varnish": 8942, "nginx": 8943, "nginx-gzip": 8944}
@@ -327,25 +327,6 @@ def start(work, procs, args, names):
     for name in names:
         wait_port(TARGETS[name])
     return pids
-
-
-def tree(pid):
-    """`pid` and all its descendants."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
 
 
 def cpu_seconds(pids):

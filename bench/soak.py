@@ -24,7 +24,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
-from compare import ROOT, nginx_conf, sh, stop, wait_port  # noqa: E402
+from compare import ROOT, nginx_conf, sh, stop, tree, wait_port  # noqa: E402
 
 # Ports of its own, 100 below the other benchmarks', so that a soak can run beside one of them.
 ORIGIN_PORT = compare.ORIGIN_PORT = 8880
@@ -32,25 +32,6 @@ TARGETS = {"lacquer": 8881, "varnish": 8882, "nginx": 8883}
 ADMIN_PORT = 8791
 VARNISH_ADMIN = "127.0.0.1:8792"
 MIB = 1024 * 1024
-
-
-def tree(pid):
-    """`pid` and every process descended from it."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
 
 
 def rss_bytes(pid):
