@@ -6,7 +6,7 @@ use http::{header, request::Parts};
 use regex::Regex;
 
 use lacquer_config::{Config, ConfigError, Cookies, ForwardingHeaders};
-use lacquer_policy::{headers::FORWARDING, Policy};
+use lacquer_policy::{encoding::Negotiation, headers::FORWARDING, Policy};
 
 use crate::{protection::ClientRateLimit, BackendError, BackendSet, BackendState, Director};
 
@@ -204,7 +204,7 @@ impl Router {
         let compression = |route: Option<bool>| {
             route
                 .unwrap_or(config.compression.enabled)
-                .then(|| config.compression.clone())
+                .then(|| Negotiation::new(config.compression.clone()))
         };
         let mut base = Policy::new(config.cache.clone());
         base.compression = compression(None);
@@ -417,10 +417,13 @@ mod tests {
         );
         assert!(png.policy.cache.cache_cookie_requests);
         assert_eq!(png.policy.compression, None);
-        assert_eq!(cdn.policy.compression, Some(c.compression.clone()));
+        assert_eq!(
+            cdn.policy.compression,
+            Some(Negotiation::new(c.compression.clone()))
+        );
         let fallback = router.route(&request("other.test", "/"));
         let base = Policy {
-            compression: Some(c.compression.clone()),
+            compression: Some(Negotiation::new(c.compression.clone())),
             ..Policy::new(c.cache.clone())
         };
         assert_eq!(fallback.policy, base);

@@ -38,7 +38,7 @@ pub struct Policy {
     pub key_headers: Vec<String>,
     /// `[compression]` when it applies to the route: `Accept-Encoding` negotiated by lacquerd, bodies
     /// compressed when stored and decoded on delivery. Default: none (the field varies like any other).
-    pub compression: Option<encoding::Compression>,
+    pub compression: Option<encoding::Negotiation>,
 }
 
 impl Policy {

@@ -12,7 +12,7 @@ use lacquer_backends::body::{self, Body, BoxError};
 use lacquer_codec::{CodecError, Decoder, Encoder};
 use lacquer_policy::{
     cache_control::CacheControl,
-    encoding::{self, Accepts, Coded, Coding, Compression, Delivery},
+    encoding::{self, Accepts, Coded, Coding, Compression, Delivery, Negotiation},
 };
 
 use crate::stats::{add, inc, Stats};
@@ -33,17 +33,14 @@ pub struct Negotiated {
 
 impl Negotiated {
     /// Reads the client's `Accept-Encoding` and puts in its place the one every client shares.
-    pub fn take(headers: &mut HeaderMap, settings: &Compression) -> Self {
+    pub fn take(headers: &mut HeaderMap, negotiation: &Negotiation) -> Self {
         let accepts = Accepts::from_headers(headers);
         let original = headers
             .get_all(header::ACCEPT_ENCODING)
             .iter()
             .cloned()
             .collect();
-        headers.insert(
-            header::ACCEPT_ENCODING,
-            encoding::origin_accept_encoding(settings),
-        );
+        headers.insert(header::ACCEPT_ENCODING, negotiation.accept_encoding.clone());
         Self {
             accepts,
             original,

@@ -427,7 +427,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     }
     let max_object_size = policy.cache.max_object_size.as_u64();
     let mut coding = FillCoding::start(
-        policy.compression.as_ref(),
+        policy.compression.as_ref().map(|n| &n.settings),
         head.status,
         &mut head.headers,
         writer.is_some(),

@@ -234,7 +234,7 @@ async fn lookup<S: CacheStore>(
         .policy
         .compression
         .as_ref()
-        .map(|settings| Negotiated::take(&mut parts.headers, settings));
+        .map(|negotiation| Negotiated::take(&mut parts.headers, negotiation));
     let parts = Arc::new(parts);
     let ctx = Ctx {
         client,

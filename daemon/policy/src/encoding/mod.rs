@@ -134,6 +134,26 @@ impl Coded {
     }
 }
 
+/// `[compression]` as a route applies it: the settings, and the `Accept-Encoding` made from them once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Negotiation {
+    /// The section as read.
+    pub settings: Compression,
+    /// What the origin is sent and stored objects vary on ([`origin_accept_encoding`]).
+    pub accept_encoding: HeaderValue,
+}
+
+impl Negotiation {
+    /// The negotiation `settings` describe.
+    pub fn new(settings: Compression) -> Self {
+        let accept_encoding = origin_accept_encoding(&settings);
+        Self {
+            settings,
+            accept_encoding,
+        }
+    }
+}
+
 /// The `Accept-Encoding` lacquerd sends the origin and varies stored objects on: the same for every client,
 /// so one stored object serves them all. Quality values say the preference order (`gzip, br;q=0.9`), for
 /// origins that choose by them.
