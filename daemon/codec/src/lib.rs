@@ -33,8 +33,11 @@ fn piece_of(mut out: Vec<u8>, n: usize) -> Bytes {
     }
 }
 
-/// The zstd window HTTP allows (RFC 9659 §3: 8 MiB), as a power of two.
+/// The zstd window HTTP allows (RFC 9659 §3: 8 MiB), as a power of two: what a decoder accepts.
 const ZSTD_WINDOW_LOG: u32 = 23;
+
+/// The window lacquerd's brotli and zstd encoders use (1 MiB), as a power of two.
+const ENCODER_WINDOW_LOG: u32 = 20;
 
 /// Why a body could not be coded.
 #[derive(Debug, thiserror::Error)]
@@ -87,14 +90,18 @@ impl Encoder {
     pub fn new(coding: Coding, level: u32) -> Self {
         let level = Level::Precise(level as i32);
         let codec: Box<dyn EncodeV2 + Send> = match coding {
-            // A 4 MiB window (lgwin 22) as browsers and NGINX's brotli module use: bounded memory per fill.
+            // Every fill that compresses holds its encoder's window: 1 MiB for brotli and zstd (gzip's is
+            // 32 KiB) keeps hundreds of concurrent fills within tens of MiB each, at a cost in ratio only
+            // for bodies larger than the window.
             Coding::Br => Box::new(BrotliEncoder::new(
-                EncoderParams::default().quality(level).window_size(22),
+                EncoderParams::default()
+                    .quality(level)
+                    .window_size(ENCODER_WINDOW_LOG as i32),
             )),
             Coding::Gzip => Box::new(GzipEncoder::new(level.into())),
             Coding::Zstd => Box::new(ZstdEncoder::new_with_params(
                 CParameter::quality(level),
-                &[CParameter::window_log(ZSTD_WINDOW_LOG)],
+                &[CParameter::window_log(ENCODER_WINDOW_LOG)],
             )),
         };
         Self {
