@@ -50,8 +50,13 @@ impl Negotiated {
 
     /// How a response with `headers` reaches this client.
     pub fn delivery(&self, headers: &HeaderMap) -> Delivery {
-        let no_transform = self.no_transform || CacheControl::from_headers(headers).no_transform;
-        encoding::delivery(headers, &self.accepts, no_transform)
+        // The stored `Cache-Control` matters only when a conversion would be needed: most hits skip it.
+        match encoding::delivery(headers, &self.accepts, self.no_transform) {
+            Delivery::Decode(_) if CacheControl::from_headers(headers).no_transform => {
+                Delivery::Forward
+            }
+            delivery => delivery,
+        }
     }
 
     /// Puts the client's own `Accept-Encoding` back, for a request sent to the origin as the client sent it.
@@ -116,10 +121,7 @@ impl Conversion {
             Coding::Zstd => &stats.decoded_zstd,
         });
         headers.remove(header::CONTENT_ENCODING);
-        if let Some(etag) = headers.get(header::ETAG) {
-            let weak = encoding::weak_etag(etag);
-            headers.insert(header::ETAG, weak);
-        }
+        weaken_etag(headers);
         match identity_length {
             Some(len) => {
                 headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
@@ -166,6 +168,14 @@ impl Conversion {
     }
 }
 
+/// Makes the `ETag` weak: the bytes sent are not the origin's (RFC 9110 §8.8.3).
+fn weaken_etag(headers: &mut HeaderMap) {
+    if let Some(etag) = headers.get(header::ETAG) {
+        let weak = encoding::weak_etag(etag);
+        headers.insert(header::ETAG, weak);
+    }
+}
+
 /// Adds `Accept-Encoding` to `Vary` unless it is there (or `Vary: *` says it all).
 pub fn vary_on_accept_encoding(headers: &mut HeaderMap) {
     let listed = headers
@@ -198,14 +208,15 @@ const YIELD_EVERY: u64 = 64 * 1024;
 impl DecodeState {
     /// The next decoded piece to send, `None` at the end.
     async fn next(&mut self) -> Result<Option<Bytes>, BoxError> {
-        // Decoding a stored body never waits, so the connection would take every piece before writing
-        // any: letting go of the thread after the first piece, and every YIELD_EVERY after, sends the head
-        // and the first bytes while the rest is decoded.
-        if self.offset > 0 && self.offset - self.yielded_at >= YIELD_EVERY.min(self.offset) {
-            self.yielded_at = self.offset;
-            tokio::task::yield_now().await;
-        }
         loop {
+            // Decoding a stored body never waits, so the connection would take every piece before writing
+            // any: letting go of the thread after the first piece, and every YIELD_EVERY after (also while
+            // decoding up to a range's start), sends the head and the first bytes while the rest is decoded
+            // and never holds a worker thread for a whole large body.
+            if self.offset > 0 && self.offset - self.yielded_at >= YIELD_EVERY.min(self.offset) {
+                self.yielded_at = self.offset;
+                tokio::task::yield_now().await;
+            }
             if self.failed || self.range.is_some_and(|(_, last)| self.offset > last) {
                 return Ok(None);
             }
@@ -269,6 +280,9 @@ pub enum FillCoding {
     Unchecked,
 }
 
+/// Output a fill's check decodes between two yields of its thread.
+const CHECK_YIELD: usize = 1 << 20;
+
 /// Input compressed without any output before the compressor is made to flush.
 const FLUSH_AFTER: u64 = 256 * 1024;
 
@@ -307,10 +321,7 @@ impl FillCoding {
                 HeaderValue::from_static(coding.token()),
             );
             headers.remove(header::CONTENT_LENGTH);
-            if let Some(etag) = headers.get(header::ETAG) {
-                let weak = encoding::weak_etag(etag);
-                headers.insert(header::ETAG, weak);
-            }
+            weaken_etag(headers);
             vary_on_accept_encoding(headers);
             return FillCoding::Compress(Encoder::new(coding, level));
         }
@@ -332,8 +343,9 @@ impl FillCoding {
         }
     }
 
-    /// Takes one origin frame.
-    pub fn push(&mut self, data: Bytes) -> Result<Pushed, CodecError> {
+    /// Takes one origin frame. A small frame of a hostile body may decode to `max_object_size`: the check
+    /// lets go of its thread every CHECK_YIELD of output, so it never holds a worker for long.
+    pub async fn push(&mut self, data: Bytes) -> Result<Pushed, CodecError> {
         match self {
             FillCoding::AsSent | FillCoding::Unchecked => Ok(Pushed::Pieces(vec![data])),
             FillCoding::Compress(encoder) => {
@@ -355,9 +367,16 @@ impl FillCoding {
             FillCoding::Check { decoder, held } => {
                 decoder.feed(data.clone());
                 let released: Vec<Bytes> = held.replace(data).into_iter().collect();
+                let mut since_yield = 0;
                 loop {
                     match decoder.piece() {
-                        Ok(Some(_)) => {}
+                        Ok(Some(piece)) => {
+                            since_yield += piece.len();
+                            if since_yield >= CHECK_YIELD {
+                                since_yield = 0;
+                                tokio::task::yield_now().await;
+                            }
+                        }
                         Ok(None) => return Ok(Pushed::Pieces(released)),
                         Err(CodecError::TooLarge { .. }) => {
                             let mut all = released;

@@ -484,7 +484,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             continue;
         };
         add(&shared.stats.bytes_in, data.len() as u64);
-        let pieces = match coding.push(data) {
+        let pieces = match coding.push(data).await {
             Ok(Pushed::Pieces(pieces)) => pieces,
             Ok(Pushed::OverLimit(pieces)) => {
                 inc(&shared.stats.decode_limit);
