@@ -67,6 +67,7 @@ pub fn store(config: &Config) -> Result<StoreBuilder, ConfigError> {
         .with_disk_bytes(s.disk_size.as_u64() as usize)
         .with_chunk_size(s.chunk_size.as_u64() as usize)
         .with_metadata_cache_bytes(s.metadata_cache.as_u64() as usize)
+        .with_metadata_page_cache_bytes(s.metadata_page_cache.as_u64() as usize)
         .with_max_variants(s.max_variants)
         .with_sweep_interval(s.sweep_interval);
     builder

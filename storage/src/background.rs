@@ -1,6 +1,8 @@
-//! The store's background threads (ban lurker, sweeper): plain threads at a lower CPU priority (nice 10),
-//! so that on a small machine their walks over every record yield to the threads serving clients, and never
-//! block a runtime thread that foyer's disk tasks or the admin API need.
+//! The store's background threads (ban lurker, sweeper): plain threads in the kernel's idle scheduling class
+//! (`SCHED_IDLE`; nice 19 where that is refused), so that their walks over every record run on cores nobody
+//! else wants and a client thread that wakes takes the core back at once (a nice 10 thread still kept it for
+//! a scheduler slice: the hit p99 doubled during a walk), and never block a runtime thread that foyer's disk
+//! tasks or the admin API need.
 
 use std::panic::AssertUnwindSafe;
 
@@ -16,10 +18,7 @@ pub(crate) fn spawn(
     std::thread::Builder::new()
         .name(format!("lacquer-{name}"))
         .spawn(move || {
-            // SAFETY: setpriority on the calling thread (who = 0) only changes its own scheduling.
-            if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) } != 0 {
-                tracing::debug!(thread = name, "cannot lower the thread's priority");
-            }
+            lower_priority(name);
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| work(&store)));
             if let (Err(panic), Some(store)) = (outcome, store.open()) {
                 let cause = crate::health::panic_message(&*panic);
@@ -28,4 +27,15 @@ pub(crate) fn spawn(
         })
         .map(drop)
         .map_err(|source| StoreError::Background { name, source })
+}
+
+/// Puts the calling thread in the idle scheduling class, or at nice 19 when that is refused.
+fn lower_priority(name: &str) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: both calls change the scheduling of the calling thread (pid/who 0) only; `param` outlives
+    // the call.
+    let idle = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0;
+    if !idle && unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) } != 0 {
+        tracing::debug!(thread = name, "cannot lower the thread's priority");
+    }
 }

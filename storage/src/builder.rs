@@ -16,6 +16,7 @@ pub struct StoreBuilder {
     pub(crate) chunk_size: usize,
     pub(crate) flushers: usize,
     pub(crate) metadata_cache_bytes: usize,
+    pub(crate) metadata_page_cache_bytes: usize,
     pub(crate) max_variants: usize,
     pub(crate) sweep_interval: Duration,
 }
@@ -30,6 +31,7 @@ impl StoreBuilder {
             chunk_size: 256 * KIB,
             flushers: 2,
             metadata_cache_bytes: 64 * MIB,
+            metadata_page_cache_bytes: 32 * MIB,
             max_variants: 16,
             sweep_interval: Duration::from_secs(60),
         }
@@ -63,6 +65,14 @@ impl StoreBuilder {
     /// Bytes of object metadata kept in memory so that hits never touch sled. Default: 64 MiB.
     pub fn with_metadata_cache_bytes(mut self, bytes: usize) -> Self {
         self.metadata_cache_bytes = bytes;
+        self
+    }
+
+    /// Bytes of sled's page cache, which lookups outside the hot metadata and the walks over every record
+    /// read through (sled's own default, 1 GiB, would let memory grow with the number of objects).
+    /// Default: 32 MiB.
+    pub fn with_metadata_page_cache_bytes(mut self, bytes: usize) -> Self {
+        self.metadata_page_cache_bytes = bytes;
         self
     }
 

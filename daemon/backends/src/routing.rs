@@ -197,7 +197,7 @@ impl Router {
         };
         let forwarding = |mode: ForwardingHeaders, policy: &mut Policy| {
             if mode == ForwardingHeaders::Key {
-                policy.key_headers = FORWARDING.iter().map(|n| n.to_string()).collect();
+                policy.key_headers = FORWARDING.iter().map(|n| n.as_str().to_owned()).collect();
             }
             mode == ForwardingHeaders::Strip
         };

@@ -178,6 +178,9 @@ pub struct Storage {
     pub chunk_size: ByteSize,
     /// Memory for hot object metadata. Default: 64 MiB.
     pub metadata_cache: ByteSize,
+    /// Memory for the metadata database's page cache (sled's; its own default is 1 GiB): what lookups of
+    /// keys outside the hot metadata and the background walks read through. Default: 32 MiB.
+    pub metadata_page_cache: ByteSize,
     /// `Vary` variants kept per URL; past it the oldest goes (counted). Default: 16.
     pub max_variants: usize,
     /// How often expired and evicted objects' metadata is dropped. Default: 60 s.
@@ -193,6 +196,7 @@ impl Default for Storage {
             disk_size: ByteSize::gib(1),
             chunk_size: ByteSize::kib(256),
             metadata_cache: ByteSize::mib(64),
+            metadata_page_cache: ByteSize::mib(32),
             max_variants: 16,
             sweep_interval: Duration::from_secs(60),
         }

@@ -249,7 +249,7 @@ async fn lookup<S: CacheStore>(
     loop {
         let now = lacquer_clock::now_ms();
         let mut stale = None;
-        if let Some(found) = find(worker, &key, &parts) {
+        if let Some(found) = find(worker, &key, &parts).await {
             let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
             match usability(found.meta().lifetime(now)) {
                 Usability::Fresh => {
@@ -354,8 +354,8 @@ impl Found {
 }
 
 /// The stored variant this request selects, fresh or not (the sweeper removes what is past keeping).
-fn find<S: CacheStore>(worker: &Worker<S>, key: &str, parts: &Parts) -> Option<Found> {
-    let set = worker.shared.store.lookup(key).unwrap_or_else(|e| {
+async fn find<S: CacheStore>(worker: &Worker<S>, key: &str, parts: &Parts) -> Option<Found> {
+    let set = worker.shared.store.lookup(key).await.unwrap_or_else(|e| {
         tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
         None
     })?;

@@ -205,7 +205,7 @@ impl CacheStore for MemoryStore {
     type Writer = MemoryWriter;
     type Partial = MemoryPartial;
 
-    fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+    async fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
         let mut s = self.lock();
         let Some(set) = s.sets.get(primary).cloned() else {
             return Ok(None);

@@ -30,8 +30,12 @@ pub trait CacheStore: Clone + Send + Sync + 'static {
     /// The part of a body in progress that its writer has stored; see [`PartialRead`].
     type Partial: PartialRead;
 
-    /// Every stored variant of the cache key `primary` that no ban covers, newest first.
-    fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError>;
+    /// Every stored variant of the cache key `primary` that no ban covers, newest first. Never blocks the
+    /// calling thread on a disk read.
+    fn lookup(
+        &self,
+        primary: &str,
+    ) -> impl Future<Output = Result<Option<Arc<ObjectSet>>, StoreError>> + Send;
 
     /// Where the invalidation history stands now: taken when a fetch starts, so that what it brings is
     /// tested against the bans and purges that came later before it is stored.
@@ -118,8 +122,11 @@ impl CacheStore for Store {
     type Writer = ObjectWriter;
     type Partial = PartialBody;
 
-    fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
-        Store::lookup(self, primary)
+    fn lookup(
+        &self,
+        primary: &str,
+    ) -> impl Future<Output = Result<Option<Arc<ObjectSet>>, StoreError>> + Send {
+        Store::lookup_off_thread(self, primary)
     }
 
     fn mark(&self) -> InvalidationMark {

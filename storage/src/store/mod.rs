@@ -4,7 +4,7 @@
 //!
 //! - `open`: opening the directory, wiring foyer (bodies) and sled (metadata), starting the background tasks;
 //! - `recover`: the start-up replay of the invalidation journal over the metadata;
-//! - `records`: every change to a metadata record, under the one lock that keeps the hot copy and sled in
+//! - `records`: every change to a metadata record, under its key's lock that keeps the hot copy and sled in
 //!   step; bans are applied to a record here when a lookup meets it;
 //! - `tags`: the surrogate-key index, changed together with the records;
 //! - `bodies`: reading, proving and forgetting body chunks;
@@ -95,8 +95,8 @@ struct Inner {
     /// Group commit of sled flushes.
     flushes: GroupCommit,
     hot: Cache<String, Arc<ObjectSet>>,
-    /// Serialises every change to an object set, so the hot copy and sled never disagree.
-    mutate: Mutex<()>,
+    /// Serialises every change to one key's object set, so the hot copy and sled never disagree.
+    records: records::Records,
     jobs: mpsc::Sender<Job>,
     counters: Counters,
     config: StoreBuilder,
@@ -220,6 +220,19 @@ impl Store {
         }
         // Not `flush_async`: it runs on sled's thread pool, which keeps the database (and its directory lock)
         // alive for a moment after the future resolves.
+        self.inner.db.flush()?;
+        // Written after everything above is in sled, so the next start can skip its replay; the id margin
+        // covers ids a straggler takes after this point.
+        let (objects, bytes) = self.counted();
+        let clean = recover::CleanClose {
+            journal_last: self.inner.journal.last(),
+            next_id: self.next_id() + (1 << 20),
+            objects,
+            bytes,
+        };
+        self.inner
+            .state
+            .insert(recover::CLEAN_CLOSE, &clean.encode())?;
         self.inner.db.flush()?;
         self.inner.lock.lock().expect("store lock").take();
         Ok(())

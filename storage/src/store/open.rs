@@ -178,23 +178,34 @@ impl Store {
             );
             config.disk_bytes = fitted;
         }
-        let db = sled::Config::new()
+        // sled reads its whole index at open, and so does foyer: with a million objects each takes a
+        // second or more, so sled opens on a blocking thread while foyer recovers (in `assemble`).
+        let sled_config = sled::Config::new()
             .path(&meta_dir)
             .flush_every_ms(Some(200))
-            .open()
-            .map_err(|source| {
+            .cache_capacity(config.metadata_page_cache_bytes as u64);
+        let sled_dir = meta_dir.clone();
+        let db = runtime.spawn_blocking(move || {
+            sled_config.open().map_err(|source| {
                 // sled's own lock, still held by this process's previous handle: not damage.
                 if source.to_string().contains("could not acquire lock") {
-                    StoreError::Locked {
-                        path: meta_dir.clone(),
-                    }
+                    StoreError::Locked { path: sled_dir }
                 } else {
                     StoreError::OpenMetadata {
-                        path: meta_dir.clone(),
+                        path: sled_dir,
                         source,
                     }
                 }
-            })?;
+            })
+        });
+        let db = async move {
+            db.await.unwrap_or_else(|e| {
+                Err(StoreError::OpenMetadata {
+                    path: meta_dir,
+                    source: sled::Error::ReportableBug(format!("opening sled failed: {e}")),
+                })
+            })
+        };
         let (journal, readback) = Journal::read(&config.dir)?;
         let device = FsDeviceBuilder::new(&body_dir)
             .with_capacity(config.disk_bytes)
@@ -203,7 +214,10 @@ impl Store {
                 path: body_dir.clone(),
                 source,
             })?;
-        let guard = DiskGuard::new(vec![meta_dir, body_dir], config.disk_reserve());
+        let guard = DiskGuard::new(
+            vec![config.dir.join("meta"), body_dir],
+            config.disk_reserve(),
+        );
         guard.check();
         Self::assemble(
             config,
@@ -233,7 +247,7 @@ impl Store {
         Self::assemble(
             config,
             &runtime,
-            db,
+            std::future::ready(Ok(db)),
             None,
             (Journal::volatile(), Readback::Intact),
             None,
@@ -245,16 +259,12 @@ impl Store {
     async fn assemble(
         config: StoreBuilder,
         runtime: &tokio::runtime::Handle,
-        db: sled::Db,
+        db: impl std::future::Future<Output = Result<sled::Db, StoreError>>,
         device: Option<Arc<dyn foyer::Device>>,
         (journal, readback): (Journal, Readback),
         disk: Option<DiskGuard>,
         health: Health,
     ) -> Result<Self, StoreError> {
-        let objects = db.open_tree("objects")?;
-        let tags = db.open_tree("tags")?;
-        let state = db.open_tree("state")?;
-        let (bans, unreadable_bans) = Bans::open(&db)?;
         let registry = prometheus::Registry::new();
         let buffer_pool = config.buffer_pool_bytes();
         let mut storage = HybridCacheBuilder::new()
@@ -285,6 +295,24 @@ impl Store {
                 path: config.dir.join("bodies"),
                 source,
             })?;
+        let metadata = async {
+            let db = db.await?;
+            let trees = (
+                db.open_tree("objects")?,
+                db.open_tree("tags")?,
+                db.open_tree("state")?,
+            );
+            let bans = Bans::open(&db)?;
+            Ok::<_, StoreError>((db, trees, bans))
+        };
+        // A store that fails here is moved aside and opened again: foyer lets go of its files first.
+        let (db, (objects, tags, state), (bans, unreadable_bans)) = match metadata.await {
+            Ok(metadata) => metadata,
+            Err(e) => {
+                chunks.close().await.ok();
+                return Err(e);
+            }
+        };
         let hot = CacheBuilder::new(config.metadata_cache_bytes)
             .with_eviction_config(SieveConfig)
             .with_weighter(|k: &String, v: &Arc<ObjectSet>| k.len() + v.approx_size())
@@ -305,7 +333,7 @@ impl Store {
                 lock: Mutex::new(None),
                 flushes: GroupCommit::default(),
                 hot,
-                mutate: Mutex::new(()),
+                records: super::records::Records::default(),
                 jobs,
                 counters: Counters::default(),
                 config,

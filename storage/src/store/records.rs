@@ -1,15 +1,17 @@
-//! Every change to a metadata record happens here, under one lock (`Inner::mutate`): the record in sled,
-//! its copy in the hot-metadata cache and its tag-index entries change together, so a lookup served from
-//! memory and one served from sled never disagree. Bans are applied to a record when a lookup (or the
-//! lurker) meets it; a body fetched meanwhile is tested before it is published.
+//! Every change to a metadata record happens here, under its key's lock (one of [`Records`]' stripes): the
+//! record in sled, its copy in the hot-metadata cache and its tag-index entries change together, so a
+//! lookup served from memory and one served from sled never disagree. Bans are applied to a record when a
+//! lookup (or the lurker) meets it; a body fetched meanwhile is tested before it is published.
 //!
-//! The lock is a plain mutex, held for a few sled operations and never across an `await`. The functions
-//! that need it held take the guard ([`Locked`]) as an argument, so calling one without the lock does not
-//! compile.
+//! Every operation here reads and writes one key's record and that key's tag entries, so records of
+//! different keys never wait for each other: the lock is striped by key. A stripe is a plain mutex, held
+//! for a few sled operations and never across an `await`. The functions that need it held take the guard
+//! ([`Locked`]) as an argument, so calling one without the lock does not compile.
 
 use std::{
     borrow::Cow,
-    sync::{Arc, MutexGuard},
+    hash::{Hash, Hasher},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use crate::{
@@ -44,27 +46,89 @@ impl Record {
     }
 }
 
-/// Proof that the record lock is held, for as long as this lives.
+/// Proof that a key's record lock is held, for as long as this lives.
 struct Locked<'a> {
     _guard: MutexGuard<'a, ()>,
 }
 
+/// Stripes of the record lock: enough that two client threads and the background walks rarely meet on
+/// one, few enough to cost nothing (a mutex is four bytes).
+const STRIPES: usize = 1024;
+
+/// The record locks, one per stripe of keys.
+pub(super) struct Records {
+    stripes: Box<[Mutex<()>]>,
+}
+
+impl Default for Records {
+    fn default() -> Self {
+        Self {
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+}
+
+impl Records {
+    /// The lock of the record stored under `key` (the cache key's bytes).
+    fn lock(&self, key: &[u8]) -> Locked<'_> {
+        Locked {
+            _guard: self.stripes[Self::stripe(key)].lock().expect("record lock"),
+        }
+    }
+
+    fn stripe(key: &[u8]) -> usize {
+        let mut h = std::hash::DefaultHasher::new();
+        key.hash(&mut h);
+        h.finish() as usize % STRIPES
+    }
+}
+
 impl Store {
+    /// What the data path calls on a client thread: [`Store::lookup`], answered from the hot copy when it
+    /// can be without the lock; anything else (reading sled, testing a new ban, removing what it covers)
+    /// runs on the store runtime's blocking threads, so that a metadata read that goes to the disk never
+    /// stalls the other connections of a client thread's runtime.
+    pub async fn lookup_off_thread(
+        &self,
+        primary: &str,
+    ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        if let Some(set) = self.lookup_hot(primary, self.inner.bans.newest()) {
+            return Ok(Some(set));
+        }
+        let (store, primary) = (self.clone(), primary.to_owned());
+        self.inner
+            .runtime
+            .spawn_blocking(move || store.lookup(&primary))
+            .await
+            .map_err(|e| {
+                if e.is_panic() {
+                    tracing::error!(error = %e, "a metadata lookup panicked");
+                    StoreError::Unavailable
+                } else {
+                    StoreError::Closed
+                }
+            })?
+    }
+
+    /// The hot copy of `primary`'s set, if it needs no test against bans up to `newest`.
+    fn lookup_hot(&self, primary: &str, newest: u64) -> Option<Arc<ObjectSet>> {
+        let set = self.inner.hot.get(primary)?.value().clone();
+        (!set
+            .variants
+            .iter()
+            .any(|m| self.inner.bans.needs_test(m, newest)))
+        .then_some(set)
+    }
+
     /// Every stored variant of `primary` that no ban covers. Served from memory when hot; reads sled
-    /// otherwise. Variants not yet tested against the newest bans are tested now, and removed if banned.
+    /// otherwise (blocking: see [`Store::lookup_off_thread`]). Variants not yet tested against the newest
+    /// bans are tested now, and removed if banned.
     pub fn lookup(&self, primary: &str) -> Result<Option<Arc<ObjectSet>>, StoreError> {
         let newest = self.inner.bans.newest();
-        if let Some(entry) = self.inner.hot.get(primary) {
-            let set = entry.value().clone();
-            if !set
-                .variants
-                .iter()
-                .any(|m| self.inner.bans.needs_test(m, newest))
-            {
-                return Ok(Some(set));
-            }
+        if let Some(set) = self.lookup_hot(primary, newest) {
+            return Ok(Some(set));
         }
-        let locked = self.lock_records();
+        let locked = self.lock_record(primary);
         let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
             return Ok(None);
         };
@@ -129,7 +193,7 @@ impl Store {
         primary: &str,
         generation: u64,
     ) -> Result<bool, StoreError> {
-        let locked = self.lock_records();
+        let locked = self.lock_record(primary);
         Ok(self
             .load_set(&locked, primary, HotCopy::IfPresent)?
             .is_some_and(|set| set.variants.iter().any(|m| m.generation == generation)))
@@ -138,7 +202,7 @@ impl Store {
     /// Tests the variants of `primary` against bans up to `upto` under the lock, as a lookup would but
     /// without filling the hot copy: what the lurker does with a record it could not read on its own.
     pub(crate) fn apply_bans(&self, primary: &str, upto: u64) -> Result<usize, StoreError> {
-        let locked = self.lock_records();
+        let locked = self.lock_record(primary);
         let Some(set) = self.load_set(&locked, primary, HotCopy::IfPresent)? else {
             return Ok(0);
         };
@@ -218,7 +282,7 @@ impl Store {
         primary: &str,
         change: impl FnOnce(&mut ObjectSet) -> usize,
     ) -> Result<usize, StoreError> {
-        let locked = self.lock_records();
+        let locked = self.lock_record(primary);
         let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
             return Ok(0);
         };
@@ -238,7 +302,10 @@ impl Store {
         mut meta: ObjectMeta,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        let locked = self.lock_records();
+        let locked = self.lock_record(primary);
+        // Indexed before the purges are looked at: a tag purge registered after that look finds the entry
+        // (and then waits for this key's lock to remove the body), one registered before it is seen here.
+        self.index_tags(primary, &meta)?;
         let newest = self.inner.bans.newest();
         let banned = meta.ban_checked < newest
             && match self.inner.bans.test_fetched(
@@ -254,11 +321,11 @@ impl Store {
                 }
             };
         if banned || self.inner.invalidations.covers(epoch, primary, &meta.tags) {
+            self.unindex_tags(primary, &meta)?;
             self.forget_body(&meta);
             self.counters().publishes_cancelled.add(1);
             return Ok(());
         }
-        self.index_tags(primary, &meta)?;
         let mut set = self
             .load_set(&locked, primary, HotCopy::Fill)?
             .map(|s| (*s).clone())
@@ -281,7 +348,7 @@ impl Store {
 
     /// Removes every variant of `primary`; returns how many there were.
     pub fn remove(&self, primary: &str) -> Result<usize, StoreError> {
-        let locked = self.lock_records();
+        let locked = self.lock_record(primary);
         let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
             return Ok(0);
         };
@@ -300,7 +367,7 @@ impl Store {
     /// Replaces the metadata of a stored body (same generation, same chunks), as after a revalidation;
     /// `false` when that body is no longer stored.
     pub fn refresh(&self, primary: &str, meta: ObjectMeta) -> Result<bool, StoreError> {
-        let locked = self.lock_records();
+        let locked = self.lock_record(primary);
         let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
             return Ok(false);
         };
@@ -345,7 +412,7 @@ impl Store {
         primary: &str,
         keep: impl Fn(&ObjectMeta) -> bool,
     ) -> Result<usize, StoreError> {
-        let locked = self.lock_records();
+        let locked = self.lock_record(primary);
         let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
             return Ok(0);
         };
@@ -367,7 +434,7 @@ impl Store {
     /// [`Store::lookup`] it does not make the key hot.
     pub fn inspect(&self, primary: &str) -> Result<Vec<(ObjectMeta, ChunkTiers)>, StoreError> {
         let set = {
-            let locked = self.lock_records();
+            let locked = self.lock_record(primary);
             let Some(set) = self.load_set(&locked, primary, HotCopy::IfPresent)? else {
                 return Ok(Vec::new());
             };
@@ -391,12 +458,10 @@ impl Store {
             .collect())
     }
 
-    /// Takes the lock every change to a record holds, from reading it to writing it back (sled, the hot
-    /// copy and the tag index). Not reentrant: the locked operations here take it themselves.
-    fn lock_records(&self) -> Locked<'_> {
-        Locked {
-            _guard: self.inner.mutate.lock().expect("store mutex"),
-        }
+    /// Takes the lock every change to `primary`'s record holds, from reading it to writing it back (sled,
+    /// the hot copy and the tag index). Not reentrant: the locked operations here take it themselves.
+    fn lock_record(&self, primary: &str) -> Locked<'_> {
+        self.inner.records.lock(primary.as_bytes())
     }
 
     /// Walks every record in sled in key order, without the lock (a walk over a large store must not hold
@@ -413,7 +478,7 @@ impl Store {
     /// be decoded (a record rewritten since the walk read it is left alone); returns whether it was removed.
     /// Not counted: callers count what they report.
     pub(crate) fn drop_unreadable(&self, key: &[u8]) -> Result<bool, StoreError> {
-        let _locked = self.lock_records();
+        let _locked = self.inner.records.lock(key);
         let Some(value) = self.inner.objects.get(key)? else {
             return Ok(false);
         };
@@ -513,6 +578,79 @@ mod tests {
         assert_eq!(stats.objects_published, 4);
         assert_eq!(stats.variants_overflowed, 1);
         assert_eq!((stats.objects, stats.stored_bytes), (2, 20));
+    }
+
+    /// A key in another stripe than `of`'s.
+    fn elsewhere(of: &str) -> String {
+        (0..)
+            .map(|i| format!("b.test/{i}"))
+            .find(|k| Records::stripe(k.as_bytes()) != Records::stripe(of.as_bytes()))
+            .expect("more than one stripe")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_held_locked_does_not_stop_lookups_of_other_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let held = "a.test/held";
+        let other = elsewhere(held);
+        for key in [held, other.as_str()] {
+            store
+                .publish(key, body(&store, "gzip", &[]), store.mark().epoch)
+                .unwrap();
+            store.inner.hot.remove(key);
+        }
+        let _locked = store.lock_record(held);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = store.clone();
+        std::thread::spawn(move || tx.send(reader.lookup(&other).map(|s| s.is_some())));
+        let found = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("a lookup of another key waited for the held record's lock");
+        assert!(found.unwrap());
+    }
+
+    #[test]
+    fn a_lookup_that_must_read_sled_leaves_the_client_runtime_free() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = runtime.block_on(open(dir.path()));
+        let key = "a.test/cold";
+        store
+            .publish(key, body(&store, "gzip", &[]), store.mark().epoch)
+            .unwrap();
+        store.inner.hot.remove(key);
+        // Another thread holds the record's lock until this runtime tells it to let go: a lookup that
+        // waited for the lock on the runtime's own thread would never let the runtime say so.
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let holder = store.clone();
+        std::thread::spawn(move || {
+            let _locked = holder.lock_record(key);
+            locked_tx.send(()).unwrap();
+            released.recv().ok();
+        });
+        locked_rx.recv().unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let found = runtime.block_on(async {
+                let lookup = tokio::spawn({
+                    let store = store.clone();
+                    async move { store.lookup_off_thread(key).await }
+                });
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                release.send(()).unwrap();
+                lookup.await.unwrap()
+            });
+            done_tx.send(found.map(|s| s.is_some())).ok();
+        });
+        let found = done_rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the lookup blocked the client runtime's thread");
+        assert!(found.unwrap(), "read from sled once the lock was free");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

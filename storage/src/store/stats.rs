@@ -262,6 +262,14 @@ impl Store {
         }
     }
 
+    /// The `objects` and `stored_bytes` gauges, as a clean close records them for the next start.
+    pub(crate) fn counted(&self) -> (u64, u64) {
+        (
+            self.inner.counters.objects.get(),
+            self.inner.counters.stored_bytes.get(),
+        )
+    }
+
     /// Replaces the `objects` and `stored_bytes` gauges with a count over the records (the sweeper's walk
     /// and the start-up replay): adds and subtracts as objects come and go drift when a crash loses some.
     pub(crate) fn recount(&self, objects: u64, bytes: u64) {
