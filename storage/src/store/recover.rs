@@ -65,11 +65,8 @@ impl Store {
             (objects, bytes, newest) = (clean.objects, clean.bytes, clean.next_id);
             tracing::debug!(objects, "store closed cleanly: no replay needed");
         }
-        let records = inner
-            .objects
-            .iter()
-            .take(if vouched.is_some() { 0 } else { usize::MAX });
-        for item in records {
+        let walk = vouched.is_none().then(|| inner.objects.iter());
+        for item in walk.into_iter().flatten() {
             let (key, value) = item?;
             let primary = String::from_utf8_lossy(&key).into_owned();
             let Ok(set) = ObjectSet::decode(&primary, &value) else {
