@@ -92,8 +92,15 @@ impl Store {
         &self,
         primary: &str,
     ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
-        if let Some(set) = self.lookup_hot(primary, self.inner.bans.newest()) {
+        let newest = self.inner.bans.newest();
+        if let Some(set) = self.lookup_hot(primary, newest) {
             return Ok(Some(set));
+        }
+        // A hot key after a new ban: every hot request meets this once per ban, so it stays here.
+        if self.inner.hot.contains(primary) {
+            if let Some(set) = self.retest_hot(primary, newest) {
+                return Ok(Some(set));
+            }
         }
         let (store, primary) = (self.clone(), primary.to_owned());
         self.inner
@@ -159,6 +166,26 @@ impl Store {
         {
             return Ok((Some(set), 0));
         }
+        let (kept, dropped) = self.test_bans(primary, &set, upto);
+        let removed = dropped.len();
+        if removed == 0 {
+            let set = Arc::new(ObjectSet { variants: kept });
+            if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
+                self.inner.hot.insert(primary.to_owned(), set.clone());
+            }
+            return Ok((Some(set), 0));
+        }
+        let set = self.save_set(locked, primary, ObjectSet { variants: kept }, &dropped, hot)?;
+        Ok((set, removed))
+    }
+
+    /// The variants of `set` that bans up to `upto` leave (marked tested), and those they cover.
+    fn test_bans(
+        &self,
+        primary: &str,
+        set: &ObjectSet,
+        upto: u64,
+    ) -> (Vec<ObjectMeta>, Vec<ObjectMeta>) {
         let bans = self.inner.bans.snapshot();
         let (mut kept, mut dropped) = (Vec::new(), Vec::new());
         for meta in &set.variants {
@@ -174,16 +201,22 @@ impl Store {
                 }),
             }
         }
-        let removed = dropped.len();
-        if removed == 0 {
-            let set = Arc::new(ObjectSet { variants: kept });
-            if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
-                self.inner.hot.insert(primary.to_owned(), set.clone());
-            }
-            return Ok((Some(set), 0));
+        (kept, dropped)
+    }
+
+    /// The hot copy of `primary` tested against bans up to `newest` on the calling thread: testing reads
+    /// nothing from disk. `None` when it is not hot, or a ban covers one of its variants (removing it
+    /// writes sled: the caller does that off the client thread).
+    fn retest_hot(&self, primary: &str, newest: u64) -> Option<Arc<ObjectSet>> {
+        let _locked = self.lock_record(primary);
+        let set = self.inner.hot.get(primary)?.value().clone();
+        let (kept, dropped) = self.test_bans(primary, &set, newest);
+        if !dropped.is_empty() {
+            return None;
         }
-        let set = self.save_set(locked, primary, ObjectSet { variants: kept }, &dropped, hot)?;
-        Ok((set, removed))
+        let set = Arc::new(ObjectSet { variants: kept });
+        self.inner.hot.insert(primary.to_owned(), set.clone());
+        Some(set)
     }
 
     /// Whether the body `generation` of `primary` is still stored (bans are not applied).
@@ -608,6 +641,44 @@ mod tests {
             .recv_timeout(std::time::Duration::from_secs(30))
             .expect("a lookup of another key waited for the held record's lock");
         assert!(found.unwrap());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hot_key_met_after_a_ban_is_tested_and_removed_only_if_covered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        for key in ["a.test/banned", "a.test/kept"] {
+            store
+                .publish(key, body(&store, "gzip", &[]), store.mark().epoch)
+                .unwrap();
+        }
+        store
+            .add_ban(crate::BanExpr::parse("req.url ~ ^/banned$").unwrap())
+            .await
+            .unwrap();
+        let newest = store.mark().ban;
+        assert!(store
+            .lookup_off_thread("a.test/banned")
+            .await
+            .unwrap()
+            .is_none());
+        assert!(
+            in_sled(&store, "a.test/banned").is_none(),
+            "removed for good"
+        );
+        assert!(in_memory(&store, "a.test/banned").is_none());
+        let kept = store
+            .lookup_off_thread("a.test/kept")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(kept.variants[0].ban_checked, newest);
+        assert_eq!(
+            in_memory(&store, "a.test/kept").unwrap().variants[0].ban_checked,
+            newest,
+            "the test is remembered in the hot copy"
+        );
+        assert_eq!(store.stats().objects_banned, 1);
     }
 
     #[test]
