@@ -70,6 +70,30 @@ enum Started {
     Disk(AbortOnDropHandle<foyer::Result<Load<ChunkKey, Bytes, HybridCacheProperties>>>),
 }
 
+impl Started {
+    /// The chunk's bytes and where they came from; `None` when foyer holds no such chunk.
+    async fn finish(self) -> foyer::Result<Option<(Bytes, Tier)>> {
+        match self {
+            Started::Promoted(get) => Ok(get
+                .await?
+                .map(|entry| (entry.value().clone(), tier_of(entry.source())))),
+            Started::Memory(data) => Ok(Some((data, Tier::Memory))),
+            Started::Disk(load) => match load.await {
+                Ok(Ok(Load::Entry { value, .. })) => Ok(Some((value, Tier::Disk))),
+                // Still in foyer's write buffers: memory.
+                Ok(Ok(Load::Piece { piece, .. })) => {
+                    Ok(Some((piece.value().clone(), Tier::Memory)))
+                }
+                Ok(Ok(Load::Miss | Load::Throttled)) => Ok(None),
+                Ok(Err(e)) => Err(e),
+                Err(e) => {
+                    Err(foyer::Error::new(ErrorKind::Join, "disk read task failed").with_source(e))
+                }
+            },
+        }
+    }
+}
+
 fn tier_of(source: Source) -> Tier {
     match source {
         Source::Disk => Tier::Disk,
@@ -145,24 +169,7 @@ impl Store {
         let store = self.clone();
         let (expected, chunks) = (meta.chunk_len(index), meta.chunk_count());
         async move {
-            let found =
-                match started {
-                    Started::Promoted(get) => get
-                        .await
-                        .map(|entry| entry.map(|e| (e.value().clone(), tier_of(e.source())))),
-                    Started::Memory(data) => Ok(Some((data, Tier::Memory))),
-                    Started::Disk(load) => match load.await {
-                        Ok(Ok(Load::Entry { value, .. })) => Ok(Some((value, Tier::Disk))),
-                        // Still in foyer's write buffers: memory.
-                        Ok(Ok(Load::Piece { piece, .. })) => {
-                            Ok(Some((piece.value().clone(), Tier::Memory)))
-                        }
-                        Ok(Ok(Load::Miss | Load::Throttled)) => Ok(None),
-                        Ok(Err(e)) => Err(e),
-                        Err(e) => Err(foyer::Error::new(ErrorKind::Join, "disk read task failed")
-                            .with_source(e)),
-                    },
-                };
+            let found = started.finish().await;
             let read = found
                 .map_err(StoreError::from)
                 .map(|found| store.checked(key, expected, found));
