@@ -1,7 +1,7 @@
 //! Building client responses: from a stored object, from a fetch in flight, or for a failure. Every one
 //! carries `Age`, `X-Cache`, `Cache-Status` (RFC 9211) and `Via`.
 
-use std::sync::Arc;
+use std::{collections::VecDeque, sync::Arc};
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
@@ -397,6 +397,22 @@ struct Stored<S> {
     first: Option<Bytes>,
 }
 
+/// Bytes of a stored body asked of the store ahead of the chunk being sent (at least one chunk; 2 chunks of
+/// 256 KiB): while one chunk goes to the client the next are read, from the disk tier on the store's
+/// runtime, so a body on disk streams at the disk's pace rather than at a read per send. A response holds
+/// at most this plus the chunk it sends.
+pub const READ_AHEAD: u64 = 512 * 1024;
+
+/// Where a stored body's stream stands: the chunk to send next, and the reads started for it and after.
+struct Sending<S, R> {
+    source: Stored<S>,
+    next: u32,
+    /// The next chunk to ask for.
+    asked: u32,
+    /// Reads started, in chunk order from `next`.
+    reads: VecDeque<R>,
+}
+
 impl<S: CacheStore> Stored<S> {
     /// Streams bytes `first..=last`, reading only the chunks that hold them. A chunk lost mid-body ends the
     /// stream with an error, so the client sees a broken response rather than a short one.
@@ -412,14 +428,41 @@ impl<S: CacheStore> Stored<S> {
         let chunk_size = u64::from(self.set.variants[self.variant].chunk_size);
         let start_index = (first / chunk_size) as u32;
         let end_index = (last / chunk_size) as u32;
-        futures_util::stream::unfold((self, start_index), move |(source, index)| async move {
+        let ahead = (READ_AHEAD / chunk_size).max(1) as u32;
+        let state = Sending {
+            source: self,
+            next: start_index,
+            asked: start_index,
+            reads: VecDeque::new(),
+        };
+        futures_util::stream::unfold(state, move |mut s| async move {
+            let index = s.next;
             if index > end_index {
                 return None;
             }
-            let meta = &source.set.variants[source.variant];
-            let data: Result<Bytes, BoxError> = match (index, &source.first) {
-                (0, Some(data)) => Ok(data.clone()),
-                _ => match source.store.read_chunk(meta, index).await {
+            // A body in memory never makes the stream wait, so the connection would take chunk after chunk
+            // (copying each into its buffer) before writing any: letting go of the thread before every
+            // chunk of a body of several sends the head at once, and each chunk as soon as it is taken. A
+            // body of one chunk goes out with its head in one write, as before.
+            if end_index > start_index {
+                tokio::task::yield_now().await;
+            }
+            let in_hand = if index == 0 {
+                s.source.first.take()
+            } else {
+                None
+            };
+            if in_hand.is_some() {
+                s.asked = s.asked.max(1);
+            }
+            let meta = &s.source.set.variants[s.source.variant];
+            while s.asked <= end_index && s.asked <= index + ahead {
+                s.reads.push_back(s.source.store.read_chunk(meta, s.asked));
+                s.asked += 1;
+            }
+            let data: Result<Bytes, BoxError> = match in_hand {
+                Some(data) => Ok(data),
+                None => match s.reads.pop_front().expect("chunk asked for").await {
                     Ok(Some(read)) => Ok(read.data),
                     Ok(None) => Err(format!("chunk {index} of a stored body is gone").into()),
                     Err(e) => Err(e.into()),
@@ -431,12 +474,14 @@ impl<S: CacheStore> Stored<S> {
                 let to = ((last + 1 - chunk_start) as usize).min(d.len());
                 d.slice(from..to)
             });
-            let next = if data.is_err() {
-                end_index + 1
+            if data.is_err() {
+                // Nothing more is sent: the reads ahead are dropped, which abandons them.
+                s.reads.clear();
+                s.next = end_index + 1;
             } else {
-                index + 1
-            };
-            Some((data.map(Frame::data), (source, next)))
+                s.next = index + 1;
+            }
+            Some((data.map(Frame::data), s))
         })
     }
 

@@ -51,12 +51,14 @@ pub trait CacheStore: Clone + Send + Sync + 'static {
         meta: &ObjectMeta,
     ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send;
 
-    /// Chunk `index` of a stored body; `None` when it is gone (the body is then never served again).
+    /// Chunk `index` of a stored body; `None` when it is gone (the body is then never served again). The
+    /// read starts with this call, not at the first poll, and the future borrows nothing: a response asks
+    /// for the next chunks while it sends one. Dropping the future abandons the read.
     fn read_chunk(
         &self,
         meta: &ObjectMeta,
         index: u32,
-    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + use<Self>;
 
     /// Starts writing a new body for `primary` and its variant selection, fetched since `since`. An error
     /// for which [`StoreError::is_refusal`] holds was logged and counted by the store already.
@@ -148,7 +150,7 @@ impl CacheStore for Store {
         &self,
         meta: &ObjectMeta,
         index: u32,
-    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + use<> {
         Store::read_chunk(self, meta, index)
     }
 

@@ -12,9 +12,10 @@ use std::{
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{request::Parts, HeaderMap, Request, StatusCode};
+use futures_util::FutureExt;
+use http::{request::Parts, HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use lacquer_backends::backend_set;
+use lacquer_backends::{backend_set, body::Body};
 use lacquer_config::Config;
 use lacquer_tests::{pattern, Origin, Raw, Reply, Step};
 use tokio::sync::Notify;
@@ -77,12 +78,20 @@ fn parts(path: &str, headers: &[(&str, &str)]) -> Parts {
     req.body(()).expect("request").into_parts().0
 }
 
-/// A GET for `path` on [`HOST`] through the lookup path, its body read to the end.
-async fn get(worker: &Arc<Worker<MemoryStore>>, path: &str, headers: &[(&str, &str)]) -> Got {
+/// The response to a GET for `path` on [`HOST`] through the lookup path, its body not read yet.
+async fn respond(
+    worker: &Arc<Worker<MemoryStore>>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Response<Body> {
     let parts = parts(path, headers);
     let route = worker.shared.live.load().router.route(&parts).clone();
-    let resp = crate::lookup(worker, CLIENT, &route, parts, false).await;
-    let (head, body) = resp.into_parts();
+    crate::lookup(worker, CLIENT, &route, parts, false).await
+}
+
+/// A GET for `path` on [`HOST`] through the lookup path, its body read to the end.
+async fn get(worker: &Arc<Worker<MemoryStore>>, path: &str, headers: &[(&str, &str)]) -> Got {
+    let (head, body) = respond(worker, path, headers).await.into_parts();
     let body = body.collect().await.expect("a whole body").to_bytes();
     Got {
         status: head.status,
@@ -708,4 +717,142 @@ async fn several_ranges_of_a_stored_body_are_a_multipart_answer() {
     assert!(got.body == want, "{:?}", got.body);
     assert_eq!(got.header("content-length"), want.len().to_string());
     assert_eq!(origin.total(), 1);
+}
+
+/// The chunk indexes the store was asked for since the last call, in order.
+fn chunk_reads(store: &MemoryStore) -> Vec<u32> {
+    store.take_reads().into_iter().map(|(_, i)| i).collect()
+}
+
+/// The next data frame of `body`, which must have one.
+async fn next_data(body: &mut Body) -> Bytes {
+    body.frame()
+        .await
+        .expect("a frame")
+        .expect("no error")
+        .into_data()
+        .expect("data")
+}
+
+const CHUNK: usize = 256 * 1024;
+
+/// Chunks asked for ahead of the one being sent.
+const AHEAD: u32 = (crate::respond::READ_AHEAD / CHUNK as u64) as u32;
+
+/// A worker whose store holds `/big`: 9 chunks of [`CHUNK`] bytes (the last one short).
+async fn stored_big_body() -> (Origin, MemoryStore, Arc<Worker<MemoryStore>>, Vec<u8>) {
+    let body = pattern(8 * CHUNK + 100);
+    let served = body.clone();
+    let origin =
+        Origin::start(move |_| Reply::ok(served.clone()).header("cache-control", "max-age=60"))
+            .await;
+    let store = MemoryStore::new(CHUNK as u64);
+    let w = worker(&origin, &store);
+    assert!(get(&w, "/big", &[]).await.body == body);
+    fills_done(&w).await;
+    store.take_reads();
+    (origin, store, w, body)
+}
+
+/// While one chunk of a stored body is sent, the store is already asked for the next `READ_AHEAD` bytes,
+/// never more: each chunk once, in order. The stream lets go of its thread before every chunk, so the
+/// connection writes the head, then each chunk, before it takes the next.
+#[tokio::test]
+async fn a_stored_body_is_read_ahead_of_what_is_sent_and_no_further() {
+    assert_eq!(AHEAD, 2);
+    let (_origin, store, w, body) = stored_big_body().await;
+    let resp = respond(&w, "/big", &[]).await;
+    assert_eq!(resp.headers()["x-cache"], "HIT");
+    assert_eq!(chunk_reads(&store), [0], "chunk 0 proves the body");
+    let mut stream = resp.into_body();
+    let mut got = Vec::new();
+    for index in 0..9u32 {
+        assert!(
+            stream.frame().now_or_never().is_none(),
+            "the stream yields before chunk {index}"
+        );
+        got.extend_from_slice(&next_data(&mut stream).await);
+        let want: Vec<u32> = if index == 0 {
+            (1..=AHEAD).collect()
+        } else {
+            (index + AHEAD..=8).take(1).collect()
+        };
+        assert_eq!(chunk_reads(&store), want, "asked for after chunk {index}");
+    }
+    assert!(stream.frame().await.is_none(), "the end");
+    assert!(got == body, "every byte, in order");
+}
+
+/// A client that leaves mid-body stops the reads: nothing past what was asked for ahead is read.
+#[tokio::test]
+async fn a_client_that_leaves_stops_the_read_ahead() {
+    let (_origin, store, w, body) = stored_big_body().await;
+    let mut stream = respond(&w, "/big", &[]).await.into_body();
+    assert!(next_data(&mut stream).await == body[..CHUNK]);
+    assert!(next_data(&mut stream).await == body[CHUNK..2 * CHUNK]);
+    assert_eq!(chunk_reads(&store), [0, 1, 2, 3]);
+    drop(stream);
+    tokio::task::yield_now().await;
+    assert_eq!(
+        chunk_reads(&store),
+        [] as [u32; 0],
+        "no read after the client left"
+    );
+}
+
+/// A range in the middle of a stored body reads chunk 0 (the proof) and the chunks the range spans, ahead
+/// of sending them, and nothing else.
+#[tokio::test]
+async fn a_range_in_the_middle_reads_ahead_only_its_own_chunks() {
+    let (_origin, store, w, body) = stored_big_body().await;
+    let (first, last) = (CHUNK + 10, 4 * CHUNK + 5);
+    let got = get(&w, "/big", &[("range", &format!("bytes={first}-{last}"))]).await;
+    assert_eq!(got.status, StatusCode::PARTIAL_CONTENT);
+    assert!(got.body == body[first..=last], "exactly the range");
+    assert_eq!(chunk_reads(&store), [0, 1, 2, 3, 4]);
+}
+
+/// A chunk lost while the body is sent ends the response with an error after exactly the bytes before it,
+/// never a short body taken for whole, and the body is not served again.
+#[tokio::test]
+async fn a_chunk_lost_mid_body_ends_the_response_with_an_error() {
+    let (origin, store, w, body) = stored_big_body().await;
+    let mut stream = respond(&w, "/big", &[]).await.into_body();
+    let mut got = next_data(&mut stream).await.to_vec();
+    let generation = store.variants(&key("/big"))[0].generation;
+    store.lose_chunk(generation, 5);
+    let error = loop {
+        match stream.frame().await.expect("an error before the end") {
+            Ok(frame) => got.extend_from_slice(&frame.into_data().expect("data")),
+            Err(e) => break e,
+        }
+    };
+    assert!(error.to_string().contains("chunk 5"), "{error}");
+    assert!(got == body[..5 * CHUNK], "the bytes before the lost chunk");
+    assert!(stream.frame().await.is_none(), "nothing after the error");
+    assert_eq!(get(&w, "/big", &[]).await.x_cache(), "MISS");
+    assert_eq!(origin.count("/big"), 2);
+}
+
+/// A body of one chunk costs what it did before read-ahead: its stream reads nothing past the chunk that
+/// proved the body and never yields, so the head and the body leave in one write.
+#[tokio::test]
+async fn a_one_chunk_body_is_sent_at_once() {
+    let origin =
+        Origin::start(|_| Reply::ok(pattern(1000)).header("cache-control", "max-age=60")).await;
+    let store = MemoryStore::new(CHUNK as u64);
+    let w = worker(&origin, &store);
+    get(&w, "/one", &[]).await;
+    fills_done(&w).await;
+    store.take_reads();
+    let mut stream = respond(&w, "/one", &[]).await.into_body();
+    let frame = stream.frame().now_or_never().expect("ready at once");
+    let data = frame
+        .expect("a frame")
+        .expect("no error")
+        .into_data()
+        .expect("data");
+    assert!(data == pattern(1000));
+    assert!(stream.frame().now_or_never().expect("ready").is_none());
+    assert_eq!(chunk_reads(&store), [0], "only the proof");
 }

@@ -2,8 +2,11 @@
 //! forgetting a body whose metadata is gone or that lost a chunk. A body with a hole is never served: it
 //! becomes a miss.
 
+use std::future::Future;
+
 use bytes::Bytes;
-use foyer::Source;
+use foyer::{ErrorKind, HybridCacheProperties, HybridGet, Load, Source};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::{chunk::ChunkKey, error::StoreError, meta::ObjectMeta, writer::Job};
 
@@ -52,6 +55,52 @@ impl ChunkRead {
 /// most objects whole, small enough that a disk hit's first byte waits for a few reads at most.
 pub const VERIFY_AHEAD: u64 = 1 << 20;
 
+/// The chunks of `meta`'s body that lie in its first [`VERIFY_AHEAD`] bytes (at least one).
+fn verified_chunks(meta: &ObjectMeta) -> u32 {
+    (VERIFY_AHEAD / u64::from(meta.chunk_size.max(1))).max(1) as u32
+}
+
+/// A chunk read [`Store::read_chunk`] has started.
+enum Started {
+    /// Through the memory tier: a memory hit, or foyer's own disk read, which brings the chunk to memory.
+    Promoted(HybridGet<ChunkKey, Bytes>),
+    /// Found in the memory tier.
+    Memory(Bytes),
+    /// A disk-tier read past the memory tier, on the store's runtime.
+    Disk(AbortOnDropHandle<foyer::Result<Load<ChunkKey, Bytes, HybridCacheProperties>>>),
+}
+
+impl Started {
+    /// The chunk's bytes and where they came from; `None` when foyer holds no such chunk.
+    async fn finish(self) -> foyer::Result<Option<(Bytes, Tier)>> {
+        match self {
+            Started::Promoted(get) => Ok(get
+                .await?
+                .map(|entry| (entry.value().clone(), tier_of(entry.source())))),
+            Started::Memory(data) => Ok(Some((data, Tier::Memory))),
+            Started::Disk(load) => match load.await {
+                Ok(Ok(Load::Entry { value, .. })) => Ok(Some((value, Tier::Disk))),
+                // Still in foyer's write buffers: memory.
+                Ok(Ok(Load::Piece { piece, .. })) => {
+                    Ok(Some((piece.value().clone(), Tier::Memory)))
+                }
+                Ok(Ok(Load::Miss | Load::Throttled)) => Ok(None),
+                Ok(Err(e)) => Err(e),
+                Err(e) => {
+                    Err(foyer::Error::new(ErrorKind::Join, "disk read task failed").with_source(e))
+                }
+            },
+        }
+    }
+}
+
+fn tier_of(source: Source) -> Tier {
+    match source {
+        Source::Disk => Tier::Disk,
+        Source::Memory | Source::Outer => Tier::Memory,
+    }
+}
+
 impl Store {
     /// Whether every chunk of the body is still held by memory or disk: checked before a response is started,
     /// so that a body lost to eviction or a crash becomes a miss instead of a truncated response.
@@ -72,48 +121,108 @@ impl Store {
         if !self.has_body(meta) {
             return Ok(None);
         }
-        let Some(first) = self.read_chunk(meta, 0).await? else {
+        let Some(first) = self.read_through(meta, 0).await? else {
             return Ok(None);
         };
-        let ahead = (VERIFY_AHEAD / u64::from(meta.chunk_size.max(1))).max(1) as u32;
-        for index in 1..meta.chunk_count().min(ahead) {
+        for index in 1..meta.chunk_count().min(verified_chunks(meta)) {
             let key = meta.chunk_key(index);
             if self.inner.chunks.memory().contains(&key) {
                 continue;
             }
-            if self.read_chunk(meta, index).await?.is_none() {
+            if self.read_through(meta, index).await?.is_none() {
                 return Ok(None);
             }
         }
         Ok(Some(first))
     }
 
-    /// Reads chunk `index` of a body; `None` when it is gone or not the length the metadata promised (the
-    /// whole body is then forgotten: a body with a hole is never served again).
-    pub async fn read_chunk(
+    /// Starts reading chunk `index` of a body and returns what waits for it: the read runs from this call
+    /// on, not from the first poll (a disk read on the store's runtime), so a response can ask for the
+    /// next chunks while it sends one. Dropping the future abandons the read. `None` when the chunk is gone
+    /// or not the length the metadata promised (the whole body is then forgotten: a body with a hole is
+    /// never served again).
+    ///
+    /// A chunk only on disk enters the memory tier on its way out, unless it lies past the first
+    /// [`VERIFY_AHEAD`] bytes of a body larger than a sixteenth of the memory tier: a one-time read of a
+    /// large body then streams from the disk tier without pushing the hot set out of memory (its first
+    /// MiB, which [`Store::open_body`] reads, is kept for the next first byte).
+    pub fn read_chunk(
+        &self,
+        meta: &ObjectMeta,
+        index: u32,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + 'static {
+        let key = meta.chunk_key(index);
+        let started = if index < verified_chunks(meta)
+            || meta.length <= self.inner.config.memory_bytes as u64 / 16
+        {
+            Started::Promoted(self.inner.chunks.get(&key))
+        } else if let Some(entry) = self.inner.chunks.memory().get(&key) {
+            Started::Memory(entry.value().clone())
+        } else {
+            let disk = self.inner.chunks.storage().clone();
+            Started::Disk(AbortOnDropHandle::new(
+                self.inner
+                    .runtime
+                    .spawn(async move { disk.load(&key).await }),
+            ))
+        };
+        let store = self.clone();
+        let (expected, chunks) = (meta.chunk_len(index), meta.chunk_count());
+        async move {
+            let found = started.finish().await;
+            let read = found
+                .map_err(StoreError::from)
+                .map(|found| store.checked(key, expected, found));
+            if !matches!(read, Ok(Some(_))) {
+                store.discard_chunks(key.object, key.generation, chunks);
+            }
+            read
+        }
+    }
+
+    /// [`Store::read_chunk`] through the memory tier, borrowed: what [`Store::open_body`] uses, so that a
+    /// hit's first chunk costs no more than a lookup.
+    async fn read_through(
         &self,
         meta: &ObjectMeta,
         index: u32,
     ) -> Result<Option<ChunkRead>, StoreError> {
-        let key = meta.chunk_key(index);
-        let read = self.read_key(key, meta.chunk_len(index)).await;
+        let read = self
+            .read_key(meta.chunk_key(index), meta.chunk_len(index))
+            .await;
         if !matches!(read, Ok(Some(_))) {
             self.forget_body(meta);
         }
         read
     }
 
-    /// Reads one chunk of `expected_len` bytes; `None` when foyer holds none, or one of another length.
+    /// Reads one chunk of `expected_len` bytes through the memory tier; `None` when foyer holds none, or
+    /// one of another length.
     pub(crate) async fn read_key(
         &self,
         key: ChunkKey,
         expected_len: usize,
     ) -> Result<Option<ChunkRead>, StoreError> {
-        let Some(entry) = self.inner.chunks.get(&key).await? else {
+        let found = self
+            .inner
+            .chunks
+            .get(&key)
+            .await?
+            .map(|entry| (entry.value().clone(), tier_of(entry.source())));
+        Ok(self.checked(key, expected_len, found))
+    }
+
+    /// A chunk foyer returned, if it is the length expected; counts the read by tier, or as missing.
+    fn checked(
+        &self,
+        key: ChunkKey,
+        expected_len: usize,
+        found: Option<(Bytes, Tier)>,
+    ) -> Option<ChunkRead> {
+        let Some((data, tier)) = found else {
             self.counters().chunks_missing.add(1);
-            return Ok(None);
+            return None;
         };
-        let data = entry.value().clone();
         if data.len() != expected_len {
             tracing::warn!(
                 object = key.object,
@@ -122,19 +231,13 @@ impl Store {
                 "chunk has the wrong length"
             );
             self.counters().chunks_missing.add(1);
-            return Ok(None);
+            return None;
         }
-        let tier = match entry.source() {
-            Source::Disk => {
-                self.counters().chunk_reads_disk.add(1);
-                Tier::Disk
-            }
-            Source::Memory | Source::Outer => {
-                self.counters().chunk_reads_memory.add(1);
-                Tier::Memory
-            }
-        };
-        Ok(Some(ChunkRead { data, tier }))
+        match tier {
+            Tier::Disk => self.counters().chunk_reads_disk.add(1),
+            Tier::Memory => self.counters().chunk_reads_memory.add(1),
+        }
+        Some(ChunkRead { data, tier })
     }
 
     /// Hands the removal of a body's chunks to the writer task: callers such as the low-priority lurker
