@@ -11,8 +11,14 @@ use crate::{
     store::{Store, WeakStore},
 };
 
-/// Keys tested between counter updates and checks that the store is still open.
+/// Keys tested between pauses, counter updates and checks that the store is still open.
 const BATCH: usize = 200;
+/// Share of one core the walk may take while it runs: after a batch that took `t` it sleeps
+/// `t × (1 − DUTY) / DUTY`. The idle scheduling class already gives a client thread its core back at
+/// once; the pause bounds what the class cannot: the walk's removals set off work on the store's
+/// normal-priority threads (sled, foyer's tombstones, the writer), and a walk running flat out on one core
+/// slows the other through what they share (caches, memory, a hyperthread sibling).
+const DUTY: f64 = 0.25;
 /// Bans arriving together are walked together.
 const GATHER: Duration = Duration::from_millis(50);
 /// A walk that failed (sled error) is retried after this; also how often an idle lurker checks the store is
@@ -72,16 +78,14 @@ fn run(store: &WeakStore, wake: &Wake) {
 /// Tests every stored object against the bans that exist now; then, once the removals are durable, marks
 /// those bans completed. Objects published during the walk were tested when published.
 ///
-/// The walk does not pace itself: it runs in the idle scheduling class (see `background`), so it takes only
-/// what the client threads leave, and gives a core back the moment one of them wakes. A fixed pause per
-/// batch (Varnish's `ban_lurker_sleep`) or a duty cycle either slows the walk on an idle machine or still
-/// holds a core when a client thread wants it (hit p99 2.9x during a walk at 10 % of a core).
+/// The walk runs in the idle scheduling class (see `background`) and at most [`DUTY`] of a core.
 fn walk(store: &Store) -> Result<(), crate::StoreError> {
     let list = store.ban_list();
     let upto = list.newest();
     let bans = list.snapshot();
     let started = Instant::now();
     let (mut keys, mut removed) = (0usize, 0usize);
+    let mut batch_started = Instant::now();
     for record in store.records() {
         if store.is_closed() {
             return Ok(());
@@ -109,6 +113,8 @@ fn walk(store: &Store) -> Result<(), crate::StoreError> {
         keys += 1;
         if keys % BATCH == 0 {
             store.counters().lurker_records_tested.add(BATCH as u64);
+            std::thread::sleep(batch_started.elapsed().mul_f64((1.0 - DUTY) / DUTY));
+            batch_started = Instant::now();
         }
     }
     store
