@@ -98,8 +98,8 @@ impl Store {
         }
         // A hot key after a new ban: every hot request meets this once per ban, so it stays here.
         if self.inner.hot.contains(primary) {
-            if let Some(set) = self.retest_hot(primary, newest) {
-                return Ok(Some(set));
+            if let Some(found) = self.retest_hot(primary, newest)? {
+                return Ok(found);
             }
         }
         let (store, primary) = (self.clone(), primary.to_owned());
@@ -166,26 +166,6 @@ impl Store {
         {
             return Ok((Some(set), 0));
         }
-        let (kept, dropped) = self.test_bans(primary, &set, upto);
-        let removed = dropped.len();
-        if removed == 0 {
-            let set = Arc::new(ObjectSet { variants: kept });
-            if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
-                self.inner.hot.insert(primary.to_owned(), set.clone());
-            }
-            return Ok((Some(set), 0));
-        }
-        let set = self.save_set(locked, primary, ObjectSet { variants: kept }, &dropped, hot)?;
-        Ok((set, removed))
-    }
-
-    /// The variants of `set` that bans up to `upto` leave (marked tested), and those they cover.
-    fn test_bans(
-        &self,
-        primary: &str,
-        set: &ObjectSet,
-        upto: u64,
-    ) -> (Vec<ObjectMeta>, Vec<ObjectMeta>) {
         let bans = self.inner.bans.snapshot();
         let (mut kept, mut dropped) = (Vec::new(), Vec::new());
         for meta in &set.variants {
@@ -201,22 +181,34 @@ impl Store {
                 }),
             }
         }
-        (kept, dropped)
+        let removed = dropped.len();
+        if removed == 0 {
+            let set = Arc::new(ObjectSet { variants: kept });
+            if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
+                self.inner.hot.insert(primary.to_owned(), set.clone());
+            }
+            return Ok((Some(set), 0));
+        }
+        let set = self.save_set(locked, primary, ObjectSet { variants: kept }, &dropped, hot)?;
+        Ok((set, removed))
     }
 
-    /// The hot copy of `primary` tested against bans up to `newest` on the calling thread: testing reads
-    /// nothing from disk. `None` when it is not hot, or a ban covers one of its variants (removing it
-    /// writes sled: the caller does that off the client thread).
-    fn retest_hot(&self, primary: &str, newest: u64) -> Option<Arc<ObjectSet>> {
-        let _locked = self.lock_record(primary);
-        let set = self.inner.hot.get(primary)?.value().clone();
-        let (kept, dropped) = self.test_bans(primary, &set, newest);
-        if !dropped.is_empty() {
-            return None;
-        }
-        let set = Arc::new(ObjectSet { variants: kept });
-        self.inner.hot.insert(primary.to_owned(), set.clone());
-        Some(set)
+    /// The hot copy of `primary` tested against bans up to `newest` on the calling thread (testing reads
+    /// nothing from disk; removing a covered variant writes sled, once per banned hot key). `None` when it
+    /// is not hot (any more).
+    fn retest_hot(
+        &self,
+        primary: &str,
+        newest: u64,
+    ) -> Result<Option<Option<Arc<ObjectSet>>>, StoreError> {
+        let locked = self.lock_record(primary);
+        let Some(set) = self.inner.hot.get(primary).map(|e| e.value().clone()) else {
+            return Ok(None);
+        };
+        let (set, removed) =
+            self.apply_bans_locked(&locked, primary, set, newest, HotCopy::Fill)?;
+        self.counters().objects_banned.add(removed as u64);
+        Ok(Some(set))
     }
 
     /// Whether the body `generation` of `primary` is still stored (bans are not applied).
