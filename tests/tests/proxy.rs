@@ -211,8 +211,8 @@ async fn a_shareable_answer_to_an_authorized_request_is_stored_for_others() {
         );
         assert_eq!(origin.count(path), 1, "{path}");
     }
-    // must-revalidate is on personal pages too: not leave to share unless the operator looks up
-    // authorized requests (cache_authorized).
+    // must-revalidate is on personal pages too: not shared unless the operator looks up authorized
+    // requests (cache_authorized).
     for path in ["/plain", "/must-revalidate"] {
         let r = get(d.addr, path).await;
         assert_eq!(
