@@ -9,8 +9,8 @@ pub(crate) enum Job {
     Chunk {
         key: ChunkKey,
         data: Bytes,
-        /// Bytes of the body handed to foyer so far, for readers of the body in progress.
-        stored: Arc<watch::Sender<u64>>,
+        /// How much of the body foyer holds, for readers of the body in progress.
+        stored: Arc<watch::Sender<Progress>>,
     },
     Publish {
         primary: String,
@@ -40,7 +40,7 @@ pub struct ObjectWriter {
     chunks: u32,
     length: u64,
     finished: bool,
-    stored: Arc<watch::Sender<u64>>,
+    stored: Arc<watch::Sender<Progress>>,
 }
 
 impl ObjectWriter {
@@ -61,19 +61,13 @@ impl ObjectWriter {
             chunks: 0,
             length: 0,
             finished: false,
-            stored: Arc::new(watch::Sender::new(0)),
+            stored: Arc::new(watch::Sender::new(Progress::default())),
         }
     }
 
     /// Body bytes pushed so far, stored or still buffered.
     pub fn length(&self) -> u64 {
         self.length
-    }
-
-    /// Bytes handed on to be stored as whole chunks (the rest waits for a chunk to fill). A reader of the
-    /// body in progress can read them back through [`ObjectWriter::partial_body`].
-    pub fn sent(&self) -> u64 {
-        self.length - self.buf.len() as u64
     }
 
     /// Read access to the chunks this writer has stored so far, valid while the writer (or the object it
@@ -89,7 +83,12 @@ impl ObjectWriter {
 
     /// Appends body bytes. Waits when the disk falls behind, which slows the origin read instead of letting
     /// foyer drop entries.
+    /// Refused ([`StoreError::DiskFull`]) once the store has refused a chunk of this body: the fill should
+    /// stop storing it rather than hold bytes for a store that will not take them.
     pub async fn push(&mut self, data: &[u8]) -> Result<(), StoreError> {
+        if self.stored.borrow().refused {
+            return Err(StoreError::DiskFull);
+        }
         self.length += data.len() as u64;
         self.buf.extend_from_slice(data);
         let chunk_size = self.store.chunk_size();
@@ -155,9 +154,15 @@ impl Drop for ObjectWriter {
     }
 }
 
-/// What [`PartialBody`]'s stored-bytes count becomes when the store refused the body (a full disk): no
-/// further chunk of it will be stored.
-const REFUSED: u64 = u64::MAX;
+/// How much of a body in progress the store holds.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Progress {
+    /// Bytes of the body foyer holds, from its start.
+    bytes: u64,
+    /// The store refused a chunk (a full disk): no further chunk of the body will be stored; the chunks
+    /// before it stay readable.
+    refused: bool,
+}
 
 /// The chunks of a body still being written, for readers that fell behind what the fetch keeps in memory.
 #[derive(Clone)]
@@ -165,10 +170,24 @@ pub struct PartialBody {
     store: Store,
     object: u64,
     generation: u64,
-    stored: watch::Receiver<u64>,
+    stored: watch::Receiver<Progress>,
 }
 
 impl PartialBody {
+    /// Bytes of the body the store holds now, from its start.
+    pub fn stored(&self) -> u64 {
+        self.stored.borrow().bytes
+    }
+
+    /// Waits until the store holds more than `bytes` of the body (`true`), or will hold no more of it: it
+    /// refused a chunk, or the writer is gone (`false`).
+    pub async fn stored_beyond(&mut self, bytes: u64) -> bool {
+        match self.stored.wait_for(|p| p.bytes > bytes || p.refused).await {
+            Ok(p) => p.bytes > bytes,
+            Err(_) => false,
+        }
+    }
+
     /// The store's chunk size: chunk `n` starts at byte `n × chunk_size`.
     pub fn chunk_size(&self) -> u64 {
         self.store.chunk_size() as u64
@@ -179,10 +198,10 @@ impl PartialBody {
     pub async fn read_chunk(&mut self, index: u32) -> Result<Option<Bytes>, StoreError> {
         let chunk_size = self.store.chunk_size() as u64;
         let start = u64::from(index) * chunk_size;
-        let stored = match self.stored.wait_for(|stored| *stored > start).await {
-            Ok(stored) if *stored != REFUSED => *stored,
-            _ => return Ok(None),
-        };
+        if !self.stored_beyond(start).await {
+            return Ok(None);
+        }
+        let stored = self.stored();
         let expected = (stored - start).min(chunk_size) as usize;
         let key = ChunkKey {
             object: self.object,
@@ -236,7 +255,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                     spoiled.insert(body);
                     store.counters().fills_refused.add(1);
                     // Readers of the body in progress stop waiting for chunks that will not come.
-                    stored.send_replace(REFUSED);
+                    stored.send_modify(|p| p.refused = true);
                     continue;
                 }
                 let len = data.len() as u64;
@@ -244,7 +263,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 store.counters().chunks_written.add(1);
                 store.counters().chunk_bytes_written.add(len);
                 store.insert_chunk(key, data);
-                stored.send_modify(|bytes| *bytes += len);
+                stored.send_modify(|p| p.bytes += len);
                 if unflushed >= budget {
                     settle(&store, &mut unflushed, &mut undurable).await;
                 }

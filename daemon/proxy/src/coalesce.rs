@@ -82,6 +82,14 @@ impl<S: CacheStore> Clone for Backing<S> {
 }
 
 impl<S: CacheStore> Backing<S> {
+    /// Bytes of the body readable from the store.
+    fn stored(&self) -> u64 {
+        match self {
+            Backing::Writing(partial) => partial.stored(),
+            Backing::Stored(_, meta) => meta.length,
+        }
+    }
+
     fn chunk_size(&self) -> u64 {
         match self {
             Backing::Writing(partial) => partial.chunk_size(),
@@ -109,8 +117,6 @@ struct State<S: CacheStore> {
     received: u64,
     /// The store's copy of the body, for readers behind the window.
     stored: Option<Backing<S>>,
-    /// Bytes handed to the store: the window may drop bytes below this.
-    sent: u64,
     /// Whether the store still takes the body; such a fetch runs on when its readers leave.
     storing: bool,
     /// The fill stopped storing a body it meant to share: the bytes it dropped from memory are in no store.
@@ -133,6 +139,9 @@ impl<S: CacheStore> State<S> {
     /// holds them, the oldest ones past `limit`. While the body is being stored nothing past what the store
     /// holds is dropped, so a reader joining late finds every byte in the store or in the window.
     fn trim(&mut self) {
+        // What the store holds, not what it was handed: a chunk handed over can still be refused (a full
+        // disk), and a reader joining late must then find its bytes in the window.
+        let in_store = self.stored.as_ref().map_or(0, Backing::stored);
         let slowest = self
             .readers
             .values()
@@ -143,7 +152,7 @@ impl<S: CacheStore> State<S> {
             let end = start + data.len() as u64;
             let held = self.received - self.window_start;
             let passed = end <= slowest;
-            let in_store = self.stored.is_some() && end <= self.sent;
+            let in_store = end <= in_store;
             let droppable = if self.storing {
                 in_store && (passed || held > self.limit)
             } else {
@@ -189,7 +198,6 @@ impl<S: CacheStore> Fetch<S> {
                 window_start: 0,
                 received: 0,
                 stored: None,
-                sent: 0,
                 storing: false,
                 abandoned: false,
                 parked: None,
@@ -244,14 +252,8 @@ impl<S: CacheStore> Fetch<S> {
             s.stored = Some(Backing::Stored(store, Arc::new(meta)));
             s.received = length;
             s.window_start = length;
-            s.sent = length;
             s.end = Some(Ok(()));
         });
-    }
-
-    /// The store has been handed the body up to `sent`.
-    pub fn stored_upto(&self, sent: u64) {
-        self.lock().sent = sent;
     }
 
     /// The body is no longer being stored. The writer is kept (unfinished) while the fetch lives, so what
@@ -278,17 +280,33 @@ impl<S: CacheStore> Fetch<S> {
         self.update(|s| s.end = Some(result));
     }
 
-    /// Waits until the window has room for more of the body, dropping what no reader needs.
+    /// Waits until the window has room for more of the body, dropping what no reader needs. While the body
+    /// is being stored that includes waiting for the store to take what it was handed; a store that refuses
+    /// the body ends the wait (the fill learns it from its writer and stops storing).
     pub async fn room(&self) {
         loop {
-            {
+            let storing = {
                 let mut s = self.lock();
                 s.trim();
                 if s.received - s.window_start < s.limit {
                     return;
                 }
+                match &s.stored {
+                    Some(Backing::Writing(partial)) if s.storing => {
+                        Some((partial.clone(), partial.stored()))
+                    }
+                    _ => None,
+                }
+            };
+            match storing {
+                Some((mut partial, stored)) => tokio::select! {
+                    () = self.progress.notified() => {}
+                    more = partial.stored_beyond(stored) => if !more {
+                        return;
+                    },
+                },
+                None => self.progress.notified().await,
             }
-            self.progress.notified().await;
         }
     }
 
@@ -614,6 +632,7 @@ impl<S: CacheStore> Coalescer<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::MemoryStore;
     use http_body_util::BodyExt;
 
     const WINDOW: u64 = 64 * 1024;
@@ -832,14 +851,12 @@ mod tests {
             fetch.room().await;
             fetch.push(Bytes::copy_from_slice(piece));
             writer.push(piece).await.unwrap();
-            fetch.stored_upto(writer.sent());
             max_held = max_held.max(held(&fetch));
         }
         assert!(
             max_held <= WINDOW + 10_000,
             "the window grew to {max_held} bytes"
         );
-        let length = writer.length();
         writer
             .finish(
                 "k".into(),
@@ -850,7 +867,6 @@ mod tests {
             )
             .await
             .unwrap();
-        fetch.stored_upto(length);
         fetch.end(Ok(()));
 
         let Joined::Waiter(joined) = c.join("k", store.mark(), WINDOW) else {
@@ -862,6 +878,52 @@ mod tests {
             assert_eq!(got.len(), body.len());
             assert!(got == body, "bytes differ");
         }
+    }
+
+    /// The store refuses the last chunk of a body (its disk filled) after the first reader has read it all:
+    /// a reader joining before the fill learns of it still gets every byte, the chunks before from the store
+    /// and the refused one from the window, since the window drops only what the store holds, not what it
+    /// was handed.
+    #[tokio::test]
+    async fn a_late_reader_gets_every_byte_of_a_body_whose_last_chunk_the_store_refused() {
+        const CHUNK: u64 = 16 * 1024;
+        let store = MemoryStore::new(CHUNK);
+        let c = Coalescer::<MemoryStore>::new(1024 * 1024);
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+            panic!()
+        };
+        let mut first = fetch.reader().into_body();
+        let mut writer = store.writer("k", &[], fetch.since()).unwrap();
+        fetch.store_into(&writer);
+        fetch.set_head(Ok(head(true)));
+        let body = bytes(4 * CHUNK as usize);
+        let mut got = Vec::new();
+        for (n, piece) in body.chunks(CHUNK as usize / 2).enumerate() {
+            if n == 7 {
+                store.set_disk_full(true);
+            }
+            fetch.room().await;
+            fetch.push(Bytes::copy_from_slice(piece));
+            writer.push(piece).await.expect("refused at the next push");
+            let frame = first.frame().await.unwrap().unwrap();
+            got.extend_from_slice(&frame.into_data().unwrap());
+        }
+        assert!(got == body, "the first reader kept up");
+
+        let Joined::Waiter(joined) = c.join("k", mark(0), WINDOW) else {
+            panic!("the fetch is still in flight")
+        };
+        let late = joined.reader().into_body();
+        fetch.end(Ok(()));
+        let got = late.collect().await.expect("a whole body").to_bytes();
+        assert!(got == body, "bytes differ");
+        assert!(
+            writer
+                .finish("k".into(), ObjectMeta::default())
+                .await
+                .is_err(),
+            "the body is not published"
+        );
     }
 
     #[test]

@@ -267,8 +267,6 @@ async fn forward_piece<S: CacheStore>(
         }
         if over || w.push(&piece).await.is_err() {
             fetch.stop_storing(writer.take());
-        } else {
-            fetch.stored_upto(w.sent());
         }
     }
 }
@@ -534,12 +532,8 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         response_time,
         policy,
     );
-    let length = writer.length();
     match writer.finish(key.to_owned(), meta).await {
-        Ok(()) => {
-            fetch.stored_upto(length);
-            Ending::Stored
-        }
+        Ok(()) => Ending::Stored,
         Err(e) if e.is_refusal() => Ending::NotStored,
         Err(e) => {
             tracing::warn!(key, error = %e, "storing failed");

@@ -41,6 +41,8 @@ struct State {
     reads: Vec<(u64, u32)>,
     published: usize,
     publishes_cancelled: usize,
+    /// Chunks are refused, as the real store refuses them below its free-space reserve.
+    disk_full: bool,
 }
 
 impl State {
@@ -93,6 +95,12 @@ impl MemoryStore {
             chunk_size,
             state: Arc::default(),
         }
+    }
+
+    /// Refuses (or takes again) every chunk from now on, as the real store does while its disk is full: a
+    /// writer learns of it at its next push, its readers find no chunk from the refused one on.
+    pub fn set_disk_full(&self, full: bool) {
+        self.lock().disk_full = full;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -282,7 +290,7 @@ impl CacheStore for MemoryStore {
             chunks: 0,
             length: 0,
             finished: false,
-            stored: Arc::new(watch::Sender::new(0)),
+            stored: Arc::new(watch::Sender::new((0, false))),
         })
     }
 
@@ -339,19 +347,29 @@ pub struct MemoryWriter {
     chunks: u32,
     length: u64,
     finished: bool,
-    /// Bytes stored as chunks so far; dropped with the writer, which tells readers no more will come.
-    stored: Arc<watch::Sender<u64>>,
+    /// Bytes stored as chunks so far, and whether the store refused one; dropped with the writer, which
+    /// tells readers no more will come.
+    stored: Arc<watch::Sender<(u64, bool)>>,
 }
 
 impl MemoryWriter {
     fn store_chunk(&mut self, data: Bytes) {
         let len = data.len() as u64;
-        self.store
-            .lock()
-            .chunks
-            .insert((self.generation, self.chunks), data);
+        let mut s = self.store.lock();
+        if s.disk_full || self.stored.borrow().1 {
+            self.stored.send_modify(|(_, refused)| *refused = true);
+            return;
+        }
+        s.chunks.insert((self.generation, self.chunks), data);
         self.chunks += 1;
-        self.stored.send_modify(|stored| *stored += len);
+        self.stored.send_modify(|(stored, _)| *stored += len);
+    }
+
+    fn refused(&self) -> Result<(), StoreError> {
+        if self.stored.borrow().1 {
+            return Err(StoreError::DiskFull);
+        }
+        Ok(())
     }
 }
 
@@ -360,10 +378,6 @@ impl BodyWriter for MemoryWriter {
 
     fn length(&self) -> u64 {
         self.length
-    }
-
-    fn sent(&self) -> u64 {
-        self.length - self.buf.len() as u64
     }
 
     fn partial_body(&self) -> MemoryPartial {
@@ -375,6 +389,7 @@ impl BodyWriter for MemoryWriter {
     }
 
     async fn push(&mut self, data: &[u8]) -> Result<(), StoreError> {
+        self.refused()?;
         self.length += data.len() as u64;
         self.buf.extend_from_slice(data);
         while self.buf.len() as u64 >= self.store.chunk_size {
@@ -389,6 +404,7 @@ impl BodyWriter for MemoryWriter {
             let rest = self.buf.split().freeze();
             self.store_chunk(rest);
         }
+        self.refused()?;
         meta.object = self.object;
         meta.generation = self.generation;
         meta.length = self.length;
@@ -413,7 +429,7 @@ impl Drop for MemoryWriter {
 pub struct MemoryPartial {
     store: MemoryStore,
     generation: u64,
-    stored: watch::Receiver<u64>,
+    stored: watch::Receiver<(u64, bool)>,
 }
 
 impl PartialRead for MemoryPartial {
@@ -421,12 +437,27 @@ impl PartialRead for MemoryPartial {
         self.store.chunk_size
     }
 
+    fn stored(&self) -> u64 {
+        self.stored.borrow().0
+    }
+
+    async fn stored_beyond(&mut self, bytes: u64) -> bool {
+        match self
+            .stored
+            .wait_for(|(stored, refused)| *stored > bytes || *refused)
+            .await
+        {
+            Ok(progress) => progress.0 > bytes,
+            Err(_) => false,
+        }
+    }
+
     async fn read_chunk(&mut self, index: u32) -> Result<Option<Bytes>, StoreError> {
         let start = u64::from(index) * self.store.chunk_size;
-        let stored = match self.stored.wait_for(|stored| *stored > start).await {
-            Ok(stored) => *stored,
-            Err(_) => return Ok(None),
-        };
+        if !self.stored_beyond(start).await {
+            return Ok(None);
+        }
+        let stored = self.stored();
         let expected = (stored - start).min(self.store.chunk_size) as usize;
         let mut s = self.store.lock();
         s.reads.push((self.generation, index));

@@ -89,10 +89,6 @@ pub trait BodyWriter: Send + Sync + 'static {
     /// Bytes pushed so far.
     fn length(&self) -> u64;
 
-    /// Bytes handed on to be stored as whole chunks, which [`BodyWriter::partial_body`] can read back (the
-    /// rest waits for its chunk to fill).
-    fn sent(&self) -> u64;
-
     /// Read access to the chunks stored so far, for readers that fell behind what a fetch keeps in memory.
     fn partial_body(&self) -> Self::Partial;
 
@@ -112,6 +108,13 @@ pub trait BodyWriter: Send + Sync + 'static {
 pub trait PartialRead: Clone + Send + Sync + 'static {
     /// Bytes per chunk.
     fn chunk_size(&self) -> u64;
+
+    /// Bytes of the body the store holds now, from its start: what a reader can read back.
+    fn stored(&self) -> u64;
+
+    /// Waits until the store holds more than `bytes` of the body (`true`), or will hold no more of it: the
+    /// store refused it or the writer is gone (`false`).
+    fn stored_beyond(&mut self, bytes: u64) -> impl Future<Output = bool> + Send;
 
     /// Chunk `index` once it is stored; `None` when it never will be (the writer stopped) or is gone.
     fn read_chunk(
@@ -183,10 +186,6 @@ impl BodyWriter for ObjectWriter {
         ObjectWriter::length(self)
     }
 
-    fn sent(&self) -> u64 {
-        ObjectWriter::sent(self)
-    }
-
     fn partial_body(&self) -> PartialBody {
         ObjectWriter::partial_body(self)
     }
@@ -207,6 +206,14 @@ impl BodyWriter for ObjectWriter {
 impl PartialRead for PartialBody {
     fn chunk_size(&self) -> u64 {
         PartialBody::chunk_size(self)
+    }
+
+    fn stored(&self) -> u64 {
+        PartialBody::stored(self)
+    }
+
+    fn stored_beyond(&mut self, bytes: u64) -> impl Future<Output = bool> + Send {
+        PartialBody::stored_beyond(self, bytes)
     }
 
     fn read_chunk(
