@@ -146,6 +146,7 @@ fn run(
         live,
         store,
         log_filter: _,
+        cluster,
     } = settings;
     let store = control
         .block_on(store.open(control.handle().clone()))
@@ -159,14 +160,6 @@ fn run(
     let secret = secret::load_or_create(&config.secret_file())?;
     let stats = Arc::new(Stats::default());
     let (access_log, access_log_writer) = AccessLog::start(&config.access_log, stats.clone())?;
-    let shared = Arc::new(Shared {
-        live: ArcSwap::from_pointee(live),
-        access_log: access_log.clone(),
-        store: store.clone(),
-        stats: stats.clone(),
-        coalescer: Coalescer::new(config.server.hit_for_miss_memory.as_u64() as usize),
-        started: lacquer_clock::monotonic(),
-    });
 
     let workers = config.workers();
     let listeners: Vec<_> = listeners.into_iter().map(Arc::new).collect();
@@ -176,6 +169,37 @@ fn run(
         .block_on(tokio::net::TcpListener::bind(config.admin.listen))
         .with_context(|| format!("cannot listen on admin address {}", config.admin.listen))?;
     let admin_addr = admin_listener.local_addr()?;
+    let cluster = match cluster {
+        Some(mut settings) => {
+            // Port 0 in the configuration: the port bound just now is the one to advertise.
+            if settings.advertise.port() == 0 {
+                settings.advertise.set_port(bound.first().map_or(0, |a| a.port()));
+            }
+            if settings.advertise_admin.port() == 0 {
+                settings.advertise_admin.set_port(admin_addr.port());
+            }
+            let cluster = control
+                .block_on(lacquer_cluster::Cluster::start(
+                    settings,
+                    store.clone(),
+                    control.handle(),
+                ))
+                .context("cannot join the cluster")?;
+            Some(cluster)
+        }
+        None => None,
+    };
+    let shared = Arc::new(Shared {
+        live: ArcSwap::from_pointee(live),
+        access_log: access_log.clone(),
+        store: store.clone(),
+        stats: stats.clone(),
+        coalescer: Coalescer::new(config.server.hit_for_miss_memory.as_u64() as usize),
+        started: lacquer_clock::monotonic(),
+        cluster: cluster
+            .clone()
+            .map(|c| Arc::new(c) as Arc<dyn lacquer_proxy::cluster::Cluster>),
+    });
     let (stop, stopped) = watch::channel(false);
     let settings = Arc::new(WorkerSettings {
         shutdown_timeout: config.server.shutdown_timeout,
@@ -246,6 +270,10 @@ fn run(
 
     control.block_on(wait_for_stop(&reloader, &access_log))?;
     tracing::info!("shutting down: finishing in-flight responses");
+    if let Some(cluster) = &cluster {
+        // Out of the ring first, so that peers stop sending this node the keys it owns.
+        control.block_on(cluster.leave());
+    }
     stop.send_replace(true);
     for thread in threads {
         let _ = thread.join();

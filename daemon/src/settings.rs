@@ -3,7 +3,10 @@
 //! them is the validation: `--check`, the start and a reload all run these functions, and every error
 //! names the setting that cannot be used.
 
+use std::time::Duration;
+
 use lacquer_backends::{backend_set, BackendSet};
+use lacquer_cluster::Settings as ClusterSettings;
 use lacquer_config::{Config, ConfigError};
 use lacquer_edge::Listener;
 use lacquer_proxy::worker::Live;
@@ -22,6 +25,8 @@ pub struct Settings {
     pub store: StoreBuilder,
     /// The log filter of `log.level`.
     pub log_filter: EnvFilter,
+    /// `[cluster]`, when there is one; an advertised port 0 is the bound one, filled in at start.
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// Builds every setting of `config`.
@@ -31,13 +36,90 @@ pub fn compile(config: &Config) -> Result<Settings, ConfigError> {
     let listeners = listeners(config)?;
     let log_filter = log_filter(&config.log.level)?;
     let store = store(config)?;
+    let cluster = cluster(config)?;
     Ok(Settings {
         listeners,
         backends,
         live,
         store,
         log_filter,
+        cluster,
     })
+}
+
+/// `[cluster]`, checked: a node name others can address, etcd URLs, addresses peers can reach.
+pub fn cluster(config: &Config) -> Result<Option<ClusterSettings>, ConfigError> {
+    let Some(c) = &config.cluster else {
+        return Ok(None);
+    };
+    let node = match &c.node {
+        Some(node) => node.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .map_err(|e| ConfigError::setting("cluster.node", format!("no host name to default to: {e}")))?,
+    };
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    if node.is_empty() || node.len() > 64 || !node.chars().all(valid) {
+        return Err(ConfigError::setting(
+            "cluster.node",
+            format!("{node:?}: 1 to 64 letters, digits, '.', '-' or '_'"),
+        ));
+    }
+    if c.etcd.is_empty() {
+        return Err(ConfigError::setting("cluster.etcd", "at least one etcd URL"));
+    }
+    for url in &c.etcd {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| ConfigError::setting("cluster.etcd", format!("{url:?}: {e}")))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            return Err(ConfigError::setting(
+                "cluster.etcd",
+                format!("{url:?}: give http://host:port"),
+            ));
+        }
+    }
+    if !c.prefix.starts_with('/') || c.prefix.len() < 2 {
+        return Err(ConfigError::setting(
+            "cluster.prefix",
+            format!("{:?}: a key prefix such as /lacquer", c.prefix),
+        ));
+    }
+    let listener = config.listen.first().map(|l| l.address);
+    let advertise = c.advertise.or(listener).ok_or_else(|| {
+        ConfigError::setting("cluster.advertise", "no [[listen]] address to default to")
+    })?;
+    let advertise_admin = c.advertise_admin.unwrap_or(config.admin.listen);
+    for (setting, addr) in [
+        ("cluster.advertise", advertise),
+        ("cluster.advertise_admin", advertise_admin),
+    ] {
+        if addr.ip().is_unspecified() {
+            return Err(ConfigError::setting(
+                setting,
+                format!("{addr} is a wildcard: give the address the other nodes reach this one at"),
+            ));
+        }
+    }
+    if c.lease_ttl < Duration::from_secs(2) || c.lease_ttl.subsec_nanos() != 0 {
+        return Err(ConfigError::setting(
+            "cluster.lease_ttl",
+            "whole seconds, at least 2 (etcd's shortest lease)",
+        ));
+    }
+    if c.max_invalidation_lag < Duration::from_secs(2) {
+        return Err(ConfigError::setting(
+            "cluster.max_invalidation_lag",
+            "at least 2s: a node confirms it is current every second",
+        ));
+    }
+    let mut settings = ClusterSettings::new(node, advertise, advertise_admin);
+    settings.etcd = c.etcd.clone();
+    settings.prefix = c.prefix.trim_end_matches('/').to_owned();
+    settings.lease_ttl = c.lease_ttl;
+    settings.max_invalidation_lag = c.max_invalidation_lag;
+    settings.self_routing = c.self_routing;
+    Ok(Some(settings))
 }
 
 /// The listeners of `config`, certificates read and checked.
@@ -130,6 +212,13 @@ mod tests {
             ("[compression]\ncodings = [\"br\", \"br\"]\n", "compression.codings: br is listed twice"),
             ("[compression]\ntypes = [\"html\"]\n", "compression.types: \"html\" is not a media type"),
             ("[[deny]]\npath_regex = \"[\"\n", "deny[0]: "),
+            ("[cluster]\nnode = \"a b\"\n", "cluster.node: \"a b\""),
+            ("[cluster]\nnode = \"n1\"\netcd = []\n", "cluster.etcd: "),
+            ("[cluster]\nnode = \"n1\"\netcd = [\"127.0.0.1:2379\"]\n", "cluster.etcd: "),
+            ("[cluster]\nnode = \"n1\"\nprefix = \"lacquer\"\n", "cluster.prefix: "),
+            ("[cluster]\nnode = \"n1\"\n", "cluster.advertise: 0.0.0.0:6081 is a wildcard"),
+            ("[cluster]\nnode = \"n1\"\nadvertise = \"10.0.0.1:80\"\nlease_ttl = \"500ms\"\n", "cluster.lease_ttl: "),
+            ("[cluster]\nnode = \"n1\"\nadvertise = \"10.0.0.1:80\"\nmax_invalidation_lag = \"1s\"\n", "cluster.max_invalidation_lag: "),
         ];
         for (text, want) in cases {
             let got = error(text);

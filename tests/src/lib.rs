@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod etcd;
 pub mod origin;
 pub mod tls;
 

@@ -10,6 +10,7 @@ use axum::{
 use lacquer_admin::wire::ApiError;
 use lacquer_config::ConfigError;
 use lacquer_proxy::invalidation::InvalidationError;
+use lacquer_proxy::cluster::InvalidateError;
 use lacquer_storage::{BanSyntaxError, StoreError};
 
 /// Why an admin request was refused or failed. It answers as a JSON [`ApiError`] whose `code` scripts
@@ -59,6 +60,22 @@ pub enum AdminError {
     /// The store failed and the operation did not happen: `500 store_error`, logged when answered.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The cluster's log could not take an invalidation (etcd out of reach): nothing acknowledged, retry:
+    /// `503 cluster_unavailable`.
+    #[error("{0}")]
+    ClusterUnavailable(String),
+    /// `GET /v1/cluster` on a node without a `[cluster]` section: `404 cluster_disabled`.
+    #[error("this node is not in a cluster: its configuration has no [cluster] section")]
+    ClusterDisabled,
+}
+
+impl From<InvalidateError> for AdminError {
+    fn from(e: InvalidateError) -> Self {
+        match e {
+            InvalidateError::Store(e) => Self::Store(e),
+            InvalidateError::Cluster(message) => Self::ClusterUnavailable(message),
+        }
+    }
 }
 
 impl AdminError {
@@ -77,6 +94,8 @@ impl AdminError {
             | Self::Invalidation(_)
             | Self::InvalidConfig(_) => StatusCode::BAD_REQUEST,
             Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::ClusterUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ClusterDisabled => StatusCode::NOT_FOUND,
         }
     }
 
@@ -93,6 +112,8 @@ impl AdminError {
             Self::Invalidation(e) => e.code(),
             Self::InvalidConfig(_) => "invalid_config",
             Self::Store(_) => "store_error",
+            Self::ClusterUnavailable(_) => "cluster_unavailable",
+            Self::ClusterDisabled => "cluster_disabled",
         }
     }
 }

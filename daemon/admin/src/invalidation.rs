@@ -55,7 +55,7 @@ pub async fn add_ban(
     ApiJson(body): ApiJson<NewBan>,
 ) -> Result<(StatusCode, Json<BanView>), AdminError> {
     let expr = BanExpr::parse(&body.expression)?;
-    let info = state.shared.store.add_ban(expr).await?;
+    let info = state.shared.ban(expr).await?;
     Ok((
         StatusCode::CREATED,
         Json(ban_view(info, lacquer_clock::now_ms())),
@@ -105,7 +105,7 @@ async fn purge(
     target: PurgeTarget,
     soft: bool,
 ) -> Result<Json<Purged>, AdminError> {
-    let purged = invalidation::purge(&state.shared.store, target, soft).await?;
+    let purged = state.shared.purge(target, soft).await?;
     Ok(Json(Purged {
         purged: purged as u64,
         soft,

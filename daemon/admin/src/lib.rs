@@ -141,6 +141,7 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .routes(routes!(status::openapi));
     let guarded = OpenApiRouter::new()
         .routes(routes!(status::stats))
+        .routes(routes!(status::cluster))
         .routes(routes!(status::stats_stream))
         .routes(routes!(log::stream))
         .routes(routes!(invalidation::list_bans, invalidation::add_ban))
@@ -255,6 +256,7 @@ mod tests {
             stats,
             coalescer: Coalescer::new(1 << 20),
             started: lacquer_clock::monotonic(),
+            cluster: None,
         });
         let (_, stopping) = watch::channel(false);
         router(AdminState {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use lacquer_admin::wire::{Field, Kind, Stats, FAMILY_HELP};
+use lacquer_admin::wire::{ClusterState, ClusterView, Field, Kind, Stats, FAMILY_HELP};
 use prometheus::{
     core::Collector, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -12,8 +12,8 @@ use prometheus::{
 /// The media type of Prometheus' text exposition format, the version `render` writes.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Renders `stats` and the metrics in `foyer`.
-pub fn render(stats: &Stats, foyer: &Registry) -> String {
+/// Renders `stats`, the cluster's gauges when this node is in one, and the metrics in `foyer`.
+pub fn render(stats: &Stats, cluster: Option<&ClusterView>, foyer: &Registry) -> String {
     let mut families: BTreeMap<&str, Vec<(&Field, u64)>> = BTreeMap::new();
     for (_, field, value) in stats.values() {
         families
@@ -39,6 +39,11 @@ pub fn render(stats: &Stats, foyer: &Registry) -> String {
     for extra in [Box::new(uptime) as Box<dyn Collector>, Box::new(info)] {
         registry.register(extra).expect("unique names");
     }
+    if let Some(view) = cluster {
+        for extra in cluster_gauges(view) {
+            registry.register(extra).expect("unique names");
+        }
+    }
     let mut gathered = registry.gather();
     gathered.extend(foyer.gather());
     let mut out = Vec::new();
@@ -46,6 +51,42 @@ pub fn render(stats: &Stats, foyer: &Registry) -> String {
         .encode(&gathered, &mut out)
         .expect("the text format encodes any gathered family");
     String::from_utf8(out).expect("the text format is UTF-8")
+}
+
+/// The cluster's gauges: what an alert on a node that cannot vouch for its objects, or on a shrinking
+/// ring, needs.
+fn cluster_gauges(view: &ClusterView) -> Vec<Box<dyn Collector>> {
+    let gauge = |name: &str, help: &str, value: u64| {
+        let g = IntGauge::new(name, help).expect("valid metric");
+        g.set(value as i64);
+        Box::new(g) as Box<dyn Collector>
+    };
+    let lagging = !matches!(
+        view.state,
+        ClusterState::Serving | ClusterState::Disconnected
+    );
+    vec![
+        gauge(
+            "lacquer_cluster_members",
+            "Live members of the cluster, as this node sees them.",
+            view.members.len() as u64,
+        ),
+        gauge(
+            "lacquer_cluster_applied_revision",
+            "The last etcd revision of the invalidation log applied on this node.",
+            view.applied_revision,
+        ),
+        gauge(
+            "lacquer_cluster_lag_revisions",
+            "Revisions of the invalidation log known and not yet applied on this node.",
+            view.lag_revisions,
+        ),
+        gauge(
+            "lacquer_cluster_lagging",
+            "1 while this node cannot vouch for having every invalidation (catching up, or cut off past max_invalidation_lag): stored objects are revalidated.",
+            u64::from(lagging),
+        ),
+    ]
 }
 
 /// One metric family: a plain counter or gauge, or a vector of them when its members carry labels.
@@ -108,7 +149,7 @@ mod tests {
                 ..Default::default()
             },
         };
-        let text = render(&stats, &Registry::new());
+        let text = render(&stats, None, &Registry::new());
         for line in [
             "# TYPE lacquer_cache_requests_total counter",
             "lacquer_cache_requests_total{result=\"hit\"} 7",

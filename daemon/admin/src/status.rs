@@ -12,13 +12,13 @@ use axum::{
     Json,
 };
 use futures_util::Stream;
-use lacquer_admin::wire::{ApiError, Health, Stats, StoreStats};
+use lacquer_admin::wire::{ApiError, ClusterState, ClusterView, Health, Stats, StoreStats};
 use lacquer_storage::StoreStatsSnapshot;
 
 use super::AdminState;
 use lacquer_proxy::worker::Shared;
 
-use crate::metrics;
+use crate::{error::AdminError, metrics};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -26,7 +26,20 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 #[utoipa::path(get, path = "/v1/health", tag = "status",
     responses((status = 200, description = "The daemon is serving (`degraded`: with the problems listed)", body = Health)))]
 pub async fn health(State(state): State<AdminState>) -> Json<Health> {
-    let problems = state.shared.store.problems();
+    let mut problems = state.shared.store.problems();
+    if let Some(view) = cluster_view(&state.shared) {
+        match view.state {
+            ClusterState::Serving | ClusterState::Disconnected => {}
+            ClusterState::CatchingUp => problems.push(format!(
+                "cluster: catching up with the invalidation log (applied revision {}); stored objects are revalidated with the origin",
+                view.applied_revision
+            )),
+            ClusterState::Lagging => problems.push(format!(
+                "cluster: no word from etcd for {:.0} s, past max_invalidation_lag; stored objects are revalidated with the origin",
+                view.lag_seconds
+            )),
+        }
+    }
     Json(Health {
         status: if problems.is_empty() {
             "ok"
@@ -94,9 +107,34 @@ pub async fn stats_stream(
 pub async fn metrics(State(state): State<AdminState>) -> Response {
     let text = metrics::render(
         &snapshot(&state.shared),
+        cluster_view(&state.shared).as_ref(),
         state.shared.store.metrics_registry(),
     );
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// This node's place in its cluster: state, lag behind the invalidation log, live members, counters.
+#[utoipa::path(get, path = "/v1/cluster", tag = "status", security(("secret" = [])),
+    responses(
+        (status = 200, description = "This node in its cluster", body = ClusterView),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 404, description = "`cluster_disabled`: a single node", body = ApiError),
+    ))]
+pub async fn cluster(State(state): State<AdminState>) -> Result<Json<ClusterView>, AdminError> {
+    cluster_view(&state.shared)
+        .map(Json)
+        .ok_or(AdminError::ClusterDisabled)
+}
+
+/// The cluster's view with the data path's counters in it; `None` on a single node.
+fn cluster_view(shared: &Shared) -> Option<ClusterView> {
+    let mut view = shared.cluster.as_ref()?.view();
+    let s = &shared.stats;
+    view.counters.hits_revalidated_for_lag = s.cluster_revalidations.load(Relaxed);
+    view.counters.peer_fetches = s.peer_requests.load(Relaxed);
+    view.counters.peer_failures = s.peer_failures.load(Relaxed);
+    view.counters.forwarded_in = s.peer_requests_in.load(Relaxed);
+    Some(view)
 }
 
 pub fn snapshot(shared: &Shared) -> Stats {

@@ -71,6 +71,9 @@ pub struct Config {
     pub log: Log,
     /// `[access_log]`: one line per request. Default: none written.
     pub access_log: AccessLog,
+    /// `[cluster]`: this node's membership of a cluster coordinated through etcd. Default: none (a single
+    /// node, no etcd).
+    pub cluster: Option<Cluster>,
 }
 
 impl Default for Config {
@@ -90,6 +93,7 @@ impl Default for Config {
             purge: Purge::default(),
             log: Log::default(),
             access_log: AccessLog::default(),
+            cluster: None,
         }
     }
 }
@@ -302,6 +306,48 @@ impl Default for Purge {
                 "127.0.0.1/32".parse().expect("valid network"),
                 "::1/128".parse().expect("valid network"),
             ],
+        }
+    }
+}
+
+/// `[cluster]`: several nodes acting as one cache, coordinated through etcd (docs/cluster.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cluster {
+    /// This node's name, unique in the cluster: letters, digits, `.`, `-`, `_`. Default: the host name.
+    pub node: Option<String>,
+    /// etcd's client URLs (`http://host:2379`). Default: `["http://127.0.0.1:2379"]`.
+    pub etcd: Vec<String>,
+    /// Every key of this cluster lives under it in etcd. Default: `/lacquer`.
+    pub prefix: String,
+    /// Where the other nodes reach this node's client listener. Default: the first `[[listen]]` address
+    /// (which must then not be a wildcard such as `0.0.0.0`).
+    pub advertise: Option<std::net::SocketAddr>,
+    /// Where `cachectl` reaches this node's admin API. Default: `admin.listen`.
+    pub advertise_admin: Option<std::net::SocketAddr>,
+    /// The membership lease: a node that dies leaves every member's list within it. Default: 5 s.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// How long this node may go without showing it has every invalidation (etcd out of reach) before it
+    /// stops serving stored objects without revalidating them with the origin. Default: 10 s.
+    #[serde(with = "humantime_serde")]
+    pub max_invalidation_lag: Duration,
+    /// Hash each key onto the live members and fetch it from its owner: the origin sees one fetch per
+    /// object per cluster whatever balancer is in front. Default: false.
+    pub self_routing: bool,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Self {
+            node: None,
+            etcd: vec!["http://127.0.0.1:2379".into()],
+            prefix: "/lacquer".into(),
+            advertise: None,
+            advertise_admin: None,
+            lease_ttl: Duration::from_secs(5),
+            max_invalidation_lag: Duration::from_secs(10),
+            self_routing: false,
         }
     }
 }

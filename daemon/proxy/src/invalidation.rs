@@ -48,6 +48,7 @@ impl InvalidationError {
 }
 
 /// What a purge removes (or, soft, makes stale).
+#[derive(Debug, Clone)]
 pub enum PurgeTarget {
     /// One cache key: every variant of it.
     Key(String),

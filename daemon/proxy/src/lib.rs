@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod access_log;
+pub mod cluster;
 pub mod coalesce;
 mod coding;
 mod fetch;
@@ -10,6 +11,7 @@ mod forward;
 pub mod invalidation;
 #[cfg(test)]
 mod memory;
+mod peer;
 mod purge_method;
 mod respond;
 pub mod stats;
@@ -54,7 +56,7 @@ use crate::{
     fetch::Fill,
     stats::{add, inc, Stats},
     store::CacheStore,
-    worker::Worker,
+    worker::{Shared, Worker},
 };
 
 impl lacquer_edge::Service for Worker {
@@ -110,6 +112,9 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
     // From here on the head is the one the origin receives: the key, the variant, the class and every
     // rule are made from it, never from fields that are not forwarded.
     strip_hop_by_hop(&mut parts.headers);
+    // Only a cluster's members mark requests as forwarded; the mark never reaches the origin.
+    let forwarded = worker.shared.cluster.is_some()
+        && parts.headers.remove(&cluster::FORWARDED_BY).is_some();
     let Client {
         ip: client,
         max_request_body,
@@ -146,6 +151,18 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
         RequestClass::Lookup | RequestClass::Miss(_) if route.pass => RequestClass::Pass("route"),
         class => class,
     };
+    if let (RequestClass::Lookup | RequestClass::Miss(_), Some(cluster)) =
+        (&class, &worker.shared.cluster)
+    {
+        if forwarded && cluster.is_member(client) {
+            // Never forwarded twice: whatever this node thinks of the ring, it answers.
+            inc(&stats.peer_requests_in);
+        } else if let Some(peer) = cluster.owner(&primary_key(&parts)) {
+            if let Some(resp) = peer::ask(&worker, client, &peer, cluster.node(), &parts).await {
+                return counted(resp, worker.shared.stats.clone());
+            }
+        }
+    }
     let resp = match class {
         RequestClass::Lookup => lookup(&worker, client, &route, parts, false).await,
         RequestClass::Miss(_) => lookup(&worker, client, &route, parts, true).await,
@@ -252,6 +269,12 @@ async fn lookup<S: CacheStore>(
         if let Some(found) = find(worker, &key, &parts).await {
             let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
             match usability(found.meta().lifetime(now)) {
+                // An invalidation this node has not seen may cover what it stores: the origin confirms
+                // the object (a 304 to its validators) or sends it again.
+                Usability::Fresh | Usability::Grace if !vouched(shared) => {
+                    inc(&shared.stats.cluster_revalidations);
+                    stale = Some(found);
+                }
                 Usability::Fresh => {
                     if let Some(resp) = serve_stored(
                         worker,
@@ -295,6 +318,12 @@ async fn lookup<S: CacheStore>(
             None => may_wait = false,
         }
     }
+}
+
+/// Whether this node may serve what it stores without asking the origin: always on a single node; in a
+/// cluster, while it can vouch for having applied every invalidation.
+fn vouched<S: CacheStore>(shared: &Shared<S>) -> bool {
+    shared.cluster.as_ref().is_none_or(|c| c.vouched())
 }
 
 /// Who a lookup answers and how its body may be coded.
@@ -549,8 +578,9 @@ async fn miss<S: CacheStore>(
         Ok(_) => None,
     };
     let now = lacquer_clock::now_ms();
-    let fallback =
-        stale.filter(|found| usability(found.meta().lifetime(now)) == Usability::OnError);
+    let fallback = stale.filter(|found| {
+        usability(found.meta().lifetime(now)) == Usability::OnError && vouched(shared)
+    });
     if let (Some(fwd_status), Some(found)) = (failure, &fallback) {
         let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
         let outcome = Outcome::Stale {

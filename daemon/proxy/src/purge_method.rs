@@ -14,6 +14,7 @@ use lacquer_backends::body::{self, Body};
 use lacquer_policy::{key::primary_key, surrogate};
 
 use crate::{
+    cluster::InvalidateError,
     invalidation::{self, PurgeTarget},
     stats::inc,
     worker::Worker,
@@ -57,12 +58,25 @@ pub async fn handle(worker: &Worker, client: IpAddr, parts: &Parts) -> Response<
         },
         None => PurgeTarget::Key(primary_key(parts)),
     };
-    match invalidation::purge(&shared.store, target, soft).await {
+    match shared.purge(target, soft).await {
         Ok(n) => json(StatusCode::OK, format!(r#"{{"purged":{n},"soft":{soft}}}"#)),
-        Err(e) => error(
+        Err(e) => failed(&e),
+    }
+}
+
+/// A store that failed is the cache's fault (500); a cluster that could not take the invalidation is
+/// unavailable for now (503): either way nothing was acknowledged and the sender should retry.
+fn failed(e: &InvalidateError) -> Response<Body> {
+    match e {
+        InvalidateError::Store(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "store_error",
             &e.to_string(),
+        ),
+        InvalidateError::Cluster(message) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cluster_unavailable",
+            message,
         ),
     }
 }
@@ -94,16 +108,12 @@ async fn ban(worker: &Worker, parts: &Parts) -> Response<Body> {
         Ok(expr) => expr,
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_ban", &e.to_string()),
     };
-    match worker.shared.store.add_ban(expr).await {
+    match worker.shared.ban(expr).await {
         Ok(info) => json(
             StatusCode::OK,
             serde_json::json!({"id": info.id, "expression": info.expression}).to_string(),
         ),
-        Err(e) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "store_error",
-            &e.to_string(),
-        ),
+        Err(e) => failed(&e),
     }
 }
 

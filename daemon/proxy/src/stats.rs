@@ -69,7 +69,11 @@ counters! {
     bad_requests,
     denied,
     rate_limited,
-    access_log_dropped;
+    access_log_dropped,
+    cluster_revalidations,
+    peer_requests,
+    peer_requests_in,
+    peer_failures;
     edge:
     connections,
     connections_open,

@@ -48,6 +48,7 @@ fn worker(origin: &Origin, store: &MemoryStore) -> Arc<Worker<MemoryStore>> {
         stats,
         coalescer: Coalescer::new(1 << 20),
         started: lacquer_clock::monotonic(),
+        cluster: None,
     })))
 }
 

@@ -6,12 +6,20 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use lacquer_storage::Store;
+use lacquer_storage::{BanExpr, BanInfo, Store};
 
 use lacquer_backends::{protection::DenyRule, routing::Router, Backend, BackendSet, BackendState};
 use lacquer_config::{Config, ConfigError, Normalize, Purge};
 
-use crate::{access_log::AccessLog, coalesce::Coalescer, stats::Stats, store::CacheStore};
+use crate::{
+    access_log::AccessLog,
+    cluster::{self, Applied, Cluster, InvalidateError, Invalidation},
+    coalesce::Coalescer,
+    invalidation::PurgeTarget,
+    peer::Peers,
+    stats::Stats,
+    store::CacheStore,
+};
 
 /// The settings a reload can change while requests are served.
 #[derive(Debug)]
@@ -61,6 +69,35 @@ pub struct Shared<S: CacheStore = Store> {
     pub coalescer: Coalescer<S>,
     /// When the daemon started (monotonic), for the uptime.
     pub started: Instant,
+    /// The cluster this node belongs to; `None` on a single node.
+    pub cluster: Option<Arc<dyn Cluster>>,
+}
+
+impl Shared<Store> {
+    /// Runs an invalidation: on a single node, on its store; in a cluster, through the cluster's log,
+    /// acknowledged once this node has applied it. Durable when it returns.
+    async fn invalidate(&self, inv: Invalidation) -> Result<Applied, InvalidateError> {
+        match &self.cluster {
+            Some(cluster) => cluster.invalidate(inv).await,
+            None => Ok(cluster::apply(&self.store, inv).await?),
+        }
+    }
+
+    /// Adds a ban (see [`Shared::invalidate`]).
+    pub async fn ban(&self, expr: BanExpr) -> Result<BanInfo, InvalidateError> {
+        match self.invalidate(Invalidation::Ban(expr)).await? {
+            Applied::Ban(info) => Ok(info),
+            Applied::Purged(_) => unreachable!("a ban is applied as a ban"),
+        }
+    }
+
+    /// Purges `target`, hard or `soft`; how many stored objects it affected on this node.
+    pub async fn purge(&self, target: PurgeTarget, soft: bool) -> Result<usize, InvalidateError> {
+        match self.invalidate(Invalidation::Purge { target, soft }).await? {
+            Applied::Purged(n) => Ok(n),
+            Applied::Ban(_) => unreachable!("a purge is applied as a purge"),
+        }
+    }
 }
 
 impl<S: CacheStore> Shared<S> {
@@ -77,6 +114,8 @@ pub struct Worker<S: CacheStore = Store> {
     pub shared: Arc<Shared<S>>,
     /// One pool per backend in use; only this worker's thread locks it, on misses and passes.
     pools: Mutex<Vec<Backend>>,
+    /// Connections to the cluster's other members, for self-routed requests.
+    pub(crate) peers: Mutex<Peers>,
 }
 
 impl<S: CacheStore> Worker<S> {
@@ -85,6 +124,7 @@ impl<S: CacheStore> Worker<S> {
         Self {
             shared,
             pools: Mutex::default(),
+            peers: Mutex::default(),
         }
     }
 

@@ -51,6 +51,9 @@ use crate::{
     writer::{Job, ObjectWriter},
 };
 
+/// Where [`Store::set_cluster_revision`] keeps its revision in the `state` tree.
+const CLUSTER_REVISION: &[u8] = b"cluster-revision";
+
 /// Handle on the store; cheap to clone. The writer task holds one until [`Store::close`], which finishes
 /// pending writes and releases the store directory (a process can then open it again).
 #[derive(Clone)]
@@ -235,6 +238,28 @@ impl Store {
             .insert(recover::CLEAN_CLOSE, &clean.encode())?;
         self.inner.db.flush()?;
         self.inner.lock.lock().expect("store lock").take();
+        Ok(())
+    }
+
+    /// The newest revision of a cluster's invalidation log applied to this store; 0 when none. It lives
+    /// with the metadata, so a store moved aside or started empty starts the log over.
+    pub fn cluster_revision(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .inner
+            .state
+            .get(CLUSTER_REVISION)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map_or(0, u64::from_be_bytes))
+    }
+
+    /// Records that the cluster's log is applied up to `revision` (each entry was durable when applied),
+    /// flushed before it returns. A crash that loses it only makes entries apply again: more removed,
+    /// never an invalidated body served.
+    pub async fn set_cluster_revision(&self, revision: u64) -> Result<(), StoreError> {
+        self.inner
+            .state
+            .insert(CLUSTER_REVISION, &revision.to_be_bytes())?;
+        self.inner.db.flush_async().await?;
         Ok(())
     }
 

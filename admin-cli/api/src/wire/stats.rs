@@ -179,6 +179,15 @@ stats_section! {
         headers_too_large: Counter "lacquer_client_request_errors_total" { reason = "headers_too_large" },
         /// Access log lines dropped because the writer fell behind (a slow disk).
         access_log_dropped: Counter "lacquer_access_log_dropped_total",
+        /// Stored objects revalidated with the origin instead of served, because this cluster node could not
+        /// vouch for having every invalidation (catching up, or cut off from etcd past `max_invalidation_lag`).
+        cluster_revalidations: Counter "lacquer_cluster_unvouched_lookups_total",
+        /// Requests this node sent to the peer owning their key (self-routing).
+        peer_requests: Counter "lacquer_cluster_peer_requests_total" { direction = "out" },
+        /// Requests for keys this node owns, forwarded by a peer.
+        peer_requests_in: Counter "lacquer_cluster_peer_requests_total" { direction = "in" },
+        /// Peer requests that failed (the owner down or unreachable): answered by this node itself.
+        peer_failures: Counter "lacquer_cluster_peer_failures_total",
         /// Requests refused with 403 by a `[[deny]]` rule.
         denied: Counter "lacquer_client_request_errors_total" { reason = "denied" },
         /// Requests refused with 429 by a route's `rate_limit`.

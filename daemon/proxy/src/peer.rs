@@ -1,0 +1,76 @@
+//! Self-routing: a request for a key another member of the cluster owns is answered by that owner, which
+//! fetches from the origin once for the whole cluster and caches; this node stores nothing of it.
+
+use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use http::{request::Parts, HeaderValue, Request, Response};
+use lacquer_backends::{
+    body::{self, Body},
+    Backend, BackendState,
+};
+use lacquer_policy::headers::strip_hop_by_hop;
+
+use crate::{
+    cluster::{Peer, FORWARDED_BY},
+    forward,
+    stats::inc,
+    worker::Worker,
+};
+
+/// A dead owner is noticed at connect (refused at once on a LAN) or, when it hangs, within this; its
+/// keys are then answered here until its lease lapses and the ring moves them.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One worker's connections to the peers, by address.
+#[derive(Default)]
+pub struct Peers(HashMap<SocketAddr, Backend>);
+
+impl Peers {
+    fn pool(&mut self, addr: SocketAddr) -> Option<Backend> {
+        if let Some(pool) = self.0.get(&addr) {
+            return Some(pool.clone());
+        }
+        let config = lacquer_config::Backend {
+            name: format!("peer {addr}"),
+            address: Some(format!("http://{addr}")),
+            connect_timeout: CONNECT_TIMEOUT,
+            ..Default::default()
+        };
+        let state = BackendState::new(&config, "cluster peer").ok()?;
+        let pool = Backend::new(Arc::new(state));
+        self.0.insert(addr, pool.clone());
+        Some(pool)
+    }
+}
+
+/// The owner's answer to the request, marked as forwarded so that the owner answers it itself; `None`
+/// when the owner cannot be reached, and this node answers (a dead owner must not fail requests while
+/// its lease runs out).
+pub async fn ask(
+    worker: &Worker,
+    client: std::net::IpAddr,
+    peer: &Peer,
+    node: &str,
+    parts: &Parts,
+) -> Option<Response<Body>> {
+    let stats = &worker.shared.stats;
+    inc(&stats.peer_requests);
+    let pool = worker.peers.lock().expect("peers lock").pool(peer.addr)?;
+    let mut parts = parts.clone();
+    forward::prepare_headers(&mut parts.headers, client);
+    parts
+        .headers
+        .insert(FORWARDED_BY.clone(), HeaderValue::from_str(node).ok()?);
+    match pool.send(Request::from_parts(parts, body::empty())).await {
+        Ok(resp) => {
+            let (mut head, body) = resp.into_parts();
+            strip_hop_by_hop(&mut head.headers);
+            Some(Response::from_parts(head, body::incoming(body)))
+        }
+        Err(e) => {
+            inc(&stats.peer_failures);
+            tracing::debug!(peer = %peer.node, error = %e, "peer request failed; answering here");
+            None
+        }
+    }
+}
