@@ -173,7 +173,9 @@ fn run(
         Some(mut settings) => {
             // Port 0 in the configuration: the port bound just now is the one to advertise.
             if settings.advertise.port() == 0 {
-                settings.advertise.set_port(bound.first().map_or(0, |a| a.port()));
+                settings
+                    .advertise
+                    .set_port(bound.first().map_or(0, |a| a.port()));
             }
             if settings.advertise_admin.port() == 0 {
                 settings.advertise_admin.set_port(admin_addr.port());

@@ -56,7 +56,9 @@ pub fn cluster(config: &Config) -> Result<Option<ClusterSettings>, ConfigError> 
         Some(node) => node.clone(),
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
-            .map_err(|e| ConfigError::setting("cluster.node", format!("no host name to default to: {e}")))?,
+            .map_err(|e| {
+                ConfigError::setting("cluster.node", format!("no host name to default to: {e}"))
+            })?,
     };
     let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
     if node.is_empty() || node.len() > 64 || !node.chars().all(valid) {
@@ -66,7 +68,10 @@ pub fn cluster(config: &Config) -> Result<Option<ClusterSettings>, ConfigError> 
         ));
     }
     if c.etcd.is_empty() {
-        return Err(ConfigError::setting("cluster.etcd", "at least one etcd URL"));
+        return Err(ConfigError::setting(
+            "cluster.etcd",
+            "at least one etcd URL",
+        ));
     }
     for url in &c.etcd {
         let uri: http::Uri = url

@@ -32,7 +32,9 @@ impl Etcd {
     /// etcd-server is not installed.
     pub fn start() -> Option<Etcd> {
         if !Path::new(ETCD).exists() || !Path::new(ETCDCTL).exists() {
-            println!("skipped: {ETCD} or {ETCDCTL} missing (apt-get install etcd-server etcd-client)");
+            println!(
+                "skipped: {ETCD} or {ETCDCTL} missing (apt-get install etcd-server etcd-client)"
+            );
             return None;
         }
         let dir = tempfile::tempdir().expect("etcd directory");

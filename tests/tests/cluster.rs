@@ -43,7 +43,11 @@ impl Versioned {
         let version = Arc::new(AtomicU64::new(1));
         let v = version.clone();
         let origin = Origin::start(move |s| {
-            let tag = if s.path.starts_with("/b/") { "shelf-b" } else { "other" };
+            let tag = if s.path.starts_with("/b/") {
+                "shelf-b"
+            } else {
+                "other"
+            };
             Reply::ok(format!("{} v{}", s.path, v.load(SeqCst)))
                 .header("cache-control", "max-age=3600")
                 .header("surrogate-key", tag)
@@ -90,7 +94,12 @@ async fn cluster_view(d: &Daemon) -> Value {
 }
 
 /// Waits until `check` holds for the node's `/v1/cluster`, or panics after `within`.
-async fn wait_cluster(d: &Daemon, what: &str, within: Duration, check: impl Fn(&Value) -> bool) -> Value {
+async fn wait_cluster(
+    d: &Daemon,
+    what: &str,
+    within: Duration,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + within;
     loop {
         let view = cluster_view(d).await;
@@ -107,9 +116,12 @@ async fn wait_cluster(d: &Daemon, what: &str, within: Duration, check: impl Fn(&
 }
 
 async fn serving_with(d: &Daemon, members: usize) -> Value {
-    wait_cluster(d, "serving with every member", Duration::from_secs(20), |v| {
-        v["state"] == "serving" && v["members"].as_array().map_or(0, Vec::len) == members
-    })
+    wait_cluster(
+        d,
+        "serving with every member",
+        Duration::from_secs(20),
+        |v| v["state"] == "serving" && v["members"].as_array().map_or(0, Vec::len) == members,
+    )
     .await
 }
 
@@ -121,7 +133,9 @@ async fn applied(d: &Daemon, revision: u64) -> Value {
 }
 
 async fn ban(d: &Daemon, expression: &str) -> Value {
-    let r = d.admin_post("/v1/bans", json!({ "expression": expression })).await;
+    let r = d
+        .admin_post("/v1/bans", json!({ "expression": expression }))
+        .await;
     assert_eq!(r.status, 201, "{:?}", r.body);
     serde_json::from_slice(&r.body).unwrap()
 }
@@ -152,7 +166,9 @@ fn paths(prefix: &str, n: usize) -> Vec<String> {
 async fn bans_and_tag_purges_sent_to_one_node_reach_every_node() {
     let Some(etcd) = Etcd::start() else { return };
     let o = Versioned::start().await;
-    let nodes: Vec<Daemon> = (1..=3).map(|n| node(&o.origin, n, &etcd.url(), false)).collect();
+    let nodes: Vec<Daemon> = (1..=3)
+        .map(|n| node(&o.origin, n, &etcd.url(), false))
+        .collect();
     for d in &nodes {
         serving_with(d, 3).await;
     }
@@ -189,11 +205,21 @@ async fn bans_and_tag_purges_sent_to_one_node_reach_every_node() {
         }
     }
     for p in a.iter().chain(&b) {
-        assert_eq!(o.origin.count(p), 6, "{p}: once per node before, once per node after");
+        assert_eq!(
+            o.origin.count(p),
+            6,
+            "{p}: once per node before, once per node after"
+        );
     }
-    let metrics = nodes[2].admin_get("/metrics", Some(&nodes[2].secret())).await;
+    let metrics = nodes[2]
+        .admin_get("/metrics", Some(&nodes[2].secret()))
+        .await;
     let text = String::from_utf8_lossy(&metrics.body);
-    for line in ["lacquer_cluster_members 3", "lacquer_cluster_lagging 0", "lacquer_cluster_lag_revisions 0"] {
+    for line in [
+        "lacquer_cluster_members 3",
+        "lacquer_cluster_lagging 0",
+        "lacquer_cluster_lag_revisions 0",
+    ] {
         assert!(text.contains(line), "{line} in\n{text}");
     }
 }
@@ -203,16 +229,24 @@ async fn bans_and_tag_purges_sent_to_one_node_reach_every_node() {
 async fn stopped_node_misses_nothing(kill: bool) {
     let Some(etcd) = Etcd::start() else { return };
     let o = Versioned::start().await;
-    let mut nodes: Vec<Daemon> = (1..=3).map(|n| node(&o.origin, n, &etcd.url(), false)).collect();
+    let mut nodes: Vec<Daemon> = (1..=3)
+        .map(|n| node(&o.origin, n, &etcd.url(), false))
+        .collect();
     for d in &nodes {
         serving_with(d, 3).await;
     }
     let (purged, banned, kept) = (paths("/p/", 50), paths("/k/", 50), paths("/keep/", 10));
-    fill(&nodes[2], &[purged.clone(), banned.clone(), kept.clone()].concat()).await;
+    fill(
+        &nodes[2],
+        &[purged.clone(), banned.clone(), kept.clone()].concat(),
+    )
+    .await;
     if kill {
         // Durable first, as an object must be for a crash to keep it.
         nodes[2]
-            .wait_for_stats("durable objects", |s| s["store"]["objects_durable"].as_u64() >= Some(110))
+            .wait_for_stats("durable objects", |s| {
+                s["store"]["objects_durable"].as_u64() >= Some(110)
+            })
             .await;
         nodes[2].kill9();
     } else {
@@ -237,7 +271,11 @@ async fn stopped_node_misses_nothing(kill: bool) {
         .collect();
     for r in racing {
         let (p, reply) = r.await.unwrap();
-        assert_eq!(version_of(&reply), 2, "{p} served from before its invalidation: {reply:?}");
+        assert_eq!(
+            version_of(&reply),
+            2,
+            "{p} served from before its invalidation: {reply:?}"
+        );
     }
     let view = applied(&back, head).await;
     assert_eq!(view["state"], "serving", "{view}");
@@ -247,7 +285,11 @@ async fn stopped_node_misses_nothing(kill: bool) {
     }
     for p in &kept {
         let r = get(back.addr, p).await;
-        assert_eq!(r.x_cache(), "HIT", "{p} is not covered and still served once caught up");
+        assert_eq!(
+            r.x_cache(),
+            "HIT",
+            "{p} is not covered and still served once caught up"
+        );
         assert_eq!(version_of(&r), 1);
     }
     nodes[2] = back;
@@ -278,7 +320,10 @@ async fn a_node_cut_off_from_etcd_revalidates_within_the_lag_bound_and_serves_ag
     o.bump();
     ban(&n1, "req.url ~ ^/a/").await;
     let cut_at = Instant::now();
-    let view = wait_cluster(&n2, "lagging", Duration::from_secs(8), |v| v["state"] == "lagging").await;
+    let view = wait_cluster(&n2, "lagging", Duration::from_secs(8), |v| {
+        v["state"] == "lagging"
+    })
+    .await;
     assert!(
         cut_at.elapsed() < Duration::from_secs(3 + 2),
         "lagging within max_invalidation_lag (3 s) and a progress interval: {:?}",
@@ -288,18 +333,30 @@ async fn a_node_cut_off_from_etcd_revalidates_within_the_lag_bound_and_serves_ag
         view["applied_revision"].as_u64() < Some(etcd.revision_of_log()),
         "the ban did not arrive: {view}"
     );
-    let health: Value = serde_json::from_slice(&n2.admin_get("/v1/health", None).await.body).unwrap();
+    let health: Value =
+        serde_json::from_slice(&n2.admin_get("/v1/health", None).await.body).unwrap();
     assert_eq!(health["status"], "degraded", "{health}");
     for p in paths("/a/", 3) {
         let r = get(n2.addr, &p).await;
-        assert_ne!(r.x_cache(), "HIT", "{p}: not served unrevalidated while lagging");
+        assert_ne!(
+            r.x_cache(),
+            "HIT",
+            "{p}: not served unrevalidated while lagging"
+        );
         assert_eq!(version_of(&r), 2, "{p}");
     }
     assert!(n2.stats().await["proxy"]["cluster_revalidations"].as_u64() >= Some(3));
 
     relay.heal();
-    let view = wait_cluster(&n2, "serving again", Duration::from_secs(15), |v| v["state"] == "serving").await;
-    assert_eq!(view["applied_revision"].as_u64(), Some(etcd.revision_of_log()), "{view}");
+    let view = wait_cluster(&n2, "serving again", Duration::from_secs(15), |v| {
+        v["state"] == "serving"
+    })
+    .await;
+    assert_eq!(
+        view["applied_revision"].as_u64(),
+        Some(etcd.revision_of_log()),
+        "{view}"
+    );
     get(n2.addr, "/a/0").await;
     let r = get(n2.addr, "/a/0").await;
     assert_eq!(r.x_cache(), "HIT", "hits served again once caught up");
@@ -310,7 +367,9 @@ async fn a_node_cut_off_from_etcd_revalidates_within_the_lag_bound_and_serves_ag
 async fn self_routing_fetches_each_object_once_and_a_dead_owner_is_replaced_within_the_lease() {
     let Some(etcd) = Etcd::start() else { return };
     let o = Versioned::start().await;
-    let mut nodes: Vec<Daemon> = (1..=3).map(|n| node(&o.origin, n, &etcd.url(), true)).collect();
+    let mut nodes: Vec<Daemon> = (1..=3)
+        .map(|n| node(&o.origin, n, &etcd.url(), true))
+        .collect();
     for d in &nodes {
         serving_with(d, 3).await;
     }
@@ -327,11 +386,18 @@ async fn self_routing_fetches_each_object_once_and_a_dead_owner_is_replaced_with
     let owned_in: Vec<u64> = {
         let mut v = Vec::new();
         for d in &nodes {
-            v.push(d.stats().await["proxy"]["peer_requests_in"].as_u64().unwrap());
+            v.push(
+                d.stats().await["proxy"]["peer_requests_in"]
+                    .as_u64()
+                    .unwrap(),
+            );
         }
         v
     };
-    assert!(owned_in.iter().all(|n| *n > 300), "each node owns a share: {owned_in:?}");
+    assert!(
+        owned_in.iter().all(|n| *n > 300),
+        "each node owns a share: {owned_in:?}"
+    );
 
     // Which objects n3 owns: those it answered for the others.
     let before: std::collections::HashMap<String, usize> = o.origin.counts();
@@ -361,7 +427,10 @@ async fn self_routing_fetches_each_object_once_and_a_dead_owner_is_replaced_with
     let mut moved = 0;
     for p in &objects {
         let after = o.origin.count(p);
-        assert!(after <= settled[p] + 1, "{p}: at most one fetch by its new owner");
+        assert!(
+            after <= settled[p] + 1,
+            "{p}: at most one fetch by its new owner"
+        );
         moved += usize::from(after > before[p]);
     }
     assert!(moved > 250, "n3's share moved to the others: {moved}");
@@ -385,18 +454,26 @@ async fn history_compacted_past_a_stopped_node_bans_everything_it_stored() {
     etcd.compact_all();
 
     let back = n2.restart();
-    let view = wait_cluster(&back, "serving after the compaction", Duration::from_secs(15), |v| {
-        v["state"] == "serving"
-    })
+    let view = wait_cluster(
+        &back,
+        "serving after the compaction",
+        Duration::from_secs(15),
+        |v| v["state"] == "serving",
+    )
     .await;
     assert_eq!(view["counters"]["compactions"], 1, "{view}");
     for p in banned.iter().chain(&other) {
         let r = get(back.addr, p).await;
-        assert_ne!(r.x_cache(), "HIT", "{p}: nothing stored before the gap is vouched for");
+        assert_ne!(
+            r.x_cache(),
+            "HIT",
+            "{p}: nothing stored before the gap is vouched for"
+        );
         assert_eq!(version_of(&r), 2);
     }
     assert!(
-        back.log().contains("compacted past the last revision applied here"),
+        back.log()
+            .contains("compacted past the last revision applied here"),
         "{}",
         back.log()
     );

@@ -9,8 +9,8 @@ use axum::{
 };
 use lacquer_admin::wire::ApiError;
 use lacquer_config::ConfigError;
-use lacquer_proxy::invalidation::InvalidationError;
 use lacquer_proxy::cluster::InvalidateError;
+use lacquer_proxy::invalidation::InvalidationError;
 use lacquer_storage::{BanSyntaxError, StoreError};
 
 /// Why an admin request was refused or failed. It answers as a JSON [`ApiError`] whose `code` scripts

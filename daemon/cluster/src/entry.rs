@@ -1,9 +1,6 @@
 //! One entry of the invalidation log, as the value of a revision of `<prefix>/invalidations`.
 
-use lacquer_proxy::{
-    cluster::Invalidation,
-    invalidation::PurgeTarget,
-};
+use lacquer_proxy::{cluster::Invalidation, invalidation::PurgeTarget};
 use lacquer_storage::{BanExpr, BanSyntaxError};
 use serde::{Deserialize, Serialize};
 
@@ -132,7 +129,10 @@ mod tests {
             let readable = serde_json::from_str::<Entry>(json)
                 .ok()
                 .and_then(|e| e.op.invalidation().ok());
-            assert!(readable.is_none(), "{json} must not read as an invalidation");
+            assert!(
+                readable.is_none(),
+                "{json} must not read as an invalidation"
+            );
         }
     }
 }

@@ -295,10 +295,7 @@ impl Cluster {
 
 impl DataPath for Cluster {
     fn vouched(&self) -> bool {
-        matches!(
-            self.state().0,
-            NodeState::Serving | NodeState::Disconnected
-        )
+        matches!(self.state().0, NodeState::Serving | NodeState::Disconnected)
     }
 
     fn invalidate(&self, inv: Invalidation) -> InvalidateFuture<'_> {

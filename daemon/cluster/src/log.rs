@@ -24,7 +24,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 
 /// Appends `inv` to the log and waits until this node has applied it.
-pub(crate) async fn submit(cluster: &Cluster, inv: Invalidation) -> Result<Applied, InvalidateError> {
+pub(crate) async fn submit(
+    cluster: &Cluster,
+    inv: Invalidation,
+) -> Result<Applied, InvalidateError> {
     let inner = &cluster.inner;
     let id = format!(
         "{}-{}-{}",
@@ -39,7 +42,11 @@ pub(crate) async fn submit(cluster: &Cluster, inv: Invalidation) -> Result<Appli
     };
     let value = serde_json::to_vec(&entry).expect("an entry serialises");
     let (tx, rx) = oneshot::channel();
-    inner.pending.lock().expect("pending lock").insert(id.clone(), tx);
+    inner
+        .pending
+        .lock()
+        .expect("pending lock")
+        .insert(id.clone(), tx);
     let forget = || {
         inner.pending.lock().expect("pending lock").remove(&id);
     };

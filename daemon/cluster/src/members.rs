@@ -67,7 +67,9 @@ pub(crate) async fn leave(cluster: &Cluster) {
         let mut client = cluster.inner.client.clone();
         match timeout(client.lease_revoke(lease)).await {
             Ok(_) => tracing::info!("cluster: left"),
-            Err(e) => tracing::warn!(error = %e, "cluster: could not leave; the lease lapses instead"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster: could not leave; the lease lapses instead")
+            }
         }
     }
 }

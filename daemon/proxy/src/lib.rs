@@ -113,8 +113,8 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
     // rule are made from it, never from fields that are not forwarded.
     strip_hop_by_hop(&mut parts.headers);
     // Only a cluster's members mark requests as forwarded; the mark never reaches the origin.
-    let forwarded = worker.shared.cluster.is_some()
-        && parts.headers.remove(&cluster::FORWARDED_BY).is_some();
+    let forwarded =
+        worker.shared.cluster.is_some() && parts.headers.remove(&cluster::FORWARDED_BY).is_some();
     let Client {
         ip: client,
         max_request_body,

@@ -93,7 +93,10 @@ impl Shared<Store> {
 
     /// Purges `target`, hard or `soft`; how many stored objects it affected on this node.
     pub async fn purge(&self, target: PurgeTarget, soft: bool) -> Result<usize, InvalidateError> {
-        match self.invalidate(Invalidation::Purge { target, soft }).await? {
+        match self
+            .invalidate(Invalidation::Purge { target, soft })
+            .await?
+        {
             Applied::Purged(n) => Ok(n),
             Applied::Ban(_) => unreachable!("a purge is applied as a purge"),
         }

@@ -298,6 +298,10 @@ stats_section! {
 /// its label value counts).
 pub const FAMILY_HELP: &[(&str, &str)] = &[
     (
+        "lacquer_cluster_peer_requests_total",
+        "Self-routed requests: sent to the key's owner (out), answered for a peer (in).",
+    ),
+    (
         "lacquer_compression_bytes_total",
         "Body bytes compressed when stored, before and after compression.",
     ),
