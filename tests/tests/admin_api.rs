@@ -184,8 +184,10 @@ async fn the_openapi_document_matches_the_routes_and_the_answers() {
             String::new()
         };
         let reply = call(&d, method.clone(), &target, &body).await;
+        // A single node has no cluster to show: its documented 404 is checked like any answer.
+        let single_node = path == "/v1/cluster" && reply.status == 404;
         assert!(
-            reply.status.is_success(),
+            reply.status.is_success() || single_node,
             "{method} {target}: {} {:?}",
             reply.status,
             reply.body

@@ -9,7 +9,10 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering::SeqCst},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
 
@@ -562,6 +565,9 @@ pub enum Joined<S: CacheStore = Store> {
     Waiter(Arc<Fetch<S>>),
     /// The key recently proved uncacheable: fetch alone, without registering.
     HitForMiss,
+    /// No fetch is in flight, but one finished after the caller looked the store up: it may have stored
+    /// what the caller wants, so the caller looks again instead of fetching it a second time.
+    LookAgain,
 }
 
 /// Fetches in flight by key, and the keys that recently proved uncacheable.
@@ -570,6 +576,8 @@ pub struct Coalescer<S: CacheStore = Store> {
     /// Until when each key bypasses coalescing; bounded in bytes, the oldest entries leave first, so
     /// endless unique uncacheable URLs cannot grow it.
     hit_for_miss: Cache<String, Instant>,
+    /// Fetches finished so far (any key); see [`Coalescer::finished`].
+    finished: AtomicU64,
 }
 
 /// What one hit-for-miss entry costs besides its key (the entry, the instant, the table's slot).
@@ -585,19 +593,38 @@ impl<S: CacheStore> Coalescer<S> {
                 .with_eviction_config(FifoConfig::default())
                 .with_weighter(|key: &String, _: &Instant| key.len() + HIT_FOR_MISS_OVERHEAD)
                 .build(),
+            finished: AtomicU64::new(0),
         }
+    }
+
+    /// How many fetches have finished: a lookup notes it before it reads the store and hands it to
+    /// [`Coalescer::join`]. A fetch publishes what it stored before it finishes, so a lookup that missed
+    /// an object a fetch was about to publish sees this number move.
+    pub fn finished(&self) -> u64 {
+        self.finished.load(SeqCst)
     }
 
     /// Joins the fetch in flight for `key`, unless a ban or purge came after it started (`now` is later):
     /// what it brings may be what was invalidated, so a new fetch replaces it for everyone who comes later.
-    /// The same goes for a fetch that was cancelled or stopped storing.
-    pub fn join(&self, key: &str, now: InvalidationMark, transit_buffer: u64) -> Joined<S> {
+    /// The same goes for a fetch that was cancelled or stopped storing. `looked_up_at` is
+    /// [`Coalescer::finished`] as it was before the caller's lookup: when a fetch finished since,
+    /// [`Joined::LookAgain`] (it may have just published the key).
+    pub fn join(
+        &self,
+        key: &str,
+        now: InvalidationMark,
+        transit_buffer: u64,
+        looked_up_at: Option<u64>,
+    ) -> Joined<S> {
         let mut fetching = self.fetching.lock().expect("coalescer mutex");
         match fetching.get(key) {
             Some(fetch) if fetch.since.epoch == now.epoch && fetch.joinable() => {
                 return Joined::Waiter(fetch.clone())
             }
             _ => {}
+        }
+        if looked_up_at.is_some_and(|n| n != self.finished.load(SeqCst)) {
+            return Joined::LookAgain;
         }
         if let Some(until) = self.hit_for_miss.get(key) {
             if *until.value() > lacquer_clock::monotonic() {
@@ -617,6 +644,7 @@ impl<S: CacheStore> Coalescer<S> {
             return;
         }
         fetching.remove(key);
+        self.finished.fetch_add(1, SeqCst);
         if let Some(d) = hit_for_miss.filter(|d| !d.is_zero()) {
             self.hit_for_miss
                 .insert(key.to_owned(), lacquer_clock::monotonic() + d);
@@ -677,10 +705,10 @@ mod tests {
     #[tokio::test]
     async fn waiters_stream_bytes_as_they_arrive() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
             panic!("first is leader")
         };
-        let Joined::Waiter(same) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Waiter(same) = c.join("k", mark(0), WINDOW, None) else {
             panic!("second waits")
         };
         assert!(Arc::ptr_eq(&fetch, &same));
@@ -695,13 +723,16 @@ mod tests {
         fetch.end(Ok(()));
         assert_eq!(body.collect().await.unwrap().to_bytes(), "second");
         c.finish("k", &fetch, None);
-        assert!(matches!(c.join("k", mark(0), WINDOW), Joined::Leader(_)));
+        assert!(matches!(
+            c.join("k", mark(0), WINDOW, None),
+            Joined::Leader(_)
+        ));
     }
 
     #[tokio::test]
     async fn readers_of_held_bytes_take_turns_on_their_thread() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), 1 << 20) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), 1 << 20, None) else {
             panic!("first is leader")
         };
         let readers: Vec<_> = (0..2).map(|_| fetch.reader()).collect();
@@ -809,7 +840,7 @@ mod tests {
     #[tokio::test]
     async fn a_fetch_whose_readers_all_left_is_cancelled_and_not_joined() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
             panic!()
         };
         let reader = fetch.reader();
@@ -820,7 +851,7 @@ mod tests {
         let late = fetch.reader();
         assert!(late.cancelled(), "a reader arriving now must fetch alone");
         assert!(
-            matches!(c.join("k", mark(0), WINDOW), Joined::Leader(f) if !Arc::ptr_eq(&f, &fetch)),
+            matches!(c.join("k", mark(0), WINDOW, None), Joined::Leader(f) if !Arc::ptr_eq(&f, &fetch)),
             "a cancelled fetch is replaced"
         );
     }
@@ -838,7 +869,7 @@ mod tests {
             .await
             .unwrap();
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", store.mark(), WINDOW) else {
+        let Joined::Leader(fetch) = c.join("k", store.mark(), WINDOW, None) else {
             panic!()
         };
         let slow = fetch.reader();
@@ -869,7 +900,7 @@ mod tests {
             .unwrap();
         fetch.end(Ok(()));
 
-        let Joined::Waiter(joined) = c.join("k", store.mark(), WINDOW) else {
+        let Joined::Waiter(joined) = c.join("k", store.mark(), WINDOW, None) else {
             panic!("a storing fetch can be joined late")
         };
         let late = joined.reader();
@@ -889,7 +920,7 @@ mod tests {
         const CHUNK: u64 = 16 * 1024;
         let store = MemoryStore::new(CHUNK);
         let c = Coalescer::<MemoryStore>::new(1024 * 1024);
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
             panic!()
         };
         let mut first = fetch.reader().into_body();
@@ -910,7 +941,7 @@ mod tests {
         }
         assert!(got == body, "the first reader kept up");
 
-        let Joined::Waiter(joined) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Waiter(joined) = c.join("k", mark(0), WINDOW, None) else {
             panic!("the fetch is still in flight")
         };
         let late = joined.reader().into_body();
@@ -926,21 +957,48 @@ mod tests {
         );
     }
 
+    /// A request whose lookup missed an object a fetch published just after, and which then finds that fetch
+    /// gone from the table, must not fetch the object again (each of two requests in a row fetched it under
+    /// load: a self-routed cluster's origin saw one object twice).
+    #[test]
+    fn a_miss_after_a_fetch_finished_since_its_lookup_looks_again() {
+        let c = coalescer();
+        let looked_up_at = c.finished();
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
+            panic!()
+        };
+        c.finish("k", &fetch, None);
+        assert!(matches!(
+            c.join("k", mark(0), WINDOW, Some(looked_up_at)),
+            Joined::LookAgain
+        ));
+        assert!(matches!(
+            c.join("k", mark(0), WINDOW, Some(c.finished())),
+            Joined::Leader(_)
+        ));
+    }
+
     #[test]
     fn hit_for_miss_bypasses_and_expires() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
             panic!()
         };
         c.finish("k", &fetch, Some(Duration::from_secs(60)));
-        assert!(matches!(c.join("k", mark(0), WINDOW), Joined::HitForMiss));
+        assert!(matches!(
+            c.join("k", mark(0), WINDOW, None),
+            Joined::HitForMiss
+        ));
         c.clear_hit_for_miss("k");
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
             panic!()
         };
         c.finish("k", &fetch, Some(Duration::from_nanos(1)));
         std::thread::sleep(Duration::from_millis(2));
-        assert!(matches!(c.join("k", mark(0), WINDOW), Joined::Leader(_)));
+        assert!(matches!(
+            c.join("k", mark(0), WINDOW, None),
+            Joined::Leader(_)
+        ));
     }
 
     #[test]
@@ -948,7 +1006,7 @@ mod tests {
         let c: Coalescer = Coalescer::new(64 * 1024);
         for i in 0..20_000 {
             let key = format!("example.test/unique/{i}");
-            let Joined::Leader(fetch) = c.join(&key, mark(0), WINDOW) else {
+            let Joined::Leader(fetch) = c.join(&key, mark(0), WINDOW, None) else {
                 panic!()
             };
             c.finish(&key, &fetch, Some(Duration::from_secs(60)));
@@ -956,14 +1014,14 @@ mod tests {
         assert!(c.hit_for_miss.usage() <= 64 * 1024);
         assert!(
             matches!(
-                c.join("example.test/unique/19999", mark(0), WINDOW),
+                c.join("example.test/unique/19999", mark(0), WINDOW, None),
                 Joined::HitForMiss
             ),
             "the newest are kept"
         );
         assert!(
             matches!(
-                c.join("example.test/unique/0", mark(0), WINDOW),
+                c.join("example.test/unique/0", mark(0), WINDOW, None),
                 Joined::Leader(_)
             ),
             "the oldest left first"
@@ -974,26 +1032,30 @@ mod tests {
     #[test]
     fn an_invalidation_replaces_the_fetch_in_flight_for_newcomers() {
         let c = coalescer();
-        let Joined::Leader(old) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Leader(old) = c.join("k", mark(0), WINDOW, None) else {
             panic!()
         };
-        let Joined::Leader(new) = c.join("k", mark(1), WINDOW) else {
+        let Joined::Leader(new) = c.join("k", mark(1), WINDOW, None) else {
             panic!("a fetch from before the invalidation is not joined")
         };
-        assert!(matches!(c.join("k", mark(1), WINDOW), Joined::Waiter(f) if Arc::ptr_eq(&f, &new)));
+        assert!(
+            matches!(c.join("k", mark(1), WINDOW, None), Joined::Waiter(f) if Arc::ptr_eq(&f, &new))
+        );
         c.finish("k", &old, None);
-        assert!(matches!(c.join("k", mark(1), WINDOW), Joined::Waiter(f) if Arc::ptr_eq(&f, &new)));
+        assert!(
+            matches!(c.join("k", mark(1), WINDOW, None), Joined::Waiter(f) if Arc::ptr_eq(&f, &new))
+        );
     }
 
     #[test]
     fn finishing_someone_elses_fetch_changes_nothing() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
             panic!()
         };
         c.finish("k", &Fetch::<Store>::new(mark(0), WINDOW), None);
         assert!(
-            matches!(c.join("k", mark(0), WINDOW), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch))
+            matches!(c.join("k", mark(0), WINDOW, None), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch))
         );
     }
 }

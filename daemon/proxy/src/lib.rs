@@ -259,11 +259,14 @@ async fn lookup<S: CacheStore>(
         negotiated: negotiated.as_ref(),
     };
     if own_fetch {
-        let alone = miss(worker, &ctx, &key, &parts, Joining::Never, None).await;
+        let alone = miss(worker, &ctx, &key, &parts, Joining::Never, None, None).await;
         return alone.expect("a fetch of its own never waits for another variant");
     }
     let mut may_wait = true;
+    let mut looked_again = false;
     loop {
+        // Noted before the store is read: see `Coalescer::finished`.
+        let finished = shared.coalescer.finished();
         let now = lacquer_clock::now_ms();
         let mut stale = None;
         if let Some(found) = find(worker, &key, &parts).await {
@@ -312,10 +315,15 @@ async fn lookup<S: CacheStore>(
         } else {
             Joining::NoWait
         };
-        match miss(worker, &ctx, &key, &parts, joining, stale).await {
+        let looked_up_at = (!looked_again).then_some(finished);
+        match miss(worker, &ctx, &key, &parts, joining, stale, looked_up_at).await {
             Some(resp) => return resp,
-            // Another variant's fetch has settled: look up again, this time without waiting for anyone.
-            None => may_wait = false,
+            // Another variant's fetch has settled, or a fetch finished since the lookup: look up again,
+            // this time without waiting for anyone.
+            None => {
+                may_wait = false;
+                looked_again = true;
+            }
         }
     }
 }
@@ -461,7 +469,7 @@ fn refresh<S: CacheStore>(
 ) {
     let now = worker.shared.store.mark();
     let transit_buffer = route.policy.cache.transit_buffer.as_u64();
-    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now, transit_buffer) {
+    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now, transit_buffer, None) {
         let fill = Fill {
             key: key.to_owned(),
             registered: true,
@@ -496,8 +504,9 @@ enum Joining {
 }
 
 /// Answers a request the store could not, from a fetch: a new one, or one in flight for the same key.
-/// `None` when the fetch in flight is for another variant and has now settled, so the caller should look up
-/// again (with [`Joining::NoWait`] it fetches alone instead).
+/// `None` when the fetch in flight is for another variant and has now settled, or when a fetch finished
+/// since the caller's lookup (`looked_up_at`, see [`Coalescer::join`]), so the caller should look up again
+/// (with [`Joining::NoWait`] it fetches alone instead).
 async fn miss<S: CacheStore>(
     worker: &Arc<Worker<S>>,
     ctx: &Ctx<'_>,
@@ -505,6 +514,7 @@ async fn miss<S: CacheStore>(
     parts: &Arc<Parts>,
     joining: Joining,
     stale: Option<Found>,
+    looked_up_at: Option<u64>,
 ) -> Option<Response<Body>> {
     let may_wait = joining == Joining::MayWait;
     let shared = &worker.shared;
@@ -533,10 +543,14 @@ async fn miss<S: CacheStore>(
         (fetch, reader)
     };
     let now = shared.store.mark();
-    let joined =
-        (joining != Joining::Never).then(|| shared.coalescer.join(key, now, transit_buffer));
+    let joined = (joining != Joining::Never).then(|| {
+        shared
+            .coalescer
+            .join(key, now, transit_buffer, looked_up_at)
+    });
     let ((fetch, mut reader), mut owner) = match joined {
         None => (start(None), true),
+        Some(Joined::LookAgain) => return None,
         Some(Joined::Leader(fetch)) => (start(Some(fetch)), true),
         Some(Joined::Waiter(fetch)) => {
             let reader = fetch.reader();
