@@ -2,6 +2,7 @@
 //! `cachetop` read them, and the OpenAPI document is generated from them.
 
 mod backends;
+mod cluster;
 mod invalidation;
 mod log;
 mod objects;
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 pub use backends::{BackendHealth, BackendList, BackendView, LastError, ProbeView};
+pub use cluster::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 pub use log::{LogEntry, LogFilter};
 pub use objects::{HeaderField, Inspection, ObjectQuery, StoredVariant, Tiers};
@@ -36,7 +38,8 @@ pub struct Health {
 pub struct ApiError {
     /// Stable, for scripts: `unauthorized`, `not_found`, `method_not_allowed`, `invalid_body`,
     /// `body_too_large`, `invalid_query`, `invalid_ban`, `invalid_url`, `missing_host`, `invalid_host`, `no_tags`,
-    /// `invalid_tag`, `too_many_tags`, `invalid_config`, `store_error`.
+    /// `invalid_tag`, `too_many_tags`, `invalid_config`, `store_error`, `cluster_disabled` (`GET /v1/cluster` on a
+    /// single node).
     pub code: String,
     /// One line for a person.
     pub message: String,
