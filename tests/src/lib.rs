@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod fake_admin;
 pub mod origin;
 pub mod tls;
 
