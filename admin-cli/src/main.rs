@@ -15,8 +15,8 @@ use lacquer_admin::{wire::LogFilter, AdminClient, AdminError, ConnectArgs};
 use serde::Serialize;
 
 const EXIT_STATUS: &str = "\
-Exit status: 0 done; 1 lacquerd refused the operation; 2 bad usage or configuration;
-3 lacquerd cannot be reached, or the secret does not match.";
+Exit status: 0 done; 1 lacquerd refused the operation (or, for `cluster`, is a single node);
+2 bad usage or configuration; 3 lacquerd cannot be reached, or the secret does not match.";
 
 #[derive(Debug, Parser)]
 #[command(

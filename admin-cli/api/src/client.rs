@@ -43,7 +43,8 @@ pub enum AdminError {
 }
 
 impl AdminError {
-    /// 1 when the daemon refused the operation, 3 when it cannot be used at all (down, wrong secret).
+    /// 1 when the daemon refused the operation (or is asked about a cluster it is not in), 3 when it cannot be
+    /// used at all (down, wrong secret).
     pub fn exit_code(&self) -> u8 {
         match self {
             AdminError::Refused { .. } | AdminError::NotClustered { .. } => 1,
