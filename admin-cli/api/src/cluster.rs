@@ -230,6 +230,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_member_row_says_only_what_went_wrong() {
+        let addr: SocketAddr = "127.0.0.3:6082".parse().unwrap();
+        let cases = [
+            (
+                AdminError::Unreachable {
+                    addr,
+                    reason: "connection refused".into(),
+                },
+                "connection refused",
+            ),
+            (
+                AdminError::Unauthorized {
+                    path: "/var/lib/lacquer/secret".into(),
+                },
+                "unauthorized: its secret is not the one in /var/lib/lacquer/secret",
+            ),
+            (
+                AdminError::NotClustered { addr },
+                "lacquerd at 127.0.0.3:6082 is a single node: its configuration has no [cluster] section",
+            ),
+        ];
+        for (error, want) in cases {
+            assert_eq!(reason(error), want);
+        }
+    }
+
     #[tokio::test]
     async fn advertised_addresses_resolve_or_say_why_not() {
         let cases = [
