@@ -44,24 +44,17 @@ async fn three_members() -> (FakeCluster, Value) {
     let (_origin, d) = daemon_with_traffic().await;
     let template = d.stats().await;
     let cluster = FakeCluster::start(vec![
-        Member {
-            node: "n1",
-            answers: Some((
-                view("serving", 1240, 1240, 0.0, 3),
-                stats(&template, 100, [1000, 900, 100, 0], 40),
-            )),
-        },
-        Member {
-            node: "n2",
-            answers: Some((
-                view("catching_up", 1234, 1240, 0.0, 4),
-                stats(&template, 50, [3000, 1500, 1400, 100], 60),
-            )),
-        },
-        Member {
-            node: "n3",
-            answers: None,
-        },
+        Member::up(
+            "n1",
+            view("serving", 1240, 1240, 0.0, 3),
+            stats(&template, 100, [1000, 900, 100, 0], 40),
+        ),
+        Member::up(
+            "n2",
+            view("catching_up", 1234, 1240, 0.0, 4),
+            stats(&template, 50, [3000, 1500, 1400, 100], 60),
+        ),
+        Member::down("n3"),
     ])
     .await;
     (cluster, template)
@@ -233,4 +226,45 @@ async fn a_single_node_says_it_is_not_in_a_cluster() {
             format!("cachectl: lacquerd at {admin} is a single node: its configuration has no [cluster] section")
         );
     }
+}
+
+/// A node whose lease lapsed (cut off from etcd) is no longer a live member, but it is the one the operator
+/// asked about, and the one in trouble: it is shown, first, with no advertised address.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_asked_node_is_shown_when_its_lease_lapsed() {
+    let (_origin, d) = daemon_with_traffic().await;
+    let template = d.stats().await;
+    let cluster = FakeCluster::start(vec![
+        Member::up(
+            "n1",
+            view("lagging", 1200, 1200, 14.5, 0),
+            stats(&template, 100, [10, 5, 5, 0], 1),
+        )
+        .unlisted(),
+        Member::up(
+            "n2",
+            view("serving", 1240, 1240, 0.0, 2),
+            stats(&template, 100, [30, 25, 5, 0], 2),
+        ),
+    ])
+    .await;
+    let (code, out, err) = cachectl(&cluster, &["cluster"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!(
+            "cluster seen from n1 at {}: 2 members, every one answered; self-routing off\n",
+            cluster.admins[0]
+        )),
+        "{out}"
+    );
+    let a1 = cluster.admins[0].to_string();
+    assert_eq!(
+        row(&out, "n1"),
+        ["n1", "-", &a1, "lagging", "1200", "0", "14.5"]
+    );
+    assert_eq!(row(&out, "n2")[3], "serving");
+    assert!(
+        out.contains("  hit ratio       75.0 % of 40 lookups and passes\n"),
+        "{out}"
+    );
 }

@@ -17,6 +17,34 @@ use crate::{unused_addr, Origin, Reply};
 pub struct Member {
     pub node: &'static str,
     pub answers: Option<(Value, Value)>,
+    /// In the member lists (its lease held); a node whose lease lapsed still answers but is not listed.
+    pub listed: bool,
+}
+
+impl Member {
+    pub fn up(node: &'static str, view: Value, stats: Value) -> Member {
+        Member {
+            node,
+            answers: Some((view, stats)),
+            listed: true,
+        }
+    }
+
+    /// Listed, but nothing listens on its admin address.
+    pub fn down(node: &'static str) -> Member {
+        Member {
+            node,
+            answers: None,
+            listed: true,
+        }
+    }
+
+    pub fn unlisted(self) -> Member {
+        Member {
+            listed: false,
+            ..self
+        }
+    }
 }
 
 pub struct FakeCluster {
@@ -41,7 +69,7 @@ impl FakeCluster {
         let mut admins = Vec::new();
         let mut origins = Vec::new();
         let mut stats = Vec::new();
-        let nodes: Vec<&str> = members.iter().map(|m| m.node).collect();
+        let nodes: Vec<(&str, bool)> = members.iter().map(|m| (m.node, m.listed)).collect();
         for member in members {
             let Some((view, document)) = member.answers else {
                 admins.push(unused_addr());
@@ -90,7 +118,8 @@ impl FakeCluster {
         let names = nodes
             .iter()
             .zip(&admins)
-            .map(|(node, addr)| (node.to_string(), *addr))
+            .filter(|((_, listed), _)| *listed)
+            .map(|((node, _), addr)| (node.to_string(), *addr))
             .collect();
         list.set(names).expect("set once");
         FakeCluster {

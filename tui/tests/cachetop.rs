@@ -319,18 +319,13 @@ async fn the_cluster_view_follows_every_member() {
         doc
     };
     let cluster = FakeCluster::start(vec![
-        Member {
-            node: "n1",
-            answers: Some((view("serving", 50, 50, 0.0, 1), stats(1_000, 900, 40))),
-        },
-        Member {
-            node: "n2",
-            answers: Some((view("lagging", 44, 50, 12.5, 0), stats(3_000, 1_500, 60))),
-        },
-        Member {
-            node: "n3",
-            answers: None,
-        },
+        Member::up("n1", view("serving", 50, 50, 0.0, 1), stats(1_000, 900, 40)),
+        Member::up(
+            "n2",
+            view("lagging", 44, 50, 12.5, 0),
+            stats(3_000, 1_500, 60),
+        ),
+        Member::down("n3"),
     ])
     .await;
     let mut live = Live::start_at(cluster.admins[0], &cluster.secret_file);
