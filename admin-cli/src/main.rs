@@ -1,5 +1,6 @@
 //! `cachectl`: operate a running `lacquerd` through its admin API.
 
+mod cluster;
 mod invalidation;
 mod log;
 mod objects;
@@ -14,8 +15,8 @@ use lacquer_admin::{wire::LogFilter, AdminClient, AdminError, ConnectArgs};
 use serde::Serialize;
 
 const EXIT_STATUS: &str = "\
-Exit status: 0 done; 1 lacquerd refused the operation; 2 bad usage or configuration;
-3 lacquerd cannot be reached, or the secret does not match.";
+Exit status: 0 done; 1 lacquerd refused the operation (or, for `cluster`, is a single node);
+2 bad usage or configuration; 3 lacquerd cannot be reached, or the secret does not match.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -46,7 +47,13 @@ enum Command {
         /// Only values whose name contains TEXT, e.g. `ban` or `proxy.hit`.
         #[arg(long, short, value_name = "TEXT")]
         filter: Option<String>,
+        /// Every member of the daemon's cluster: the values summed, and the main ones per member.
+        #[arg(long)]
+        cluster: bool,
     },
+    /// The members of the daemon's cluster: state, lag behind the invalidation log, and their statistics
+    /// summed.
+    Cluster,
     /// Ban every stored object matching EXPRESSION, e.g. `req.url ~ "^/products/"`.
     Ban {
         /// The ban expression; several words are joined with spaces.
@@ -158,7 +165,12 @@ fn main() -> ExitCode {
 async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), AdminError> {
     match command {
         Command::Health => operations::health(client, out).await,
-        Command::Stats { watch, filter } => stats::run(client, out, watch, filter).await,
+        Command::Stats {
+            watch,
+            filter,
+            cluster,
+        } => stats::run(client, out, watch, filter, cluster).await,
+        Command::Cluster => cluster::show(client, out).await,
         Command::Ban { expression } => invalidation::ban(client, out, &expression.join(" ")).await,
         Command::Bans => invalidation::bans(client, out).await,
         Command::Purge {

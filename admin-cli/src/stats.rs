@@ -1,15 +1,18 @@
 //! `cachectl stats`: every value with its rate and description, under a summary of the ratios that matter.
 
 use std::{
+    future::Future,
     io::IsTerminal,
     time::{Duration, Instant},
 };
 
 use lacquer_admin::{
+    cluster::ClusterReport,
     format::{bytes, duration},
     wire::{Kind, Stats},
     AdminClient, AdminError,
 };
+use serde::Serialize;
 
 use crate::{
     table::{render as table, Align},
@@ -21,26 +24,53 @@ pub async fn run(
     out: Output,
     watch: Option<f64>,
     filter: Option<String>,
+    cluster: bool,
 ) -> Result<(), AdminError> {
     let filter = filter.as_deref();
+    if cluster {
+        return repeat(
+            out,
+            watch,
+            || ClusterReport::gather(client),
+            |r, previous| crate::cluster::render_stats(r, previous, filter),
+        )
+        .await;
+    }
     let addr = client.target().addr.to_string();
+    repeat(
+        out,
+        watch,
+        || client.stats(),
+        |s, previous| render(s, previous, filter, &addr),
+    )
+    .await
+}
+
+/// Shows what `fetch` gets once, or with `watch` every so many seconds until interrupted, clearing a
+/// terminal between documents; `render` gets the previous document and how long before it was taken.
+async fn repeat<T: Serialize, F: Future<Output = Result<T, AdminError>>>(
+    out: Output,
+    watch: Option<f64>,
+    fetch: impl Fn() -> F,
+    render: impl Fn(&T, Option<(&T, Duration)>) -> String,
+) -> Result<(), AdminError> {
     let Some(seconds) = watch else {
-        let stats = client.stats().await?;
-        out.show(&stats, |s| render(s, None, filter, &addr));
+        let document = fetch().await?;
+        out.show(&document, |d| render(d, None));
         return Ok(());
     };
     let interval = Duration::from_secs_f64(seconds);
     let clear = !out.json && std::io::stdout().is_terminal();
-    let mut previous: Option<(Stats, Instant)> = None;
+    let mut previous: Option<(T, Instant)> = None;
     loop {
-        let stats = client.stats().await?;
+        let document = fetch().await?;
         let now = Instant::now();
         let since = previous.as_ref().map(|(p, at)| (p, now - *at));
         if clear {
             print!("\x1b[2J\x1b[H");
         }
-        out.show(&stats, |s| render(s, since, filter, &addr) + "\n");
-        previous = Some((stats, now));
+        out.show(&document, |d| render(d, since) + "\n");
+        previous = Some((document, now));
         tokio::time::sleep(interval).await;
     }
 }
@@ -52,15 +82,11 @@ fn render(
     filter: Option<&str>,
     addr: &str,
 ) -> String {
-    let mut out = format!(
+    let header = format!(
         "lacquerd {} at {addr}, up {}\n\n",
         stats.version,
         duration(stats.uptime_seconds)
     );
-    for (label, value) in summary(stats) {
-        out += &format!("  {label:<16}{value}\n");
-    }
-    out.push('\n');
     let rate = |name: &str, value: u64| -> Option<f64> {
         match previous {
             Some((before, elapsed)) => stats.rate_since(name, before, elapsed),
@@ -68,6 +94,25 @@ fn render(
             None => None,
         }
     };
+    header + &summary_text(stats) + "\n" + &values(stats, filter, previous.is_some(), rate)
+}
+
+/// The summary lines, indented.
+pub fn summary_text(stats: &Stats) -> String {
+    summary(stats)
+        .into_iter()
+        .map(|(label, value)| format!("  {label:<16}{value}\n"))
+        .collect()
+}
+
+/// Every value (whose name contains `filter`) with the per-second `rate` of counters and its description;
+/// `now` when rates are over the last interval rather than averages since start.
+pub fn values(
+    stats: &Stats,
+    filter: Option<&str>,
+    now: bool,
+    rate: impl Fn(&str, u64) -> Option<f64>,
+) -> String {
     let rows: Vec<Vec<String>> = stats
         .values()
         .filter(|(name, _, _)| filter.is_none_or(|f| name.contains(f)))
@@ -79,12 +124,12 @@ fn render(
             vec![name, value.to_string(), per_sec, field.help()]
         })
         .collect();
-    let per_sec = if previous.is_some() {
+    let per_sec = if now {
         "PER SEC (NOW)"
     } else {
         "PER SEC (AVG)"
     };
-    out + &table(
+    table(
         &[
             ("NAME", Align::Left),
             ("VALUE", Align::Right),

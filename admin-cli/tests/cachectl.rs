@@ -471,6 +471,9 @@ fn completions_for_the_usual_shells() {
     for shell in ["bash", "zsh", "fish"] {
         let (code, out, err) = cachectl(&["completions", shell]);
         assert_eq!(code, 0, "{err}");
-        assert!(out.contains("cachectl") && out.contains("purge"), "{shell}");
+        assert!(
+            out.contains("cachectl") && out.contains("purge") && out.contains("cluster"),
+            "{shell}"
+        );
     }
 }

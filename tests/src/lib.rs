@@ -4,6 +4,7 @@
 pub mod client;
 pub mod daemon;
 pub mod etcd;
+pub mod fake_admin;
 pub mod origin;
 pub mod tls;
 

@@ -45,7 +45,13 @@ pub fn handle(state: &mut State, key: KeyEvent) -> Action {
         KeyCode::Tab | KeyCode::BackTab => {
             state.view = match state.view {
                 View::Overview => View::Counters,
-                View::Counters => View::Overview,
+                View::Counters | View::Cluster => View::Overview,
+            }
+        }
+        KeyCode::Char('c') => {
+            state.view = match state.view {
+                View::Cluster => View::Overview,
+                View::Overview | View::Counters => View::Cluster,
             }
         }
         KeyCode::Char('p') | KeyCode::Char(' ') => state.paused = !state.paused,
@@ -87,6 +93,20 @@ mod tests {
         assert_eq!(s.view, View::Counters);
         key(&mut s, KeyCode::Tab);
         assert_eq!(s.view, View::Overview);
+        for (keys, view) in [
+            ("c", View::Cluster),
+            ("c", View::Overview),
+            ("c", View::Cluster),
+        ] {
+            press(&mut s, keys);
+            assert_eq!(s.view, view, "after {keys}");
+        }
+        key(&mut s, KeyCode::Tab);
+        assert_eq!(s.view, View::Overview, "tab leaves the cluster view");
+        key(&mut s, KeyCode::Tab);
+        press(&mut s, "c");
+        assert_eq!(s.view, View::Cluster, "from the counters too");
+        press(&mut s, "c");
         press(&mut s, "p");
         assert!(s.paused);
         press(&mut s, "p");

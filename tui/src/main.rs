@@ -13,11 +13,16 @@ use std::{
 use clap::Parser;
 use crossterm::event::{self, Event, KeyEventKind};
 use lacquer_admin::{
+    cluster::ClusterReport,
     wire::{BackendList, Stats},
     AdminClient, AdminError, ConnectArgs,
 };
 
-use crate::{input::Action, state::State, view::Theme};
+use crate::{
+    input::Action,
+    state::{Cluster, State},
+    view::Theme,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,6 +44,9 @@ struct Cli {
 enum Update {
     Stats(Box<Stats>),
     Backends(BackendList),
+    Cluster(Box<ClusterReport>),
+    /// A single node, or a cluster that could not be read.
+    NoCluster(Cluster),
     Lost(String),
     /// SIGTERM or SIGHUP: leave, restoring the terminal.
     Quit,
@@ -49,7 +57,7 @@ enum Update {
 /// How often the screen checks that its terminal is still there when nothing else happens.
 const IDLE: Duration = Duration::from_secs(1);
 
-/// How often backend health is asked for (the stats stream does not carry it).
+/// How often backend health and the cluster are asked for (the stats stream carries neither).
 const BACKENDS_EVERY: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
@@ -135,6 +143,8 @@ fn main() -> ExitCode {
                 _ if state.paused => {}
                 Update::Stats(stats) => state.update(*stats, Instant::now()),
                 Update::Backends(list) => state.update_backends(list, Instant::now()),
+                Update::Cluster(report) => state.update_cluster(*report, Instant::now()),
+                Update::NoCluster(cluster) => state.no_cluster(cluster),
                 Update::Lost(e) => state.disconnected(e),
             }
         }
@@ -163,7 +173,7 @@ fn hung_up(tty: &std::fs::File) -> bool {
 }
 
 /// Feeds the screen until it goes: the statistics stream (1 Hz polling when the daemon has no stream),
-/// backend health every two seconds, and the signals that should end the program cleanly.
+/// backend health and the cluster every two seconds, and the signals that should end the program cleanly.
 async fn follow(client: AdminClient, updates: mpsc::Sender<Update>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut hup)) = (
@@ -175,6 +185,7 @@ async fn follow(client: AdminClient, updates: mpsc::Sender<Update>) {
     tokio::select! {
         _ = stats(&client, &updates) => {}
         _ = backends(&client, &updates) => {}
+        _ = cluster(&client, &updates) => {}
         _ = term.recv() => drop(updates.send(Update::Quit)),
         _ = hup.recv() => drop(updates.send(Update::Quit)),
     }
@@ -221,6 +232,21 @@ async fn backends(client: &AdminClient, updates: &mpsc::Sender<Update>) {
             if updates.send(Update::Backends(list)).is_err() {
                 return;
             }
+        }
+        tokio::time::sleep(BACKENDS_EVERY).await;
+    }
+}
+
+/// Every member's view and statistics, through each one's own admin API.
+async fn cluster(client: &AdminClient, updates: &mpsc::Sender<Update>) {
+    loop {
+        let update = match ClusterReport::gather(client).await {
+            Ok(report) => Update::Cluster(Box::new(report)),
+            Err(AdminError::NotClustered { .. }) => Update::NoCluster(Cluster::Single),
+            Err(e) => Update::NoCluster(Cluster::Failed(e.to_string())),
+        };
+        if updates.send(update).is_err() {
+            return;
         }
         tokio::time::sleep(BACKENDS_EVERY).await;
     }

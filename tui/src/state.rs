@@ -2,7 +2,10 @@
 
 use std::{collections::VecDeque, time::Instant};
 
-use lacquer_admin::wire::{BackendList, BackendView, Field, Stats};
+use lacquer_admin::{
+    cluster::ClusterReport,
+    wire::{BackendList, BackendView, Field, Stats},
+};
 
 /// Per-second samples kept for the sparklines: ten minutes.
 pub const HISTORY: usize = 600;
@@ -24,6 +27,7 @@ pub enum View {
     #[default]
     Overview,
     Counters,
+    Cluster,
 }
 
 /// A backend with the rates between its last two samples.
@@ -42,6 +46,42 @@ pub struct CounterRow {
     pub field: &'static Field,
     pub value: u64,
     pub rate: Option<f64>,
+}
+
+/// What the cluster view shows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Cluster {
+    /// `/v1/cluster` has not answered yet.
+    #[default]
+    Unknown,
+    /// The daemon has no `[cluster]` section.
+    Single,
+    /// `/v1/cluster` could not be read.
+    Failed(String),
+    Members {
+        /// The asked node's name.
+        asked: String,
+        rows: Vec<MemberRow>,
+        total: MemberRow,
+    },
+}
+
+/// One member of the cluster view (or the totals row).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberRow {
+    pub node: String,
+    /// The member's own word (`serving`, `lagging`, …), `unreachable`, or for the totals how many serve.
+    pub state: String,
+    /// Revisions of the invalidation log not yet applied (the largest, for the totals).
+    pub lag_revisions: Option<u64>,
+    pub lag_seconds: Option<f64>,
+    /// Since the member started (for the totals, of the summed counters).
+    pub hit_ratio: Option<f64>,
+    /// Requests per second between the last two samples.
+    pub rps: Option<f64>,
+    pub objects: Option<u64>,
+    /// Why the member did not answer.
+    pub error: Option<String>,
 }
 
 /// How the hits, misses and passes since start split, as fractions of their sum.
@@ -63,6 +103,8 @@ pub struct State {
     history: [VecDeque<u64>; SERIES.len()],
     pub backends: Vec<BackendRow>,
     backends_taken: Option<(BackendList, Instant)>,
+    pub cluster: Cluster,
+    cluster_taken: Option<(ClusterReport, Instant)>,
     pub view: View,
     /// The screen stays as it is; new samples are dropped.
     pub paused: bool,
@@ -131,6 +173,61 @@ impl State {
         self.backends_taken = Some((list, at));
     }
 
+    /// A new look at the whole cluster; rates are each member's since the previous one.
+    pub fn update_cluster(&mut self, report: ClusterReport, at: Instant) {
+        let before = self.cluster_taken.take();
+        let requests = |m: &lacquer_admin::cluster::MemberReport| -> Option<f64> {
+            let (earlier, taken) = before.as_ref()?;
+            let then = earlier.members.iter().find(|b| b.node == m.node)?;
+            m.stats.as_ref()?.rate_since(
+                "proxy.requests",
+                then.stats.as_ref()?,
+                at.duration_since(*taken),
+            )
+        };
+        let rows: Vec<MemberRow> = report
+            .members
+            .iter()
+            .map(|m| {
+                let view = m.cluster.as_ref();
+                let stats = m.stats.as_ref();
+                MemberRow {
+                    node: m.node.clone(),
+                    state: view.map_or_else(|| "unreachable".into(), |c| c.state.as_str().into()),
+                    lag_revisions: view.map(|c| c.lag_revisions),
+                    lag_seconds: view.map(|c| c.lag_seconds),
+                    hit_ratio: stats.and_then(Stats::hit_ratio),
+                    rps: requests(m),
+                    objects: stats.map(|s| s.store.objects),
+                    error: m.error.clone(),
+                }
+            })
+            .collect();
+        let serving = rows.iter().filter(|r| r.state == "serving").count();
+        let total = MemberRow {
+            node: "total".into(),
+            state: format!("{serving}/{} serving", rows.len()),
+            lag_revisions: rows.iter().filter_map(|r| r.lag_revisions).max(),
+            lag_seconds: rows.iter().filter_map(|r| r.lag_seconds).reduce(f64::max),
+            hit_ratio: report.total.hit_ratio(),
+            rps: rows.iter().filter_map(|r| r.rps).reduce(|a, b| a + b),
+            objects: (report.answered() > 0).then_some(report.total.store.objects),
+            error: None,
+        };
+        self.cluster = Cluster::Members {
+            asked: report.view.node.clone(),
+            rows,
+            total,
+        };
+        self.cluster_taken = Some((report, at));
+    }
+
+    /// The daemon answered that it is not in a cluster, or could not say.
+    pub fn no_cluster(&mut self, cluster: Cluster) {
+        self.cluster = cluster;
+        self.cluster_taken = None;
+    }
+
     pub fn disconnected(&mut self, error: String) {
         self.error = Some(error);
     }
@@ -195,7 +292,7 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use lacquer_admin::wire::{BackendHealth, ProxyStats};
@@ -265,6 +362,116 @@ mod tests {
         s.update_backends(list(30, 5), t0 + Duration::from_secs(2));
         assert_eq!(s.backends[0].fetch_rate, Some(10.0));
         assert_eq!(s.backends[0].error_ratio, Some(0.25));
+    }
+
+    /// A member's requests, hits and revisions behind; none when it does not answer.
+    pub type Sample<'a> = (&'a str, Option<(u64, u64, u64)>);
+
+    /// Members answering these samples, the first one asked.
+    pub fn report(samples: &[Sample]) -> ClusterReport {
+        use lacquer_admin::{
+            cluster::MemberReport,
+            wire::{ClusterCounters, ClusterState, ClusterView, StoreStats},
+        };
+        let view = |node: &str, lag: u64| ClusterView {
+            node: node.into(),
+            state: if lag == 0 {
+                ClusterState::Serving
+            } else {
+                ClusterState::CatchingUp
+            },
+            applied_revision: 100 - lag,
+            seen_revision: 100,
+            lag_revisions: lag,
+            lag_seconds: lag as f64 / 2.0,
+            self_routing: false,
+            members: Vec::new(),
+            counters: ClusterCounters::default(),
+        };
+        let members = samples
+            .iter()
+            .map(|(node, sample)| MemberReport {
+                node: node.to_string(),
+                advertise: format!("{node}:8080"),
+                advertise_admin: format!("{node}:6082"),
+                cluster: sample.map(|(_, _, lag)| view(node, lag)),
+                stats: sample.map(|(requests, hits, _)| Stats {
+                    store: StoreStats {
+                        objects: hits,
+                        ..Default::default()
+                    },
+                    ..stats(requests, hits, 0)
+                }),
+                error: sample.is_none().then(|| "connection refused".into()),
+            })
+            .collect();
+        ClusterReport::new("127.0.0.1:6082".into(), view(samples[0].0, 0), members)
+    }
+
+    #[test]
+    fn cluster_rows_rate_each_member_and_total_the_answers() {
+        let mut s = State::new("a".into());
+        let t0 = Instant::now();
+        s.update_cluster(
+            report(&[
+                ("n1", Some((100, 50, 0))),
+                ("n2", Some((10, 0, 6))),
+                ("n3", None),
+            ]),
+            t0,
+        );
+        let Cluster::Members { rows, total, .. } = &s.cluster else {
+            panic!("{:?}", s.cluster);
+        };
+        assert_eq!(rows[0].rps, None, "one sample has no rate");
+        assert_eq!(total.objects, Some(50));
+        s.update_cluster(
+            report(&[
+                ("n1", Some((300, 150, 0))),
+                ("n2", Some((20, 5, 2))),
+                ("n3", None),
+            ]),
+            t0 + Duration::from_secs(2),
+        );
+        let Cluster::Members { asked, rows, total } = &s.cluster else {
+            panic!("{:?}", s.cluster);
+        };
+        assert_eq!(asked, "n1");
+        let table: Vec<_> = rows
+            .iter()
+            .chain([total])
+            .map(|r| {
+                (
+                    r.node.as_str(),
+                    r.state.as_str(),
+                    r.lag_revisions,
+                    r.rps,
+                    r.hit_ratio,
+                    r.objects,
+                )
+            })
+            .collect();
+        assert_eq!(
+            table,
+            [
+                ("n1", "serving", Some(0), Some(100.0), Some(0.5), Some(150)),
+                ("n2", "catching_up", Some(2), Some(5.0), Some(0.25), Some(5)),
+                ("n3", "unreachable", None, None, None, None),
+                (
+                    "total",
+                    "1/3 serving",
+                    Some(2),
+                    Some(105.0),
+                    Some(155.0 / 320.0),
+                    Some(155)
+                ),
+            ]
+        );
+        assert_eq!(rows[2].error.as_deref(), Some("connection refused"));
+        assert_eq!(total.lag_seconds, Some(1.0));
+
+        s.no_cluster(Cluster::Single);
+        assert_eq!(s.cluster, Cluster::Single);
     }
 
     #[test]

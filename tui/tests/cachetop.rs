@@ -14,7 +14,11 @@ use std::{
 };
 
 use lacquer_admin::wire::{ProxyStats, Stats};
-use lacquer_tests::{daemon_with_traffic, run_tool, unused_addr, Daemon, Origin, Reply};
+use lacquer_tests::{
+    daemon_with_traffic,
+    fake_admin::{view, FakeCluster, Member},
+    run_tool, unused_addr, Daemon, Origin, Reply,
+};
 
 const ROWS: u16 = 30;
 const COLS: u16 = 100;
@@ -284,4 +288,93 @@ async fn without_the_stream_it_polls_once_a_second() {
         older.count("/v1/stats/stream") >= 1,
         "the stream was asked for first"
     );
+}
+
+/// The words of the screen line for cluster member `node` (its `│` borders dropped).
+fn member_row(screen: &str, node: &str) -> Option<Vec<String>> {
+    let line = screen
+        .lines()
+        .find(|l| l.trim_start_matches('│').split_whitespace().next() == Some(node))?;
+    Some(
+        line.split_whitespace()
+            .map(|w| w.trim_matches('│').to_owned())
+            .filter(|w| !w.is_empty())
+            .collect(),
+    )
+}
+
+/// Three members (the contract's `/v1/cluster`, a real daemon's `/v1/stats` document with other numbers),
+/// the third down: `c` shows a row for each, the totals, and request rates as the counters move.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cluster_view_follows_every_member() {
+    let (_origin, d) = daemon_with_traffic().await;
+    let template = d.stats().await;
+    let stats = |requests: u64, hits: u64, objects: u64| {
+        let mut doc = template.clone();
+        doc["proxy"]["requests"] = requests.into();
+        doc["proxy"]["hits"] = hits.into();
+        doc["proxy"]["misses"] = (requests - hits).into();
+        doc["proxy"]["passes"] = 0.into();
+        doc["store"]["objects"] = objects.into();
+        doc
+    };
+    let cluster = FakeCluster::start(vec![
+        Member::up("n1", view("serving", 50, 50, 0.0, 1), stats(1_000, 900, 40)),
+        Member::up(
+            "n2",
+            view("lagging", 44, 50, 12.5, 0),
+            stats(3_000, 1_500, 60),
+        ),
+        Member::down("n3"),
+    ])
+    .await;
+    let mut live = Live::start_at(cluster.admins[0], &cluster.secret_file);
+    live.wait_for("the first frame", |s| s.contains("traffic"));
+    live.keys(b"c");
+    let screen = live.wait_for("every member", |s| {
+        ["n1", "n2", "n3", "total"]
+            .iter()
+            .all(|n| member_row(s, n).is_some())
+    });
+    let row = |node: &str| member_row(&screen, node).unwrap();
+    assert_eq!(
+        row("n1")[..7],
+        ["n1", "*", "serving", "0", "0.0", "90.0", "%"]
+    );
+    assert_eq!(row("n2")[..6], ["n2", "lagging", "6", "12.5", "50.0", "%"]);
+    assert_eq!(row("n3"), ["n3", "unreachable", "-", "-", "-", "-", "-"]);
+    assert_eq!(
+        row("total")[..7],
+        ["total", "1/3", "serving", "6", "12.5", "60.0", "%"]
+    );
+    assert_eq!(row("total").last().unwrap(), "100", "objects summed");
+    assert!(screen.contains("n3: connection refused"), "{screen}");
+
+    cluster.set_stats(0, stats(1_600, 1_400, 45));
+    let screen = live.wait_for("n1's request rate", |s| {
+        member_row(s, "n1").is_some_and(|r| r.last().is_some_and(|o| o == "45"))
+            && member_row(s, "n1").is_some_and(|r| r[7] != "-")
+    });
+    let n1 = member_row(&screen, "n1").unwrap();
+    let n2 = member_row(&screen, "n2").unwrap();
+    let total = member_row(&screen, "total").unwrap();
+    let per_sec = |cell: &str| -> f64 {
+        let number = cell.strip_suffix("/s").unwrap_or_else(|| panic!("{cell}"));
+        number.parse().unwrap_or_else(|_| panic!("{cell}"))
+    };
+    // 600 more requests over one polling interval: 2 s, timed when each answer reaches the screen, so give
+    // or take a loaded machine's scheduling.
+    let rate = per_sec(&n1[7]);
+    assert!((100.0..=600.0).contains(&rate), "{screen}");
+    assert_eq!(n2[6], "0.0/s", "n2's counters did not move: {screen}");
+    assert_eq!(
+        total[7], n1[7],
+        "the total is n1's rate plus n2's 0: {screen}"
+    );
+    assert_eq!(total.last().unwrap(), "105", "{screen}");
+
+    live.keys(b"c");
+    live.wait_for("the overview again", |s| s.contains("traffic"));
+    live.keys(b"q");
+    assert_eq!(live.exit_code(), 0);
 }

@@ -16,8 +16,8 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::{
     target::{io_reason, plain, Target},
     wire::{
-        ApiError, BackendList, BanList, BanView, Health, Inspection, LogEntry, LogFilter, NewBan,
-        ObjectQuery, PurgeTags, PurgeUrl, Purged, Reloaded, Stats,
+        ApiError, BackendList, BanList, BanView, ClusterView, Health, Inspection, LogEntry,
+        LogFilter, NewBan, ObjectQuery, PurgeTags, PurgeUrl, Purged, Reloaded, Stats,
     },
 };
 
@@ -38,13 +38,16 @@ pub enum AdminError {
     NotAdminApi { addr: SocketAddr, reason: String },
     #[error("refused: {}", .error.message)]
     Refused { status: StatusCode, error: ApiError },
+    #[error("lacquerd at {addr} is a single node: its configuration has no [cluster] section")]
+    NotClustered { addr: SocketAddr },
 }
 
 impl AdminError {
-    /// 1 when the daemon refused the operation, 3 when it cannot be used at all (down, wrong secret).
+    /// 1 when the daemon refused the operation (or is asked about a cluster it is not in), 3 when it cannot be
+    /// used at all (down, wrong secret).
     pub fn exit_code(&self) -> u8 {
         match self {
-            AdminError::Refused { .. } => 1,
+            AdminError::Refused { .. } | AdminError::NotClustered { .. } => 1,
             _ => 3,
         }
     }
@@ -54,6 +57,7 @@ pub struct AdminClient {
     target: Target,
     http: Client<HttpConnector, Full<Bytes>>,
     secret: OnceLock<String>,
+    timeout: Duration,
 }
 
 impl AdminClient {
@@ -62,7 +66,14 @@ impl AdminClient {
             target,
             http: Client::builder(TokioExecutor::new()).build_http(),
             secret: OnceLock::new(),
+            timeout: TIMEOUT,
         }
+    }
+
+    /// Counts the daemon unreachable after `timeout` instead of the default 10 s.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     pub fn target(&self) -> &Target {
@@ -137,6 +148,23 @@ impl AdminClient {
             .await
     }
 
+    /// `GET /v1/cluster`; [`AdminError::NotClustered`] from a single node.
+    pub async fn cluster(&self) -> Result<ClusterView, AdminError> {
+        match self
+            .call(Method::GET, "/v1/cluster", None::<&()>, true)
+            .await
+        {
+            Err(AdminError::Refused { status, error })
+                if status == StatusCode::NOT_FOUND && error.code == "cluster_disabled" =>
+            {
+                Err(AdminError::NotClustered {
+                    addr: self.target.addr,
+                })
+            }
+            answer => answer,
+        }
+    }
+
     pub async fn reload(&self) -> Result<Reloaded, AdminError> {
         self.call(Method::POST, "/v1/reload", None::<&()>, true)
             .await
@@ -152,9 +180,9 @@ impl AdminClient {
         let body = body.map(|b| serde_json::to_vec(b).expect("wire types serialize"));
         let resp = self.send(method, path, body, authorized).await?;
         let resp = self.check(resp).await?;
-        let bytes = tokio::time::timeout(TIMEOUT, resp.into_body().collect())
+        let bytes = tokio::time::timeout(self.timeout, resp.into_body().collect())
             .await
-            .map_err(|_| self.unreachable(format!("no answer within {TIMEOUT:?}")))?
+            .map_err(|_| self.unreachable(format!("no answer within {:?}", self.timeout)))?
             .map_err(|e| self.unreachable(root_cause(&e)))?
             .to_bytes();
         serde_json::from_slice(&bytes).map_err(|e| AdminError::NotAdminApi {
@@ -182,9 +210,9 @@ impl AdminClient {
         let req = req
             .body(Full::new(body.map(Bytes::from).unwrap_or_default()))
             .expect("a valid request");
-        tokio::time::timeout(TIMEOUT, self.http.request(req))
+        tokio::time::timeout(self.timeout, self.http.request(req))
             .await
-            .map_err(|_| self.unreachable(format!("no answer within {TIMEOUT:?}")))?
+            .map_err(|_| self.unreachable(format!("no answer within {:?}", self.timeout)))?
             .map_err(|e| self.unreachable(root_cause(&e)))
     }
 
@@ -199,7 +227,7 @@ impl AdminClient {
                 path: self.target.secret_file.clone(),
             });
         }
-        let body = tokio::time::timeout(TIMEOUT, resp.into_body().collect())
+        let body = tokio::time::timeout(self.timeout, resp.into_body().collect())
             .await
             .ok()
             .and_then(Result::ok)

@@ -3,6 +3,7 @@
 //! its tools cannot drift apart.
 
 mod client;
+pub mod cluster;
 pub mod format;
 mod target;
 pub mod wire;

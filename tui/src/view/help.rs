@@ -9,9 +9,10 @@ use ratatui::{
 
 use super::Theme;
 
-const TEXT: [&str; 16] = [
+const TEXT: [&str; 18] = [
     "q, esc    quit (ctrl-c too)",
     "tab       overview / every counter",
+    "c         cluster: every member, and the totals (c again leaves)",
     "p, space  pause: keep this screen",
     "/         filter counters by name; enter keeps, esc clears",
     "↑ ↓ pgup pgdn home   scroll the counters",
@@ -24,6 +25,7 @@ const TEXT: [&str; 16] = [
     "waiters   requests waiting on another's fetch; fetches in flight",
     "bans      the ban list, and the lurker that walks the store",
     "backends  health from real traffic; fetch and error rates",
+    "cluster   per member: state, invalidation lag, traffic",
     "",
     "docs/cachetop.md explains every number",
 ];

@@ -1,5 +1,6 @@
 //! The screen as a pure function of [`State`], so it can be tested on ratatui's `TestBackend`.
 
+mod cluster;
 mod counters;
 mod help;
 mod overview;
@@ -84,6 +85,7 @@ pub fn render(frame: &mut Frame, state: &State, theme: &Theme) {
     match state.view {
         View::Overview => overview::render(frame, body, state, theme),
         View::Counters => counters::render(frame, body, state, theme),
+        View::Cluster => cluster::render(frame, body, state, theme),
     }
     render_footer(frame, footer, state, theme);
     if state.help {
@@ -118,7 +120,7 @@ fn render_footer(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
             Span::raw("  enter keep  esc clear"),
         ])
     } else {
-        let mut keys = "q quit  tab view  p pause  / filter  ? help".to_owned();
+        let mut keys = "q quit  tab view  c cluster  p pause  / filter  ? help".to_owned();
         if state.view == View::Counters {
             keys += "  ↑↓ scroll";
         }
@@ -227,7 +229,7 @@ pub(crate) mod tests {
             "{s}"
         );
         assert!(
-            s.ends_with("q quit  tab view  p pause  / filter  ? help\n"),
+            s.ends_with("q quit  tab view  c cluster  p pause  / filter  ? help\n"),
             "{s}"
         );
         state.paused = true;
@@ -239,7 +241,11 @@ pub(crate) mod tests {
     #[test]
     fn tiny_and_huge_terminals_do_not_panic() {
         let mut state = busy();
-        for view in [View::Overview, View::Counters] {
+        state.update_cluster(
+            crate::state::tests::report(&[("n1", Some((10, 5, 0))), ("n2", None)]),
+            Instant::now(),
+        );
+        for view in [View::Overview, View::Counters, View::Cluster] {
             state.view = view;
             for help in [false, true] {
                 state.help = help;

@@ -72,6 +72,11 @@ macro_rules! stats_section {
             pub fn get(&self, name: &str) -> Option<u64> {
                 self.values().find(|(f, _)| f.name == name).map(|(_, v)| v)
             }
+
+            /// Adds every value of `other` to this one's, gauges included.
+            pub fn add(&mut self, other: &Self) {
+                $(self.$name = self.$name.saturating_add(other.$name);)*
+            }
         }
     };
 }
@@ -394,6 +399,27 @@ impl Stats {
         (!elapsed.is_zero()).then(|| now.saturating_sub(then) as f64 / elapsed.as_secs_f64())
     }
 
+    /// Several daemons' documents as one: every value summed, gauges included (objects and bytes add up
+    /// across nodes; each node's ban list counts once per node; a 0/1 flag becomes the number of nodes
+    /// raising it). The uptime is the shortest (every node has been up at least that long); the version,
+    /// the distinct versions joined by `, `.
+    pub fn sum<'a>(documents: impl IntoIterator<Item = &'a Stats>) -> Stats {
+        let mut total = Stats::default();
+        let mut versions: Vec<&str> = Vec::new();
+        let mut uptime: Option<u64> = None;
+        for stats in documents {
+            total.proxy.add(&stats.proxy);
+            total.store.add(&stats.store);
+            if !versions.contains(&stats.version.as_str()) {
+                versions.push(&stats.version);
+            }
+            uptime = Some(uptime.map_or(stats.uptime_seconds, |u| u.min(stats.uptime_seconds)));
+        }
+        total.version = versions.join(", ");
+        total.uptime_seconds = uptime.unwrap_or(0);
+        total
+    }
+
     /// Hits over hits, misses and passes, when there was any such request.
     pub fn hit_ratio(&self) -> Option<f64> {
         let p = &self.proxy;
@@ -445,6 +471,58 @@ mod tests {
             let (section, field) = name.split_once('.').unwrap();
             assert_eq!(doc[section][field], value, "{name}");
         }
+    }
+
+    /// A document whose every value is distinct: `base` plus the field's position.
+    fn numbered(base: u64, version: &str, uptime_seconds: u64) -> Stats {
+        let mut doc = serde_json::to_value(Stats::default()).unwrap();
+        let mut n = base;
+        for section in ["proxy", "store"] {
+            for value in doc[section].as_object_mut().unwrap().values_mut() {
+                *value = n.into();
+                n += 1;
+            }
+        }
+        doc["version"] = version.into();
+        doc["uptime_seconds"] = uptime_seconds.into();
+        serde_json::from_value(doc).unwrap()
+    }
+
+    #[test]
+    fn documents_sum_value_by_value() {
+        // Each member's first value, version and uptime; the sum's version and uptime.
+        type Member<'a> = (u64, &'a str, u64);
+        let cases: [(&[Member], &str, u64); 4] = [
+            (&[], "", 0),
+            (&[(1, "0.1.0", 30)], "0.1.0", 30),
+            (&[(1, "0.1.0", 30), (1_000, "0.1.0", 20)], "0.1.0", 20),
+            (
+                &[(1, "0.1.0", 30), (1_000, "0.2.0", 50), (7, "0.1.0", 40)],
+                "0.1.0, 0.2.0",
+                30,
+            ),
+        ];
+        for (members, version, uptime) in cases {
+            let docs: Vec<Stats> = members
+                .iter()
+                .map(|(base, v, up)| numbered(*base, v, *up))
+                .collect();
+            let total = Stats::sum(&docs);
+            assert_eq!(total.version, version, "{members:?}");
+            assert_eq!(total.uptime_seconds, uptime, "{members:?}");
+            for (name, _, value) in total.values() {
+                let want: u64 = docs.iter().map(|d| d.get(&name).unwrap()).sum();
+                assert_eq!(value, want, "{name} of {members:?}");
+            }
+        }
+        let full = Stats {
+            proxy: ProxyStats {
+                hits: u64::MAX - 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(Stats::sum([&full, &full]).proxy.hits, u64::MAX, "saturates");
     }
 
     #[test]
