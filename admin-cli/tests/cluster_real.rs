@@ -21,8 +21,8 @@ secret_file = "{}"
 node = "n{n}"
 etcd = ["{etcd}"]
 prefix = "/tools"
-lease_ttl = "2s"
-max_invalidation_lag = "3s"
+lease_ttl = "3s"
+max_invalidation_lag = "4s"
 "#,
         secret.display()
     );
