@@ -160,7 +160,8 @@ async fn consistent_hashing_in_front_keeps_each_url_on_one_node_and_moves_only_a
         );
     }
 
-    // Second pass, in another order: each URL goes back to its node and is a hit there.
+    // Second pass: each URL goes back to its node and is a hit there. In reverse order, because round
+    // robin over three nodes would send a same-order pass of 300 URLs to the same nodes again.
     let mut hits_before = Vec::new();
     for d in &nodes {
         hits_before.push(counter(d, "hits").await);
