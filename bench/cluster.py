@@ -427,8 +427,9 @@ def senders(admins, count, seconds, tag):
 
 
 def pct(values, p):
+    """Nearest-rank percentile: the 99th of 100 values is the second largest, not the largest."""
     values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * p / 100))]
+    return values[max(0, -(-len(values) * p // 100) - 1)]
 
 
 def run_bans(args, work):
