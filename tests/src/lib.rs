@@ -1,10 +1,12 @@
 //! End-to-end test harness: a scripted origin that counts what it sees, the real `lacquerd` binary on
-//! ephemeral ports with its own store directory, and a small HTTP client.
+//! ephemeral ports with its own store directory, a small HTTP client, and HAProxy running the packaged
+//! example configuration.
 
 pub mod client;
 pub mod daemon;
 pub mod etcd;
 pub mod fake_admin;
+pub mod haproxy;
 pub mod origin;
 pub mod tls;
 
