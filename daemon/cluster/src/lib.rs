@@ -22,7 +22,7 @@ use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
     sync::{
-        atomic::{AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
         Arc, Mutex, RwLock,
     },
     time::{Duration, Instant},
@@ -165,7 +165,7 @@ struct Inner {
     seen: AtomicU64,
     /// The newest revision of the log this node knows exists: what it is behind is the difference.
     log_head: AtomicU64,
-    currency: Mutex<Currency>,
+    currency: Currency,
     members: RwLock<Arc<Vec<Member>>>,
     counters: Counters,
     /// Acknowledgements waiting for their entry to be applied here, by entry id.
@@ -177,14 +177,33 @@ struct Inner {
     lease: Mutex<Option<i64>>,
 }
 
-/// How far this node can vouch for having every invalidation.
-#[derive(Debug, Default)]
+/// How far this node can vouch for having every invalidation. Every lookup reads it, so it is two atomics;
+/// only the task following the log writes them.
+#[derive(Debug)]
 struct Currency {
     /// The watch is up and has delivered the log up to etcd's present at least once since (re)connecting.
-    connected: bool,
-    /// The last moment this node knew it had applied everything etcd held; `None` until it first caught up
-    /// after start.
-    current_at: Option<Instant>,
+    connected: AtomicBool,
+    /// The last moment this node knew it had applied everything etcd held, in milliseconds after `since`
+    /// plus one; 0 until it first caught up after start.
+    current_at: AtomicU64,
+    since: Instant,
+}
+
+impl Currency {
+    fn new() -> Self {
+        Self {
+            connected: AtomicBool::new(false),
+            current_at: AtomicU64::new(0),
+            since: Instant::now(),
+        }
+    }
+
+    /// How long ago this node was last current; `None` if never since start.
+    fn age(&self) -> Option<Duration> {
+        let at = self.current_at.load(Relaxed).checked_sub(1)?;
+        let now = self.since.elapsed().as_millis() as u64;
+        Some(Duration::from_millis(now.saturating_sub(at)))
+    }
 }
 
 impl Cluster {
@@ -215,7 +234,7 @@ impl Cluster {
                 applied: watch::Sender::new(applied),
                 seen: AtomicU64::new(applied),
                 log_head: AtomicU64::new(applied),
-                currency: Mutex::default(),
+                currency: Currency::new(),
                 members: RwLock::default(),
                 counters: Counters::default(),
                 pending: Mutex::default(),
@@ -251,14 +270,13 @@ impl Cluster {
     }
 
     fn state(&self) -> (NodeState, Duration) {
-        let currency = self.inner.currency.lock().expect("currency lock");
-        let Some(at) = currency.current_at else {
+        let currency = &self.inner.currency;
+        let Some(since) = currency.age() else {
             return (NodeState::CatchingUp, Duration::ZERO);
         };
-        let since = at.elapsed();
         let state = if since > self.inner.settings.max_invalidation_lag {
             NodeState::Lagging
-        } else if currency.connected {
+        } else if currency.connected.load(Relaxed) {
             NodeState::Serving
         } else {
             NodeState::Disconnected
@@ -273,12 +291,11 @@ impl Cluster {
     }
 
     fn mark_current(&self) {
-        let mut currency = self.inner.currency.lock().expect("currency lock");
-        let was = currency.current_at.is_some_and(|at| {
-            currency.connected && at.elapsed() <= self.inner.settings.max_invalidation_lag
-        });
-        currency.connected = true;
-        currency.current_at = Some(Instant::now());
+        let was = self.state().0 == NodeState::Serving;
+        let currency = &self.inner.currency;
+        let now = currency.since.elapsed().as_millis() as u64 + 1;
+        currency.current_at.store(now, Relaxed);
+        currency.connected.store(true, Relaxed);
         if !was {
             tracing::info!(
                 applied_revision = *self.inner.applied.borrow(),
@@ -287,9 +304,9 @@ impl Cluster {
         }
     }
 
-    fn mark_disconnected(&self) {
-        let mut currency = self.inner.currency.lock().expect("currency lock");
-        currency.connected = false;
+    /// Whether it was connected until now.
+    fn mark_disconnected(&self) -> bool {
+        self.inner.currency.connected.swap(false, Relaxed)
     }
 }
 

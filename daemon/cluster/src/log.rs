@@ -86,17 +86,17 @@ pub(crate) async fn submit(
 
 /// Follows the log for as long as the daemon runs.
 pub(crate) async fn follow(cluster: Cluster) {
-    let mut broken = false;
+    let mut first = true;
     loop {
         match follow_once(&cluster).await {
             Ok(()) => continue,
             Err(e) => {
                 cluster.inner.counters.watch_breaks.fetch_add(1, Relaxed);
-                cluster.mark_disconnected();
-                if !broken {
+                // Logged when the log is lost, not at every retry while it stays lost.
+                if cluster.mark_disconnected() || first {
                     tracing::warn!(error = %e, "cluster: lost the invalidation log; retrying");
                 }
-                broken = true;
+                first = false;
             }
         }
         tokio::time::sleep(RETRY_AFTER).await;

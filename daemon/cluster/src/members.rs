@@ -13,22 +13,27 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Keeps this node registered for as long as the daemon runs: a lease of `lease_ttl`, renewed three times
 /// per TTL; a lease that lapsed (a partition longer than the TTL) is replaced by a new one.
 pub(crate) async fn register(cluster: Cluster) {
-    let mut failed = false;
+    let mut first = true;
     loop {
-        match registered(&cluster).await {
-            Ok(()) => {}
-            Err(e) if !failed => {
-                tracing::warn!(error = %e, "cluster: cannot register this node; retrying");
-                failed = true;
-            }
-            Err(_) => {}
+        let Err(e) = registered(&cluster).await;
+        // Logged when the registration is lost, not at every retry while etcd stays out of reach.
+        let was_registered = cluster
+            .inner
+            .lease
+            .lock()
+            .expect("lease lock")
+            .take()
+            .is_some();
+        if was_registered || first {
+            tracing::warn!(error = %e, "cluster: cannot keep this node registered; retrying");
         }
-        *cluster.inner.lease.lock().expect("lease lock") = None;
+        first = false;
         tokio::time::sleep(RETRY_AFTER).await;
     }
 }
 
-async fn registered(cluster: &Cluster) -> Result<(), String> {
+/// Registers this node and keeps its lease alive until that fails.
+async fn registered(cluster: &Cluster) -> Result<std::convert::Infallible, String> {
     let inner = &cluster.inner;
     let settings = &inner.settings;
     let mut client = inner.client.clone();
