@@ -23,8 +23,9 @@ const ETCDCTL: &str = "/usr/bin/etcdctl";
 pub struct Etcd {
     /// The client URL's `host:port`.
     pub addr: SocketAddr,
+    peer: SocketAddr,
     child: Option<Child>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Etcd {
@@ -37,9 +38,29 @@ impl Etcd {
             );
             return None;
         }
-        let dir = tempfile::tempdir().expect("etcd directory");
-        let addr = crate::unused_addr();
-        let peer = crate::unused_addr();
+        let mut etcd = Etcd {
+            addr: crate::unused_addr(),
+            peer: crate::unused_addr(),
+            child: None,
+            dir: tempfile::tempdir().expect("etcd directory"),
+        };
+        etcd.launch();
+        Some(etcd)
+    }
+
+    /// Replaces this etcd by an empty one on the same addresses, as a restore from an old backup (or a new
+    /// cluster) would: its revision starts over.
+    pub fn replace_with_empty(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        std::fs::remove_dir_all(self.dir.path().join("data")).expect("etcd data removed");
+        self.launch();
+    }
+
+    fn launch(&mut self) {
+        let (addr, peer, dir) = (self.addr, self.peer, &self.dir);
         let client_url = format!("http://{addr}");
         let peer_url = format!("http://{peer}");
         let child = Command::new(ETCD)
@@ -54,17 +75,12 @@ impl Etcd {
             .stderr(Stdio::null())
             .spawn()
             .expect("etcd starts");
-        let etcd = Etcd {
-            addr,
-            child: Some(child),
-            _dir: dir,
-        };
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while etcd.ctl(&["endpoint", "health"]).is_err() {
+        while self.ctl(&["endpoint", "health"]).is_err() {
             assert!(Instant::now() < deadline, "etcd did not become healthy");
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(etcd)
     }
 
     /// `http://host:port`, for `cluster.etcd`.

@@ -504,3 +504,48 @@ async fn history_compacted_past_a_stopped_node_bans_everything_it_stored() {
         back.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_etcd_restored_behind_a_stopped_node_makes_it_ban_everything_and_follow_the_new_log() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let o = Versioned::start().await;
+    let mut n1 = node(&o.origin, 1, &etcd.url(), false);
+    serving_with(&n1, 1).await;
+    let kept = paths("/z/", 5);
+    fill(&n1, &kept).await;
+    for i in 0..20 {
+        ban(&n1, &format!("req.url == /gone/{i}")).await;
+    }
+    n1.stop();
+    etcd.replace_with_empty();
+    o.bump();
+
+    let back = n1.restart();
+    let view = wait_cluster(
+        &back,
+        "serving on the new etcd",
+        Duration::from_secs(15),
+        |v| v["state"] == "serving",
+    )
+    .await;
+    assert_eq!(view["counters"]["compactions"], 1, "{view}");
+    for p in &kept {
+        let r = get(back.addr, p).await;
+        assert_ne!(
+            r.x_cache(),
+            "HIT",
+            "{p}: the invalidations after the backup are lost: nothing old is vouched for"
+        );
+        assert_eq!(version_of(&r), 2);
+    }
+    fill(&back, &kept).await;
+    ban(&back, "req.url ~ ^/z/").await;
+    assert_ne!(
+        get(back.addr, &kept[0]).await.x_cache(),
+        "HIT",
+        "the new log is followed"
+    );
+}

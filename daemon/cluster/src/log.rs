@@ -116,10 +116,13 @@ async fn follow_once(cluster: &Cluster) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // The log as it stands now: applied up to here, this node is current.
     let target = head.kvs().first().map_or(0, |kv| kv.mod_revision() as u64);
-    inner.log_head.fetch_max(target, Relaxed);
-    if let Some(h) = head.header() {
-        inner.seen.fetch_max(h.revision() as u64, Relaxed);
+    let present = head.header().map_or(0, |h| h.revision() as u64);
+    if present < *inner.applied.borrow() {
+        rewound(cluster, present).await?;
+        return Ok(());
     }
+    inner.log_head.fetch_max(target, Relaxed);
+    inner.seen.fetch_max(present, Relaxed);
     let from = *inner.applied.borrow() + 1;
     let options = WatchOptions::new().with_start_revision(from as i64);
     let mut stream = client
@@ -210,6 +213,32 @@ async fn apply(cluster: &Cluster, entries: Vec<(u64, Vec<u8>)>) -> Result<(), St
             let _ = tx.send(outcome);
         }
     }
+    Ok(())
+}
+
+/// etcd is behind the last revision applied here: it was restored from a backup or replaced, and what was
+/// written after the backup is gone from it. As after a compaction, everything stored before now is banned;
+/// the log is followed from etcd's present.
+async fn rewound(cluster: &Cluster, present: u64) -> Result<(), String> {
+    let inner = &cluster.inner;
+    tracing::warn!(
+        applied_revision = *inner.applied.borrow(),
+        etcd_revision = present,
+        "cluster: etcd is behind the last revision applied here (restored or replaced); \
+         banning every object stored before now"
+    );
+    inner.counters.compactions.fetch_add(1, Relaxed);
+    cluster::apply(&inner.store, entry::everything())
+        .await
+        .map_err(|e| format!("banning everything after etcd went back: {e}"))?;
+    inner
+        .store
+        .set_cluster_revision(present)
+        .await
+        .map_err(|e| e.to_string())?;
+    inner.applied.send_replace(present);
+    inner.log_head.store(present, Relaxed);
+    inner.seen.store(present, Relaxed);
     Ok(())
 }
 
