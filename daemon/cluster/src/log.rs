@@ -200,12 +200,7 @@ async fn apply(cluster: &Cluster, entries: Vec<(u64, Vec<u8>)>) -> Result<(), St
         }
     }
     if newest > *inner.applied.borrow() {
-        inner
-            .store
-            .set_cluster_revision(newest)
-            .await
-            .map_err(|e| e.to_string())?;
-        inner.applied.send_replace(newest);
+        record_applied(cluster, newest).await?;
     }
     let mut pending = inner.pending.lock().expect("pending lock");
     for (id, outcome) in done {
@@ -217,8 +212,7 @@ async fn apply(cluster: &Cluster, entries: Vec<(u64, Vec<u8>)>) -> Result<(), St
 }
 
 /// etcd is behind the last revision applied here: it was restored from a backup or replaced, and what was
-/// written after the backup is gone from it. As after a compaction, everything stored before now is banned;
-/// the log is followed from etcd's present.
+/// written after the backup is gone from it. As after a compaction, the log is followed from etcd's present.
 async fn rewound(cluster: &Cluster, present: u64) -> Result<(), String> {
     let inner = &cluster.inner;
     tracing::warn!(
@@ -227,43 +221,43 @@ async fn rewound(cluster: &Cluster, present: u64) -> Result<(), String> {
         "cluster: etcd is behind the last revision applied here (restored or replaced); \
          banning every object stored before now"
     );
-    inner.counters.compactions.fetch_add(1, Relaxed);
-    cluster::apply(&inner.store, entry::everything())
-        .await
-        .map_err(|e| format!("banning everything after etcd went back: {e}"))?;
-    inner
-        .store
-        .set_cluster_revision(present)
-        .await
-        .map_err(|e| e.to_string())?;
-    inner.applied.send_replace(present);
+    start_over(cluster, present).await?;
     inner.log_head.store(present, Relaxed);
     inner.seen.store(present, Relaxed);
     Ok(())
 }
 
-/// etcd no longer has the history after the last revision applied here: everything stored before now is
-/// banned, since an invalidation this node never saw may cover any of it; the log is followed again from
+/// etcd no longer has the history after the last revision applied here: the log is followed again from
 /// the oldest revision etcd still has.
 async fn compacted(cluster: &Cluster, compact_revision: u64) -> Result<(), String> {
-    let inner = &cluster.inner;
-    let applied = *inner.applied.borrow();
+    let applied = *cluster.inner.applied.borrow();
     tracing::warn!(
         applied_revision = applied,
         compact_revision,
         "cluster: the invalidation log was compacted past the last revision applied here; \
          banning every object stored before now"
     );
-    inner.counters.compactions.fetch_add(1, Relaxed);
-    cluster::apply(&inner.store, entry::everything())
+    start_over(cluster, compact_revision.saturating_sub(1).max(applied)).await
+}
+
+/// History this node cannot replay: everything stored before now is banned, since an invalidation it never
+/// saw may cover any of it, and the log is taken as applied up to `resume`.
+async fn start_over(cluster: &Cluster, resume: u64) -> Result<(), String> {
+    cluster.inner.counters.compactions.fetch_add(1, Relaxed);
+    cluster::apply(&cluster.inner.store, entry::everything())
         .await
-        .map_err(|e| format!("banning everything after a compaction: {e}"))?;
-    let resume = compact_revision.saturating_sub(1).max(applied);
+        .map_err(|e| format!("banning everything stored: {e}"))?;
+    record_applied(cluster, resume).await
+}
+
+/// Persists `revision` as the last applied, then tells the waiters.
+async fn record_applied(cluster: &Cluster, revision: u64) -> Result<(), String> {
+    let inner = &cluster.inner;
     inner
         .store
-        .set_cluster_revision(resume)
+        .set_cluster_revision(revision)
         .await
         .map_err(|e| e.to_string())?;
-    inner.applied.send_replace(resume);
+    inner.applied.send_replace(revision);
     Ok(())
 }
