@@ -197,3 +197,80 @@ async fn collect(resp: http::Response<hyper::body::Incoming>) -> Result<Reply, S
         body,
     })
 }
+
+/// How a test client reaches the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// HTTP/1.1 over TCP.
+    Http1,
+    /// Cleartext HTTP/2 by prior knowledge.
+    H2c,
+    /// HTTP/2 over TLS, chosen by ALPN.
+    TlsH2,
+}
+
+impl Transport {
+    pub const ALL: [Transport; 3] = [Transport::Http1, Transport::H2c, Transport::TlsH2];
+
+    /// Sends `req` on a new connection to `addr` (for TLS, trusting `ca` and asking for `sni`): its target
+    /// is sent in origin form with its `Host` on HTTP/1.1, as `:authority` on HTTP/2.
+    pub async fn send(
+        self,
+        addr: SocketAddr,
+        ca: &TestCa,
+        sni: &str,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Reply, String> {
+        let fut = async {
+            match self {
+                Transport::Http1 => {
+                    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+                    send_h1(tcp, req).await
+                }
+                Transport::H2c => {
+                    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+                    send_h2(tcp, req).await
+                }
+                Transport::TlsH2 => {
+                    let tls = connect(addr, sni, ca.client(&["h2"])).await?;
+                    send_h2(tls, req).await
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(30), fut)
+            .await
+            .map_err(|_| "timed out".to_string())?
+    }
+}
+
+async fn send_h1<IO>(io: IO, mut req: Request<Full<Bytes>>) -> Result<Reply, String>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut send, conn) = http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    if let Some(authority) = req.uri().authority().cloned() {
+        if !req.headers().contains_key(http::header::HOST) {
+            req.headers_mut()
+                .insert(http::header::HOST, authority.as_str().parse().unwrap());
+        }
+        let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        *req.uri_mut() = target.parse().unwrap();
+    }
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    collect(resp).await
+}
+
+async fn send_h2<IO>(io: IO, req: Request<Full<Bytes>>) -> Result<Reply, String>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    collect(resp).await
+}

@@ -2,9 +2,9 @@
 
 use std::{net::IpAddr, sync::Arc};
 
-use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request};
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Version};
 
-use lacquer_backends::body;
+use lacquer_backends::body::{self, Body};
 use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
 
 use crate::stats::{inc, Stats};
@@ -23,8 +23,9 @@ pub fn append(headers: &mut HeaderMap, name: header::HeaderName, value: &str) {
 }
 
 /// Makes client headers fit to forward: hop-by-hop fields removed, the client appended to
-/// `X-Forwarded-For`, this proxy to `Via`. `Host` is kept as the client sent it.
-pub fn prepare_headers(headers: &mut HeaderMap, client: IpAddr) {
+/// `X-Forwarded-For`, this proxy to `Via`. `Host` is kept as the request carries it (checked and
+/// normalised as it is keyed, see `lacquer_policy::request::host_from_authority`).
+fn prepare_headers(headers: &mut HeaderMap, client: IpAddr) {
     strip_hop_by_hop(headers);
     append(
         headers,
@@ -32,15 +33,52 @@ pub fn prepare_headers(headers: &mut HeaderMap, client: IpAddr) {
         &client.to_string(),
     );
     append(headers, header::VIA, VIA);
+    join_cookies(headers);
+}
+
+/// An HTTP/2 client may split `Cookie` into one field per cookie (RFC 9113 §8.2.3); on HTTP/1.1 they must
+/// be one line, joined by `; `, or an origin reading the first line only loses the session.
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut lines = headers.get_all(header::COOKIE).iter();
+    if lines.nth(1).is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for line in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(line.as_bytes());
+    }
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
+    }
+}
+
+/// The request the origin (or the owning peer) is sent for a client's request with this head, on every
+/// path: a pass, an invalidating method, a fill, a revalidation, a peer's forward. Whatever protocol the
+/// client spoke (HTTP/1.0, HTTP/1.1, HTTP/2), it goes out as HTTP/1.1, the protocol of every backend
+/// pool, with the fields that protocol needs: hyper refuses to send an HTTP/2 head on an HTTP/1.1
+/// connection, which once made every HTTP/2 request but a cacheable GET fail with 502.
+pub fn origin_request(parts: &Parts, client: IpAddr, body: Body) -> Request<Body> {
+    let mut headers = parts.headers.clone();
+    prepare_headers(&mut headers, client);
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = parts.uri.clone();
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = headers;
+    req
 }
 
 /// The request a cache fill sends: always a full GET, so the object can be stored and the client's ranges
 /// are answered from it. The client's own `If-None-Match` and `If-Modified-Since` go with it only when
 /// `client_validators` (nothing stored to validate with: the origin's 304 then answers that client); the
 /// other conditionals, which would make the origin answer 412 or a part, never do.
-pub fn fill_request(parts: &Parts, client: IpAddr, client_validators: bool) -> Request<body::Body> {
-    let mut headers = parts.headers.clone();
-    prepare_headers(&mut headers, client);
+pub fn fill_request(parts: &Parts, client: IpAddr, client_validators: bool) -> Request<Body> {
+    let mut req = origin_request(parts, client, body::empty());
+    *req.method_mut() = Method::GET;
+    let headers = req.headers_mut();
     if !client_validators {
         headers.remove(header::IF_NONE_MATCH);
         headers.remove(header::IF_MODIFIED_SINCE);
@@ -55,10 +93,6 @@ pub fn fill_request(parts: &Parts, client: IpAddr, client_validators: bool) -> R
     ] {
         headers.remove(name);
     }
-    let mut req = Request::new(body::empty());
-    *req.method_mut() = Method::GET;
-    *req.uri_mut() = parts.uri.clone();
-    *req.headers_mut() = headers;
     req
 }
 
@@ -107,18 +141,40 @@ mod tests {
     type Lines<'a> = &'a [(&'a str, &'a str)];
 
     #[test]
-    fn forwarded_headers() {
-        let mut h = HeaderMap::new();
-        h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
-        h.insert("via", "1.0 edge".parse().unwrap());
-        h.insert("connection", "close, x-hop".parse().unwrap());
-        h.insert("x-hop", "1".parse().unwrap());
-        h.insert("host", "example.com".parse().unwrap());
-        prepare_headers(&mut h, "192.0.2.7".parse().unwrap());
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
-        assert_eq!(h["via"], "1.0 edge, 1.1 lacquer");
-        assert_eq!(h["host"], "example.com");
-        assert!(!h.contains_key("x-hop") && !h.contains_key("connection"));
+    fn origin_requests_are_http11_with_forwarded_fields() {
+        for version in [Version::HTTP_10, Version::HTTP_11, Version::HTTP_2] {
+            let (parts, _) = Request::builder()
+                .method("POST")
+                .uri("/form?x")
+                .version(version)
+                .header("x-forwarded-for", "10.0.0.1")
+                .header("via", "1.0 edge")
+                .header("connection", "close, x-hop")
+                .header("x-hop", "1")
+                .header("te", "trailers")
+                .header("host", "example.com")
+                .header("cookie", "a=1")
+                .header("cookie", "b=2")
+                .body(())
+                .unwrap()
+                .into_parts();
+            let req = origin_request(&parts, "192.0.2.7".parse().unwrap(), body::empty());
+            assert_eq!(req.version(), Version::HTTP_11, "from {version:?}");
+            assert_eq!(req.method(), Method::POST);
+            assert_eq!(req.uri(), "/form?x");
+            let h = req.headers();
+            assert_eq!(h["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
+            assert_eq!(h["via"], "1.0 edge, 1.1 lacquer");
+            assert_eq!(h["host"], "example.com");
+            assert_eq!(
+                h.get_all("cookie").iter().collect::<Vec<_>>(),
+                ["a=1; b=2"],
+                "HTTP/2's cookie fields are one line on HTTP/1.1"
+            );
+            for hop in ["x-hop", "connection", "te"] {
+                assert!(!h.contains_key(hop), "{hop}");
+            }
+        }
     }
 
     #[test]
@@ -126,6 +182,7 @@ mod tests {
         let (parts, _) = Request::builder()
             .method("HEAD")
             .uri("/a?b")
+            .version(Version::HTTP_2)
             .header("if-none-match", "\"x\"")
             .header("if-modified-since", "Sun, 06 Nov 1994 08:49:37 GMT")
             .header("if-match", "\"x\"")
@@ -143,6 +200,7 @@ mod tests {
         ] {
             let req = fill_request(&parts, "127.0.0.1".parse().unwrap(), client_validators);
             assert_eq!(req.method(), Method::GET);
+            assert_eq!(req.version(), Version::HTTP_11);
             assert_eq!(req.uri(), "/a?b");
             assert_eq!(req.headers()["accept-encoding"], "gzip");
             for name in ["if-none-match", "if-modified-since"] {

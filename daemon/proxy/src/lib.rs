@@ -27,7 +27,9 @@ use std::{
     time::Duration,
 };
 
-use http::{header, request::Parts, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{
+    header, request::Parts, HeaderMap, HeaderValue, Method, Request, Response, StatusCode,
+};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use lacquer_edge::{Client, EdgeStats};
@@ -101,6 +103,17 @@ fn too_many_connections() -> Response<Body> {
 
 /// Answers one request: checks its head, routes it, then looks it up, passes it or invalidates with it.
 pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> Response<Body> {
+    let head_only = req.method() == Method::HEAD;
+    let resp = answer(worker, client, req).await;
+    if head_only {
+        // Whatever path answered (an error page, a pass, a stored object), a HEAD response has no body:
+        // HTTP/2 sending one breaks the stream (RFC 9113 §8.1.1), HTTP/1.1 the connection.
+        return resp.map(|_| body::empty());
+    }
+    resp
+}
+
+async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> Response<Body> {
     let stats = &worker.shared.stats;
     inc(&stats.requests);
     let (mut parts, body) = req.into_parts();
@@ -660,13 +673,10 @@ async fn pass<S: CacheStore>(
     let shared = &worker.shared;
     inc(&shared.stats.passes);
     let outcome = Outcome::Pass { unsafe_method };
-    let invalidation_target = unsafe_method.then(|| parts.clone());
-    let mut parts = parts;
-    forward::prepare_headers(&mut parts.headers, client);
     let sent = match route.pick(&primary_key(&parts)) {
         Ok(backend) => {
             inc(&shared.stats.backend_requests);
-            let mut req = Request::from_parts(parts, body);
+            let mut req = forward::origin_request(&parts, client, body);
             forward::count_interim(&mut req, &shared.stats);
             worker.pool(backend).send(req).await
         }
@@ -693,9 +703,9 @@ async fn pass<S: CacheStore>(
         }
     };
     let (mut head, body) = resp.into_parts();
-    if let Some(req) = invalidation_target {
+    if unsafe_method {
         if head.status.is_success() || head.status.is_redirection() {
-            for key in forward::invalidation_keys(&req, &head.headers) {
+            for key in forward::invalidation_keys(&parts, &head.headers) {
                 match shared.store.remove(&key) {
                     Ok(n) => add(&shared.stats.invalidations, n as u64),
                     Err(e) => tracing::warn!(key, error = %e, "invalidation failed"),

@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 
-use http::{request::Parts, HeaderValue, Request, Response};
+use http::{request::Parts, HeaderValue, Response};
 use lacquer_backends::{
     body::{self, Body},
     Backend, BackendState,
@@ -56,12 +56,10 @@ pub async fn ask(
     let stats = &worker.shared.stats;
     inc(&stats.peer_requests);
     let pool = worker.peers.lock().expect("peers lock").pool(peer.addr)?;
-    let mut parts = parts.clone();
-    forward::prepare_headers(&mut parts.headers, client);
-    parts
-        .headers
+    let mut req = forward::origin_request(parts, client, body::empty());
+    req.headers_mut()
         .insert(FORWARDED_BY.clone(), HeaderValue::from_str(node).ok()?);
-    match pool.send(Request::from_parts(parts, body::empty())).await {
+    match pool.send(req).await {
         Ok(resp) => {
             let (mut head, body) = resp.into_parts();
             strip_hop_by_hop(&mut head.headers);
