@@ -156,7 +156,11 @@ const CASES: &[Case] = &[
 fn origin_reply(seen: &lacquer_tests::origin::Seen) -> Reply {
     let path = seen.path.split('/').nth(2).unwrap_or("");
     if path == "revalidated" {
-        if seen.headers.get("if-none-match").is_some_and(|v| v == "\"v1\"") {
+        if seen
+            .headers
+            .get("if-none-match")
+            .is_some_and(|v| v == "\"v1\"")
+        {
             return Reply::ok("")
                 .status(304)
                 .header("etag", "\"v1\"")
@@ -264,5 +268,93 @@ async fn every_request_class_over_http1_h2c_and_tls_h2() {
         for seen in origin.seen() {
             assert_eq!(seen.headers["host"], "site.test", "{transport:?}");
         }
+    }
+}
+
+/// Sends `raw` on a new connection and returns what comes back until the daemon closes it or 5 s pass.
+async fn raw_exchange(addr: std::net::SocketAddr, raw: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn asterisk_targets_connect_and_transfer_codings_are_answered_here() {
+    let origin = Origin::start(|s| Reply::ok(format!("{} {}", s.method, s.path))).await;
+    let d = Daemon::start(origin.addr, &[]);
+    // Forwarded, `GET *` became `http://backend*`: port 80 of the backend's host, whose failures marked
+    // the backend down for everyone.
+    for _ in 0..25 {
+        let reply = raw_exchange(
+            d.addr,
+            b"GET * HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(reply.starts_with("HTTP/1.1 400 "), "{reply}");
+    }
+    let options = raw_exchange(
+        d.addr,
+        b"OPTIONS * HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(options.starts_with("HTTP/1.1 200 "), "{options}");
+    assert!(
+        options
+            .to_ascii_lowercase()
+            .contains("\r\nallow: get, head"),
+        "{options}"
+    );
+    let connect = raw_exchange(
+        d.addr,
+        b"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(connect.starts_with("HTTP/1.1 405 "), "{connect}");
+    assert!(
+        connect.to_ascii_lowercase().contains("\r\nallow: "),
+        "{connect}"
+    );
+    // Only the chunked framing would have been removed: the origin would take gzip bytes as the body.
+    let coded = raw_exchange(
+        d.addr,
+        b"POST /upload HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: gzip, chunked\r\n\
+          Connection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(coded.starts_with("HTTP/1.1 501 "), "{coded}");
+    assert_eq!(origin.total(), 0, "none of them reached the origin");
+
+    let after = lacquer_tests::get(d.addr, "/after").await;
+    assert_eq!(after.status, 200, "the backend is not marked failing");
+    assert_eq!(&after.body[..], b"GET /after");
+    assert_eq!(origin.total(), 1);
+}
+
+#[tokio::test]
+async fn head_answers_have_no_body_over_http2_even_on_errors() {
+    let origin = Origin::start(|_| Reply::ok("x")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    origin.stop();
+    let ca = TestCa::new();
+    for (what, headers) in [
+        ("a lookup", &[][..]),
+        ("a pass", &[("authorization", "Bearer t")][..]),
+    ] {
+        let mut req = Request::builder()
+            .method(Method::HEAD)
+            .uri("http://site.test/down");
+        for (n, v) in headers {
+            req = req.header(*n, *v);
+        }
+        let req = req.body(Full::new(Bytes::new())).unwrap();
+        let reply = Transport::H2c
+            .send(d.addr, &ca, "site.test", req)
+            .await
+            .unwrap_or_else(|e| panic!("HEAD as {what}: {e}"));
+        assert!(reply.status.is_server_error(), "{what}: {}", reply.status);
+        assert!(reply.body.is_empty(), "{what}: {:?}", reply.body);
     }
 }

@@ -4,9 +4,10 @@
 
 use std::net::Ipv6Addr;
 
-use http::{header, request::Parts, Version};
+use http::{header, request::Parts, Method, StatusCode, Version};
 
-/// Why a request head is refused with `400`; the message is the response body's one-line reason.
+/// Why a request head is refused ([`BadHead::status`]: `400`, or `501` for a transfer coding this proxy
+/// cannot forward); the message is the response body's one-line reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadHead {
     /// Two `Host` lines: the cache and the origin might each read a different one (RFC 9112 §3.2).
@@ -26,6 +27,25 @@ pub enum BadHead {
     /// `Connection: host`: the origin would be asked to drop the host the key was made of.
     #[error("Connection names Host, which is not hop-by-hop")]
     ConnectionNamesHost,
+    /// The asterisk target (`*`) with a method other than `OPTIONS` (RFC 9112 §3.2.4): it names no
+    /// resource, and forwarded it became `http://backend*`, a request to port 80 of the backend's host.
+    #[error("the request target * is only for OPTIONS")]
+    AsteriskNotOptions,
+    /// A request body in a transfer coding other than `chunked` alone (`gzip, chunked`, …): hyper removes
+    /// only the chunked framing, so the origin would get the coded bytes as the body itself (RFC 9112 §6.1
+    /// answers such a request `501`, as NGINX does).
+    #[error("transfer codings other than chunked are not implemented")]
+    TransferCoding,
+}
+
+impl BadHead {
+    /// The status the request is refused with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            BadHead::TransferCoding => StatusCode::NOT_IMPLEMENTED,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
 }
 
 /// Refuses what RFC 9110 §7.2 and RFC 9112 §3.2 tell a server to refuse with 400. An HTTP/2 request may
@@ -62,6 +82,19 @@ pub fn check(parts: &Parts) -> Result<(), BadHead> {
         .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"host"));
     if names_host {
         return Err(BadHead::ConnectionNamesHost);
+    }
+    if parts.uri.path() == "*" && parts.method != Method::OPTIONS {
+        return Err(BadHead::AsteriskNotOptions);
+    }
+    let codings = parts.headers.get_all(header::TRANSFER_ENCODING);
+    let mut lines = codings.iter();
+    let chunked_alone = match (lines.next(), lines.next()) {
+        (None, _) => true,
+        (Some(one), None) => one.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"),
+        _ => false,
+    };
+    if !chunked_alone {
+        return Err(BadHead::TransferCoding);
     }
     Ok(())
 }
@@ -202,7 +235,14 @@ mod tests {
     }
 
     fn parts(version: Version, uri: &str, headers: &[(&str, &str)]) -> Parts {
-        let mut b = http::Request::builder().version(version).uri(uri);
+        with_method("GET", version, uri, headers)
+    }
+
+    fn with_method(method: &str, version: Version, uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut b = http::Request::builder()
+            .method(method)
+            .version(version)
+            .uri(uri);
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
@@ -279,6 +319,35 @@ mod tests {
                 &[("host", "a.test"), ("connection", "x-host, hostname")],
                 Ok(()),
             ),
+            (HTTP_11, "*", &[("host", "a.test")], Err(AsteriskNotOptions)),
+            (
+                HTTP_11,
+                "/",
+                &[("host", "a.test"), ("transfer-encoding", "chunked")],
+                Ok(()),
+            ),
+            (
+                HTTP_11,
+                "/",
+                &[("host", "a.test"), ("transfer-encoding", "Chunked ")],
+                Ok(()),
+            ),
+            (
+                HTTP_11,
+                "/",
+                &[("host", "a.test"), ("transfer-encoding", "gzip, chunked")],
+                Err(TransferCoding),
+            ),
+            (
+                HTTP_11,
+                "/",
+                &[
+                    ("host", "a.test"),
+                    ("transfer-encoding", "gzip"),
+                    ("transfer-encoding", "chunked"),
+                ],
+                Err(TransferCoding),
+            ),
         ];
         for (version, uri, headers, want) in cases {
             assert_eq!(
@@ -287,5 +356,11 @@ mod tests {
                 "{version:?} {uri} {headers:?}"
             );
         }
+        for (method, want) in [("OPTIONS", Ok(())), ("HEAD", Err(AsteriskNotOptions))] {
+            let p = with_method(method, HTTP_11, "*", &[("host", "a.test")]);
+            assert_eq!(check(&p), want, "{method} *");
+        }
+        assert_eq!(TransferCoding.status(), StatusCode::NOT_IMPLEMENTED);
+        assert_eq!(HostMissing.status(), StatusCode::BAD_REQUEST);
     }
 }

@@ -19,7 +19,29 @@ pub enum RequestClass {
     Invalidate,
 }
 
-/// Classifies a request: unsafe methods invalidate; `OPTIONS`, `TRACE`, `CONNECT`, and `GET`/`HEAD` with
+/// A request this proxy answers itself, never forwarding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnsweredHere {
+    /// `OPTIONS *` asks about the server, not a resource (RFC 9110 §9.3.7): there is no URL to forward it
+    /// to, and no origin of several behind routes to speak for.
+    ServerOptions,
+    /// `CONNECT` asks for a tunnel, which a reverse proxy does not open (`405`, as NGINX answers).
+    Connect,
+}
+
+/// Whether this proxy answers the request itself: `OPTIONS *` and `CONNECT` (any other method with the
+/// asterisk target is refused by [`super::head::check`]).
+pub fn answered_here(parts: &Parts) -> Option<AnsweredHere> {
+    if parts.method == Method::CONNECT {
+        Some(AnsweredHere::Connect)
+    } else if parts.uri.path() == "*" {
+        Some(AnsweredHere::ServerOptions)
+    } else {
+        None
+    }
+}
+
+/// Classifies a request: unsafe methods invalidate; `OPTIONS`, `TRACE`, and `GET`/`HEAD` with
 /// `Cookie` (unless `[cache]` allows it) or `Cache-Control: no-store` pass; a GET with `Authorization`
 /// (unless `[cache]` allows it) is a miss whose response may be stored for others, a HEAD with it passes;
 /// the rest are looked up.
@@ -27,7 +49,7 @@ pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> Reques
     match *method {
         Method::GET | Method::HEAD => {}
         // Safe methods change nothing at the origin.
-        Method::OPTIONS | Method::TRACE | Method::CONNECT => return RequestClass::Pass("method"),
+        Method::OPTIONS | Method::TRACE => return RequestClass::Pass("method"),
         // Unsafe methods, and methods whose safety is unknown, invalidate (RFC 9111 §4.4).
         _ => return RequestClass::Invalidate,
     }
@@ -97,6 +119,26 @@ mod tests {
                 .map_or("", |h| h.to_str().unwrap());
             assert_eq!(got, want_host, "{uri}");
             assert_eq!(parts.uri.to_string(), want_target, "{uri}");
+        }
+    }
+
+    #[test]
+    fn requests_answered_here() {
+        let cases = [
+            ("OPTIONS", "*", Some(AnsweredHere::ServerOptions)),
+            ("OPTIONS", "/a", None),
+            ("CONNECT", "a.test:443", Some(AnsweredHere::Connect)),
+            ("GET", "/", None),
+        ];
+        for (method, uri, want) in cases {
+            let parts = http::Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0;
+            assert_eq!(answered_here(&parts), want, "{method} {uri}");
         }
     }
 

@@ -27,9 +27,7 @@ use std::{
     time::Duration,
 };
 
-use http::{
-    header, request::Parts, HeaderMap, HeaderValue, Method, Request, Response, StatusCode,
-};
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use lacquer_edge::{Client, EdgeStats};
@@ -47,7 +45,7 @@ use lacquer_policy::{
     headers::{strip_forwarding, strip_hop_by_hop},
     key::primary_key,
     normalize,
-    request::{classify, host_from_authority, RequestClass},
+    request::{answered_here, classify, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
     vary,
 };
@@ -119,7 +117,10 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     let (mut parts, body) = req.into_parts();
     if let Err(e) = head::check(&parts) {
         inc(&stats.bad_requests);
-        return refused(StatusCode::BAD_REQUEST, &e.to_string(), None);
+        return refused(e.status(), &e.to_string(), None);
+    }
+    if let Some(what) = answered_here(&parts) {
+        return own_answer(what);
     }
     host_from_authority(&mut parts);
     // From here on the head is the one the origin receives: the key, the variant, the class and every
@@ -191,6 +192,24 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
         }
     };
     counted(resp, worker.shared.stats.clone())
+}
+
+/// The methods an `Allow` field names: those this proxy forwards or answers (its routes may refuse some).
+const ALLOWED: HeaderValue =
+    HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE");
+
+/// The answer to a request that is not forwarded ([`AnsweredHere`]).
+fn own_answer(what: AnsweredHere) -> Response<Body> {
+    let mut resp = match what {
+        AnsweredHere::ServerOptions => Response::new(body::empty()),
+        AnsweredHere::Connect => refused(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "CONNECT is not supported",
+            None,
+        ),
+    };
+    resp.headers_mut().insert(header::ALLOW, ALLOWED);
+    resp
 }
 
 /// The request body to forward, cut off past `max` bytes; `None` when its declared length is over `max`.
