@@ -192,6 +192,28 @@ async fn a_host_carrying_a_path_is_refused() {
 }
 
 #[tokio::test]
+async fn the_host_is_forwarded_as_it_is_keyed() {
+    let origin = echo_origin().await;
+    let d = daemon(&origin, "");
+    // Keyed as `victim.test`: forwarded with its port, an origin reflecting it in links would have
+    // `:443` served to every client of victim.test.
+    let attack = send(d.addr, "GET /page HTTP/1.1\r\nHost: Victim.TEST:443").await;
+    assert_eq!(attack.status, 200, "{}", attack.head);
+    let victim = send(d.addr, "GET /page HTTP/1.1\r\nHost: victim.test").await;
+    assert_eq!(victim.header("x-cache"), Some("HIT"));
+    assert_eq!(
+        victim.body,
+        "host=victim.test path=/page lang=- xfh=- xfp=- xou=-"
+    );
+    let other_port = send(d.addr, "GET /page HTTP/1.1\r\nHost: victim.test:8080").await;
+    assert_eq!(other_port.header("x-cache"), Some("MISS"));
+    assert_eq!(
+        hosts_seen(&origin),
+        ["victim.test /page", "victim.test:8080 /page"]
+    );
+}
+
+#[tokio::test]
 async fn connection_cannot_remove_host() {
     let origin = echo_origin().await;
     let d = daemon(&origin, "");
@@ -284,7 +306,7 @@ async fn host_is_required_valid_and_loses_to_an_absolute_target() {
     assert_eq!(absolute.status, 200);
     assert_eq!(
         absolute.body,
-        "host=Victim.test path=/a lang=- xfh=- xfp=- xou=-"
+        "host=victim.test path=/a lang=- xfh=- xfp=- xou=-"
     );
     let again = send(d.addr, "GET /a HTTP/1.1\r\nHost: victim.test").await;
     assert_eq!(again.header("x-cache"), Some("HIT"));
@@ -307,7 +329,7 @@ async fn host_is_required_valid_and_loses_to_an_absolute_target() {
     let own = format!("{} /b", origin.addr);
     assert_eq!(
         hosts_seen(&origin),
-        ["Victim.test /a", &own, "[::1]:8080 /c", "192.0.2.1 /d"]
+        ["victim.test /a", &own, "[::1]:8080 /c", "192.0.2.1 /d"]
     );
 }
 
@@ -358,7 +380,10 @@ async fn deny_rules_and_routes_see_the_normalised_path() {
 /// Fields an origin (or a framework) may act on that a cache does not key on by default.
 const FORWARDING: &str = "X-Forwarded-Host: evil.test\r\nX-Forwarded-Proto: http\r\n\
     X-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\nForwarded: host=evil.test;proto=http\r\n\
-    X-HTTP-Method-Override: DELETE\r\nX-Forwarded-Port: 1\r\nX-Host: evil.test";
+    X-HTTP-Method-Override: DELETE\r\nX-Forwarded-Port: 1\r\nX-Host: evil.test\r\n\
+    X-Forwarded-Uri: /admin\r\nX-Original-URI: /admin\r\nX-Forwarded-Path: /admin\r\n\
+    X-Scheme: http\r\nX-Forwarded-Protocol: http\r\nX-Forwarded-Prefix: /evil\r\n\
+    X-Forwarded-Ssl: off\r\nFront-End-Https: off\r\nX-Url-Scheme: http";
 
 #[tokio::test]
 async fn forwarding_fields_are_stripped_by_default() {
@@ -384,6 +409,15 @@ async fn forwarding_fields_are_stripped_by_default() {
         "x-http-method-override",
         "x-forwarded-port",
         "x-host",
+        "x-forwarded-uri",
+        "x-original-uri",
+        "x-forwarded-path",
+        "x-scheme",
+        "x-forwarded-protocol",
+        "x-forwarded-prefix",
+        "x-forwarded-ssl",
+        "front-end-https",
+        "x-url-scheme",
     ] {
         assert!(
             !seen.headers.contains_key(name),

@@ -17,7 +17,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Request fields that tell an origin (or its framework) which host, scheme, port, path or method to act
 /// on instead of the request's own. A cache that forwards them without keying on them stores one client's
 /// answer for everyone (web cache poisoning), so they are stripped unless a route keys on them.
-pub const FORWARDING: [HeaderName; 17] = [
+pub const FORWARDING: [HeaderName; 22] = [
     HeaderName::from_static("forwarded"),
     HeaderName::from_static("x-forwarded-host"),
     HeaderName::from_static("x-forwarded-proto"),
@@ -35,6 +35,11 @@ pub const FORWARDING: [HeaderName; 17] = [
     HeaderName::from_static("x-method-override"),
     HeaderName::from_static("x-url-scheme"),
     HeaderName::from_static("front-end-https"),
+    HeaderName::from_static("x-forwarded-uri"),
+    HeaderName::from_static("x-original-uri"),
+    HeaderName::from_static("x-forwarded-path"),
+    HeaderName::from_static("x-scheme"),
+    HeaderName::from_static("x-forwarded-protocol"),
 ];
 
 /// Removes the forwarding fields (`X-Forwarded-Host`, `Forwarded`, `X-Original-URL`, method overrides, …)

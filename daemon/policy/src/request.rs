@@ -2,7 +2,7 @@
 
 use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Uri};
 
-use super::{cache_control::CacheControl, Policy};
+use super::{cache_control::CacheControl, key::normal_host, Policy};
 
 /// What the cache does with a request, decided from its method and head alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,19 +71,34 @@ pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> Reques
     RequestClass::Lookup
 }
 
-/// Puts the target host where the rest of the flow looks for it, `Host`, and the target in origin form.
-/// HTTP/2 sends the host as `:authority` (which hyper puts in the URI) and often no `Host`; an HTTP/1.1
-/// request in absolute form names it in the URI, which then wins over `Host` (RFC 9112 §3.2.2).
+/// Puts the target host where the rest of the flow looks for it, `Host`, normalised as the cache key holds
+/// it, and the target in origin form. HTTP/2 sends the host as `:authority` (which hyper puts in the URI)
+/// and often no `Host`; an HTTP/1.1 request in absolute form names it in the URI, which then wins over
+/// `Host` (RFC 9112 §3.2.2). The origin receives the host the key was made of: `a.test:443` is keyed as
+/// `a.test`, and forwarded as sent an origin reflecting the port in its links would have them served to
+/// every client of `a.test`.
 pub fn host_from_authority(parts: &mut Parts) {
-    let Some(authority) = parts.uri.authority() else {
+    if let Some(authority) = parts.uri.authority() {
+        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+            parts.headers.insert(header::HOST, host);
+        }
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        if let Ok(uri) = target.parse::<Uri>() {
+            parts.uri = uri;
+        }
+    }
+    let Some(host) = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+    else {
         return;
     };
-    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-        parts.headers.insert(header::HOST, host);
-    }
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    if let Ok(uri) = target.parse::<Uri>() {
-        parts.uri = uri;
+    let normal = normal_host(host);
+    if normal != host {
+        if let Ok(value) = HeaderValue::from_str(&normal) {
+            parts.headers.insert(header::HOST, value);
+        }
     }
 }
 
@@ -96,7 +111,7 @@ mod tests {
     #[test]
     fn host_comes_from_the_authority_when_there_is_one() {
         let cases = [
-            ("https://Example.com/a?b", None, "Example.com", "/a?b"),
+            ("https://Example.com/a?b", None, "example.com", "/a?b"),
             (
                 "http://example.com:8080",
                 Some("other"),
@@ -104,6 +119,12 @@ mod tests {
                 "/",
             ),
             ("/a", Some("example.com"), "example.com", "/a"),
+            ("/a", Some("A.Test:443"), "a.test", "/a"),
+            ("/a", Some("a.test:80"), "a.test", "/a"),
+            ("/a", Some("a.test:"), "a.test", "/a"),
+            ("/a", Some("a.test:0080"), "a.test", "/a"),
+            ("/a", Some("a.test:08080"), "a.test:8080", "/a"),
+            ("/a", Some("[::1]:443"), "[::1]", "/a"),
             ("/a", None, "", "/a"),
         ];
         for (uri, host, want_host, want_target) in cases {
