@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use regex::Regex;
 
 use lacquer_config::{Deny, RateLimit};
+use lacquer_policy::normalize;
 
 /// One `[[deny]]` rule, compiled.
 #[derive(Debug)]
@@ -66,11 +67,13 @@ impl DenyRule {
     }
 
     /// Every condition given holds for this request from `client` (the PROXY protocol's client where the
-    /// listener expects it); `path_regex` is searched in the path and query.
+    /// listener expects it); `path_regex` is searched in the path and query, as sent (normalised) and as a
+    /// lenient origin reads it ([`normalize::lenient`]): either matching denies.
     pub fn matches(&self, parts: &Parts, client: IpAddr) -> bool {
         (self.methods.is_empty() || self.methods.contains(&parts.method))
             && self.path.as_ref().is_none_or(|re| {
-                re.is_match(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
+                let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                re.is_match(target) || normalize::lenient(target).is_some_and(|t| re.is_match(&t))
             })
             && self.header.as_ref().is_none_or(|(name, re)| {
                 let mut values = parts.headers.get_all(name).iter();
@@ -181,6 +184,12 @@ mod tests {
             (&admin, request("GET", "/admin/users", &[]), true),
             (&admin, request("DELETE", "/admin/users", &[]), false),
             (&admin, request("GET", "/public/admin", &[]), false),
+            (&admin, request("GET", "/%2Fadmin", &[]), true),
+            (&admin, request("GET", "/%5Cadmin", &[]), true),
+            (&admin, request("GET", "/;/admin", &[]), true),
+            (&admin, request("GET", "/.;/admin", &[]), true),
+            (&admin, request("GET", "/public%2F..%2Fadmin", &[]), true),
+            (&admin, request("GET", "/public/a;b", &[]), false),
             (&no_ua, request("GET", "/", &[("X-Debug", "")]), true),
             (&no_ua, request("GET", "/", &[]), false),
         ];

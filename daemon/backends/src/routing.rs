@@ -306,9 +306,14 @@ impl Router {
         });
         let host = host.to_ascii_lowercase();
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        // A route (a pass for `/account/`, another backend for `/admin/`) must not be escaped by a spelling
+        // only the origin resolves: the first route either reading matches wins.
+        let lenient = lacquer_policy::normalize::lenient(path);
         self.routes
             .iter()
-            .find(|r| r.matches(&host, path))
+            .find(|r| {
+                r.matches(&host, path) || lenient.as_deref().is_some_and(|l| r.matches(&host, l))
+            })
             .unwrap_or(&self.fallback)
     }
 }

@@ -98,6 +98,46 @@ pub fn target(path_and_query: &str) -> String {
     out
 }
 
+/// The path-and-query as a lenient origin may read it, when that differs from how it reads as sent: Tomcat,
+/// Spring, IIS and many frameworks take `%2F` and `%5C` as separators, `\` as `/`, and drop `;`
+/// parameters from each segment, so `/%2Fadmin`, `/\admin`, `/;/admin` and `/.;/admin` all reach their
+/// `/admin`. Deny rules and routes match this reading as well as the normal form ([`path`]), so a rule on
+/// `^/admin` cannot be passed by a spelling only the origin resolves. The query is left as it is.
+pub fn lenient(path_and_query: &str) -> Option<String> {
+    let (raw, query) = match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    };
+    if !raw.starts_with('/') || !raw.bytes().any(|b| matches!(b, b'%' | b'\\' | b';')) {
+        return None;
+    }
+    let mut separated = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(c) = rest.chars().next() {
+        let escape = rest.get(..3).map(str::to_ascii_uppercase);
+        if matches!(escape.as_deref(), Some("%2F" | "%5C")) {
+            separated.push('/');
+            rest = &rest[3..];
+        } else {
+            separated.push(if c == '\\' { '/' } else { c });
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    let unparametered: Vec<&str> = separated
+        .split('/')
+        .map(|segment| segment.split(';').next().unwrap_or(""))
+        .collect();
+    let mut read = path(&unparametered.join("/")).into_owned();
+    if read == raw {
+        return None;
+    }
+    if let Some(q) = query {
+        read.push('?');
+        read.push_str(q);
+    }
+    Some(read)
+}
+
 fn percent_normalized(raw: &str) -> String {
     let bytes = raw.as_bytes();
     let mut out = String::with_capacity(raw.len());
@@ -154,6 +194,29 @@ fn query_normalized(query: &str, rules: &Normalize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lenient_readings() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("/admin", None),
+            ("/a/b?x=%2F", None),
+            ("/%2Fadmin", Some("/admin")),
+            ("/%2fadmin/x", Some("/admin/x")),
+            ("/%5Cadmin", Some("/admin")),
+            ("/\\admin", Some("/admin")),
+            ("/;/admin", Some("/admin")),
+            ("/.;/admin", Some("/admin")),
+            ("/admin;jsessionid=1?q", Some("/admin?q")),
+            ("/x/..;/admin", Some("/admin")),
+            ("/public%2F..%2Fadmin", Some("/admin")),
+            ("/a%20b", None),
+            ("/caf%C3%A9", None),
+            ("*", None),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(lenient(raw).as_deref(), *want, "{raw}");
+        }
+    }
 
     fn normalized(uri: &str, rules: &Normalize) -> String {
         let mut parts = http::Request::get(uri).body(()).unwrap().into_parts().0;
