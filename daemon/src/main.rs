@@ -157,7 +157,11 @@ fn run(
             )
         })?;
     store.report_panics();
-    let secret = secret::load_or_create(&config.secret_file())?;
+    let secret_file = config.secret_file();
+    let secret = secret::load(
+        &secret_file,
+        secret_file == config.storage_dir().join("secret"),
+    )?;
     let stats = Arc::new(Stats::default());
     let (access_log, access_log_writer) = AccessLog::start(&config.access_log, stats.clone())?;
 
@@ -238,7 +242,7 @@ fn run(
     ));
     let app = lacquer_admin_server::router(lacquer_admin_server::AdminState {
         shared: shared.clone(),
-        secret: secret.into(),
+        secret: secret.value.into(),
         reloader: reloader.clone(),
         open_metrics: config.admin.open_metrics,
         stopping: stopped.clone(),
@@ -265,7 +269,7 @@ fn run(
         backend = %config.first_backend(),
         backends = config.backend.len(),
         store = %config.storage_dir().display(),
-        secret = %config.secret_file().display(),
+        secret = %secret.file.display(),
         workers,
         "lacquerd ready"
     );

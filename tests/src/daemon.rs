@@ -159,9 +159,17 @@ impl Daemon {
         self.log.lock().unwrap().join("\n")
     }
 
-    /// The admin secret the daemon generated in its store directory.
+    /// The admin secret's file, as the daemon's ready line names it (in its store directory unless that
+    /// could not hold it).
     pub fn secret_file(&self) -> PathBuf {
-        self.dir.path().join("store/secret")
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter(|line| line.contains("lacquerd ready"))
+            .find_map(|line| {
+                let at = line.find(" secret=")? + " secret=".len();
+                line[at..].split_whitespace().next().map(PathBuf::from)
+            })
+            .unwrap_or_else(|| self.dir.path().join("store/secret"))
     }
 
     pub fn secret(&self) -> String {

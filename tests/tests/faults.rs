@@ -4,6 +4,7 @@
 
 use std::{
     net::SocketAddr,
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::Command,
     sync::Arc,
@@ -404,6 +405,40 @@ async fn a_read_only_store_directory_still_starts_and_serves() {
     assert_eq!(h["status"], "degraded", "{h}");
     assert_eq!(d.stats().await["store"]["memory_only"], 1);
     d.stop();
+    fs.remount("rw");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_directory_that_cannot_hold_the_secret_still_starts() {
+    let origin = origin().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let Some(fs) = Tmpfs::mount(&dir.path().join("store"), "16m") else {
+        return;
+    };
+    // Read-only from the first start: there is no secret yet, and none can be made where it belongs.
+    fs.remount("ro");
+    let mut d = Daemon::start_in(origin.addr, dir.clone(), &[]);
+    let log = d.log();
+    assert!(
+        log.contains("cannot be kept in the store directory"),
+        "says what happened: {log}"
+    );
+    let file = d.secret_file();
+    assert!(!file.starts_with(dir.path()), "{}", file.display());
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    for _ in 0..2 {
+        let r = get(d.addr, "/r0").await;
+        assert_eq!(r.status, 200);
+        assert!(r.body == body_for("/r0"));
+    }
+    // The secret of this run works: the admin API answers with it.
+    assert_eq!(d.stats().await["store"]["memory_only"], 1);
+    assert_eq!(health(&d).await["status"], "degraded");
+    d.stop();
+    std::fs::remove_file(&file).unwrap();
     fs.remount("rw");
 }
 
