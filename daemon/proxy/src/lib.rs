@@ -722,13 +722,11 @@ async fn pass<S: CacheStore>(
         }
     };
     let (mut head, body) = resp.into_parts();
-    if unsafe_method {
-        if head.status.is_success() || head.status.is_redirection() {
-            for key in forward::invalidation_keys(&parts, &head.headers) {
-                match shared.store.remove(&key) {
-                    Ok(n) => add(&shared.stats.invalidations, n as u64),
-                    Err(e) => tracing::warn!(key, error = %e, "invalidation failed"),
-                }
+    if unsafe_method && (head.status.is_success() || head.status.is_redirection()) {
+        for key in forward::invalidation_keys(&parts, &head.headers) {
+            match shared.store.remove(&key) {
+                Ok(n) => add(&shared.stats.invalidations, n as u64),
+                Err(e) => tracing::warn!(key, error = %e, "invalidation failed"),
             }
         }
     }
