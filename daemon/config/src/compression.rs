@@ -71,7 +71,8 @@ pub struct Compression {
     /// Memory all the decoders of bodies decoded on the way out may hold together, each counted at its
     /// most (by coding and the window its body declares: 128 KiB for gzip, 4 MiB for brotli or zstd made
     /// by lacquerd, up to 34 MiB for a brotli body of the largest window). A request that would need a
-    /// decoder past it is answered 503 with `Retry-After` (`decodes_refused`). Default: 256 MiB.
+    /// decoder past it is answered 503 with `Retry-After` (`decodes_refused`). At least 128 KiB. Default:
+    /// 256 MiB.
     pub decode_memory: ByteSize,
     /// A byte range of a body decoded on the way out costs decoding everything before it: a range that
     /// ends within this many decoded bytes is answered 206, one beyond it with the whole body (200,
@@ -81,7 +82,7 @@ pub struct Compression {
     /// A body decoded on the way out is cut (and the response fails) once it has expanded more than this
     /// many times the bytes decoded, past its first MiB: text expands 5 to 20 times and gzip cannot pass
     /// about 1 030, while a small brotli or zstd body can expand a million times and cost seconds of CPU.
-    /// Default: 1000.
+    /// At least 20. Default: 1000.
     pub max_expansion: u32,
 }
 
