@@ -216,6 +216,8 @@ mod tests {
             ("[compression]\ncodings = []\n", "compression.codings: at least one"),
             ("[compression]\ncodings = [\"br\", \"br\"]\n", "compression.codings: br is listed twice"),
             ("[compression]\ntypes = [\"html\"]\n", "compression.types: \"html\" is not a media type"),
+            ("[compression]\ndecode_memory = \"64KiB\"\n", "compression.decode_memory: must be at least 128KiB"),
+            ("[compression]\nmax_expansion = 5\n", "compression.max_expansion: must be at least 20"),
             ("[[deny]]\npath_regex = \"[\"\n", "deny[0]: "),
             ("[cluster]\nnode = \"a b\"\n", "cluster.node: \"a b\""),
             ("[cluster]\nnode = \"n1\"\netcd = []\n", "cluster.etcd: "),

@@ -61,6 +61,15 @@ pub enum CodecError {
         /// The limit in bytes.
         limit: u64,
     },
+    /// Decoding produced more than the expansion limit allows for the input taken so far (a body that
+    /// costs far more CPU to decode than its size suggests).
+    #[error("{coding} body expands more than {ratio} times")]
+    Expands {
+        /// The coding of the input.
+        coding: &'static str,
+        /// The ratio allowed.
+        ratio: u64,
+    },
     /// Encoding failed (the codec refused its own input: a bug in it, not in the body).
     #[error("{coding} encoding failed: {source}")]
     Encode {
@@ -208,6 +217,8 @@ pub struct Decoder {
     finished: bool,
     produced: u64,
     limit: u64,
+    /// Output allowed per byte of input taken, past `expansion_floor` bytes of output.
+    expansion: Option<(u64, u64)>,
 }
 
 impl Decoder {
@@ -231,7 +242,17 @@ impl Decoder {
             finished: false,
             produced: 0,
             limit,
+            expansion: None,
         }
+    }
+
+    /// Also fails, with [`CodecError::Expands`], once the output is more than `ratio` times the input
+    /// taken so far and more than `floor` bytes: the CPU a decode costs follows its output, so a small
+    /// body that expands enormously (text compresses 5 to 20 times; gzip cannot pass about 1 030) is cut
+    /// after a bounded amount of work instead of at `limit`.
+    pub fn with_max_expansion(mut self, ratio: u64, floor: u64) -> Self {
+        self.expansion = Some((ratio, floor));
+        self
     }
 
     /// The coding decoded.
@@ -321,6 +342,12 @@ impl Decoder {
             });
         }
         self.produced += n as u64;
+        if let Some((ratio, floor)) = self.expansion {
+            let taken = self.fed - self.input.len() as u64;
+            if self.produced > floor.max(taken.saturating_mul(ratio)) {
+                return Err(CodecError::Expands { coding, ratio });
+            }
+        }
         Ok((n > 0).then(|| piece_of(out, n)))
     }
 
@@ -328,6 +355,65 @@ impl Decoder {
     pub fn produced(&self) -> u64 {
         self.produced
     }
+
+    /// What a decoder of `coding` may hold at most, for a body that starts with `start` (its first bytes,
+    /// when known): the window the body names, its ring buffer and the codec's tables. Conservative: twice
+    /// the window plus 2 MiB for brotli and zstd (at most 16 MiB and 8 MiB of window, what the stream
+    /// header allows and what this decoder accepts), and 128 KiB for gzip (a 32 KiB window and inflate's
+    /// tables), each with the 16 KiB piece being sent.
+    pub fn memory(coding: Coding, start: Option<&[u8]>) -> u64 {
+        const TABLES: u64 = 2 << 20;
+        match coding {
+            Coding::Gzip => 128 << 10,
+            Coding::Br => {
+                let bits = start.and_then(brotli_window_bits).unwrap_or(24);
+                2 * ((1u64 << bits) - 16) + TABLES
+            }
+            Coding::Zstd => {
+                let max = 1u64 << ZSTD_WINDOW_LOG;
+                let window = start.and_then(zstd_window).unwrap_or(max).min(max);
+                2 * window + TABLES
+            }
+        }
+    }
+}
+
+/// The window size (as a power of two) a brotli stream's first bits declare (RFC 7932 §9.1); `None` for
+/// an empty start or a large-window stream.
+fn brotli_window_bits(start: &[u8]) -> Option<u32> {
+    let b = *start.first()?;
+    if b & 1 == 0 {
+        return Some(16);
+    }
+    match (b >> 1) & 7 {
+        0 => match (b >> 4) & 7 {
+            0 => Some(17),
+            1 => None,
+            m => Some(8 + u32::from(m)),
+        },
+        n => Some(17 + u32::from(n)),
+    }
+}
+
+/// The window size a zstd frame header declares (RFC 8878 §3.1.1.1): the window descriptor, or for a
+/// single-segment frame its content size. `None` when the start is not a whole frame header.
+fn zstd_window(start: &[u8]) -> Option<u64> {
+    if start.get(..4)? != [0x28, 0xb5, 0x2f, 0xfd] {
+        return None;
+    }
+    let descriptor = *start.get(4)?;
+    if descriptor & 0x20 == 0 {
+        let w = *start.get(5)?;
+        let base = 1u64 << (10 + u32::from(w >> 3));
+        return Some(base + base / 8 * u64::from(w & 7));
+    }
+    let dictionary = [0, 1, 2, 4][usize::from(descriptor & 3)];
+    let size = [1, 2, 4, 8][usize::from(descriptor >> 6)];
+    let field = start.get(5 + dictionary..5 + dictionary + size)?;
+    let mut bytes = [0u8; 8];
+    bytes[..size].copy_from_slice(field);
+    let value = u64::from_le_bytes(bytes);
+    Some(if size == 2 { value + 256 } else { value })
 }
 
 #[cfg(test)]

@@ -237,6 +237,80 @@ fn a_bomb_is_cut_off_at_the_limit() {
     }
 }
 
+/// A body that expands a thousand times more than text does is cut after a bounded output, long before
+/// the size limit; text passes the same limit whole.
+#[test]
+fn a_body_past_the_expansion_ratio_is_cut_early() {
+    let zeros = vec![0u8; 16 << 20];
+    for coding in ALL {
+        let coded = encode(coding, &zeros, 1 << 20);
+        let mut d = Decoder::new(coding, u64::MAX).with_max_expansion(1000, 1 << 20);
+        d.feed(Bytes::from(coded.clone()));
+        let mut out = 0u64;
+        let err = loop {
+            match d.piece() {
+                Ok(Some(b)) => out += b.len() as u64,
+                Ok(None) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        assert!(
+            matches!(err, Some(CodecError::Expands { ratio: 1000, .. })),
+            "{coding:?}: {err:?} after {out} bytes from {}",
+            coded.len()
+        );
+        let allowed = (1u64 << 20).max(coded.len() as u64 * 1000);
+        assert!(out <= allowed, "{coding:?} produced {out}");
+
+        let page = text(4 << 20);
+        let coded = encode(coding, &page, 1 << 20);
+        let mut d = Decoder::new(coding, u64::MAX).with_max_expansion(1000, 1 << 20);
+        let mut out = Vec::new();
+        for part in coded.chunks(16 * 1024) {
+            d.feed(Bytes::copy_from_slice(part));
+            while let Some(b) = d.piece().unwrap() {
+                out.extend_from_slice(&b);
+            }
+        }
+        d.end();
+        while let Some(b) = d.piece().unwrap() {
+            out.extend_from_slice(&b);
+        }
+        assert!(out == page, "{coding:?}: text decodes whole");
+    }
+}
+
+/// The memory a decoder is counted for follows the window the stream declares: lacquerd's own encoders
+/// use 1 MiB, so their bodies cost far less than the largest windows HTTP allows.
+#[test]
+fn decoder_memory_follows_the_declared_window() {
+    let page = text(3 << 20);
+    // Brotli's window is 16 bytes short of its power of two.
+    let br = |bits: u32| 2 * ((1u64 << bits) - 16) + (2 << 20);
+    for (coding, own, max) in [
+        (Coding::Br, br(20), br(24)),
+        (Coding::Zstd, 4 << 20, 18 << 20),
+    ] {
+        let coded = encode(coding, &page, 1 << 20);
+        assert_eq!(Decoder::memory(coding, Some(&coded)), own, "{coding:?}");
+        assert_eq!(Decoder::memory(coding, None), max, "{coding:?}");
+        assert_eq!(Decoder::memory(coding, Some(&[])), max, "{coding:?}");
+    }
+    // Brotli's own default window (22 bits) and zstd's single-segment frames (window = content size).
+    let mut big = Vec::new();
+    {
+        let mut w = brotli::CompressorWriter::new(&mut big, 4096, 5, 22);
+        w.write_all(&page).unwrap();
+    }
+    assert_eq!(Decoder::memory(Coding::Br, Some(&big)), br(22));
+    let small = zstd::bulk::compress(&page[..5000], 3).unwrap();
+    assert_eq!(
+        Decoder::memory(Coding::Zstd, Some(&small)),
+        10_000 + (2 << 20)
+    );
+    assert_eq!(Decoder::memory(Coding::Gzip, None), 128 << 10);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]

@@ -68,6 +68,22 @@ pub struct Compression {
     pub gzip_level: u32,
     /// zstd level, 1 to 19. Default: 3.
     pub zstd_level: u32,
+    /// Memory all the decoders of bodies decoded on the way out may hold together, each counted at its
+    /// most (by coding and the window its body declares: 128 KiB for gzip, 4 MiB for brotli or zstd made
+    /// by lacquerd, up to 34 MiB for a brotli body of the largest window). A request that would need a
+    /// decoder past it is answered 503 with `Retry-After` (`decodes_refused`). At least 128 KiB. Default:
+    /// 256 MiB.
+    pub decode_memory: ByteSize,
+    /// A byte range of a body decoded on the way out costs decoding everything before it: a range that
+    /// ends within this many decoded bytes is answered 206, one beyond it with the whole body (200,
+    /// streamed, as RFC 9110 §14.2 allows), so the work a request costs follows the bytes it is sent.
+    /// Default: 1 MiB.
+    pub range_decode: ByteSize,
+    /// A body decoded on the way out is cut (and the response fails) once it has expanded more than this
+    /// many times the bytes decoded, past its first MiB: text expands 5 to 20 times and gzip cannot pass
+    /// about 1 030, while a small brotli or zstd body can expand a million times and cost seconds of CPU.
+    /// At least 20. Default: 1000.
+    pub max_expansion: u32,
 }
 
 impl Default for Compression {
@@ -103,6 +119,9 @@ impl Default for Compression {
             brotli_level: 5,
             gzip_level: 6,
             zstd_level: 3,
+            decode_memory: ByteSize::mib(256),
+            range_decode: ByteSize::mib(1),
+            max_expansion: 1000,
         }
     }
 }
@@ -139,6 +158,14 @@ impl Compression {
         }
         if !(1..=19).contains(&self.zstd_level) {
             return bad("zstd_level", "must be between 1 and 19");
+        }
+        // Below one gzip decoder nothing could ever be decoded.
+        if self.decode_memory.as_u64() < 128 * 1024 {
+            return bad("decode_memory", "must be at least 128KiB");
+        }
+        // Text itself expands up to about 20 times.
+        if self.max_expansion < 20 {
+            return bad("max_expansion", "must be at least 20");
         }
         Ok(())
     }

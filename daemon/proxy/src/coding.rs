@@ -2,7 +2,7 @@
 //! the origin and the store share, bodies compressed (or checked) as a fill streams them, and stored bodies
 //! decompressed on the way out for clients that do not take their coding.
 
-use std::sync::Arc;
+use std::sync::{atomic::Ordering::Relaxed, Arc};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue};
@@ -78,27 +78,70 @@ pub enum Conversion {
         coding: Coding,
         /// Output past this many bytes cuts the response off (`max_object_size`).
         limit: u64,
-        /// Where the conversion and any failure are counted.
+        /// What all decoders may hold together (`decode_memory`).
+        memory: u64,
+        /// Decoded bytes a range may need (`range_decode`).
+        range_decode: u64,
+        /// Output allowed per input byte (`max_expansion`).
+        max_expansion: u64,
+        /// Where the conversion and any failure are counted, and the decoders' memory held.
         stats: Arc<Stats>,
     },
 }
 
+/// A decoder would take the decoders' memory past `decode_memory`: the request is answered without one.
+#[derive(Debug)]
+pub struct Busy;
+
+/// Output a body may reach before `max_expansion` applies: a small body of repetitive text (an empty
+/// table, a run of spaces) may expand more than text does, at a cost that stays small.
+pub const EXPANSION_FLOOR: u64 = 1 << 20;
+
 impl Conversion {
-    /// The conversion for `delivery` (never called with `Forward`, which the caller handles first).
-    pub fn new(delivery: Delivery, limit: u64, stats: &Arc<Stats>) -> Self {
-        match delivery {
-            Delivery::Decode(coding) => Conversion::Decode {
+    /// The conversion for `delivery` under `[compression]` `settings` (never called with `Forward`, which
+    /// the caller handles first; a route without settings negotiates nothing, so decodes nothing).
+    pub fn new(
+        delivery: Delivery,
+        limit: u64,
+        settings: Option<&Compression>,
+        stats: &Arc<Stats>,
+    ) -> Self {
+        match (delivery, settings) {
+            (Delivery::Decode(coding), Some(settings)) => Conversion::Decode {
                 coding,
                 limit,
+                memory: settings.decode_memory.as_u64(),
+                range_decode: settings.range_decode.as_u64(),
+                max_expansion: u64::from(settings.max_expansion),
                 stats: stats.clone(),
             },
-            Delivery::AsStored | Delivery::Forward => Conversion::None,
+            _ => Conversion::None,
         }
     }
 
     /// Whether the body is decoded on the way out.
     pub fn decodes(&self) -> bool {
         matches!(self, Conversion::Decode { .. })
+    }
+
+    /// Whether byte ranges `parts` of what is sent are answered: always for bytes as stored; for a decoded
+    /// body, which is read from its start, a single range whose decode stays within `range_decode`
+    /// (counted when not: the whole body is sent instead).
+    pub fn answers_range(&self, parts: &[(u64, u64)]) -> bool {
+        match self {
+            Conversion::None => true,
+            Conversion::Decode {
+                range_decode,
+                stats,
+                ..
+            } => {
+                let within = matches!(parts, [(_, last)] if *last < *range_decode);
+                if !within {
+                    inc(&stats.ranges_whole);
+                }
+                within
+            }
+        }
     }
 
     /// Shapes the headers for what is sent: for a decoded body `Content-Encoding` goes, the entity-tag
@@ -134,37 +177,84 @@ impl Conversion {
     }
 
     /// `body` as sent: decoded when the conversion decodes, restricted to bytes `first..=last` of the
-    /// decoded body when `range` says so. A body that does not decode, or decodes past the limit, ends in
-    /// an error, so the client never takes it for complete.
-    pub fn body(&self, body: Body, range: Option<(u64, u64)>) -> Body {
+    /// decoded body when `range` says so. A body that does not decode, decodes past the limit or expands
+    /// past `max_expansion` ends in an error, so the client never takes it for complete. `start` is the
+    /// body's first bytes when known: the decoder is counted for the window they declare, and [`Busy`]
+    /// when that would pass `decode_memory`.
+    pub fn body(
+        &self,
+        body: Body,
+        range: Option<(u64, u64)>,
+        start: Option<&[u8]>,
+    ) -> Result<Body, Busy> {
         let Conversion::Decode {
             coding,
             limit,
+            memory,
+            max_expansion,
             stats,
+            ..
         } = self
         else {
-            return body;
+            return Ok(body);
+        };
+        let Some(reserved) = Reserved::take(stats, Decoder::memory(*coding, start), *memory) else {
+            inc(&stats.decodes_refused);
+            return Err(Busy);
         };
         let state = DecodeState {
             inner: body,
-            decoder: Decoder::new(*coding, *limit),
+            decoder: Decoder::new(*coding, *limit)
+                .with_max_expansion(*max_expansion, EXPANSION_FLOOR),
             ended: false,
             offset: 0,
             range,
             failed: false,
             yielded_at: 0,
             stats: stats.clone(),
+            _reserved: reserved,
         };
-        body::from_stream(futures_util::stream::unfold(state, |mut s| async move {
-            match s.next().await {
-                Ok(Some(data)) => Some((Ok(Frame::data(data)), s)),
-                Ok(None) => None,
-                Err(e) => {
-                    s.failed = true;
-                    Some((Err(e), s))
+        Ok(body::from_stream(futures_util::stream::unfold(
+            state,
+            |mut s| async move {
+                match s.next().await {
+                    Ok(Some(data)) => Some((Ok(Frame::data(data)), s)),
+                    Ok(None) => None,
+                    Err(e) => {
+                        s.failed = true;
+                        Some((Err(e), s))
+                    }
                 }
-            }
-        }))
+            },
+        )))
+    }
+}
+
+/// A decoder's share of `decode_memory`, given back when the decoding body ends or is dropped.
+struct Reserved {
+    stats: Arc<Stats>,
+    bytes: u64,
+}
+
+impl Reserved {
+    /// `bytes` more of the decoders' memory, unless that passes `budget`.
+    fn take(stats: &Arc<Stats>, bytes: u64, budget: u64) -> Option<Self> {
+        stats
+            .decode_memory
+            .fetch_update(Relaxed, Relaxed, |held| {
+                (held + bytes <= budget).then_some(held + bytes)
+            })
+            .ok()?;
+        Some(Self {
+            stats: stats.clone(),
+            bytes,
+        })
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.stats.decode_memory.fetch_sub(self.bytes, Relaxed);
     }
 }
 
@@ -200,6 +290,8 @@ struct DecodeState {
     /// `offset` when the task last let go of its thread.
     yielded_at: u64,
     stats: Arc<Stats>,
+    /// Held as long as the decoder is.
+    _reserved: Reserved,
 }
 
 /// Decoded bytes sent between two yields to the connection.
@@ -222,6 +314,7 @@ impl DecodeState {
             }
             match self.decoder.piece() {
                 Ok(Some(data)) => {
+                    add(&self.stats.decoded_bytes, data.len() as u64);
                     let start = self.offset;
                     self.offset += data.len() as u64;
                     let Some((first, last)) = self.range else {
@@ -239,6 +332,10 @@ impl DecodeState {
                 Err(e) => {
                     inc(match e {
                         CodecError::TooLarge { .. } => &self.stats.decode_limit,
+                        CodecError::Expands { .. } => {
+                            tracing::warn!(error = %e, "decoding for a client cut off");
+                            &self.stats.decode_expansion
+                        }
                         _ => &self.stats.corrupt_bodies,
                     });
                     return Err(e.into());

@@ -382,8 +382,10 @@ impl Ctx<'_> {
     }
 
     fn conversion(&self, delivery: Delivery, stats: &Arc<Stats>) -> Conversion {
-        let limit = self.route.policy.cache.max_object_size.as_u64();
-        Conversion::new(delivery, limit, stats)
+        let policy = &self.route.policy;
+        let limit = policy.cache.max_object_size.as_u64();
+        let settings = policy.compression.as_ref().map(|n| &n.settings);
+        Conversion::new(delivery, limit, settings, stats)
     }
 
     /// Sends the request to the origin as the client sent it, `Accept-Encoding` included: nothing stored

@@ -20,7 +20,7 @@ use lacquer_policy::{
 
 use crate::{
     coalesce::{FetchReader, FetchedHead},
-    coding::Conversion,
+    coding::{Busy, Conversion},
     store::CacheStore,
 };
 
@@ -140,8 +140,8 @@ pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Bo
     resp
 }
 
-/// A response read from a fetch in flight (or just finished). A 200 is shaped for the request: 304 for a
-/// matching conditional, 206 for a single range when the length is known (answered as its bytes arrive).
+/// A response read from a fetch in flight (or just finished, or confirmed by the origin with a 304),
+/// shaped for the request by [`represent`].
 pub fn fetched<S: CacheStore>(
     head: &FetchedHead,
     reader: FetchReader<S>,
@@ -149,53 +149,26 @@ pub fn fetched<S: CacheStore>(
     req: &Parts,
     conversion: &Conversion,
 ) -> Response<Body> {
-    let mut headers = head.headers.clone();
-    let age = head.initial_age + head.received_at.elapsed().as_secs();
-    let length = headers
+    let length = head
+        .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let length = conversion.headers(&mut headers, length);
-    decorate(&mut headers, outcome, Some(age));
-    let shape = if head.status == StatusCode::OK {
-        shape(req, &mut headers, length)
-    } else {
-        Shape::Whole
-    };
-    let head_only = req.method == Method::HEAD;
-    let (status, body) = match shape {
-        Shape::Whole if head_only => (head.status, body::empty()),
-        Shape::Whole => (head.status, conversion.body(reader.into_body(), None)),
-        // Ranges are evaluated only over a known length, which a body decoded as it arrives lacks.
-        Shape::Part(first, last) if !head_only => (
-            StatusCode::PARTIAL_CONTENT,
-            reader.into_range_body(first, last),
-        ),
-        // Several ranges of a body still arriving: the whole body is a correct answer too.
-        Shape::Parts(_) => {
-            headers.insert(
-                header::CONTENT_LENGTH,
-                HeaderValue::from(length.unwrap_or(0)),
-            );
-            headers.remove(header::CONTENT_RANGE);
-            (
-                head.status,
-                if head_only {
-                    body::empty()
-                } else {
-                    reader.into_body()
-                },
-            )
-        }
-        other => other.without_body(head_only),
-    };
-    response(status, headers, body)
+    let age = head.initial_age + head.received_at.elapsed().as_secs();
+    represent(
+        Source::Fetched(reader),
+        head.status,
+        head.headers.clone(),
+        length,
+        age,
+        outcome,
+        req,
+        conversion,
+    )
 }
 
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
-/// readable before the status line goes out), shaped for the request like [`fetched`], with multipart
-/// answers for several ranges. `headers` are the stored ones ([`header_map`]). A body decoded on the way
-/// out is ranged over its decoded bytes when the decoded length is known, and is sent whole for several
-/// ranges.
+/// readable before the status line goes out), shaped for the request by [`represent`]. `headers` are the
+/// stored ones ([`header_map`]).
 #[allow(clippy::too_many_arguments)]
 pub fn stored<S: CacheStore>(
     store: S,
@@ -205,69 +178,156 @@ pub fn stored<S: CacheStore>(
     now_ms: u64,
     outcome: Outcome,
     req: &Parts,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     conversion: &Conversion,
 ) -> Response<Body> {
     let meta = &set.variants[variant];
-    let stored_len = meta.length;
-    let len = conversion.headers(&mut headers, Some(stored_len));
-    if let (false, Some(len)) = (conversion.decodes(), len) {
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    }
-    decorate(&mut headers, outcome, Some(meta.age_s(now_ms)));
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
-    let shape = if status == StatusCode::OK {
-        shape(req, &mut headers, len)
-    } else {
-        Shape::Whole
-    };
-    let head_only = req.method == Method::HEAD;
-    let source = Stored {
+    let (length, age) = (meta.length, meta.age_s(now_ms));
+    let source = Source::Stored(Stored {
         store,
-        set: set.clone(),
+        set,
         variant,
         first,
+    });
+    represent(
+        source,
+        status,
+        headers,
+        Some(length),
+        age,
+        outcome,
+        req,
+        conversion,
+    )
+}
+
+/// Where the bytes of a response come from.
+enum Source<S: CacheStore> {
+    /// A stored body: any byte of it can be read directly.
+    Stored(Stored<S>),
+    /// A fetch's body, read in order as it arrives (or from the store behind it).
+    Fetched(FetchReader<S>),
+}
+
+impl<S: CacheStore> Source<S> {
+    /// The body's first bytes, when they are in hand (they tell a decoder's window).
+    fn start(&self) -> Option<Bytes> {
+        match self {
+            Source::Stored(stored) => stored.first.clone(),
+            Source::Fetched(_) => None,
+        }
+    }
+
+    /// The whole body as stored or fetched.
+    fn whole(self) -> Body {
+        match self {
+            Source::Stored(stored) => match stored.set.variants[stored.variant].length {
+                0 => body::empty(),
+                len => stored.range(0, len - 1),
+            },
+            Source::Fetched(reader) => reader.into_body(),
+        }
+    }
+
+    /// Bytes `first..=last` of the body as stored or fetched.
+    fn range(self, first: u64, last: u64) -> Body {
+        match self {
+            Source::Stored(stored) => stored.range(first, last),
+            Source::Fetched(reader) => reader.into_range_body(first, last),
+        }
+    }
+}
+
+/// Decides what a client is sent for a stored or fetched response, whatever the path that found it (a
+/// hit, a miss, a revalidation, a stale object): the coding (`conversion`), the length and the ranges are
+/// all of that one representation. `length` is the body's as stored or fetched, when known.
+///
+/// Ranges are answered over the representation sent. A decoded body can only be read from its start, so
+/// a range of one is answered 206 only when the decode it needs stays within `range_decode`, and several
+/// ranges of one are answered with the whole body (200, as RFC 9110 §14.2 allows), as are several ranges
+/// of a body still arriving. A decoder that `decode_memory` has no room for is a 503 with `Retry-After`.
+#[allow(clippy::too_many_arguments)]
+fn represent<S: CacheStore>(
+    source: Source<S>,
+    status: StatusCode,
+    mut headers: HeaderMap,
+    length: Option<u64>,
+    age: u64,
+    outcome: Outcome,
+    req: &Parts,
+    conversion: &Conversion,
+) -> Response<Body> {
+    let sent = conversion.headers(&mut headers, length);
+    if let (false, Some(len)) = (conversion.decodes(), sent) {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+    decorate(&mut headers, outcome, Some(age));
+    let shape = match shape(req, &mut headers, sent, status) {
+        Shape::Part(first, last) if !conversion.answers_range(&[(first, last)]) => Shape::Whole,
+        Shape::Parts(parts) if !conversion.answers_range(&parts) => Shape::Whole,
+        shape => shape,
     };
-    let decodes = conversion.decodes();
+    let head_only = req.method == Method::HEAD;
+    let start = source.start();
+    let start = start.as_deref();
+    let whole = |source: Source<S>| {
+        if head_only {
+            return Ok(body::empty());
+        }
+        conversion.body(source.whole(), None, start)
+    };
     let (status, body) = match shape {
-        Shape::Whole if head_only || stored_len == 0 => (status, body::empty()),
-        Shape::Whole => (
-            status,
-            conversion.body(source.range(0, stored_len - 1), None),
-        ),
-        Shape::Part(first, last) if !head_only && decodes => (
-            StatusCode::PARTIAL_CONTENT,
-            conversion.body(source.range(0, stored_len - 1), Some((first, last))),
-        ),
-        Shape::Part(first, last) if !head_only => {
-            (StatusCode::PARTIAL_CONTENT, source.range(first, last))
-        }
-        Shape::Parts(_) if decodes => {
-            headers.remove(header::CONTENT_RANGE);
-            let body = if head_only || stored_len == 0 {
-                body::empty()
-            } else {
-                conversion.body(source.range(0, stored_len - 1), None)
-            };
-            (status, body)
-        }
-        Shape::Parts(parts) => {
-            let content_type = headers.get(header::CONTENT_TYPE).cloned();
-            let (body, total, boundary) = source.multipart(&parts, content_type.as_ref());
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(total));
-            let value = format!("multipart/byteranges; boundary={boundary}");
+        Shape::Whole => (status, whole(source)),
+        Shape::Part(first, last) => {
+            let total = sent.expect("ranges are evaluated over a known length");
+            let value = format!("bytes {first}-{last}/{total}");
             headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_str(&value).expect("boundary is ASCII"),
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&value).expect("ascii"),
             );
-            (
-                StatusCode::PARTIAL_CONTENT,
-                if head_only { body::empty() } else { body },
-            )
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(last - first + 1));
+            let body = if conversion.decodes() {
+                conversion.body(source.whole(), Some((first, last)), start)
+            } else {
+                Ok(source.range(first, last))
+            };
+            (StatusCode::PARTIAL_CONTENT, body)
         }
-        other => other.without_body(head_only),
+        Shape::Parts(parts) => match source {
+            Source::Stored(stored) => {
+                let content_type = headers.get(header::CONTENT_TYPE).cloned();
+                let (body, total, boundary) = stored.multipart(&parts, content_type.as_ref());
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(total));
+                let value = format!("multipart/byteranges; boundary={boundary}");
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_str(&value).expect("boundary is ASCII"),
+                );
+                (StatusCode::PARTIAL_CONTENT, Ok(body))
+            }
+            // Several ranges of a body still arriving: the whole body is a correct answer too.
+            fetched => (status, whole(fetched)),
+        },
+        other => (other.status(), Ok(body::empty())),
     };
-    response(status, headers, body)
+    match body {
+        Ok(body) => response(status, headers, body),
+        Err(Busy) => busy(outcome),
+    }
+}
+
+/// The answer to a request that needs a decoder when `decode_memory` has no room for one: the decoders
+/// held now end as their clients read, so the client may try again shortly.
+fn busy(outcome: Outcome) -> Response<Body> {
+    let mut resp = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        outcome,
+        "too many responses being decompressed; try again",
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
 }
 
 /// The stored response headers as a header map (with room for what delivery adds).
@@ -291,7 +351,7 @@ fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body
     resp
 }
 
-/// What a 200 becomes for this request.
+/// What a response becomes for this request.
 enum Shape {
     Whole,
     NotModified,
@@ -301,23 +361,23 @@ enum Shape {
 }
 
 impl Shape {
-    /// Status and (empty) body of the shapes that carry none, and of a HEAD.
-    fn without_body(self, head_only: bool) -> (StatusCode, Body) {
-        let status = match self {
+    /// The status of the shapes that carry no body.
+    fn status(self) -> StatusCode {
+        match self {
             Shape::NotModified => StatusCode::NOT_MODIFIED,
             Shape::Unsatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
-            Shape::Part(..) | Shape::Parts(_) => StatusCode::PARTIAL_CONTENT,
-            Shape::Whole => StatusCode::OK,
-        };
-        debug_assert!(head_only || !matches!(status, StatusCode::OK | StatusCode::PARTIAL_CONTENT));
-        (status, body::empty())
+            Shape::Whole | Shape::Part(..) | Shape::Parts(_) => {
+                unreachable!("shapes with a body are sent with it")
+            }
+        }
     }
 }
 
-/// Evaluates conditionals, then ranges, for a 200 of `len` bytes (`None`: a length not known yet, so no
-/// ranges), and sets the headers that go with the answer (a 304 keeps only what RFC 9110 §15.4.5 allows).
-fn shape(req: &Parts, headers: &mut HeaderMap, len: Option<u64>) -> Shape {
-    if !matches!(req.method, Method::GET | Method::HEAD) {
+/// Evaluates conditionals, then ranges, for a response of `status` and `len` bytes (`None`: a length not
+/// known yet, so no ranges); only a 200 is shaped. Sets the headers that go with a 304 (only what RFC 9110
+/// §15.4.5 allows is kept) or a 416; those of a 206 are set once the ranges are known to be answered.
+fn shape(req: &Parts, headers: &mut HeaderMap, len: Option<u64>, status: StatusCode) -> Shape {
+    if status != StatusCode::OK || !matches!(req.method, Method::GET | Method::HEAD) {
         return Shape::Whole;
     }
     if len.is_some() {
@@ -374,16 +434,7 @@ fn shape(req: &Parts, headers: &mut HeaderMap, len: Option<u64>) -> Shape {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
             Shape::Unsatisfiable
         }
-        Ranges::Parts(parts) if parts.len() == 1 => {
-            let (first, last) = parts[0];
-            let value = format!("bytes {first}-{last}/{len}");
-            headers.insert(
-                header::CONTENT_RANGE,
-                HeaderValue::from_str(&value).expect("ascii"),
-            );
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(last - first + 1));
-            Shape::Part(first, last)
-        }
+        Ranges::Parts(parts) if parts.len() == 1 => Shape::Part(parts[0].0, parts[0].1),
         Ranges::Parts(parts) => Shape::Parts(parts),
     }
 }

@@ -497,6 +497,57 @@ async fn a_304_refreshes_the_stored_object_and_keeps_its_body() {
     assert_eq!(origin.total(), 2);
 }
 
+/// A compressed object confirmed by a 304 is sent to an identity client as the decoded representation
+/// on every shape of request: a range is of the decoded bytes (it was of the stored gzip bytes, labelled
+/// identity), several ranges get the whole decoded body.
+#[tokio::test]
+async fn a_range_of_a_revalidated_compressed_object_is_of_the_decoded_bytes() {
+    let text: Bytes = "<p>lacquer revalidated</p>\n".repeat(200).into();
+    let served = text.clone();
+    let origin = Origin::start(move |s: &lacquer_tests::origin::Seen| {
+        if s.headers.contains_key("if-none-match") {
+            Reply::ok("")
+                .status(304)
+                .steps(vec![], None)
+                .header("cache-control", "max-age=1")
+                .header("etag", "W/\"t\"")
+        } else {
+            Reply::ok(served.clone())
+                .header("content-type", "text/html")
+                .header("cache-control", "max-age=1")
+                .header("etag", "\"t\"")
+        }
+    })
+    .await;
+    let store = MemoryStore::new(1024);
+    let w = worker(&origin, &store);
+    let gz = get(&w, "/t", &[("accept-encoding", "gzip")]).await;
+    assert_eq!(gz.header("content-encoding"), "gzip");
+    fills_done(&w).await;
+    let len = text.len();
+    for (range, status, want) in [
+        ("bytes=5-20", StatusCode::PARTIAL_CONTENT, &text[5..=20]),
+        ("bytes=5-20,1000-1100", StatusCode::OK, &text[..]),
+    ] {
+        store.age(&key("/t"), 5_000);
+        let got = get(&w, "/t", &[("range", range)]).await;
+        assert_eq!(got.status, status, "{range}");
+        assert_eq!(got.header("content-encoding"), "", "{range}");
+        assert_eq!(got.body, want, "{range}");
+        assert_eq!(
+            got.header("content-length"),
+            want.len().to_string(),
+            "{range}"
+        );
+        if status == StatusCode::PARTIAL_CONTENT {
+            assert_eq!(got.header("content-range"), format!("bytes 5-20/{len}"));
+        }
+        fills_done(&w).await;
+    }
+    assert_eq!(w.shared.stats.revalidations.load(SeqCst), 2);
+    assert_eq!(w.shared.stats.ranges_whole.load(SeqCst), 1);
+}
+
 /// A range spanning three chunks of a stored body reads only those chunks and answers 206 with exactly the
 /// bytes asked for; a range of a body still arriving is cut from the fetch the same way.
 #[tokio::test]

@@ -156,6 +156,18 @@ stats_section! {
         /// Compressed bodies that expanded past `max_object_size` (decompression bombs): not stored, and
         /// decoding on the way out is cut off at that size.
         decode_limit: Counter "lacquer_coded_body_errors_total" { reason = "too_large" },
+        /// Bytes produced decoding bodies on the way out: what decoding costs, in output.
+        decoded_bytes: Counter "lacquer_decoded_bytes_total",
+        /// Memory held by the decoders of responses being decoded now, each counted at its most
+        /// (`compression.decode_memory` bounds it).
+        decode_memory: Gauge "lacquer_decode_memory_bytes",
+        /// Requests answered 503 because the decoder they needed would have passed `decode_memory`.
+        decodes_refused: Counter "lacquer_decodes_refused_total",
+        /// Bodies cut on the way out for expanding more than `max_expansion` times (decompression bombs that
+        /// would cost far more CPU than their size).
+        decode_expansion: Counter "lacquer_coded_body_errors_total" { reason = "expansion" },
+        /// Byte ranges of a decoded body answered with the whole body: beyond `range_decode`, or several.
+        ranges_whole: Counter "lacquer_decoded_ranges_whole_total",
         /// Requests that found no backend to send to: every candidate sick, or busy at `max_connections`.
         backend_unavailable: Counter "lacquer_backend_unavailable_total",
         /// Backends their probe says are sick.
