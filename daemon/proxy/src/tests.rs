@@ -325,7 +325,7 @@ async fn one_compressed_body_serves_every_accept_encoding() {
     assert_eq!(stored[0].length, gz.body.len() as u64);
     assert_eq!(
         stored[0].variant,
-        [("accept-encoding".to_owned(), "gzip, br;q=0.9".to_owned())]
+        [("accept-encoding".to_owned(), "\ngzip, br;q=0.9".to_owned())]
     );
     for ae in ["br", "identity", "gzip;q=0, br"] {
         let got = get(&w, "/t", &[("accept-encoding", ae)]).await;
