@@ -515,7 +515,8 @@ async fn a_304_refreshes_the_stored_object_and_keeps_its_body() {
 async fn a_response_that_may_not_be_stored_is_not_shared_with_waiters() {
     const WAITERS: usize = 4;
     // Each "not storable" reason: the headers that give it, and the request headers that go with it.
-    let reasons: &[(&str, &[(&str, &str)], &[(&str, &str)])] = &[
+    type Lines<'a> = &'a [(&'a str, &'a str)];
+    let reasons: &[(&str, Lines<'_>, Lines<'_>)] = &[
         ("no-store", &[("cache-control", "no-store")], &[]),
         ("private", &[("cache-control", "private, max-age=60")], &[]),
         (
