@@ -248,13 +248,10 @@ fn run(
         stopping: stopped.clone(),
         openapi: Arc::new(OnceLock::new()),
     });
-    let mut admin_stop = stopped.clone();
+    let admin_settings = config.admin.clone();
+    let admin_stop = stopped.clone();
     let admin_server = control.spawn(async move {
-        let serve = axum::serve(admin_listener, app)
-            .with_graceful_shutdown(async move { drop(admin_stop.wait_for(|s| *s).await) });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "admin API stopped");
-        }
+        lacquer_admin_server::serve(admin_listener, app, &admin_settings, admin_stop).await;
     });
     for (addr, listener) in bound.iter().zip(&listeners) {
         let c = &listener.config;

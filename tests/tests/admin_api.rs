@@ -420,3 +420,68 @@ async fn inspect_tells_memory_from_disk() {
         "{after}"
     );
 }
+
+/// Whether the peer closes `stream` within `within` (an answer before the close, such as a 408, counts).
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// The admin listener is bounded as the client listeners are: connections with a partial request head
+/// are closed after `header_read_timeout`, those past `max_connections` at once, and the API answers
+/// again once they have gone (before, each stayed open for good, with its memory and descriptor).
+#[tokio::test]
+async fn the_admin_listener_closes_partial_heads_and_caps_its_connections() {
+    use tokio::io::AsyncWriteExt;
+    const CAP: usize = 20;
+    let origin = Origin::start(|_| Reply::ok("body")).await;
+    let d = Daemon::with_config(
+        origin.addr,
+        &format!(
+            "[[listen]]\naddress = \"127.0.0.1:0\"\n[admin]\nmax_connections = {CAP}\n\
+             header_read_timeout = \"1s\"\nidle_timeout = \"30s\""
+        ),
+    );
+    let started = Instant::now();
+    let mut partial = Vec::new();
+    for _ in 0..CAP {
+        let mut s = tokio::net::TcpStream::connect(d.admin).await.unwrap();
+        s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: admin\r\n")
+            .await
+            .unwrap();
+        partial.push(s);
+    }
+    // Every one is accepted before the next connections count against the cap.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for n in 0..5 {
+        let mut over = tokio::net::TcpStream::connect(d.admin).await.unwrap();
+        let _ = over
+            .write_all(b"GET /v1/health HTTP/1.1\r\nHost: admin\r\n\r\n")
+            .await;
+        assert!(
+            closed_within(&mut over, Duration::from_millis(500)).await,
+            "connection {n} past the cap is closed at once"
+        );
+    }
+    for (n, s) in partial.iter_mut().enumerate() {
+        assert!(
+            closed_within(s, Duration::from_secs(3)).await,
+            "partial head {n} is closed after header_read_timeout"
+        );
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "closed by the timeout, not at once: {:?}",
+        started.elapsed()
+    );
+    let health = d.admin_get("/v1/health", None).await;
+    assert_eq!(health.status.as_u16(), 200, "the API answers again");
+}

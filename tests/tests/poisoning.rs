@@ -592,3 +592,90 @@ async fn http2_carries_the_host_in_its_authority() {
     assert_eq!(status, 400);
     assert_eq!(origin.total(), 2);
 }
+
+/// A response varying on `X-Lang` is selected by exactly the lines the origin saw: a request whose field
+/// differs in any byte (a trailing comma, an empty member, the lines it is split into, case, a non-UTF-8
+/// byte) is another request to the origin, and a variant stored for one is never served to the other
+/// (before, `X-Lang: en,` was stored and then served to `X-Lang: en`).
+#[tokio::test]
+async fn a_variant_is_served_only_for_the_bytes_the_origin_saw() {
+    let origin = echo_origin().await;
+    let d = daemon(&origin, "");
+    let cases: &[(&[u8], &[u8], &str, &str)] = &[
+        (b"X-Lang: en,", b"X-Lang: en", "en,", "en"),
+        (b"X-Lang: en,,de", b"X-Lang: en, de", "en,,de", "en, de"),
+        (
+            b"X-Lang: en, de",
+            b"X-Lang: en\r\nX-Lang: de",
+            "en, de",
+            "en|de",
+        ),
+        (b"X-Lang: EN", b"X-Lang: en", "EN", "en"),
+        (b"X-Lang: caf\xe9", b"X-Lang: caf\xef", "?", "?"),
+    ];
+    for (n, (first, second, first_seen, second_seen)) in cases.iter().enumerate() {
+        let path = format!("/vary/{n}");
+        let raw = |field: &[u8]| {
+            let mut raw = format!("GET {path} HTTP/1.1\r\nHost: victim.test\r\n").into_bytes();
+            raw.extend_from_slice(field);
+            raw.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+            raw
+        };
+        let case = String::from_utf8_lossy(first).into_owned();
+        let a = send_bytes(d.addr, &raw(first)).await;
+        assert!(
+            a.body
+                .ends_with(&format!("lang={first_seen} xfh=- xfp=- xou=-")),
+            "{case}: {}",
+            a.body
+        );
+        let b = send_bytes(d.addr, &raw(second)).await;
+        assert_eq!(b.header("x-cache"), Some("MISS"), "{case}: {}", b.head);
+        assert!(
+            b.body.contains(&format!("lang={second_seen} ")),
+            "{case}: {}",
+            b.body
+        );
+        assert_eq!(origin.count(&path), 2, "{case}: each went to the origin");
+        let seen: Vec<Vec<Vec<u8>>> = origin
+            .seen()
+            .iter()
+            .filter(|s| s.path == path)
+            .map(|s| {
+                s.headers
+                    .get_all("x-lang")
+                    .iter()
+                    .map(|v| v.as_bytes().to_vec())
+                    .collect()
+            })
+            .collect();
+        let lines = |field: &[u8]| -> Vec<Vec<u8>> {
+            field
+                .split(|&b| b == b'\n')
+                .map(|l| {
+                    l.strip_prefix(b"X-Lang: ")
+                        .unwrap()
+                        .strip_suffix(b"\r")
+                        .unwrap_or(l.strip_prefix(b"X-Lang: ").unwrap())
+                        .to_vec()
+                })
+                .collect()
+        };
+        assert_eq!(
+            seen,
+            [lines(first), lines(second)],
+            "{case}: the origin saw the bytes sent"
+        );
+        for (field, body) in [(first, &a.body), (second, &b.body)] {
+            let again = send_bytes(d.addr, &raw(field)).await;
+            assert_eq!(
+                again.header("x-cache"),
+                Some("HIT"),
+                "{case}: {}",
+                again.head
+            );
+            assert_eq!(&again.body, body, "{case}");
+        }
+        assert_eq!(origin.count(&path), 2, "{case}");
+    }
+}

@@ -189,3 +189,60 @@ async fn a_200_to_a_revalidation_replaces_the_object() {
         ("HIT", &b"body 2"[..], "\"v2\"")
     );
 }
+
+/// Six requests for a stale object at once, and the origin confirms it with a 304 that sets a session
+/// cookie: a response that may not be stored is the answer for one request, so each client gets one of
+/// its own, with its own cookie (before, all six got the cookie of the one fetch they were coalesced on).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_304_with_set_cookie_is_not_shared_by_coalesced_requests() {
+    const CLIENTS: usize = 6;
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |s| {
+        let i = n.fetch_add(1, Ordering::SeqCst);
+        if i == 0 {
+            return Reply::ok(BODY)
+                .header("cache-control", "max-age=1, stale-while-revalidate=0")
+                .header("etag", "\"v1\"");
+        }
+        let reply = if s.headers.contains_key("if-none-match") {
+            let mut reply = Reply::ok("").status(304);
+            reply.headers.retain(|(n, _)| n != "content-length");
+            reply.header("etag", "\"v1\"")
+        } else {
+            Reply::ok(BODY)
+        };
+        // Slow enough for every request to arrive while the first one's fetch is in flight.
+        reply
+            .delay(Duration::from_millis(300))
+            .header("cache-control", "max-age=60")
+            .header("set-cookie", &format!("sess={i}"))
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    get(d.addr, "/session").await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+
+    let got = futures_util::future::join_all((0..CLIENTS).map(|_| get(d.addr, "/session"))).await;
+    let mut cookies: Vec<&str> = got.iter().map(|r| r.header("set-cookie")).collect();
+    for r in &got {
+        assert_eq!((r.status.as_u16(), r.body.as_ref()), (200, BODY.as_bytes()));
+    }
+    assert_eq!(
+        origin.total(),
+        1 + CLIENTS,
+        "each client's request went to the origin"
+    );
+    cookies.sort_unstable();
+    cookies.dedup();
+    assert_eq!(
+        cookies.len(),
+        CLIENTS,
+        "each client got its own cookie: {cookies:?}"
+    );
+    assert!(
+        cookies
+            .iter()
+            .all(|c| c.starts_with("sess=") && c != &"sess=0"),
+        "{cookies:?}"
+    );
+}

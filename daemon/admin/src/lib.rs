@@ -12,6 +12,7 @@ mod log;
 mod metrics;
 mod objects;
 mod operations;
+mod serve;
 mod status;
 
 use std::sync::{Arc, OnceLock};
@@ -37,6 +38,7 @@ use lacquer_config::ConfigError;
 use lacquer_proxy::worker::Shared;
 
 pub use error::AdminError;
+pub use serve::serve;
 
 /// Reads the configuration again and applies what can change while requests are served (`POST
 /// /v1/reload`, as `SIGHUP` does).

@@ -5,7 +5,10 @@ use lacquer_admin::wire::{ApiError, HeaderField, Inspection, ObjectQuery, Stored
 use lacquer_storage::{ChunkTiers, ObjectMeta};
 
 use super::{AdminError, AdminState, ApiQuery};
-use lacquer_policy::stale::{usability, Usability};
+use lacquer_policy::{
+    stale::{usability, Usability},
+    vary,
+};
 use lacquer_proxy::invalidation;
 
 /// Every stored variant of a URL's cache key: status, size, tiers, freshness, tags and headers. Objects a
@@ -68,10 +71,18 @@ fn stored_variant(meta: ObjectMeta, tiers: ChunkTiers, now_ms: u64) -> StoredVar
             on_disk: tiers.on_disk,
         },
         generation: meta.generation,
+        // One field per line the request sent, as headers are shown; an absent header as an empty one.
         vary: meta
             .variant
             .into_iter()
-            .map(|(n, v)| field((n, v.into_bytes())))
+            .flat_map(|(n, v)| {
+                let lines = vary::sent_lines(&v);
+                if lines.is_empty() {
+                    vec![field((n, Vec::new()))]
+                } else {
+                    lines.into_iter().map(|l| field((n.clone(), l))).collect()
+                }
+            })
             .collect(),
         tags: meta.tags,
         headers: meta.headers.into_iter().map(field).collect(),

@@ -152,6 +152,18 @@ pub struct Admin {
     /// Serve `GET /metrics` without the secret, for a Prometheus that cannot read the secret file.
     /// Default: false.
     pub open_metrics: bool,
+    /// Admin connections open at once; past it a new connection is closed at once. 0: no limit.
+    /// Default: 256.
+    pub max_connections: usize,
+    /// Time for a complete request head, counted from the connection's start or the end of the previous
+    /// response: connections with a partial head, and idle keep-alive ones, are closed. Default: 10 s.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection with no request waiting for its response and no byte moving either way for this long
+    /// is closed (a client that stopped reading a stream; the streams send a keep-alive every 15 s).
+    /// Default: 60 s.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for Admin {
@@ -160,6 +172,9 @@ impl Default for Admin {
             listen: SocketAddr::from(([127, 0, 0, 1], 6082)),
             secret_file: None,
             open_metrics: false,
+            max_connections: 256,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -494,6 +509,12 @@ impl Config {
                 return bad(&key, "timeouts must be above zero".into());
             }
         }
+        if self.admin.header_read_timeout.is_zero() {
+            return bad("admin.header_read_timeout", "must be above zero".into());
+        }
+        if self.admin.idle_timeout.is_zero() {
+            return bad("admin.idle_timeout", "must be above zero".into());
+        }
         if !(0.0..=1.0).contains(&self.access_log.sample) {
             return bad("access_log.sample", "must be between 0 and 1".into());
         }
@@ -690,6 +711,30 @@ mod tests {
             );
             assert!(!got.contains('\n'), "one line: {got:?}");
         }
+    }
+
+    #[test]
+    fn admin_timeouts_must_be_above_zero() {
+        for key in ["header_read_timeout", "idle_timeout"] {
+            let mut c = Config::parse(&format!("[admin]\n{key} = \"0s\""), "t").unwrap();
+            assert_eq!(
+                c.validate().unwrap_err().to_string(),
+                format!("admin.{key}: must be above zero")
+            );
+        }
+        let c = Config::parse(
+            "[admin]\nmax_connections = 8\nheader_read_timeout = \"2s\"",
+            "t",
+        );
+        let admin = c.unwrap().admin;
+        assert_eq!(
+            (
+                admin.max_connections,
+                admin.header_read_timeout,
+                admin.idle_timeout
+            ),
+            (8, Duration::from_secs(2), Duration::from_secs(60))
+        );
     }
 
     #[test]

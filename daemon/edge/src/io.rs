@@ -77,16 +77,19 @@ pub struct Activity {
 }
 
 impl Activity {
+    /// Counts a request as waiting for its response head until the guard is dropped.
     pub fn enter(self: &Arc<Self>) -> WaitingGuard {
         self.waiting.fetch_add(1, Relaxed);
         WaitingGuard(self.clone())
     }
 
+    /// Whether the connection was given up as idle.
     pub fn timed_out(&self) -> bool {
         self.timed_out.load(Relaxed)
     }
 }
 
+/// A request waiting for its response head, for as long as it lives.
 pub struct WaitingGuard(Arc<Activity>);
 
 impl Drop for WaitingGuard {
@@ -111,6 +114,7 @@ pub struct IdleTimeout<IO> {
 const TICKS_PER_IDLE: u32 = 4;
 
 impl<IO> IdleTimeout<IO> {
+    /// `io`, given up once idle for `idle` while no request of `activity` waits.
     pub fn new(io: IO, idle: Duration, activity: Arc<Activity>) -> Self {
         let tick = idle / TICKS_PER_IDLE;
         Self {

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
+pub use self::io::{Activity, IdleTimeout, WaitingGuard};
 pub use self::stats::EdgeStats;
 
 /// Who sent a request, and what its listener allows.

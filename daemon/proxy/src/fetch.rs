@@ -166,7 +166,8 @@ async fn revalidated<S: CacheStore>(
     fetch.set_head(Ok(Arc::new(FetchedHead {
         status,
         headers: headers.clone(),
-        shareable: true,
+        // What may not be stored (a `Set-Cookie`, `private`, ...) is this request's answer alone.
+        shareable: matches!(decision, Decision::Store(_)),
         selection: old.variant.clone(),
         initial_age,
         received_at: lacquer_clock::monotonic(),

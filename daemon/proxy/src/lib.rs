@@ -557,9 +557,10 @@ async fn miss<S: CacheStore>(
     let stand_in = stale.as_ref().is_some_and(|found| {
         usability(found.meta().lifetime(lacquer_clock::now_ms())) != Usability::Unusable
     });
-    // Starts the coalescer's fetch for the key (`leader`), or one of this request's own. The reader exists
-    // before the fill task starts, so the fill never sees a fetch without readers that it would cancel.
-    let start = |leader: Option<Arc<Fetch<S>>>| {
+    // Starts the coalescer's fetch for the key (`leader`), or one of this request's own, revalidating the
+    // stale object when `revalidate`. The reader exists before the fill task starts, so the fill never sees
+    // a fetch without readers that it would cancel.
+    let start = |leader: Option<Arc<Fetch<S>>>, revalidate: bool| {
         let registered = leader.is_some();
         let fetch = leader.unwrap_or_else(|| Fetch::new(shared.store.mark(), transit_buffer));
         let reader = fetch.reader();
@@ -569,7 +570,9 @@ async fn miss<S: CacheStore>(
             parts: parts.clone(),
             client,
             route: route.clone(),
-            stale: stale.clone().filter(Found::revalidatable),
+            stale: stale
+                .clone()
+                .filter(|found| revalidate && found.revalidatable()),
             background: false,
             stand_in,
         };
@@ -583,21 +586,21 @@ async fn miss<S: CacheStore>(
             .join(key, now, transit_buffer, looked_up_at)
     });
     let ((fetch, mut reader), mut owner) = match joined {
-        None => (start(None), true),
+        None => (start(None, true), true),
         Some(Joined::LookAgain) => return None,
-        Some(Joined::Leader(fetch)) => (start(Some(fetch)), true),
+        Some(Joined::Leader(fetch)) => (start(Some(fetch), true), true),
         Some(Joined::Waiter(fetch)) => {
             let reader = fetch.reader();
             if reader.cancelled() {
                 // Its readers all left just before this one came: it is no longer fetching.
-                (start(None), true)
+                (start(None, true), true)
             } else {
                 ((fetch, reader), false)
             }
         }
         Some(Joined::HitForMiss) => {
             inc(&shared.stats.hit_for_miss);
-            (start(None), true)
+            (start(None, true), true)
         }
     };
     // A body that is already complete is as good as stored: the store just has not published it yet.
@@ -613,8 +616,10 @@ async fn miss<S: CacheStore>(
         // already expired response must be validated again for this request.
         let spent = complete && h.ttl.saturating_sub(h.received_at.elapsed()).is_zero();
         if !h.shareable || other_variant || spent {
-            // Uncacheable, another variant again, or spent: fetch alone at once rather than queue.
-            reader = start(None).1;
+            // Uncacheable, another variant again, or spent: fetch alone at once rather than queue. An
+            // unshareable answer asks whole: the stale object it confirmed may already be going from the
+            // store (no longer storable), and a 304 for it would then find no body to serve.
+            reader = start(None, h.shareable).1;
             head = reader.head().await;
             owner = true;
         }

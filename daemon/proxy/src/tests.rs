@@ -33,9 +33,19 @@ const CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// A worker serving from `store`, in front of `origin`, with the default configuration.
 fn worker(origin: &Origin, store: &MemoryStore) -> Arc<Worker<MemoryStore>> {
+    worker_with(origin, store, |_| {})
+}
+
+/// A worker serving from `store`, in front of `origin`, with the defaults as `configure` changes them.
+fn worker_with(
+    origin: &Origin,
+    store: &MemoryStore,
+    configure: impl FnOnce(&mut Config),
+) -> Arc<Worker<MemoryStore>> {
     // Built from the defaults in memory: `Config::load` would resolve (and create) the default store
     // directory, which these tests never use.
     let mut config = Config::default();
+    configure(&mut config);
     config.backend[0].address = Some(origin.addr.to_string());
     let backends = backend_set(&config).expect("backends");
     let live = Live::new(&config, &backends).expect("live settings");
@@ -315,7 +325,7 @@ async fn one_compressed_body_serves_every_accept_encoding() {
     assert_eq!(stored[0].length, gz.body.len() as u64);
     assert_eq!(
         stored[0].variant,
-        [("accept-encoding".to_owned(), "gzip, br;q=0.9".to_owned())]
+        [("accept-encoding".to_owned(), "\ngzip, br;q=0.9".to_owned())]
     );
     for ae in ["br", "identity", "gzip;q=0, br"] {
         let got = get(&w, "/t", &[("accept-encoding", ae)]).await;
@@ -546,6 +556,113 @@ async fn a_range_of_a_revalidated_compressed_object_is_of_the_decoded_bytes() {
     }
     assert_eq!(w.shared.stats.revalidations.load(SeqCst), 2);
     assert_eq!(w.shared.stats.ranges_whole.load(SeqCst), 1);
+}
+
+/// A response that may not be stored is an answer for the request it was fetched for alone: concurrent
+/// requests coalesced on its fetch each fetch for themselves, whether the origin sent it whole (200) or
+/// confirmed a stale object with it (304). Before, a 304 carrying `Set-Cookie` gave every waiter the
+/// leader's session cookie.
+#[tokio::test]
+async fn a_response_that_may_not_be_stored_is_not_shared_with_waiters() {
+    const WAITERS: usize = 4;
+    // Each "not storable" reason: the headers that give it, and the request headers that go with it.
+    type Lines<'a> = &'a [(&'a str, &'a str)];
+    let reasons: &[(&str, Lines<'_>, Lines<'_>)] = &[
+        ("no-store", &[("cache-control", "no-store")], &[]),
+        ("private", &[("cache-control", "private, max-age=60")], &[]),
+        (
+            "set-cookie",
+            &[("cache-control", "max-age=60"), ("set-cookie", "sess=")],
+            &[],
+        ),
+        (
+            "authorization",
+            &[("cache-control", "max-age=60")],
+            &[("authorization", "Bearer t")],
+        ),
+        (
+            "vary *",
+            &[("cache-control", "max-age=60"), ("vary", "*")],
+            &[],
+        ),
+        ("not fresh", &[("cache-control", "max-age=0")], &[]),
+    ];
+    for &(reason, refusing, request) in reasons {
+        for revalidating in [false, true] {
+            let n = counter();
+            let script = {
+                let n = n.clone();
+                move |seen: &lacquer_tests::origin::Seen| {
+                    let i = n.fetch_add(1, SeqCst);
+                    // The first answer is a storable object to revalidate; every later one refuses storing,
+                    // marked with its own number.
+                    let reply = if revalidating && i == 0 {
+                        Reply::ok("stored body")
+                            .header("cache-control", "public, max-age=1")
+                            .header("etag", "\"e1\"")
+                    } else if seen.headers.contains_key("if-none-match") {
+                        Reply::ok("").status(304).steps(vec![], None)
+                    } else {
+                        Reply::ok("fresh body")
+                    };
+                    let reply = reply.delay(Duration::from_millis(30));
+                    if revalidating && i == 0 {
+                        return reply;
+                    }
+                    let reply = refusing.iter().fold(reply, |r, (name, value)| {
+                        let value = if *name == "set-cookie" {
+                            format!("{value}{i}")
+                        } else {
+                            value.to_string()
+                        };
+                        r.header(name, &value)
+                    });
+                    reply.header("x-answer", &i.to_string())
+                }
+            };
+            let origin = Origin::start(script).await;
+            let store = MemoryStore::new(16);
+            let w = worker_with(&origin, &store, |c| c.cache.cache_authorized = true);
+            let case = format!("{reason}, revalidating: {revalidating}");
+            let first = if revalidating {
+                get(&w, "/s", request).await;
+                fills_done(&w).await;
+                store.age(&key("/s"), 5_000);
+                1
+            } else {
+                0
+            };
+
+            let got =
+                futures_util::future::join_all((0..WAITERS).map(|_| get(&w, "/s", request))).await;
+            fills_done(&w).await;
+            assert_eq!(
+                origin.total() - first,
+                WAITERS,
+                "{case}: each request fetched for itself"
+            );
+            let mut answers: Vec<&str> = got.iter().map(|g| g.header("x-answer")).collect();
+            answers.sort_unstable();
+            answers.dedup();
+            assert_eq!(answers.len(), WAITERS, "{case}: each got its own answer");
+            for g in &got {
+                assert_eq!(g.status, StatusCode::OK, "{case}");
+                let body = if revalidating && g.headers.get("etag").is_some() {
+                    "stored body"
+                } else {
+                    "fresh body"
+                };
+                assert_eq!(g.body, body, "{case}");
+                if reason == "set-cookie" {
+                    assert_eq!(
+                        g.header("set-cookie"),
+                        format!("sess={}", g.header("x-answer")),
+                        "{case}: the cookie of the answer the client got"
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// A range spanning three chunks of a stored body reads only those chunks and answers 206 with exactly the
