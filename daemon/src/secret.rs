@@ -12,30 +12,9 @@ use anyhow::{bail, Context};
 /// other users can read or change is refused, as ssh refuses such a private key: whoever can read it
 /// can purge the cache and reconfigure the daemon.
 pub fn load_or_create(path: &Path) -> anyhow::Result<String> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let mode = std::fs::metadata(path)
-                .with_context(|| format!("cannot read admin secret {}", path.display()))?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                bail!(
-                    "admin secret {path} is accessible by other users (mode {mode:04o}); \
-                     run `chmod 600 {path}` (and make the daemon's user its owner)",
-                    path = path.display(),
-                    mode = mode & 0o7777,
-                );
-            }
-            let secret = text.trim().to_owned();
-            if secret.len() < 16 {
-                bail!(
-                    "admin secret in {} is shorter than 16 characters",
-                    path.display()
-                );
-            }
-            Ok(secret)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    match read(path, "admin secret") {
+        Ok(Some(secret)) => long_enough(secret, path, "admin secret"),
+        Ok(None) => {
             let mut raw = [0u8; 32];
             getrandom::fill(&mut raw)
                 .map_err(|e| anyhow::anyhow!("no randomness for the admin secret: {e}"))?;
@@ -55,8 +34,39 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<String> {
             tracing::info!(path = %path.display(), "generated admin secret");
             Ok(secret)
         }
-        Err(e) => Err(e).with_context(|| format!("cannot read admin secret {}", path.display())),
+        Err(e) => Err(e),
     }
+}
+
+/// The secret `what` in `path`, trimmed; `None` when the file does not exist. One that other users can
+/// read or change is refused, as ssh refuses such a private key.
+pub fn read(path: &Path, what: &str) -> anyhow::Result<Option<String>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {what} {}", path.display())),
+    };
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "{what} {path} is accessible by other users (mode {mode:04o}); \
+             run `chmod 600 {path}` (and make the daemon's user its owner)",
+            path = path.display(),
+            mode = mode & 0o7777,
+        );
+    }
+    Ok(Some(text.trim().to_owned()))
+}
+
+/// `secret`, when it is long enough not to be guessed.
+pub fn long_enough(secret: String, path: &Path, what: &str) -> anyhow::Result<String> {
+    if secret.len() < 16 {
+        bail!("{what} in {} is shorter than 16 characters", path.display());
+    }
+    Ok(secret)
 }
 
 #[cfg(test)]
