@@ -289,6 +289,56 @@ mod tests {
         }
     }
 
+    /// The cluster's secret and etcd's credentials: files read at compile time, each error naming its
+    /// setting.
+    #[test]
+    fn cluster_secrets_and_etcd_credentials_name_their_settings() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            path.display().to_string()
+        };
+        let secret = file("secret", "0123456789abcdef0123\n", 0o600);
+        let short = file("short", "0123\n", 0o600);
+        let open = file("open", "0123456789abcdef0123\n", 0o644);
+        let pem = file("ca.pem", "-----BEGIN CERTIFICATE-----\n", 0o644);
+        let head = "[cluster]\nnode = \"n1\"\nadvertise = \"10.0.0.1:80\"\n";
+        let cases = [
+            (format!("secret_file = \"{short}\"\n"), "cluster.secret_file: cluster secret in "),
+            (format!("secret_file = \"{open}\"\n"), "cluster.secret_file: cluster secret "),
+            (format!("secret_file = \"{secret}\"\netcd = [\"https://10.0.0.5:2379\"]\n"),
+                "cluster.etcd_ca_file: required with https://"),
+            (format!("secret_file = \"{secret}\"\netcd_ca_file = \"{pem}\"\n"),
+                "cluster.etcd: TLS settings are given"),
+            (format!("secret_file = \"{secret}\"\netcd = [\"https://a:1\", \"http://b:1\"]\n"),
+                "cluster.etcd: all http:// or all https://"),
+            (format!("secret_file = \"{secret}\"\netcd = [\"https://a:1\"]\netcd_ca_file = \"{pem}\"\netcd_cert_file = \"{pem}\"\n"),
+                "cluster.etcd_key_file: required with etcd_cert_file"),
+            (format!("secret_file = \"{secret}\"\netcd_user = \"lacquer\"\n"),
+                "cluster.etcd_password_file: required with etcd_user"),
+            (format!("secret_file = \"{secret}\"\netcd_user = \"lacquer\"\netcd_password_file = \"{open}\"\n"),
+                "cluster.etcd_password_file: etcd password "),
+        ];
+        for (lines, want) in cases {
+            let text = format!("{head}{lines}");
+            let got = error(&text);
+            assert!(got.starts_with(want), "{text}: {got}");
+        }
+        let good = format!(
+            "{head}secret_file = \"{secret}\"\netcd = [\"https://a:1\"]\netcd_ca_file = \"{pem}\"\n\
+             etcd_user = \"lacquer\"\netcd_password_file = \"{secret}\"\n"
+        );
+        let settings = cluster(&loaded(dir.path(), &good)).unwrap().unwrap();
+        assert_eq!(settings.etcd_tls.unwrap().identity, None);
+        assert_eq!(
+            settings.etcd_user,
+            Some(("lacquer".into(), "0123456789abcdef0123".into()))
+        );
+    }
+
     #[test]
     fn a_good_file_compiles() {
         let dir = tempfile::tempdir().unwrap();

@@ -465,6 +465,7 @@ impl DataPath for Cluster {
                 invalidations_applied: c.invalidations_applied.load(Relaxed),
                 compactions: c.compactions.load(Relaxed),
                 watch_breaks: c.watch_breaks.load(Relaxed),
+                rejected_entries: c.rejected_entries.load(Relaxed),
                 ..ClusterCounters::default()
             },
         }
