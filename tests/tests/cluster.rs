@@ -618,6 +618,10 @@ async fn member_entries_not_signed_with_the_cluster_secret_get_no_requests() {
     }
     let view = cluster_view(&n1).await;
     assert_eq!(view["members"].as_array().unwrap().len(), 1, "{view}");
+    assert!(
+        view["counters"]["rejected_entries"].as_u64().unwrap() >= 2,
+        "{view}"
+    );
     for p in paths("/m/", 20) {
         let r = request(
             n1.addr,
@@ -659,7 +663,8 @@ async fn invalidations_not_signed_with_the_cluster_secret_ban_nothing() {
         .expect("put");
     let revision = etcd.revision_of_log();
     for d in &nodes {
-        applied(d, revision).await;
+        let view = applied(d, revision).await;
+        assert_eq!(view["counters"]["rejected_entries"], 2, "{view}");
         for p in paths("/a/", 3) {
             let r = get(d.addr, &p).await;
             assert_eq!(r.x_cache(), "HIT", "{p}: {}", d.log());
