@@ -8,14 +8,21 @@ use std::time::{Duration, Instant};
 use lacquer_tests::{etcd::Etcd, get, run_tool, Daemon, Origin, Reply};
 use serde_json::Value;
 
-fn node(origin: &Origin, n: u8, etcd: &str, secret: &std::path::Path) -> Daemon {
+/// Node `n`, with `secret` as its admin secret and `cluster_secret` as the secret the members share.
+fn node(
+    origin: &Origin,
+    n: u8,
+    etcd: &str,
+    secret: &std::path::Path,
+    cluster_secret: &std::path::Path,
+) -> Daemon {
     let config = format!(
         r#"
 [[listen]]
 address = "127.0.0.{n}:0"
 
 [admin]
-secret_file = "{}"
+secret_file = "{secret}"
 
 [cluster]
 node = "n{n}"
@@ -23,8 +30,10 @@ etcd = ["{etcd}"]
 prefix = "/tools"
 lease_ttl = "3s"
 max_invalidation_lag = "4s"
+secret_file = "{cluster_secret}"
 "#,
-        secret.display()
+        secret = secret.display(),
+        cluster_secret = cluster_secret.display()
     );
     Daemon::with_config(origin.addr, &config)
 }
@@ -38,7 +47,7 @@ async fn cachectl_cluster_against_real_nodes() {
     std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
     std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let nodes: Vec<Daemon> = (1..=3)
-        .map(|n| node(&origin, n, &etcd.url(), &secret))
+        .map(|n| node(&origin, n, &etcd.url(), &secret, &secret))
         .collect();
     for (i, d) in nodes.iter().enumerate() {
         for _ in 0..=i {
@@ -99,7 +108,7 @@ async fn cachectl_cluster_against_real_nodes() {
     let other = dir.path().join("other");
     std::fs::write(&other, "another-secret-0123456789abcdef0123\n").unwrap();
     std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let n4 = node(&origin, 4, &etcd.url(), &other);
+    let n4 = node(&origin, 4, &etcd.url(), &other, &secret);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (code, out, err) = cachectl(&["cluster"]);

@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 
 /// The admin secret, and the file an operator reads it from.
 pub struct Secret {
@@ -67,39 +67,54 @@ enum Refused {
 /// other users can read or change is refused, as ssh refuses such a private key: whoever can read it
 /// can purge the cache and reconfigure the daemon.
 fn load_or_create(path: &Path) -> Result<String, Refused> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let mode = std::fs::metadata(path)
-                .with_context(|| format!("cannot read admin secret {}", path.display()))
-                .map_err(Refused::Unusable)?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(Refused::Unsafe(anyhow!(
-                    "admin secret {path} is accessible by other users (mode {mode:04o}); \
-                     run `chmod 600 {path}` (and make the daemon's user its owner)",
-                    path = path.display(),
-                    mode = mode & 0o7777,
-                )));
-            }
-            let secret = text.trim().to_owned();
-            if secret.len() < 16 {
-                return Err(Refused::Unsafe(anyhow!(
-                    "admin secret in {} is shorter than 16 characters",
-                    path.display()
-                )));
-            }
-            Ok(secret)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    match read_checked(path, "admin secret")? {
+        Some(secret) => long_enough(secret, path, "admin secret").map_err(Refused::Unsafe),
+        None => {
             let secret = create(path).map_err(Refused::Unusable)?;
             tracing::info!(path = %path.display(), "generated admin secret");
             Ok(secret)
         }
-        Err(e) => Err(Refused::Unusable(
-            anyhow::Error::from(e).context(format!("cannot read admin secret {}", path.display())),
-        )),
     }
+}
+
+/// The secret `what` in `path`, trimmed; `None` when the file does not exist. One that other users can
+/// read or change is refused, as ssh refuses such a private key.
+pub fn read(path: &Path, what: &str) -> anyhow::Result<Option<String>> {
+    read_checked(path, what).map_err(|(Refused::Unsafe(e) | Refused::Unusable(e))| e)
+}
+
+fn read_checked(path: &Path, what: &str) -> Result<Option<String>, Refused> {
+    let unusable = |e: std::io::Error| {
+        Refused::Unusable(
+            anyhow::Error::from(e).context(format!("cannot read {what} {}", path.display())),
+        )
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(unusable(e)),
+    };
+    let mode = std::fs::metadata(path)
+        .map_err(unusable)?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(Refused::Unsafe(anyhow!(
+            "{what} {path} is accessible by other users (mode {mode:04o}); \
+             run `chmod 600 {path}` (and make the daemon's user its owner)",
+            path = path.display(),
+            mode = mode & 0o7777,
+        )));
+    }
+    Ok(Some(text.trim().to_owned()))
+}
+
+/// `secret`, when it is long enough not to be guessed.
+pub fn long_enough(secret: String, path: &Path, what: &str) -> anyhow::Result<String> {
+    if secret.len() < 16 {
+        bail!("{what} in {} is shorter than 16 characters", path.display());
+    }
+    Ok(secret)
 }
 
 /// A new random secret in a new file at `path` (mode 0600; never an existing file or a link's target).

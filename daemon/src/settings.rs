@@ -6,12 +6,14 @@
 use std::time::Duration;
 
 use lacquer_backends::{backend_set, BackendSet};
-use lacquer_cluster::Settings as ClusterSettings;
+use lacquer_cluster::{EtcdTls, Secret, Settings as ClusterSettings};
 use lacquer_config::{Config, ConfigError};
 use lacquer_edge::Listener;
 use lacquer_proxy::worker::Live;
 use lacquer_storage::StoreBuilder;
 use tracing_subscriber::EnvFilter;
+
+use crate::secret;
 
 /// Everything a start needs from the configuration, built once.
 pub struct Settings {
@@ -77,10 +79,10 @@ pub fn cluster(config: &Config) -> Result<Option<ClusterSettings>, ConfigError> 
         let uri: http::Uri = url
             .parse()
             .map_err(|e| ConfigError::setting("cluster.etcd", format!("{url:?}: {e}")))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
             return Err(ConfigError::setting(
                 "cluster.etcd",
-                format!("{url:?}: give http://host:port"),
+                format!("{url:?}: give http://host:port or https://host:port"),
             ));
         }
     }
@@ -118,13 +120,109 @@ pub fn cluster(config: &Config) -> Result<Option<ClusterSettings>, ConfigError> 
             "at least 2s: a node confirms it is current every second",
         ));
     }
-    let mut settings = ClusterSettings::new(node, advertise, advertise_admin);
+    let secret = secret_file(c)?;
+    let etcd_tls = etcd_tls(c)?;
+    let etcd_user = etcd_user(c)?;
+    let mut settings = ClusterSettings::new(node, advertise, advertise_admin, secret);
+    settings.etcd_tls = etcd_tls;
+    settings.etcd_user = etcd_user;
     settings.etcd = c.etcd.clone();
     settings.prefix = c.prefix.trim_end_matches('/').to_owned();
     settings.lease_ttl = c.lease_ttl;
     settings.max_invalidation_lag = c.max_invalidation_lag;
     settings.self_routing = c.self_routing;
     Ok(Some(settings))
+}
+
+/// `cluster.secret_file`, read: a cluster without a secret would let whoever reaches etcd join it.
+fn secret_file(c: &lacquer_config::Cluster) -> Result<Secret, ConfigError> {
+    const SETTING: &str = "cluster.secret_file";
+    let path = c.secret_file.as_deref().ok_or_else(|| {
+        ConfigError::setting(
+            SETTING,
+            "required: a file holding the secret every node of the cluster shares \
+             (docs/cluster.md, \"Trust\")",
+        )
+    })?;
+    let text = secret::read(path, "cluster secret")
+        .and_then(|text| text.ok_or_else(|| anyhow::anyhow!("{} does not exist", path.display())))
+        .and_then(|text| secret::long_enough(text, path, "cluster secret"))
+        .map_err(|e| ConfigError::setting(SETTING, format!("{e:#}")))?;
+    Ok(Secret::new(text.as_bytes()))
+}
+
+/// `cluster.etcd_ca_file`, `etcd_cert_file` and `etcd_key_file`, read, for `https://` etcd URLs.
+fn etcd_tls(c: &lacquer_config::Cluster) -> Result<Option<EtcdTls>, ConfigError> {
+    let https = c.etcd.iter().filter(|u| u.starts_with("https://")).count();
+    if https != 0 && https != c.etcd.len() {
+        return Err(ConfigError::setting(
+            "cluster.etcd",
+            "all http:// or all https://",
+        ));
+    }
+    let read = |setting: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| ConfigError::setting(setting, format!("{}: {e}", path.display())))
+    };
+    let identity = match (&c.etcd_cert_file, &c.etcd_key_file) {
+        (Some(cert), Some(key)) => Some((
+            read("cluster.etcd_cert_file", cert)?,
+            read("cluster.etcd_key_file", key)?,
+        )),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(ConfigError::setting(
+                "cluster.etcd_key_file",
+                "required with etcd_cert_file",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::setting(
+                "cluster.etcd_cert_file",
+                "required with etcd_key_file",
+            ))
+        }
+    };
+    match &c.etcd_ca_file {
+        Some(ca) if https != 0 => Ok(Some(EtcdTls {
+            ca: read("cluster.etcd_ca_file", ca)?,
+            identity,
+        })),
+        None if https != 0 => Err(ConfigError::setting(
+            "cluster.etcd_ca_file",
+            "required with https:// etcd URLs: the CA etcd's certificate is checked against",
+        )),
+        _ if c.etcd_ca_file.is_some() || identity.is_some() => Err(ConfigError::setting(
+            "cluster.etcd",
+            "TLS settings are given: the etcd URLs must be https://",
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// `cluster.etcd_user` and its `etcd_password_file`, read.
+fn etcd_user(c: &lacquer_config::Cluster) -> Result<Option<(String, String)>, ConfigError> {
+    const SETTING: &str = "cluster.etcd_password_file";
+    match (&c.etcd_user, &c.etcd_password_file) {
+        (None, None) => Ok(None),
+        (Some(user), Some(path)) => {
+            let password = secret::read(path, "etcd password")
+                .and_then(|p| p.ok_or_else(|| anyhow::anyhow!("{} does not exist", path.display())))
+                .map_err(|e| ConfigError::setting(SETTING, format!("{e:#}")))?;
+            if password.is_empty() {
+                return Err(ConfigError::setting(
+                    SETTING,
+                    format!("{} is empty", path.display()),
+                ));
+            }
+            Ok(Some((user.clone(), password)))
+        }
+        (Some(_), None) => Err(ConfigError::setting(SETTING, "required with etcd_user")),
+        (None, Some(_)) => Err(ConfigError::setting(
+            "cluster.etcd_user",
+            "required with etcd_password_file",
+        )),
+    }
 }
 
 /// The listeners of `config`, certificates read and checked.
@@ -191,6 +289,56 @@ mod tests {
         }
     }
 
+    /// The cluster's secret and etcd's credentials: files read at compile time, each error naming its
+    /// setting.
+    #[test]
+    fn cluster_secrets_and_etcd_credentials_name_their_settings() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            path.display().to_string()
+        };
+        let secret = file("secret", "0123456789abcdef0123\n", 0o600);
+        let short = file("short", "0123\n", 0o600);
+        let open = file("open", "0123456789abcdef0123\n", 0o644);
+        let pem = file("ca.pem", "-----BEGIN CERTIFICATE-----\n", 0o644);
+        let head = "[cluster]\nnode = \"n1\"\nadvertise = \"10.0.0.1:80\"\n";
+        let cases = [
+            (format!("secret_file = \"{short}\"\n"), "cluster.secret_file: cluster secret in "),
+            (format!("secret_file = \"{open}\"\n"), "cluster.secret_file: cluster secret "),
+            (format!("secret_file = \"{secret}\"\netcd = [\"https://10.0.0.5:2379\"]\n"),
+                "cluster.etcd_ca_file: required with https://"),
+            (format!("secret_file = \"{secret}\"\netcd_ca_file = \"{pem}\"\n"),
+                "cluster.etcd: TLS settings are given"),
+            (format!("secret_file = \"{secret}\"\netcd = [\"https://a:1\", \"http://b:1\"]\n"),
+                "cluster.etcd: all http:// or all https://"),
+            (format!("secret_file = \"{secret}\"\netcd = [\"https://a:1\"]\netcd_ca_file = \"{pem}\"\netcd_cert_file = \"{pem}\"\n"),
+                "cluster.etcd_key_file: required with etcd_cert_file"),
+            (format!("secret_file = \"{secret}\"\netcd_user = \"lacquer\"\n"),
+                "cluster.etcd_password_file: required with etcd_user"),
+            (format!("secret_file = \"{secret}\"\netcd_user = \"lacquer\"\netcd_password_file = \"{open}\"\n"),
+                "cluster.etcd_password_file: etcd password "),
+        ];
+        for (lines, want) in cases {
+            let text = format!("{head}{lines}");
+            let got = error(&text);
+            assert!(got.starts_with(want), "{text}: {got}");
+        }
+        let good = format!(
+            "{head}secret_file = \"{secret}\"\netcd = [\"https://a:1\"]\netcd_ca_file = \"{pem}\"\n\
+             etcd_user = \"lacquer\"\netcd_password_file = \"{secret}\"\n"
+        );
+        let settings = cluster(&loaded(dir.path(), &good)).unwrap().unwrap();
+        assert_eq!(settings.etcd_tls.unwrap().identity, None);
+        assert_eq!(
+            settings.etcd_user,
+            Some(("lacquer".into(), "0123456789abcdef0123".into()))
+        );
+    }
+
     #[test]
     fn a_good_file_compiles() {
         let dir = tempfile::tempdir().unwrap();
@@ -226,6 +374,9 @@ mod tests {
             ("[cluster]\nnode = \"n1\"\n", "cluster.advertise: 0.0.0.0:6081 is a wildcard"),
             ("[cluster]\nnode = \"n1\"\nadvertise = \"10.0.0.1:80\"\nlease_ttl = \"500ms\"\n", "cluster.lease_ttl: "),
             ("[cluster]\nnode = \"n1\"\nadvertise = \"10.0.0.1:80\"\nmax_invalidation_lag = \"1s\"\n", "cluster.max_invalidation_lag: "),
+            ("[cluster]\nnode = \"n1\"\nadvertise = \"10.0.0.1:80\"\n", "cluster.secret_file: required: "),
+            ("[cluster]\nnode = \"n1\"\nadvertise = \"10.0.0.1:80\"\nsecret_file = \"/nonexistent\"\n",
+                "cluster.secret_file: /nonexistent does not exist"),
         ];
         for (text, want) in cases {
             let got = error(text);

@@ -26,25 +26,72 @@ pub struct Etcd {
     peer: SocketAddr,
     child: Option<Child>,
     dir: tempfile::TempDir,
+    tls: Option<Tls>,
+    /// `root:<password>` once authentication is enabled.
+    root: Option<String>,
+}
+
+/// The files of an etcd that serves TLS and asks clients for a certificate.
+pub struct Tls {
+    /// The test CA's certificate, that etcd's and the clients' certificates are signed by.
+    pub ca: String,
+    /// A client certificate (and its key) the CA signed, that etcd accepts.
+    pub client_cert: String,
+    pub client_key: String,
+    server_cert: String,
+    server_key: String,
 }
 
 impl Etcd {
     /// A single-member etcd on loopback, ready to serve; `None` (with the reason printed) when Debian's
     /// etcd-server is not installed.
     pub fn start() -> Option<Etcd> {
+        Self::start_with(None, None)
+    }
+
+    /// As [`Etcd::start`], serving only TLS with client certificates signed by `ca` when given, and with
+    /// authentication enabled for user `root` with `password` when given.
+    pub fn start_with(ca: Option<&crate::tls::TestCa>, password: Option<&str>) -> Option<Etcd> {
         if !Path::new(ETCD).exists() || !Path::new(ETCDCTL).exists() {
             println!(
                 "skipped: {ETCD} or {ETCDCTL} missing (apt-get install etcd-server etcd-client)"
             );
             return None;
         }
+        let dir = tempfile::tempdir().expect("etcd directory");
+        let tls = ca.map(|ca| {
+            let pem = dir.path().join("ca.pem");
+            std::fs::write(&pem, ca.pem()).expect("CA written");
+            let (server_cert, server_key) = ca.issue(dir.path(), "server", &["127.0.0.1"]);
+            let (client_cert, client_key) = ca.issue(dir.path(), "client", &["client"]);
+            Tls {
+                ca: pem.display().to_string(),
+                client_cert,
+                client_key,
+                server_cert,
+                server_key,
+            }
+        });
         let mut etcd = Etcd {
             addr: crate::unused_addr(),
             peer: crate::unused_addr(),
             child: None,
-            dir: tempfile::tempdir().expect("etcd directory"),
+            dir,
+            tls,
+            root: None,
         };
         etcd.launch();
+        if let Some(password) = password {
+            etcd.ctl(&[
+                "user",
+                "add",
+                "root",
+                &format!("--new-user-password={password}"),
+            ])
+            .expect("user add");
+            etcd.ctl(&["auth", "enable"]).expect("auth enable");
+            etcd.root = Some(format!("root:{password}"));
+        }
         Some(etcd)
     }
 
@@ -60,10 +107,21 @@ impl Etcd {
     }
 
     fn launch(&mut self) {
-        let (addr, peer, dir) = (self.addr, self.peer, &self.dir);
-        let client_url = format!("http://{addr}");
+        let (peer, dir) = (self.peer, &self.dir);
+        let client_url = self.url();
         let peer_url = format!("http://{peer}");
-        let child = Command::new(ETCD)
+        let mut command = Command::new(ETCD);
+        if let Some(tls) = &self.tls {
+            command
+                .args([
+                    "--cert-file",
+                    &tls.server_cert,
+                    "--key-file",
+                    &tls.server_key,
+                ])
+                .args(["--client-cert-auth", "--trusted-ca-file", &tls.ca]);
+        }
+        let child = command
             .args(["--name", "t", "--data-dir"])
             .arg(dir.path().join("data"))
             .args(["--listen-client-urls", &client_url])
@@ -83,19 +141,37 @@ impl Etcd {
         }
     }
 
-    /// `http://host:port`, for `cluster.etcd`.
+    /// `http://host:port` (`https://` with TLS), for `cluster.etcd`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// The certificate files, when this etcd serves TLS.
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     /// Runs `etcdctl` against this etcd; its standard output, or its standard error as the error.
     pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(ETCDCTL)
+        let mut command = Command::new(ETCDCTL);
+        command
             .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.url(), "--command-timeout=3s"])
-            .args(args)
-            .output()
-            .expect("etcdctl runs");
+            .args(["--endpoints", &self.url(), "--command-timeout=3s"]);
+        if let Some(tls) = &self.tls {
+            command.args([
+                "--cacert",
+                &tls.ca,
+                "--cert",
+                &tls.client_cert,
+                "--key",
+                &tls.client_key,
+            ]);
+        }
+        if let Some(root) = &self.root {
+            command.args(["--user", root]);
+        }
+        let out = command.args(args).output().expect("etcdctl runs");
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         if out.status.success() {
             Ok(text(&out.stdout))

@@ -32,6 +32,14 @@ pub fn run_tool(path: &str, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Writes `secret` to `path` with mode 0600, as lacquerd requires of a secret file; returns `path`.
+pub fn secret_file(path: std::path::PathBuf, secret: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(&path, format!("{secret}\n")).expect("secret written");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("mode 0600");
+    path
+}
+
 /// An address on which nothing listens (bound once, then released).
 pub fn unused_addr() -> std::net::SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")

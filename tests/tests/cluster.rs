@@ -72,8 +72,26 @@ fn version_of(reply: &ClientReply) -> u64 {
         .unwrap_or_else(|| panic!("unexpected body {body:?}"))
 }
 
+/// The secret every node of these tests shares.
+const CLUSTER_SECRET: &str = "the cluster secret of the tests, long enough";
+
+/// The file holding [`CLUSTER_SECRET`], written once per test binary.
+fn cluster_secret() -> &'static std::path::Path {
+    static FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-secret");
+        lacquer_tests::secret_file(path, CLUSTER_SECRET)
+    })
+}
+
 /// Node `n` of a cluster on 127.0.0.`n`.
 fn node(origin: &Origin, n: u8, etcd: &str, self_routing: bool) -> Daemon {
+    let secret = format!("secret_file = \"{}\"", cluster_secret().display());
+    node_with(origin, n, etcd, self_routing, &secret)
+}
+
+/// Node `n` with `extra` lines in its `[cluster]` section (the secret among them).
+fn node_with(origin: &Origin, n: u8, etcd: &str, self_routing: bool, extra: &str) -> Daemon {
     let config = format!(
         r#"
 [[listen]]
@@ -86,6 +104,7 @@ prefix = "/test"
 lease_ttl = "3s"
 max_invalidation_lag = "4s"
 self_routing = {self_routing}
+{extra}
 "#
     );
     Daemon::with_config(origin.addr, &config)
@@ -548,4 +567,277 @@ async fn an_etcd_restored_behind_a_stopped_node_makes_it_ban_everything_and_foll
         "HIT",
         "the new log is followed"
     );
+}
+
+/// `value` as lacquerd signs an entry for `key`, but with `secret`: the hex HMAC-SHA256, a space, `value`.
+fn signed_with(secret: &str, key: &str, value: &str) -> String {
+    let key_ = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    let tag = ring::hmac::sign(&key_, format!("lacquer-entry\n{key}\n{value}").as_bytes());
+    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex} {value}")
+}
+
+async fn proxy_stat(d: &Daemon, name: &str) -> u64 {
+    d.stats().await["proxy"][name].as_u64().unwrap()
+}
+
+/// Whoever can write to etcd (no TLS, no auth: anyone who reaches it) puts members of its own: one
+/// unsigned, one signed with another secret. Neither is routed to, and each is logged.
+#[tokio::test(flavor = "multi_thread")]
+async fn member_entries_not_signed_with_the_cluster_secret_get_no_requests() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(etcd) = Etcd::start() else { return };
+    let o = Versioned::start().await;
+    let fake =
+        Origin::start(|_| Reply::ok("from the fake member").header("cache-control", "max-age=60"))
+            .await;
+    let n1 = node(&o.origin, 1, &etcd.url(), true);
+    serving_with(&n1, 1).await;
+    for (name, sign) in [
+        ("evil", None),
+        ("evil2", Some("another secret, just as long")),
+    ] {
+        let key = format!("/test/members/{name}");
+        let member = json!({ "node": name, "advertise": fake.addr, "advertise_admin": fake.addr })
+            .to_string();
+        let value = match sign {
+            Some(secret) => signed_with(secret, &key, &member),
+            None => member,
+        };
+        etcd.ctl(&["put", &key, &value]).expect("put");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while n1
+        .log()
+        .matches("ignored a member entry not signed with the cluster secret")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "not logged:\n{}", n1.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let view = cluster_view(&n1).await;
+    assert_eq!(view["members"].as_array().unwrap().len(), 1, "{view}");
+    assert!(
+        view["counters"]["rejected_entries"].as_u64().unwrap() >= 2,
+        "{view}"
+    );
+    for p in paths("/m/", 20) {
+        let r = request(
+            n1.addr,
+            Method::GET,
+            &p,
+            &[("host", HOST), ("authorization", "Bearer a client's")],
+            Bytes::new(),
+        )
+        .await
+        .expect("request");
+        assert_eq!(r.status, 200);
+        assert_ne!(&r.body[..], b"from the fake member", "{p}");
+    }
+    assert_eq!(fake.total(), 0, "the fake member saw {:?}", fake.seen());
+    assert_eq!(o.origin.total(), 20);
+    assert_eq!(proxy_stat(&n1, "peer_requests").await, 0);
+}
+
+/// A garbage entry and a well-formed but unsigned ban put straight into the log: neither bans anything
+/// (before, the garbage banned every stored object on every node), and both are logged.
+#[tokio::test(flavor = "multi_thread")]
+async fn invalidations_not_signed_with_the_cluster_secret_ban_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(etcd) = Etcd::start() else { return };
+    let o = Versioned::start().await;
+    let nodes: Vec<Daemon> = (1..=2)
+        .map(|n| node(&o.origin, n, &etcd.url(), false))
+        .collect();
+    for d in &nodes {
+        serving_with(d, 2).await;
+        fill(d, &paths("/a/", 3)).await;
+    }
+    let fetched = o.origin.total();
+    let unsigned =
+        json!({ "id": "x-1-0", "from": "evil", "op": "ban", "expression": "req.url ~ ." });
+    etcd.ctl(&["put", "/test/invalidations", "garbage"])
+        .expect("put");
+    etcd.ctl(&["put", "/test/invalidations", &unsigned.to_string()])
+        .expect("put");
+    let revision = etcd.revision_of_log();
+    for d in &nodes {
+        let view = applied(d, revision).await;
+        assert_eq!(view["counters"]["rejected_entries"], 2, "{view}");
+        for p in paths("/a/", 3) {
+            let r = get(d.addr, &p).await;
+            assert_eq!(r.x_cache(), "HIT", "{p}: {}", d.log());
+        }
+        assert_eq!(
+            d.log()
+                .matches("ignored an invalidation not signed with the cluster secret")
+                .count(),
+            2,
+            "{}",
+            d.log()
+        );
+    }
+    assert_eq!(o.origin.total(), fetched);
+    // A signed invalidation still goes through.
+    let v = o.bump();
+    ban(&nodes[0], "req.url ~ ^/a/").await;
+    applied(&nodes[1], etcd.revision_of_log()).await;
+    assert_eq!(version_of(&get(nodes[1].addr, "/a/0").await), v);
+}
+
+/// One HTTP/1.1 GET to `to` from `from` (a member's address), with `headers`; the status line and headers.
+async fn get_from(
+    from: std::net::IpAddr,
+    to: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    let mut stream = socket.connect(to).await.unwrap();
+    let mut head = format!("GET {path} HTTP/1.1\r\nhost: {HOST}\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        head += &format!("{name}: {value}\r\n");
+    }
+    stream
+        .write_all(format!("{head}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).await.unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `Lacquer-Forwarded-By` from a member's own address, without the proof or with a forged one: the
+/// request is routed as any client's (to the key's owner), never answered as a peer's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forwarded_mark_without_a_valid_proof_is_not_trusted_even_from_a_members_address() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(etcd) = Etcd::start() else { return };
+    let o = Versioned::start().await;
+    let n1 = node(&o.origin, 1, &etcd.url(), true);
+    let n2 = node(&o.origin, 2, &etcd.url(), true);
+    serving_with(&n1, 2).await;
+    serving_with(&n2, 2).await;
+    // Keys n2 owns, as n1 routes them.
+    let mut owned_by_n2 = Vec::new();
+    for p in paths("/f/", 40) {
+        let before = proxy_stat(&n1, "peer_requests").await;
+        get(n1.addr, &p).await;
+        if proxy_stat(&n1, "peer_requests").await > before {
+            owned_by_n2.push(p);
+        }
+    }
+    assert!(owned_by_n2.len() >= 2, "{owned_by_n2:?}");
+    let from_n2 = n2.addr.ip();
+    let forged = format!("{}.{}", unix_ms(), "00".repeat(32));
+    let attempts: [&[(&str, &str)]; 2] = [
+        &[("lacquer-forwarded-by", "n2")],
+        &[
+            ("lacquer-forwarded-by", "n2"),
+            ("lacquer-forward-proof", &forged),
+        ],
+    ];
+    let in_before = proxy_stat(&n1, "peer_requests_in").await;
+    let out_before = proxy_stat(&n1, "peer_requests").await;
+    for (headers, p) in attempts.iter().zip(&owned_by_n2) {
+        let reply = get_from(from_n2, n1.addr, p, headers).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    }
+    assert_eq!(
+        proxy_stat(&n1, "peer_requests_in").await,
+        in_before,
+        "trusted as a peer's"
+    );
+    assert_eq!(
+        proxy_stat(&n1, "peer_requests").await,
+        out_before + 2,
+        "not routed to the owner"
+    );
+    assert_eq!(proxy_stat(&n1, "peer_requests_unproven").await, 2);
+    // The real members' forwarded requests are still answered by their owner.
+    assert!(proxy_stat(&n2, "peer_requests_in").await >= owned_by_n2.len() as u64 + 2);
+    // Each object was fetched once, by its owner: the marks did not pin a copy on n1.
+    for p in &owned_by_n2 {
+        assert_eq!(o.origin.count(p), 1, "{p}");
+    }
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// etcd over TLS asking for client certificates, with authentication enabled: nodes with the CA, a client
+/// certificate and the password share invalidations; one without a client certificate and one with a
+/// wrong password do not join, and say why.
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_over_tls_with_client_certificates_and_a_password() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ca = lacquer_tests::tls::TestCa::new();
+    let Some(etcd) = Etcd::start_with(Some(&ca), Some("etcd-root-password")) else {
+        return;
+    };
+    let tls = etcd.tls().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let password = lacquer_tests::secret_file(dir.path().join("password"), "etcd-root-password");
+    let wrong = lacquer_tests::secret_file(dir.path().join("wrong"), "not-the-password");
+    let secret = cluster_secret().display().to_string();
+    let settings = |cert: bool, password: &std::path::Path| {
+        let mut lines = format!(
+            "secret_file = \"{secret}\"\netcd_ca_file = \"{}\"\netcd_user = \"root\"\netcd_password_file = \"{}\"\n",
+            tls.ca,
+            password.display()
+        );
+        if cert {
+            lines += &format!(
+                "etcd_cert_file = \"{}\"\netcd_key_file = \"{}\"\n",
+                tls.client_cert, tls.client_key
+            );
+        }
+        lines
+    };
+    let o = Versioned::start().await;
+    let n1 = node_with(&o.origin, 1, &etcd.url(), false, &settings(true, &password));
+    let n2 = node_with(&o.origin, 2, &etcd.url(), false, &settings(true, &password));
+    serving_with(&n1, 2).await;
+    serving_with(&n2, 2).await;
+    fill(&n2, &paths("/a/", 1)).await;
+    let v = o.bump();
+    ban(&n1, "req.url ~ ^/a/").await;
+    applied(&n2, etcd.revision_of_log()).await;
+    assert_eq!(version_of(&get(n2.addr, "/a/0").await), v);
+
+    let no_cert = node_with(
+        &o.origin,
+        3,
+        &etcd.url(),
+        false,
+        &settings(false, &password),
+    );
+    let bad_password = node_with(&o.origin, 4, &etcd.url(), false, &settings(true, &wrong));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (d, why) in [
+        (&no_cert, "does it accept this node's client certificate?"),
+        (&bad_password, "authentication failed"),
+    ] {
+        loop {
+            let log = d.log();
+            let line = log
+                .lines()
+                .find(|l| l.contains("cannot keep this node registered"));
+            if let Some(line) = line {
+                assert!(line.contains(why), "{line}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{log}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let view = cluster_view(&n1).await;
+    assert_eq!(view["members"].as_array().unwrap().len(), 2, "{view}");
 }

@@ -12,7 +12,12 @@
 //! - **Membership**: each node puts its addresses under `<prefix>/members/<node>` with a lease it keeps
 //!   alive; a node whose lease lapses leaves every member's list within the lease's TTL. The live list is
 //!   the ring self-routing hashes keys onto.
+//! - **Trust**: reaching etcd is not enough to join. Member entries and invalidations carry an HMAC under
+//!   the cluster secret every node shares, and so do the requests a node forwards to a key's owner;
+//!   whatever fails the check is ignored, logged and counted. etcd itself can be reached over TLS with a
+//!   client certificate and with a user and password.
 
+mod auth;
 mod entry;
 mod log;
 mod members;
@@ -20,7 +25,7 @@ mod ring;
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
         Arc, Mutex, RwLock,
@@ -28,13 +33,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use http::{request::Parts, HeaderValue};
 use lacquer_admin::wire::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
 use lacquer_proxy::cluster::{Applied, Cluster as DataPath, InvalidateFuture, Invalidation, Peer};
 use lacquer_storage::Store;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 
+pub use auth::Secret;
 pub use entry::Entry;
 
 /// Why the cluster could not start.
@@ -68,12 +75,34 @@ pub struct Settings {
     pub max_invalidation_lag: Duration,
     /// Keys are hashed onto the live members and fetched from their owner.
     pub self_routing: bool,
+    /// The secret every member shares: it signs member entries, invalidations and forwarded requests.
+    pub secret: Secret,
+    /// etcd over TLS (`https://` URLs): the CA its certificate is checked against and this node's
+    /// client certificate.
+    pub etcd_tls: Option<EtcdTls>,
+    /// etcd's user and password, when etcd has authentication enabled.
+    pub etcd_user: Option<(String, String)>,
+}
+
+/// How this node reaches an etcd that serves TLS.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// PEM certificates of the authority etcd's certificate is checked against.
+    pub ca: Vec<u8>,
+    /// This node's client certificate chain and key (PEM), for an etcd that asks for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Settings {
-    /// Settings for `node`, reachable at `advertise` and `advertise_admin`, with the defaults: etcd at
-    /// `http://127.0.0.1:2379`, prefix `/lacquer`, a 5 s lease, a 10 s lag bound, no self-routing.
-    pub fn new(node: String, advertise: SocketAddr, advertise_admin: SocketAddr) -> Self {
+    /// Settings for `node`, reachable at `advertise` and `advertise_admin`, sharing `secret`, with the
+    /// defaults: etcd at `http://127.0.0.1:2379` without TLS or a user, prefix `/lacquer`, a 5 s lease,
+    /// a 10 s lag bound, no self-routing.
+    pub fn new(
+        node: String,
+        advertise: SocketAddr,
+        advertise_admin: SocketAddr,
+        secret: Secret,
+    ) -> Self {
         Self {
             node,
             etcd: vec!["http://127.0.0.1:2379".into()],
@@ -83,6 +112,9 @@ impl Settings {
             lease_ttl: Duration::from_secs(5),
             max_invalidation_lag: Duration::from_secs(10),
             self_routing: false,
+            secret,
+            etcd_tls: None,
+            etcd_user: None,
         }
     }
 
@@ -145,8 +177,10 @@ pub struct Counters {
     pub compactions: AtomicU64,
     /// Times the watch on the log broke (etcd out of reach, or the stream ended).
     pub watch_breaks: AtomicU64,
-    /// Entries this node could not read (a newer version's, or damaged): each bans everything stored.
+    /// Signed entries this node could not read (a newer version's): each bans everything stored.
     pub unreadable_entries: AtomicU64,
+    /// Entries of the log or member entries not signed with the cluster secret: ignored.
+    pub rejected_entries: AtomicU64,
 }
 
 /// This node's membership of the cluster; cheap to clone.
@@ -215,11 +249,20 @@ impl Cluster {
         store: Store,
         runtime: &tokio::runtime::Handle,
     ) -> Result<Cluster, ClusterError> {
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             // HTTP/2 pings notice a peer gone silent (a partition) long before TCP would.
             .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
             .with_keep_alive_while_idle(true);
+        if let Some(tls) = &settings.etcd_tls {
+            let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(config);
+        }
+        // The user is not given here: the client would authenticate at once, and an etcd out of reach
+        // must not stop the daemon. Each task authenticates before it talks to etcd (`authenticate`).
         let endpoints = settings.etcd.clone();
         // The channel connects on first use and reconnects by itself.
         let client = Client::connect(endpoints, Some(options))
@@ -252,6 +295,40 @@ impl Cluster {
         runtime.spawn(members::register(cluster.clone()));
         runtime.spawn(members::follow(cluster.clone()));
         Ok(cluster)
+    }
+
+    /// Gets etcd a token for `cluster.etcd_user`, when there is one: before each (re)connection of a
+    /// task, and again when a put is refused, since etcd's tokens expire.
+    async fn authenticate(&self) -> Result<(), String> {
+        let Some((user, password)) = &self.inner.settings.etcd_user else {
+            return Ok(());
+        };
+        // The token is shared by every clone of the client.
+        let mut client = self.inner.client.clone();
+        tokio::time::timeout(
+            Duration::from_secs(3),
+            client.update_user(Some((user.clone(), password.clone()))),
+        )
+        .await
+        .map_err(|_| "etcd did not answer the authentication".to_string())?
+        .map_err(|e| format!("cannot authenticate to etcd as {user:?}: {}", describe(&e)))
+    }
+
+    /// `error`, with what it most likely means when etcd speaks TLS and the connection was cut short:
+    /// a client certificate etcd refuses shows as no more than that.
+    fn explain(&self, error: String) -> String {
+        // Cut short after connecting: refused with an alert (BadCertificate, CertificateRequired), or
+        // closed at once; under TLS 1.3 the client learns it only on its first request.
+        let cut_short = error.contains("tonic::transport::Error(Transport")
+            && !error.contains("tcp connect error");
+        if self.inner.settings.etcd_tls.is_some() && cut_short {
+            format!(
+                "{error} (etcd closed the TLS connection: does it accept this node's client certificate? \
+                 cluster.etcd_cert_file must be signed by a CA in etcd's --trusted-ca-file)"
+            )
+        } else {
+            error
+        }
     }
 
     /// Leaves the ring at once (a clean stop): revokes this node's lease.
@@ -331,8 +408,23 @@ impl DataPath for Cluster {
         })
     }
 
-    fn is_member(&self, addr: IpAddr) -> bool {
-        self.members().iter().any(|m| m.advertise.ip() == addr)
+    fn forward_proof(&self, parts: &Parts) -> HeaderValue {
+        let settings = &self.inner.settings;
+        settings
+            .secret
+            .forward_proof(&settings.node, parts, lacquer_clock::now_ms())
+    }
+
+    fn forwarded_by_member(&self, by: &HeaderValue, proof: &HeaderValue, parts: &Parts) -> bool {
+        by.to_str().is_ok_and(|node| {
+            node != self.inner.settings.node
+                && self.inner.settings.secret.verify_forward(
+                    node,
+                    proof,
+                    parts,
+                    lacquer_clock::now_ms(),
+                )
+        })
     }
 
     fn node(&self) -> &str {
@@ -373,8 +465,23 @@ impl DataPath for Cluster {
                 invalidations_applied: c.invalidations_applied.load(Relaxed),
                 compactions: c.compactions.load(Relaxed),
                 watch_breaks: c.watch_breaks.load(Relaxed),
+                rejected_entries: c.rejected_entries.load(Relaxed),
                 ..ClusterCounters::default()
             },
         }
     }
+}
+
+/// An etcd error with its causes: a TLS handshake refused, say, shows as more than "transport error".
+pub(crate) fn describe(e: &etcd_client::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text = format!("{text}: {line}");
+        }
+        source = std::error::Error::source(cause);
+    }
+    text
 }

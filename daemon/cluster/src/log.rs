@@ -40,7 +40,9 @@ pub(crate) async fn submit(
         from: inner.settings.node.clone(),
         op: Op::of(&inv),
     };
-    let value = serde_json::to_vec(&entry).expect("an entry serialises");
+    let key = inner.settings.log_key();
+    let json = serde_json::to_vec(&entry).expect("an entry serialises");
+    let value = inner.settings.secret.sign_entry(&key, &json);
     let (tx, rx) = oneshot::channel();
     inner
         .pending
@@ -50,18 +52,25 @@ pub(crate) async fn submit(
     let forget = || {
         inner.pending.lock().expect("pending lock").remove(&id);
     };
-    let mut client = inner.client.clone();
-    let revision = match tokio::time::timeout(
-        PUT_TIMEOUT,
-        client.put(inner.settings.log_key(), value, None),
-    )
-    .await
-    {
+    let put = || {
+        let mut client = inner.client.clone();
+        let (key, value) = (key.clone(), value.clone());
+        async move { tokio::time::timeout(PUT_TIMEOUT, client.put(key, value, None)).await }
+    };
+    let mut result = put().await;
+    if inner.settings.etcd_user.is_some() && matches!(result, Ok(Err(_))) {
+        // etcd's tokens expire: one refusal is worth a new token and a second try.
+        if cluster.authenticate().await.is_ok() {
+            result = put().await;
+        }
+    }
+    let revision = match result {
         Ok(Ok(resp)) => resp.header().map_or(0, |h| h.revision()),
         Ok(Err(e)) => {
             forget();
             return Err(InvalidateError::Cluster(format!(
-                "etcd did not take the invalidation: {e}"
+                "etcd did not take the invalidation: {}",
+                crate::describe(&e)
             )));
         }
         Err(_) => {
@@ -94,7 +103,10 @@ pub(crate) async fn follow(cluster: Cluster) {
                 cluster.inner.counters.watch_breaks.fetch_add(1, Relaxed);
                 // Logged when the log is lost, not at every retry while it stays lost.
                 if cluster.mark_disconnected() || first {
-                    tracing::warn!(error = %e, "cluster: lost the invalidation log; retrying");
+                    tracing::warn!(
+                        error = %cluster.explain(e),
+                        "cluster: lost the invalidation log; retrying"
+                    );
                 }
                 first = false;
             }
@@ -108,12 +120,13 @@ pub(crate) async fn follow(cluster: Cluster) {
 /// start again from where etcd still has it; an error when the watch broke.
 async fn follow_once(cluster: &Cluster) -> Result<(), String> {
     let inner = &cluster.inner;
+    cluster.authenticate().await?;
     let key = inner.settings.log_key();
     let mut client = inner.client.clone();
     let head = tokio::time::timeout(PUT_TIMEOUT, client.get(key.clone(), None))
         .await
         .map_err(|_| "etcd did not answer".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::describe(&e))?;
     // The log as it stands now: applied up to here, this node is current.
     let target = head.kvs().first().map_or(0, |kv| kv.mod_revision() as u64);
     let present = head.header().map_or(0, |h| h.revision() as u64);
@@ -170,21 +183,36 @@ async fn follow_once(cluster: &Cluster) -> Result<(), String> {
 /// and acknowledges the entries this node is waiting for.
 async fn apply(cluster: &Cluster, entries: Vec<(u64, Vec<u8>)>) -> Result<(), String> {
     let inner = &cluster.inner;
+    let key = inner.settings.log_key();
     let mut done = Vec::new();
     let mut newest = *inner.applied.borrow();
     for (revision, value) in entries {
         if revision <= newest {
             continue;
         }
-        let entry = serde_json::from_slice::<Entry>(&value).ok();
+        let Some(json) = inner.settings.secret.verify_entry(&key, &value) else {
+            // Whoever wrote it can write to etcd but does not hold the cluster secret: it is no
+            // member's, and taking it (even as a ban of everything) would hand the cache to them.
+            inner.counters.rejected_entries.fetch_add(1, Relaxed);
+            tracing::warn!(
+                revision,
+                entry = %String::from_utf8_lossy(&value),
+                "cluster: ignored an invalidation not signed with the cluster secret"
+            );
+            newest = revision;
+            continue;
+        };
+        let entry = serde_json::from_slice::<Entry>(json).ok();
         let inv = entry.as_ref().and_then(|e| e.op.invalidation().ok());
         let inv = match inv {
             Some(inv) => inv,
             None => {
+                // A member sent it, so it means something: a newer version's invalidation this node
+                // cannot tell the extent of.
                 inner.counters.unreadable_entries.fetch_add(1, Relaxed);
                 tracing::warn!(
                     revision,
-                    entry = %String::from_utf8_lossy(&value),
+                    entry = %String::from_utf8_lossy(json),
                     "cluster: an invalidation this node cannot read; banning every object stored before it"
                 );
                 entry::everything()

@@ -1,7 +1,11 @@
 //! Membership: this node's registration under a lease it keeps alive, and the live member list every
 //! node follows.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{atomic::Ordering::Relaxed, Arc},
+    time::Duration,
+};
 
 use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
 
@@ -25,7 +29,10 @@ pub(crate) async fn register(cluster: Cluster) {
             .take()
             .is_some();
         if was_registered || first {
-            tracing::warn!(error = %e, "cluster: cannot keep this node registered; retrying");
+            tracing::warn!(
+                error = %cluster.explain(e),
+                "cluster: cannot keep this node registered; retrying"
+            );
         }
         first = false;
         tokio::time::sleep(RETRY_AFTER).await;
@@ -36,6 +43,7 @@ pub(crate) async fn register(cluster: Cluster) {
 async fn registered(cluster: &Cluster) -> Result<std::convert::Infallible, String> {
     let inner = &cluster.inner;
     let settings = &inner.settings;
+    cluster.authenticate().await?;
     let mut client = inner.client.clone();
     let ttl = settings.lease_ttl.as_secs().max(1) as i64;
     let lease = timeout(client.lease_grant(ttl, None)).await?.id();
@@ -45,8 +53,14 @@ async fn registered(cluster: &Cluster) -> Result<std::convert::Infallible, Strin
         advertise_admin: settings.advertise_admin,
     };
     let key = format!("{}{}", settings.members_prefix(), settings.node);
-    let value = serde_json::to_vec(&me).expect("a member serialises");
-    timeout(client.put(key, value, Some(PutOptions::new().with_lease(lease)))).await?;
+    let json = serde_json::to_vec(&me).expect("a member serialises");
+    let value = settings.secret.sign_entry(&key, &json);
+    timeout(client.put(
+        key.clone(),
+        value,
+        Some(PutOptions::new().with_lease(lease)),
+    ))
+    .await?;
     *inner.lease.lock().expect("lease lock") = Some(lease);
     tracing::info!(node = %settings.node, lease, "cluster: registered");
     let (mut keeper, mut responses) = timeout(client.lease_keep_alive(lease)).await?;
@@ -92,12 +106,13 @@ pub(crate) async fn follow(cluster: Cluster) {
 
 async fn followed(cluster: &Cluster) -> Result<(), String> {
     let inner = &cluster.inner;
+    cluster.authenticate().await?;
     let prefix = inner.settings.members_prefix();
     let mut client = inner.client.clone();
     let now = timeout(client.get(prefix.clone(), Some(GetOptions::new().with_prefix()))).await?;
     let mut members = BTreeMap::new();
     for kv in now.kvs() {
-        if let Ok(m) = serde_json::from_slice::<Member>(kv.value()) {
+        if let Some(m) = member(cluster, kv.key(), kv.value()) {
             members.insert(kv.key().to_vec(), m);
         }
     }
@@ -120,18 +135,45 @@ async fn followed(cluster: &Cluster) -> Result<(), String> {
         for event in resp.events() {
             let Some(kv) = event.kv() else { continue };
             match event.event_type() {
-                EventType::Put => match serde_json::from_slice::<Member>(kv.value()) {
-                    Ok(m) => {
-                        members.insert(kv.key().to_vec(), m);
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cluster: unreadable member entry"),
-                },
+                EventType::Put => {
+                    // A rejected entry replaces whatever the key held: the key is no member's now.
+                    match member(cluster, kv.key(), kv.value()) {
+                        Some(m) => members.insert(kv.key().to_vec(), m),
+                        None => members.remove(kv.key()),
+                    };
+                }
                 EventType::Delete => {
                     members.remove(kv.key());
                 }
             }
         }
         publish(cluster, &members);
+    }
+}
+
+/// The member an entry registers, when a member signed it with the cluster secret; anything else is
+/// logged and counted, never routed to: whoever can write to etcd must not be able to draw requests.
+fn member(cluster: &Cluster, key: &[u8], value: &[u8]) -> Option<Member> {
+    let inner = &cluster.inner;
+    let name = String::from_utf8_lossy(key);
+    let reject = |why: &str| {
+        inner.counters.rejected_entries.fetch_add(1, Relaxed);
+        tracing::warn!(
+            key = %name,
+            entry = %String::from_utf8_lossy(value),
+            "cluster: ignored a member entry {why}"
+        );
+    };
+    let Some(json) = inner.settings.secret.verify_entry(&name, value) else {
+        reject("not signed with the cluster secret");
+        return None;
+    };
+    match serde_json::from_slice::<Member>(json) {
+        Ok(m) => Some(m),
+        Err(_) => {
+            reject("this node cannot read");
+            None
+        }
     }
 }
 
@@ -151,5 +193,5 @@ async fn timeout<T>(
     tokio::time::timeout(CALL_TIMEOUT, call)
         .await
         .map_err(|_| "etcd did not answer".to_string())?
-        .map_err(|e| e.to_string())
+        .map_err(|e| crate::describe(&e))
 }

@@ -331,8 +331,26 @@ impl Default for Purge {
 pub struct Cluster {
     /// This node's name, unique in the cluster: letters, digits, `.`, `-`, `_`. Default: the host name.
     pub node: Option<String>,
-    /// etcd's client URLs (`http://host:2379`). Default: `["http://127.0.0.1:2379"]`.
+    /// etcd's client URLs: all `http://host:2379`, or all `https://` (then `etcd_ca_file` is needed).
+    /// Default: `["http://127.0.0.1:2379"]`.
     pub etcd: Vec<String>,
+    /// File holding the cluster secret (at least 16 characters, mode 0600), the same on every node: it
+    /// signs member entries, invalidations and forwarded requests, so that reaching etcd is not enough to
+    /// join. Default: none, and a `[cluster]` section without it is refused.
+    pub secret_file: Option<PathBuf>,
+    /// PEM certificates of the authority etcd's server certificate is checked against; needed for
+    /// `https://` etcd URLs. Default: none.
+    pub etcd_ca_file: Option<PathBuf>,
+    /// This node's client certificate (PEM, the chain) for an etcd started with `--client-cert-auth`;
+    /// goes with `etcd_key_file`. Default: none.
+    pub etcd_cert_file: Option<PathBuf>,
+    /// The key of `etcd_cert_file` (PEM). Default: none.
+    pub etcd_key_file: Option<PathBuf>,
+    /// The etcd user, for an etcd with authentication enabled; goes with `etcd_password_file`.
+    /// Default: none.
+    pub etcd_user: Option<String>,
+    /// File holding `etcd_user`'s password (mode 0600). Default: none.
+    pub etcd_password_file: Option<PathBuf>,
     /// Every key of this cluster lives under it in etcd. Default: `/lacquer`.
     pub prefix: String,
     /// Where the other nodes reach this node's client listener. Default: the first `[[listen]]` address
@@ -357,6 +375,12 @@ impl Default for Cluster {
         Self {
             node: None,
             etcd: vec!["http://127.0.0.1:2379".into()],
+            secret_file: None,
+            etcd_ca_file: None,
+            etcd_cert_file: None,
+            etcd_key_file: None,
+            etcd_user: None,
+            etcd_password_file: None,
             prefix: "/lacquer".into(),
             advertise: None,
             advertise_admin: None,
@@ -830,6 +854,12 @@ mod tests {
             "cluster.node",
             "cluster.advertise",
             "cluster.advertise_admin",
+            "cluster.secret_file",
+            "cluster.etcd_ca_file",
+            "cluster.etcd_cert_file",
+            "cluster.etcd_key_file",
+            "cluster.etcd_user",
+            "cluster.etcd_password_file",
         ];
         // `[[listen]]` is listed once, for the one listener there is by default.
         fn first(v: &serde_json::Value) -> &serde_json::Value {

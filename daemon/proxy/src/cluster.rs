@@ -4,7 +4,7 @@
 
 use std::{future::Future, net::SocketAddr, pin::Pin};
 
-use http::HeaderName;
+use http::{request::Parts, HeaderName, HeaderValue};
 use lacquer_admin::wire::ClusterView;
 use lacquer_storage::{BanExpr, BanInfo, Store, StoreError};
 
@@ -13,6 +13,10 @@ use crate::invalidation::{self, PurgeTarget};
 /// Marks a request one node of the cluster sends another for a key the receiver owns: the receiver
 /// answers it itself, never forwards it again (no loops), and the header never reaches the origin.
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("lacquer-forwarded-by");
+
+/// Goes with [`FORWARDED_BY`]: the forwarding member's proof (an HMAC under the cluster secret) that it
+/// sent this request; without a valid one the mark is not believed. Never reaches the origin either.
+pub static FORWARD_PROOF: HeaderName = HeaderName::from_static("lacquer-forward-proof");
 
 /// An invalidation, as an operator or a `PURGE`/`BAN` request asked for it.
 #[derive(Debug, Clone)]
@@ -76,8 +80,13 @@ pub trait Cluster: Send + Sync + 'static {
     /// The live member that owns `key`, when the cluster routes itself and it is not this node.
     fn owner(&self, key: &str) -> Option<Peer>;
 
-    /// Whether `addr` is a live member's address: only members may mark a request as forwarded.
-    fn is_member(&self, addr: std::net::IpAddr) -> bool;
+    /// The [`FORWARD_PROOF`] this node sends with the request of `parts` to the key's owner.
+    fn forward_proof(&self, parts: &Parts) -> HeaderValue;
+
+    /// Whether `proof` shows that member `by` forwarded the request of `parts` (as [`FORWARDED_BY`] and
+    /// [`FORWARD_PROOF`] name them): only then is it answered here without routing. A source address
+    /// proves nothing: whoever shares a member's network, or its host, could send from it.
+    fn forwarded_by_member(&self, by: &HeaderValue, proof: &HeaderValue, parts: &Parts) -> bool;
 
     /// This node's name.
     fn node(&self) -> &str;

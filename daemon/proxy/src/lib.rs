@@ -126,9 +126,9 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     // From here on the head is the one the origin receives: the key, the variant, the class and every
     // rule are made from it, never from fields that are not forwarded.
     strip_hop_by_hop(&mut parts.headers);
-    // Only a cluster's members mark requests as forwarded; the mark never reaches the origin.
-    let forwarded =
-        worker.shared.cluster.is_some() && parts.headers.remove(&cluster::FORWARDED_BY).is_some();
+    // Only a cluster's members mark requests as forwarded, and prove it; neither header reaches the origin.
+    let forwarded_by = parts.headers.remove(&cluster::FORWARDED_BY);
+    let forward_proof = parts.headers.remove(&cluster::FORWARD_PROOF);
     let Client {
         ip: client,
         max_request_body,
@@ -168,11 +168,24 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     if let (RequestClass::Lookup | RequestClass::Miss(_), Some(cluster)) =
         (&class, &worker.shared.cluster)
     {
-        if forwarded && cluster.is_member(client) {
+        let forwarded = forwarded_by.as_ref().is_some_and(|by| {
+            let member = forward_proof
+                .as_ref()
+                .is_some_and(|proof| cluster.forwarded_by_member(by, proof, &parts));
+            if !member {
+                // Routed as any client's request: a mark anyone could send must not pin a key here.
+                inc(&stats.peer_requests_unproven);
+            }
+            member
+        });
+        if forwarded {
             // Never forwarded twice: whatever this node thinks of the ring, it answers.
             inc(&stats.peer_requests_in);
         } else if let Some(peer) = cluster.owner(&primary_key(&parts)) {
-            if let Some(resp) = peer::ask(&worker, client, &peer, cluster.node(), &parts).await {
+            let proof = cluster.forward_proof(&parts);
+            if let Some(resp) =
+                peer::ask(&worker, client, &peer, cluster.node(), proof, &parts).await
+            {
                 return counted(resp, worker.shared.stats.clone());
             }
         }

@@ -11,7 +11,7 @@ use lacquer_backends::{
 use lacquer_policy::headers::strip_hop_by_hop;
 
 use crate::{
-    cluster::{Peer, FORWARDED_BY},
+    cluster::{Peer, FORWARDED_BY, FORWARD_PROOF},
     forward,
     stats::inc,
     worker::Worker,
@@ -43,7 +43,8 @@ impl Peers {
     }
 }
 
-/// The owner's answer to the request, marked as forwarded so that the owner answers it itself; `None`
+/// The owner's answer to the request, marked as forwarded by `node` (with `proof`, the cluster's
+/// [`crate::cluster::Cluster::forward_proof`] of `parts`) so that the owner answers it itself; `None`
 /// when the owner cannot be reached, and this node answers (a dead owner must not fail requests while
 /// its lease runs out).
 pub async fn ask(
@@ -51,6 +52,7 @@ pub async fn ask(
     client: std::net::IpAddr,
     peer: &Peer,
     node: &str,
+    proof: HeaderValue,
     parts: &Parts,
 ) -> Option<Response<Body>> {
     let stats = &worker.shared.stats;
@@ -59,6 +61,7 @@ pub async fn ask(
     let mut req = forward::origin_request(parts, client, body::empty());
     req.headers_mut()
         .insert(FORWARDED_BY.clone(), HeaderValue::from_str(node).ok()?);
+    req.headers_mut().insert(FORWARD_PROOF.clone(), proof);
     match pool.send(req).await {
         Ok(resp) => {
             let (mut head, body) = resp.into_parts();

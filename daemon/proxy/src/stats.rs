@@ -78,6 +78,7 @@ counters! {
     cluster_revalidations,
     peer_requests,
     peer_requests_in,
+    peer_requests_unproven,
     peer_failures;
     edge:
     connections,

@@ -82,11 +82,15 @@ pub struct ClusterCounters {
     pub peer_failures: u64,
     /// Requests a peer forwarded to this node, as the key's owner.
     pub forwarded_in: u64,
+    /// Member entries and log entries in etcd not signed with the cluster secret: ignored. Absent from
+    /// nodes older than it.
+    #[serde(default)]
+    pub rejected_entries: u64,
 }
 
 impl ClusterCounters {
     /// Every counter by its JSON name, in document order.
-    pub fn values(&self) -> [(&'static str, u64); 8] {
+    pub fn values(&self) -> [(&'static str, u64); 9] {
         [
             ("invalidations_sent", self.invalidations_sent),
             ("invalidations_applied", self.invalidations_applied),
@@ -96,6 +100,7 @@ impl ClusterCounters {
             ("peer_fetches", self.peer_fetches),
             ("peer_failures", self.peer_failures),
             ("forwarded_in", self.forwarded_in),
+            ("rejected_entries", self.rejected_entries),
         ]
     }
 
@@ -110,6 +115,7 @@ impl ClusterCounters {
             peer_fetches,
             peer_failures,
             forwarded_in,
+            rejected_entries,
         } = other;
         // Destructured, so a counter added to the struct and not here does not compile.
         for (sum, add) in [
@@ -121,6 +127,7 @@ impl ClusterCounters {
             (&mut self.peer_fetches, peer_fetches),
             (&mut self.peer_failures, peer_failures),
             (&mut self.forwarded_in, forwarded_in),
+            (&mut self.rejected_entries, rejected_entries),
         ] {
             *sum = sum.saturating_add(*add);
         }
@@ -145,7 +152,8 @@ mod tests {
             {"node": "n2", "advertise": "127.0.0.3:8080", "advertise_admin": "127.0.0.3:8081", "this": false}
         ],
         "counters": {"invalidations_sent": 1, "invalidations_applied": 2, "compactions": 3, "watch_breaks": 4,
-                     "hits_revalidated_for_lag": 5, "peer_fetches": 6, "peer_failures": 7, "forwarded_in": 8}
+                     "hits_revalidated_for_lag": 5, "peer_fetches": 6, "peer_failures": 7, "forwarded_in": 8,
+                     "rejected_entries": 9}
     }"#;
 
     #[test]
@@ -168,7 +176,7 @@ mod tests {
             .collect();
         assert_eq!(names, wire, "values() lists every counter by its name");
         let values: Vec<u64> = view.counters.values().iter().map(|(_, v)| *v).collect();
-        assert_eq!(values, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(values, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
     }
 
     #[test]
@@ -193,6 +201,6 @@ mod tests {
             ..Default::default()
         });
         let values: Vec<u64> = sum.values().iter().map(|(_, v)| *v).collect();
-        assert_eq!(values, [2, 4, u64::MAX, 8, 10, 12, 14, 16]);
+        assert_eq!(values, [2, 4, u64::MAX, 8, 10, 12, 14, 16, 18]);
     }
 }

@@ -203,6 +203,9 @@ stats_section! {
         peer_requests: Counter "lacquer_cluster_peer_requests_total" { direction = "out" },
         /// Requests for keys this node owns, forwarded by a peer.
         peer_requests_in: Counter "lacquer_cluster_peer_requests_total" { direction = "in" },
+        /// Requests marked as forwarded by a peer without a valid proof (the cluster secret's HMAC): routed
+        /// and answered as any client's.
+        peer_requests_unproven: Counter "lacquer_cluster_peer_requests_unproven_total",
         /// Peer requests that failed (the owner down or unreachable): answered by this node itself.
         peer_failures: Counter "lacquer_cluster_peer_failures_total",
         /// Requests refused with 403 by a `[[deny]]` rule.
