@@ -304,7 +304,11 @@ async fn lookup<S: CacheStore>(
         negotiated: negotiated.as_ref(),
     };
     if own_fetch {
-        let alone = miss(worker, &ctx, &key, &parts, Joining::Never, None, None).await;
+        let nothing = Stale {
+            found: None,
+            vouched: false,
+        };
+        let alone = miss(worker, &ctx, &key, &parts, Joining::Never, nothing, None).await;
         return alone.expect("a fetch of its own never waits for another variant");
     }
     let mut may_wait = true;
@@ -312,6 +316,9 @@ async fn lookup<S: CacheStore>(
     loop {
         // Noted before the store is read: see `Coalescer::finished`.
         let finished = shared.coalescer.finished();
+        // Whether this node vouches is read before the store: a node that catches up while the lookup
+        // runs may have applied an invalidation the lookup did not see, and must not vouch for its result.
+        let vouched = vouched(shared);
         let now = lacquer_clock::now_ms();
         let mut stale = None;
         if let Some(found) = find(worker, &key, &parts).await {
@@ -319,7 +326,7 @@ async fn lookup<S: CacheStore>(
             match usability(found.meta().lifetime(now)) {
                 // An invalidation this node has not seen may cover what it stores: the origin confirms
                 // the object (a 304 to its validators) or sends it again.
-                Usability::Fresh | Usability::Grace if !vouched(shared) => {
+                Usability::Fresh | Usability::Grace if !vouched => {
                     inc(&shared.stats.cluster_revalidations);
                     stale = Some(found);
                 }
@@ -361,6 +368,10 @@ async fn lookup<S: CacheStore>(
             Joining::NoWait
         };
         let looked_up_at = (!looked_again).then_some(finished);
+        let stale = Stale {
+            found: stale,
+            vouched,
+        };
         match miss(worker, &ctx, &key, &parts, joining, stale, looked_up_at).await {
             Some(resp) => return resp,
             // Another variant's fetch has settled, or a fetch finished since the lookup: look up again,
@@ -539,6 +550,13 @@ fn record_hit(stats: &Stats, tier: Tier) {
     });
 }
 
+/// What a lookup found that a miss may revalidate or fall back on, and whether this node vouched for it
+/// when the lookup began (a cluster node catching up does not).
+struct Stale {
+    found: Option<Found>,
+    vouched: bool,
+}
+
 /// How a miss may share a fetch with other requests for the key.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Joining {
@@ -560,9 +578,13 @@ async fn miss<S: CacheStore>(
     key: &str,
     parts: &Arc<Parts>,
     joining: Joining,
-    stale: Option<Found>,
+    stale: Stale,
     looked_up_at: Option<u64>,
 ) -> Option<Response<Body>> {
+    let Stale {
+        found: stale,
+        vouched,
+    } = stale;
     let may_wait = joining == Joining::MayWait;
     let shared = &worker.shared;
     let Ctx { client, route, .. } = *ctx;
@@ -644,9 +666,8 @@ async fn miss<S: CacheStore>(
         Ok(_) => None,
     };
     let now = lacquer_clock::now_ms();
-    let fallback = stale.filter(|found| {
-        usability(found.meta().lifetime(now)) == Usability::OnError && vouched(shared)
-    });
+    let fallback = stale
+        .filter(|found| usability(found.meta().lifetime(now)) == Usability::OnError && vouched);
     if let (Some(fwd_status), Some(found)) = (failure, &fallback) {
         let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
         let outcome = Outcome::Stale {

@@ -42,6 +42,16 @@ fn worker_with(
     store: &MemoryStore,
     configure: impl FnOnce(&mut Config),
 ) -> Arc<Worker<MemoryStore>> {
+    worker_of(origin, store, configure, None)
+}
+
+/// As [`worker_with`], a member of `cluster`.
+fn worker_of(
+    origin: &Origin,
+    store: &MemoryStore,
+    configure: impl FnOnce(&mut Config),
+    cluster: Option<Arc<dyn crate::cluster::Cluster>>,
+) -> Arc<Worker<MemoryStore>> {
     // Built from the defaults in memory: `Config::load` would resolve (and create) the default store
     // directory, which these tests never use.
     let mut config = Config::default();
@@ -58,7 +68,7 @@ fn worker_with(
         stats,
         coalescer: Coalescer::new(1 << 20),
         started: lacquer_clock::monotonic(),
-        cluster: None,
+        cluster,
     })))
 }
 
@@ -1024,4 +1034,77 @@ async fn a_one_chunk_body_is_sent_at_once() {
     assert!(data == pattern(1000));
     assert!(stream.frame().now_or_never().expect("ready").is_none());
     assert_eq!(chunk_reads(&store), [0], "only the proof");
+}
+
+/// A cluster node that finishes catching up at the first look at whether it vouches: the invalidation it
+/// applies just before (a ban of `key`) is one a lookup already under way may not have seen.
+struct CaughtUpDuringTheLookup {
+    store: MemoryStore,
+    key: String,
+    caught_up: std::sync::atomic::AtomicBool,
+}
+
+impl crate::cluster::Cluster for CaughtUpDuringTheLookup {
+    fn vouched(&self) -> bool {
+        if !self.caught_up.swap(true, SeqCst) {
+            let key = self.key.clone();
+            self.store.ban(move |primary, _| primary == key);
+        }
+        true
+    }
+
+    fn invalidate(&self, _: crate::cluster::Invalidation) -> crate::cluster::InvalidateFuture<'_> {
+        unreachable!("the test sends no invalidation")
+    }
+
+    fn owner(&self, _: &str) -> Option<crate::cluster::Peer> {
+        None
+    }
+
+    fn forward_proof(&self, _: &Parts) -> http::HeaderValue {
+        unreachable!("nothing is routed to a peer")
+    }
+
+    fn forwarded_by_member(&self, _: &http::HeaderValue, _: &http::HeaderValue, _: &Parts) -> bool {
+        false
+    }
+
+    fn node(&self) -> &str {
+        "n1"
+    }
+
+    fn view(&self) -> lacquer_admin::wire::ClusterView {
+        unreachable!("the admin API is not asked")
+    }
+}
+
+/// Whether the node vouches is read before the store: read after, a node that caught up in between (an
+/// invalidation applied, then vouching) would vouch for what the lookup found before the invalidation.
+#[tokio::test]
+async fn a_lookup_vouched_for_saw_every_invalidation_applied_before() {
+    let version = Arc::new(AtomicUsize::new(0));
+    let v = version.clone();
+    let origin = Origin::start(move |_| {
+        let n = v.fetch_add(1, SeqCst) + 1;
+        Reply::ok(format!("v{n}")).header("cache-control", "max-age=60")
+    })
+    .await;
+    let store = MemoryStore::new(1024);
+    let single = worker(&origin, &store);
+    assert_eq!(get(&single, "/x", &[]).await.body, "v1");
+    fills_done(&single).await;
+    let cluster = Arc::new(CaughtUpDuringTheLookup {
+        store: store.clone(),
+        key: key("/x"),
+        caught_up: false.into(),
+    });
+    let member = worker_of(&origin, &store, |_| {}, Some(cluster));
+    let got = get(&member, "/x", &[]).await;
+    assert_eq!(
+        got.body,
+        "v2",
+        "{}: the banned object was served",
+        got.x_cache()
+    );
+    assert_eq!(origin.total(), 2);
 }
