@@ -147,16 +147,11 @@ pub async fn h2_get<IO>(io: IO, uri: &str) -> Result<Reply, String>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(io))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let req = Request::builder()
         .uri(uri)
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-    collect(resp).await
+    send_h2(io, req).await
 }
 
 /// One request over HTTP/1.1 on `io`.
@@ -170,10 +165,6 @@ pub async fn h1_request<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut send, conn) = http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let mut req = Request::builder()
         .method(method)
         .uri(path)
@@ -181,11 +172,7 @@ where
     for (n, v) in headers {
         req = req.header(*n, *v);
     }
-    let resp = send
-        .send_request(req.body(Full::new(Bytes::new())).unwrap())
-        .await
-        .map_err(|e| e.to_string())?;
-    collect(resp).await
+    send_h1(io, req.body(Full::new(Bytes::new())).unwrap()).await
 }
 
 async fn collect(resp: http::Response<hyper::body::Incoming>) -> Result<Reply, String> {

@@ -407,6 +407,20 @@ async fn self_routing_fetches_each_object_once_and_a_dead_owner_is_replaced_with
             assert_eq!(r.status, 200, "{p}");
         }
     }
+    // HTTP/2 clients' requests go to the owner too: forwarded with their HTTP/2 head, they once failed in
+    // the HTTP/1.1 client, and the node each reached fetched the object itself.
+    let h2_objects = paths("/h2/", 60);
+    for (i, p) in h2_objects.iter().enumerate() {
+        for k in 0..3 {
+            let tcp = tokio::net::TcpStream::connect(nodes[(i + k) % 3].addr)
+                .await
+                .unwrap();
+            let r = lacquer_tests::tls::h2_get(tcp, &format!("http://cluster.test{p}"))
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200, "{p} over h2c");
+        }
+    }
     for d in &nodes {
         let stats = d.stats().await;
         assert_eq!(stats["proxy"]["peer_failures"], 0, "{}", stats["proxy"]);
@@ -416,7 +430,7 @@ async fn self_routing_fetches_each_object_once_and_a_dead_owner_is_replaced_with
             stats["proxy"]
         );
     }
-    for p in &objects {
+    for p in objects.iter().chain(&h2_objects) {
         if o.origin.count(p) != 1 {
             let seen: Vec<_> = o
                 .origin

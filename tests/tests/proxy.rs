@@ -114,7 +114,7 @@ async fn forwarding_headers() {
     .unwrap();
     let seen = &origin.seen()[0];
     assert_eq!(seen.path, "/h?q=1");
-    assert_eq!(seen.headers["host"], "Example.com");
+    assert_eq!(seen.headers["host"], "example.com", "as it is keyed");
     assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
     assert_eq!(seen.headers["via"], "1.1 lacquer");
     assert!(!seen.headers.contains_key("x-hop"));
