@@ -48,18 +48,49 @@ pub fn parse(headers: &HeaderMap) -> Vary {
 /// are other requests to it. A field the proxy normalises before sending (`Accept-Encoding`, replaced by
 /// the value every client shares) is already normalised in the headers this is read from.
 fn request_value(req: &HeaderMap, name: &str) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
+    encode(req, name, |piece| {
+        out.extend_from_slice(piece);
+        true
+    });
+    String::from_utf8(out).expect("the encoding is ASCII")
+}
+
+/// Whether the request's value for `name` is `recorded`, compared as [`request_value`] would write it,
+/// without writing it: every lookup compares each stored variant's values.
+fn value_is(req: &HeaderMap, name: &str, recorded: &str) -> bool {
+    let mut rest = recorded.as_bytes();
+    let whole = encode(req, name, |piece| match rest.strip_prefix(piece) {
+        Some(after) => {
+            rest = after;
+            true
+        }
+        None => false,
+    });
+    whole && rest.is_empty()
+}
+
+/// Gives [`request_value`]'s encoding to `put` piece by piece, stopping (and returning false) as soon as
+/// `put` does.
+fn encode(req: &HeaderMap, name: &str, mut put: impl FnMut(&[u8]) -> bool) -> bool {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for value in req.get_all(name) {
-        out.push('\n');
+        if !put(b"\n") {
+            return false;
+        }
         for &b in value.as_bytes() {
-            if (b' '..=b'~').contains(&b) && b != b'%' || b == b'\t' {
-                out.push(char::from(b));
+            let kept = (b' '..=b'~').contains(&b) && b != b'%' || b == b'\t';
+            let fits = if kept {
+                put(&[b])
             } else {
-                out.push_str(&format!("%{b:02X}"));
+                put(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]])
+            };
+            if !fits {
+                return false;
             }
         }
     }
-    out
+    true
 }
 
 /// The lines of a value [`selection`] recorded, as the request sent them: for showing a stored variant.
@@ -103,7 +134,7 @@ pub fn selection(names: &[String], req: &HeaderMap) -> Vec<(String, String)> {
 pub fn matches(stored: &[(String, String)], req: &HeaderMap) -> bool {
     stored
         .iter()
-        .all(|(name, value)| request_value(req, name) == *value)
+        .all(|(name, value)| value_is(req, name, value))
 }
 
 #[cfg(test)]
