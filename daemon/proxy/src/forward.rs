@@ -2,7 +2,7 @@
 
 use std::{net::IpAddr, sync::Arc};
 
-use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Version};
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Uri, Version};
 
 use lacquer_backends::body::{self, Body};
 use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
@@ -55,17 +55,23 @@ fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
-/// The request the origin (or the owning peer) is sent for a client's request with this head, on every
+/// The request the origin (or the owning peer) is sent for a client's request with this head (method,
+/// target and fields; taken, so that a pass forwards them without a copy), on every
 /// path: a pass, an invalidating method, a fill, a revalidation, a peer's forward. Whatever protocol the
 /// client spoke (HTTP/1.0, HTTP/1.1, HTTP/2), it goes out as HTTP/1.1, the protocol of every backend
 /// pool, with the fields that protocol needs: hyper refuses to send an HTTP/2 head on an HTTP/1.1
 /// connection, which once made every HTTP/2 request but a cacheable GET fail with 502.
-pub fn origin_request(parts: &Parts, client: IpAddr, body: Body) -> Request<Body> {
-    let mut headers = parts.headers.clone();
+pub fn origin_request(
+    method: Method,
+    uri: Uri,
+    mut headers: HeaderMap,
+    client: IpAddr,
+    body: Body,
+) -> Request<Body> {
     prepare_headers(&mut headers, client);
     let mut req = Request::new(body);
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = parts.uri.clone();
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = headers;
     req
@@ -76,8 +82,13 @@ pub fn origin_request(parts: &Parts, client: IpAddr, body: Body) -> Request<Body
 /// `client_validators` (nothing stored to validate with: the origin's 304 then answers that client); the
 /// other conditionals, which would make the origin answer 412 or a part, never do.
 pub fn fill_request(parts: &Parts, client: IpAddr, client_validators: bool) -> Request<Body> {
-    let mut req = origin_request(parts, client, body::empty());
-    *req.method_mut() = Method::GET;
+    let mut req = origin_request(
+        Method::GET,
+        parts.uri.clone(),
+        parts.headers.clone(),
+        client,
+        body::empty(),
+    );
     let headers = req.headers_mut();
     if !client_validators {
         headers.remove(header::IF_NONE_MATCH);
@@ -158,7 +169,14 @@ mod tests {
                 .body(())
                 .unwrap()
                 .into_parts();
-            let req = origin_request(&parts, "192.0.2.7".parse().unwrap(), body::empty());
+            let client = "192.0.2.7".parse().unwrap();
+            let req = origin_request(
+                parts.method,
+                parts.uri,
+                parts.headers,
+                client,
+                body::empty(),
+            );
             assert_eq!(req.version(), Version::HTTP_11, "from {version:?}");
             assert_eq!(req.method(), Method::POST);
             assert_eq!(req.uri(), "/form?x");

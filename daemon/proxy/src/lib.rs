@@ -733,10 +733,12 @@ async fn pass<S: CacheStore>(
     let shared = &worker.shared;
     inc(&shared.stats.passes);
     let outcome = Outcome::Pass { unsafe_method };
+    let invalidation_target = unsafe_method.then(|| parts.clone());
     let sent = match route.pick(&primary_key(&parts)) {
         Ok(backend) => {
             inc(&shared.stats.backend_requests);
-            let mut req = forward::origin_request(&parts, client, body);
+            let mut req =
+                forward::origin_request(parts.method, parts.uri, parts.headers, client, body);
             forward::count_interim(&mut req, &shared.stats);
             worker.pool(backend).send(req).await
         }
@@ -763,8 +765,10 @@ async fn pass<S: CacheStore>(
         }
     };
     let (mut head, body) = resp.into_parts();
-    if unsafe_method && (head.status.is_success() || head.status.is_redirection()) {
-        for key in forward::invalidation_keys(&parts, &head.headers) {
+    let invalidated =
+        invalidation_target.filter(|_| head.status.is_success() || head.status.is_redirection());
+    if let Some(target) = invalidated {
+        for key in forward::invalidation_keys(&target, &head.headers) {
             match shared.store.remove(&key) {
                 Ok(n) => add(&shared.stats.invalidations, n as u64),
                 Err(e) => tracing::warn!(key, error = %e, "invalidation failed"),

@@ -58,7 +58,13 @@ pub async fn ask(
     let stats = &worker.shared.stats;
     inc(&stats.peer_requests);
     let pool = worker.peers.lock().expect("peers lock").pool(peer.addr)?;
-    let mut req = forward::origin_request(parts, client, body::empty());
+    let mut req = forward::origin_request(
+        parts.method.clone(),
+        parts.uri.clone(),
+        parts.headers.clone(),
+        client,
+        body::empty(),
+    );
     req.headers_mut()
         .insert(FORWARDED_BY.clone(), HeaderValue::from_str(node).ok()?);
     req.headers_mut().insert(FORWARD_PROOF.clone(), proof);
