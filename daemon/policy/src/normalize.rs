@@ -114,8 +114,9 @@ pub fn lenient(path_and_query: &str) -> Option<String> {
     let mut separated = String::with_capacity(raw.len());
     let mut rest = raw;
     while let Some(c) = rest.chars().next() {
-        let escape = rest.get(..3).map(str::to_ascii_uppercase);
-        if matches!(escape.as_deref(), Some("%2F" | "%5C")) {
+        let escape = rest.as_bytes().get(..3);
+        if escape.is_some_and(|e| e.eq_ignore_ascii_case(b"%2F") || e.eq_ignore_ascii_case(b"%5C"))
+        {
             separated.push('/');
             rest = &rest[3..];
         } else {
