@@ -94,6 +94,10 @@ pub fn host_from_authority(parts: &mut Parts) {
     else {
         return;
     };
+    // Most hosts are already normal: only upper case or a port can change.
+    if !host.bytes().any(|b| b.is_ascii_uppercase() || b == b':') {
+        return;
+    }
     let normal = normal_host(host);
     if normal != host {
         if let Ok(value) = HeaderValue::from_str(&normal) {
