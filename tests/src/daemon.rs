@@ -119,14 +119,18 @@ impl Daemon {
                             .ok()
                     })
                 };
-                if let Some(a) = addr("admin listening addr=") {
-                    let _ = tx.send(("admin", Some(a)));
+                let event = if let Some(a) = addr("admin listening addr=") {
+                    Some(("admin", Some(a)))
                 } else if let Some(a) = addr(" listening addr=") {
-                    let _ = tx.send(("client", Some(a)));
-                } else if line.contains("lacquerd ready") {
-                    let _ = tx.send(("ready", None));
-                }
+                    Some(("client", Some(a)))
+                } else {
+                    line.contains("lacquerd ready").then_some(("ready", None))
+                };
+                // Kept before it is announced: whoever is told "ready" reads the ready line in the log.
                 lines.lock().unwrap().push(line);
+                if let Some(event) = event {
+                    let _ = tx.send(event);
+                }
             }
         });
         let (mut listeners, mut admin) = (Vec::new(), None);
