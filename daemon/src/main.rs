@@ -205,6 +205,7 @@ fn run(
         cluster: cluster
             .clone()
             .map(|c| Arc::new(c) as Arc<dyn lacquer_proxy::cluster::Cluster>),
+        making: Arc::default(),
     });
     let (stop, stopped) = watch::channel(false);
     let settings = Arc::new(WorkerSettings {

@@ -3,7 +3,11 @@ use serde::{Deserialize, Serialize};
 use crate::{chunk::ChunkKey, error::StoreError};
 
 /// First byte of every sled record: bump it when the layout changes so old records are recognised.
-const FORMAT_VERSION: u8 = 3;
+const FORMAT_VERSION: u8 = 4;
+
+/// Records written before siblings were kept: the variants alone, read as a set without siblings (a store
+/// upgraded in place keeps its objects).
+const FORMAT_VARIANTS_ONLY: u8 = 3;
 
 /// What the store knows about one stored response body (one variant of one cache key).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,14 +130,63 @@ impl ObjectMeta {
     }
 }
 
-/// Every stored variant of one cache key, newest first.
+/// Another representation of a stored variant's body, made here from it rather than fetched (an identity
+/// copy of a body stored gzip'd, for the clients that do not take gzip). It lives and dies with the body it
+/// was made from: its freshness, validators and headers are that variant's, every invalidation of the
+/// variant removes it, and a new body for the variant leaves it behind, to be dropped when the record is
+/// next written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sibling {
+    /// The `generation` of the variant body it represents.
+    pub of: u64,
+    /// Its content coding (a token such as `gzip`); `None` for identity.
+    pub coding: Option<String>,
+    /// Where its body is: `object`, `generation`, `length` and `chunk_size` (a generation of its own, so
+    /// chunk keys stay immutable); the other fields are left empty: the variant's apply.
+    pub body: ObjectMeta,
+}
+
+/// Every stored variant of one cache key, newest first, and the representations made from them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectSet {
     /// Newest first; at most `max_variants` (the oldest is dropped past it).
     pub variants: Vec<ObjectMeta>,
+    /// Representations made from the variants' bodies: at most one per variant body and coding.
+    pub siblings: Vec<Sibling>,
+}
+
+/// The layout of [`FORMAT_VARIANTS_ONLY`] records.
+#[derive(Deserialize)]
+struct VariantsOnly {
+    variants: Vec<ObjectMeta>,
 }
 
 impl ObjectSet {
+    /// A set of `variants` with no siblings.
+    pub fn of(variants: Vec<ObjectMeta>) -> Self {
+        Self {
+            variants,
+            siblings: Vec::new(),
+        }
+    }
+
+    /// Where in `siblings` the representation of the variant body `generation` in `coding` (`None`:
+    /// identity) is, if one was made.
+    pub fn sibling(&self, generation: u64, coding: Option<&str>) -> Option<usize> {
+        self.siblings
+            .iter()
+            .position(|s| s.of == generation && s.coding.as_deref() == coding)
+    }
+
+    /// Takes out the siblings whose variant body is no longer in the set, and returns them.
+    pub(crate) fn orphans(&mut self) -> Vec<Sibling> {
+        let (kept, orphans) = std::mem::take(&mut self.siblings)
+            .into_iter()
+            .partition(|s| self.variants.iter().any(|v| v.generation == s.of));
+        self.siblings = kept;
+        orphans
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = vec![FORMAT_VERSION];
         bincode::serde::encode_into_std_write(self, &mut out, bincode::config::standard())
@@ -146,27 +199,37 @@ impl ObjectSet {
             key: key.to_owned(),
             reason,
         };
-        match bytes.split_first() {
-            Some((&FORMAT_VERSION, rest)) => {
-                let (set, used) =
-                    bincode::serde::decode_from_slice(rest, bincode::config::standard())
-                        .map_err(|e| corrupt(e.to_string()))?;
-                if used != rest.len() {
-                    return Err(corrupt(format!("{} trailing bytes", rest.len() - used)));
-                }
-                Ok(set)
+        fn whole<T: serde::de::DeserializeOwned>(rest: &[u8]) -> Result<T, String> {
+            let (value, used) =
+                bincode::serde::decode_from_slice(rest, bincode::config::standard())
+                    .map_err(|e| e.to_string())?;
+            if used != rest.len() {
+                return Err(format!("{} trailing bytes", rest.len() - used));
             }
+            Ok(value)
+        }
+        match bytes.split_first() {
+            Some((&FORMAT_VERSION, rest)) => whole(rest).map_err(corrupt),
+            Some((&FORMAT_VARIANTS_ONLY, rest)) => whole(rest)
+                .map(|old: VariantsOnly| ObjectSet::of(old.variants))
+                .map_err(corrupt),
             Some((version, _)) => Err(corrupt(format!("unknown format version {version}"))),
             None => Err(corrupt("empty record".into())),
         }
     }
 
     pub(crate) fn approx_size(&self) -> usize {
-        64 + self
-            .variants
+        let siblings: usize = self
+            .siblings
             .iter()
-            .map(ObjectMeta::approx_size)
-            .sum::<usize>()
+            .map(|s| s.body.approx_size() + 32)
+            .sum();
+        64 + siblings
+            + self
+                .variants
+                .iter()
+                .map(ObjectMeta::approx_size)
+                .sum::<usize>()
     }
 }
 
@@ -200,12 +263,49 @@ pub(crate) mod tests {
 
     #[test]
     fn record_round_trips_with_version_byte() {
-        let set = ObjectSet {
-            variants: vec![meta(10, 4)],
-        };
+        let mut set = ObjectSet::of(vec![meta(10, 4)]);
+        set.siblings.push(Sibling {
+            of: 1,
+            coding: None,
+            body: ObjectMeta {
+                object: 7,
+                generation: 9,
+                length: 40,
+                chunk_size: 4,
+                ..ObjectMeta::default()
+            },
+        });
         let bytes = set.encode();
         assert_eq!(bytes[0], FORMAT_VERSION);
         assert_eq!(ObjectSet::decode("k", &bytes).unwrap(), set);
+    }
+
+    /// A store upgraded in place keeps what it stored before siblings existed.
+    #[test]
+    fn records_of_the_previous_format_are_read_without_siblings() {
+        let variants = vec![meta(10, 4), meta(0, 4)];
+        let mut bytes = vec![FORMAT_VARIANTS_ONLY];
+        bincode::serde::encode_into_std_write(&variants, &mut bytes, bincode::config::standard())
+            .unwrap();
+        assert_eq!(
+            ObjectSet::decode("k", &bytes).unwrap(),
+            ObjectSet::of(variants)
+        );
+    }
+
+    #[test]
+    fn siblings_without_their_variant_body_are_orphans() {
+        let sibling = |of, coding: Option<&str>| Sibling {
+            of,
+            coding: coding.map(String::from),
+            body: ObjectMeta::default(),
+        };
+        let mut set = ObjectSet::of(vec![meta(10, 4)]);
+        set.siblings = vec![sibling(1, None), sibling(2, None), sibling(1, Some("gzip"))];
+        assert_eq!(set.sibling(1, Some("gzip")), Some(2));
+        assert_eq!(set.sibling(2, Some("gzip")), None);
+        assert_eq!(set.orphans(), vec![sibling(2, None)]);
+        assert_eq!(set.siblings, vec![sibling(1, None), sibling(1, Some("gzip"))]);
     }
 
     #[test]

@@ -3,7 +3,12 @@ use std::{collections::HashSet, sync::Arc};
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::{chunk::ChunkKey, error::StoreError, meta::ObjectMeta, store::Store};
+use crate::{
+    chunk::ChunkKey,
+    error::StoreError,
+    meta::{ObjectMeta, Sibling},
+    store::Store,
+};
 
 pub(crate) enum Job {
     Chunk {
@@ -17,6 +22,12 @@ pub(crate) enum Job {
         meta: Box<ObjectMeta>,
         epoch: u64,
         done: oneshot::Sender<Result<(), StoreError>>,
+    },
+    /// A sibling whose chunks are all given to foyer: kept with its variant body, if that is still stored.
+    PublishSibling {
+        primary: String,
+        sibling: Box<Sibling>,
+        done: oneshot::Sender<Result<bool, StoreError>>,
     },
     Discard {
         object: u64,
@@ -134,6 +145,42 @@ impl ObjectWriter {
                 primary,
                 meta: Box::new(meta),
                 epoch: self.epoch,
+                done,
+            })
+            .await?;
+        wait.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Writes the last chunk and keeps the body as the sibling of variant body `of` of `primary` in
+    /// `coding` (`None`: identity): another representation of that body, made from it. `Ok(false)` when
+    /// that body is no longer stored (the sibling is then discarded).
+    pub async fn finish_sibling(
+        mut self,
+        primary: String,
+        of: u64,
+        coding: Option<String>,
+    ) -> Result<bool, StoreError> {
+        if !self.buf.is_empty() {
+            let rest = self.buf.split().freeze();
+            self.send_chunk(rest).await?;
+        }
+        let sibling = Sibling {
+            of,
+            coding,
+            body: ObjectMeta {
+                object: self.object,
+                generation: self.generation,
+                length: self.length,
+                chunk_size: self.store.chunk_size() as u32,
+                ..ObjectMeta::default()
+            },
+        };
+        let (done, wait) = oneshot::channel();
+        self.finished = true;
+        self.store
+            .submit(Job::PublishSibling {
+                primary,
+                sibling: Box::new(sibling),
                 done,
             })
             .await?;
@@ -285,6 +332,20 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                     undurable += 1;
                 }
                 let _ = done.send(result);
+            }
+            Job::PublishSibling {
+                primary,
+                sibling,
+                done,
+            } => {
+                if spoiled.remove(&(sibling.body.object, sibling.body.generation)) {
+                    store.forget_body(&sibling.body);
+                    let _ = done.send(Err(StoreError::DiskFull));
+                    continue;
+                }
+                // Made durable with the next wait (its chunks count as unflushed); not counted in
+                // `objects_durable`, which counts fetched objects.
+                let _ = done.send(store.add_sibling(&primary, *sibling));
             }
             Job::Discard {
                 object,

@@ -375,7 +375,10 @@ fn counter(stats: &serde_json::Value, name: &str) -> u64 {
 async fn a_range_of_a_decoded_body_costs_what_it_sends() {
     let body = page(8 << 20);
     let origin = Origin::start(text_origin(body.clone())).await;
-    let d = Daemon::start(origin.addr, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    // Decoding on the way out is what is measured: no identity representation is made.
+    let config = budget_config(&dir, "conversions = 0");
+    let d = Daemon::start(origin.addr, &["--config", &config]);
     let stored = ask(&d, "/big", "full", Some("gzip")).await.unwrap();
     assert_eq!(stored.header("content-encoding"), "gzip");
     d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
@@ -440,8 +443,8 @@ async fn decoders_past_the_budget_are_refused() {
     let body = page(16 << 20);
     let origin = Origin::start(text_origin(body.clone())).await;
     let dir = tempfile::tempdir().unwrap();
-    // Room for four gzip decoders.
-    let config = budget_config(&dir, "decode_memory = \"512KiB\"");
+    // Room for four gzip decoders, all for clients: no representation is made.
+    let config = budget_config(&dir, "decode_memory = \"512KiB\"\nconversions = 0");
     let d = Daemon::start(origin.addr, &["--config", &config]);
     let gzip = ask(&d, "/big", "full", Some("gzip")).await.unwrap();
     assert_eq!(gzip.header("content-encoding"), "gzip");
@@ -528,4 +531,223 @@ async fn a_body_that_expands_past_the_ratio_is_cut() {
     assert!(decoded <= 2 << 20, "{decoded} bytes decoded");
     assert_eq!(counter(&stats, "decode_expansion"), 1);
     assert!(d.log().contains("decoding for a client cut off"), "logged");
+}
+
+/// What a client without `Accept-Encoding` costs once the identity representation of a gzip'd object is
+/// made: stored bytes, no decoding (the players, libraries and load generators that send nothing).
+fn proxy(stats: &serde_json::Value) -> (u64, u64, u64) {
+    (
+        counter(stats, "decoded_gzip"),
+        counter(stats, "representations_made"),
+        counter(stats, "representations_served"),
+    )
+}
+
+async fn identity(d: &Daemon, path: &str, headers: &[(&str, &str)]) -> ClientReply {
+    request(d.addr, Method::GET, path, headers, Bytes::new())
+        .await
+        .unwrap()
+}
+
+/// The first identity client is served by decoding while the identity representation is made, once, from
+/// the stored gzip bytes; every identity client after it is sent stored bytes (ranges of them too, even
+/// far into the body and several at once), and after a restart as well. The origin sees one fetch.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_identity_representation_is_made_once_and_served_after() {
+    // Larger than a chunk once decoded: the representation spans several.
+    let body = page(700 * 1024);
+    let origin = Origin::start(text_origin(body.clone())).await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let mut d = Daemon::start_in(origin.addr, dir.clone(), &[]);
+    // A name of its own: the key must not change with the port of the restarted daemon.
+    let host = ("host", "shop.test");
+    let gzip = identity(&d, "/page", &[host, ("accept-encoding", "gzip")]).await;
+    assert_eq!(gzip.header("content-encoding"), "gzip");
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+
+    let first = identity(&d, "/page", &[host]).await;
+    assert!(first.body == body);
+    assert_eq!(proxy(&d.stats().await).0, 1, "the first one is decoded");
+    d.wait_for_stats("made", |s| s["proxy"]["representations_made"] == 1)
+        .await;
+    for headers in [&[host][..], &[host, ("accept-encoding", "br")][..]] {
+        let r = identity(&d, "/page", headers).await;
+        assert_eq!((r.status.as_u16(), r.x_cache()), (200, "HIT"));
+        assert_eq!(r.header("content-encoding"), "");
+        assert_eq!(r.header("content-length"), body.len().to_string());
+        assert_eq!(r.header("etag"), gzip.header("etag"));
+        assert!(r.body == body);
+    }
+    // A range far into the body, which decoding would answer whole, is a range of stored bytes.
+    let r = identity(&d, "/page", &[host, ("range", "bytes=-100")]).await;
+    assert_eq!(r.status, 206);
+    assert!(r.body == body[body.len() - 100..]);
+    let r = identity(&d, "/page", &[host, ("range", "bytes=0-9,600000-600009")]).await;
+    assert_eq!(r.status, 206);
+    assert!(r.header("content-type").starts_with("multipart/byteranges"));
+    assert_eq!(proxy(&d.stats().await), (1, 1, 4), "decoded once, made once");
+    // A gzip client still gets the stored gzip bytes.
+    let r = identity(&d, "/page", &[host, ("accept-encoding", "gzip")]).await;
+    assert_eq!((r.header("content-encoding"), &r.body), ("gzip", &gzip.body));
+
+    d.stop();
+    let d = d.restart();
+    let r = identity(&d, "/page", &[host]).await;
+    assert_eq!(
+        (r.x_cache(), r.header("content-encoding")),
+        ("HIT", ""),
+        "{}",
+        d.log()
+    );
+    assert!(r.body == body);
+    assert_eq!(
+        proxy(&d.stats().await),
+        (0, 0, 1),
+        "the representation survived the restart"
+    );
+    assert_eq!(origin.total(), 1);
+}
+
+/// A representation lives and dies with its object: after a purge, a ban, a tag purge or a new body from
+/// the origin, no identity client is ever sent the old one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_representation_goes_with_its_object() {
+    let versions = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let current = versions.clone();
+    let origin = Origin::start(move |s| {
+        let version = current.load(Ordering::SeqCst);
+        let mut text = format!("version {version} of {}\n", s.path).repeat(200);
+        text.push_str(&String::from_utf8_lossy(&page(8 * 1024)));
+        let cache_control = if s.path == "/short" {
+            "max-age=1, stale-while-revalidate=0"
+        } else {
+            "max-age=3600"
+        };
+        Reply::ok(text)
+            .header("content-type", "text/plain")
+            .header("cache-control", cache_control)
+            .header("surrogate-key", "all")
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let host = [("host", "shop.test")];
+    let version_of = |r: &ClientReply| {
+        let text = String::from_utf8_lossy(&r.body);
+        text.split(" of ").next().unwrap_or_default().to_owned()
+    };
+    let invalidations: [(&str, serde_json::Value); 3] = [
+        ("/v1/purge", serde_json::json!({"url": "http://shop.test/x"})),
+        (
+            "/v1/bans",
+            serde_json::json!({"expression": "req.url == \"/x\""}),
+        ),
+        ("/v1/purge/tags", serde_json::json!({"tags": ["all"]})),
+    ];
+    let mut made = 0;
+    for (n, (path, body)) in invalidations.iter().enumerate() {
+        let version = versions.load(Ordering::SeqCst);
+        // Stored (gzip), then its identity representation made and served.
+        let gz = identity(&d, "/x", &[host[0], ("accept-encoding", "gzip")]).await;
+        assert_eq!(gz.header("content-encoding"), "gzip", "{path}");
+        d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == n as u64 + 1)
+            .await;
+        identity(&d, "/x", &host).await;
+        made += 1;
+        d.wait_for_stats("made", |s| s["proxy"]["representations_made"] == made)
+            .await;
+        let r = identity(&d, "/x", &host).await;
+        assert_eq!(version_of(&r), format!("version {version}"), "{path}");
+        let served = counter(&d.stats().await, "representations_served");
+
+        versions.store(version + 1, Ordering::SeqCst);
+        let reply = d.admin_post(path, body.clone()).await;
+        assert!(reply.status.is_success(), "{path}: {:?}", reply.body);
+        let r = identity(&d, "/x", &host).await;
+        assert_eq!(r.x_cache(), "MISS", "{path}");
+        assert_eq!(
+            version_of(&r),
+            format!("version {}", version + 1),
+            "{path}"
+        );
+        assert_eq!(origin.count("/x"), n + 2, "{path}");
+        assert_eq!(
+            counter(&d.stats().await, "representations_served"),
+            served,
+            "{path}: the old representation is never sent"
+        );
+    }
+
+    // A new body from the origin (the object expired and was fetched again) leaves the old
+    // representation behind: identity clients get the new bytes.
+    let version = versions.load(Ordering::SeqCst);
+    identity(&d, "/short", &[host[0], ("accept-encoding", "gzip")]).await;
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 5)
+        .await;
+    identity(&d, "/short", &host).await;
+    made += 1;
+    d.wait_for_stats("made", |s| s["proxy"]["representations_made"] == made)
+        .await;
+    let r = identity(&d, "/short", &host).await;
+    assert_eq!(version_of(&r), format!("version {version}"));
+    versions.store(version + 1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = identity(&d, "/short", &host).await;
+    assert_eq!(r.x_cache(), "MISS");
+    assert_eq!(version_of(&r), format!("version {}", version + 1));
+    d.wait_for_stats("fetched again and stored", |s| {
+        s["proxy"]["objects_stored"] == 6
+    })
+    .await;
+    let r = identity(&d, "/short", &host).await;
+    assert_eq!(r.x_cache(), "HIT");
+    assert_eq!(version_of(&r), format!("version {}", version + 1));
+    assert_eq!(origin.count("/short"), 2);
+}
+
+/// Past `conversions` representations being made at once, an identity client is served by decoding on
+/// the way out, as before, and that is counted; its representation is made later, when there is room.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_conversion_budget_serves_clients_by_decoding() {
+    let big = page(8 << 20);
+    let small = page(64 * 1024);
+    let (b, s) = (big.clone(), small.clone());
+    let origin = Origin::start(move |seen| {
+        let body = if seen.path == "/big" { b.clone() } else { s.clone() };
+        Reply::ok(body)
+            .header("content-type", "text/plain")
+            .header("cache-control", "max-age=3600")
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = budget_config(&dir, "conversions = 1");
+    let d = Daemon::start(origin.addr, &["--config", &config]);
+    for path in ["/big", "/small"] {
+        let r = ask(&d, path, "full", Some("gzip")).await.unwrap();
+        assert_eq!(r.header("content-encoding"), "gzip");
+    }
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 2)
+        .await;
+    // The big body's representation takes a while to make; the small one's client comes meanwhile.
+    let reading = lacquer_tests::open(d.addr, "/big").await;
+    assert_eq!(reading.status(), 200);
+    let r = identity(&d, "/small", &[]).await;
+    assert!(r.body == small, "served by decoding");
+    let stats = d.stats().await;
+    assert_eq!(counter(&stats, "representations_deferred"), 1, "{stats}");
+    drop(reading);
+    d.wait_for_stats("the big one made", |s| {
+        s["proxy"]["representations_made"] == 1
+    })
+    .await;
+    let r = identity(&d, "/small", &[]).await;
+    assert!(r.body == small);
+    d.wait_for_stats("the small one made", |s| {
+        s["proxy"]["representations_made"] == 2
+    })
+    .await;
+    let r = identity(&d, "/big", &[]).await;
+    assert!(r.body == big);
+    assert_eq!(counter(&d.stats().await, "representations_served"), 1);
+    assert_eq!(origin.total(), 2);
 }

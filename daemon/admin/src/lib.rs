@@ -259,6 +259,7 @@ mod tests {
             coalescer: Coalescer::new(1 << 20),
             started: lacquer_clock::monotonic(),
             cluster: None,
+            making: Arc::default(),
         });
         let (_, stopping) = watch::channel(false);
         router(AdminState {

@@ -84,6 +84,13 @@ pub struct Compression {
     /// about 1 030, while a small brotli or zstd body can expand a million times and cost seconds of CPU.
     /// At least 20. Default: 1000.
     pub max_expansion: u32,
+    /// A client that takes none of a stored body's coding (identity for a body stored gzip'd, gzip for one
+    /// stored brotli) is served the first time by converting the body on the way out, and the conversion
+    /// is kept beside the body as another representation of it: later such clients get stored bytes.
+    /// This many representations may be being made at once; past it a client is served by converting on
+    /// the way out, as the first one was (`representations_deferred`). 0: none is made, every such client
+    /// is converted for. Default: 4.
+    pub conversions: u32,
 }
 
 impl Default for Compression {
@@ -122,6 +129,7 @@ impl Default for Compression {
             decode_memory: ByteSize::mib(256),
             range_decode: ByteSize::mib(1),
             max_expansion: 1000,
+            conversions: 4,
         }
     }
 }

@@ -59,6 +59,11 @@ impl Negotiated {
         }
     }
 
+    /// Whether the client takes gzip.
+    pub fn takes_gzip(&self) -> bool {
+        self.accepts.accepts(Some(Coding::Gzip))
+    }
+
     /// Puts the client's own `Accept-Encoding` back, for a request sent to the origin as the client sent it.
     pub fn restore(&self, headers: &mut HeaderMap) {
         headers.remove(header::ACCEPT_ENCODING);
@@ -72,6 +77,14 @@ impl Negotiated {
 pub enum Conversion {
     /// The bytes as stored or fetched.
     None,
+    /// A sibling of the stored body is sent as stored: the representation of it in `coding` (`None`:
+    /// identity) made before, under the variant's headers.
+    Sibling {
+        /// The sibling's coding.
+        coding: Option<Coding>,
+        /// Where it is counted.
+        stats: Arc<Stats>,
+    },
     /// Decompressed on the way out.
     Decode {
         /// The stored coding.
@@ -129,7 +142,7 @@ impl Conversion {
     /// (counted when not: the whole body is sent instead).
     pub fn answers_range(&self, parts: &[(u64, u64)]) -> bool {
         match self {
-            Conversion::None => true,
+            Conversion::None | Conversion::Sibling { .. } => true,
             Conversion::Decode {
                 range_decode,
                 stats,
@@ -144,10 +157,11 @@ impl Conversion {
         }
     }
 
-    /// Shapes the headers for what is sent: for a decoded body `Content-Encoding` goes, the entity-tag
-    /// turns weak (RFC 9110 §8.8.3) and `Content-Length` becomes the decoded length when known; any coded
-    /// body tells caches downstream that it varies on `Accept-Encoding`. Returns the length sent, when
-    /// known.
+    /// Shapes the headers for what is sent: for a decoded body (or a sibling) `Content-Encoding` goes (or
+    /// becomes the sibling's), the entity-tag turns weak (RFC 9110 §8.8.3) and `Content-Length` becomes
+    /// the decoded length when known; any coded body tells caches downstream that it varies on
+    /// `Accept-Encoding`. `stored_length` is that of the bytes sent as they are stored (the sibling's for a
+    /// sibling). Returns the length sent, when known.
     pub fn headers(&self, headers: &mut HeaderMap, stored_length: Option<u64>) -> Option<u64> {
         let identity_length = headers
             .remove(IDENTITY_LENGTH)
@@ -155,8 +169,21 @@ impl Conversion {
         if encoding::coded(headers) != Coded::Identity {
             vary_on_accept_encoding(headers);
         }
-        let Conversion::Decode { coding, stats, .. } = self else {
-            return stored_length;
+        let (coding, stats) = match self {
+            Conversion::None => return stored_length,
+            Conversion::Sibling { coding, stats } => {
+                inc(&stats.representations_served);
+                match coding {
+                    Some(c) => headers.insert(
+                        header::CONTENT_ENCODING,
+                        HeaderValue::from_static(c.token()),
+                    ),
+                    None => headers.remove(header::CONTENT_ENCODING),
+                };
+                weaken_etag(headers);
+                return stored_length;
+            }
+            Conversion::Decode { coding, stats, .. } => (coding, stats),
         };
         inc(match coding {
             Coding::Br => &stats.decoded_br,
@@ -231,14 +258,14 @@ impl Conversion {
 }
 
 /// A decoder's share of `decode_memory`, given back when the decoding body ends or is dropped.
-struct Reserved {
+pub(crate) struct Reserved {
     stats: Arc<Stats>,
     bytes: u64,
 }
 
 impl Reserved {
     /// `bytes` more of the decoders' memory, unless that passes `budget`.
-    fn take(stats: &Arc<Stats>, bytes: u64, budget: u64) -> Option<Self> {
+    pub(crate) fn take(stats: &Arc<Stats>, bytes: u64, budget: u64) -> Option<Self> {
         stats
             .decode_memory
             .fetch_update(Relaxed, Relaxed, |held| {

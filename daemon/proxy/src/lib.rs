@@ -14,6 +14,7 @@ mod memory;
 mod peer;
 mod purge_method;
 mod respond;
+pub mod siblings;
 pub mod stats;
 pub mod store;
 #[cfg(test)]
@@ -31,7 +32,7 @@ use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Resp
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use lacquer_edge::{Client, EdgeStats};
-use lacquer_storage::{ObjectMeta, ObjectSet, Tier};
+use lacquer_storage::{ChunkRead, ObjectMeta, ObjectSet, Tier};
 
 use self::respond::Outcome;
 use lacquer_backends::{
@@ -40,7 +41,7 @@ use lacquer_backends::{
     BackendError, ClientBodyError,
 };
 use lacquer_policy::{
-    encoding::Delivery,
+    encoding::{Coding, Delivery},
     head,
     headers::{strip_forwarding, strip_hop_by_hop},
     key::primary_key,
@@ -479,6 +480,23 @@ async fn serve_stored<S: CacheStore>(
     if delivery == Delivery::Forward {
         return Some(ctx.forward_as_sent(worker, parts).await);
     }
+    if let Delivery::Decode(coding) = delivery {
+        if let Some((sibling, conversion, first)) = sibling(worker, ctx, key, found, coding).await {
+            record_hit(&shared.stats, first.tier);
+            return Some(respond::stored(
+                shared.store.clone(),
+                found.set.clone(),
+                found.index,
+                Some(sibling),
+                Some(first.data),
+                now,
+                outcome,
+                parts,
+                headers,
+                &conversion,
+            ));
+        }
+    }
     let first = if meta.length == 0 {
         None
     } else {
@@ -506,6 +524,7 @@ async fn serve_stored<S: CacheStore>(
         shared.store.clone(),
         found.set.clone(),
         found.index,
+        None,
         data,
         now,
         outcome,
@@ -513,6 +532,53 @@ async fn serve_stored<S: CacheStore>(
         headers,
         &ctx.conversion(delivery, &shared.stats),
     ))
+}
+
+/// The sibling of `found` this client should be sent instead of converting its body (stored in `coding`)
+/// on the way out, its index in the set, how it is sent and its chunk 0; `None` when there is none to send.
+/// A sibling is then made, for the clients after this one, unless `[compression] conversions` is 0.
+async fn sibling<S: CacheStore>(
+    worker: &Worker<S>,
+    ctx: &Ctx<'_>,
+    key: &str,
+    found: &Found,
+    coding: Coding,
+) -> Option<(usize, Conversion, ChunkRead)> {
+    let shared = &worker.shared;
+    let (negotiated, negotiation) = (ctx.negotiated?, ctx.route.policy.compression.as_ref()?);
+    let meta = found.meta();
+    if negotiation.settings.conversions == 0 || meta.length == 0 {
+        return None;
+    }
+    let wanted = siblings::coding_for(coding, negotiated.takes_gzip());
+    if let Some(index) = found.set.sibling(meta.generation, wanted.map(Coding::token)) {
+        match shared.store.open_body(&found.set.siblings[index].body).await {
+            Ok(Some(first)) => {
+                let conversion = Conversion::Sibling {
+                    coding: wanted,
+                    stats: shared.stats.clone(),
+                };
+                return Some((index, conversion, first));
+            }
+            // Made again below: the new one replaces it.
+            Ok(None) => inc(&shared.stats.representations_evicted),
+            Err(e) => tracing::warn!(key, error = %e, "reading a representation failed"),
+        }
+    }
+    siblings::start(
+        &shared.store,
+        &shared.making,
+        &shared.stats,
+        &negotiation.settings,
+        ctx.route.policy.cache.max_object_size.as_u64(),
+        siblings::Wanted {
+            key: key.to_owned(),
+            found: found.clone(),
+            stored: coding,
+            coding: wanted,
+        },
+    );
+    None
 }
 
 /// Starts one background fetch (a revalidation when the object has validators) for a key served in grace,

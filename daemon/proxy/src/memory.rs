@@ -12,7 +12,7 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 use lacquer_storage::{
-    ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, Store, StoreError, Tier,
+    ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, Sibling, Store, StoreError, Tier,
 };
 use tokio::sync::watch;
 
@@ -66,18 +66,56 @@ impl State {
         self.chunks.retain(|(g, _), _| *g != generation);
     }
 
-    /// Replaces the variants of `primary`, dropping the bodies of those no longer kept.
+    /// Replaces the variants of `primary`, dropping the bodies of those no longer kept and the siblings
+    /// made from them.
     fn save(&mut self, primary: &str, variants: Vec<ObjectMeta>) {
         let old = self.sets.remove(primary);
+        let kept = |generation: u64| variants.iter().any(|m| m.generation == generation);
         for meta in old.iter().flat_map(|s| &s.variants) {
-            if !variants.iter().any(|m| m.generation == meta.generation) {
+            if !kept(meta.generation) {
                 self.forget_body(meta.generation);
             }
         }
-        if !variants.is_empty() {
-            self.sets
-                .insert(primary.to_owned(), Arc::new(ObjectSet { variants }));
+        let mut siblings = Vec::new();
+        for sibling in old.iter().flat_map(|s| &s.siblings) {
+            if kept(sibling.of) {
+                siblings.push(sibling.clone());
+            } else {
+                self.forget_body(sibling.body.generation);
+            }
         }
+        if !variants.is_empty() {
+            let set = ObjectSet {
+                variants,
+                siblings,
+            };
+            self.sets.insert(primary.to_owned(), Arc::new(set));
+        }
+    }
+
+    /// Keeps `sibling` with its variant body, replacing one in the same coding; `false` when that body is
+    /// gone.
+    fn add_sibling(&mut self, primary: &str, sibling: Sibling) -> bool {
+        let Some(set) = self
+            .sets
+            .get(primary)
+            .filter(|set| set.variants.iter().any(|m| m.generation == sibling.of))
+        else {
+            self.forget_body(sibling.body.generation);
+            return false;
+        };
+        let mut set = (**set).clone();
+        if let Some(pos) = set
+            .siblings
+            .iter()
+            .position(|s| s.of == sibling.of && s.coding == sibling.coding)
+        {
+            let old = set.siblings.remove(pos);
+            self.forget_body(old.body.generation);
+        }
+        set.siblings.push(sibling);
+        self.sets.insert(primary.to_owned(), Arc::new(set));
+        true
     }
 }
 
@@ -150,6 +188,11 @@ impl MemoryStore {
             .sets
             .get(primary)
             .map_or_else(Vec::new, |s| s.variants.clone())
+    }
+
+    /// The set of `primary` as stored (siblings included), bans not applied.
+    pub fn set(&self, primary: &str) -> Option<Arc<ObjectSet>> {
+        self.lock().sets.get(primary).cloned()
     }
 
     /// Chunks read so far, as (generation, index), in order; clears the record.
@@ -413,6 +456,32 @@ impl BodyWriter for MemoryWriter {
         self.finished = true;
         self.store.publish(&primary, meta, self.since.epoch);
         Ok(())
+    }
+
+    async fn finish_sibling(
+        mut self,
+        primary: String,
+        of: u64,
+        coding: Option<String>,
+    ) -> Result<bool, StoreError> {
+        if !self.buf.is_empty() {
+            let rest = self.buf.split().freeze();
+            self.store_chunk(rest);
+        }
+        self.refused()?;
+        self.finished = true;
+        let sibling = Sibling {
+            of,
+            coding,
+            body: ObjectMeta {
+                object: self.object,
+                generation: self.generation,
+                length: self.length,
+                chunk_size: self.store.chunk_size as u32,
+                ..ObjectMeta::default()
+            },
+        };
+        Ok(self.store.lock().add_sibling(&primary, sibling))
     }
 }
 

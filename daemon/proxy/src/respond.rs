@@ -168,12 +168,14 @@ pub fn fetched<S: CacheStore>(
 
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
 /// readable before the status line goes out), shaped for the request by [`represent`]. `headers` are the
-/// stored ones ([`header_map`]).
+/// stored ones ([`header_map`]); the body is the variant's, or its sibling `sibling` (an index into the
+/// set's siblings, sent with [`Conversion::Sibling`]).
 #[allow(clippy::too_many_arguments)]
 pub fn stored<S: CacheStore>(
     store: S,
     set: Arc<ObjectSet>,
     variant: usize,
+    sibling: Option<usize>,
     first: Option<Bytes>,
     now_ms: u64,
     outcome: Outcome,
@@ -183,13 +185,16 @@ pub fn stored<S: CacheStore>(
 ) -> Response<Body> {
     let meta = &set.variants[variant];
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
-    let (length, age) = (meta.length, meta.age_s(now_ms));
-    let source = Source::Stored(Stored {
+    let age = meta.age_s(now_ms);
+    let stored = Stored {
         store,
         set,
         variant,
+        sibling,
         first,
-    });
+    };
+    let length = stored.body().length;
+    let source = Source::Stored(stored);
     represent(
         source,
         status,
@@ -222,7 +227,7 @@ impl<S: CacheStore> Source<S> {
     /// The whole body as stored or fetched.
     fn whole(self) -> Body {
         match self {
-            Source::Stored(stored) => match stored.set.variants[stored.variant].length {
+            Source::Stored(stored) => match stored.body().length {
                 0 => body::empty(),
                 len => stored.range(0, len - 1),
             },
@@ -444,8 +449,20 @@ struct Stored<S> {
     store: S,
     set: Arc<ObjectSet>,
     variant: usize,
+    /// The sibling of the variant sent instead of its body.
+    sibling: Option<usize>,
     /// Chunk 0, already read to prove the body is there.
     first: Option<Bytes>,
+}
+
+impl<S> Stored<S> {
+    /// The body sent: the variant's, or its sibling's.
+    fn body(&self) -> &ObjectMeta {
+        match self.sibling {
+            Some(index) => &self.set.siblings[index].body,
+            None => &self.set.variants[self.variant],
+        }
+    }
 }
 
 /// Bytes of a stored body asked of the store ahead of the chunk being sent (at least one chunk; 2 chunks of
@@ -476,7 +493,7 @@ impl<S: CacheStore> Stored<S> {
         first: u64,
         last: u64,
     ) -> impl Stream<Item = Result<Frame<Bytes>, BoxError>> + Send {
-        let chunk_size = u64::from(self.set.variants[self.variant].chunk_size);
+        let chunk_size = u64::from(self.body().chunk_size);
         let start_index = (first / chunk_size) as u32;
         let end_index = (last / chunk_size) as u32;
         let ahead = (READ_AHEAD / chunk_size).max(1) as u32;
@@ -506,7 +523,7 @@ impl<S: CacheStore> Stored<S> {
             if in_hand.is_some() {
                 s.asked = s.asked.max(1);
             }
-            let meta = &s.source.set.variants[s.source.variant];
+            let meta = s.source.body();
             while s.asked <= end_index && s.asked <= index + ahead {
                 s.reads.push_back(s.source.store.read_chunk(meta, s.asked));
                 s.asked += 1;
@@ -542,11 +559,8 @@ impl<S: CacheStore> Stored<S> {
         parts: &[(u64, u64)],
         content_type: Option<&HeaderValue>,
     ) -> (Body, u64, String) {
-        let len = self.set.variants[self.variant].length;
-        let boundary = format!(
-            "lacquer-{:016x}",
-            self.set.variants[self.variant].generation
-        );
+        let len = self.body().length;
+        let boundary = format!("lacquer-{:016x}", self.body().generation);
         let content_type = content_type
             .and_then(|v| v.to_str().ok())
             .map(|t| format!("Content-Type: {t}\r\n"));
@@ -569,6 +583,7 @@ impl<S: CacheStore> Stored<S> {
                     store: source.store.clone(),
                     set: source.set.clone(),
                     variant: source.variant,
+                    sibling: source.sibling,
                     first: source.first.clone(),
                 };
                 futures_util::stream::once(async move { Ok(Frame::data(head)) })

@@ -102,6 +102,16 @@ pub trait BodyWriter: Send + Sync + 'static {
         primary: String,
         meta: ObjectMeta,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Stores the last chunk and keeps the body as a sibling of the variant body `of` of `primary`: its
+    /// representation in `coding` (`None`: identity), made from it. `Ok(false)` (and the body discarded)
+    /// when that variant body is no longer stored.
+    fn finish_sibling(
+        self,
+        primary: String,
+        of: u64,
+        coding: Option<String>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// The chunks of a body still being written.
@@ -200,6 +210,15 @@ impl BodyWriter for ObjectWriter {
         meta: ObjectMeta,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         ObjectWriter::finish(self, primary, meta)
+    }
+
+    fn finish_sibling(
+        self,
+        primary: String,
+        of: u64,
+        coding: Option<String>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        ObjectWriter::finish_sibling(self, primary, of, coding)
     }
 }
 

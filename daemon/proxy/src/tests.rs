@@ -69,6 +69,7 @@ fn worker_of(
         coalescer: Coalescer::new(1 << 20),
         started: lacquer_clock::monotonic(),
         cluster,
+        making: Arc::default(),
     })))
 }
 
@@ -351,8 +352,30 @@ async fn one_compressed_body_serves_every_accept_encoding() {
         origin.seen()[0].headers["accept-encoding"],
         "gzip, br;q=0.9"
     );
-    assert_eq!(w.shared.stats.decoded_gzip.load(SeqCst), 3);
-    assert_eq!(w.shared.stats.compress_in.load(SeqCst), text.len() as u64);
+    // Decoded on the way out until the identity representation was made from the stored body.
+    let stats = &w.shared.stats;
+    let sent = || stats.decoded_gzip.load(SeqCst) + stats.representations_served.load(SeqCst);
+    assert_eq!(sent(), 3);
+    assert_eq!(stats.compress_in.load(SeqCst), text.len() as u64);
+    let made = async {
+        while stats.representations_made.load(SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), made)
+        .await
+        .expect("the identity representation is made");
+    let served = stats.representations_served.load(SeqCst);
+    let got = get(&w, "/t", &[]).await;
+    assert_eq!((got.x_cache(), &got.body), ("HIT", &text));
+    assert_eq!(got.header("content-length"), text.len().to_string());
+    assert_eq!(got.header("etag"), "W/\"t\"");
+    assert_eq!(stats.representations_served.load(SeqCst), served + 1);
+    let sibling = &store.set(&key("/t")).expect("stored").siblings;
+    assert_eq!(sibling.len(), 1);
+    assert_eq!(sibling[0].coding, None);
+    assert_eq!(sibling[0].body.length, text.len() as u64);
+    assert_eq!(origin.count("/t"), 1);
 }
 
 /// An object within `stale-while-revalidate` is served at once while one background fetch refreshes it.

@@ -17,6 +17,7 @@ use crate::{
     coalesce::Coalescer,
     invalidation::PurgeTarget,
     peer::Peers,
+    siblings::Making,
     stats::Stats,
     store::CacheStore,
 };
@@ -71,6 +72,8 @@ pub struct Shared<S: CacheStore = Store> {
     pub started: Instant,
     /// The cluster this node belongs to; `None` on a single node.
     pub cluster: Option<Arc<dyn Cluster>>,
+    /// The representations being made from stored bodies.
+    pub making: Arc<Making>,
 }
 
 impl Shared<Store> {

@@ -17,7 +17,7 @@ use std::{
 use crate::{
     ban::Verdict,
     error::StoreError,
-    meta::{ObjectMeta, ObjectSet},
+    meta::{ObjectMeta, ObjectSet, Sibling},
 };
 
 use super::{ChunkTiers, Store};
@@ -182,14 +182,18 @@ impl Store {
             }
         }
         let removed = dropped.len();
+        let kept = ObjectSet {
+            variants: kept,
+            siblings: set.siblings.clone(),
+        };
         if removed == 0 {
-            let set = Arc::new(ObjectSet { variants: kept });
+            let set = Arc::new(kept);
             if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
                 self.inner.hot.insert(primary.to_owned(), set.clone());
             }
             return Ok((Some(set), 0));
         }
-        let set = self.save_set(locked, primary, ObjectSet { variants: kept }, &dropped, hot)?;
+        let set = self.save_set(locked, primary, kept, &dropped, hot)?;
         Ok((set, removed))
     }
 
@@ -266,15 +270,18 @@ impl Store {
     }
 
     /// Replaces the set of `primary` (or removes it when empty) in sled and the hot copy, and returns it; the
-    /// caller holds the mutation lock. Chunks and tag entries of `dropped` variants are removed.
+    /// caller holds the mutation lock. Chunks and tag entries of `dropped` variants are removed, and so are
+    /// the siblings of variant bodies no longer in the set (callers keep the siblings in `set`: whatever
+    /// removed their variant, this drops them).
     fn save_set(
         &self,
         _locked: &Locked<'_>,
         primary: &str,
-        set: ObjectSet,
+        mut set: ObjectSet,
         dropped: &[ObjectMeta],
         hot: HotCopy,
     ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        let orphans = set.orphans();
         let saved = if set.variants.is_empty() {
             self.inner.objects.remove(primary.as_bytes())?;
             self.inner.hot.remove(primary);
@@ -293,11 +300,40 @@ impl Store {
             self.unindex_tags(primary, meta)?;
             self.forget_body_later(meta);
         }
+        for sibling in &orphans {
+            self.forget_body_later(&sibling.body);
+        }
         self.counters().objects.sub(dropped.len() as u64);
         self.counters()
             .stored_bytes
             .sub(dropped.iter().map(|m| m.length).sum());
         Ok(saved)
+    }
+
+    /// Keeps `sibling` with the variant body it represents, replacing one made before in the same coding;
+    /// `false` (and its body forgotten) when that body is no longer stored: it was invalidated, or replaced,
+    /// while the sibling was being made.
+    pub(crate) fn add_sibling(&self, primary: &str, sibling: Sibling) -> Result<bool, StoreError> {
+        let locked = self.lock_record(primary);
+        let set = self.load_set(&locked, primary, HotCopy::IfPresent)?;
+        let Some(mut set) = set
+            .filter(|set| set.variants.iter().any(|v| v.generation == sibling.of))
+            .map(|set| (*set).clone())
+        else {
+            self.forget_body(&sibling.body);
+            return Ok(false);
+        };
+        if let Some(pos) = set
+            .siblings
+            .iter()
+            .position(|s| s.of == sibling.of && s.coding == sibling.coding)
+        {
+            let old = set.siblings.remove(pos);
+            self.forget_body_later(&old.body);
+        }
+        set.siblings.push(sibling);
+        self.save_set(&locked, primary, set, &[], HotCopy::IfPresent)?;
+        Ok(true)
     }
 
     /// Applies `change` to the set of `primary` and saves it; returns what `change` returned (0 when there
@@ -378,13 +414,11 @@ impl Store {
             return Ok(0);
         };
         let dropped = set.variants.clone();
-        self.save_set(
-            &locked,
-            primary,
-            ObjectSet::default(),
-            &dropped,
-            HotCopy::Fill,
-        )?;
+        let emptied = ObjectSet {
+            variants: Vec::new(),
+            siblings: set.siblings.clone(),
+        };
+        self.save_set(&locked, primary, emptied, &dropped, HotCopy::Fill)?;
         self.counters().objects_removed.add(dropped.len() as u64);
         Ok(dropped.len())
     }
@@ -445,13 +479,11 @@ impl Store {
         if dropped.is_empty() {
             return Ok(0);
         }
-        self.save_set(
-            &locked,
-            primary,
-            ObjectSet { variants: kept },
-            &dropped,
-            HotCopy::Fill,
-        )?;
+        let kept = ObjectSet {
+            variants: kept,
+            siblings: set.siblings.clone(),
+        };
+        self.save_set(&locked, primary, kept, &dropped, HotCopy::Fill)?;
         Ok(dropped.len())
     }
 

@@ -168,6 +168,19 @@ stats_section! {
         decode_expansion: Counter "lacquer_coded_body_errors_total" { reason = "expansion" },
         /// Byte ranges of a decoded body answered with the whole body: beyond `range_decode`, or several.
         ranges_whole: Counter "lacquer_decoded_ranges_whole_total",
+        /// Representations made from stored bodies and kept beside them (`compression.conversions`): an
+        /// identity copy of a body stored compressed, a gzip copy of one stored in brotli.
+        representations_made: Counter "lacquer_representations_total" { event = "made" },
+        /// Responses sent from such a representation, as stored: no conversion on the way out.
+        representations_served: Counter "lacquer_representations_total" { event = "served" },
+        /// Representations found with their chunks gone (evicted), made again when next asked for.
+        representations_evicted: Counter "lacquer_representations_total" { event = "evicted" },
+        /// Representations not started because `compression.conversions` were being made: the client was
+        /// served by converting on the way out.
+        representations_deferred: Counter "lacquer_representations_total" { event = "deferred" },
+        /// Representations started but not kept: the body could not be read or converted, or the store
+        /// refused it.
+        representations_failed: Counter "lacquer_representations_total" { event = "failed" },
         /// Requests that found no backend to send to: every candidate sick, or busy at `max_connections`.
         backend_unavailable: Counter "lacquer_backend_unavailable_total",
         /// Backends their probe says are sick.
