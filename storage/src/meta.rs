@@ -1,3 +1,6 @@
+use std::sync::OnceLock;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
 use crate::{chunk::ChunkKey, error::StoreError};
@@ -46,6 +49,41 @@ pub struct ObjectMeta {
     /// The newest ban this object has been tested against (or that existed when its fetch started); bans
     /// after it must still be tested before it is served.
     pub ban_checked: u64,
+    /// `headers` as a header map, made when first asked for ([`ObjectMeta::head`]). Not stored.
+    #[serde(skip)]
+    pub prepared: PreparedHead,
+}
+
+/// A stored object's headers parsed into a header map once, for every response served from the same copy
+/// of its metadata (the hot copy holds one per key): a hit clones the map, whose values share their bytes,
+/// instead of parsing every name and copying every value. It is a cache of `headers`, never part of the
+/// record: a clone of the metadata starts without one (a copy may be given other headers, as a 304's
+/// refresh does), and metadata compare equal whatever is prepared.
+#[derive(Default)]
+pub struct PreparedHead(OnceLock<HeaderMap>);
+
+impl Clone for PreparedHead {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for PreparedHead {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for PreparedHead {}
+
+impl std::fmt::Debug for PreparedHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "PreparedHead(made)"
+        } else {
+            "PreparedHead"
+        })
+    }
 }
 
 impl ObjectMeta {
@@ -104,6 +142,24 @@ impl ObjectMeta {
             .saturating_add(self.keep_ms)
             .max(self.stale_if_error_ms);
         born.saturating_add(self.ttl_ms).saturating_add(after)
+    }
+
+    /// The stored headers as a header map, with room for what a response adds: parsed on the first call,
+    /// shared by the later ones (see [`PreparedHead`]). A stored field that is no longer a valid name or
+    /// value is left out.
+    pub fn head(&self) -> &HeaderMap {
+        self.prepared.0.get_or_init(|| {
+            let mut headers = HeaderMap::with_capacity(self.headers.len() + 7);
+            for (name, value) in &self.headers {
+                if let (Ok(n), Ok(v)) = (
+                    HeaderName::from_bytes(name.as_bytes()),
+                    HeaderValue::from_bytes(value),
+                ) {
+                    headers.append(n, v);
+                }
+            }
+            headers
+        })
     }
 
     /// The stored value of header `name` (case-insensitive); the first one when it was repeated.
@@ -258,6 +314,7 @@ pub(crate) mod tests {
             no_stale: false,
             tags: vec!["t1".into()],
             ban_checked: 3,
+            prepared: PreparedHead::default(),
         }
     }
 
@@ -305,7 +362,10 @@ pub(crate) mod tests {
         assert_eq!(set.sibling(1, Some("gzip")), Some(2));
         assert_eq!(set.sibling(2, Some("gzip")), None);
         assert_eq!(set.orphans(), vec![sibling(2, None)]);
-        assert_eq!(set.siblings, vec![sibling(1, None), sibling(1, Some("gzip"))]);
+        assert_eq!(
+            set.siblings,
+            vec![sibling(1, None), sibling(1, Some("gzip"))]
+        );
     }
 
     #[test]
@@ -318,6 +378,26 @@ pub(crate) mod tests {
             .contains("unknown format version 99"));
         assert!(ObjectSet::decode("k", &[]).is_err());
         assert!(ObjectSet::decode("k", &[FORMAT_VERSION, 0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn the_head_is_prepared_once_per_copy_and_never_copied() {
+        let m = meta(1, 4);
+        let head = m.head();
+        assert_eq!(head.get("etag").unwrap(), "\"x\"");
+        assert_eq!(head.get("content-type").unwrap(), "text/plain");
+        assert!(std::ptr::eq(head, m.head()), "made once");
+        let refreshed = ObjectMeta {
+            headers: vec![("ETag".into(), b"\"y\"".to_vec())],
+            ..m.clone()
+        };
+        assert_eq!(refreshed.head().get("etag").unwrap(), "\"y\"");
+        assert!(refreshed.head().get("content-type").is_none());
+        assert_eq!(
+            m,
+            ObjectMeta { ..m.clone() },
+            "what is prepared is not compared"
+        );
     }
 
     #[test]

@@ -586,10 +586,17 @@ async fn an_identity_representation_is_made_once_and_served_after() {
     let r = identity(&d, "/page", &[host, ("range", "bytes=0-9,600000-600009")]).await;
     assert_eq!(r.status, 206);
     assert!(r.header("content-type").starts_with("multipart/byteranges"));
-    assert_eq!(proxy(&d.stats().await), (1, 1, 4), "decoded once, made once");
+    assert_eq!(
+        proxy(&d.stats().await),
+        (1, 1, 4),
+        "decoded once, made once"
+    );
     // A gzip client still gets the stored gzip bytes.
     let r = identity(&d, "/page", &[host, ("accept-encoding", "gzip")]).await;
-    assert_eq!((r.header("content-encoding"), &r.body), ("gzip", &gzip.body));
+    assert_eq!(
+        (r.header("content-encoding"), &r.body),
+        ("gzip", &gzip.body)
+    );
 
     d.stop();
     let d = d.restart();
@@ -637,7 +644,10 @@ async fn a_representation_goes_with_its_object() {
         text.split(" of ").next().unwrap_or_default().to_owned()
     };
     let invalidations: [(&str, serde_json::Value); 3] = [
-        ("/v1/purge", serde_json::json!({"url": "http://shop.test/x"})),
+        (
+            "/v1/purge",
+            serde_json::json!({"url": "http://shop.test/x"}),
+        ),
         (
             "/v1/bans",
             serde_json::json!({"expression": "req.url == \"/x\""}),
@@ -665,11 +675,7 @@ async fn a_representation_goes_with_its_object() {
         assert!(reply.status.is_success(), "{path}: {:?}", reply.body);
         let r = identity(&d, "/x", &host).await;
         assert_eq!(r.x_cache(), "MISS", "{path}");
-        assert_eq!(
-            version_of(&r),
-            format!("version {}", version + 1),
-            "{path}"
-        );
+        assert_eq!(version_of(&r), format!("version {}", version + 1), "{path}");
         assert_eq!(origin.count("/x"), n + 2, "{path}");
         assert_eq!(
             counter(&d.stats().await, "representations_served"),
@@ -713,7 +719,11 @@ async fn a_full_conversion_budget_serves_clients_by_decoding() {
     let small = page(64 * 1024);
     let (b, s) = (big.clone(), small.clone());
     let origin = Origin::start(move |seen| {
-        let body = if seen.path == "/big" { b.clone() } else { s.clone() };
+        let body = if seen.path == "/big" {
+            b.clone()
+        } else {
+            s.clone()
+        };
         Reply::ok(body)
             .header("content-type", "text/plain")
             .header("cache-control", "max-age=3600")

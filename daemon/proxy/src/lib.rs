@@ -551,8 +551,15 @@ async fn sibling<S: CacheStore>(
         return None;
     }
     let wanted = siblings::coding_for(coding, negotiated.takes_gzip());
-    if let Some(index) = found.set.sibling(meta.generation, wanted.map(Coding::token)) {
-        match shared.store.open_body(&found.set.siblings[index].body).await {
+    if let Some(index) = found
+        .set
+        .sibling(meta.generation, wanted.map(Coding::token))
+    {
+        match shared
+            .store
+            .open_body(&found.set.siblings[index].body)
+            .await
+        {
             Ok(Some(first)) => {
                 let conversion = Conversion::Sibling {
                     coding: wanted,

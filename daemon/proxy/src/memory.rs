@@ -85,10 +85,7 @@ impl State {
             }
         }
         if !variants.is_empty() {
-            let set = ObjectSet {
-                variants,
-                siblings,
-            };
+            let set = ObjectSet { variants, siblings };
             self.sets.insert(primary.to_owned(), Arc::new(set));
         }
     }

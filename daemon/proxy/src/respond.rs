@@ -335,18 +335,10 @@ fn busy(outcome: Outcome) -> Response<Body> {
     resp
 }
 
-/// The stored response headers as a header map (with room for what delivery adds).
+/// The stored response headers as a header map of this response's own: a clone of the one prepared once
+/// for the stored copy ([`ObjectMeta::head`]).
 pub fn header_map(meta: &ObjectMeta) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(meta.headers.len() + 7);
-    for (name, value) in &meta.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) {
-            headers.append(n, v);
-        }
-    }
-    headers
+    meta.head().clone()
 }
 
 fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {

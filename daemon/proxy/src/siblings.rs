@@ -58,7 +58,12 @@ impl Drop for Slot {
 
 impl Making {
     /// A slot for making `what`, unless it is being made already or `budget` are being made (counted).
-    fn slot(self: &Arc<Self>, what: (u64, Option<Coding>), budget: u32, stats: &Stats) -> Option<Slot> {
+    fn slot(
+        self: &Arc<Self>,
+        what: (u64, Option<Coding>),
+        budget: u32,
+        stats: &Stats,
+    ) -> Option<Slot> {
         let mut in_flight = self.in_flight.lock().expect("making mutex");
         if in_flight.contains(&what) {
             return None;
@@ -169,9 +174,7 @@ impl<S: CacheStore> Job<S> {
         let Some(_reserved) = Reserved::take(&self.stats, window, self.decode_memory) else {
             return Err(NotMade::NoMemory);
         };
-        let mut writer = self
-            .store
-            .writer(key, &meta.variant, self.store.mark())?;
+        let mut writer = self.store.writer(key, &meta.variant, self.store.mark())?;
         let mut decoder = Decoder::new(*stored, self.limit)
             .with_max_expansion(self.max_expansion, EXPANSION_FLOOR);
         let mut encoder = coding.map(|c| Encoder::new(c, self.level));
