@@ -156,12 +156,14 @@ impl Store {
         index: u32,
     ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + 'static {
         let key = meta.chunk_key(index);
-        let started = if index < verified_chunks(meta)
+        // The memory tier first: a hybrid get costs an allocation, a clock read and a histogram even when
+        // memory has the chunk.
+        let started = if let Some(entry) = self.inner.chunks.memory().get(&key) {
+            Started::Memory(entry.value().clone())
+        } else if index < verified_chunks(meta)
             || meta.length <= self.inner.config.memory_bytes as u64 / 16
         {
             Started::Promoted(self.inner.chunks.get(&key))
-        } else if let Some(entry) = self.inner.chunks.memory().get(&key) {
-            Started::Memory(entry.value().clone())
         } else {
             let disk = self.inner.chunks.storage().clone();
             Started::Disk(AbortOnDropHandle::new(
@@ -207,12 +209,16 @@ impl Store {
         key: ChunkKey,
         expected_len: usize,
     ) -> Result<Option<ChunkRead>, StoreError> {
-        let found = self
-            .inner
-            .chunks
-            .get(&key)
-            .await?
-            .map(|entry| (entry.value().clone(), tier_of(entry.source())));
+        let found = match self.inner.chunks.memory().get(&key) {
+            // What a hit finds nearly always: the memory tier, without the hybrid get's bookkeeping.
+            Some(entry) => Some((entry.value().clone(), Tier::Memory)),
+            None => self
+                .inner
+                .chunks
+                .get(&key)
+                .await?
+                .map(|entry| (entry.value().clone(), tier_of(entry.source()))),
+        };
         Ok(self.checked(key, expected_len, found))
     }
 
