@@ -531,6 +531,16 @@ async fn a_body_that_expands_past_the_ratio_is_cut() {
     assert!(decoded <= 2 << 20, "{decoded} bytes decoded");
     assert_eq!(counter(&stats, "decode_expansion"), 1);
     assert!(d.log().contains("decoding for a client cut off"), "logged");
+    // Its identity representation cannot be made either, and is not tried again for the next client.
+    d.wait_for_stats("the representation given up", |s| {
+        s["proxy"]["representations_failed"] == 1
+    })
+    .await;
+    let again = request(d.addr, Method::GET, "/bomb", &[], Bytes::new()).await;
+    assert!(again.is_err());
+    let stats = d.stats().await;
+    assert_eq!(counter(&stats, "representations_failed"), 1);
+    assert_eq!(counter(&stats, "representations_made"), 0);
 }
 
 /// What a client without `Accept-Encoding` costs once the identity representation of a gzip'd object is
@@ -760,4 +770,55 @@ async fn a_full_conversion_budget_serves_clients_by_decoding() {
     assert!(r.body == big);
     assert_eq!(counter(&d.stats().await, "representations_served"), 1);
     assert_eq!(origin.total(), 2);
+}
+
+/// A body the origin sent in brotli is stored so; a client that takes gzip but not brotli is served
+/// identity the first time, then the gzip representation made from the brotli bytes, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gzip_representation_is_made_for_a_body_stored_in_brotli() {
+    let text = page(300 * 1024);
+    let mut br = Vec::new();
+    {
+        let mut w = brotli::CompressorWriter::new(&mut br, 4096, 5, 20);
+        std::io::Write::write_all(&mut w, &text).unwrap();
+    }
+    let br = Bytes::from(br);
+    let sent = br.clone();
+    let origin = Origin::start(move |_| {
+        Reply::ok(sent.clone())
+            .header("content-type", "text/html")
+            .header("content-encoding", "br")
+            .header("cache-control", "max-age=3600")
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let stored = ask(&d, "/br", "full", Some("br")).await.unwrap();
+    assert_eq!(
+        (stored.header("content-encoding"), &stored.body),
+        ("br", &br)
+    );
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    let first = ask(&d, "/br", "full", Some("gzip")).await.unwrap();
+    assert_eq!(
+        first.header("content-encoding"),
+        "",
+        "decoded the first time"
+    );
+    assert!(first.body == text);
+    d.wait_for_stats("made", |s| s["proxy"]["representations_made"] == 1)
+        .await;
+    for shape in ["full", "range", "HEAD"] {
+        let r = ask(&d, "/br", shape, Some("gzip")).await.unwrap();
+        assert_eq!(r.header("content-encoding"), "gzip", "{shape}");
+        let gzip = ask(&d, "/br", "full", Some("gzip")).await.unwrap().body;
+        if let Err(e) = check(&r, shape, "gzip", &text, &gzip) {
+            panic!("{shape}: {e}");
+        }
+    }
+    // Identity clients get identity: another representation, made on its own.
+    let r = ask(&d, "/br", "full", None).await.unwrap();
+    assert_eq!(r.header("content-encoding"), "");
+    assert!(r.body == text);
+    assert_eq!(origin.total(), 1);
 }

@@ -14,7 +14,7 @@ use lacquer_codec::{CodecError, Decoder, Encoder};
 use lacquer_policy::encoding::{Coding, Compression};
 
 use crate::{
-    coding::{Reserved, EXPANSION_FLOOR},
+    coding::{Reserved, EXPANSION_FLOOR, IDENTITY_LENGTH},
     stats::{inc, Stats},
     store::{BodyWriter, CacheStore},
     Found,
@@ -34,11 +34,16 @@ pub struct Wanted {
 }
 
 /// The representations being made, by variant body (generation) and coding: one at a time for each,
-/// at most `conversions` in all.
+/// at most `conversions` in all; and those that could not be made, which are not tried again.
 #[derive(Default)]
 pub struct Making {
     in_flight: Mutex<HashSet<(u64, Option<Coding>)>>,
+    failed: Mutex<HashSet<(u64, Option<Coding>)>>,
 }
+
+/// Representations remembered as failed: past it the memory starts again (a body that fails again costs
+/// one more conversion).
+const FAILED_KEPT: usize = 4096;
 
 /// A place among the representations being made, given back when the making ends, however it ends.
 struct Slot {
@@ -64,6 +69,9 @@ impl Making {
         budget: u32,
         stats: &Stats,
     ) -> Option<Slot> {
+        if self.failed.lock().expect("making mutex").contains(&what) {
+            return None;
+        }
         let mut in_flight = self.in_flight.lock().expect("making mutex");
         if in_flight.contains(&what) {
             return None;
@@ -78,6 +86,16 @@ impl Making {
             what,
         })
     }
+
+    /// Remembers that `what` could not be made (a body that does not decode, or decodes past the limit):
+    /// the clients that need it are served by converting on the way out, without making it again each time.
+    fn failed(&self, what: (u64, Option<Coding>)) {
+        let mut failed = self.failed.lock().expect("making mutex");
+        if failed.len() >= FAILED_KEPT {
+            failed.clear();
+        }
+        failed.insert(what);
+    }
 }
 
 /// The coding of the representation a client should get of a body stored in `stored` that it does not
@@ -88,7 +106,8 @@ pub fn coding_for(stored: Coding, takes_gzip: bool) -> Option<Coding> {
 
 /// Starts making `wanted` in the background, unless it is being made or `settings.conversions` are (the
 /// client that asked is served by converting on the way out, either way). `limit` is the largest body the
-/// route stores (`max_object_size`): a representation that would be larger is not made.
+/// route stores (`max_object_size`): a representation that would be larger, or whose decoded length was
+/// not recorded when the body was stored, is not made.
 pub fn start<S: CacheStore>(
     store: &S,
     making: &Arc<Making>,
@@ -97,10 +116,18 @@ pub fn start<S: CacheStore>(
     limit: u64,
     wanted: Wanted,
 ) {
-    let generation = wanted.found.meta().generation;
-    let Some(slot) = making.slot((generation, wanted.coding), settings.conversions, stats) else {
+    let meta = wanted.found.meta();
+    let decoded = meta
+        .header(IDENTITY_LENGTH.as_str())
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+    if decoded.is_none_or(|len| len > limit) {
+        return;
+    }
+    let what = (meta.generation, wanted.coding);
+    let Some(slot) = making.slot(what, settings.conversions, stats) else {
         return;
     };
+    let making = making.clone();
     let job = Job {
         store: store.clone(),
         stats: stats.clone(),
@@ -117,9 +144,15 @@ pub fn start<S: CacheStore>(
             Ok(true) => inc(&job.stats.representations_made),
             // The body was invalidated or replaced meanwhile: nothing to keep.
             Ok(false) => {}
-            Err(e) => {
+            // Not kept, but worth trying again: the store refused it (a full disk) or lost the body.
+            Err(e @ (NotMade::Store(_) | NotMade::BodyGone | NotMade::NoMemory)) => {
                 inc(&job.stats.representations_failed);
                 tracing::debug!(key, error = %e, "a representation was not made");
+            }
+            Err(e @ NotMade::Codec(_)) => {
+                inc(&job.stats.representations_failed);
+                making.failed(what);
+                tracing::debug!(key, error = %e, "a representation cannot be made");
             }
         }
     });
