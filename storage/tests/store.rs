@@ -182,3 +182,47 @@ async fn inspection_counts_chunks_per_tier_and_applies_bans() {
     assert!(store.lookup("h/b").unwrap().is_none(), "and is gone");
     assert_eq!(store.inspect("h/a").unwrap().len(), 1);
 }
+
+/// Readers streaming one large body from the disk tier at the same time share its device reads: each
+/// chunk past the first MiB is read once for all of them, and every reader gets the right bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_readers_of_a_large_disk_body_share_its_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    // 2 MiB: past a sixteenth of the 8 MiB memory tier, so it streams from disk without entering memory.
+    let data = body(7, 2 * MIB);
+    write(&store, "h/big", &data).await;
+    let store = reopen(store, dir.path()).await;
+    let set = store.lookup("h/big").unwrap().unwrap();
+    let meta = &set.variants[0];
+    let streamed = (MIB / (64 * KIB)) as u32..meta.chunk_count();
+    let before = store.stats();
+    for index in streamed.clone() {
+        let reads: Vec<_> = (0..4).map(|_| store.read_chunk(meta, index)).collect();
+        for read in futures_util::future::join_all(reads).await {
+            let read = read.unwrap().expect("chunk");
+            let start = index as usize * 64 * KIB;
+            assert!(read.data[..] == data[start..start + read.data.len()]);
+        }
+    }
+    let after = store.stats();
+    let chunks = streamed.len() as u64;
+    assert_eq!(
+        after.disk_reads_shared - before.disk_reads_shared,
+        3 * chunks
+    );
+    assert_eq!(after.chunk_reads_disk - before.chunk_reads_disk, 4 * chunks);
+    // What the device was asked for: each chunk once (and its entry's framing), not once per reader.
+    let device = after.disk_bytes_read - before.disk_bytes_read;
+    assert!(
+        device < 2 * chunks * 64 * KIB as u64,
+        "{device} bytes read for {chunks} chunks of 64 KiB"
+    );
+    // A reader a little behind finds the last chunks read.
+    let late = store
+        .read_chunk(meta, meta.chunk_count() - 1)
+        .await
+        .unwrap();
+    assert!(late.is_some());
+    assert_eq!(store.stats().disk_reads_shared, after.disk_reads_shared + 1);
+}

@@ -5,12 +5,14 @@
 use std::future::Future;
 
 use bytes::Bytes;
-use foyer::{ErrorKind, HybridCacheProperties, HybridGet, Load, Source};
-use tokio_util::task::AbortOnDropHandle;
+use foyer::{ErrorKind, HybridGet, Source};
 
 use crate::{chunk::ChunkKey, error::StoreError, meta::ObjectMeta, writer::Job};
 
-use super::Store;
+use super::{
+    disk_reads::{Joined, SharedRead},
+    Store,
+};
 
 /// Which tier served a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,8 +68,9 @@ enum Started {
     Promoted(HybridGet<ChunkKey, Bytes>),
     /// Found in the memory tier.
     Memory(Bytes),
-    /// A disk-tier read past the memory tier, on the store's runtime.
-    Disk(AbortOnDropHandle<foyer::Result<Load<ChunkKey, Bytes, HybridCacheProperties>>>),
+    /// A disk-tier read past the memory tier, on the store's runtime, shared with the other readers of the
+    /// chunk ([`DiskReads`]).
+    Disk(SharedRead),
 }
 
 impl Started {
@@ -78,18 +81,9 @@ impl Started {
                 .await?
                 .map(|entry| (entry.value().clone(), tier_of(entry.source())))),
             Started::Memory(data) => Ok(Some((data, Tier::Memory))),
-            Started::Disk(load) => match load.await {
-                Ok(Ok(Load::Entry { value, .. })) => Ok(Some((value, Tier::Disk))),
-                // Still in foyer's write buffers: memory.
-                Ok(Ok(Load::Piece { piece, .. })) => {
-                    Ok(Some((piece.value().clone(), Tier::Memory)))
-                }
-                Ok(Ok(Load::Miss | Load::Throttled)) => Ok(None),
-                Ok(Err(e)) => Err(e),
-                Err(e) => {
-                    Err(foyer::Error::new(ErrorKind::Join, "disk read task failed").with_source(e))
-                }
-            },
+            Started::Disk(read) => read.await.map_err(|e| {
+                foyer::Error::new(ErrorKind::External, "disk read failed").with_source(e)
+            }),
         }
     }
 }
@@ -165,12 +159,23 @@ impl Store {
         {
             Started::Promoted(self.inner.chunks.get(&key))
         } else {
-            let disk = self.inner.chunks.storage().clone();
-            Started::Disk(AbortOnDropHandle::new(
-                self.inner
-                    .runtime
-                    .spawn(async move { disk.load(&key).await }),
-            ))
+            let disk = self.inner.chunks.storage();
+            let load = || {
+                let disk = disk.clone();
+                async move { disk.load(&key).await }
+            };
+            match self.inner.disk_reads.read(key, load, &self.inner.runtime) {
+                Joined::Recent(data) => {
+                    self.counters().disk_reads_shared.add(1);
+                    Started::Memory(data)
+                }
+                Joined::Read { read, shared } => {
+                    if shared {
+                        self.counters().disk_reads_shared.add(1);
+                    }
+                    Started::Disk(read)
+                }
+            }
         };
         let store = self.clone();
         let (expected, chunks) = (meta.chunk_len(index), meta.chunk_count());

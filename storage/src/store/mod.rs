@@ -12,6 +12,7 @@
 //! - `stats`: the store's counters, declared once.
 
 mod bodies;
+mod disk_reads;
 mod durability;
 mod open;
 mod records;
@@ -82,6 +83,8 @@ impl WeakStore {
 
 struct Inner {
     chunks: HybridCache<ChunkKey, Bytes>,
+    /// Reads of large bodies from the disk tier, shared by their concurrent readers.
+    disk_reads: Arc<disk_reads::DiskReads>,
     db: sled::Db,
     objects: sled::Tree,
     tags: sled::Tree,

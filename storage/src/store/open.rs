@@ -321,6 +321,7 @@ impl Store {
         let store = Store {
             inner: Arc::new(Inner {
                 chunks,
+                disk_reads: Arc::default(),
                 db,
                 objects,
                 tags,

@@ -112,6 +112,9 @@ store_stats! {
         chunk_reads_memory,
         /// Chunks read from the disk tier.
         chunk_reads_disk,
+        /// Chunks of a large body one reader got from another's disk read (in flight, or a moment ago)
+        /// instead of reading the device again.
+        disk_reads_shared,
         /// Chunks that metadata promised but the body cache no longer had (evicted or lost in a crash), or
         /// had at another length.
         chunks_missing,

@@ -270,6 +270,9 @@ stats_section! {
         chunk_reads_memory: Counter "lacquer_store_chunk_reads_total" { tier = "memory" },
         /// Chunks read from the disk tier.
         chunk_reads_disk: Counter "lacquer_store_chunk_reads_total" { tier = "disk" },
+        /// Chunks of a large body one reader got from another reader's disk read (in flight, or one of the
+        /// last few) instead of reading the device again.
+        disk_reads_shared: Counter "lacquer_store_disk_reads_shared_total",
         /// Chunks the metadata promised but the tiers no longer held (evicted or lost in a crash).
         chunks_missing: Counter "lacquer_store_chunks_missing_total",
         /// Variants dropped because a key had more than `storage.max_variants`.
@@ -341,6 +344,11 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
     (
         "lacquer_coding_conversions_total",
         "Responses decompressed on the way out, by the stored coding.",
+    ),
+    (
+        "lacquer_representations_total",
+        "Representations made from stored bodies and kept: made, served as stored, found evicted, \
+         deferred past compression.conversions, failed.",
     ),
     (
         "lacquer_coded_body_errors_total",
