@@ -14,7 +14,11 @@ of one origin, side by side in the same run. Workloads (select with --only, size
 
 Rounds interleave the targets and rotate their order; tables show medians and ratios (lacquer / other).
 Objects are named with zero-padded numbers so that oha's --rand-regex-url draws them uniformly: every
-object count must be one digit followed by zeros (2000, 100000, 1000000)."""
+object count must be one digit followed by zeros (2000, 100000, 1000000).
+
+The binaries come from --lacquerd, --origin and --ceiling, whose defaults are $LACQUERD, $BENCH_ORIGIN and
+$BENCH_CEILING, else lacquerd, bench-origin and bench-ceiling in $BENCH_BIN, else in target/release (what
+bench/run builds)."""
 
 import argparse
 import http.client
@@ -34,13 +38,36 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import (  # noqa: E402
-    CONTROL_PORT, ORIGIN_PORT, ROOT, TARGETS, curl_ttfb, nginx_conf, oha_json, oha_latency, sh, stop, wait_port,
-    wrk_rps)
+    CONTROL_PORT, ORIGIN_PORT, ROOT, TARGETS, curl_ttfb, nginx_conf, oha_json, oha_latency, range_ttfb_p99, sh,
+    stop, wait_port, wrk_rps)
 
 CEILING_PORT = 8984
 ADMIN_PORT = 8991
 MiB = 1024 * 1024
 WORKLOADS = ["ceiling", "longtail", "stream", "restart", "scan"]
+
+
+def binary(name, env):
+    """The default path of one of the benchmark's binaries: $`env`, else `name` in $BENCH_BIN, else the release
+    build bench/run makes."""
+    return os.environ.get(env) or os.path.join(os.environ.get("BENCH_BIN") or f"{ROOT}/target/release", name)
+
+
+def binary_flags(ap):
+    """--lacquerd, --origin and --ceiling, for every script that starts the stack."""
+    ap.add_argument("--lacquerd", default=binary("lacquerd", "LACQUERD"),
+                    help="the lacquerd binary to measure (default: $LACQUERD, $BENCH_BIN/lacquerd, target/release)")
+    ap.add_argument("--origin", default=binary("bench-origin", "BENCH_ORIGIN"),
+                    help="bench-origin (default: $BENCH_ORIGIN, $BENCH_BIN/bench-origin, target/release)")
+    ap.add_argument("--ceiling", default=binary("bench-ceiling", "BENCH_CEILING"),
+                    help="bench-ceiling (default: $BENCH_CEILING, $BENCH_BIN/bench-ceiling, target/release)")
+
+
+def check_binaries(args, names):
+    for name in names:
+        path = getattr(args, name)
+        if not os.access(path, os.X_OK):
+            raise SystemExit(f"--{name} {path}: not an executable (bench/run builds it, or set $BENCH_BIN)")
 
 
 def log(msg):
@@ -144,8 +171,7 @@ class Stack:
         self.work = tempfile.mkdtemp(prefix="lacquer-perf-", dir=args.workdir)
         self.procs = {}
         self.lacquer_flags = None
-        self.procs["origin"] = subprocess.Popen(
-            [f"{ROOT}/target/release/bench-origin", str(ORIGIN_PORT), str(CONTROL_PORT)])
+        self.procs["origin"] = subprocess.Popen([args.origin, str(ORIGIN_PORT), str(CONTROL_PORT)])
         wait_port(ORIGIN_PORT)
 
     def lacquer(self, memory="256MiB", disk_size="2GiB", fresh=True):
@@ -209,7 +235,7 @@ class Stack:
                                                stdout=subprocess.DEVNULL)
 
     def ceiling(self):
-        self.procs["ceiling"] = subprocess.Popen([f"{ROOT}/target/release/bench-ceiling", str(CEILING_PORT)])
+        self.procs["ceiling"] = subprocess.Popen([self.args.ceiling, str(CEILING_PORT)])
 
     def port(self, name):
         return CEILING_PORT if name == "ceiling" else TARGETS[name]
@@ -424,6 +450,8 @@ def stream(args):
             for t in rotate(targets, r):
                 ttfb, status = curl_ttfb(stack.port(t), "/obj/4m", 30)
                 raw[t].setdefault("ttfb", []).append(ttfb)
+                if shutil.which("oha"):
+                    raw[t].setdefault("range_p99", []).append(range_ttfb_p99(stack.port(t), args.range_seconds, 500))
         refetched = origin_count(path) - fetches
         stats = stack.lacquer_stats()
     finally:
@@ -435,6 +463,7 @@ def stream(args):
               ("1 client (MB/s)", "one", "{:.0f}"),
               ("4 clients at once, aggregate (MB/s)", "four", "{:.0f}"),
               ("4 MiB hit TTFB p50 (ms)", "ttfb", "{:.2f}"),
+              ("64 KiB range of the 4 MiB hit, TTFB p99 at 500 rps (oha, ms)", "range_p99", "{:.2f}"),
           ], med, ["nginx", "varnish"])
     s = stats["store"]
     mem = raw["lacquer"]["mem_chunks_one"] + raw["lacquer"]["mem_chunks_four"]
@@ -661,7 +690,7 @@ def scan(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lacquerd", default=f"{ROOT}/target/release/lacquerd", help="the lacquerd binary to measure")
+    binary_flags(ap)
     ap.add_argument("--only", default=",".join(WORKLOADS), help="workloads to run, comma-separated")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per measurement")
     ap.add_argument("--workdir", default=None, help="where the stores go (default: the system's temporary dir)")
@@ -673,6 +702,8 @@ def main():
     ap.add_argument("--longtail-seconds", type=int, default=20)
     ap.add_argument("--stream-mib", type=int, default=200, help="stream: the large object's size")
     ap.add_argument("--stream-reads", type=int, default=5, help="stream: full reads per target and client count")
+    ap.add_argument("--range-seconds", type=int, default=8,
+                    help="stream: each oha run for the 64 KiB range's TTFB p99 at 500 rps (skipped without oha)")
     ap.add_argument("--restart-nginx", action=argparse.BooleanOptionalAction, default=True,
                     help="restart: fill NGINX with the same catalogue and time its first hit after a restart")
     ap.add_argument("--hot-objects", type=int, default=2000)
@@ -684,8 +715,7 @@ def main():
     for w in only:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w}; known: {', '.join(WORKLOADS)}")
-    if not os.access(args.lacquerd, os.X_OK):
-        raise SystemExit(f"{args.lacquerd}: not an executable lacquerd")
+    check_binaries(args, ["lacquerd", "origin"] + (["ceiling"] if "ceiling" in only else []))
     print(f"lacquerd: {args.lacquerd}; {time.strftime('%Y-%m-%d %H:%M')}; load: {sh(['uptime']).strip()}")
     for w in WORKLOADS:
         if w in only:
