@@ -33,7 +33,7 @@ import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import perf  # noqa: E402
-from compare import ORIGIN_PORT, ROOT, nginx_conf, sh, tree, wait_port  # noqa: E402
+from compare import ORIGIN_PORT, ROOT, nginx_conf, sh, tree  # noqa: E402
 
 WORKLOADS = ["hits", "misses", "large", "longtail"]
 PORTS = {"lacquer": 8981, "varnish": 8982, "nginx": 8983, "ceiling": perf.CEILING_PORT, "nginx-plain": 8985,
@@ -204,10 +204,14 @@ def decode(coding, data):
 
 
 def fetch(port, path, header):
-    """(status, lower-case headers, body) of one GET on a fresh connection."""
+    """(status, lower-case headers, body) of one GET on a fresh connection, with `Accept-Encoding: header` or,
+    like wrk, none at all (http.client's request() would send `identity`)."""
     con = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        con.request("GET", path, headers={"Accept-Encoding": header} if header else {})
+        con.putrequest("GET", path, skip_accept_encoding=True)
+        if header:
+            con.putheader("Accept-Encoding", header)
+        con.endheaders()
         resp = con.getresponse()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:

@@ -6,7 +6,8 @@ of one origin, side by side in the same run. Workloads (select with --only, size
             (bench/ceiling) as the ceiling; optional perf profile of lacquerd under wrk (--profile)
   longtail  uniform random reads over N objects of 1 KiB with a 64 MiB memory tier: latency and the share
             served without the origin
-  stream    a 200 MiB object from lacquerd's disk tier, 1 and 4 clients at once; 4 MiB TTFB
+  stream    a 200 MiB object from lacquerd's disk tier, 1 and 4 clients at once; 4 MiB TTFB, and the TTFB p99
+            of a 64 KiB range of it at 500 rps (oha)
   restart   lacquerd alone: N objects of 1 KiB on disk, SIGTERM, start again: time to the first hit, to the
             whole catalogue counted, RSS and metadata bytes per object (NGINX's cache loader beside it)
   scan      hot-set protection: hit ratio of a steadily read hot set while a one-time scan of a catalogue
