@@ -457,6 +457,7 @@ def main():
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not installed (bench/run installs it)")
     args.scripts = tempfile.mkdtemp(prefix="lacquer-hotpath-lua-")
+    args.detach_cleanup = True
     print(f"lacquerd: {args.lacquerd}; {time.strftime('%Y-%m-%d %H:%M')}; load: {sh(['uptime']).strip()}")
     try:
         for w in WORKLOADS:
@@ -467,6 +468,7 @@ def main():
                 log(f"--- {w}: {time.time() - started:.0f} s")
     finally:
         shutil.rmtree(args.scripts, ignore_errors=True)
+        log(f"work directories removed {perf.wait_cleanups():.0f} s after the last measurement")
 
 
 if __name__ == "__main__":
