@@ -228,9 +228,11 @@ class Stack:
             stdout=subprocess.DEVNULL)
 
     def nginx(self, keys_zone_mib=64, max_size="8g"):
-        """NGINX as compare.py runs it, with the keys zone sized for the catalogue and X-Cache-Status."""
+        """NGINX as compare.py runs it, with the keys zone sized for the catalogue and X-Cache-Status; and
+        ranges served from the cache although bench-origin sends no Accept-Ranges (without proxy_force_ranges
+        NGINX answers a range with the whole body)."""
         conf = nginx_conf(self.work, f"listen 127.0.0.1:{TARGETS['nginx']};",
-                          "add_header X-Cache-Status $upstream_cache_status;")
+                          "add_header X-Cache-Status $upstream_cache_status;\n            proxy_force_ranges on;")
         text = open(conf).read().replace("keys_zone=bench:64m max_size=2g",
                                          f"keys_zone=bench:{keys_zone_mib}m max_size={max_size}")
         open(conf, "w").write(text)
@@ -457,6 +459,7 @@ def stream(args):
         log(f"stream: lacquerd's tiers for the big object after a restart: {in_memory_chunks(stack, path)}")
         fetches = origin_count(path)
         raw = {t: {} for t in targets}
+        range_status = {}
         for clients, key in [(1, "one"), (4, "four")]:
             for r in range(args.stream_reads):
                 for t in rotate(targets, r):
@@ -470,6 +473,7 @@ def stream(args):
                 raw[t].setdefault("ttfb", []).append(ttfb)
                 if shutil.which("oha"):
                     raw[t].setdefault("range_p99", []).append(range_ttfb_p99(stack.port(t), args.range_seconds, 500))
+                    range_status[t] = curl_ttfb(stack.port(t), "/obj/4m", 1, "1048576-1114111")[1]
         refetched = origin_count(path) - fetches
         stats = stack.lacquer_stats()
     finally:
@@ -488,6 +492,8 @@ def stream(args):
     print(f"\nlacquerd: chunks of the big object in memory before each read: {mem}; "
           f"chunk reads over the run: {s['chunk_reads_memory']} memory, {s['chunk_reads_disk']} disk; "
           f"origin fetches of the big object during the reads: {refetched}")
+    if range_status:
+        print("64 KiB range answered with: " + ", ".join(f"{t} {s}" for t, s in range_status.items()))
 
 
 # ---------------------------------------------------------------------------------------------- restart
