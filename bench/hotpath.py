@@ -228,12 +228,12 @@ def print_table(title, targets, rows, raw, versus):
     """A Markdown table of medians over rounds; `rows` are (label, key, format); a column of lacquer / v
     (median of the per-round ratios) for each v in `versus`."""
     print(f"\n{title}\n")
-    print("| metric | " + " | ".join(targets) + " | " + " | ".join(f"lacquer / {v}" for v in versus) + " |")
+    print("| " + " | ".join(["metric"] + targets + [f"lacquer / {v}" for v in versus]) + " |")
     print("|---" * (1 + len(targets) + len(versus)) + "|")
     for label, key, fmt in rows:
         cells = [fmt.format(statistics.median(raw[t][key])) if raw[t].get(key) else "-" for t in targets]
         ratios = [per_round_ratio(raw, key, "lacquer", v) for v in versus]
-        print(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |", flush=True)
+        print("| " + " | ".join([label] + cells + ratios) + " |", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------ profiles
