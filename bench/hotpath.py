@@ -96,6 +96,7 @@ request = function()
   return wrk.format(nil, prefix .. n)
 end
 """ + WRK_REPORT
+SCRIPTS = {"report": WRK_REPORT, "new-urls": WRK_NEW_URLS}
 
 
 def log(msg):
@@ -163,13 +164,9 @@ class HotStack(perf.Stack):
         return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def wrk(args, port, path, conns, seconds, header=None, script=WRK_REPORT, script_args=()):
-    """One wrk run (-t`--wrk-threads`, `conns` connections): its JSON report, with rps added."""
-    lua = f"{args.scripts}/{abs(hash(script))}.lua"
-    if not os.path.exists(lua):
-        with open(lua, "w") as f:
-            f.write(script)
-    cmd = ["wrk", f"-t{args.wrk_threads}", f"-c{conns}", f"-d{seconds}s", "-s", lua]
+def wrk(args, port, path, conns, seconds, header=None, script="report", script_args=()):
+    """One wrk run (-t`--wrk-threads`, `conns` connections) with one of SCRIPTS: its JSON report, with rps."""
+    cmd = ["wrk", f"-t{args.wrk_threads}", f"-c{conns}", f"-d{seconds}s", "-s", f"{args.scripts}/{script}.lua"]
     if header:
         cmd += ["-H", f"Accept-Encoding: {header}"]
     cmd += [f"http://127.0.0.1:{port}{path}"]
@@ -374,7 +371,7 @@ def misses(args):
             for r in range(args.rounds):
                 for t in perf.rotate(targets, r):
                     before_cpu, before_fetches = stack.cpu_seconds(t), perf.origin_count("/new")
-                    res = wrk(args, PORTS[t], "/", conns, args.seconds, script=WRK_NEW_URLS,
+                    res = wrk(args, PORTS[t], "/", conns, args.seconds, script="new-urls",
                               script_args=[f"/new/{t}-{conns}-{r}-"])
                     cpu = stack.cpu_seconds(t) - before_cpu
                     fetches = perf.origin_count("/new") - before_fetches
@@ -388,7 +385,7 @@ def misses(args):
                         f"{out['cpu'][-1]:.0f} ms CPU per 1000, {fetches} origin fetches for {res['requests']}")
         if args.profile:
             flame_graph(stack, args, "miss", "lacquerd: misses, every request a new 1 KiB URL (wrk -t1 -c50)",
-                        lambda: wrk(args, PORTS["lacquer"], "/", 50, args.seconds, script=WRK_NEW_URLS,
+                        lambda: wrk(args, PORTS["lacquer"], "/", 50, args.seconds, script="new-urls",
                                     script_args=["/new/profile-"]))
     finally:
         stack.close()
@@ -457,6 +454,9 @@ def main():
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not installed (bench/run installs it)")
     args.scripts = tempfile.mkdtemp(prefix="lacquer-hotpath-lua-")
+    for name, text in SCRIPTS.items():
+        with open(f"{args.scripts}/{name}.lua", "w") as f:
+            f.write(text)
     args.detach_cleanup = True
     print(f"lacquerd: {args.lacquerd}; {time.strftime('%Y-%m-%d %H:%M')}; load: {sh(['uptime']).strip()}")
     try:
