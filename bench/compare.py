@@ -135,8 +135,9 @@ def ratio_table(rows, med):
         print(f"| {label} | {fmt.format(lq)} | {fmt.format(vn)} | {ratio} |")
 
 
-def stop(procs, work):
-    """SIGTERM to everything `start` started, SIGKILL after 30 s, and the work directory removed."""
+def stop(procs, work, remove=True):
+    """SIGTERM to everything `start` started, SIGKILL after 30 s, and the work directory removed (unless not
+    `remove`)."""
     for p in procs:
         p.send_signal(signal.SIGTERM)
     for p in procs:
@@ -144,7 +145,8 @@ def stop(procs, work):
             p.wait(timeout=30)
         except subprocess.TimeoutExpired:
             p.kill()
-    shutil.rmtree(work, ignore_errors=True)
+    if remove:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def wrk_rps(port, seconds):

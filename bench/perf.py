@@ -6,7 +6,8 @@ of one origin, side by side in the same run. Workloads (select with --only, size
             (bench/ceiling) as the ceiling; optional perf profile of lacquerd under wrk (--profile)
   longtail  uniform random reads over N objects of 1 KiB with a 64 MiB memory tier: latency and the share
             served without the origin
-  stream    a 200 MiB object from lacquerd's disk tier, 1 and 4 clients at once; 4 MiB TTFB
+  stream    a 200 MiB object from lacquerd's disk tier, 1 and 4 clients at once; 4 MiB TTFB, and the TTFB p99
+            of a 64 KiB range of it at 500 rps (oha)
   restart   lacquerd alone: N objects of 1 KiB on disk, SIGTERM, start again: time to the first hit, to the
             whole catalogue counted, RSS and metadata bytes per object (NGINX's cache loader beside it)
   scan      hot-set protection: hit ratio of a steadily read hot set while a one-time scan of a catalogue
@@ -14,7 +15,11 @@ of one origin, side by side in the same run. Workloads (select with --only, size
 
 Rounds interleave the targets and rotate their order; tables show medians and ratios (lacquer / other).
 Objects are named with zero-padded numbers so that oha's --rand-regex-url draws them uniformly: every
-object count must be one digit followed by zeros (2000, 100000, 1000000)."""
+object count must be one digit followed by zeros (2000, 100000, 1000000).
+
+The binaries come from --lacquerd, --origin and --ceiling, whose defaults are $LACQUERD, $BENCH_ORIGIN and
+$BENCH_CEILING, else lacquerd, bench-origin and bench-ceiling in $BENCH_BIN, else in target/release (what
+bench/run builds)."""
 
 import argparse
 import http.client
@@ -34,13 +39,38 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import (  # noqa: E402
-    CONTROL_PORT, ORIGIN_PORT, ROOT, TARGETS, curl_ttfb, nginx_conf, oha_json, oha_latency, sh, stop, wait_port,
-    wrk_rps)
+    CONTROL_PORT, ORIGIN_PORT, ROOT, TARGETS, curl_ttfb, nginx_conf, oha_json, oha_latency, range_ttfb_p99, sh,
+    stop, wait_port, wrk_rps)
 
 CEILING_PORT = 8984
 ADMIN_PORT = 8991
 MiB = 1024 * 1024
 WORKLOADS = ["ceiling", "longtail", "stream", "restart", "scan"]
+# Work directories being removed in the background (Stack.close with args.detach_cleanup).
+CLEANUPS = []
+
+
+def binary(name, env):
+    """The default path of one of the benchmark's binaries: $`env`, else `name` in $BENCH_BIN, else the release
+    build bench/run makes."""
+    return os.environ.get(env) or os.path.join(os.environ.get("BENCH_BIN") or f"{ROOT}/target/release", name)
+
+
+def binary_flags(ap):
+    """--lacquerd, --origin and --ceiling, for every script that starts the stack."""
+    ap.add_argument("--lacquerd", default=binary("lacquerd", "LACQUERD"),
+                    help="the lacquerd binary to measure (default: $LACQUERD, $BENCH_BIN/lacquerd, target/release)")
+    ap.add_argument("--origin", default=binary("bench-origin", "BENCH_ORIGIN"),
+                    help="bench-origin (default: $BENCH_ORIGIN, $BENCH_BIN/bench-origin, target/release)")
+    ap.add_argument("--ceiling", default=binary("bench-ceiling", "BENCH_CEILING"),
+                    help="bench-ceiling (default: $BENCH_CEILING, $BENCH_BIN/bench-ceiling, target/release)")
+
+
+def check_binaries(args, names):
+    for name in names:
+        path = getattr(args, name)
+        if not os.access(path, os.X_OK):
+            raise SystemExit(f"--{name} {path}: not an executable (bench/run builds it, or set $BENCH_BIN)")
 
 
 def log(msg):
@@ -144,8 +174,7 @@ class Stack:
         self.work = tempfile.mkdtemp(prefix="lacquer-perf-", dir=args.workdir)
         self.procs = {}
         self.lacquer_flags = None
-        self.procs["origin"] = subprocess.Popen(
-            [f"{ROOT}/target/release/bench-origin", str(ORIGIN_PORT), str(CONTROL_PORT)])
+        self.procs["origin"] = subprocess.Popen([args.origin, str(ORIGIN_PORT), str(CONTROL_PORT)])
         wait_port(ORIGIN_PORT)
 
     def lacquer(self, memory="256MiB", disk_size="2GiB", fresh=True):
@@ -199,9 +228,11 @@ class Stack:
             stdout=subprocess.DEVNULL)
 
     def nginx(self, keys_zone_mib=64, max_size="8g"):
-        """NGINX as compare.py runs it, with the keys zone sized for the catalogue and X-Cache-Status."""
+        """NGINX as compare.py runs it, with the keys zone sized for the catalogue and X-Cache-Status; and
+        ranges served from the cache although bench-origin sends no Accept-Ranges (without proxy_force_ranges
+        NGINX answers a range with the whole body)."""
         conf = nginx_conf(self.work, f"listen 127.0.0.1:{TARGETS['nginx']};",
-                          "add_header X-Cache-Status $upstream_cache_status;")
+                          "add_header X-Cache-Status $upstream_cache_status;\n            proxy_force_ranges on;")
         text = open(conf).read().replace("keys_zone=bench:64m max_size=2g",
                                          f"keys_zone=bench:{keys_zone_mib}m max_size={max_size}")
         open(conf, "w").write(text)
@@ -209,7 +240,7 @@ class Stack:
                                                stdout=subprocess.DEVNULL)
 
     def ceiling(self):
-        self.procs["ceiling"] = subprocess.Popen([f"{ROOT}/target/release/bench-ceiling", str(CEILING_PORT)])
+        self.procs["ceiling"] = subprocess.Popen([self.args.ceiling, str(CEILING_PORT)])
 
     def port(self, name):
         return CEILING_PORT if name == "ceiling" else TARGETS[name]
@@ -220,7 +251,22 @@ class Stack:
                 wait_port(self.port(name))
 
     def close(self):
-        stop([p for _, p in sorted(self.procs.items(), key=lambda kv: kv[0] == "origin")], self.work)
+        """Stops everything; removes the work directory, or with `args.detach_cleanup` has `rm` remove it
+        while the next measurement runs: on this machine's ext4 (mounted with discard) unlinking NGINX's cache
+        of 100 000 files takes about two minutes. wait_cleanups() waits for them."""
+        detach = getattr(self.args, "detach_cleanup", False)
+        stop([p for _, p in sorted(self.procs.items(), key=lambda kv: kv[0] == "origin")], self.work,
+             remove=not detach)
+        if detach:
+            CLEANUPS.append(subprocess.Popen(["rm", "-rf", self.work]))
+
+
+def wait_cleanups():
+    """Waits for the work directories Stack.close left to `rm`; returns the seconds waited."""
+    started = time.time()
+    while CLEANUPS:
+        CLEANUPS.pop().wait()
+    return time.time() - started
 
 
 def hit(name, headers):
@@ -413,6 +459,7 @@ def stream(args):
         log(f"stream: lacquerd's tiers for the big object after a restart: {in_memory_chunks(stack, path)}")
         fetches = origin_count(path)
         raw = {t: {} for t in targets}
+        range_status = {}
         for clients, key in [(1, "one"), (4, "four")]:
             for r in range(args.stream_reads):
                 for t in rotate(targets, r):
@@ -424,6 +471,9 @@ def stream(args):
             for t in rotate(targets, r):
                 ttfb, status = curl_ttfb(stack.port(t), "/obj/4m", 30)
                 raw[t].setdefault("ttfb", []).append(ttfb)
+                if shutil.which("oha"):
+                    raw[t].setdefault("range_p99", []).append(range_ttfb_p99(stack.port(t), args.range_seconds, 500))
+                    range_status[t] = curl_ttfb(stack.port(t), "/obj/4m", 1, "1048576-1114111")[1]
         refetched = origin_count(path) - fetches
         stats = stack.lacquer_stats()
     finally:
@@ -435,12 +485,15 @@ def stream(args):
               ("1 client (MB/s)", "one", "{:.0f}"),
               ("4 clients at once, aggregate (MB/s)", "four", "{:.0f}"),
               ("4 MiB hit TTFB p50 (ms)", "ttfb", "{:.2f}"),
+              ("64 KiB range of the 4 MiB hit, TTFB p99 at 500 rps (oha, ms)", "range_p99", "{:.2f}"),
           ], med, ["nginx", "varnish"])
     s = stats["store"]
     mem = raw["lacquer"]["mem_chunks_one"] + raw["lacquer"]["mem_chunks_four"]
     print(f"\nlacquerd: chunks of the big object in memory before each read: {mem}; "
           f"chunk reads over the run: {s['chunk_reads_memory']} memory, {s['chunk_reads_disk']} disk; "
           f"origin fetches of the big object during the reads: {refetched}")
+    if range_status:
+        print("64 KiB range answered with: " + ", ".join(f"{t} {s}" for t, s in range_status.items()))
 
 
 # ---------------------------------------------------------------------------------------------- restart
@@ -661,7 +714,7 @@ def scan(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lacquerd", default=f"{ROOT}/target/release/lacquerd", help="the lacquerd binary to measure")
+    binary_flags(ap)
     ap.add_argument("--only", default=",".join(WORKLOADS), help="workloads to run, comma-separated")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per measurement")
     ap.add_argument("--workdir", default=None, help="where the stores go (default: the system's temporary dir)")
@@ -673,6 +726,8 @@ def main():
     ap.add_argument("--longtail-seconds", type=int, default=20)
     ap.add_argument("--stream-mib", type=int, default=200, help="stream: the large object's size")
     ap.add_argument("--stream-reads", type=int, default=5, help="stream: full reads per target and client count")
+    ap.add_argument("--range-seconds", type=int, default=8,
+                    help="stream: each oha run for the 64 KiB range's TTFB p99 at 500 rps (skipped without oha)")
     ap.add_argument("--restart-nginx", action=argparse.BooleanOptionalAction, default=True,
                     help="restart: fill NGINX with the same catalogue and time its first hit after a restart")
     ap.add_argument("--hot-objects", type=int, default=2000)
@@ -684,8 +739,7 @@ def main():
     for w in only:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w}; known: {', '.join(WORKLOADS)}")
-    if not os.access(args.lacquerd, os.X_OK):
-        raise SystemExit(f"{args.lacquerd}: not an executable lacquerd")
+    check_binaries(args, ["lacquerd", "origin"] + (["ceiling"] if "ceiling" in only else []))
     print(f"lacquerd: {args.lacquerd}; {time.strftime('%Y-%m-%d %H:%M')}; load: {sh(['uptime']).strip()}")
     for w in WORKLOADS:
         if w in only:

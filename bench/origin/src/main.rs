@@ -8,6 +8,10 @@
 //!   memory whole) with `Cache-Control: CACHE_CONTROL`, for the memory benchmark's multi-GiB responses;
 //! - `/sized/BYTES/...`: BYTES (at most 4 MiB), cacheable for an hour, with `x-url` (the soak's churning
 //!   URL set);
+//! - `/hls/...`: a 2 KiB HLS media playlist (`application/vnd.apple.mpegurl`) and `/page/...`: a 200 KiB HTML
+//!   page (`text/html`), both text that compresses as real ones do, cacheable for an hour;
+//! - `/new/...`: 1 KiB, cacheable for an hour, counted as `/new` whatever follows (every request of the miss
+//!   benchmark is a new URL: a count per URL would grow without bound);
 //! - `/__count/PATH`: how many times PATH was requested, as a plain number; `/__total`: all requests.
 //!
 //! On CONTROL_PORT, `GET /mode/ok|503|reset|refuse` switches how the main port behaves: normally; answering
@@ -37,7 +41,190 @@ fn body(len: usize) -> Bytes {
     (0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>().into()
 }
 
+/// A live HLS media playlist of exactly `len` bytes: six-second segments with long CDN paths, padded with a
+/// comment line (players skip lines that start with `#` but not `#EXT`).
+fn manifest(len: usize) -> Bytes {
+    let mut out = String::from(
+        "#EXTM3U\n#EXT-X-VERSION:6\n#EXT-X-TARGETDURATION:6\n#EXT-X-MEDIA-SEQUENCE:184020\n\
+         #EXT-X-DISCONTINUITY-SEQUENCE:12\n#EXT-X-INDEPENDENT-SEGMENTS\n",
+    );
+    let mut seq = 184_020u32;
+    loop {
+        let entry = format!(
+            "#EXT-X-PROGRAM-DATE-TIME:2026-12-01T16:{:02}:{:02}.{:03}Z\n#EXTINF:6.006,\n\
+             /live/channel-7/720p/seg-{seq}.ts\n",
+            (seq / 10) % 60,
+            (seq * 6) % 60,
+            (seq * 6) % 1000,
+        );
+        if out.len() + entry.len() + 8 > len {
+            break;
+        }
+        out.push_str(&entry);
+        seq += 1;
+    }
+    let pad = len - out.len() - 2;
+    out.push('#');
+    out.extend(std::iter::repeat_n(' ', pad));
+    out.push('\n');
+    debug_assert_eq!(out.len(), len);
+    Bytes::from(out)
+}
+
+/// An HTML news page of exactly `len` bytes, the same on every run: articles of pseudo-English words drawn
+/// with a skewed frequency (so gzip shrinks it about as much as real HTML), with links and images.
+fn page(len: usize) -> Bytes {
+    const WORDS: &[&str] = &[
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "a",
+        "is",
+        "that",
+        "for",
+        "it",
+        "as",
+        "was",
+        "with",
+        "be",
+        "by",
+        "on",
+        "not",
+        "he",
+        "this",
+        "are",
+        "or",
+        "his",
+        "from",
+        "at",
+        "which",
+        "but",
+        "have",
+        "an",
+        "had",
+        "they",
+        "you",
+        "were",
+        "their",
+        "one",
+        "all",
+        "we",
+        "can",
+        "her",
+        "has",
+        "there",
+        "been",
+        "if",
+        "more",
+        "when",
+        "will",
+        "would",
+        "who",
+        "so",
+        "no",
+        "city",
+        "council",
+        "election",
+        "market",
+        "weather",
+        "football",
+        "season",
+        "report",
+        "minister",
+        "police",
+        "court",
+        "health",
+        "energy",
+        "climate",
+        "research",
+        "students",
+        "university",
+        "government",
+        "business",
+        "president",
+        "country",
+        "children",
+        "service",
+        "family",
+        "development",
+        "national",
+        "public",
+        "system",
+        "program",
+        "water",
+        "company",
+        "million",
+        "percent",
+        "officials",
+        "announced",
+        "according",
+        "statement",
+        "spokesperson",
+    ];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let head = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+                <title>Front page</title>\n<link rel=\"stylesheet\" href=\"/static/site.css\">\n</head>\n\
+                <body>\n<main id=\"content\">\n";
+    let tail = "</main>\n</body>\n</html>\n";
+    let mut out = String::from(head);
+    let mut story = 0;
+    loop {
+        story += 1;
+        let mut block = format!(
+            "<article class=\"story\" id=\"story-{story}\">\n<h2 class=\"story__title\"><a href=\"/news/2026/11/\
+             {:02}/story-{}\">",
+            next(30) + 1,
+            next(90_000) + 10_000
+        );
+        for paragraph in 0..3 {
+            if paragraph > 0 {
+                block.push_str("<p class=\"story__text\">");
+            }
+            for w in 0..(12 + next(40)) {
+                // Skewed: low indices (the common words) come up far more often.
+                let bound = next(WORDS.len()) + 1;
+                let word = WORDS[next(bound)];
+                if w > 0 {
+                    block.push(' ');
+                }
+                block.push_str(word);
+            }
+            block.push_str(if paragraph == 0 {
+                "</a></h2>\n"
+            } else {
+                ".</p>\n"
+            });
+        }
+        block.push_str(&format!(
+            "<figure><img class=\"story__image\" src=\"/img/{}-960.jpg\" width=\"960\" height=\"540\" \
+             loading=\"lazy\" alt=\"\"></figure>\n</article>\n",
+            next(900_000) + 100_000
+        ));
+        if out.len() + block.len() + tail.len() + 16 > len {
+            break;
+        }
+        out.push_str(&block);
+    }
+    let pad = len - out.len() - tail.len() - "<!--  -->\n".len();
+    out.push_str("<!-- ");
+    out.extend(std::iter::repeat_n('.', pad));
+    out.push_str(" -->\n");
+    out.push_str(tail);
+    debug_assert_eq!(out.len(), len);
+    Bytes::from(out)
+}
+
 struct Origin {
+    manifest: Bytes,
+    page: Bytes,
     tiny: Bytes,
     small: Bytes,
     large: Bytes,
@@ -93,12 +280,12 @@ async fn serve(
         }
         _ => {}
     }
-    *origin
-        .counts
-        .lock()
-        .unwrap()
-        .entry(path.clone())
-        .or_default() += 1;
+    let counted = if path.starts_with("/new/") {
+        "/new".to_owned()
+    } else {
+        path.clone()
+    };
+    *origin.counts.lock().unwrap().entry(counted).or_default() += 1;
     if let Some(spec) = path.strip_prefix("/stream/") {
         let mut fields = spec.split('/');
         let cache_control = fields.next().unwrap_or("no-store").to_owned();
@@ -113,8 +300,24 @@ async fn serve(
             .body(streamed(len))
             .unwrap());
     }
+    let text = if path.starts_with("/hls/") {
+        Some((origin.manifest.clone(), "application/vnd.apple.mpegurl"))
+    } else if path.starts_with("/page/") {
+        Some((origin.page.clone(), "text/html; charset=utf-8"))
+    } else {
+        None
+    };
+    if let Some((data, content_type)) = text {
+        return Ok(Response::builder()
+            .header("cache-control", "max-age=3600")
+            .header("content-type", content_type)
+            .header("etag", format!("\"t{}\"", data.len()))
+            .body(full(data))
+            .unwrap());
+    }
     let (data, cache_control) = match path.as_str() {
         "/obj/2k" => (origin.small.clone(), "max-age=3600"),
+        p if p.starts_with("/new/") => (origin.tiny.clone(), "max-age=3600"),
         p if p.starts_with("/flap/") => (origin.small.clone(), "max-age=1"),
         p if p.starts_with("/small/") => (origin.tiny.clone(), "max-age=3600"),
         p if p.starts_with("/sized/") => {
@@ -188,6 +391,8 @@ async fn main() {
         .next()
         .expect("usage: bench-origin PORT [CONTROL_PORT]");
     let origin = Arc::new(Origin {
+        manifest: manifest(2048),
+        page: page(200 * 1024),
         tiny: body(1024),
         small: body(2048),
         large: body(4 * 1024 * 1024),
