@@ -83,10 +83,10 @@ impl Records {
 
 impl Store {
     /// What the data path calls on a client thread: [`Store::lookup`], answered from the hot copy when it
-    /// can be without the lock, and a key the index of stored keys does not hold is a miss at once; anything
-    /// else (reading sled, testing a new ban, removing what it covers)
-    /// runs on the store runtime's blocking threads, so that a metadata read that goes to the disk never
-    /// stalls the other connections of a client thread's runtime.
+    /// can be without the lock, and at once for a key the index of stored keys does not hold; anything else
+    /// (reading sled, testing a new ban, removing what it covers) runs on the store runtime's blocking
+    /// threads, so that a metadata read that goes to the disk never stalls the other connections of a
+    /// client thread's runtime.
     pub async fn lookup_off_thread(
         &self,
         primary: &str,
