@@ -7,6 +7,7 @@
 //! - `records`: every change to a metadata record, under its key's lock that keeps the hot copy and sled in
 //!   step; bans are applied to a record here when a lookup meets it;
 //! - `tags`: the surrogate-key index, changed together with the records;
+//! - `index`: the in-memory index of stored keys, so a key never stored is a miss without asking sled;
 //! - `bodies`: reading, proving and forgetting body chunks;
 //! - `durability`: what is promised to survive a crash, and when (group commit of sled, the journal);
 //! - `stats`: the store's counters, declared once.
@@ -14,6 +15,7 @@
 mod bodies;
 mod disk_reads;
 mod durability;
+mod index;
 mod open;
 mod records;
 mod recover;
@@ -103,6 +105,8 @@ struct Inner {
     hot: Cache<String, Arc<ObjectSet>>,
     /// Serialises every change to one key's object set, so the hot copy and sled never disagree.
     records: records::Records,
+    /// The hashes of the keys with a record in sled, changed under their record locks.
+    keys: index::KeyIndex,
     jobs: mpsc::Sender<Job>,
     counters: Counters,
     config: StoreBuilder,

@@ -335,6 +335,7 @@ impl Store {
                 flushes: GroupCommit::default(),
                 hot,
                 records: super::records::Records::default(),
+                keys: super::index::KeyIndex::default(),
                 jobs,
                 counters: Counters::default(),
                 config,
@@ -345,6 +346,9 @@ impl Store {
         };
         store.counters().corrupt_records.add(unreadable_bans);
         store.recover(readback)?;
+        if !store.inner.keys.is_complete() {
+            store.rebuild_key_index()?;
+        }
         let writer = runtime.spawn(crate::writer::run(store.clone(), rx, buffer_pool / 2));
         crate::health::supervise(store.downgrade(), "writer", writer, runtime);
         crate::sweep::start(store.downgrade(), store.inner.config.sweep_interval)?;

@@ -10,7 +10,6 @@
 
 use std::{
     borrow::Cow,
-    hash::{Hash, Hasher},
     sync::{Arc, Mutex, MutexGuard},
 };
 
@@ -52,8 +51,9 @@ struct Locked<'a> {
 }
 
 /// Stripes of the record lock: enough that two client threads and the background walks rarely meet on
-/// one, few enough to cost nothing (a mutex is four bytes).
-const STRIPES: usize = 1024;
+/// one, few enough to cost nothing (a mutex is four bytes). A power of two: the key index's shards are
+/// the same stripes.
+pub(super) const STRIPES: usize = 1024;
 
 /// The record locks, one per stripe of keys.
 pub(super) struct Records {
@@ -77,17 +77,16 @@ impl Records {
     }
 
     fn stripe(key: &[u8]) -> usize {
-        let mut h = std::hash::DefaultHasher::new();
-        key.hash(&mut h);
-        h.finish() as usize % STRIPES
+        super::index::key_hash(key) as usize % STRIPES
     }
 }
 
 impl Store {
     /// What the data path calls on a client thread: [`Store::lookup`], answered from the hot copy when it
-    /// can be without the lock; anything else (reading sled, testing a new ban, removing what it covers)
-    /// runs on the store runtime's blocking threads, so that a metadata read that goes to the disk never
-    /// stalls the other connections of a client thread's runtime.
+    /// can be without the lock, and at once for a key the index of stored keys does not hold; anything else
+    /// (reading sled, testing a new ban, removing what it covers) runs on the store runtime's blocking
+    /// threads, so that a metadata read that goes to the disk never stalls the other connections of a
+    /// client thread's runtime.
     pub async fn lookup_off_thread(
         &self,
         primary: &str,
@@ -101,6 +100,9 @@ impl Store {
             if let Some(found) = self.retest_hot(primary, newest)? {
                 return Ok(found);
             }
+        }
+        if !self.inner.keys.may_hold(primary.as_bytes()) {
+            return Ok(None);
         }
         let (store, primary) = (self.clone(), primary.to_owned());
         self.inner
@@ -134,6 +136,9 @@ impl Store {
         let newest = self.inner.bans.newest();
         if let Some(set) = self.lookup_hot(primary, newest) {
             return Ok(Some(set));
+        }
+        if !self.inner.keys.may_hold(primary.as_bytes()) {
+            return Ok(None);
         }
         let locked = self.lock_record(primary);
         let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
@@ -242,7 +247,7 @@ impl Store {
     /// Reads the set from the hot copy or sled; the caller holds the mutation lock.
     fn load_set(
         &self,
-        _locked: &Locked<'_>,
+        locked: &Locked<'_>,
         primary: &str,
         hot: HotCopy,
     ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
@@ -263,7 +268,7 @@ impl Store {
             Err(e) => {
                 tracing::warn!(error = %e, "dropping unreadable metadata record");
                 self.counters().corrupt_records.add(1);
-                self.inner.objects.remove(primary.as_bytes())?;
+                self.remove_record(locked, primary.as_bytes())?;
                 Ok(None)
             }
         }
@@ -275,7 +280,7 @@ impl Store {
     /// removed their variant, this drops them).
     fn save_set(
         &self,
-        _locked: &Locked<'_>,
+        locked: &Locked<'_>,
         primary: &str,
         mut set: ObjectSet,
         dropped: &[ObjectMeta],
@@ -283,13 +288,18 @@ impl Store {
     ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
         let orphans = set.orphans();
         let saved = if set.variants.is_empty() {
-            self.inner.objects.remove(primary.as_bytes())?;
+            self.remove_record(locked, primary.as_bytes())?;
             self.inner.hot.remove(primary);
             None
         } else {
-            self.inner
+            if self
+                .inner
                 .objects
-                .insert(primary.as_bytes(), set.encode())?;
+                .insert(primary.as_bytes(), set.encode())?
+                .is_none()
+            {
+                self.inner.keys.add(primary.as_bytes());
+            }
             let set = Arc::new(set);
             if hot == HotCopy::Fill || self.inner.hot.contains(primary) {
                 self.inner.hot.insert(primary.to_owned(), set.clone());
@@ -535,15 +545,23 @@ impl Store {
     /// be decoded (a record rewritten since the walk read it is left alone); returns whether it was removed.
     /// Not counted: callers count what they report.
     pub(crate) fn drop_unreadable(&self, key: &[u8]) -> Result<bool, StoreError> {
-        let _locked = self.inner.records.lock(key);
+        let locked = self.inner.records.lock(key);
         let Some(value) = self.inner.objects.get(key)? else {
             return Ok(false);
         };
         if ObjectSet::decode(&String::from_utf8_lossy(key), &value).is_ok() {
             return Ok(false);
         }
-        self.inner.objects.remove(key)?;
+        self.remove_record(&locked, key)?;
         Ok(true)
+    }
+
+    /// Removes the record at `key` from sled and, if it was there, from the index of stored keys.
+    fn remove_record(&self, _locked: &Locked<'_>, key: &[u8]) -> Result<(), StoreError> {
+        if self.inner.objects.remove(key)?.is_some() {
+            self.inner.keys.sub(key);
+        }
+        Ok(())
     }
 }
 

@@ -74,6 +74,7 @@ impl Store {
                 inner.objects.remove(&key)?;
                 continue;
             };
+            inner.keys.add(&key);
             for meta in &set.variants {
                 newest = newest.max(meta.generation).max(meta.ban_checked);
                 match (&doubt, replay.verdict(&primary, meta)) {
@@ -87,6 +88,10 @@ impl Store {
                     }
                 }
             }
+        }
+        if vouched.is_none() {
+            // Every key is counted and nothing else runs yet: removals from here on count exactly.
+            inner.keys.completed();
         }
         for (primary, generation) in &dropped {
             self.retain(primary, |m| m.generation != *generation)?;

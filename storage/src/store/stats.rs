@@ -186,6 +186,14 @@ store_stats! {
         tasks_failed,
         /// Entries in the invalidation journal (gauge; compacted by the sweeper).
         journal_entries,
+        /// Keys in the in-memory index of stored keys, by hash (gauge): a key it does not hold is a miss
+        /// without a metadata read.
+        key_index_keys,
+        /// Bytes the index of stored keys takes (gauge; 10 to 21 per key).
+        key_index_bytes,
+        /// 1 once the index of stored keys has been rebuilt after start; until then every miss reads the
+        /// metadata (gauge).
+        key_index_ready,
     }
 }
 
@@ -205,6 +213,7 @@ impl Store {
         let inner = &self.inner;
         let foyer = self.foyer_metrics();
         let health = &inner.health;
+        let (key_index_keys, key_index_bytes) = inner.keys.size();
         inner.counters.snapshot(Read {
             memory_bytes_used: inner.chunks.memory().usage() as u64,
             memory_bytes_capacity: inner.chunks.memory().capacity() as u64,
@@ -221,6 +230,9 @@ impl Store {
             memory_only: u64::from(health.is_memory_only()),
             tasks_failed: health.tasks_failed(),
             journal_entries: inner.journal.len() as u64,
+            key_index_keys,
+            key_index_bytes,
+            key_index_ready: u64::from(inner.keys.is_complete()),
         })
     }
 

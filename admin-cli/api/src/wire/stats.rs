@@ -322,6 +322,14 @@ stats_section! {
         tasks_failed: Counter "lacquer_store_tasks_failed_total",
         /// Entries in the invalidation journal (purges and bans not yet retired).
         journal_entries: Gauge "lacquer_store_journal_entries",
+        /// Keys in the in-memory index of stored keys: a key it does not hold is a miss without a metadata
+        /// read.
+        key_index_keys: Gauge "lacquer_store_key_index_keys",
+        /// Bytes the index of stored keys takes.
+        key_index_bytes: Gauge "lacquer_store_key_index_bytes",
+        /// 1 once the index of stored keys has been rebuilt after start; until then every miss reads the
+        /// metadata.
+        key_index_ready: Gauge "lacquer_store_key_index_ready",
         /// Objects found at start that an acknowledged purge or ban covers (metadata rolled back by a crash
         /// or damage), removed again.
         objects_invalidated_at_start: Counter "lacquer_store_objects_invalidated_at_start_total",
