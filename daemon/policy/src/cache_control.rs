@@ -58,7 +58,8 @@ pub struct CacheControl {
 impl CacheControl {
     /// The directives of every `Cache-Control` line in `headers`, the first occurrence of each winning.
     pub fn from_headers(headers: &HeaderMap) -> Self {
-        Self::from_header_values(headers, CACHE_CONTROL.as_str())
+        // By the name made once: looking a field up by `&str` parses and hashes the name again.
+        Self::parse_field(headers, &CACHE_CONTROL)
     }
 
     /// The directives that govern a response in this cache: those of the first field on the target list
@@ -145,7 +146,7 @@ impl CacheControl {
     }
 
     /// The directives of every line of a field.
-    fn parse_field(headers: &HeaderMap, name: &str) -> Self {
+    fn parse_field(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Self {
         let mut cc = CacheControl::default();
         let mut seen: Vec<String> = Vec::new();
         for value in headers.get_all(name) {

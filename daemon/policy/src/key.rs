@@ -4,6 +4,8 @@
 //! confused: the host went through [`super::head::valid_host`], so it holds no `/`, and an origin-form
 //! target starts with one, so the first `/` of a key always ends the host (bans split keys there).
 
+use std::borrow::Cow;
+
 use http::{header::HOST, request::Parts};
 
 /// The key of a request whose head was checked ([`super::head::check`]) and whose authority was moved to
@@ -34,7 +36,8 @@ pub fn key_for(host: &str, path_and_query: &str) -> String {
 
 /// `host[:port]` as it stands in a primary key: lower-cased, the port as a number and dropped when it is
 /// `http`'s or `https`'s (or empty), so equivalent hosts (RFC 3986 §6.2.2, §6.2.3) key and ban alike.
-pub fn normal_host(host: &str) -> String {
+/// Borrowed when `host` is normal already, as nearly every one is: every request makes its key.
+pub fn normal_host(host: &str) -> Cow<'_, str> {
     let split = match host.rfind(':') {
         Some(colon) if !host[colon..].contains(']') => Some((&host[..colon], &host[colon + 1..])),
         _ => None,
@@ -43,17 +46,24 @@ pub fn normal_host(host: &str) -> String {
         Some((name, "")) => (name, None),
         Some((name, port)) => match port.parse::<u16>() {
             Ok(80 | 443) => (name, None),
-            Ok(port) => (name, Some(port)),
+            Ok(number) => (name, Some((number, port))),
             Err(_) => (host, None),
         },
         None => (host, None),
     };
-    let mut out = name.to_ascii_lowercase();
-    if let Some(port) = port {
-        out.push(':');
-        out.push_str(&port.to_string());
+    let port_as_written = port.is_none_or(|(_, written)| {
+        !written.starts_with('0') && written.bytes().all(|b| b.is_ascii_digit())
+    });
+    let whole = name.len() == host.len() || port.is_some();
+    if whole && port_as_written && !name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Cow::Borrowed(host);
     }
-    out
+    let mut out = name.to_ascii_lowercase();
+    if let Some((number, _)) = port {
+        out.push(':');
+        out.push_str(&number.to_string());
+    }
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -66,6 +76,28 @@ mod tests {
             b = b.header(HOST, h);
         }
         b.body(()).unwrap().into_parts().0
+    }
+
+    /// A host that is normal already is borrowed, not copied; any other is made normal.
+    #[test]
+    fn normal_hosts_are_borrowed() {
+        for (host, normal, borrowed) in [
+            ("example.com", "example.com", true),
+            ("example.com:8080", "example.com:8080", true),
+            ("[::1]:8080", "[::1]:8080", true),
+            ("[::1]", "[::1]", true),
+            ("Example.com", "example.com", false),
+            ("example.com:80", "example.com", false),
+            ("example.com:443", "example.com", false),
+            ("example.com:", "example.com", false),
+            ("example.com:08080", "example.com:8080", false),
+            ("example.com:+8080", "example.com:8080", false),
+            ("[::1]:80", "[::1]", false),
+        ] {
+            let got = normal_host(host);
+            assert_eq!(got, normal, "{host}");
+            assert_eq!(matches!(got, Cow::Borrowed(_)), borrowed, "{host}");
+        }
     }
 
     #[test]
@@ -111,7 +143,7 @@ mod tests {
             let key = key_for(host, target);
             let (h, t) = key.split_at(key.find('/').unwrap_or(key.len()));
             if target.starts_with('/') {
-                assert_eq!((h, t), (normal_host(host).as_str(), target), "{key}");
+                assert_eq!((h, t), (normal_host(host).as_ref(), target), "{key}");
             }
             assert!(keys.insert(key.clone()), "{host} {target} collides: {key}");
         }

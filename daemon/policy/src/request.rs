@@ -1,5 +1,7 @@
 //! What to do with a request before any lookup.
 
+use std::borrow::Cow;
+
 use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Uri};
 
 use super::{cache_control::CacheControl, key::normal_host, Policy};
@@ -94,12 +96,8 @@ pub fn host_from_authority(parts: &mut Parts) {
     else {
         return;
     };
-    // Most hosts are already normal: only upper case or a port can change.
-    if !host.bytes().any(|b| b.is_ascii_uppercase() || b == b':') {
-        return;
-    }
-    let normal = normal_host(host);
-    if normal != host {
+    // Most hosts are already normal: those are borrowed, and the field stays as it is.
+    if let Cow::Owned(normal) = normal_host(host) {
         if let Ok(value) = HeaderValue::from_str(&normal) {
             parts.headers.insert(header::HOST, value);
         }

@@ -52,9 +52,7 @@ impl Negotiated {
     pub fn delivery(&self, headers: &HeaderMap) -> Delivery {
         // The stored `Cache-Control` matters only when a conversion would be needed: most hits skip it.
         match encoding::delivery(headers, &self.accepts, self.no_transform) {
-            Delivery::Decode(_) if CacheControl::from_headers(headers).no_transform => {
-                Delivery::Forward
-            }
+            Delivery::Decode(_) if says_no_transform(headers) => Delivery::Forward,
             delivery => delivery,
         }
     }
@@ -71,6 +69,17 @@ impl Negotiated {
             headers.append(header::ACCEPT_ENCODING, value.clone());
         }
     }
+}
+
+/// Whether a stored response's `Cache-Control` says `no-transform`: parsed only when the word is there, as
+/// it nearly never is (every identity hit of a compressed object asks).
+fn says_no_transform(headers: &HeaderMap) -> bool {
+    let word = b"no-transform";
+    headers.get_all(header::CACHE_CONTROL).iter().any(|v| {
+        v.as_bytes()
+            .windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    }) && CacheControl::from_headers(headers).no_transform
 }
 
 /// How a response leaves: the delivery chosen, with the decoding's settings when it decodes.

@@ -279,7 +279,7 @@ impl Parser<'_> {
                         detail: Some(one_line(&e.to_string())),
                     })?,
             ),
-            (Field::Host, _) => Value::Text(normal_host(raw.trim())),
+            (Field::Host, _) => Value::Text(normal_host(raw.trim()).into_owned()),
             _ => Value::Text(raw),
         };
         Ok(Condition { field, op, value })

@@ -106,7 +106,7 @@ fn canonical(conditions: &[Generated]) -> String {
         .map(|c| {
             let value = match (&c.field, c.op) {
                 (Field::Status, _) => return render(c, Quoting::Bare, " "),
-                (Field::Host, Op::Eq | Op::Ne) => normal_host(c.value.trim()),
+                (Field::Host, Op::Eq | Op::Ne) => normal_host(c.value.trim()).into_owned(),
                 _ => c.value.clone(),
             };
             let field = match &c.field {
