@@ -222,7 +222,15 @@ async fn a_client_conditional_goes_to_the_origin_when_nothing_is_stored() {
     // alone, the second fetches the whole object for itself, which is stored.
     let conditional = get(&d, "/both", &[("if-none-match", "\"v1\"")]);
     let plain = async {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // Once the origin has the conditional fetch (it answers 300 ms later), the plain one joins it.
+        let asked = async {
+            while origin.count("/both") == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), asked)
+            .await
+            .expect("the conditional request reaches the origin");
         get(&d, "/both", &[]).await
     };
     let (conditional, plain) = tokio::join!(conditional, plain);
