@@ -368,7 +368,7 @@ def load(port, path, rate, seconds, connections):
 
 
 def decode(coding, data):
-    if coding in (None, "identity"):
+    if coding in (None, "", "identity"):
         return data
     if coding in ("gzip", "x-gzip"):
         return gzip.decompress(data)

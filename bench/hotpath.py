@@ -19,7 +19,6 @@ The binaries come from --lacquerd, --origin, --ceiling (defaults: $LACQUERD, $BE
 else the three in $BENCH_BIN, else target/release as bench/run builds them)."""
 
 import argparse
-import gzip
 import http.client
 import json
 import os
@@ -34,6 +33,7 @@ import zlib
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import perf  # noqa: E402
 from compare import ORIGIN_PORT, ROOT, nginx_conf, sh, tree  # noqa: E402
+from compression import decode  # noqa: E402
 
 WORKLOADS = ["hits", "misses", "large", "longtail"]
 PORTS = {"lacquer": 8981, "varnish": 8982, "nginx": 8983, "ceiling": perf.CEILING_PORT, "nginx-plain": 8985,
@@ -182,22 +182,6 @@ def wrk(args, port, path, conns, seconds, header=None, script="report", script_a
                 log(f"wrk {port}{path} -c{conns}: errors {errors} of {res['requests']} requests")
             return res
     raise RuntimeError(out)
-
-
-def decode(coding, data):
-    if coding in (None, "", "identity"):
-        return data
-    if coding in ("gzip", "x-gzip"):
-        return gzip.decompress(data)
-    if coding == "deflate":
-        try:
-            return zlib.decompress(data)
-        except zlib.error:
-            return zlib.decompress(data, -zlib.MAX_WBITS)
-    if coding == "br":
-        import brotli  # only when a target sends brotli (pip install brotli)
-        return brotli.decompress(data)
-    raise ValueError(f"coding {coding}")
 
 
 def fetch(port, path, header):

@@ -202,6 +202,30 @@ pub struct Sibling {
     pub body: ObjectMeta,
 }
 
+impl Sibling {
+    /// The representation of variant body `of` in `coding`, whose own body was written as `generation` of
+    /// `object`: `length` bytes in chunks of `chunk_size`.
+    pub fn new(
+        of: u64,
+        coding: Option<String>,
+        (object, generation): (u64, u64),
+        length: u64,
+        chunk_size: u32,
+    ) -> Self {
+        Self {
+            of,
+            coding,
+            body: ObjectMeta {
+                object,
+                generation,
+                length,
+                chunk_size,
+                ..ObjectMeta::default()
+            },
+        }
+    }
+}
+
 /// Every stored variant of one cache key, newest first, and the representations made from them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectSet {

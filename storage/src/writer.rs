@@ -164,17 +164,9 @@ impl ObjectWriter {
             let rest = self.buf.split().freeze();
             self.send_chunk(rest).await?;
         }
-        let sibling = Sibling {
-            of,
-            coding,
-            body: ObjectMeta {
-                object: self.object,
-                generation: self.generation,
-                length: self.length,
-                chunk_size: self.store.chunk_size() as u32,
-                ..ObjectMeta::default()
-            },
-        };
+        let body = (self.object, self.generation);
+        let chunk_size = self.store.chunk_size() as u32;
+        let sibling = Sibling::new(of, coding, body, self.length, chunk_size);
         let (done, wait) = oneshot::channel();
         self.finished = true;
         self.store

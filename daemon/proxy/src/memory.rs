@@ -467,17 +467,9 @@ impl BodyWriter for MemoryWriter {
         }
         self.refused()?;
         self.finished = true;
-        let sibling = Sibling {
-            of,
-            coding,
-            body: ObjectMeta {
-                object: self.object,
-                generation: self.generation,
-                length: self.length,
-                chunk_size: self.store.chunk_size as u32,
-                ..ObjectMeta::default()
-            },
-        };
+        let body = (self.object, self.generation);
+        let chunk_size = self.store.chunk_size as u32;
+        let sibling = Sibling::new(of, coding, body, self.length, chunk_size);
         Ok(self.store.lock().add_sibling(&primary, sibling))
     }
 }
