@@ -579,8 +579,8 @@ async fn sibling<S: CacheStore>(
         &negotiation.settings,
         ctx.route.policy.cache.max_object_size.as_u64(),
         siblings::Wanted {
-            key: key.to_owned(),
-            found: found.clone(),
+            key,
+            found,
             stored: coding,
             coding: wanted,
         },

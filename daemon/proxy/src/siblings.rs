@@ -21,12 +21,13 @@ use crate::{
 };
 
 /// A representation to make: the variant body it is made from, in which coding it is stored and which
-/// one is wanted (`None`: identity).
-pub struct Wanted {
+/// one is wanted (`None`: identity). Borrowed: most hits that ask find it made or being made, and copy
+/// nothing.
+pub struct Wanted<'a> {
     /// The body's cache key.
-    pub key: String,
+    pub key: &'a str,
     /// The stored variant.
-    pub found: Found,
+    pub found: &'a Found,
     /// The coding the body is stored in.
     pub stored: Coding,
     /// The coding to make.
@@ -114,7 +115,7 @@ pub fn start<S: CacheStore>(
     stats: &Arc<Stats>,
     settings: &Compression,
     limit: u64,
-    wanted: Wanted,
+    wanted: Wanted<'_>,
 ) {
     let meta = wanted.found.meta();
     let decoded = meta
@@ -135,11 +136,14 @@ pub fn start<S: CacheStore>(
         max_expansion: u64::from(settings.max_expansion),
         decode_memory: settings.decode_memory.as_u64(),
         level: settings.gzip_level,
-        wanted,
+        key: wanted.key.to_owned(),
+        found: wanted.found.clone(),
+        stored: wanted.stored,
+        coding: wanted.coding,
     };
     tokio::spawn(async move {
         let _slot = slot;
-        let key = job.wanted.key.clone();
+        let key = job.key.clone();
         match job.run().await {
             Ok(true) => inc(&job.stats.representations_made),
             // The body was invalidated or replaced meanwhile: nothing to keep.
@@ -178,7 +182,10 @@ struct Job<S> {
     max_expansion: u64,
     decode_memory: u64,
     level: u32,
-    wanted: Wanted,
+    key: String,
+    found: Found,
+    stored: Coding,
+    coding: Option<Coding>,
 }
 
 /// Output written between two yields of the thread: a large body is converted without holding a worker.
@@ -188,12 +195,13 @@ impl<S: CacheStore> Job<S> {
     /// Reads the stored body chunk by chunk, converts it and stores the result as the body's sibling;
     /// `Ok(false)` when the body was invalidated or replaced before it was kept.
     async fn run(&self) -> Result<bool, NotMade> {
-        let Wanted {
+        let Job {
             key,
             found,
             stored,
             coding,
-        } = &self.wanted;
+            ..
+        } = self;
         let meta = found.meta();
         let read = |index| async move {
             match self.store.read_chunk(meta, index).await? {
