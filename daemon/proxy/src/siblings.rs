@@ -209,13 +209,14 @@ impl<S: CacheStore> Job<S> {
                 None => Err(NotMade::BodyGone),
             }
         };
+        // First: a store that refuses new bodies (a full disk) costs no read and no decode.
+        let mut writer = self.store.writer(key, &meta.variant, self.store.mark())?;
         let first = read(0).await?;
         // Counted with the decoders clients hold: the conversions share `decode_memory` with them.
         let window = Decoder::memory(*stored, Some(&first));
         let Some(_reserved) = Reserved::take(&self.stats, window, self.decode_memory) else {
             return Err(NotMade::NoMemory);
         };
-        let mut writer = self.store.writer(key, &meta.variant, self.store.mark())?;
         let mut decoder = Decoder::new(*stored, self.limit)
             .with_max_expansion(self.max_expansion, EXPANSION_FLOOR);
         let mut encoder = coding.map(|c| Encoder::new(c, self.level));
