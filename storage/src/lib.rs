@@ -27,7 +27,7 @@ pub use ban::{BanExpr, BanInfo, BanSyntaxError};
 pub use builder::StoreBuilder;
 pub use chunk::ChunkKey;
 pub use error::StoreError;
-pub use meta::{ObjectMeta, ObjectSet, Sibling};
+pub use meta::{ObjectMeta, ObjectSet, Prepared, Sibling};
 pub use purge::{InvalidationMark, PurgeMode};
 pub use store::{ChunkRead, ChunkTiers, Store, StoreStatsSnapshot, Tier, VERIFY_AHEAD};
 pub use writer::{ObjectWriter, PartialBody};

@@ -1,4 +1,4 @@
-use std::sync::OnceLock;
+use std::{any::Any, sync::OnceLock};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
@@ -49,39 +49,40 @@ pub struct ObjectMeta {
     /// The newest ban this object has been tested against (or that existed when its fetch started); bans
     /// after it must still be tested before it is served.
     pub ban_checked: u64,
-    /// `headers` as a header map, made when first asked for ([`ObjectMeta::head`]). Not stored.
+    /// What the data path made from this copy when first asked for ([`ObjectMeta::prepared`]). Not stored.
     #[serde(skip)]
-    pub prepared: PreparedHead,
+    pub prepared: Prepared,
 }
 
-/// A stored object's headers parsed into a header map once, for every response served from the same copy
-/// of its metadata (the hot copy holds one per key): a hit clones the map, whose values share their bytes,
-/// instead of parsing every name and copying every value. It is a cache of `headers`, never part of the
-/// record: a clone of the metadata starts without one (a copy may be given other headers, as a 304's
-/// refresh does), and metadata compare equal whatever is prepared.
+/// What the data path derives once from one copy of an object's metadata and reuses for every response
+/// served from that copy (the hot copy holds one per key): the response head parsed and finished, which a
+/// hit clones (its values share their bytes) instead of parsing every name and copying every value. It is
+/// a cache of the record, never part of it: a clone of the metadata starts without one (a copy may be given
+/// other headers, as a 304's refresh does), and metadata compare equal whatever is prepared. The store does
+/// not know its type: what is made from a record is the data path's business.
 #[derive(Default)]
-pub struct PreparedHead(OnceLock<HeaderMap>);
+pub struct Prepared(OnceLock<Box<dyn Any + Send + Sync>>);
 
-impl Clone for PreparedHead {
+impl Clone for Prepared {
     fn clone(&self) -> Self {
         Self::default()
     }
 }
 
-impl PartialEq for PreparedHead {
+impl PartialEq for Prepared {
     fn eq(&self, _: &Self) -> bool {
         true
     }
 }
 
-impl Eq for PreparedHead {}
+impl Eq for Prepared {}
 
-impl std::fmt::Debug for PreparedHead {
+impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.0.get().is_some() {
-            "PreparedHead(made)"
+            "Prepared(made)"
         } else {
-            "PreparedHead"
+            "Prepared"
         })
     }
 }
@@ -144,22 +145,28 @@ impl ObjectMeta {
         born.saturating_add(self.ttl_ms).saturating_add(after)
     }
 
-    /// The stored headers as a header map, with room for what a response adds: parsed on the first call,
-    /// shared by the later ones (see [`PreparedHead`]). A stored field that is no longer a valid name or
-    /// value is left out.
-    pub fn head(&self) -> &HeaderMap {
-        self.prepared.0.get_or_init(|| {
-            let mut headers = HeaderMap::with_capacity(self.headers.len() + 7);
-            for (name, value) in &self.headers {
-                if let (Ok(n), Ok(v)) = (
-                    HeaderName::from_bytes(name.as_bytes()),
-                    HeaderValue::from_bytes(value),
-                ) {
-                    headers.append(n, v);
-                }
+    /// The stored headers as a header map, with room for `extra` more fields. A stored field that is no
+    /// longer a valid name or value is left out.
+    pub fn header_map(&self, extra: usize) -> HeaderMap {
+        let mut headers = HeaderMap::with_capacity(self.headers.len() + extra);
+        for (name, value) in &self.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_bytes(value),
+            ) {
+                headers.append(n, v);
             }
-            headers
-        })
+        }
+        headers
+    }
+
+    /// What `make` derives from this copy of the metadata: made on the first call, shared by the later
+    /// ones (see [`Prepared`]). `None` when something of another type was prepared first.
+    pub fn prepared<T: Any + Send + Sync>(&self, make: impl FnOnce(&Self) -> T) -> Option<&T> {
+        self.prepared
+            .0
+            .get_or_init(|| Box::new(make(self)))
+            .downcast_ref()
     }
 
     /// The stored value of header `name` (case-insensitive); the first one when it was repeated.
@@ -182,7 +189,9 @@ impl ObjectMeta {
             .map(|(n, v)| n.len() + v.len() + 48)
             .sum();
         let tags: usize = self.tags.iter().map(|t| t.len() + 24).sum();
-        std::mem::size_of::<Self>() + headers + variant + tags
+        // The prepared response head holds a copy of every field, and a few of the response's own.
+        let prepared = headers + 8 * 48;
+        std::mem::size_of::<Self>() + headers + variant + tags + prepared
     }
 }
 
@@ -338,7 +347,7 @@ pub(crate) mod tests {
             no_stale: false,
             tags: vec!["t1".into()],
             ban_checked: 3,
-            prepared: PreparedHead::default(),
+            prepared: Prepared::default(),
         }
     }
 
@@ -405,18 +414,20 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_head_is_prepared_once_per_copy_and_never_copied() {
+    fn what_is_prepared_is_made_once_per_copy_and_never_copied() {
         let m = meta(1, 4);
-        let head = m.head();
-        assert_eq!(head.get("etag").unwrap(), "\"x\"");
-        assert_eq!(head.get("content-type").unwrap(), "text/plain");
-        assert!(std::ptr::eq(head, m.head()), "made once");
+        let made = || m.prepared(|m| m.header_map(0)).unwrap();
+        assert_eq!(made().get("etag").unwrap(), "\"x\"");
+        assert_eq!(made().get("content-type").unwrap(), "text/plain");
+        assert!(std::ptr::eq(made(), made()), "made once");
+        assert!(m.prepared(|_| 7u8).is_none(), "of one type only");
         let refreshed = ObjectMeta {
             headers: vec![("ETag".into(), b"\"y\"".to_vec())],
             ..m.clone()
         };
-        assert_eq!(refreshed.head().get("etag").unwrap(), "\"y\"");
-        assert!(refreshed.head().get("content-type").is_none());
+        let head = refreshed.prepared(|m| m.header_map(0)).unwrap();
+        assert_eq!(head.get("etag").unwrap(), "\"y\"");
+        assert!(head.get("content-type").is_none());
         assert_eq!(
             m,
             ObjectMeta { ..m.clone() },

@@ -21,6 +21,13 @@ use crate::stats::{add, inc, Stats};
 /// `Content-Length` and byte ranges. Internal: removed from what origins send and from what clients get.
 pub const IDENTITY_LENGTH: HeaderName = HeaderName::from_static("lacquer-identity-length");
 
+/// The decoded length a fill recorded in `headers` ([`IDENTITY_LENGTH`]), the field removed.
+pub fn take_identity_length(headers: &mut HeaderMap) -> Option<u64> {
+    headers
+        .remove(IDENTITY_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+}
+
 /// A lookup's `Accept-Encoding`, read and replaced by the one the origin and the store see.
 pub struct Negotiated {
     accepts: Accepts,
@@ -50,8 +57,13 @@ impl Negotiated {
 
     /// How a response with `headers` reaches this client.
     pub fn delivery(&self, headers: &HeaderMap) -> Delivery {
+        self.delivery_of(encoding::coded(headers), headers)
+    }
+
+    /// [`Negotiated::delivery`] for a response whose coding is known already.
+    pub fn delivery_of(&self, coded: Coded, headers: &HeaderMap) -> Delivery {
         // The stored `Cache-Control` matters only when a conversion would be needed: most hits skip it.
-        match encoding::delivery(headers, &self.accepts, self.no_transform) {
+        match encoding::delivery_of(coded, &self.accepts, self.no_transform) {
             Delivery::Decode(_) if says_no_transform(headers) => Delivery::Forward,
             delivery => delivery,
         }
@@ -141,6 +153,13 @@ impl Conversion {
         }
     }
 
+    /// Counts a sibling sent.
+    pub fn count_served(&self) {
+        if let Conversion::Sibling { stats, .. } = self {
+            inc(&stats.representations_served);
+        }
+    }
+
     /// Whether the body is decoded on the way out.
     pub fn decodes(&self) -> bool {
         matches!(self, Conversion::Decode { .. })
@@ -170,18 +189,21 @@ impl Conversion {
     /// becomes the sibling's), the entity-tag turns weak (RFC 9110 §8.8.3) and `Content-Length` becomes
     /// the decoded length when known; any coded body tells caches downstream that it varies on
     /// `Accept-Encoding`. `stored_length` is that of the bytes sent as they are stored (the sibling's for a
-    /// sibling). Returns the length sent, when known.
-    pub fn headers(&self, headers: &mut HeaderMap, stored_length: Option<u64>) -> Option<u64> {
-        let identity_length = headers
-            .remove(IDENTITY_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    /// sibling), `identity_length` the decoded length recorded at fill time ([`take_identity_length`]).
+    /// Returns the length sent, when known.
+    pub fn headers(
+        &self,
+        headers: &mut HeaderMap,
+        stored_length: Option<u64>,
+        identity_length: Option<u64>,
+    ) -> Option<u64> {
         if encoding::coded(headers) != Coded::Identity {
             vary_on_accept_encoding(headers);
         }
         let (coding, stats) = match self {
             Conversion::None => return stored_length,
-            Conversion::Sibling { coding, stats } => {
-                inc(&stats.representations_served);
+            Conversion::Sibling { coding, .. } => {
+                self.count_served();
                 match coding {
                     Some(c) => headers.insert(
                         header::CONTENT_ENCODING,
@@ -295,7 +317,7 @@ impl Drop for Reserved {
 }
 
 /// Makes the `ETag` weak: the bytes sent are not the origin's (RFC 9110 §8.8.3).
-fn weaken_etag(headers: &mut HeaderMap) {
+pub fn weaken_etag(headers: &mut HeaderMap) {
     if let Some(etag) = headers.get(header::ETAG) {
         let weak = encoding::weak_etag(etag);
         headers.insert(header::ETAG, weak);

@@ -14,7 +14,7 @@ use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCod
 use http_body_util::BodyExt;
 use lacquer_storage::ObjectMeta;
 
-use super::{forward, respond, Found};
+use super::{forward, Found};
 use lacquer_backends::{error_chain, routing::Route, BackendError};
 use lacquer_policy::{
     age::corrected_initial_age,
@@ -135,7 +135,7 @@ async fn revalidated<S: CacheStore>(
     let store = &worker.shared.store;
     let key = request.key.as_str();
     let old = stale.meta();
-    let mut headers = respond::header_map(old);
+    let mut headers = old.header_map(0);
     for name in update.keys() {
         // Fields that describe the stored body itself keep describing it (RFC 9111 §3.2): a 304 cannot
         // change the bytes, so it cannot change their length, coding, range, digest or entity-tag.

@@ -12,6 +12,7 @@ pub mod invalidation;
 #[cfg(test)]
 mod memory;
 mod peer;
+mod prepared;
 mod purge_method;
 mod respond;
 pub mod siblings;
@@ -41,7 +42,7 @@ use lacquer_backends::{
     BackendError, ClientBodyError,
 };
 use lacquer_policy::{
-    encoding::{Coding, Delivery},
+    encoding::{Coded, Coding, Delivery},
     head,
     headers::{strip_forwarding, strip_hop_by_hop},
     key::primary_key,
@@ -55,6 +56,7 @@ use crate::{
     coalesce::{Fetch, Joined},
     coding::{Conversion, Negotiated},
     fetch::Fill,
+    prepared::Prepared,
     stats::{add, inc, Stats},
     store::CacheStore,
     worker::{Shared, Worker},
@@ -406,6 +408,12 @@ impl Ctx<'_> {
             .map_or(Delivery::AsStored, |n| n.delivery(headers))
     }
 
+    /// [`Ctx::delivery`] for a stored body whose coding is known already.
+    fn delivery_of(&self, coded: Coded, headers: &HeaderMap) -> Delivery {
+        self.negotiated
+            .map_or(Delivery::AsStored, |n| n.delivery_of(coded, headers))
+    }
+
     fn conversion(&self, delivery: Delivery, stats: &Arc<Stats>) -> Conversion {
         let policy = &self.route.policy;
         let limit = policy.cache.max_object_size.as_u64();
@@ -475,14 +483,27 @@ async fn serve_stored<S: CacheStore>(
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
     let meta = found.meta();
-    let headers = respond::header_map(meta);
-    let delivery = ctx.delivery(&headers);
+    let prepared = prepared::prepared(meta);
+    let delivery = ctx.delivery_of(prepared.coded, &prepared.head);
     if delivery == Delivery::Forward {
         return Some(ctx.forward_as_sent(worker, parts).await);
     }
     if let Delivery::Decode(coding) = delivery {
         if let Some((sibling, conversion, first)) = sibling(worker, ctx, key, found, coding).await {
             record_hit(&shared.stats, first.tier);
+            let body = &found.set.siblings[sibling].body;
+            let Conversion::Sibling { coding, .. } = conversion else {
+                unreachable!("a sibling is sent as one");
+            };
+            let make = |m: &ObjectMeta| Prepared::sibling(&prepared, coding, m.length);
+            let owned;
+            let head = match body.prepared(make) {
+                Some(head) => head,
+                None => {
+                    owned = make(body);
+                    &owned
+                }
+            };
             return Some(respond::stored(
                 shared.store.clone(),
                 found.set.clone(),
@@ -492,7 +513,7 @@ async fn serve_stored<S: CacheStore>(
                 now,
                 outcome,
                 parts,
-                headers,
+                head,
                 &conversion,
             ));
         }
@@ -529,7 +550,7 @@ async fn serve_stored<S: CacheStore>(
         now,
         outcome,
         parts,
-        headers,
+        &prepared,
         &ctx.conversion(delivery, &shared.stats),
     ))
 }

@@ -20,7 +20,8 @@ use lacquer_policy::{
 
 use crate::{
     coalesce::{FetchReader, FetchedHead},
-    coding::{Busy, Conversion},
+    coding::{take_identity_length, Busy, Conversion},
+    prepared::Prepared,
     store::CacheStore,
 };
 
@@ -62,69 +63,86 @@ impl Outcome {
         }
     }
 
-    fn cache_status(self) -> String {
-        match self {
-            Outcome::Hit { ttl_s } => format!("lacquer; hit; ttl={ttl_s}"),
+    /// `Cache-Status` (RFC 9211) for this outcome, written straight into the value's own bytes.
+    fn cache_status(self) -> HeaderValue {
+        use std::fmt::Write;
+        let mut s = bytes::BytesMut::with_capacity(64);
+        s.extend_from_slice(b"lacquer; ");
+        // Writing to a `BytesMut` cannot fail.
+        let _ = match self {
+            // Every hit writes one: without the formatting machinery.
+            Outcome::Hit { ttl_s } => {
+                s.extend_from_slice(b"hit; ttl=");
+                s.extend_from_slice(itoa::Buffer::new().format(ttl_s).as_bytes());
+                Ok(())
+            }
             Outcome::Stale {
                 ttl_s,
                 origin_failed: false,
                 ..
-            } => {
-                format!("lacquer; hit; ttl={ttl_s}; detail=\"stale-while-revalidate\"")
-            }
+            } => write!(s, "hit; ttl={ttl_s}; detail=\"stale-while-revalidate\""),
             Outcome::Stale {
                 ttl_s,
                 origin_failed: true,
                 fwd_status: Some(status),
-            } => {
-                format!("lacquer; fwd=stale; fwd-status={status}; ttl={ttl_s}")
-            }
+            } => write!(s, "fwd=stale; fwd-status={status}; ttl={ttl_s}"),
             Outcome::Stale {
                 ttl_s,
                 origin_failed: true,
                 fwd_status: None,
-            } => {
-                format!("lacquer; fwd=stale; ttl={ttl_s}; detail=\"origin-unreachable\"")
-            }
+            } => write!(s, "fwd=stale; ttl={ttl_s}; detail=\"origin-unreachable\""),
             Outcome::Miss {
                 stored,
                 collapsed,
                 detail,
             } => {
-                let mut s = String::from("lacquer; fwd=miss");
+                s.extend_from_slice(b"fwd=miss");
                 if stored {
-                    s.push_str("; stored");
+                    s.extend_from_slice(b"; stored");
                 }
                 if collapsed {
-                    s.push_str("; collapsed");
+                    s.extend_from_slice(b"; collapsed");
                 }
-                if let Some(d) = detail {
-                    s.push_str(&format!("; detail=\"{d}\""));
+                match detail {
+                    Some(d) => write!(s, "; detail=\"{d}\""),
+                    None => Ok(()),
                 }
-                s
             }
             Outcome::Pass {
                 unsafe_method: true,
-            } => "lacquer; fwd=method".into(),
+            } => write!(s, "fwd=method"),
             Outcome::Pass {
                 unsafe_method: false,
-            } => "lacquer; fwd=bypass".into(),
-        }
+            } => write!(s, "fwd=bypass"),
+        };
+        HeaderValue::from_maybe_shared(s.freeze()).expect("Cache-Status is visible ASCII")
     }
 }
 
 /// Adds what every delivered response carries. `age` replaces any `Age` already present.
 pub fn decorate(headers: &mut HeaderMap, outcome: Outcome, age: Option<u64>) {
-    if let Some(age) = age {
-        headers.insert(header::AGE, HeaderValue::from(age));
-    } else if !headers.contains_key(header::AGE) {
-        headers.insert(header::AGE, HeaderValue::from_static("0"));
+    match age {
+        Some(age) => {
+            headers.insert(header::AGE, HeaderValue::from(age));
+        }
+        None if !headers.contains_key(header::AGE) => {
+            headers.insert(header::AGE, HeaderValue::from_static("0"));
+        }
+        None => {}
     }
     headers.insert(X_CACHE, HeaderValue::from_static(outcome.x_cache()));
-    if let Ok(v) = HeaderValue::from_str(&outcome.cache_status()) {
-        headers.insert(CACHE_STATUS, v);
-    }
+    headers.insert(CACHE_STATUS, outcome.cache_status());
     append(headers, header::VIA, VIA);
+}
+
+/// Sets what changes from one response to the next in a [`Prepared::head`]: `Age`, `Cache-Status`, and
+/// `X-Cache` unless it is the `HIT` prepared.
+fn mark(headers: &mut HeaderMap, outcome: Outcome, age: u64) {
+    headers.insert(header::AGE, HeaderValue::from(age));
+    if !matches!(outcome, Outcome::Hit { .. }) {
+        headers.insert(X_CACHE, HeaderValue::from_static(outcome.x_cache()));
+    }
+    headers.insert(CACHE_STATUS, outcome.cache_status());
 }
 
 pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Body> {
@@ -157,7 +175,7 @@ pub fn fetched<S: CacheStore>(
     represent(
         Source::Fetched(reader),
         head.status,
-        head.headers.clone(),
+        Head::Fetched(head.headers.clone()),
         length,
         age,
         outcome,
@@ -167,9 +185,9 @@ pub fn fetched<S: CacheStore>(
 }
 
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
-/// readable before the status line goes out), shaped for the request by [`represent`]. `headers` are the
-/// stored ones ([`header_map`]); the body is the variant's, or its sibling `sibling` (an index into the
-/// set's siblings, sent with [`Conversion::Sibling`]).
+/// readable before the status line goes out), shaped for the request by [`represent`]. `prepared` is the
+/// head of the body sent: the variant's, or its sibling `sibling`'s (an index into the set's siblings,
+/// sent with [`Conversion::Sibling`]).
 #[allow(clippy::too_many_arguments)]
 pub fn stored<S: CacheStore>(
     store: S,
@@ -180,7 +198,7 @@ pub fn stored<S: CacheStore>(
     now_ms: u64,
     outcome: Outcome,
     req: &Parts,
-    headers: HeaderMap,
+    prepared: &Prepared,
     conversion: &Conversion,
 ) -> Response<Body> {
     let meta = &set.variants[variant];
@@ -194,17 +212,43 @@ pub fn stored<S: CacheStore>(
         first,
     };
     let length = stored.body().length;
-    let source = Source::Stored(stored);
+    let mut headers = prepared.head.clone();
+    // Most hits: the bytes as stored, whole, to a GET without conditionals. The prepared head is what
+    // `represent` would make of it, but for what changes per response.
+    if !conversion.decodes() && req.method == Method::GET && !asks(req) {
+        conversion.count_served();
+        mark(&mut headers, outcome, age);
+        return response(status, headers, Source::Stored(stored).whole());
+    }
     represent(
-        source,
+        Source::Stored(stored),
         status,
-        headers,
+        Head::Prepared(headers, prepared.identity_length),
         Some(length),
         age,
         outcome,
         req,
         conversion,
     )
+}
+
+/// The head a response is made from.
+enum Head {
+    /// A fetched response's fields, as the origin sent them (a fill's recorded decoded length included).
+    Fetched(HeaderMap),
+    /// A stored body's [`Prepared::head`] and its decoded length.
+    Prepared(HeaderMap, Option<u64>),
+}
+
+/// Whether a request carries a conditional or a range: most do not, and skip copying the validators.
+fn asks(req: &Parts) -> bool {
+    [
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+        header::RANGE,
+    ]
+    .iter()
+    .any(|name| req.headers.contains_key(name))
 }
 
 /// Where the bytes of a response come from.
@@ -256,18 +300,33 @@ impl<S: CacheStore> Source<S> {
 fn represent<S: CacheStore>(
     source: Source<S>,
     status: StatusCode,
-    mut headers: HeaderMap,
+    head: Head,
     length: Option<u64>,
     age: u64,
     outcome: Outcome,
     req: &Parts,
     conversion: &Conversion,
 ) -> Response<Body> {
-    let sent = conversion.headers(&mut headers, length);
+    let (mut headers, prepared, identity_length) = match head {
+        Head::Fetched(mut headers) => {
+            let identity_length = take_identity_length(&mut headers);
+            (headers, false, identity_length)
+        }
+        Head::Prepared(headers, identity_length) => (headers, true, identity_length),
+    };
+    let sent = conversion.headers(&mut headers, length, identity_length);
     if let (false, Some(len)) = (conversion.decodes(), sent) {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     }
-    decorate(&mut headers, outcome, Some(age));
+    if prepared {
+        mark(&mut headers, outcome, age);
+        if sent.is_none() {
+            // A decoded body of a length not known: it cannot be ranged.
+            headers.remove(header::ACCEPT_RANGES);
+        }
+    } else {
+        decorate(&mut headers, outcome, Some(age));
+    }
     let shape = match shape(req, &mut headers, sent, status) {
         Shape::Part(first, last) if !conversion.answers_range(&[(first, last)]) => Shape::Whole,
         Shape::Parts(parts) if !conversion.answers_range(&parts) => Shape::Whole,
@@ -335,12 +394,6 @@ fn busy(outcome: Outcome) -> Response<Body> {
     resp
 }
 
-/// The stored response headers as a header map of this response's own: a clone of the one prepared once
-/// for the stored copy ([`ObjectMeta::head`]).
-pub fn header_map(meta: &ObjectMeta) -> HeaderMap {
-    meta.head().clone()
-}
-
 fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
@@ -380,13 +433,7 @@ fn shape(req: &Parts, headers: &mut HeaderMap, len: Option<u64>, status: StatusC
     if len.is_some() {
         headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     }
-    // Most requests carry neither conditionals nor ranges: skip copying the validators for them.
-    let asks = [
-        header::IF_NONE_MATCH,
-        header::IF_MODIFIED_SINCE,
-        header::RANGE,
-    ];
-    if !asks.iter().any(|name| req.headers.contains_key(name)) {
+    if !asks(req) {
         return Shape::Whole;
     }
     let text = |h: &HeaderMap, name| {
@@ -585,5 +632,161 @@ impl<S: CacheStore> Stored<S> {
                 async move { Ok(Frame::data(tail)) },
             ));
         (body::from_stream(stream), total, boundary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{memory::MemoryStore, stats::Stats};
+    use lacquer_policy::encoding::Coding;
+    use lacquer_storage::Sibling;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn meta(status: u16, headers: &[(&str, &str)], length: u64) -> ObjectMeta {
+        ObjectMeta {
+            object: 1,
+            generation: 1,
+            status,
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+            length,
+            chunk_size: 1024,
+            stored_at_ms: 1_000_000,
+            ttl_ms: 60_000,
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn get(fields: &[(&str, &str)]) -> Parts {
+        let mut req = http::Request::get("/a");
+        for (n, v) in fields {
+            req = req.header(*n, *v);
+        }
+        req.body(()).unwrap().into_parts().0
+    }
+
+    /// The head of a response from `set` (its variant 0, or `sibling`) to `req`.
+    fn head(
+        set: &Arc<ObjectSet>,
+        sibling: Option<usize>,
+        prepared: &Prepared,
+        req: &Parts,
+        conversion: &Conversion,
+    ) -> (StatusCode, HeaderMap) {
+        let resp = stored(
+            MemoryStore::new(1024),
+            set.clone(),
+            0,
+            sibling,
+            Some(Bytes::from_static(b"x")),
+            1_010_000,
+            Outcome::Hit { ttl_s: 50 },
+            req,
+            prepared,
+            conversion,
+        );
+        (resp.status(), resp.headers().clone())
+    }
+
+    fn fields(headers: &HeaderMap, name: &str) -> Vec<String> {
+        headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// A plain GET takes a shortcut past `represent`: what it is sent must be what `represent` would send
+    /// (a conditional that does not match goes the whole way and is answered with the whole body too).
+    #[test]
+    fn a_plain_hit_is_sent_what_the_whole_way_would_send() {
+        let stats = Arc::new(Stats::default());
+        let gzip = meta(
+            200,
+            &[
+                ("content-type", "text/html"),
+                ("content-encoding", "gzip"),
+                ("etag", "\"v1\""),
+                ("vary", "Origin"),
+                ("via", "1.1 upstream"),
+                ("lacquer-identity-length", "5000"),
+            ],
+            300,
+        );
+        let cases = [
+            meta(200, &[("content-type", "text/plain"), ("etag", "\"a\"")], 1),
+            meta(404, &[("content-type", "text/plain")], 1),
+            gzip.clone(),
+        ];
+        let plain = get(&[]);
+        let conditional = get(&[("if-none-match", "\"other\"")]);
+        for m in cases {
+            let set = Arc::new(ObjectSet::of(vec![m.clone()]));
+            let prepared = Prepared::of(&m);
+            let (status, short) = head(&set, None, &prepared, &plain, &Conversion::None);
+            let (_, long) = head(&set, None, &prepared, &conditional, &Conversion::None);
+            assert_eq!(short, long, "status {}", m.status);
+            assert_eq!(status.as_u16(), m.status);
+            assert_eq!(fields(&short, "cache-status"), ["lacquer; hit; ttl=50"]);
+            assert_eq!(fields(&short, "age"), ["10"]);
+            assert_eq!(fields(&short, "x-cache"), ["HIT"]);
+            assert_eq!(fields(&short, "content-length"), [m.length.to_string()]);
+            assert!(short.get("lacquer-identity-length").is_none());
+            assert_eq!(
+                fields(&short, "accept-ranges").len(),
+                usize::from(m.status == 200)
+            );
+        }
+        let set = Arc::new(ObjectSet::of(vec![gzip.clone()]));
+        let (_, short) = head(&set, None, &Prepared::of(&gzip), &plain, &Conversion::None);
+        assert_eq!(fields(&short, "via"), ["1.1 upstream, 1.1 lacquer"]);
+        assert_eq!(fields(&short, "vary"), ["Origin", "Accept-Encoding"]);
+        assert_eq!(fields(&short, "content-encoding"), ["gzip"]);
+
+        // The identity representation made of it, sent under its fields.
+        let mut set = ObjectSet::of(vec![gzip.clone()]);
+        set.siblings.push(Sibling {
+            of: gzip.generation,
+            coding: None,
+            body: meta(200, &[], 5000),
+        });
+        let set = Arc::new(set);
+        let sibling = Prepared::sibling(&Prepared::of(&gzip), None, 5000);
+        let conversion = Conversion::Sibling {
+            coding: None,
+            stats: stats.clone(),
+        };
+        let (_, short) = head(&set, Some(0), &sibling, &plain, &conversion);
+        let (_, long) = head(&set, Some(0), &sibling, &conditional, &conversion);
+        assert_eq!(short, long);
+        assert!(short.get("content-encoding").is_none());
+        assert_eq!(fields(&short, "etag"), ["W/\"v1\""]);
+        assert_eq!(fields(&short, "content-length"), ["5000"]);
+        assert_eq!(fields(&short, "vary"), ["Origin", "Accept-Encoding"]);
+        assert_eq!(stats.representations_served.load(Relaxed), 2);
+
+        // Decoded on the way out: the decoded length when it was recorded, no length (and no ranges)
+        // when it was not.
+        let decode = Conversion::Decode {
+            coding: Coding::Gzip,
+            limit: 1 << 30,
+            memory: 1 << 30,
+            range_decode: 1 << 20,
+            max_expansion: 1000,
+            stats,
+        };
+        let (_, long) = head(&set, None, &Prepared::of(&gzip), &plain, &decode);
+        assert_eq!(fields(&long, "content-length"), ["5000"]);
+        assert_eq!(fields(&long, "accept-ranges"), ["bytes"]);
+        assert!(long.get("content-encoding").is_none());
+        let unknown = meta(200, &[("content-encoding", "gzip")], 300);
+        let set = Arc::new(ObjectSet::of(vec![unknown.clone()]));
+        let (_, long) = head(&set, None, &Prepared::of(&unknown), &plain, &decode);
+        assert!(long.get("content-length").is_none());
+        assert!(long.get("accept-ranges").is_none());
+        assert_eq!(fields(&long, "via"), ["1.1 lacquer"]);
     }
 }

@@ -223,7 +223,12 @@ pub enum Delivery {
 /// request says `no-transform`. A client that refuses identity too still gets identity: RFC 9110 §12.5.3
 /// prefers that to a 415.
 pub fn delivery(stored: &HeaderMap, client: &Accepts, no_transform: bool) -> Delivery {
-    match coded(stored) {
+    delivery_of(coded(stored), client, no_transform)
+}
+
+/// [`delivery`] for a stored body whose coding is known already.
+pub fn delivery_of(stored: Coded, client: &Accepts, no_transform: bool) -> Delivery {
+    match stored {
         Coded::Identity => Delivery::AsStored,
         Coded::With(c) if client.accepts(Some(c)) => Delivery::AsStored,
         Coded::With(c) if !no_transform => Delivery::Decode(c),

@@ -1,0 +1,89 @@
+//! The response head of a stored body, finished once per copy of its metadata: a hit clones it and sets
+//! the two fields that change from one response to the next (`Age`, `Cache-Status`).
+
+use http::{header, HeaderMap, HeaderValue, StatusCode};
+use lacquer_policy::encoding::{self, Coded, Coding};
+use lacquer_storage::ObjectMeta;
+
+use crate::{
+    coding::{take_identity_length, vary_on_accept_encoding, weaken_etag},
+    forward::{append, VIA},
+    respond::{CACHE_STATUS, X_CACHE},
+};
+
+/// A stored body's response head ([`ObjectMeta::prepared`]), shared by every response served from one
+/// copy of its metadata (the hot copy holds one per key).
+#[derive(Clone)]
+pub struct Prepared {
+    /// What every response sending these bytes as stored carries: the stored fields less the decoded
+    /// length a fill records, `Vary: Accept-Encoding` for a coded body, this body's `Content-Length`,
+    /// `Accept-Ranges` for a 200, `X-Cache: HIT` and `Via`. `Age` and `Cache-Status` hold placeholders,
+    /// so a response replaces their values in place: a clone has room for exactly the fields it holds,
+    /// and a hit never grows it.
+    pub head: HeaderMap,
+    /// The body's coding.
+    pub coded: Coded,
+    /// The decoded length recorded at fill time, for a body stored compressed.
+    pub identity_length: Option<u64>,
+}
+
+impl Prepared {
+    /// The head of `meta`'s body as stored.
+    pub fn of(meta: &ObjectMeta) -> Self {
+        let mut head = meta.header_map(PER_RESPONSE);
+        let identity_length = take_identity_length(&mut head);
+        let coded = encoding::coded(&head);
+        if coded != Coded::Identity {
+            vary_on_accept_encoding(&mut head);
+        }
+        head.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.length));
+        if meta.status == StatusCode::OK.as_u16() {
+            head.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        }
+        head.insert(header::AGE, HeaderValue::from_static("0"));
+        head.insert(X_CACHE, HeaderValue::from_static("HIT"));
+        head.insert(CACHE_STATUS, HeaderValue::from_static("lacquer"));
+        append(&mut head, header::VIA, VIA);
+        Self {
+            head,
+            coded,
+            identity_length,
+        }
+    }
+
+    /// The head of a sibling of `variant`'s body, `length` bytes in `coding` (`None`: identity): sent
+    /// under the variant's fields, with its own coding and length and the entity-tag weak (the bytes are
+    /// not the origin's, RFC 9110 §8.8.3).
+    pub fn sibling(variant: &Prepared, coding: Option<Coding>, length: u64) -> Self {
+        let mut head = variant.head.clone();
+        match coding {
+            Some(c) => {
+                head.insert(
+                    header::CONTENT_ENCODING,
+                    HeaderValue::from_static(c.token()),
+                );
+            }
+            None => {
+                head.remove(header::CONTENT_ENCODING);
+            }
+        }
+        weaken_etag(&mut head);
+        head.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        Self {
+            head,
+            coded: coding.map_or(Coded::Identity, Coded::With),
+            identity_length: None,
+        }
+    }
+}
+
+/// The fields [`Prepared::of`] adds to the stored ones, at most.
+const PER_RESPONSE: usize = 7;
+
+/// `meta`'s prepared head, made now when something else was prepared from this copy.
+pub fn prepared(meta: &ObjectMeta) -> std::borrow::Cow<'_, Prepared> {
+    match meta.prepared(Prepared::of) {
+        Some(p) => std::borrow::Cow::Borrowed(p),
+        None => std::borrow::Cow::Owned(Prepared::of(meta)),
+    }
+}
