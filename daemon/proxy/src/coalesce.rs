@@ -278,6 +278,16 @@ impl<S: CacheStore> Fetch<S> {
         });
     }
 
+    /// The last body bytes from the backend: the body is whole as the readers get them.
+    pub fn push_last(&self, data: Bytes) {
+        self.update(|s| {
+            let len = data.len() as u64;
+            s.window.push_back((s.received, data));
+            s.received += len;
+            s.end = Some(Ok(()));
+        });
+    }
+
     /// The body ended: whole (`Ok`), or cut short, which readers see as an error.
     pub fn end(&self, result: Result<(), FetchError>) {
         self.update(|s| s.end = Some(result));

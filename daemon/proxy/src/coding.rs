@@ -450,6 +450,11 @@ pub enum Pushed {
 }
 
 impl FillCoding {
+    /// Whether every piece is sent as it is pushed: nothing is held back or added at the end.
+    pub fn passes_through(&self) -> bool {
+        matches!(self, FillCoding::AsSent | FillCoding::Unchecked)
+    }
+
     /// Decides for a response with `headers` (changed to describe what is stored) under `settings`;
     /// `storing` when the response is being stored, `limit` is `max_object_size`.
     pub fn start(

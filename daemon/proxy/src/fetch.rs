@@ -11,6 +11,7 @@ use std::{
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http_body::Body as _;
 use http_body_util::BodyExt;
 use lacquer_storage::ObjectMeta;
 
@@ -252,15 +253,21 @@ fn failed<S: CacheStore>(
     Ending::Failed
 }
 
-/// Sends one piece of the body to the fetch's readers and, while storing, to the store.
+/// Sends one piece of the body to the fetch's readers and, while storing, to the store; the `last` piece
+/// of a body ends it as it reaches the readers.
 async fn forward_piece<S: CacheStore>(
     fetch: &Fetch<S>,
     writer: &mut Option<S::Writer>,
     piece: Bytes,
     max_object_size: u64,
     key: &str,
+    last: bool,
 ) {
-    fetch.push(piece.clone());
+    if last {
+        fetch.push_last(piece.clone());
+    } else {
+        fetch.push(piece.clone());
+    }
     if let Some(w) = writer.as_mut() {
         let over = w.length() + piece.len() as u64 > max_object_size;
         if over {
@@ -496,8 +503,14 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             }
             Err(e) => return corrupt(worker, fetch, key, e),
         };
-        for piece in pieces {
-            forward_piece(fetch, &mut writer, piece, max_object_size, key).await;
+        // A body of known length sent on as the origin sent it is whole once its last bytes are in hand.
+        // Marked so as they reach the readers, a request right after a client took every byte finds it
+        // complete (as good as stored) rather than joining a fetch that waits for the store to take them.
+        let whole = body.is_end_stream() && coding.passes_through();
+        let count = pieces.len();
+        for (i, piece) in pieces.into_iter().enumerate() {
+            let last = whole && i + 1 == count;
+            forward_piece(fetch, &mut writer, piece, max_object_size, key, last).await;
         }
     }
     let last = match coding.finish() {
@@ -505,7 +518,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         Err(e) => return corrupt(worker, fetch, key, e),
     };
     for piece in last {
-        forward_piece(fetch, &mut writer, piece, max_object_size, key).await;
+        forward_piece(fetch, &mut writer, piece, max_object_size, key, false).await;
     }
     fetch.end(Ok(()));
     coding.record(&mut head.headers, &shared.stats);

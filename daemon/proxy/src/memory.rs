@@ -121,6 +121,8 @@ impl State {
 pub struct MemoryStore {
     chunk_size: u64,
     state: Arc<Mutex<State>>,
+    /// Held for writing while writers' pushes must wait ([`MemoryStore::hold_writes`]).
+    writes: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl MemoryStore {
@@ -129,7 +131,13 @@ impl MemoryStore {
         Self {
             chunk_size,
             state: Arc::default(),
+            writes: Arc::default(),
         }
+    }
+
+    /// Makes every writer's push wait until the guard is dropped, as a store busy writing does.
+    pub async fn hold_writes(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.writes.clone().write_owned().await
     }
 
     /// Refuses (or takes again) every chunk from now on, as the real store does while its disk is full: a
@@ -429,6 +437,7 @@ impl BodyWriter for MemoryWriter {
     }
 
     async fn push(&mut self, data: &[u8]) -> Result<(), StoreError> {
+        drop(self.store.writes.read().await);
         self.refused()?;
         self.length += data.len() as u64;
         self.buf.extend_from_slice(data);

@@ -162,6 +162,29 @@ fn counter() -> Arc<AtomicUsize> {
     Arc::new(AtomicUsize::new(0))
 }
 
+/// A client that took every byte of a body of known length may ask again at once: the fetch is complete
+/// as its last bytes reach the readers, so the next request is a hit on it, not a waiter for the store.
+#[tokio::test]
+async fn a_body_whose_last_bytes_were_sent_is_complete_before_the_store_takes_them() {
+    let origin = Origin::start(|_| Reply::ok("hello").header("cache-control", "max-age=60")).await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+    let held = store.hold_writes().await;
+    let busy = Duration::from_secs(5);
+    let first = tokio::time::timeout(busy, get(&w, "/a", &[]))
+        .await
+        .expect("the whole body while the store is busy");
+    assert_eq!((first.x_cache(), &first.body[..]), ("MISS", &b"hello"[..]));
+    let second = tokio::time::timeout(busy, get(&w, "/a", &[]))
+        .await
+        .expect("answered while the store is busy");
+    assert_eq!((second.x_cache(), &second.body[..]), ("HIT", &b"hello"[..]));
+    drop(held);
+    fills_done(&w).await;
+    assert_eq!(origin.count("/a"), 1);
+    assert_eq!(store.variants(&key("/a")).len(), 1);
+}
+
 #[tokio::test]
 async fn a_miss_is_fetched_streamed_and_stored() {
     let origin = Origin::start(|_| {
