@@ -44,9 +44,7 @@ pub fn apply(parts: &mut Parts, rules: &Normalize) {
 /// almost every origin's file or route lookup does), then `.` and `..` segments removed (§5.2.4), which
 /// never climbs above the root. Letter case is kept: paths are case-sensitive.
 pub fn path(raw: &str) -> Cow<'_, str> {
-    let needs_work =
-        raw.contains('%') || raw.contains("//") || raw.split('/').any(|s| s == "." || s == "..");
-    if !needs_work {
+    if is_normal(raw) {
         return Cow::Borrowed(raw);
     }
     let decoded = percent_normalized(raw);
@@ -78,6 +76,28 @@ pub fn path(raw: &str) -> Cow<'_, str> {
         out.push('/');
     }
     Cow::Owned(out)
+}
+
+/// Whether [`path`] leaves `raw` as it is: no percent-encoding, no empty segment past the first, no `.` or
+/// `..` segment. One pass, as every request's path is asked.
+fn is_normal(raw: &str) -> bool {
+    let b = raw.as_bytes();
+    // Segments start at 0 and after every `/`.
+    let dot_segment = |start: usize| match &b[start..] {
+        [b'.'] | [b'.', b'/', ..] | [b'.', b'.'] | [b'.', b'.', b'/', ..] => true,
+        _ => false,
+    };
+    if dot_segment(0) {
+        return false;
+    }
+    for (i, &c) in b.iter().enumerate() {
+        match c {
+            b'%' => return false,
+            b'/' if b.get(i + 1) == Some(&b'/') || dot_segment(i + 1) => return false,
+            _ => {}
+        }
+    }
+    true
 }
 
 /// A path-and-query (`/a/./b?q`) with its path normalised as [`path`] does: what a request for it is keyed
@@ -260,6 +280,29 @@ mod tests {
         for (raw, want) in cases {
             assert_eq!(path(raw), want, "{raw}");
             assert_eq!(path(want), want, "{want} is already normal");
+        }
+    }
+
+    /// The one-pass check says what the three scans it replaced said, for every string of up to 7 of the
+    /// characters that matter.
+    #[test]
+    fn the_normal_check_agrees_with_the_segments() {
+        let three_scans = |raw: &str| {
+            !(raw.contains('%')
+                || raw.contains("//")
+                || raw.split('/').any(|s| s == "." || s == ".."))
+        };
+        let alphabet = ['/', '.', '%', 'a'];
+        let mut strings = vec![String::new()];
+        for _ in 0..7 {
+            let longer: Vec<String> = strings
+                .iter()
+                .flat_map(|s| alphabet.iter().map(move |c| format!("{s}{c}")))
+                .collect();
+            for raw in &longer {
+                assert_eq!(is_normal(raw), three_scans(raw), "{raw:?}");
+            }
+            strings = longer;
         }
     }
 
