@@ -91,6 +91,18 @@ fn variant(n: usize, v: &StoredVariant) -> String {
         "  stored     {stored_at} (generation {})",
         v.generation
     );
+    for r in &v.representations {
+        let t = &r.tiers;
+        let _ = writeln!(
+            out,
+            "  also as    {}, {}: {} in memory, {} on disk (generation {})",
+            r.coding,
+            bytes(r.size),
+            t.in_memory,
+            t.on_disk,
+            r.generation
+        );
+    }
     if !v.tags.is_empty() {
         let _ = writeln!(out, "  tags       {}", v.tags.join(" "));
     }
@@ -103,7 +115,7 @@ fn variant(n: usize, v: &StoredVariant) -> String {
 
 #[cfg(test)]
 mod tests {
-    use lacquer_admin::wire::{HeaderField, Tiers};
+    use lacquer_admin::wire::{HeaderField, Representation, Tiers};
 
     use super::*;
 
@@ -136,6 +148,16 @@ mod tests {
                 tags: vec!["p1".into(), "p2".into()],
                 headers: vec![field("content-type", "text/html"), field("etag", "\"x\"")],
                 generation: 9,
+                representations: vec![Representation {
+                    coding: "identity".into(),
+                    size: 8192,
+                    tiers: Tiers {
+                        chunks: 1,
+                        in_memory: 0,
+                        on_disk: 1,
+                    },
+                    generation: 12,
+                }],
             }],
         };
         let text = render(&i);
@@ -146,6 +168,7 @@ mod tests {
             "  where      1 chunk: 1 in memory, 0 on disk\n",
             "  freshness  grace: age 1m 10s, ttl stale for 10s, grace 1m 0s, keep 0s, stale-if-error 0s\n",
             "  stored     Tue, 14 Nov 2023 22:13:20 GMT (generation 9)\n",
+            "  also as    identity, 8.0 KiB: 0 in memory, 1 on disk (generation 12)\n",
             "  tags       p1 p2\n",
             "  headers    content-type: text/html\n             etag: \"x\"\n",
         ] {

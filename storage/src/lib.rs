@@ -29,5 +29,5 @@ pub use chunk::ChunkKey;
 pub use error::StoreError;
 pub use meta::{ObjectMeta, ObjectSet, Prepared, Sibling};
 pub use purge::{InvalidationMark, PurgeMode};
-pub use store::{ChunkRead, ChunkTiers, Store, StoreStatsSnapshot, Tier, VERIFY_AHEAD};
+pub use store::{ChunkRead, ChunkTiers, Inspected, Store, StoreStatsSnapshot, Tier, VERIFY_AHEAD};
 pub use writer::{ObjectWriter, PartialBody};

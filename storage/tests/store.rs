@@ -150,8 +150,9 @@ async fn inspection_counts_chunks_per_tier_and_applies_bans() {
     }
     let found = store.inspect("h/a").unwrap();
     assert_eq!(found.len(), 1);
-    let (meta, tiers) = &found[0];
+    let (meta, tiers) = (&found[0].meta, &found[0].tiers);
     assert_eq!(meta.length, 200 * KIB as u64);
+    assert!(found[0].representations.is_empty());
     let all = ChunkTiers {
         chunks: 4,
         in_memory: 4,
@@ -161,7 +162,7 @@ async fn inspection_counts_chunks_per_tier_and_applies_bans() {
     assert!(store.inspect("h/missing").unwrap().is_empty());
 
     let store = reopen(store, dir.path()).await;
-    let (_, tiers) = store.inspect("h/a").unwrap().remove(0);
+    let tiers = store.inspect("h/a").unwrap().remove(0).tiers;
     assert_eq!(
         tiers,
         ChunkTiers {

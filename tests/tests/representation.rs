@@ -623,6 +623,19 @@ async fn an_identity_representation_is_made_once_and_served_after() {
         (0, 0, 1),
         "the representation survived the restart"
     );
+    // An operator sees it beside its variant.
+    let inspected = d
+        .admin_get("/v1/objects?url=http://shop.test/page", Some(&d.secret()))
+        .await;
+    let v: serde_json::Value = serde_json::from_slice(&inspected.body).unwrap();
+    let variant = &v["variants"][0];
+    assert_eq!(variant["size"], gzip.body.len());
+    let made = &variant["representations"];
+    assert_eq!(made.as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(made[0]["coding"], "identity");
+    assert_eq!(made[0]["size"], body.len());
+    assert_eq!(made[0]["tiers"]["chunks"], body.len().div_ceil(256 * 1024));
+    assert_ne!(made[0]["generation"], variant["generation"]);
     assert_eq!(origin.total(), 1);
 }
 

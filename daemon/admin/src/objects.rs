@@ -1,8 +1,10 @@
 //! `GET /v1/objects?url=…`: what the store holds for a URL, and where.
 
 use axum::{extract::State, Json};
-use lacquer_admin::wire::{ApiError, HeaderField, Inspection, ObjectQuery, StoredVariant, Tiers};
-use lacquer_storage::{ChunkTiers, ObjectMeta};
+use lacquer_admin::wire::{
+    ApiError, HeaderField, Inspection, ObjectQuery, Representation, StoredVariant, Tiers,
+};
+use lacquer_storage::{ChunkTiers, Inspected};
 
 use super::{AdminError, AdminState, ApiQuery};
 use lacquer_policy::{
@@ -33,7 +35,7 @@ pub async fn inspect(
     let now = lacquer_clock::now_ms();
     let variants: Vec<_> = found
         .into_iter()
-        .map(|(meta, tiers)| stored_variant(meta, tiers, now))
+        .map(|found| stored_variant(found, now))
         .collect();
     Ok(Json(Inspection {
         key,
@@ -42,7 +44,20 @@ pub async fn inspect(
     }))
 }
 
-fn stored_variant(meta: ObjectMeta, tiers: ChunkTiers, now_ms: u64) -> StoredVariant {
+fn tiers(t: ChunkTiers) -> Tiers {
+    Tiers {
+        chunks: t.chunks,
+        in_memory: t.in_memory,
+        on_disk: t.on_disk,
+    }
+}
+
+fn stored_variant(found: Inspected, now_ms: u64) -> StoredVariant {
+    let Inspected {
+        meta,
+        tiers: chunk_tiers,
+        representations,
+    } = found;
     let state = match usability(meta.lifetime(now_ms)) {
         Usability::Fresh => "fresh",
         Usability::Grace => "grace",
@@ -65,12 +80,17 @@ fn stored_variant(meta: ObjectMeta, tiers: ChunkTiers, now_ms: u64) -> StoredVar
         no_stale: meta.no_stale,
         status: meta.status,
         size: meta.length,
-        tiers: Tiers {
-            chunks: tiers.chunks,
-            in_memory: tiers.in_memory,
-            on_disk: tiers.on_disk,
-        },
+        tiers: tiers(chunk_tiers),
         generation: meta.generation,
+        representations: representations
+            .into_iter()
+            .map(|(sibling, t)| Representation {
+                coding: sibling.coding.unwrap_or_else(|| "identity".into()),
+                size: sibling.body.length,
+                tiers: tiers(t),
+                generation: sibling.body.generation,
+            })
+            .collect(),
         // One field per line the request sent, as headers are shown; an absent header as an empty one.
         vary: meta
             .variant

@@ -83,9 +83,11 @@ pub fn path(raw: &str) -> Cow<'_, str> {
 fn is_normal(raw: &str) -> bool {
     let b = raw.as_bytes();
     // Segments start at 0 and after every `/`.
-    let dot_segment = |start: usize| match &b[start..] {
-        [b'.'] | [b'.', b'/', ..] | [b'.', b'.'] | [b'.', b'.', b'/', ..] => true,
-        _ => false,
+    let dot_segment = |start: usize| {
+        matches!(
+            &b[start..],
+            [b'.'] | [b'.', b'/', ..] | [b'.', b'.'] | [b'.', b'.', b'/', ..]
+        )
     };
     if dot_segment(0) {
         return false;

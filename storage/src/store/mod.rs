@@ -38,6 +38,7 @@ use tokio::sync::mpsc;
 pub use bodies::{ChunkRead, ChunkTiers, Tier, VERIFY_AHEAD};
 use durability::GroupCommit;
 use open::JOURNAL_LAST;
+pub use records::Inspected;
 use stats::Counters;
 pub use stats::StoreStatsSnapshot;
 

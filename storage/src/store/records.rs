@@ -21,6 +21,17 @@ use crate::{
 
 use super::{ChunkTiers, Store};
 
+/// A stored variant as [`Store::inspect`] finds it.
+#[derive(Debug, Clone)]
+pub struct Inspected {
+    /// Its metadata.
+    pub meta: ObjectMeta,
+    /// Where its body's chunks are.
+    pub tiers: ChunkTiers,
+    /// The representations made of its body (see [`Sibling`]), and where their chunks are.
+    pub representations: Vec<(Sibling, ChunkTiers)>,
+}
+
 /// Whether reading or writing a set puts it in the hot copy (`Fill`), or only refreshes a copy already there
 /// (`IfPresent`, for the lurker's walk over every record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -499,7 +510,7 @@ impl Store {
 
     /// Every stored variant of `primary` that no ban covers, with where its chunks are, for operators: unlike
     /// [`Store::lookup`] it does not make the key hot.
-    pub fn inspect(&self, primary: &str) -> Result<Vec<(ObjectMeta, ChunkTiers)>, StoreError> {
+    pub fn inspect(&self, primary: &str) -> Result<Vec<Inspected>, StoreError> {
         let set = {
             let locked = self.lock_record(primary);
             let Some(set) = self.load_set(&locked, primary, HotCopy::IfPresent)? else {
@@ -515,12 +526,21 @@ impl Store {
             self.counters().objects_banned.add(removed as u64);
             set
         };
-        let variants = set.map_or_else(Vec::new, |set| set.variants.clone());
-        Ok(variants
-            .into_iter()
-            .map(|meta| {
-                let tiers = self.chunk_tiers(&meta);
-                (meta, tiers)
+        let Some(set) = set else {
+            return Ok(Vec::new());
+        };
+        Ok(set
+            .variants
+            .iter()
+            .map(|meta| Inspected {
+                tiers: self.chunk_tiers(meta),
+                representations: set
+                    .siblings
+                    .iter()
+                    .filter(|s| s.of == meta.generation)
+                    .map(|s| (s.clone(), self.chunk_tiers(&s.body)))
+                    .collect(),
+                meta: meta.clone(),
             })
             .collect())
     }

@@ -16,7 +16,7 @@ pub use backends::{BackendHealth, BackendList, BackendView, LastError, ProbeView
 pub use cluster::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 pub use log::{LogEntry, LogFilter};
-pub use objects::{HeaderField, Inspection, ObjectQuery, StoredVariant, Tiers};
+pub use objects::{HeaderField, Inspection, ObjectQuery, Representation, StoredVariant, Tiers};
 pub use reload::{NotApplied, Reloaded};
 pub use stats::{Field, Kind, ProxyStats, Stats, StoreStats, FAMILY_HELP};
 

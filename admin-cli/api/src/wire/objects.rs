@@ -55,6 +55,23 @@ pub struct StoredVariant {
     pub headers: Vec<HeaderField>,
     /// Unique per stored body.
     pub generation: u64,
+    /// The representations lacquerd made of the body for clients that do not take its coding (an identity
+    /// copy of a body stored gzip'd), sent under this variant's headers. Absent from older daemons.
+    #[serde(default)]
+    pub representations: Vec<Representation>,
+}
+
+/// A representation made of a stored variant's body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Representation {
+    /// Its content coding: `identity`, `gzip`…
+    pub coding: String,
+    /// Body bytes.
+    pub size: u64,
+    /// Where its chunks are.
+    pub tiers: Tiers,
+    /// Unique per stored body.
+    pub generation: u64,
 }
 
 /// Chunk counts by tier (a chunk held by both counts in both).
