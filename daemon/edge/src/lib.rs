@@ -259,8 +259,10 @@ mod tests {
     async fn a_client_that_reads_nothing_holds_little_of_a_large_write() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (client, accepted) =
-            tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        // A small receive buffer, whatever the system's default (`tcp_rmem`): the client's window is then small.
+        let client = tokio::net::TcpSocket::new_v4().unwrap();
+        client.set_recv_buffer_size(64 * 1024).unwrap();
+        let (client, accepted) = tokio::join!(client.connect(addr), listener.accept());
         let (_client, (server, _)) = (client.unwrap(), accepted.unwrap());
         tune(&server);
         assert!(server.nodelay().unwrap());
@@ -277,7 +279,7 @@ mod tests {
             }
         }
         // The client's receive buffer (its window) plus the limit, with room for the kernel's rounding; without
-        // the limit the kernel takes megabytes.
+        // the limit the kernel takes megabytes (4 MiB here, `tcp_wmem`'s default maximum).
         assert!(taken < 1 << 20, "the kernel took {taken} bytes");
     }
 }
