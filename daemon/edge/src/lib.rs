@@ -117,6 +117,24 @@ pub fn bind(
     Ok((per_worker, bound))
 }
 
+/// Bytes an accepted socket may hold unsent beyond what the client's TCP window has taken
+/// (`TCP_NOTSENT_LOWAT`).
+///
+/// Without a limit the kernel takes a response body held in memory whole (up to `tcp_wmem`'s 4 MiB), and the
+/// worker thread spends the copy on its CPU before it lets go of it: the client, woken on that CPU by the
+/// head, waits for the whole copy, and a 4 MiB hit's first byte came about 1 ms after a 2 KiB hit's. With
+/// it a write stops once this much is waiting, the worker serves other connections or sleeps, and the rest of
+/// the body stays in the response's read-ahead, which is bounded already. It also bounds the kernel memory a
+/// client that reads slowly or not at all holds. 128 KiB keeps a socket's window full between two wake-ups.
+const NOTSENT_LOWAT: u32 = 128 * 1024;
+
+/// Sets up an accepted client socket.
+fn tune(stream: &tokio::net::TcpStream) {
+    // A head or a last frame goes out when it is written, not after the client's delayed ACK.
+    let _ = stream.set_nodelay(true);
+    let _ = socket2::SockRef::from(stream).set_tcp_notsent_lowat(NOTSENT_LOWAT);
+}
+
 fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
@@ -218,7 +236,7 @@ async fn accept<S: Service>(
                 }
             },
         };
-        let _ = stream.set_nodelay(true);
+        tune(&stream);
         let admitted = listener.limits.admit();
         tokio::spawn(connection::serve(
             service.clone(),
@@ -229,5 +247,39 @@ async fn accept<S: Service>(
             admitted,
             graceful.watcher(),
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client that reads nothing: how much of a 16 MiB write the kernel takes before it blocks.
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_holds_little_of_a_large_write() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A small receive buffer, whatever the system's default (`tcp_rmem`): the client's window is then small.
+        let client = tokio::net::TcpSocket::new_v4().unwrap();
+        client.set_recv_buffer_size(64 * 1024).unwrap();
+        let (client, accepted) = tokio::join!(client.connect(addr), listener.accept());
+        let (_client, (server, _)) = (client.unwrap(), accepted.unwrap());
+        tune(&server);
+        assert!(server.nodelay().unwrap());
+        let body = vec![7u8; 16 << 20];
+        let mut taken = 0;
+        // The kernel sends what the client's window takes as it is written: a few attempts let it settle.
+        for _ in 0..20 {
+            match server.try_write(&body[taken..]) {
+                Ok(n) => taken += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Err(e) => panic!("write failed: {e}"),
+            }
+        }
+        // The client's receive buffer (its window) plus the limit, with room for the kernel's rounding; without
+        // the limit the kernel takes megabytes (4 MiB here, `tcp_wmem`'s default maximum).
+        assert!(taken < 1 << 20, "the kernel took {taken} bytes");
     }
 }
