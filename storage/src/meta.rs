@@ -176,23 +176,6 @@ impl ObjectMeta {
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_slice())
     }
-
-    pub(crate) fn approx_size(&self) -> usize {
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| n.len() + v.len() + 48)
-            .sum();
-        let variant: usize = self
-            .variant
-            .iter()
-            .map(|(n, v)| n.len() + v.len() + 48)
-            .sum();
-        let tags: usize = self.tags.iter().map(|t| t.len() + 24).sum();
-        // The prepared response head holds a copy of every field, and a few of the response's own.
-        let prepared = headers + 8 * 48;
-        std::mem::size_of::<Self>() + headers + variant + tags + prepared
-    }
 }
 
 /// Another representation of a stored variant's body, made here from it rather than fetched (an identity
@@ -305,20 +288,6 @@ impl ObjectSet {
             Some((version, _)) => Err(corrupt(format!("unknown format version {version}"))),
             None => Err(corrupt("empty record".into())),
         }
-    }
-
-    pub(crate) fn approx_size(&self) -> usize {
-        let siblings: usize = self
-            .siblings
-            .iter()
-            .map(|s| s.body.approx_size() + 32)
-            .sum();
-        64 + siblings
-            + self
-                .variants
-                .iter()
-                .map(ObjectMeta::approx_size)
-                .sum::<usize>()
     }
 }
 

@@ -195,7 +195,10 @@ pub struct Storage {
     /// Bodies are stored and read in pieces of this size, so a range reads only the pieces that hold it
     /// (architecture.md has the measurement). Default: 256 KiB.
     pub chunk_size: ByteSize,
-    /// Memory for hot object metadata. Default: 64 MiB.
+    /// Memory for hot object metadata, counted as what its entries take from the allocator (the cache's
+    /// own record per entry, the key, every field, and the response head a hit prepares from the stored
+    /// headers): about 2.5 KiB per hot object with a few headers, so the default holds about 26 000.
+    /// Default: 64 MiB.
     pub metadata_cache: ByteSize,
     /// Memory for the metadata database's page cache (sled's; its own default is 1 GiB): what lookups of
     /// keys outside the hot metadata and the background walks read through. Default: 32 MiB.

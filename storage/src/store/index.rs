@@ -2,18 +2,20 @@
 //! stored is known to be absent on the calling thread, without a hand-off to a blocking thread to ask sled
 //! (on a new-URL miss that hand-off and its wake-ups were a third of the profile).
 //!
-//! It holds the 64-bit hash of every stored key, never the key: a hash shared by two keys only costs a sled
-//! read, and the index never says absent for a stored key. That holds because each hash has a count of the
+//! It holds 42 bits of the 64-bit hash of every stored key, never the key: the low 10 choose the shard and
+//! the next 32 are kept in it. A fingerprint shared by two keys only costs a sled read (at a million keys, a
+//! never-stored key meets a stored key's fingerprint once in about four million lookups), and the index
+//! never says absent for a stored key. That holds because each hash has a count of the
 //! stored keys under it (sled's insert and remove say whether a key was new or gone), the count is changed
 //! under the key's record lock wherever a record is written or removed, and only a key whose count is zero
 //! is answered absent. Until the index has been rebuilt from sled at start, it answers nothing: lookups read
 //! sled as before.
 //!
-//! Memory: 9 bytes per table slot (the hash and hashbrown's control byte), with tables between 7/16 and 7/8
-//! full, so 10 to 21 bytes per stored key, plus 72 KiB for the 1024 shards themselves. Measured once from a
-//! process's RSS before and after indexing that many keys: 13.0 bytes per key at 100 000 keys, 19.4 at
-//! 500 000, 18.9 at 1 000 000, 18.1 at 2 000 000; the `key_index_bytes` statistic, which a running store
-//! reports, agreed within 5 %.
+//! Memory: 5 bytes per table slot (the 32-bit fingerprint and hashbrown's control byte), with tables between
+//! 7/16 and 7/8 full, so 6 to 12 bytes per stored key, plus 72 KiB for the 1024 shards themselves (the
+//! `key_index_bytes` statistic, which a running store reports: 10.5 bytes per key at 1 000 000 keys). With
+//! the whole 64-bit hash it was 9 bytes per slot, measured from a process's RSS at 13.0 bytes per key at
+//! 100 000 keys and 18.9 at 1 000 000, which the statistic matched within 5 %.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -37,46 +39,50 @@ pub(super) fn key_hash(key: &[u8]) -> u64 {
     h.finish()
 }
 
-/// A hasher for values that are already good 64-bit hashes. Within a shard the low bits of every hash are
-/// equal (they chose the shard), so it drops them and spreads the rest over all 64 bits: hashbrown takes
-/// the bucket from the low bits and its control byte from the top 7.
+/// The bits of `hash` a shard keeps: the 32 above those that chose the shard.
+fn fingerprint(hash: u64) -> u32 {
+    (hash >> STRIPES.trailing_zeros()) as u32
+}
+
+/// A hasher for fingerprints, which are already random bits: it spreads them over all 64 bits, since
+/// hashbrown takes the bucket from the low bits and its control byte from the top 7.
 #[derive(Default)]
 struct Spread(u64);
 
 impl Hasher for Spread {
     fn finish(&self) -> u64 {
-        (self.0 >> STRIPES.trailing_zeros()).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 
     fn write(&mut self, _: &[u8]) {
-        unreachable!("the key index hashes u64 values only")
+        unreachable!("the key index hashes fingerprints only")
     }
 
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
     }
 }
 
 type Spreading = BuildHasherDefault<Spread>;
 
-/// One shard: the hashes of the stored keys that fall in it.
+/// One shard: the fingerprints of the stored keys that fall in it.
 #[derive(Default)]
 struct Shard {
-    /// Hashes with at least one stored key.
-    once: HashSet<u64, Spreading>,
-    /// For the rare hash with more than one stored key (a collision, or a key counted twice by the rebuild
-    /// and a write racing it): how many.
-    more: HashMap<u64, u32, Spreading>,
+    /// Fingerprints with at least one stored key.
+    once: HashSet<u32, Spreading>,
+    /// For the rare fingerprint with more than one stored key (a collision, or a key counted twice by the
+    /// rebuild and a write racing it): how many.
+    more: HashMap<u32, u32, Spreading>,
 }
 
 impl Shard {
-    fn add(&mut self, hash: u64) {
+    fn add(&mut self, hash: u32) {
         if !self.once.insert(hash) {
             *self.more.entry(hash).or_insert(1) += 1;
         }
     }
 
-    fn sub(&mut self, hash: u64) {
+    fn sub(&mut self, hash: u32) {
         match self.more.get_mut(&hash) {
             Some(n) if *n > 2 => *n -= 1,
             Some(_) => {
@@ -99,14 +105,14 @@ impl Shard {
             };
             slots * (slot + 1) + 16
         }
-        table(self.once.capacity(), 8) + table(self.more.capacity(), 12)
+        table(self.once.capacity(), 4) + table(self.more.capacity(), 8)
     }
 }
 
-/// The in-memory index of stored keys (see the module's documentation): 1024 shards of hashes, one per
+/// The in-memory index of stored keys (see the module's documentation): 1024 shards of fingerprints, one per
 /// stripe of the record lock, each behind a mutex of its own held for one table operation, so a lookup
-/// never waits for a record lock held across sled operations. It takes 10 to 21 bytes per stored key
-/// (about 19 at a million keys), reported as `key_index_bytes`.
+/// never waits for a record lock held across sled operations. It takes 6 to 12 bytes per stored key
+/// (10.5 at a million keys), reported as `key_index_bytes`.
 pub(super) struct KeyIndex {
     shards: Box<[Mutex<Shard>]>,
     /// Set once every key in sled has been counted: only then is a missing hash an answer.
@@ -136,13 +142,13 @@ impl KeyIndex {
             return true;
         }
         let hash = key_hash(key);
-        self.shard(hash).once.contains(&hash)
+        self.shard(hash).once.contains(&fingerprint(hash))
     }
 
     /// `key` got a record it did not have (the caller holds its record lock), or the rebuild found it.
     pub(super) fn add(&self, key: &[u8]) {
         let hash = key_hash(key);
-        self.shard(hash).add(hash);
+        self.shard(hash).add(fingerprint(hash));
     }
 
     /// `key`'s record was removed; the caller holds its record lock. Ignored until the index is complete:
@@ -152,7 +158,7 @@ impl KeyIndex {
         let hash = key_hash(key);
         let mut shard = self.shard(hash);
         if self.complete.load(Ordering::Acquire) {
-            shard.sub(hash);
+            shard.sub(fingerprint(hash));
         }
     }
 
@@ -166,7 +172,7 @@ impl KeyIndex {
         self.complete.load(Ordering::Acquire)
     }
 
-    /// Distinct hashes held, and the bytes their tables take.
+    /// Distinct fingerprints held, and the bytes their tables take.
     pub(super) fn size(&self) -> (u64, u64) {
         self.shards.iter().fold((0, 0), |(keys, bytes), shard| {
             let shard = shard.lock().expect("key index shard");
@@ -512,7 +518,8 @@ mod tests {
         }
     }
 
-    /// Keys whose hashes are equal, as two stored keys' may be: made by giving the shard the hash directly.
+    /// Keys whose fingerprints are equal, as two stored keys' may be: made by giving the shard the fingerprint
+    /// directly.
     #[test]
     fn a_hash_two_keys_share_stays_until_both_are_gone() {
         let mut shard = Shard::default();

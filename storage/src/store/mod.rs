@@ -7,6 +7,7 @@
 //! - `records`: every change to a metadata record, under its key's lock that keeps the hot copy and sled in
 //!   step; bans are applied to a record here when a lookup meets it;
 //! - `tags`: the surrogate-key index, changed together with the records;
+//! - `hot`: the hot metadata copy and what its entries weigh;
 //! - `index`: the in-memory index of stored keys, so a key never stored is a miss without asking sled;
 //! - `bodies`: reading, proving and forgetting body chunks;
 //! - `durability`: what is promised to survive a crash, and when (group commit of sled, the journal);
@@ -15,6 +16,7 @@
 mod bodies;
 mod disk_reads;
 mod durability;
+mod hot;
 mod index;
 mod open;
 mod records;
@@ -32,7 +34,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use foyer::{Cache, HybridCache};
+use foyer::HybridCache;
 use tokio::sync::mpsc;
 
 pub use bodies::{ChunkRead, ChunkTiers, Tier, VERIFY_AHEAD};
@@ -49,7 +51,6 @@ use crate::{
     error::StoreError,
     health::Health,
     journal::Journal,
-    meta::ObjectSet,
     purge::{InvalidationMark, Invalidations},
     space::DiskGuard,
     writer::{Job, ObjectWriter},
@@ -103,7 +104,7 @@ struct Inner {
     lock: Mutex<Option<std::fs::File>>,
     /// Group commit of sled flushes.
     flushes: GroupCommit,
-    hot: Cache<String, Arc<ObjectSet>>,
+    hot: hot::HotCopy,
     /// Serialises every change to one key's object set, so the hot copy and sled never disagree.
     records: records::Records,
     /// The hashes of the keys with a record in sled, changed under their record locks.

@@ -15,8 +15,8 @@ use std::{
 };
 
 use foyer::{
-    BlockEngineConfig, CacheBuilder, DeviceBuilder, FsDeviceBuilder, HybridCacheBuilder,
-    HybridCachePolicy, PsyncIoEngineConfig, RecoverMode, SieveConfig, Spawner,
+    BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCacheBuilder, HybridCachePolicy,
+    PsyncIoEngineConfig, RecoverMode, SieveConfig, Spawner,
 };
 use mixtrics::registry::prometheus_0_14::PrometheusMetricsRegistry;
 use tokio::sync::mpsc;
@@ -28,7 +28,6 @@ use crate::{
     error::StoreError,
     health::Health,
     journal::{Journal, Readback},
-    meta::ObjectSet,
     purge::Invalidations,
     space::{self, DiskGuard},
 };
@@ -313,10 +312,7 @@ impl Store {
                 return Err(e);
             }
         };
-        let hot = CacheBuilder::new(config.metadata_cache_bytes)
-            .with_eviction_config(SieveConfig)
-            .with_weighter(|k: &String, v: &Arc<ObjectSet>| k.len() + v.approx_size())
-            .build();
+        let hot = super::hot::hot_copy(config.metadata_cache_bytes);
         let (jobs, rx) = mpsc::channel(64);
         let store = Store {
             inner: Arc::new(Inner {
