@@ -2,58 +2,18 @@
 
 use std::sync::Arc;
 
-use http::{header, request::Parts};
+use http::request::Parts;
 use regex::Regex;
 
 use lacquer_config::{Config, ConfigError, Cookies, ForwardingHeaders};
-use lacquer_policy::{encoding::Negotiation, headers::FORWARDING, Policy};
+use lacquer_policy::{
+    encoding::Negotiation,
+    headers::FORWARDING,
+    host::{request_host, HostPattern},
+    Policy,
+};
 
 use crate::{protection::ClientRateLimit, BackendError, BackendSet, BackendState, Director};
-
-/// A route's host condition.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum HostPattern {
-    Any,
-    Exact(String),
-    /// `*.example.com`, kept as `.example.com`.
-    Subdomains(String),
-}
-
-impl HostPattern {
-    /// `""` is any host.
-    pub fn parse(pattern: &str) -> Result<Self, String> {
-        let p = pattern.trim().to_ascii_lowercase();
-        if p.is_empty() {
-            return Ok(Self::Any);
-        }
-        let (wild, name) = match p.strip_prefix("*.") {
-            Some(rest) => (true, rest),
-            None => (false, p.as_str()),
-        };
-        let valid = !name.is_empty()
-            && name.split('.').all(|l| {
-                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            });
-        match (valid, wild) {
-            (false, _) => Err(format!(
-                "{pattern:?} is not a host name or *.name (no port, no other wildcard)"
-            )),
-            (true, true) => Ok(Self::Subdomains(format!(".{name}"))),
-            (true, false) => Ok(Self::Exact(name.to_owned())),
-        }
-    }
-
-    /// `host` lower-cased, without port.
-    fn matches(&self, host: &str) -> bool {
-        match self {
-            Self::Any => true,
-            Self::Exact(name) => host == name,
-            Self::Subdomains(suffix) => {
-                host.len() > suffix.len() && host.ends_with(suffix.as_str())
-            }
-        }
-    }
-}
 
 /// Where a route sends requests. A route keeps its director, so a request started before a reload finishes
 /// with the director it started with.
@@ -292,19 +252,7 @@ impl Router {
         if self.routes.is_empty() {
             return &self.fallback;
         }
-        let host = parts
-            .headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
-        let host = host.rsplit_once(':').map_or(host, |(h, port)| {
-            if port.bytes().all(|b| b.is_ascii_digit()) {
-                h
-            } else {
-                host
-            }
-        });
-        let host = host.to_ascii_lowercase();
+        let host = request_host(&parts.headers);
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         // A route (a pass for `/account/`, another backend for `/admin/`) must not be escaped by a spelling
         // only the origin resolves: the first route either reading matches wins.
@@ -321,26 +269,6 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn host_patterns() {
-        let cases = [
-            ("", "anything.test", true),
-            ("Example.com", "example.com", true),
-            ("example.com", "www.example.com", false),
-            ("*.example.com", "www.example.com", true),
-            ("*.example.com", "a.b.example.com", true),
-            ("*.example.com", "example.com", false),
-            ("*.example.com", "badexample.com", false),
-        ];
-        for (pattern, host, want) in cases {
-            let p = HostPattern::parse(pattern).unwrap();
-            assert_eq!(p.matches(host), want, "{pattern} {host}");
-        }
-        for bad in ["*", "*.", "ex*.com", "example.com:80", "a..b", "*.*.a"] {
-            assert!(HostPattern::parse(bad).is_err(), "{bad}");
-        }
-    }
 
     fn config(text: &str) -> Config {
         Config::parse(text, "t").unwrap()

@@ -15,6 +15,7 @@ mod compression;
 mod listen;
 mod protection;
 mod routes;
+mod rules;
 mod upstream;
 
 pub use self::{
@@ -22,6 +23,10 @@ pub use self::{
     listen::{Certificate, Listen},
     protection::{Deny, Normalize, RateLimit},
     routes::{Cookies, Route},
+    rules::{
+        Bucket, CookieFilter, Example, ExampleRequest, ExampleResponse, Expect, Match, Phase,
+        QueryRewrite, Respond, Rewrite, Rule, StatusPattern,
+    },
     upstream::{Backend, Director, DirectorPolicy, Probe},
 };
 
@@ -55,6 +60,8 @@ pub struct Config {
     pub route: Vec<Route>,
     /// Requests refused with 403 (`[[deny]]`). Default: none.
     pub deny: Vec<Deny>,
+    /// Rules (`[[rule]]`) run at the data path's phases, in order (docs/rules.md). Default: none.
+    pub rule: Vec<Rule>,
     /// `[normalize]`: query rewrites applied before rules, key and origin see the target. Default: none.
     pub normalize: Normalize,
     /// `[admin]`: the admin API's address and secret.
@@ -85,6 +92,7 @@ impl Default for Config {
             director: Vec::new(),
             route: Vec::new(),
             deny: Vec::new(),
+            rule: Vec::new(),
             normalize: Normalize::default(),
             admin: Admin::default(),
             storage: Storage::default(),

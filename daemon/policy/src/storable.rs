@@ -75,7 +75,49 @@ pub fn decide(
     policy: &Policy,
     response_time: SystemTime,
 ) -> Decision {
+    decide_adjusted(
+        request_authorized,
+        status,
+        headers,
+        policy,
+        &Adjust::default(),
+        response_time,
+    )
+}
+
+/// What rules (`backend_response`) change in a decision; each setting defaults to changing nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Adjust {
+    /// Freshness whatever the headers say; unlike a route's `ttl`, also for a server error (the rule
+    /// named its status). `no-store`, `private`, `Set-Cookie` and `Vary: *` still forbid storing.
+    pub ttl: Option<Duration>,
+    /// Freshness when the origin gives none, instead of `cache.default_ttl`.
+    pub default_ttl: Option<Duration>,
+    /// The least freshness of a storable response (not of a `no-cache` one, which is revalidated).
+    pub ttl_min: Option<Duration>,
+    /// The most freshness of a storable response.
+    pub ttl_max: Option<Duration>,
+    /// Grace, instead of the route's or the response's.
+    pub grace: Option<Duration>,
+    /// Time kept past grace, instead of `cache.keep`.
+    pub keep: Option<Duration>,
+    /// `false`: not stored, whatever the headers say.
+    pub store: Option<bool>,
+}
+
+/// [`decide`], with what rules change applied.
+pub fn decide_adjusted(
+    request_authorized: bool,
+    status: StatusCode,
+    headers: &HeaderMap,
+    policy: &Policy,
+    adjust: &Adjust,
+    response_time: SystemTime,
+) -> Decision {
     use Decision::DontStore;
+    if adjust.store == Some(false) {
+        return DontStore("rule");
+    }
     if status.is_informational()
         || matches!(
             status,
@@ -87,9 +129,10 @@ pub fn decide(
     // A server error is stored only for the freshness its own headers give it (RFC 9111 §3), never for a
     // route's TTL, which is meant for the good answers.
     let server_error = failure(status);
-    if server_error && policy.ttl_override.is_some() {
+    if server_error && policy.ttl_override.is_some() && adjust.ttl.is_none() {
         return DontStore("server error");
     }
+    let ttl_override = adjust.ttl.or(policy.ttl_override);
     let cc = CacheControl::governing(headers, &policy.cache.targeted_cache_control);
     // must-understand lets a cache that understands the status ignore no-store (RFC 9111 §5.2.2.3).
     if cc.no_store && !(cc.must_understand && understood(status)) {
@@ -119,21 +162,26 @@ pub fn decide(
             vary.push(name.clone());
         }
     }
-    let lifetime = freshness::lifetime(status, headers, &cc, policy, response_time);
-    if let (Lifetime::Default(_), None) = (&lifetime, policy.ttl_override) {
+    let lifetime = match freshness::lifetime(status, headers, &cc, policy, response_time) {
+        Lifetime::Default(ttl) => Lifetime::Default(adjust.default_ttl.unwrap_or(ttl)),
+        lifetime => lifetime,
+    };
+    if let (Lifetime::Default(_), None) = (&lifetime, ttl_override) {
         if !freshness::heuristically_cacheable(status) {
             return DontStore("status without freshness");
         }
     }
     // A route's TTL replaces every freshness directive, `no-cache` included; only storing is still
     // forbidden by what forbids it.
-    let no_cache = cc.no_cache && policy.ttl_override.is_none();
+    let no_cache = cc.no_cache && ttl_override.is_none();
     // s-maxage carries proxy-revalidate's meaning for a shared cache (RFC 9111 §5.2.2.10).
     let no_stale = no_cache || cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
     let ttl = if no_cache {
         Duration::ZERO
     } else {
-        policy.ttl_override.unwrap_or(lifetime.duration())
+        let ttl = ttl_override.unwrap_or(lifetime.duration());
+        let ttl = adjust.ttl_min.map_or(ttl, |min| ttl.max(min));
+        adjust.ttl_max.map_or(ttl, |max| ttl.min(max))
     };
     if ttl.is_zero() && !(no_cache && has_validator(headers)) {
         return DontStore(if no_cache {
@@ -146,7 +194,7 @@ pub fn decide(
         (Duration::ZERO, Duration::ZERO)
     } else {
         (
-            policy.grace_override.unwrap_or(
+            adjust.grace.or(policy.grace_override).unwrap_or(
                 cc.stale_while_revalidate
                     .map_or(policy.cache.default_grace, Duration::from_secs),
             ),
@@ -163,7 +211,7 @@ pub fn decide(
     Decision::Store(Storable {
         ttl,
         grace,
-        keep: policy.cache.keep,
+        keep: adjust.keep.unwrap_or(policy.cache.keep),
         stale_if_error,
         no_stale,
         vary,

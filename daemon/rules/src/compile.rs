@@ -1,0 +1,638 @@
+//! A `[[rule]]` as plain data made into what runs: patterns parsed, regular expressions built, templates
+//! parsed, files read, and every action checked against the phase it is written for.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{header::HeaderName, HeaderValue, Method, StatusCode};
+use regex::{Regex, RegexBuilder};
+
+use lacquer_config::{Phase, Respond, Rule, StatusPattern};
+use lacquer_policy::{host::HostPattern, storable::Adjust};
+
+use crate::{
+    edit::{Cookies, NamePattern, Query},
+    template::Template,
+};
+
+/// Largest compiled regular expression: a pattern past it is refused rather than slow to build or run.
+/// (The `regex` crate runs in time linear in the input whatever the pattern.)
+const REGEX_SIZE_LIMIT: usize = 256 * 1024;
+/// Largest synthetic body written in the file.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Largest body read from a file.
+pub const MAX_FILE: u64 = 1024 * 1024;
+
+/// The conditions of a compiled rule.
+#[derive(Debug, Default)]
+pub(crate) struct Conditions {
+    pub hosts: Vec<HostPattern>,
+    pub path_prefix: Vec<String>,
+    pub path_regex: Option<Regex>,
+    pub extensions: Vec<String>,
+    pub methods: Vec<Method>,
+    pub headers: Vec<(HeaderName, Option<Regex>)>,
+    pub without_headers: Vec<HeaderName>,
+    pub cookies: Vec<NamePattern>,
+    pub query: Vec<String>,
+    pub clients: Vec<ipnet::IpNet>,
+    pub except_clients: Vec<ipnet::IpNet>,
+    pub backend_healthy: Option<bool>,
+    pub status: Vec<(u16, u16)>,
+    pub content_types: Vec<(String, Option<String>)>,
+    pub larger_than: Option<u64>,
+}
+
+/// A response a rule makes.
+#[derive(Debug)]
+pub(crate) struct Synthesis {
+    pub status: Option<StatusCode>,
+    pub location: Option<Template>,
+    pub body: Body,
+    pub content_type: HeaderValue,
+    pub headers: Vec<(HeaderName, Template)>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Body {
+    Template(Template),
+    File(Bytes),
+}
+
+/// A request header mapped to classes.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    pub from: HeaderName,
+    pub to: HeaderName,
+    pub cases: Vec<(HeaderValue, Regex)>,
+    pub default: HeaderValue,
+}
+
+/// The actions of a compiled rule; what a phase does not take was refused when compiling.
+#[derive(Debug, Default)]
+pub(crate) struct Actions {
+    pub normalize_host: bool,
+    pub unset: Vec<NamePattern>,
+    pub set: Vec<(HeaderName, Template)>,
+    pub append: Vec<(HeaderName, Template)>,
+    pub query: Option<Query>,
+    pub rewrite_path: Option<(Regex, Template)>,
+    pub cookies: Option<Cookies>,
+    pub strip_cookies: bool,
+    pub cache_cookies: bool,
+    pub key: Vec<HeaderName>,
+    pub buckets: Vec<Bucket>,
+    pub pass: bool,
+    pub pipe: bool,
+    pub backend: Option<Arc<str>>,
+    pub respond: Option<Synthesis>,
+    pub request_grace: Option<Duration>,
+    pub adjust: Adjust,
+    pub debug_headers: bool,
+}
+
+/// One compiled rule.
+#[derive(Debug)]
+pub(crate) struct Compiled {
+    pub name: Arc<str>,
+    pub phase: Phase,
+    pub when: Conditions,
+    pub stop: bool,
+    pub actions: Actions,
+    /// How many groups `match.path_regex` has, for templates.
+    pub groups: usize,
+}
+
+/// Makes a reason into the error of `field`.
+fn at(field: &str) -> impl Fn(String) -> (String, String) + '_ {
+    move |reason| (field.to_owned(), reason)
+}
+
+fn regex(pattern: &str) -> Result<Regex, String> {
+    RegexBuilder::new(pattern)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .dfa_size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|e| match e {
+            regex::Error::CompiledTooBig(_) => format!(
+                "{pattern:?} is too large once compiled (over {} KiB): simplify it",
+                REGEX_SIZE_LIMIT / 1024
+            ),
+            e => e.to_string(),
+        })
+}
+
+fn header_name(name: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("{name:?} is not a header name"))
+}
+
+/// A literal header value: no CR, LF or other control character can get into a response or request.
+fn header_value(value: &str) -> Result<HeaderValue, String> {
+    HeaderValue::from_str(value)
+        .map_err(|_| format!("{value:?} is not a valid header value (control characters?)"))
+}
+
+/// A header template whose literal text can be part of a header value.
+fn header_template(value: &str, groups: usize) -> Result<Template, String> {
+    let t = Template::parse(value, groups)?;
+    for text in t.texts() {
+        header_value(text)?;
+    }
+    Ok(t)
+}
+
+/// Headers rules may not write: they frame the message, and the data path keeps them right itself.
+const FRAMING: [&str; 5] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+];
+
+/// Checks a rule in `phase` may use an action or condition, by the field's name.
+fn allowed(phase: Phase, field: &str, phases: &[Phase]) -> Result<(), (String, String)> {
+    if phases.contains(&phase) {
+        return Ok(());
+    }
+    let names: Vec<_> = phases.iter().map(|p| p.name()).collect();
+    Err((
+        field.to_owned(),
+        format!(
+            "not in the {} phase (only in {})",
+            phase.name(),
+            names.join(", ")
+        ),
+    ))
+}
+
+use Phase::{BackendRequest, BackendResponse, Deliver, Error, Request};
+
+/// Compiles `rule`; the error is the field (as the file names it, `match.path_regex`) and why.
+pub(crate) fn compile(
+    rule: &Rule,
+    name: Arc<str>,
+    backends: &[&str],
+) -> Result<Compiled, (String, String)> {
+    let phase = rule.on;
+    let m = &rule.when;
+    let mut when = Conditions::default();
+
+    for h in &m.hosts {
+        when.hosts.push(HostPattern::parse(h).map_err(at("match.hosts"))?);
+    }
+    for p in &m.path_prefix {
+        if !p.starts_with('/') {
+            return Err(at("match.path_prefix")(format!(
+                "{p:?} never matches: paths start with `/`"
+            )));
+        }
+        when.path_prefix.push(p.clone());
+    }
+    if let Some(r) = &m.path_regex {
+        when.path_regex = Some(regex(r).map_err(at("match.path_regex"))?);
+    }
+    for e in &m.extensions {
+        let e = e.trim_start_matches('.').to_ascii_lowercase();
+        if e.is_empty() || e.contains('/') {
+            return Err(at("match.extensions")(format!(
+                "{e:?} is not an extension"
+            )));
+        }
+        when.extensions.push(e);
+    }
+    for method in &m.methods {
+        when.methods.push(
+            Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+                .map_err(|_| at("match.methods")(format!("{method:?} is not a method")))?,
+        );
+    }
+    for (name, pattern) in &m.headers {
+        let n = header_name(name).map_err(at("match.headers"))?;
+        let r = match pattern.as_str() {
+            "" => None,
+            p => Some(regex(p).map_err(at(&format!("match.headers.{name}")))?),
+        };
+        when.headers.push((n, r));
+    }
+    for name in &m.without_headers {
+        let n = header_name(name).map_err(at("match.without_headers"))?;
+        if when.headers.iter().any(|(h, _)| *h == n) {
+            return Err(at("match.without_headers")(format!(
+                "{name:?} is also in match.headers: the rule can never match"
+            )));
+        }
+        when.without_headers.push(n);
+    }
+    for c in &m.cookies {
+        when.cookies
+            .push(NamePattern::parse(c).map_err(at("match.cookies"))?);
+    }
+    when.query.clone_from(&m.query);
+    when.clients.clone_from(&m.clients);
+    when.except_clients.clone_from(&m.except_clients);
+    if let Some(net) = m
+        .clients
+        .iter()
+        .find(|c| m.except_clients.iter().any(|e| e.contains(*c)))
+    {
+        if m.clients.iter().all(|c| m.except_clients.iter().any(|e| e.contains(c))) {
+            return Err(at("match.except_clients")(format!(
+                "covers every network of match.clients ({net} among them): the rule can never match"
+            )));
+        }
+    }
+    when.backend_healthy = m.backend_healthy;
+    if !m.status.is_empty() {
+        allowed(phase, "match.status", &[BackendResponse, Deliver, Error])?;
+    }
+    for s in &m.status {
+        when.status.push(status_range(s).map_err(at("match.status"))?);
+    }
+    if !m.content_types.is_empty() {
+        allowed(phase, "match.content_types", &[BackendResponse, Deliver])?;
+    }
+    for t in &m.content_types {
+        let t = t.trim().to_ascii_lowercase();
+        let (kind, sub) = t
+            .split_once('/')
+            .ok_or_else(|| at("match.content_types")(format!("{t:?} is not type/subtype")))?;
+        let sub = (sub != "*").then(|| sub.to_owned());
+        when.content_types.push((kind.to_owned(), sub));
+    }
+    if let Some(size) = m.larger_than {
+        allowed(phase, "match.larger_than", &[BackendResponse])?;
+        when.larger_than = Some(size.as_u64());
+    }
+
+    let groups = when
+        .path_regex
+        .as_ref()
+        .map_or(0, |r| r.captures_len() - 1);
+    let mut actions = Actions::default();
+    let request_only = [Request];
+    let edits_headers = [Request, BackendRequest, BackendResponse, Deliver, Error];
+    if rule.normalize_host {
+        allowed(phase, "normalize_host", &request_only)?;
+        actions.normalize_host = true;
+    }
+    if !rule.unset_headers.is_empty() {
+        allowed(phase, "unset_headers", &edits_headers)?;
+    }
+    for n in &rule.unset_headers {
+        let p = NamePattern::parse(&n.to_ascii_lowercase()).map_err(at("unset_headers"))?;
+        if let NamePattern::Exact(name) = &p {
+            header_name(name).map_err(at("unset_headers"))?;
+        }
+        actions.unset.push(p);
+    }
+    for (field, edits, into) in [
+        ("set_headers", &rule.set_headers, &mut actions.set),
+        ("append_headers", &rule.append_headers, &mut actions.append),
+    ] {
+        if !edits.is_empty() {
+            allowed(phase, field, &edits_headers)?;
+        }
+        for (name, value) in edits {
+            let n = header_name(name).map_err(at(field))?;
+            if FRAMING.contains(&n.as_str()) {
+                return Err(at(field)(format!(
+                    "{name} frames the message: lacquerd keeps it right itself"
+                )));
+            }
+            if n == http::header::HOST && phase != Request {
+                return Err(at(field)(
+                    "Host is set in the request phase, where the key is made from it".into(),
+                ));
+            }
+            if actions.unset.iter().any(|u| u.matches(n.as_str())) {
+                return Err(at(field)(format!(
+                    "{name} is also in unset_headers: contradictory"
+                )));
+            }
+            let t = header_template(value, groups).map_err(at(&format!("{field}.{name}")))?;
+            into.push((n, t));
+        }
+    }
+    if let Some(q) = &rule.query {
+        allowed(phase, "query", &request_only)?;
+        let names = |list: &[String], field: &str| {
+            list.iter()
+                .map(|n| NamePattern::parse(n).map_err(at(field)))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let query = Query {
+            sort: q.sort,
+            drop: names(&q.drop, "query.drop")?,
+            keep: names(&q.keep, "query.keep")?,
+            remove: q.remove,
+        };
+        if query == Query::default() {
+            return Err(at("query")("changes nothing: give sort, drop, keep or remove".into()));
+        }
+        actions.query = Some(query);
+    }
+    if let Some(r) = &rule.rewrite_path {
+        allowed(phase, "rewrite_path", &request_only)?;
+        let from = regex(&r.from).map_err(at("rewrite_path.from"))?;
+        let to = Template::parse(&r.to, from.captures_len() - 1).map_err(at("rewrite_path.to"))?;
+        let invalid = to.texts().find_map(|t| {
+            t.bytes()
+                .find(|b| !is_target_byte(*b))
+                .map(|b| format!("{:?} cannot be in a request target", b as char))
+        });
+        if let Some(reason) = invalid {
+            return Err(at("rewrite_path.to")(reason));
+        }
+        if !to.starts_with("/") {
+            return Err(at("rewrite_path.to")(format!(
+                "{:?} must start with `/`: the result is the request's path",
+                r.to
+            )));
+        }
+        actions.rewrite_path = Some((from, to));
+    }
+    if let Some(c) = &rule.cookies {
+        allowed(phase, "cookies", &request_only)?;
+        let names = |list: &[String], field: &str| {
+            list.iter()
+                .map(|n| NamePattern::parse(n).map_err(at(field)))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        actions.cookies = Some(Cookies {
+            keep: names(&c.keep, "cookies.keep")?,
+            drop: names(&c.drop, "cookies.drop")?,
+        });
+    }
+    if rule.strip_cookies {
+        allowed(phase, "strip_cookies", &request_only)?;
+        if rule.cookies.is_some() || rule.cache_cookies {
+            return Err((
+                "strip_cookies".into(),
+                "removes every cookie: cookies and cache_cookies would do nothing".into(),
+            ));
+        }
+        actions.strip_cookies = true;
+    }
+    if rule.cache_cookies {
+        allowed(phase, "cache_cookies", &request_only)?;
+        actions.cache_cookies = true;
+    }
+    if !rule.key.is_empty() {
+        allowed(phase, "key", &request_only)?;
+    }
+    for k in &rule.key {
+        let n = header_name(&k.to_ascii_lowercase()).map_err(at("key"))?;
+        actions.key.push(n);
+    }
+    if !rule.buckets.is_empty() {
+        allowed(phase, "buckets", &request_only)?;
+    }
+    for (i, b) in rule.buckets.iter().enumerate() {
+        let field = format!("buckets[{i}]");
+        let from = header_name(&b.from).map_err(at(&format!("{field}.from")))?;
+        let to = match &b.to {
+            Some(t) => header_name(t).map_err(at(&format!("{field}.to")))?,
+            None => from.clone(),
+        };
+        let mut cases = Vec::new();
+        for (value, pattern) in &b.cases {
+            let v = header_value(value).map_err(at(&format!("{field}.cases")))?;
+            let r = regex(pattern).map_err(at(&format!("{field}.cases")))?;
+            cases.push((v, r));
+        }
+        if cases.is_empty() {
+            return Err(at(&format!("{field}.cases"))(
+                "no case: every request would get the default; use set_headers".into(),
+            ));
+        }
+        let default = header_value(&b.default).map_err(at(&format!("{field}.default")))?;
+        actions.buckets.push(Bucket {
+            from,
+            to,
+            cases,
+            default,
+        });
+    }
+    if rule.pass {
+        allowed(phase, "pass", &request_only)?;
+        actions.pass = true;
+    }
+    if rule.pipe {
+        allowed(phase, "pipe", &request_only)?;
+        if rule.pass {
+            return Err(("pipe".into(), "and pass: a tunnel is never cached anyway; pick one".into()));
+        }
+        actions.pipe = true;
+    }
+    if let Some(b) = &rule.backend {
+        allowed(phase, "backend", &request_only)?;
+        if !backends.contains(&b.as_str()) {
+            return Err((
+                "backend".into(),
+                format!("no backend or director is named {b:?}"),
+            ));
+        }
+        actions.backend = Some(b.as_str().into());
+    }
+    if let Some(r) = &rule.respond {
+        allowed(phase, "respond", &[Request, Deliver, Error])?;
+        let contradicts = [
+            ("pass", rule.pass),
+            ("pipe", rule.pipe),
+            ("backend", rule.backend.is_some()),
+            ("cache_cookies", rule.cache_cookies),
+            ("key", !rule.key.is_empty()),
+        ];
+        if let Some((what, _)) = contradicts.iter().find(|(_, given)| *given) {
+            return Err((
+                "respond".into(),
+                format!("and {what}: a request answered here is not forwarded"),
+            ));
+        }
+        actions.respond = Some(synthesis(r, phase, groups)?);
+    }
+    if let Some(g) = rule.request_grace {
+        allowed(phase, "request_grace", &request_only)?;
+        actions.request_grace = Some(g);
+    }
+    let adjust = Adjust {
+        ttl: rule.ttl,
+        default_ttl: rule.default_ttl,
+        ttl_min: rule.ttl_min,
+        ttl_max: rule.ttl_max,
+        grace: rule.grace,
+        keep: rule.keep,
+        store: rule.store,
+    };
+    for (field, given) in [
+        ("ttl", adjust.ttl.is_some()),
+        ("default_ttl", adjust.default_ttl.is_some()),
+        ("ttl_min", adjust.ttl_min.is_some()),
+        ("ttl_max", adjust.ttl_max.is_some()),
+        ("grace", adjust.grace.is_some()),
+        ("keep", adjust.keep.is_some()),
+        ("store", adjust.store.is_some()),
+    ] {
+        if given {
+            allowed(phase, field, &[BackendResponse])?;
+            if adjust.store == Some(false) && field != "store" {
+                return Err((
+                    field.into(),
+                    "and store = false: nothing is stored to give it to".into(),
+                ));
+            }
+        }
+    }
+    if let (Some(min), Some(max)) = (adjust.ttl_min, adjust.ttl_max) {
+        if min > max {
+            return Err((
+                "ttl_min".into(),
+                format!("{min:?} is more than ttl_max {max:?}"),
+            ));
+        }
+    }
+    actions.adjust = adjust;
+    if rule.debug_headers {
+        allowed(phase, "debug_headers", &[Deliver])?;
+        actions.debug_headers = true;
+    }
+    let does_something = actions.normalize_host
+        || !actions.unset.is_empty()
+        || !actions.set.is_empty()
+        || !actions.append.is_empty()
+        || actions.query.is_some()
+        || actions.rewrite_path.is_some()
+        || actions.cookies.is_some()
+        || actions.strip_cookies
+        || actions.cache_cookies
+        || !actions.key.is_empty()
+        || !actions.buckets.is_empty()
+        || actions.pass
+        || actions.pipe
+        || actions.backend.is_some()
+        || actions.respond.is_some()
+        || actions.request_grace.is_some()
+        || actions.adjust != Adjust::default()
+        || actions.debug_headers
+        || rule.stop;
+    if !does_something {
+        return Err(("".into(), "has no action".into()));
+    }
+    Ok(Compiled {
+        name,
+        phase,
+        when,
+        stop: rule.stop,
+        actions,
+        groups,
+    })
+}
+
+/// Bytes a rewritten path may hold (RFC 3986 `pchar`, `/` and `?` for a query).
+fn is_target_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b)
+}
+
+fn status_range(s: &StatusPattern) -> Result<(u16, u16), String> {
+    let (lo, hi) = match s {
+        StatusPattern::Code(c) => (*c, *c),
+        StatusPattern::Text(t) => {
+            let t = t.trim().to_ascii_lowercase();
+            match t.as_bytes() {
+                [d @ b'1'..=b'5', b'x', b'x'] => {
+                    let base = u16::from(d - b'0') * 100;
+                    (base, base + 99)
+                }
+                _ => {
+                    let c = t.parse::<u16>().map_err(|_| {
+                        format!("{t:?} is not a status (`404`) or class (`\"5xx\"`)")
+                    })?;
+                    (c, c)
+                }
+            }
+        }
+    };
+    if !(100..=599).contains(&lo) {
+        return Err(format!("{lo} is not a status code: the rule can never match"));
+    }
+    Ok((lo, hi))
+}
+
+fn synthesis(r: &Respond, phase: Phase, groups: usize) -> Result<Synthesis, (String, String)> {
+    let at = |field: &str| {
+        let field = format!("respond.{field}");
+        move |reason| (field.clone(), reason)
+    };
+    let status = match r.status {
+        Some(s) => Some(
+            StatusCode::from_u16(s)
+                .ok()
+                .filter(|s| !s.is_informational())
+                .ok_or_else(|| at("status")(format!("{s} is not a final status")))?,
+        ),
+        None if r.location.is_some() => Some(StatusCode::FOUND),
+        None if phase == Request => Some(StatusCode::OK),
+        None => None,
+    };
+    let location = match &r.location {
+        Some(l) => Some(header_template(l, groups).map_err(at("location"))?),
+        None => None,
+    };
+    let body = match (&r.body, &r.file) {
+        (Some(_), Some(_)) => {
+            return Err(at("file")("and body: give one".into()));
+        }
+        (Some(b), None) => {
+            if b.len() > MAX_BODY {
+                return Err(at("body")(format!(
+                    "{} bytes, more than the {} KiB a body in the file may have: use `file`",
+                    b.len(),
+                    MAX_BODY / 1024
+                )));
+            }
+            Body::Template(Template::parse(b, groups).map_err(at("body"))?)
+        }
+        (None, Some(path)) => {
+            let len = std::fs::metadata(path)
+                .map_err(|e| at("file")(format!("{}: {e}", path.display())))?
+                .len();
+            if len > MAX_FILE {
+                return Err(at("file")(format!(
+                    "{}: {len} bytes, more than {} MiB",
+                    path.display(),
+                    MAX_FILE / (1024 * 1024)
+                )));
+            }
+            let bytes = std::fs::read(path)
+                .map_err(|e| at("file")(format!("{}: {e}", path.display())))?;
+            Body::File(bytes.into())
+        }
+        (None, None) => Body::Template(Template::parse("", 0).expect("empty template")),
+    };
+    let html = r
+        .file
+        .as_ref()
+        .is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
+    let content_type = match &r.content_type {
+        Some(t) => header_value(t).map_err(at("content_type"))?,
+        None if html => HeaderValue::from_static("text/html; charset=utf-8"),
+        None => HeaderValue::from_static("text/plain; charset=utf-8"),
+    };
+    let mut headers = Vec::new();
+    for (name, value) in &r.headers {
+        let n = header_name(name).map_err(at("headers"))?;
+        if FRAMING.contains(&n.as_str()) {
+            return Err(at("headers")(format!("{name} frames the message")));
+        }
+        headers.push((n, header_template(value, groups).map_err(at(&format!("headers.{name}")))?));
+    }
+    Ok(Synthesis {
+        status,
+        location,
+        body,
+        content_type,
+        headers,
+    })
+}

@@ -1,0 +1,761 @@
+//! `[[rule]]`s compiled once and run at the data path's phases ([`Phase`]): what VCL's `vcl_recv`,
+//! `vcl_backend_fetch`, `vcl_backend_response`, `vcl_deliver` and `vcl_synth` say, as a small typed
+//! vocabulary of matches and actions over request and response heads. No I/O happens here: the data path
+//! calls one function per phase, and `cachectl explain` calls the same ones without the origin.
+
+#![warn(missing_docs)]
+
+mod compile;
+mod edit;
+mod template;
+
+use std::{
+    borrow::Cow,
+    net::IpAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Arc,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{
+    header::{self, HeaderName},
+    request::Parts,
+    HeaderMap, HeaderValue, StatusCode, Uri,
+};
+
+pub use lacquer_config::Phase;
+use lacquer_config::Rule;
+use lacquer_policy::{host::request_host, normalize, storable::Adjust};
+
+pub use compile::{MAX_BODY, MAX_FILE};
+use compile::{Body, Compiled, Synthesis};
+use template::{Template, Values};
+
+/// A rule that cannot be compiled, named as the file names it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {reason}", self.setting())]
+pub struct RulesError {
+    /// The rule's place in the file, from 0.
+    pub index: usize,
+    /// Its `name`, when it has one.
+    pub name: Option<String>,
+    /// The field at fault, as the file names it (`match.path_regex`); empty for the rule as a whole.
+    pub field: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl RulesError {
+    /// `rule[3].match.path_regex`, with the rule's name when it has one.
+    pub fn setting(&self) -> String {
+        let mut s = format!("rule[{}]", self.index);
+        if let Some(name) = &self.name {
+            s.push_str(&format!(" ({name:?})"));
+        }
+        if !self.field.is_empty() {
+            s.push('.');
+            s.push_str(&self.field);
+        }
+        s
+    }
+}
+
+/// The compiled rules of one configuration: what a reload replaces whole, counters included.
+#[derive(Debug, Default)]
+pub struct Rules {
+    rules: Vec<Compiled>,
+    /// Indices into `rules`, per phase, in file order.
+    by_phase: [Vec<usize>; 5],
+    matched: Box<[AtomicU64]>,
+}
+
+fn slot(phase: Phase) -> usize {
+    match phase {
+        Phase::Request => 0,
+        Phase::BackendRequest => 1,
+        Phase::BackendResponse => 2,
+        Phase::Deliver => 3,
+        Phase::Error => 4,
+    }
+}
+
+/// One rule's part in a trace: whether it matched in its phase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Its place in the file.
+    pub index: usize,
+    /// Its name (`rule[N]` when it has none).
+    pub name: Arc<str>,
+    /// Its phase.
+    pub phase: Phase,
+    /// Whether its conditions held (and its actions ran).
+    pub matched: bool,
+}
+
+/// What `cachectl explain` records: every rule tried, in the order tried.
+#[derive(Debug, Default, Clone)]
+pub struct Trace {
+    /// The rules tried.
+    pub steps: Vec<Step>,
+}
+
+/// A response a rule made: the whole of it.
+#[derive(Debug, Clone)]
+pub struct Synthetic {
+    /// Its status.
+    pub status: StatusCode,
+    /// Its header fields, `Content-Type` and `Location` included (not `Content-Length`).
+    pub headers: HeaderMap,
+    /// Its body.
+    pub body: Bytes,
+}
+
+/// What the request phase decided beyond the head it rewrote.
+#[derive(Debug, Default)]
+pub struct RequestVerdict {
+    /// Never looked up or stored (`pass`).
+    pub pass: bool,
+    /// Tunnelled to the backend (`pipe`).
+    pub pipe: bool,
+    /// Answered here, without the origin (`respond`).
+    pub respond: Option<Synthetic>,
+    /// The backend or director chosen instead of the route's.
+    pub backend: Option<Arc<str>>,
+    /// Request fields the stored response varies on, beyond its `Vary`.
+    pub key: Vec<HeaderName>,
+    /// `Set-Cookie` removed from the response (`strip_cookies`).
+    pub strip_set_cookie: bool,
+    /// Looked up and stored although `Cookie` is sent.
+    pub cache_cookies: bool,
+    /// The most stale an object in grace may be to be answered at once.
+    pub request_grace: Option<Duration>,
+    /// The host or path changed: the request is routed again.
+    pub rerouted: bool,
+}
+
+/// The client's request a response phase's conditions are tested against: as it was looked up and
+/// forwarded, after the request phase.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// Its head.
+    pub parts: &'a Parts,
+    /// The client's address.
+    pub client: IpAddr,
+    /// It came over TLS.
+    pub secure: bool,
+}
+
+/// What `debug_headers` shows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Debug {
+    /// Times the object was served from the cache, when it came from the cache.
+    pub hits: Option<u64>,
+    /// Seconds of freshness left (negative once stale), when it is stored.
+    pub ttl_s: Option<i64>,
+}
+
+/// The response a response phase's conditions look at.
+#[derive(Clone, Copy)]
+struct Response<'a> {
+    status: StatusCode,
+    headers: &'a HeaderMap,
+}
+
+/// Header lines a rule makes, rendered before the map they go into is borrowed.
+type Lines = Vec<(HeaderName, String)>;
+
+impl Rules {
+    /// Compiles `rules`; `backends` are the names a rule's `backend` may take (backends and directors).
+    /// The error names the rule and its field.
+    pub fn compile(rules: &[Rule], backends: &[&str]) -> Result<Self, RulesError> {
+        let mut compiled = Vec::with_capacity(rules.len());
+        let mut by_phase: [Vec<usize>; 5] = Default::default();
+        for (index, rule) in rules.iter().enumerate() {
+            let name: Arc<str> = match &rule.name {
+                Some(n) => n.as_str().into(),
+                None => format!("rule[{index}]").into(),
+            };
+            if let Some(n) = &rule.name {
+                if rules[..index].iter().any(|r| r.name.as_ref() == Some(n)) {
+                    return Err(RulesError {
+                        index,
+                        name: rule.name.clone(),
+                        field: "name".into(),
+                        reason: "another rule has this name: counters and explain tell rules apart by it"
+                            .into(),
+                    });
+                }
+            }
+            let c = compile::compile(rule, name, backends).map_err(|(field, reason)| RulesError {
+                index,
+                name: rule.name.clone(),
+                field,
+                reason,
+            })?;
+            by_phase[slot(c.phase)].push(index);
+            compiled.push(c);
+        }
+        Ok(Self {
+            matched: (0..compiled.len()).map(|_| AtomicU64::new(0)).collect(),
+            rules: compiled,
+            by_phase,
+        })
+    }
+
+    /// Whether any rule acts in `phase`: the data path skips a phase without rules.
+    pub fn has(&self, phase: Phase) -> bool {
+        !self.by_phase[slot(phase)].is_empty()
+    }
+
+    /// Whether a rule shows hit counts, which the data path then counts.
+    pub fn counts_hits(&self) -> bool {
+        self.rules.iter().any(|r| r.actions.debug_headers)
+    }
+
+    /// Every rule with its phase and how many requests it matched since it was compiled.
+    pub fn counters(&self) -> impl Iterator<Item = (&str, Phase, u64)> + '_ {
+        self.rules
+            .iter()
+            .zip(self.matched.iter())
+            .map(|(r, n)| (&*r.name, r.phase, n.load(Relaxed)))
+    }
+
+    fn phase(&self, phase: Phase) -> impl Iterator<Item = (usize, &Compiled)> + '_ {
+        self.by_phase[slot(phase)]
+            .iter()
+            .map(move |&i| (i, &self.rules[i]))
+    }
+
+    /// Counts and traces one rule's test.
+    fn record(&self, index: usize, matched: bool, trace: &mut Option<&mut Trace>) {
+        if matched {
+            self.matched[index].fetch_add(1, Relaxed);
+        }
+        if let Some(t) = trace {
+            let r = &self.rules[index];
+            t.steps.push(Step {
+                index,
+                name: r.name.clone(),
+                phase: r.phase,
+                matched,
+            });
+        }
+    }
+
+    /// The request phase: rewrites the client's head in place (what the key, the variant and the origin
+    /// are made of from here on) and says what else the rules decided. `healthy` tells whether the backend
+    /// the request would go to (`Some` name when a rule chose one) is healthy.
+    pub fn request(
+        &self,
+        parts: &mut Parts,
+        client: IpAddr,
+        secure: bool,
+        healthy: &dyn Fn(&Parts, Option<&str>) -> bool,
+        mut trace: Option<&mut Trace>,
+    ) -> RequestVerdict {
+        let mut v = RequestVerdict::default();
+        for (i, rule) in self.phase(Phase::Request) {
+            let mut groups = Vec::new();
+            let hit = matches(rule, parts, client, None, &mut groups, &|p: &Parts| {
+                healthy(p, v.backend.as_deref())
+            });
+            self.record(i, hit, &mut trace);
+            if !hit {
+                continue;
+            }
+            let a = &rule.actions;
+            if a.normalize_host {
+                let host = request_host(&parts.headers).into_owned();
+                if let Ok(value) = HeaderValue::from_str(&host) {
+                    parts.headers.insert(header::HOST, value);
+                    v.rerouted = true;
+                }
+            }
+            for b in &a.buckets {
+                let sent = parts.headers.get(&b.from).and_then(|h| h.to_str().ok());
+                let value = sent
+                    .and_then(|s| b.cases.iter().find(|(_, r)| r.is_match(s)))
+                    .map_or(&b.default, |(value, _)| value);
+                parts.headers.insert(b.to.clone(), value.clone());
+            }
+            let values = Values {
+                parts,
+                client,
+                secure,
+                status: None,
+                groups: &groups,
+            };
+            let (set, append) = (render(&a.set, &values), render(&a.append, &values));
+            let target = rewritten_target(rule, parts, client, secure);
+            if set.iter().any(|(n, _)| n == header::HOST) {
+                v.rerouted = true;
+            }
+            edit(&mut parts.headers, &a.unset, set, append);
+            if let Some(target) = target {
+                if let Ok(uri) = target.parse::<Uri>() {
+                    parts.uri = uri;
+                    v.rerouted = true;
+                }
+            }
+            if let Some(c) = &a.cookies {
+                let kept = c.apply(
+                    parts
+                        .headers
+                        .get_all(header::COOKIE)
+                        .iter()
+                        .filter_map(|l| l.to_str().ok()),
+                );
+                parts.headers.remove(header::COOKIE);
+                if let Some(value) = kept.and_then(|k| HeaderValue::from_str(&k).ok()) {
+                    parts.headers.insert(header::COOKIE, value);
+                }
+            }
+            if a.strip_cookies {
+                parts.headers.remove(header::COOKIE);
+                v.strip_set_cookie = true;
+            }
+            v.cache_cookies |= a.cache_cookies;
+            for k in &a.key {
+                if !v.key.contains(k) {
+                    v.key.push(k.clone());
+                }
+            }
+            v.pass |= a.pass;
+            v.pipe |= a.pipe;
+            if let Some(b) = &a.backend {
+                v.backend = Some(b.clone());
+            }
+            if let Some(g) = a.request_grace {
+                v.request_grace = Some(g);
+            }
+            if let Some(s) = &a.respond {
+                let values = Values {
+                    parts,
+                    client,
+                    secure,
+                    status: None,
+                    groups: &groups,
+                };
+                v.respond = Some(synthesize(s, StatusCode::OK, &values));
+                break;
+            }
+            if rule.stop {
+                break;
+            }
+        }
+        v
+    }
+
+    /// The backend-request phase: edits the fields of a request leaving for the origin (`headers`), by
+    /// conditions on the client's request (`facts`).
+    pub fn backend_request(
+        &self,
+        facts: Facts<'_>,
+        headers: &mut HeaderMap,
+        mut trace: Option<&mut Trace>,
+    ) {
+        for (i, rule) in self.phase(Phase::BackendRequest) {
+            let mut groups = Vec::new();
+            let hit = matches(rule, facts.parts, facts.client, None, &mut groups, &|_| true);
+            self.record(i, hit, &mut trace);
+            if !hit {
+                continue;
+            }
+            let values = facts.values(None, &groups);
+            let a = &rule.actions;
+            edit(headers, &a.unset, render(&a.set, &values), render(&a.append, &values));
+            if rule.stop {
+                break;
+            }
+        }
+    }
+
+    /// The backend-response phase: edits the origin's response fields before the store decides on them,
+    /// and returns what the matching rules change in that decision.
+    pub fn backend_response(
+        &self,
+        facts: Facts<'_>,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+        mut trace: Option<&mut Trace>,
+    ) -> Adjust {
+        let mut adjust = Adjust::default();
+        for (i, rule) in self.phase(Phase::BackendResponse) {
+            let mut groups = Vec::new();
+            let response = Some(Response { status, headers });
+            let hit = matches(rule, facts.parts, facts.client, response, &mut groups, &|_| true);
+            self.record(i, hit, &mut trace);
+            if !hit {
+                continue;
+            }
+            let values = facts.values(Some(status), &groups);
+            let a = &rule.actions;
+            edit(headers, &a.unset, render(&a.set, &values), render(&a.append, &values));
+            let r = a.adjust;
+            adjust = Adjust {
+                ttl: r.ttl.or(adjust.ttl),
+                default_ttl: r.default_ttl.or(adjust.default_ttl),
+                ttl_min: r.ttl_min.or(adjust.ttl_min),
+                ttl_max: r.ttl_max.or(adjust.ttl_max),
+                grace: r.grace.or(adjust.grace),
+                keep: r.keep.or(adjust.keep),
+                store: r.store.or(adjust.store),
+            };
+            if rule.stop {
+                break;
+            }
+        }
+        adjust
+    }
+
+    /// The deliver phase: edits the fields of a response leaving for the client (hit, miss or pass), or
+    /// replaces the response (`respond`). `debug` is asked for only when a rule shows debug headers.
+    pub fn deliver(
+        &self,
+        facts: Facts<'_>,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+        debug: &dyn Fn() -> Debug,
+        mut trace: Option<&mut Trace>,
+    ) -> Option<Synthetic> {
+        for (i, rule) in self.phase(Phase::Deliver) {
+            let mut groups = Vec::new();
+            let response = Some(Response { status, headers });
+            let hit = matches(rule, facts.parts, facts.client, response, &mut groups, &|_| true);
+            self.record(i, hit, &mut trace);
+            if !hit {
+                continue;
+            }
+            let values = facts.values(Some(status), &groups);
+            let a = &rule.actions;
+            if let Some(s) = &a.respond {
+                return Some(synthesize(s, status, &values));
+            }
+            let mut set = render(&a.set, &values);
+            if a.debug_headers {
+                let d = debug();
+                for (name, value) in [("x-cache-hits", d.hits.map(|h| h as i64)), ("x-cache-ttl", d.ttl_s)] {
+                    if let Some(n) = value {
+                        set.push((HeaderName::from_static(name), n.to_string()));
+                    }
+                }
+            }
+            edit(headers, &a.unset, set, render(&a.append, &values));
+            if rule.stop {
+                break;
+            }
+        }
+        None
+    }
+
+    /// The error phase: for an error lacquerd answers itself (`status`: no backend answered, a timeout),
+    /// the response a rule makes instead, or `None` to send the built-in one.
+    pub fn error(
+        &self,
+        facts: Facts<'_>,
+        status: StatusCode,
+        mut trace: Option<&mut Trace>,
+    ) -> Option<Synthetic> {
+        let empty = HeaderMap::new();
+        for (i, rule) in self.phase(Phase::Error) {
+            let mut groups = Vec::new();
+            let response = Some(Response {
+                status,
+                headers: &empty,
+            });
+            let hit = matches(rule, facts.parts, facts.client, response, &mut groups, &|_| true);
+            self.record(i, hit, &mut trace);
+            if !hit {
+                continue;
+            }
+            let values = facts.values(Some(status), &groups);
+            let a = &rule.actions;
+            let mut made = match &a.respond {
+                Some(s) => synthesize(s, status, &values),
+                None => Synthetic {
+                    status,
+                    headers: HeaderMap::new(),
+                    body: Bytes::new(),
+                },
+            };
+            edit(&mut made.headers, &a.unset, render(&a.set, &values), render(&a.append, &values));
+            if a.respond.is_some() || rule.stop {
+                return Some(made);
+            }
+        }
+        None
+    }
+}
+
+impl Facts<'_> {
+    fn values<'g>(&'g self, status: Option<StatusCode>, groups: &'g [String]) -> Values<'g>
+    where
+        Self: 'g,
+    {
+        Values {
+            parts: self.parts,
+            client: self.client,
+            secure: self.secure,
+            status: status.map(|s| s.as_u16()),
+            groups,
+        }
+    }
+}
+
+fn render(lines: &[(HeaderName, Template)], values: &Values<'_>) -> Lines {
+    lines
+        .iter()
+        .map(|(n, t)| (n.clone(), t.render(values)))
+        .collect()
+}
+
+/// Applies a rule's header edits: removals first, then values set (an empty one removes), then appends.
+/// A rendered value that is no valid field value (a request's value put into it) is left out.
+fn edit(headers: &mut HeaderMap, unset: &[edit::NamePattern], set: Lines, append: Lines) {
+    for pattern in unset {
+        match pattern {
+            edit::NamePattern::Exact(name) => {
+                headers.remove(name.as_str());
+            }
+            edit::NamePattern::Prefix(_) => {
+                let doomed: Vec<HeaderName> = headers
+                    .keys()
+                    .filter(|n| pattern.matches(n.as_str()))
+                    .cloned()
+                    .collect();
+                for n in doomed {
+                    headers.remove(n);
+                }
+            }
+        }
+    }
+    for (name, value) in set {
+        if value.is_empty() {
+            headers.remove(&name);
+        } else if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
+    for (name, value) in append {
+        let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
+            Some(old) if !old.is_empty() => format!("{old}, {value}"),
+            _ => value,
+        };
+        if let Ok(v) = HeaderValue::from_str(&joined) {
+            headers.insert(name, v);
+        }
+    }
+}
+
+/// The target after a rule's query rewrite and path rewrite, when either changes it. A rewritten path is
+/// normalised again, so a rewrite cannot reach above the root or spell a path two ways.
+fn rewritten_target(
+    rule: &Compiled,
+    parts: &Parts,
+    client: IpAddr,
+    secure: bool,
+) -> Option<String> {
+    let a = &rule.actions;
+    if a.query.is_none() && a.rewrite_path.is_none() {
+        return None;
+    }
+    let path = parts.uri.path();
+    let query = parts.uri.query();
+    let new_path: Cow<'_, str> = match &a.rewrite_path {
+        Some((from, to)) => match from.captures(path) {
+            Some(caps) => {
+                let own: Vec<String> = caps
+                    .iter()
+                    .skip(1)
+                    .map(|m| m.map_or(String::new(), |m| m.as_str().to_owned()))
+                    .collect();
+                let values = Values {
+                    parts,
+                    client,
+                    secure,
+                    status: None,
+                    groups: &own,
+                };
+                let whole = caps.get(0).expect("group 0");
+                let mut out = String::with_capacity(path.len());
+                out.push_str(&path[..whole.start()]);
+                out.push_str(&to.render(&values));
+                out.push_str(&path[whole.end()..]);
+                Cow::Owned(normalize::path(&out).into_owned())
+            }
+            None => Cow::Borrowed(path),
+        },
+        None => Cow::Borrowed(path),
+    };
+    // A rewrite of the path may carry a query of its own (`/search?q=$1`): it goes before the sent one.
+    let (new_path, own_query) = match new_path.split_once('?') {
+        Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
+        None => (new_path.into_owned(), None),
+    };
+    let joined = match (own_query, query) {
+        (Some(o), Some(q)) if !q.is_empty() => Some(format!("{o}&{q}")),
+        (Some(o), _) => Some(o),
+        (None, q) => q.map(str::to_owned),
+    };
+    let new_query = match (&a.query, joined) {
+        (Some(rw), Some(q)) => rw.apply(&q),
+        (_, q) => q.filter(|q| !q.is_empty()),
+    };
+    let target = match new_query {
+        Some(q) => format!("{new_path}?{q}"),
+        None => new_path,
+    };
+    (target != parts.uri.path_and_query().map_or("/", |p| p.as_str())).then_some(target)
+}
+
+/// Whether `rule`'s conditions hold, the cheap ones first; `groups` gets `match.path_regex`'s groups.
+fn matches(
+    rule: &Compiled,
+    parts: &Parts,
+    client: IpAddr,
+    response: Option<Response<'_>>,
+    groups: &mut Vec<String>,
+    healthy: &dyn Fn(&Parts) -> bool,
+) -> bool {
+    let w = &rule.when;
+    if !w.methods.is_empty() && !w.methods.contains(&parts.method) {
+        return false;
+    }
+    if !w.clients.is_empty() && !w.clients.iter().any(|n| n.contains(&client)) {
+        return false;
+    }
+    if w.except_clients.iter().any(|n| n.contains(&client)) {
+        return false;
+    }
+    if !w.hosts.is_empty() {
+        let host = request_host(&parts.headers);
+        if !w.hosts.iter().any(|h| h.matches(&host)) {
+            return false;
+        }
+    }
+    let path = parts.uri.path();
+    if !w.path_prefix.is_empty() && !w.path_prefix.iter().any(|p| path.starts_with(p.as_str())) {
+        return false;
+    }
+    if !w.extensions.is_empty() {
+        let last = path.rsplit('/').next().unwrap_or("");
+        let ext = last.rsplit_once('.').map(|(_, e)| e);
+        if !ext.is_some_and(|e| w.extensions.iter().any(|x| x.eq_ignore_ascii_case(e))) {
+            return false;
+        }
+    }
+    for n in &w.without_headers {
+        if parts.headers.contains_key(n) {
+            return false;
+        }
+    }
+    for (n, r) in &w.headers {
+        let mut values = parts.headers.get_all(n).iter().peekable();
+        if values.peek().is_none() {
+            return false;
+        }
+        if let Some(r) = r {
+            if !values.any(|v| v.to_str().is_ok_and(|s| r.is_match(s))) {
+                return false;
+            }
+        }
+    }
+    if !w.cookies.is_empty() {
+        let lines = parts
+            .headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|l| l.to_str().ok());
+        if !edit::has_cookie(lines, &w.cookies) {
+            return false;
+        }
+    }
+    if !w.query.is_empty() && !edit::has_param(parts.uri.query().unwrap_or(""), &w.query) {
+        return false;
+    }
+    if let Some(r) = &response {
+        let code = r.status.as_u16();
+        if !w.status.is_empty() && !w.status.iter().any(|(lo, hi)| (*lo..=*hi).contains(&code)) {
+            return false;
+        }
+        if !w.content_types.is_empty() {
+            let t = r
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let media = t.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+            let (kind, sub) = media.split_once('/').unwrap_or((&media, ""));
+            if !w
+                .content_types
+                .iter()
+                .any(|(k, s)| k == kind && s.as_deref().is_none_or(|s| s == sub))
+            {
+                return false;
+            }
+        }
+        if let Some(limit) = w.larger_than {
+            let len = r
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if !len.is_some_and(|l| l > limit) {
+                return false;
+            }
+        }
+    }
+    if let Some(r) = &w.path_regex {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        if rule.groups == 0 {
+            if !r.is_match(target) {
+                return false;
+            }
+        } else {
+            let Some(caps) = r.captures(target) else {
+                return false;
+            };
+            groups.extend(
+                caps.iter()
+                    .skip(1)
+                    .map(|m| m.map_or(String::new(), |m| m.as_str().to_owned())),
+            );
+        }
+    }
+    if let Some(want) = w.backend_healthy {
+        if healthy(parts) != want {
+            return false;
+        }
+    }
+    true
+}
+
+/// A rule's response, rendered; `status` is the one it keeps when the rule names none.
+fn synthesize(s: &Synthesis, status: StatusCode, values: &Values<'_>) -> Synthetic {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, s.content_type.clone());
+    if let Some(l) = &s.location {
+        if let Ok(v) = HeaderValue::from_str(&l.render(values)) {
+            headers.insert(header::LOCATION, v);
+        }
+    }
+    for (n, t) in &s.headers {
+        if let Ok(v) = HeaderValue::from_str(&t.render(values)) {
+            headers.insert(n.clone(), v);
+        }
+    }
+    let body = match &s.body {
+        Body::File(b) => b.clone(),
+        Body::Template(t) => Bytes::from(t.render(values)),
+    };
+    Synthetic {
+        status: s.status.unwrap_or(status),
+        headers,
+        body,
+    }
+}
+
+#[cfg(test)]
+mod tests;

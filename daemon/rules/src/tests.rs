@@ -1,0 +1,352 @@
+//! Rules as operators write them, run over real request and response heads.
+
+use std::net::IpAddr;
+
+use http::{request::Parts, HeaderMap, StatusCode};
+
+use super::*;
+
+fn rules(toml_text: &str) -> Result<Rules, RulesError> {
+    let config = lacquer_config::Config::parse(toml_text, "test").expect("parses");
+    Rules::compile(&config.rule, &["app", "api"])
+}
+
+fn request(uri: &str, headers: &[(&str, &str)]) -> Parts {
+    let mut b = http::Request::builder().uri(uri);
+    for (n, v) in headers {
+        b = b.header(*n, *v);
+    }
+    b.body(()).unwrap().into_parts().0
+}
+
+fn client() -> IpAddr {
+    "192.0.2.1".parse().unwrap()
+}
+
+fn run(r: &Rules, parts: &mut Parts) -> RequestVerdict {
+    r.request(parts, client(), false, &|_, _| true, None)
+}
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (n, v) in pairs {
+        h.append(HeaderName::from_bytes(n.as_bytes()).unwrap(), v.parse().unwrap());
+    }
+    h
+}
+
+#[test]
+fn request_rules_rewrite_the_head_the_origin_receives() {
+    let r = rules(
+        r#"
+        [[rule]]
+        name = "host"
+        normalize_host = true
+        [[rule]]
+        unset_headers = ["proxy", "x-debug-*"]
+        [[rule]]
+        query = { sort = true, drop = ["utm_*", "gclid", "fbclid"] }
+        [[rule]]
+        cookies = { drop = ["_ga*", "_gid"] }
+        [[rule]]
+        match = { path_prefix = ["/old/"] }
+        rewrite_path = { from = "^/old/(.*)$", to = "/new/$1" }
+        [[rule]]
+        set_headers = { "x-real-ip" = "${client_ip}" }
+        append_headers = { "x-trail" = "lacquer" }
+        "#,
+    )
+    .unwrap();
+    let mut p = request(
+        "/old/a/../b?z=1&utm_source=x&a=2&gclid=3",
+        &[
+            ("host", "Example.COM:8080"),
+            ("proxy", "http://evil"),
+            ("x-debug-token", "1"),
+            ("x-debugger", "kept"),
+            ("cookie", "_ga=1; sessionid=s; _gid=2"),
+            ("x-trail", "client"),
+        ],
+    );
+    let v = run(&r, &mut p);
+    assert!(v.rerouted);
+    assert_eq!(p.uri, "/new/b?a=2&z=1");
+    let h = &p.headers;
+    assert_eq!(h["host"], "example.com");
+    assert!(!h.contains_key("proxy") && !h.contains_key("x-debug-token"));
+    assert_eq!(h["x-debugger"], "kept");
+    assert_eq!(h["cookie"], "sessionid=s");
+    assert_eq!(h["x-real-ip"], "192.0.2.1");
+    assert_eq!(h["x-trail"], "client, lacquer");
+
+    let mut p = request("/a?", &[("cookie", "_ga=1")]);
+    run(&r, &mut p);
+    assert_eq!(p.uri, "/a");
+    assert!(!p.headers.contains_key("cookie"), "no cookie left, no Cookie");
+}
+
+#[test]
+fn matches_pick_requests_by_method_path_header_cookie_query_and_client() {
+    let r = rules(
+        r#"
+        [[rule]]
+        name = "auth"
+        match = { headers = { authorization = "" } }
+        pass = true
+        [[rule]]
+        name = "post"
+        match = { methods = ["post"], path_prefix = ["/api/"] }
+        pass = true
+        [[rule]]
+        name = "session"
+        match = { cookies = ["sess*"] }
+        pass = true
+        [[rule]]
+        name = "office"
+        match = { clients = ["10.0.0.0/8"], except_clients = ["10.9.0.0/16"], query = ["debug"] }
+        pass = true
+        [[rule]]
+        name = "static"
+        match = { extensions = ["css", "JS"], without_headers = ["x-keep"] }
+        strip_cookies = true
+        "#,
+    )
+    .unwrap();
+    let pass = |uri: &str, h: &[(&str, &str)], ip: &str| {
+        let mut p = request(uri, h);
+        let v = r.request(&mut p, ip.parse().unwrap(), false, &|_, _| true, None);
+        (v.pass, v.strip_set_cookie)
+    };
+    assert_eq!(pass("/", &[("authorization", "Basic x")], "192.0.2.1"), (true, false));
+    assert_eq!(pass("/api/x", &[], "192.0.2.1"), (false, false));
+    let mut post = request("/api/x", &[]);
+    post.method = http::Method::POST;
+    assert!(r.request(&mut post, client(), false, &|_, _| true, None).pass);
+    assert_eq!(pass("/", &[("cookie", "a=1; session_id=2")], "192.0.2.1"), (true, false));
+    assert_eq!(pass("/", &[("cookie", "a=1; xsession=2")], "192.0.2.1"), (false, false));
+    assert_eq!(pass("/?debug", &[], "10.1.2.3"), (true, false));
+    assert_eq!(pass("/?debug", &[], "10.9.2.3"), (false, false));
+    assert_eq!(pass("/?nodebug", &[], "10.1.2.3"), (false, false));
+    assert_eq!(pass("/a/site.CSS", &[("cookie", "a=1")], "192.0.2.1"), (false, true));
+    assert_eq!(pass("/a/site.css", &[("x-keep", "1")], "192.0.2.1"), (false, false));
+    assert_eq!(pass("/a.css/x", &[], "192.0.2.1"), (false, false));
+}
+
+#[test]
+fn buckets_keys_backends_and_stop() {
+    let r = rules(
+        r#"
+        [[rule]]
+        buckets = [
+            { from = "accept-language", cases = [["fr", "^fr"], ["de", "^de"]], default = "en" },
+            { from = "user-agent", to = "x-device", cases = [["tablet", "(?i)ipad|tablet"], ["mobile", "(?i)mobile|android"]], default = "desktop" },
+        ]
+        key = ["accept-language", "X-Device"]
+        [[rule]]
+        match = { headers = { "x-version" = "^2" } }
+        backend = "api"
+        stop = true
+        [[rule]]
+        backend = "app"
+        "#,
+    )
+    .unwrap();
+    let mut p = request(
+        "/",
+        &[
+            ("accept-language", "fr-CA,fr;q=0.9"),
+            ("user-agent", "Mozilla/5.0 (iPad; CPU OS 17_0)"),
+            ("x-version", "2.1"),
+        ],
+    );
+    let v = run(&r, &mut p);
+    assert_eq!(p.headers["accept-language"], "fr");
+    assert_eq!(p.headers["x-device"], "tablet");
+    assert_eq!(v.key, ["accept-language", "x-device"]);
+    assert_eq!(v.backend.as_deref(), Some("api"), "stop keeps the later rule out");
+    let mut p = request("/", &[]);
+    let v = run(&r, &mut p);
+    assert_eq!(p.headers["accept-language"], "en");
+    assert_eq!(p.headers["x-device"], "desktop");
+    assert_eq!(v.backend.as_deref(), Some("app"));
+}
+
+#[test]
+fn synthetic_responses_carry_the_captured_parts() {
+    let r = rules(
+        r#"
+        [[rule]]
+        match = { hosts = ["old.example.com"], path_regex = "^/(.*)$" }
+        respond = { status = 301, location = "https://new.example.com/$1" }
+        [[rule]]
+        match = { path_prefix = ["/robots.txt"] }
+        respond = { body = "User-agent: *\nDisallow: /private/\n" }
+        [[rule]]
+        match = { headers = { "user-agent" = "(?i)badbot" } }
+        respond = { status = 403, body = "no\n" }
+        "#,
+    )
+    .unwrap();
+    let mut p = request("/a/b?c=1", &[("host", "old.example.com")]);
+    let s = run(&r, &mut p).respond.unwrap();
+    assert_eq!(s.status, StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(s.headers["location"], "https://new.example.com/a/b?c=1");
+    let mut p = request("/robots.txt", &[("host", "example.com")]);
+    let s = run(&r, &mut p).respond.unwrap();
+    assert_eq!(s.status, StatusCode::OK);
+    assert_eq!(&s.body[..], b"User-agent: *\nDisallow: /private/\n");
+    assert_eq!(s.headers["content-type"], "text/plain; charset=utf-8");
+    let mut p = request("/", &[("user-agent", "BadBot/1")]);
+    assert_eq!(run(&r, &mut p).respond.unwrap().status, StatusCode::FORBIDDEN);
+}
+
+#[test]
+fn response_rules_adjust_storing_and_edit_fields() {
+    let r = rules(
+        r#"
+        [[rule]]
+        on = "backend_response"
+        match = { status = [404] }
+        ttl = "15s"
+        [[rule]]
+        on = "backend_response"
+        match = { status = ["5xx"] }
+        store = false
+        [[rule]]
+        on = "backend_response"
+        match = { path_prefix = ["/api/"] }
+        set_headers = { "cache-control" = "max-age=300" }
+        [[rule]]
+        on = "backend_response"
+        match = { content_types = ["image/*"] }
+        ttl_min = "1h"
+        [[rule]]
+        on = "backend_response"
+        match = { larger_than = "100MiB" }
+        store = false
+        [[rule]]
+        on = "deliver"
+        unset_headers = ["server", "x-powered-by"]
+        set_headers = { "x-served-by" = "lacquer", "cache-control" = "" }
+        [[rule]]
+        on = "deliver"
+        match = { headers = { "x-debug" = "" } }
+        debug_headers = true
+        "#,
+    )
+    .unwrap();
+    let p = request("/api/users", &[]);
+    let facts = Facts {
+        parts: &p,
+        client: client(),
+        secure: false,
+    };
+    let mut h = headers(&[("cache-control", "no-store")]);
+    let a = r.backend_response(facts, StatusCode::NOT_FOUND, &mut h, None);
+    assert_eq!(a.ttl, Some(Duration::from_secs(15)));
+    assert_eq!(h["cache-control"], "max-age=300");
+    let mut h = headers(&[]);
+    assert_eq!(
+        r.backend_response(facts, StatusCode::BAD_GATEWAY, &mut h, None).store,
+        Some(false)
+    );
+    let mut h = headers(&[("content-type", "Image/PNG; q=1")]);
+    let a = r.backend_response(facts, StatusCode::OK, &mut h, None);
+    assert_eq!(a.ttl_min, Some(Duration::from_secs(3600)));
+    let mut h = headers(&[("content-length", "209715200")]);
+    assert_eq!(r.backend_response(facts, StatusCode::OK, &mut h, None).store, Some(false));
+
+    let mut h = headers(&[("server", "nginx"), ("x-powered-by", "PHP"), ("cache-control", "max-age=9")]);
+    let debug = || Debug {
+        hits: Some(3),
+        ttl_s: Some(42),
+    };
+    assert!(r.deliver(facts, StatusCode::OK, &mut h, &debug, None).is_none());
+    assert!(!h.contains_key("server") && !h.contains_key("x-powered-by"));
+    assert!(!h.contains_key("cache-control"));
+    assert_eq!(h["x-served-by"], "lacquer");
+    assert!(!h.contains_key("x-cache-hits"), "debug only on request");
+    let p = request("/", &[("x-debug", "1")]);
+    let facts = Facts { parts: &p, ..facts };
+    let mut h = HeaderMap::new();
+    r.deliver(facts, StatusCode::OK, &mut h, &debug, None);
+    assert_eq!((&h["x-cache-hits"], &h["x-cache-ttl"]), (&"3".parse::<HeaderValue>().unwrap(), &"42".parse::<HeaderValue>().unwrap()));
+}
+
+#[test]
+fn counters_and_traces_follow_matches() {
+    let r = rules(
+        r#"
+        [[rule]]
+        name = "a"
+        match = { path_prefix = ["/a"] }
+        pass = true
+        [[rule]]
+        name = "b"
+        set_headers = { x = "1" }
+        "#,
+    )
+    .unwrap();
+    let mut trace = Trace::default();
+    let mut p = request("/b", &[]);
+    r.request(&mut p, client(), false, &|_, _| true, Some(&mut trace));
+    let mut p = request("/a", &[]);
+    run(&r, &mut p);
+    let steps: Vec<_> = trace.steps.iter().map(|s| (&*s.name, s.matched)).collect();
+    assert_eq!(steps, [("a", false), ("b", true)]);
+    let counts: Vec<_> = r.counters().map(|(n, _, c)| (n.to_owned(), c)).collect();
+    assert_eq!(counts, [("a".to_owned(), 1), ("b".to_owned(), 2)]);
+}
+
+#[test]
+fn bad_rules_are_refused_with_their_name_and_field() {
+    let cases = [
+        (r#"on = "request"
+            ttl = "1s""#, "rule[0].ttl: not in the request phase"),
+        (r#"match = { status = [404] }
+            pass = true"#, "rule[0].match.status: not in the request phase"),
+        (r#"name = "x"
+            match = { path_regex = "(" }
+            pass = true"#, "rule[0] (\"x\").match.path_regex"),
+        (r#"match = { path_regex = "a{1000}{1000}" }
+            pass = true"#, "too large once compiled"),
+        (r#"set_headers = { "x-a" = "a\r\nb" }"#, "rule[0].set_headers.x-a"),
+        (r#"rewrite_path = { from = "^/(.*)", to = "/a b/$1" }"#, "cannot be in a request target"),
+        (r#"rewrite_path = { from = "^/(.*)", to = "$1" }"#, "must start with `/`"),
+        (r#"rewrite_path = { from = "^/.*", to = "/$1" }"#, "group(s)"),
+        (r#"pass = true
+            pipe = true"#, "rule[0].pipe"),
+        (r#"respond = { status = 200 }
+            pass = true"#, "rule[0].respond: and pass"),
+        (r#"respond = { file = "/nonexistent/403.html" }"#, "rule[0].respond.file: /nonexistent/403.html"),
+        ("backend = \"nope\"", "no backend or director"),
+        (r#"match = { hosts = ["a.com"] }"#, "has no action"),
+        (r#"match = { clients = ["10.0.0.0/8"], except_clients = ["10.0.0.0/8"] }
+            pass = true"#, "can never match"),
+        (r#"match = { headers = { cookie = "" }, without_headers = ["cookie"] }
+            pass = true"#, "can never match"),
+        (r#"match = { path_prefix = ["api/"] }
+            pass = true"#, "never matches"),
+        (r#"on = "backend_response"
+            store = false
+            ttl = "1s""#, "and store = false"),
+        (r#"on = "backend_response"
+            match = { status = [999] }
+            store = false"#, "not a status code"),
+        (r#"on = "deliver"
+            set_headers = { "content-length" = "1" }"#, "frames the message"),
+        (r#"on = "deliver"
+            set_headers = { host = "a" }"#, "Host is set in the request phase"),
+        (r#"unset_headers = ["x-a"]
+            set_headers = { "x-a" = "1" }"#, "contradictory"),
+        (r#"query = {}"#, "changes nothing"),
+    ];
+    for (rule, want) in cases {
+        let err = rules(&format!("[[rule]]\n{rule}\n")).expect_err(rule).to_string();
+        assert!(err.contains(want), "{rule}: {err} (wanted {want:?})");
+    }
+    let big = format!("[[rule]]\nrespond = {{ body = \"{}\" }}\n", "x".repeat(MAX_BODY + 1));
+    assert!(rules(&big).unwrap_err().to_string().contains("use `file`"));
+    let twice = "[[rule]]\nname = \"a\"\npass = true\n[[rule]]\nname = \"a\"\npass = true\n";
+    assert!(rules(twice).unwrap_err().to_string().contains("rule[1] (\"a\").name"));
+}
