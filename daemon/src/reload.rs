@@ -32,6 +32,7 @@ fn is_live(setting: &str) -> bool {
         "director",
         "route",
         "deny",
+        "rule",
         "normalize.",
     ];
     live.iter().any(|prefix| setting.starts_with(prefix))

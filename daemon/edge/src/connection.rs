@@ -95,6 +95,7 @@ pub async fn serve<S: Service>(
             ip: client.ip(),
             max_request_body: listener.config.max_request_body.as_u64(),
             refused,
+            secure: matches!(io, Stream::Tls(_)),
         };
         let handler = Handler {
             service: service.clone(),

@@ -32,6 +32,8 @@ pub struct Client {
     /// The connection came over `max_connections` or `max_connections_per_ip`: it is still served, with
     /// `503` to every request and no keep-alive, so the client learns why.
     pub refused: bool,
+    /// The connection is TLS: the request's scheme is `https`.
+    pub secure: bool,
 }
 
 /// What answers the requests of one worker thread (made on that thread).

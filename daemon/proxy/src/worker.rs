@@ -10,6 +10,7 @@ use lacquer_storage::{BanExpr, BanInfo, Store};
 
 use lacquer_backends::{protection::DenyRule, routing::Router, Backend, BackendSet, BackendState};
 use lacquer_config::{Config, ConfigError, Normalize, Purge};
+use lacquer_rules::Rules;
 
 use crate::{
     access_log::AccessLog,
@@ -33,6 +34,8 @@ pub struct Live {
     pub deny: Vec<DenyRule>,
     /// How request targets and headers are normalised before the key is made.
     pub normalize: Normalize,
+    /// `[[rule]]`s, with their counters (a reload starts them afresh, as Varnish's VCL counters).
+    pub rules: Rules,
 }
 
 impl Live {
@@ -51,6 +54,12 @@ impl Live {
                 })
                 .collect::<Result<_, _>>()?,
             normalize: config.normalize.clone(),
+            rules: {
+                let mut names: Vec<&str> = config.backend.iter().map(|b| b.name.as_str()).collect();
+                names.extend(config.director.iter().map(|d| d.name.as_str()));
+                Rules::compile(&config.rule, &names)
+                    .map_err(|e| ConfigError::setting(e.setting(), e.reason))?
+            },
         })
     }
 }

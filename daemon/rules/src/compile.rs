@@ -180,7 +180,8 @@ pub(crate) fn compile(
     let mut when = Conditions::default();
 
     for h in &m.hosts {
-        when.hosts.push(HostPattern::parse(h).map_err(at("match.hosts"))?);
+        when.hosts
+            .push(HostPattern::parse(h).map_err(at("match.hosts"))?);
     }
     for p in &m.path_prefix {
         if !p.starts_with('/') {
@@ -196,9 +197,7 @@ pub(crate) fn compile(
     for e in &m.extensions {
         let e = e.trim_start_matches('.').to_ascii_lowercase();
         if e.is_empty() || e.contains('/') {
-            return Err(at("match.extensions")(format!(
-                "{e:?} is not an extension"
-            )));
+            return Err(at("match.extensions")(format!("{e:?} is not an extension")));
         }
         when.extensions.push(e);
     }
@@ -237,7 +236,10 @@ pub(crate) fn compile(
         .iter()
         .find(|c| m.except_clients.iter().any(|e| e.contains(*c)))
     {
-        if m.clients.iter().all(|c| m.except_clients.iter().any(|e| e.contains(c))) {
+        if m.clients
+            .iter()
+            .all(|c| m.except_clients.iter().any(|e| e.contains(c)))
+        {
             return Err(at("match.except_clients")(format!(
                 "covers every network of match.clients ({net} among them): the rule can never match"
             )));
@@ -248,7 +250,8 @@ pub(crate) fn compile(
         allowed(phase, "match.status", &[BackendResponse, Deliver, Error])?;
     }
     for s in &m.status {
-        when.status.push(status_range(s).map_err(at("match.status"))?);
+        when.status
+            .push(status_range(s).map_err(at("match.status"))?);
     }
     if !m.content_types.is_empty() {
         allowed(phase, "match.content_types", &[BackendResponse, Deliver])?;
@@ -266,10 +269,7 @@ pub(crate) fn compile(
         when.larger_than = Some(size.as_u64());
     }
 
-    let groups = when
-        .path_regex
-        .as_ref()
-        .map_or(0, |r| r.captures_len() - 1);
+    let groups = when.path_regex.as_ref().map_or(0, |r| r.captures_len() - 1);
     let mut actions = Actions::default();
     let request_only = [Request];
     let edits_headers = [Request, BackendRequest, BackendResponse, Deliver, Error];
@@ -329,7 +329,9 @@ pub(crate) fn compile(
             remove: q.remove,
         };
         if query == Query::default() {
-            return Err(at("query")("changes nothing: give sort, drop, keep or remove".into()));
+            return Err(at("query")(
+                "changes nothing: give sort, drop, keep or remove".into(),
+            ));
         }
         actions.query = Some(query);
     }
@@ -422,7 +424,10 @@ pub(crate) fn compile(
     if rule.pipe {
         allowed(phase, "pipe", &request_only)?;
         if rule.pass {
-            return Err(("pipe".into(), "and pass: a tunnel is never cached anyway; pick one".into()));
+            return Err((
+                "pipe".into(),
+                "and pass: a tunnel is never cached anyway; pick one".into(),
+            ));
         }
         actions.pipe = true;
     }
@@ -555,7 +560,9 @@ fn status_range(s: &StatusPattern) -> Result<(u16, u16), String> {
         }
     };
     if !(100..=599).contains(&lo) {
-        return Err(format!("{lo} is not a status code: the rule can never match"));
+        return Err(format!(
+            "{lo} is not a status code: the rule can never match"
+        ));
     }
     Ok((lo, hi))
 }
@@ -605,8 +612,8 @@ fn synthesis(r: &Respond, phase: Phase, groups: usize) -> Result<Synthesis, (Str
                     MAX_FILE / (1024 * 1024)
                 )));
             }
-            let bytes = std::fs::read(path)
-                .map_err(|e| at("file")(format!("{}: {e}", path.display())))?;
+            let bytes =
+                std::fs::read(path).map_err(|e| at("file")(format!("{}: {e}", path.display())))?;
             Body::File(bytes.into())
         }
         (None, None) => Body::Template(Template::parse("", 0).expect("empty template")),
@@ -626,7 +633,10 @@ fn synthesis(r: &Respond, phase: Phase, groups: usize) -> Result<Synthesis, (Str
         if FRAMING.contains(&n.as_str()) {
             return Err(at("headers")(format!("{name} frames the message")));
         }
-        headers.push((n, header_template(value, groups).map_err(at(&format!("headers.{name}")))?));
+        headers.push((
+            n,
+            header_template(value, groups).map_err(at(&format!("headers.{name}")))?,
+        ));
     }
     Ok(Synthesis {
         status,

@@ -114,7 +114,10 @@ mod tests {
     use super::*;
 
     fn patterns(names: &[&str]) -> Vec<NamePattern> {
-        names.iter().map(|n| NamePattern::parse(n).unwrap()).collect()
+        names
+            .iter()
+            .map(|n| NamePattern::parse(n).unwrap())
+            .collect()
     }
 
     #[test]
@@ -172,21 +175,39 @@ mod tests {
             ..Cookies::default()
         };
         let cases: &[(&Cookies, &[&str], Option<&str>)] = &[
-            (&tracking, &["_ga=1; sessionid=abc; _gid=2"], Some("sessionid=abc")),
+            (
+                &tracking,
+                &["_ga=1; sessionid=abc; _gid=2"],
+                Some("sessionid=abc"),
+            ),
             (&tracking, &["_ga=1; __utma=2"], None),
-            (&allow, &["a=1; lang=fr", "sessionid=s; b=2"], Some("lang=fr; sessionid=s")),
+            (
+                &allow,
+                &["a=1; lang=fr", "sessionid=s; b=2"],
+                Some("lang=fr; sessionid=s"),
+            ),
             (&allow, &["a=1"], None),
             (&allow, &[";;  ; lang=de;"], Some("lang=de")),
         ];
         for (filter, lines, want) in cases {
-            assert_eq!(filter.apply(lines.iter().copied()).as_deref(), *want, "{lines:?}");
+            assert_eq!(
+                filter.apply(lines.iter().copied()).as_deref(),
+                *want,
+                "{lines:?}"
+            );
         }
     }
 
     #[test]
     fn presence_of_cookies_and_parameters() {
-        assert!(has_cookie(["a=1; sessionid=2"].into_iter(), &patterns(&["sess*"])));
-        assert!(!has_cookie(["a=1; xsessionid=2"].into_iter(), &patterns(&["sess*"])));
+        assert!(has_cookie(
+            ["a=1; sessionid=2"].into_iter(),
+            &patterns(&["sess*"])
+        ));
+        assert!(!has_cookie(
+            ["a=1; xsessionid=2"].into_iter(),
+            &patterns(&["sess*"])
+        ));
         assert!(has_param("a=1&_HLS_msn=3", &["_HLS_msn".into()]));
         assert!(!has_param("a=1&_HLS_msnx=3", &["_HLS_msn".into()]));
         assert!(has_param("flag", &["flag".into()]));

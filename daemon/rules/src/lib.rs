@@ -30,8 +30,8 @@ pub use lacquer_config::Phase;
 use lacquer_config::Rule;
 use lacquer_policy::{host::request_host, normalize, storable::Adjust};
 
-pub use compile::{MAX_BODY, MAX_FILE};
 use compile::{Body, Compiled, Synthesis};
+pub use compile::{MAX_BODY, MAX_FILE};
 use template::{Template, Values};
 
 /// A rule that cannot be compiled, named as the file names it.
@@ -189,12 +189,13 @@ impl Rules {
                     });
                 }
             }
-            let c = compile::compile(rule, name, backends).map_err(|(field, reason)| RulesError {
-                index,
-                name: rule.name.clone(),
-                field,
-                reason,
-            })?;
+            let c =
+                compile::compile(rule, name, backends).map_err(|(field, reason)| RulesError {
+                    index,
+                    name: rule.name.clone(),
+                    field,
+                    reason,
+                })?;
             by_phase[slot(c.phase)].push(index);
             compiled.push(c);
         }
@@ -359,14 +360,21 @@ impl Rules {
     ) {
         for (i, rule) in self.phase(Phase::BackendRequest) {
             let mut groups = Vec::new();
-            let hit = matches(rule, facts.parts, facts.client, None, &mut groups, &|_| true);
+            let hit = matches(rule, facts.parts, facts.client, None, &mut groups, &|_| {
+                true
+            });
             self.record(i, hit, &mut trace);
             if !hit {
                 continue;
             }
             let values = facts.values(None, &groups);
             let a = &rule.actions;
-            edit(headers, &a.unset, render(&a.set, &values), render(&a.append, &values));
+            edit(
+                headers,
+                &a.unset,
+                render(&a.set, &values),
+                render(&a.append, &values),
+            );
             if rule.stop {
                 break;
             }
@@ -386,14 +394,26 @@ impl Rules {
         for (i, rule) in self.phase(Phase::BackendResponse) {
             let mut groups = Vec::new();
             let response = Some(Response { status, headers });
-            let hit = matches(rule, facts.parts, facts.client, response, &mut groups, &|_| true);
+            let hit = matches(
+                rule,
+                facts.parts,
+                facts.client,
+                response,
+                &mut groups,
+                &|_| true,
+            );
             self.record(i, hit, &mut trace);
             if !hit {
                 continue;
             }
             let values = facts.values(Some(status), &groups);
             let a = &rule.actions;
-            edit(headers, &a.unset, render(&a.set, &values), render(&a.append, &values));
+            edit(
+                headers,
+                &a.unset,
+                render(&a.set, &values),
+                render(&a.append, &values),
+            );
             let r = a.adjust;
             adjust = Adjust {
                 ttl: r.ttl.or(adjust.ttl),
@@ -424,7 +444,14 @@ impl Rules {
         for (i, rule) in self.phase(Phase::Deliver) {
             let mut groups = Vec::new();
             let response = Some(Response { status, headers });
-            let hit = matches(rule, facts.parts, facts.client, response, &mut groups, &|_| true);
+            let hit = matches(
+                rule,
+                facts.parts,
+                facts.client,
+                response,
+                &mut groups,
+                &|_| true,
+            );
             self.record(i, hit, &mut trace);
             if !hit {
                 continue;
@@ -437,7 +464,10 @@ impl Rules {
             let mut set = render(&a.set, &values);
             if a.debug_headers {
                 let d = debug();
-                for (name, value) in [("x-cache-hits", d.hits.map(|h| h as i64)), ("x-cache-ttl", d.ttl_s)] {
+                for (name, value) in [
+                    ("x-cache-hits", d.hits.map(|h| h as i64)),
+                    ("x-cache-ttl", d.ttl_s),
+                ] {
                     if let Some(n) = value {
                         set.push((HeaderName::from_static(name), n.to_string()));
                     }
@@ -466,7 +496,14 @@ impl Rules {
                 status,
                 headers: &empty,
             });
-            let hit = matches(rule, facts.parts, facts.client, response, &mut groups, &|_| true);
+            let hit = matches(
+                rule,
+                facts.parts,
+                facts.client,
+                response,
+                &mut groups,
+                &|_| true,
+            );
             self.record(i, hit, &mut trace);
             if !hit {
                 continue;
@@ -481,7 +518,12 @@ impl Rules {
                     body: Bytes::new(),
                 },
             };
-            edit(&mut made.headers, &a.unset, render(&a.set, &values), render(&a.append, &values));
+            edit(
+                &mut made.headers,
+                &a.unset,
+                render(&a.set, &values),
+                render(&a.append, &values),
+            );
             if a.respond.is_some() || rule.stop {
                 return Some(made);
             }
@@ -687,7 +729,12 @@ fn matches(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            let media = t.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+            let media = t
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
             let (kind, sub) = media.split_once('/').unwrap_or((&media, ""));
             if !w
                 .content_types

@@ -136,15 +136,14 @@ impl Template {
                 Piece::Text(t) => out.push_str(t),
                 Piece::Group(n) => out.push_str(v.groups.get(*n - 1).map_or("", String::as_str)),
                 Piece::Var(var) => match var {
-                    Var::Host => out.push_str(&lacquer_policy::host::request_host(&v.parts.headers)),
+                    Var::Host => {
+                        out.push_str(&lacquer_policy::host::request_host(&v.parts.headers))
+                    }
                     Var::Path => out.push_str(v.parts.uri.path()),
                     Var::Query => out.push_str(v.parts.uri.query().unwrap_or("")),
-                    Var::Target => out.push_str(
-                        v.parts
-                            .uri
-                            .path_and_query()
-                            .map_or("/", |p| p.as_str()),
-                    ),
+                    Var::Target => {
+                        out.push_str(v.parts.uri.path_and_query().map_or("/", |p| p.as_str()))
+                    }
                     Var::Scheme => out.push_str(if v.secure { "https" } else { "http" }),
                     Var::ClientIp => {
                         let _ = write!(out, "{}", v.client);
@@ -191,7 +190,10 @@ mod tests {
             ("plain", "plain"),
             ("", ""),
             ("https://new.example.com/$1", "https://new.example.com/b"),
-            ("${scheme}://${host}${target}", "https://example.com/a/b?x=1"),
+            (
+                "${scheme}://${host}${target}",
+                "https://example.com/a/b?x=1",
+            ),
             ("${path}|${query}|${method}", "/a/b|x=1|GET"),
             ("${client_ip} ${status} $$5", "192.0.2.7 404 $5"),
         ] {

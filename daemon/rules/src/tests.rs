@@ -30,7 +30,10 @@ fn run(r: &Rules, parts: &mut Parts) -> RequestVerdict {
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (n, v) in pairs {
-        h.append(HeaderName::from_bytes(n.as_bytes()).unwrap(), v.parse().unwrap());
+        h.append(
+            HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
     }
     h
 }
@@ -82,7 +85,10 @@ fn request_rules_rewrite_the_head_the_origin_receives() {
     let mut p = request("/a?", &[("cookie", "_ga=1")]);
     run(&r, &mut p);
     assert_eq!(p.uri, "/a");
-    assert!(!p.headers.contains_key("cookie"), "no cookie left, no Cookie");
+    assert!(
+        !p.headers.contains_key("cookie"),
+        "no cookie left, no Cookie"
+    );
 }
 
 #[test]
@@ -117,18 +123,36 @@ fn matches_pick_requests_by_method_path_header_cookie_query_and_client() {
         let v = r.request(&mut p, ip.parse().unwrap(), false, &|_, _| true, None);
         (v.pass, v.strip_set_cookie)
     };
-    assert_eq!(pass("/", &[("authorization", "Basic x")], "192.0.2.1"), (true, false));
+    assert_eq!(
+        pass("/", &[("authorization", "Basic x")], "192.0.2.1"),
+        (true, false)
+    );
     assert_eq!(pass("/api/x", &[], "192.0.2.1"), (false, false));
     let mut post = request("/api/x", &[]);
     post.method = http::Method::POST;
-    assert!(r.request(&mut post, client(), false, &|_, _| true, None).pass);
-    assert_eq!(pass("/", &[("cookie", "a=1; session_id=2")], "192.0.2.1"), (true, false));
-    assert_eq!(pass("/", &[("cookie", "a=1; xsession=2")], "192.0.2.1"), (false, false));
+    assert!(
+        r.request(&mut post, client(), false, &|_, _| true, None)
+            .pass
+    );
+    assert_eq!(
+        pass("/", &[("cookie", "a=1; session_id=2")], "192.0.2.1"),
+        (true, false)
+    );
+    assert_eq!(
+        pass("/", &[("cookie", "a=1; xsession=2")], "192.0.2.1"),
+        (false, false)
+    );
     assert_eq!(pass("/?debug", &[], "10.1.2.3"), (true, false));
     assert_eq!(pass("/?debug", &[], "10.9.2.3"), (false, false));
     assert_eq!(pass("/?nodebug", &[], "10.1.2.3"), (false, false));
-    assert_eq!(pass("/a/site.CSS", &[("cookie", "a=1")], "192.0.2.1"), (false, true));
-    assert_eq!(pass("/a/site.css", &[("x-keep", "1")], "192.0.2.1"), (false, false));
+    assert_eq!(
+        pass("/a/site.CSS", &[("cookie", "a=1")], "192.0.2.1"),
+        (false, true)
+    );
+    assert_eq!(
+        pass("/a/site.css", &[("x-keep", "1")], "192.0.2.1"),
+        (false, false)
+    );
     assert_eq!(pass("/a.css/x", &[], "192.0.2.1"), (false, false));
 }
 
@@ -163,7 +187,11 @@ fn buckets_keys_backends_and_stop() {
     assert_eq!(p.headers["accept-language"], "fr");
     assert_eq!(p.headers["x-device"], "tablet");
     assert_eq!(v.key, ["accept-language", "x-device"]);
-    assert_eq!(v.backend.as_deref(), Some("api"), "stop keeps the later rule out");
+    assert_eq!(
+        v.backend.as_deref(),
+        Some("api"),
+        "stop keeps the later rule out"
+    );
     let mut p = request("/", &[]);
     let v = run(&r, &mut p);
     assert_eq!(p.headers["accept-language"], "en");
@@ -197,7 +225,10 @@ fn synthetic_responses_carry_the_captured_parts() {
     assert_eq!(&s.body[..], b"User-agent: *\nDisallow: /private/\n");
     assert_eq!(s.headers["content-type"], "text/plain; charset=utf-8");
     let mut p = request("/", &[("user-agent", "BadBot/1")]);
-    assert_eq!(run(&r, &mut p).respond.unwrap().status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        run(&r, &mut p).respond.unwrap().status,
+        StatusCode::FORBIDDEN
+    );
 }
 
 #[test]
@@ -247,21 +278,32 @@ fn response_rules_adjust_storing_and_edit_fields() {
     assert_eq!(h["cache-control"], "max-age=300");
     let mut h = headers(&[]);
     assert_eq!(
-        r.backend_response(facts, StatusCode::BAD_GATEWAY, &mut h, None).store,
+        r.backend_response(facts, StatusCode::BAD_GATEWAY, &mut h, None)
+            .store,
         Some(false)
     );
     let mut h = headers(&[("content-type", "Image/PNG; q=1")]);
     let a = r.backend_response(facts, StatusCode::OK, &mut h, None);
     assert_eq!(a.ttl_min, Some(Duration::from_secs(3600)));
     let mut h = headers(&[("content-length", "209715200")]);
-    assert_eq!(r.backend_response(facts, StatusCode::OK, &mut h, None).store, Some(false));
+    assert_eq!(
+        r.backend_response(facts, StatusCode::OK, &mut h, None)
+            .store,
+        Some(false)
+    );
 
-    let mut h = headers(&[("server", "nginx"), ("x-powered-by", "PHP"), ("cache-control", "max-age=9")]);
+    let mut h = headers(&[
+        ("server", "nginx"),
+        ("x-powered-by", "PHP"),
+        ("cache-control", "max-age=9"),
+    ]);
     let debug = || Debug {
         hits: Some(3),
         ttl_s: Some(42),
     };
-    assert!(r.deliver(facts, StatusCode::OK, &mut h, &debug, None).is_none());
+    assert!(r
+        .deliver(facts, StatusCode::OK, &mut h, &debug, None)
+        .is_none());
     assert!(!h.contains_key("server") && !h.contains_key("x-powered-by"));
     assert!(!h.contains_key("cache-control"));
     assert_eq!(h["x-served-by"], "lacquer");
@@ -270,7 +312,13 @@ fn response_rules_adjust_storing_and_edit_fields() {
     let facts = Facts { parts: &p, ..facts };
     let mut h = HeaderMap::new();
     r.deliver(facts, StatusCode::OK, &mut h, &debug, None);
-    assert_eq!((&h["x-cache-hits"], &h["x-cache-ttl"]), (&"3".parse::<HeaderValue>().unwrap(), &"42".parse::<HeaderValue>().unwrap()));
+    assert_eq!(
+        (&h["x-cache-hits"], &h["x-cache-ttl"]),
+        (
+            &"3".parse::<HeaderValue>().unwrap(),
+            &"42".parse::<HeaderValue>().unwrap()
+        )
+    );
 }
 
 #[test]
@@ -301,52 +349,117 @@ fn counters_and_traces_follow_matches() {
 #[test]
 fn bad_rules_are_refused_with_their_name_and_field() {
     let cases = [
-        (r#"on = "request"
-            ttl = "1s""#, "rule[0].ttl: not in the request phase"),
-        (r#"match = { status = [404] }
-            pass = true"#, "rule[0].match.status: not in the request phase"),
-        (r#"name = "x"
+        (
+            r#"on = "request"
+            ttl = "1s""#,
+            "rule[0].ttl: not in the request phase",
+        ),
+        (
+            r#"match = { status = [404] }
+            pass = true"#,
+            "rule[0].match.status: not in the request phase",
+        ),
+        (
+            r#"name = "x"
             match = { path_regex = "(" }
-            pass = true"#, "rule[0] (\"x\").match.path_regex"),
-        (r#"match = { path_regex = "a{1000}{1000}" }
-            pass = true"#, "too large once compiled"),
-        (r#"set_headers = { "x-a" = "a\r\nb" }"#, "rule[0].set_headers.x-a"),
-        (r#"rewrite_path = { from = "^/(.*)", to = "/a b/$1" }"#, "cannot be in a request target"),
-        (r#"rewrite_path = { from = "^/(.*)", to = "$1" }"#, "must start with `/`"),
-        (r#"rewrite_path = { from = "^/.*", to = "/$1" }"#, "group(s)"),
-        (r#"pass = true
-            pipe = true"#, "rule[0].pipe"),
-        (r#"respond = { status = 200 }
-            pass = true"#, "rule[0].respond: and pass"),
-        (r#"respond = { file = "/nonexistent/403.html" }"#, "rule[0].respond.file: /nonexistent/403.html"),
+            pass = true"#,
+            "rule[0] (\"x\").match.path_regex",
+        ),
+        (
+            r#"match = { path_regex = "a{1000}{1000}" }
+            pass = true"#,
+            "too large once compiled",
+        ),
+        (
+            r#"set_headers = { "x-a" = "a\r\nb" }"#,
+            "rule[0].set_headers.x-a",
+        ),
+        (
+            r#"rewrite_path = { from = "^/(.*)", to = "/a b/$1" }"#,
+            "cannot be in a request target",
+        ),
+        (
+            r#"rewrite_path = { from = "^/(.*)", to = "$1" }"#,
+            "must start with `/`",
+        ),
+        (
+            r#"rewrite_path = { from = "^/.*", to = "/$1" }"#,
+            "group(s)",
+        ),
+        (
+            r#"pass = true
+            pipe = true"#,
+            "rule[0].pipe",
+        ),
+        (
+            r#"respond = { status = 200 }
+            pass = true"#,
+            "rule[0].respond: and pass",
+        ),
+        (
+            r#"respond = { file = "/nonexistent/403.html" }"#,
+            "rule[0].respond.file: /nonexistent/403.html",
+        ),
         ("backend = \"nope\"", "no backend or director"),
         (r#"match = { hosts = ["a.com"] }"#, "has no action"),
-        (r#"match = { clients = ["10.0.0.0/8"], except_clients = ["10.0.0.0/8"] }
-            pass = true"#, "can never match"),
-        (r#"match = { headers = { cookie = "" }, without_headers = ["cookie"] }
-            pass = true"#, "can never match"),
-        (r#"match = { path_prefix = ["api/"] }
-            pass = true"#, "never matches"),
-        (r#"on = "backend_response"
+        (
+            r#"match = { clients = ["10.0.0.0/8"], except_clients = ["10.0.0.0/8"] }
+            pass = true"#,
+            "can never match",
+        ),
+        (
+            r#"match = { headers = { cookie = "" }, without_headers = ["cookie"] }
+            pass = true"#,
+            "can never match",
+        ),
+        (
+            r#"match = { path_prefix = ["api/"] }
+            pass = true"#,
+            "never matches",
+        ),
+        (
+            r#"on = "backend_response"
             store = false
-            ttl = "1s""#, "and store = false"),
-        (r#"on = "backend_response"
+            ttl = "1s""#,
+            "and store = false",
+        ),
+        (
+            r#"on = "backend_response"
             match = { status = [999] }
-            store = false"#, "not a status code"),
-        (r#"on = "deliver"
-            set_headers = { "content-length" = "1" }"#, "frames the message"),
-        (r#"on = "deliver"
-            set_headers = { host = "a" }"#, "Host is set in the request phase"),
-        (r#"unset_headers = ["x-a"]
-            set_headers = { "x-a" = "1" }"#, "contradictory"),
+            store = false"#,
+            "not a status code",
+        ),
+        (
+            r#"on = "deliver"
+            set_headers = { "content-length" = "1" }"#,
+            "frames the message",
+        ),
+        (
+            r#"on = "deliver"
+            set_headers = { host = "a" }"#,
+            "Host is set in the request phase",
+        ),
+        (
+            r#"unset_headers = ["x-a"]
+            set_headers = { "x-a" = "1" }"#,
+            "contradictory",
+        ),
         (r#"query = {}"#, "changes nothing"),
     ];
     for (rule, want) in cases {
-        let err = rules(&format!("[[rule]]\n{rule}\n")).expect_err(rule).to_string();
+        let err = rules(&format!("[[rule]]\n{rule}\n"))
+            .expect_err(rule)
+            .to_string();
         assert!(err.contains(want), "{rule}: {err} (wanted {want:?})");
     }
-    let big = format!("[[rule]]\nrespond = {{ body = \"{}\" }}\n", "x".repeat(MAX_BODY + 1));
+    let big = format!(
+        "[[rule]]\nrespond = {{ body = \"{}\" }}\n",
+        "x".repeat(MAX_BODY + 1)
+    );
     assert!(rules(&big).unwrap_err().to_string().contains("use `file`"));
     let twice = "[[rule]]\nname = \"a\"\npass = true\n[[rule]]\nname = \"a\"\npass = true\n";
-    assert!(rules(twice).unwrap_err().to_string().contains("rule[1] (\"a\").name"));
+    assert!(rules(twice)
+        .unwrap_err()
+        .to_string()
+        .contains("rule[1] (\"a\").name"));
 }

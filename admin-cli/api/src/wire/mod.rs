@@ -3,6 +3,7 @@
 
 mod backends;
 mod cluster;
+mod explain;
 mod invalidation;
 mod log;
 mod objects;
@@ -14,6 +15,7 @@ use utoipa::ToSchema;
 
 pub use backends::{BackendHealth, BackendList, BackendView, LastError, ProbeView};
 pub use cluster::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
+pub use explain::{ExplainRequest, ExplainedObject, ExplainedResponse, Explanation, RuleStep};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 pub use log::{LogEntry, LogFilter};
 pub use objects::{HeaderField, Inspection, ObjectQuery, Representation, StoredVariant, Tiers};
