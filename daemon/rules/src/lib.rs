@@ -805,4 +805,6 @@ fn synthesize(s: &Synthesis, status: StatusCode, values: &Values<'_>) -> Synthet
 }
 
 #[cfg(test)]
+mod docs;
+#[cfg(test)]
 mod tests;
