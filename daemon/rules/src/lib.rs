@@ -230,9 +230,10 @@ impl Rules {
             .map(move |&i| (i, &self.rules[i]))
     }
 
-    /// Counts and traces one rule's test.
+    /// Counts one rule's test, or traces it: a traced run (`cachectl explain`, an example) is not a
+    /// request and moves no counter.
     fn record(&self, index: usize, matched: bool, trace: &mut Option<&mut Trace>) {
-        if matched {
+        if matched && trace.is_none() {
             self.matched[index].fetch_add(1, Relaxed);
         }
         if let Some(t) = trace {
@@ -749,7 +750,7 @@ fn matches(
                 .headers
                 .get(header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-            if !len.is_some_and(|l| l > limit) {
+            if len.is_none_or(|l| l <= limit) {
                 return false;
             }
         }
