@@ -845,6 +845,7 @@ name = "articles-in-browsers"
 on = "deliver"
 match = { hosts = ["r13.test"], path_prefix = ["/articles/"] }
 set_headers = { "cache-control" = "public, max-age=60" }
+unset_headers = ["age"]
 
 [[rule]]
 name = "large"
@@ -991,6 +992,7 @@ async fn r13_browsers_get_another_cache_control(env: &Env) {
     assert_eq!(first.header("cache-control"), "public, max-age=60");
     let hit = stored(env, "r13.test", "/articles/cc/5").await;
     assert_eq!(hit.header("cache-control"), "public, max-age=60");
+    assert_eq!(hit.header("age"), "", "Age is not counted against the browser's max-age");
     assert_ttl(&hit, 3_600, "the cache keeps its own TTL");
     assert_eq!(seen_by(&env.origin, "r13.test").len(), 1);
 }
@@ -1391,16 +1393,32 @@ async fn a_reload_with_broken_rules_keeps_the_old_ones() {
     assert_eq!(header(&last(&origin, "t", "/nocc/3"), "x-rules"), "v2");
 }
 
+/// `lacquerd --check` on `config`: its exit status and what it wrote to stderr.
+fn check(dir: &std::path::Path, config: &str) -> (Option<i32>, String) {
+    let file = dir.join("lacquer.toml");
+    std::fs::write(&file, config).unwrap();
+    let out = std::process::Command::new(binary("lacquerd"))
+        .arg("--check")
+        .arg("--config")
+        .arg(&file)
+        .arg("--disk")
+        .arg(dir.join("store"))
+        .env_remove("LACQUER_CONFIG")
+        .output()
+        .expect("lacquerd runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `lacquerd --check` runs the rules' examples: one that fails fails the check, naming the rule.
 #[test]
 fn check_fails_naming_the_rule_whose_example_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let check = |example_target: &str| {
-        let file = dir.path().join("lacquer.toml");
-        std::fs::write(
-            &file,
-            format!(
-                r#"
+    let config = |expected: &str| {
+        format!(
+            r#"
 [[backend]]
 name = "app"
 address = "127.0.0.1:9"
@@ -1409,30 +1427,48 @@ address = "127.0.0.1:9"
 name = "tracking"
 query = {{ sort = true, drop = ["utm_*"] }}
 examples = [
-  {{ request = {{ url = "http://example.com/a?z=1&utm_source=x&a=2" }}, expect = {{ target = "{example_target}" }} }},
+  {{ request = {{ url = "http://example.com/a?z=1&utm_source=x&a=2" }}, expect = {{ target = "{expected}" }} }},
 ]
 "#
-            ),
-        )
-        .unwrap();
-        let out = std::process::Command::new(binary("lacquerd"))
-            .arg("--check")
-            .arg("--config")
-            .arg(&file)
-            .arg("--disk")
-            .arg(dir.path().join("store"))
-            .env_remove("LACQUER_CONFIG")
-            .output()
-            .expect("lacquerd runs");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let (ok, stderr) = check("/a?a=2&z=1");
+    let (ok, stderr) = check(dir.path(), &config("/a?a=2&z=1"));
     assert_eq!(ok, Some(0), "{stderr}");
-    let (failed, stderr) = check("/a?z=1&a=2");
+    let (failed, stderr) = check(dir.path(), &config("/a?z=1&a=2"));
     assert_eq!(failed, Some(2), "{stderr}");
-    assert!(stderr.contains("tracking"), "{stderr}");
+    assert!(stderr.contains("rule[0] (\"tracking\")"), "{stderr}");
     assert!(stderr.contains("/a?a=2&z=1"), "what came out: {stderr}");
+}
+
+/// Every ```toml block of docs/rules.md passes `lacquerd --check`: its rules compile against the real
+/// configuration and their examples hold.
+#[test]
+fn every_block_of_docs_rules_md_passes_check() {
+    let doc = include_str!("../../docs/rules.md");
+    let dir = tempfile::tempdir().unwrap();
+    let mut blocks = 0;
+    let mut lines = doc.lines().enumerate();
+    while let Some((n, line)) = lines.next() {
+        if line != "```toml" {
+            continue;
+        }
+        let block: Vec<&str> = lines
+            .by_ref()
+            .map(|(_, l)| l)
+            .take_while(|l| *l != "```")
+            .collect();
+        let mut config = block.join("\n") + "\n";
+        for page in ["403.html", "500.html", "503.html"] {
+            let at = dir.path().join(page);
+            std::fs::write(&at, "<h1>error</h1>\n").unwrap();
+            config = config.replace(&format!("/etc/lacquer/{page}"), &at.display().to_string());
+        }
+        if !config.contains("[[backend]]") {
+            config = format!("[[backend]]\nname = \"app\"\naddress = \"127.0.0.1:9\"\n{config}");
+        }
+        let (status, stderr) = check(dir.path(), &config);
+        assert_eq!(status, Some(0), "docs/rules.md:{}: {stderr}\n{config}", n + 1);
+        blocks += 1;
+    }
+    assert!(blocks >= 25, "{blocks} blocks");
 }
