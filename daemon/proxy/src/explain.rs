@@ -139,6 +139,7 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(&cluster::FORWARDED_BY);
     parts.headers.remove(&cluster::FORWARD_PROOF);
+    parts.headers.remove(phase::BODY_DIGEST);
     let admitted = phase::request(live, &mut parts, client, secure, Some(&mut trace));
     let mut looked_up = None;
     match admitted {

@@ -340,7 +340,12 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         Cow::Borrowed(&**parts)
     };
     let build = || {
-        let mut req = forward::fill_request(&sent_head, *client, client_validators);
+        let mut req = forward::fill_request(
+            &sent_head,
+            *client,
+            client_validators,
+            decided.body.as_ref(),
+        );
         forward::count_interim(&mut req, &shared.stats);
         if let Some(stale) = stale {
             let meta = stale.meta();
@@ -427,6 +432,12 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         response_time,
     ) {
         Decision::Store(_) if too_large => Decision::DontStore("too large"),
+        // RFC 9111 §3: a POST's response is stored only when it says how long it is fresh.
+        Decision::Store(_)
+            if decided.body.is_some() && !storable::explicitly_fresh(&head.headers, policy) =>
+        {
+            Decision::DontStore("POST without explicit freshness")
+        }
         Decision::Store(_) if request.stand_in && !storable::replaces_stand_in(head.status) => {
             Decision::DontStore("server error while a stale object stands in")
         }

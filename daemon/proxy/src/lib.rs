@@ -135,6 +135,7 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     // Only a cluster's members mark requests as forwarded, and prove it; neither header reaches the origin.
     let forwarded_by = parts.headers.remove(&cluster::FORWARDED_BY);
     let forward_proof = parts.headers.remove(&cluster::FORWARD_PROOF);
+    parts.headers.remove(phase::BODY_DIGEST);
     let Client {
         ip: client,
         max_request_body,
@@ -149,8 +150,9 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     };
     let Admitted {
         route,
-        decided,
+        mut decided,
         class,
+        body_cap,
     } = match admitted {
         Ok(admitted) => admitted,
         Err(Answered::Denied) => {
@@ -162,6 +164,19 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
+    let body = match body_cap {
+        Some(cap) => match Limited::new(body, cap as usize).collect().await {
+            Ok(read) => {
+                phase::key_body(&mut parts, &mut decided, read.to_bytes());
+                None
+            }
+            Err(_) => {
+                inc(&stats.bad_requests);
+                return refused(StatusCode::BAD_REQUEST, "request body failed", None);
+            }
+        },
+        None => Some(body),
+    };
     if let Some(Err(wait)) = route.rate_limit.as_ref().map(|l| l.check(client)) {
         inc(&stats.rate_limited);
         return refused(
@@ -201,6 +216,7 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
             lookup(&worker, client, &route, &decided, parts, own_fetch).await
         }
         RequestClass::Pass(_) | RequestClass::Invalidate => {
+            let body = body.expect("only a looked-up POST has its body read");
             let unsafe_method = class == RequestClass::Invalidate;
             // A pass hands its head to the origin request; the deliver phase needs a copy to match on.
             let kept = delivers.then(|| Arc::new(parts.clone()));

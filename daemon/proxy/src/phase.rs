@@ -6,6 +6,8 @@
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
+use bytes::Bytes;
+
 use http::{
     header::{self, HeaderName},
     request::Parts,
@@ -35,6 +37,8 @@ pub(crate) struct Admitted {
     pub decided: Decided,
     /// Lookup, miss, pass or invalidation.
     pub class: RequestClass,
+    /// A POST keyed by its body: read at most this many bytes of it before the lookup.
+    pub body_cap: Option<u64>,
 }
 
 /// What the request phase's rules decided that later phases act on; carried by the lookup and its fills.
@@ -52,6 +56,32 @@ pub(crate) struct Decided {
     pub request_grace: Option<Duration>,
     /// A deliver rule shows hit counts: hits are counted and carried to it.
     pub counts_hits: bool,
+    /// A POST keyed by its body (`cache_body`): the body, read before the lookup, that every fill sends.
+    pub body: Option<Bytes>,
+}
+
+/// The request field a POST keyed by its body carries from the lookup to the variant: the body's digest.
+/// Never sent to the origin, and removed from what clients send.
+pub(crate) const BODY_DIGEST: HeaderName = HeaderName::from_static("lacquer-body-digest");
+
+/// Whether `parts` is a POST a `cache_body` rule keys: its declared length within `cap`.
+fn keyed_post(parts: &Parts, cap: Option<u64>) -> bool {
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    parts.method == http::Method::POST
+        && cap.is_some_and(|cap| declared.is_some_and(|len| len <= cap))
+}
+
+/// Keys a POST by its `body` (read whole, within the rule's cap): the digest goes into the head as a
+/// field the variant is made of, and the body into what every fill sends.
+pub(crate) fn key_body(parts: &mut Parts, decided: &mut Decided, body: Bytes) {
+    let digest = xxhash_rust::xxh3::xxh3_128(&body);
+    let value = HeaderValue::from_str(&format!("{digest:032x}")).expect("hex is a field value");
+    parts.headers.insert(BODY_DIGEST, value);
+    decided.key.push(BODY_DIGEST);
+    decided.body = Some(body);
 }
 
 /// A request the request phase answers itself.
@@ -103,12 +133,15 @@ pub(crate) fn request(
     if route.strip_cookies {
         parts.headers.remove(header::COOKIE);
     }
-    let class = match classify(
-        &parts.method,
-        &parts.headers,
-        &route.policy,
-        verdict.cache_cookies,
-    ) {
+    // A POST a rule keys by its body is classified as the GET it is cached as.
+    let body_cap = keyed_post(parts, verdict.cache_body)
+        .then_some(verdict.cache_body)
+        .flatten();
+    let method = match body_cap {
+        Some(_) => &http::Method::GET,
+        None => &parts.method,
+    };
+    let class = match classify(method, &parts.headers, &route.policy, verdict.cache_cookies) {
         RequestClass::Lookup | RequestClass::Miss(_) if route.pass => RequestClass::Pass("route"),
         RequestClass::Lookup | RequestClass::Miss(_) if verdict.pass => RequestClass::Pass("rule"),
         RequestClass::Lookup | RequestClass::Miss(_) if verdict.pipe => RequestClass::Pass("pipe"),
@@ -127,7 +160,9 @@ pub(crate) fn request(
             target,
             request_grace: verdict.request_grace,
             counts_hits: live.rules.counts_hits(),
+            body: None,
         },
+        body_cap,
         class,
         route: route.clone(),
     })

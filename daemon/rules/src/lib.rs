@@ -134,6 +134,8 @@ pub struct RequestVerdict {
     pub request_grace: Option<Duration>,
     /// The host or path changed: the request is routed again.
     pub rerouted: bool,
+    /// A POST body of at most this many bytes is read and keyed (`cache_body`).
+    pub cache_body: Option<u64>,
 }
 
 /// The client's request a response phase's conditions are tested against: as it was looked up and
@@ -332,6 +334,9 @@ impl Rules {
             }
             if let Some(g) = a.request_grace {
                 v.request_grace = Some(g);
+            }
+            if let Some(cap) = a.cache_body {
+                v.cache_body = Some(cap);
             }
             if let Some(s) = &a.respond {
                 let values = Values {
