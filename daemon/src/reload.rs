@@ -108,6 +108,7 @@ impl Reloader {
         candidate.director = next.director.clone();
         candidate.backend = next.backend.clone();
         candidate.deny = next.deny.clone();
+        candidate.rule = next.rule.clone();
         candidate.normalize = next.normalize.clone();
         candidate.server.forwarding_headers = next.server.forwarding_headers;
         let backends = self.backends_for(&candidate)?;
