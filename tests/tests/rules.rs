@@ -223,8 +223,8 @@ struct Env {
     proxied: SocketAddr,
     /// The TLS listener, and a client that trusts it.
     tls: Option<(SocketAddr, Arc<rustls::ClientConfig>)>,
-    /// Where the error pages are.
-    pages: tempfile::TempDir,
+    /// Where the error pages and the certificate are, kept while the daemon may read them again.
+    _pages: tempfile::TempDir,
 }
 
 const PAGE_403: &str = "<h1>403: not here</h1>\n";
@@ -265,7 +265,7 @@ async fn env(rules: &str, with_tls: bool) -> Env {
         d,
         proxied,
         tls,
-        pages,
+        _pages: pages,
     }
 }
 
