@@ -888,7 +888,15 @@ async fn miss<S: CacheStore>(
         return Some(ctx.forward_as_sent(worker, parts).await);
     }
     let conversion = ctx.conversion(delivery, &shared.stats);
-    let resp = match head {
+    let debug = ctx.decided.counts_hits.then(|| lacquer_rules::Debug {
+        hits: None,
+        ttl_s: head
+            .as_ref()
+            .ok()
+            .filter(|h| h.shareable)
+            .map(|h| h.ttl.saturating_sub(h.received_at.elapsed()).as_secs() as i64),
+    });
+    let mut resp = match head {
         Ok(head) if complete && !owner => {
             record_hit(&shared.stats, Tier::Memory);
             let ttl_s = head
@@ -919,6 +927,9 @@ async fn miss<S: CacheStore>(
             phase::own_error(respond::error(e.status, outcome, &e.error.to_string()))
         }
     };
+    if let Some(debug) = debug {
+        resp.extensions_mut().insert(phase::DebugInfo(debug));
+    }
     Some(resp)
 }
 

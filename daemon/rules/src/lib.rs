@@ -70,6 +70,8 @@ pub struct Rules {
     /// Indices into `rules`, per phase, in file order.
     by_phase: [Vec<usize>; 5],
     matched: Box<[AtomicU64]>,
+    /// A rule shows hit counts (asked on every request).
+    counts_hits: bool,
 }
 
 fn slot(phase: Phase) -> usize {
@@ -203,6 +205,7 @@ impl Rules {
         }
         Ok(Self {
             matched: (0..compiled.len()).map(|_| AtomicU64::new(0)).collect(),
+            counts_hits: compiled.iter().any(|r| r.actions.debug_headers),
             rules: compiled,
             by_phase,
         })
@@ -215,7 +218,7 @@ impl Rules {
 
     /// Whether a rule shows hit counts, which the data path then counts.
     pub fn counts_hits(&self) -> bool {
-        self.rules.iter().any(|r| r.actions.debug_headers)
+        self.counts_hits
     }
 
     /// Every rule with its phase and how many requests it matched since it was compiled.
