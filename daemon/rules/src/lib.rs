@@ -275,10 +275,13 @@ impl Rules {
             }
             let a = &rule.actions;
             if a.normalize_host {
-                let host = request_host(&parts.headers).into_owned();
-                if let Ok(value) = HeaderValue::from_str(&host) {
-                    parts.headers.insert(header::HOST, value);
-                    v.rerouted = true;
+                let sent = parts.headers.get(header::HOST).map(|h| h.as_bytes());
+                let host = request_host(&parts.headers);
+                if sent.is_some_and(|s| s != host.as_bytes()) {
+                    if let Ok(value) = HeaderValue::from_str(&host) {
+                        parts.headers.insert(header::HOST, value);
+                        v.rerouted = true;
+                    }
                 }
             }
             for b in &a.buckets {
@@ -584,6 +587,11 @@ fn edit(headers: &mut HeaderMap, unset: &[edit::NamePattern], set: Lines, append
         }
     }
     for (name, value) in set {
+        // The key is made of `Host` and its first `/` must end the host: a value a request's parts were
+        // put into must still be a host, or the request keeps its own.
+        if name == header::HOST && !lacquer_policy::head::valid_host(value.as_bytes()) {
+            continue;
+        }
         if value.is_empty() {
             headers.remove(&name);
         } else if let Ok(v) = HeaderValue::from_str(&value) {

@@ -467,3 +467,23 @@ fn bad_rules_are_refused_with_their_name_and_field() {
         .to_string()
         .contains("rule[1] (\"a\").name"));
 }
+
+#[test]
+fn a_host_a_rule_makes_from_the_path_must_still_be_a_host() {
+    let r = rules(
+        r#"
+        [[rule]]
+        match = { path_regex = "^/site/([^?]*)" }
+        set_headers = { host = "$1" }
+        "#,
+    )
+    .unwrap();
+    let mut p = request("/site/a.example.com", &[("host", "example.com")]);
+    assert!(run(&r, &mut p).rerouted);
+    assert_eq!(p.headers["host"], "a.example.com");
+    for bad in ["/site/a.com/evil", "/site/a.com:99999", "/site/"] {
+        let mut p = request(bad, &[("host", "example.com")]);
+        run(&r, &mut p);
+        assert_eq!(p.headers["host"], "example.com", "{bad}");
+    }
+}
