@@ -51,7 +51,6 @@ use lacquer_policy::{
     key::primary_key,
     request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
-    vary,
 };
 
 use crate::{
@@ -527,7 +526,7 @@ async fn find<S: CacheStore>(worker: &Worker<S>, key: &str, parts: &Parts) -> Op
     let index = set
         .variants
         .iter()
-        .position(|m| vary::matches(&m.variant, &parts.headers))?;
+        .position(|m| phase::selects(&m.variant, parts))?;
     Some(Found { set, index })
 }
 
@@ -838,7 +837,7 @@ async fn miss<S: CacheStore>(
     let complete = !owner && fetch.is_complete();
     let mut head = reader.head().await;
     if let (false, Ok(h)) = (owner, &head) {
-        let other_variant = !vary::matches(&h.selection, &parts.headers);
+        let other_variant = !phase::selects(&h.selection, parts);
         if h.shareable && other_variant && may_wait {
             reader.settled().await;
             return None;
