@@ -18,7 +18,6 @@ use lacquer_policy::{
     request::{host_from_authority, RequestClass},
     stale::{usability, Usability},
     storable::{self, Decision},
-    vary,
 };
 use lacquer_rules::{Facts, Phase, Trace};
 use lacquer_storage::ObjectMeta;
@@ -292,7 +291,7 @@ pub async fn explain<S: CacheStore>(
             set.and_then(|set| {
                 set.variants
                     .iter()
-                    .find(|m| vary::matches(&m.variant, &parts.headers))
+                    .find(|m| phase::selects(&m.variant, parts))
                     .cloned()
             })
         }

@@ -51,7 +51,6 @@ use lacquer_policy::{
     key::primary_key,
     request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
-    vary,
 };
 
 use crate::{
@@ -527,7 +526,7 @@ async fn find<S: CacheStore>(worker: &Worker<S>, key: &str, parts: &Parts) -> Op
     let index = set
         .variants
         .iter()
-        .position(|m| vary::matches(&m.variant, &parts.headers))?;
+        .position(|m| phase::selects(&m.variant, parts))?;
     Some(Found { set, index })
 }
 
@@ -838,7 +837,7 @@ async fn miss<S: CacheStore>(
     let complete = !owner && fetch.is_complete();
     let mut head = reader.head().await;
     if let (false, Ok(h)) = (owner, &head) {
-        let other_variant = !vary::matches(&h.selection, &parts.headers);
+        let other_variant = !phase::selects(&h.selection, parts);
         if h.shareable && other_variant && may_wait {
             reader.settled().await;
             return None;
@@ -888,7 +887,15 @@ async fn miss<S: CacheStore>(
         return Some(ctx.forward_as_sent(worker, parts).await);
     }
     let conversion = ctx.conversion(delivery, &shared.stats);
-    let resp = match head {
+    let debug = ctx.decided.counts_hits.then(|| lacquer_rules::Debug {
+        hits: None,
+        ttl_s: head
+            .as_ref()
+            .ok()
+            .filter(|h| h.shareable)
+            .map(|h| h.ttl.saturating_sub(h.received_at.elapsed()).as_secs() as i64),
+    });
+    let mut resp = match head {
         Ok(head) if complete && !owner => {
             record_hit(&shared.stats, Tier::Memory);
             let ttl_s = head
@@ -919,6 +926,9 @@ async fn miss<S: CacheStore>(
             phase::own_error(respond::error(e.status, outcome, &e.error.to_string()))
         }
     };
+    if let Some(debug) = debug {
+        resp.extensions_mut().insert(phase::DebugInfo(debug));
+    }
     Some(resp)
 }
 

@@ -23,6 +23,7 @@ use lacquer_policy::{
     normalize,
     request::{classify, RequestClass},
     storable::Adjust,
+    vary,
 };
 use lacquer_rules::{Debug, Facts, Phase, RequestVerdict, Rules, Synthetic, Trace};
 
@@ -63,6 +64,17 @@ pub(crate) struct Decided {
 /// The request field a POST keyed by its body carries from the lookup to the variant: the body's digest.
 /// Never sent to the origin, and removed from what clients send.
 pub(crate) const BODY_DIGEST: HeaderName = HeaderName::from_static("lacquer-body-digest");
+
+/// Whether a stored variant (its Vary `selection`) answers the request `parts`: the Vary match, and for a
+/// POST keyed by its body only a variant keyed by a body too. A GET's object does not vary on the digest,
+/// so the Vary match alone would give it to every POST.
+pub(crate) fn selects(selection: &[(String, String)], parts: &Parts) -> bool {
+    vary::matches(selection, &parts.headers)
+        && (!parts.headers.contains_key(BODY_DIGEST)
+            || selection
+                .iter()
+                .any(|(name, _)| name == BODY_DIGEST.as_str()))
+}
 
 /// Whether `parts` is a POST a `cache_body` rule keys: its declared length within `cap`.
 fn keyed_post(parts: &Parts, cap: Option<u64>) -> bool {

@@ -70,6 +70,8 @@ pub struct Rules {
     /// Indices into `rules`, per phase, in file order.
     by_phase: [Vec<usize>; 5],
     matched: Box<[AtomicU64]>,
+    /// A rule shows hit counts (asked on every request).
+    counts_hits: bool,
 }
 
 fn slot(phase: Phase) -> usize {
@@ -203,6 +205,7 @@ impl Rules {
         }
         Ok(Self {
             matched: (0..compiled.len()).map(|_| AtomicU64::new(0)).collect(),
+            counts_hits: compiled.iter().any(|r| r.actions.debug_headers),
             rules: compiled,
             by_phase,
         })
@@ -215,7 +218,7 @@ impl Rules {
 
     /// Whether a rule shows hit counts, which the data path then counts.
     pub fn counts_hits(&self) -> bool {
-        self.rules.iter().any(|r| r.actions.debug_headers)
+        self.counts_hits
     }
 
     /// Every rule with its phase and how many requests it matched since it was compiled.
@@ -272,10 +275,13 @@ impl Rules {
             }
             let a = &rule.actions;
             if a.normalize_host {
-                let host = request_host(&parts.headers).into_owned();
-                if let Ok(value) = HeaderValue::from_str(&host) {
-                    parts.headers.insert(header::HOST, value);
-                    v.rerouted = true;
+                let sent = parts.headers.get(header::HOST).map(|h| h.as_bytes());
+                let host = request_host(&parts.headers);
+                if sent.is_some_and(|s| s != host.as_bytes()) {
+                    if let Ok(value) = HeaderValue::from_str(&host) {
+                        parts.headers.insert(header::HOST, value);
+                        v.rerouted = true;
+                    }
                 }
             }
             for b in &a.buckets {
@@ -581,6 +587,11 @@ fn edit(headers: &mut HeaderMap, unset: &[edit::NamePattern], set: Lines, append
         }
     }
     for (name, value) in set {
+        // The key is made of `Host` and its first `/` must end the host: a value a request's parts were
+        // put into must still be a host, or the request keeps its own.
+        if name == header::HOST && !lacquer_policy::head::valid_host(value.as_bytes()) {
+            continue;
+        }
         if value.is_empty() {
             headers.remove(&name);
         } else if let Ok(v) = HeaderValue::from_str(&value) {
