@@ -12,6 +12,7 @@ pub mod invalidation;
 #[cfg(test)]
 mod memory;
 mod peer;
+mod pipe;
 mod prepared;
 mod purge_method;
 mod respond;
@@ -126,6 +127,8 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
         return own_answer(what);
     }
     host_from_authority(&mut parts);
+    // Taken before the hop-by-hop fields go: a `pipe` rule's tunnel sends them on.
+    let upgrade = pipe::Upgrade::take(&mut parts);
     // From here on the head is the one the origin receives: the key, the variant, the class and every
     // rule are made from it, never from fields that are not forwarded.
     strip_hop_by_hop(&mut parts.headers);
@@ -135,9 +138,10 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     let Client {
         ip: client,
         max_request_body,
+        secure,
         ..
     } = client;
-    let route = {
+    let (route, piped) = {
         // A guard, not a counted reference: nothing is awaited while it is held.
         let live = worker.shared.live.load();
         normalize::apply(&mut parts, &live.normalize);
@@ -145,7 +149,17 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
             inc(&stats.denied);
             return refused(StatusCode::FORBIDDEN, "denied", None);
         }
-        live.router.route(&parts).clone()
+        // The request phase's `pipe`, until the rules are wired in here: judged on a copy of the head
+        // that still shows `Upgrade`.
+        let piped = upgrade.as_ref().is_some_and(|upgrade| {
+            let mut head = parts.clone();
+            upgrade.show(&mut head.headers);
+            let healthy = |_: &Parts, _: Option<&str>| true;
+            live.rules
+                .request(&mut head, client, secure, &healthy, None)
+                .pipe
+        });
+        (live.router.route(&parts).clone(), piped)
     };
     if route.strip_forwarding {
         strip_forwarding(&mut parts.headers);
@@ -163,6 +177,16 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     }
     if route.strip_cookies {
         parts.headers.remove(header::COOKIE);
+    }
+    if let Some(upgrade) = upgrade.filter(|_| piped) {
+        let resp = match route.pick(&primary_key(&parts)) {
+            Ok(backend) => pipe::tunnel(&worker, client, backend, parts, upgrade).await,
+            Err(e) => {
+                inc(&stats.backend_unavailable);
+                refused(e.status(), &e.to_string(), None)
+            }
+        };
+        return counted(resp, worker.shared.stats.clone());
     }
     let class = match classify(&parts.method, &parts.headers, &route.policy) {
         RequestClass::Lookup | RequestClass::Miss(_) if route.pass => RequestClass::Pass("route"),
