@@ -25,9 +25,11 @@ use lacquer_backends::{
     BackendError, BackendState,
 };
 use lacquer_policy::headers::strip_hop_by_hop;
+use lacquer_rules::Phase;
 
 use crate::{
     forward,
+    phase::{self, Decided},
     respond::{self, Outcome},
     stats::{dec, inc, Stats},
     store::CacheStore,
@@ -50,16 +52,16 @@ impl Upgrade {
         Some(Self { protocol, client })
     }
 
-    /// Puts `Upgrade` back in a head whose hop-by-hop fields are gone, for the rules to match on.
-    pub(crate) fn show(&self, headers: &mut http::HeaderMap) {
-        headers.insert(header::UPGRADE, self.protocol.clone());
+    /// The `Upgrade` field the client sent, for the request rules to match on.
+    pub(crate) fn protocol(&self) -> &HeaderValue {
+        &self.protocol
     }
 }
 
 /// The protocols a request asks to switch to: its `Upgrade`, when `Connection` has the `upgrade` option
 /// (RFC 9110 §7.8), on HTTP/1.1, without a body (hyper would read one as the request's: it would never
 /// reach the tunnel).
-fn requested(parts: &Parts) -> Option<HeaderValue> {
+pub(crate) fn requested(parts: &Parts) -> Option<HeaderValue> {
     let h = &parts.headers;
     let asked = h
         .get_all(header::CONNECTION)
@@ -83,13 +85,15 @@ fn requested(parts: &Parts) -> Option<HeaderValue> {
     HeaderValue::from_bytes(&joined).ok()
 }
 
-/// Sends the request to `backend` on a connection of its own, asking for `upgrade`. On `101` the client
-/// gets the backend's `101` and the two connections are joined until either closes or no byte moves for
-/// the backend's `between_bytes_timeout`; any other answer goes to the client as a pass's would.
+/// Sends the request to `backend` on a connection of its own, asking for `upgrade`, with the backend
+/// phases' rules run as for a pass. On `101` the client gets the backend's `101` and the two connections
+/// are joined until either closes or no byte moves for the backend's `between_bytes_timeout`; any other
+/// answer goes to the client as a pass's would.
 pub(crate) async fn tunnel<S: CacheStore>(
     worker: &Arc<Worker<S>>,
     client: IpAddr,
     backend: &Arc<BackendState>,
+    decided: &Decided,
     parts: Parts,
     upgrade: Upgrade,
 ) -> Response<Body> {
@@ -97,6 +101,11 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let outcome = Outcome::Pass {
         unsafe_method: false,
     };
+    let live = worker.shared.live();
+    let rules = &live.rules;
+    // The head is handed to the origin request; the backend phases' rules match on a copy.
+    let client_head = (rules.has(Phase::BackendRequest) || rules.has(Phase::BackendResponse))
+        .then(|| parts.clone());
     inc(&stats.backend_requests);
     let mut req = forward::origin_request(
         parts.method,
@@ -105,6 +114,9 @@ pub(crate) async fn tunnel<S: CacheStore>(
         client,
         body::empty(),
     );
+    if let Some(head) = &client_head {
+        phase::backend_request(rules, head, client, decided, req.headers_mut());
+    }
     let h = req.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     h.insert(header::UPGRADE, upgrade.protocol);
@@ -117,14 +129,24 @@ pub(crate) async fn tunnel<S: CacheStore>(
                 inc(&stats.backend_errors);
                 tracing::warn!(error = %e, "pipe failed");
             }
-            return respond::error(e.status(), outcome, &e.to_string());
+            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
         }
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // Refused by the origin: an ordinary answer, on a connection that goes with its body.
         inc(&stats.passes);
         let (mut head, body) = resp.into_parts();
-        strip_hop_by_hop(&mut head.headers);
+        phase::origin_fields(decided, &mut head.headers);
+        if let Some(request) = &client_head {
+            phase::backend_response(
+                rules,
+                request,
+                client,
+                decided,
+                head.status,
+                &mut head.headers,
+            );
+        }
         respond::decorate(&mut head.headers, outcome, None);
         let counted = stats.clone();
         let body = body.map_frame(move |f| {
@@ -142,7 +164,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let (Some(protocol), Ok(origin)) = (protocol, origin.await) else {
         inc(&stats.backend_errors);
         let e = "backend switched protocols without a usable Upgrade";
-        return respond::error(StatusCode::BAD_GATEWAY, outcome, e);
+        return phase::own_error(respond::error(StatusCode::BAD_GATEWAY, outcome, e));
     };
     strip_hop_by_hop(&mut head.headers);
     head.headers

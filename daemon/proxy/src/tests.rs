@@ -24,6 +24,7 @@ use crate::{
     access_log::AccessLog,
     coalesce::Coalescer,
     memory::MemoryStore,
+    phase::Decided,
     stats::Stats,
     worker::{Live, Shared, Worker},
 };
@@ -108,7 +109,9 @@ async fn respond(
 ) -> Response<Body> {
     let parts = parts(path, headers);
     let route = worker.shared.live.load().router.route(&parts).clone();
-    crate::lookup(worker, CLIENT, &route, parts, false).await
+    crate::lookup(worker, CLIENT, &route, &Decided::default(), parts, false)
+        .await
+        .0
 }
 
 /// A GET for `path` on [`HOST`] through the lookup path, its body read to the end.
@@ -1153,4 +1156,163 @@ async fn a_lookup_vouched_for_saw_every_invalidation_applied_before() {
         got.x_cache()
     );
     assert_eq!(origin.total(), 2);
+}
+
+/// A GET for `path` on [`HOST`] as `answer` takes it: the request phase (rules included), the lookup and
+/// the deliver phase.
+async fn get_ruled(w: &Arc<Worker<MemoryStore>>, path: &str, headers: &[(&str, &str)]) -> Got {
+    let mut parts = parts(path, headers);
+    let admitted = {
+        let live = w.shared.live.load();
+        crate::phase::request(&live, &mut parts, CLIENT, false, None, None)
+    };
+    let Ok(admitted) = admitted else {
+        panic!("answered by the request phase");
+    };
+    let (resp, parts) =
+        crate::lookup(w, CLIENT, &admitted.route, &admitted.decided, parts, false).await;
+    let live = w.shared.live.load();
+    let resp = crate::phase::deliver(&live.rules, &parts.expect("looked up"), CLIENT, false, resp);
+    let (head, body) = resp.into_parts();
+    let body = body.collect().await.expect("a whole body").to_bytes();
+    Got {
+        status: head.status,
+        headers: head.headers,
+        body,
+    }
+}
+
+fn rules(text: &str) -> impl FnOnce(&mut Config) + '_ {
+    move |c| c.rule = Config::parse(text, "test").expect("rules parse").rule
+}
+
+/// A bucket rule rewrites the request field and keys on it: the origin sees the bucket, each bucket is its
+/// own object, and no client's own spelling selects another bucket's answer.
+#[tokio::test]
+async fn a_rewritten_and_keyed_field_is_what_the_origin_saw_and_what_selects() {
+    let origin = Origin::start(|seen| {
+        let lang = seen.headers["accept-language"].to_str().unwrap().to_owned();
+        Reply::ok(format!("in {lang}")).header("cache-control", "max-age=60")
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker_with(
+        &origin,
+        &store,
+        rules(
+            r#"
+            [[rule]]
+            buckets = [{ from = "accept-language", cases = [["fr", "^fr"]], default = "en" }]
+            key = ["accept-language"]
+            [[rule]]
+            on = "deliver"
+            set_headers = { "x-served-by" = "lacquer" }
+            "#,
+        ),
+    );
+    let fr = get_ruled(&w, "/l", &[("accept-language", "fr-CA,fr;q=0.9")]).await;
+    assert_eq!(fr.body, "in fr");
+    assert_eq!(fr.header("x-served-by"), "lacquer");
+    fills_done(&w).await;
+    let en = get_ruled(&w, "/l", &[("accept-language", "de")]).await;
+    assert_eq!(en.body, "in en", "another bucket is another object");
+    fills_done(&w).await;
+    let fr_again = get_ruled(&w, "/l", &[("accept-language", "fr")]).await;
+    assert_eq!(
+        (fr_again.x_cache(), &fr_again.body[..]),
+        ("HIT", &b"in fr"[..])
+    );
+    let asked: Vec<_> = origin
+        .seen()
+        .iter()
+        .map(|s| s.headers["accept-language"].clone())
+        .collect();
+    assert_eq!(
+        asked,
+        ["fr", "en"],
+        "the origin saw the buckets, never the clients' values"
+    );
+    assert_eq!(store.variants(&key("/l")).len(), 2);
+}
+
+/// A backend-request rule that changes a field the response varies on would store an answer under a
+/// value the origin never saw: it is served, and not stored.
+#[tokio::test]
+async fn a_response_varying_on_a_field_a_backend_request_rule_changed_is_not_stored() {
+    let origin = Origin::start(|seen| {
+        let v = seen
+            .headers
+            .get("x-tier")
+            .map_or("none".to_owned(), |v| v.to_str().unwrap().to_owned());
+        Reply::ok(format!("tier {v}"))
+            .header("cache-control", "max-age=60")
+            .header("vary", "X-Tier")
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker_with(
+        &origin,
+        &store,
+        rules(
+            r#"
+            [[rule]]
+            on = "backend_request"
+            set_headers = { "x-tier" = "gold" }
+            "#,
+        ),
+    );
+    let got = get_ruled(&w, "/t", &[("x-tier", "free")]).await;
+    assert_eq!(got.body, "tier gold");
+    fills_done(&w).await;
+    assert!(
+        store.variants(&key("/t")).is_empty(),
+        "not stored under x-tier: free"
+    );
+    let again = get_ruled(&w, "/t", &[("x-tier", "free")]).await;
+    assert_eq!(again.x_cache(), "MISS");
+    assert_eq!(origin.count("/t"), 2);
+}
+
+/// Backend-response rules act before the store decides: a forced `Cache-Control` stores what the origin
+/// marked `no-store`, a negative TTL stores a 404, and `store = false` keeps a response out.
+#[tokio::test]
+async fn backend_response_rules_decide_what_is_stored_and_for_how_long() {
+    let origin = Origin::start(|seen| match seen.path.as_str() {
+        "/api/u" => Reply::ok("user").header("cache-control", "no-store"),
+        "/missing" => Reply::ok("gone").status(404),
+        _ => Reply::ok("big").header("cache-control", "max-age=60"),
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker_with(
+        &origin,
+        &store,
+        rules(
+            r#"
+            [[rule]]
+            on = "backend_response"
+            match = { path_prefix = ["/api/"] }
+            set_headers = { "cache-control" = "max-age=300" }
+            [[rule]]
+            on = "backend_response"
+            match = { status = [404] }
+            ttl = "15s"
+            [[rule]]
+            on = "backend_response"
+            match = { path_prefix = ["/video/"] }
+            store = false
+            "#,
+        ),
+    );
+    for path in ["/api/u", "/missing", "/video/a"] {
+        get_ruled(&w, path, &[]).await;
+        fills_done(&w).await;
+    }
+    let api = store.variants(&key("/api/u"));
+    assert_eq!(api.len(), 1);
+    assert_eq!(api[0].ttl_ms, 300_000);
+    let missing = store.variants(&key("/missing"));
+    assert_eq!((missing[0].status, missing[0].ttl_ms), (404, 15_000));
+    assert!(store.variants(&key("/video/a")).is_empty());
+    assert_eq!(get_ruled(&w, "/api/u", &[]).await.x_cache(), "HIT");
 }

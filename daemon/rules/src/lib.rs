@@ -70,6 +70,8 @@ pub struct Rules {
     /// Indices into `rules`, per phase, in file order.
     by_phase: [Vec<usize>; 5],
     matched: Box<[AtomicU64]>,
+    /// A rule shows hit counts (asked on every request).
+    counts_hits: bool,
 }
 
 fn slot(phase: Phase) -> usize {
@@ -134,6 +136,8 @@ pub struct RequestVerdict {
     pub request_grace: Option<Duration>,
     /// The host or path changed: the request is routed again.
     pub rerouted: bool,
+    /// A POST body of at most this many bytes is read and keyed (`cache_body`).
+    pub cache_body: Option<u64>,
 }
 
 /// The client's request a response phase's conditions are tested against: as it was looked up and
@@ -201,6 +205,7 @@ impl Rules {
         }
         Ok(Self {
             matched: (0..compiled.len()).map(|_| AtomicU64::new(0)).collect(),
+            counts_hits: compiled.iter().any(|r| r.actions.debug_headers),
             rules: compiled,
             by_phase,
         })
@@ -213,7 +218,7 @@ impl Rules {
 
     /// Whether a rule shows hit counts, which the data path then counts.
     pub fn counts_hits(&self) -> bool {
-        self.rules.iter().any(|r| r.actions.debug_headers)
+        self.counts_hits
     }
 
     /// Every rule with its phase and how many requests it matched since it was compiled.
@@ -230,9 +235,10 @@ impl Rules {
             .map(move |&i| (i, &self.rules[i]))
     }
 
-    /// Counts and traces one rule's test.
+    /// Counts one rule's test, or traces it: a traced run (`cachectl explain`, an example) is not a
+    /// request and moves no counter.
     fn record(&self, index: usize, matched: bool, trace: &mut Option<&mut Trace>) {
-        if matched {
+        if matched && trace.is_none() {
             self.matched[index].fetch_add(1, Relaxed);
         }
         if let Some(t) = trace {
@@ -269,10 +275,13 @@ impl Rules {
             }
             let a = &rule.actions;
             if a.normalize_host {
-                let host = request_host(&parts.headers).into_owned();
-                if let Ok(value) = HeaderValue::from_str(&host) {
-                    parts.headers.insert(header::HOST, value);
-                    v.rerouted = true;
+                let sent = parts.headers.get(header::HOST).map(|h| h.as_bytes());
+                let host = request_host(&parts.headers);
+                if sent.is_some_and(|s| s != host.as_bytes()) {
+                    if let Ok(value) = HeaderValue::from_str(&host) {
+                        parts.headers.insert(header::HOST, value);
+                        v.rerouted = true;
+                    }
                 }
             }
             for b in &a.buckets {
@@ -331,6 +340,9 @@ impl Rules {
             }
             if let Some(g) = a.request_grace {
                 v.request_grace = Some(g);
+            }
+            if let Some(cap) = a.cache_body {
+                v.cache_body = Some(cap);
             }
             if let Some(s) = &a.respond {
                 let values = Values {
@@ -575,6 +587,11 @@ fn edit(headers: &mut HeaderMap, unset: &[edit::NamePattern], set: Lines, append
         }
     }
     for (name, value) in set {
+        // The key is made of `Host` and its first `/` must end the host: a value a request's parts were
+        // put into must still be a host, or the request keeps its own.
+        if name == header::HOST && !lacquer_policy::head::valid_host(value.as_bytes()) {
+            continue;
+        }
         if value.is_empty() {
             headers.remove(&name);
         } else if let Ok(v) = HeaderValue::from_str(&value) {
@@ -749,7 +766,7 @@ fn matches(
                 .headers
                 .get(header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-            if !len.is_some_and(|l| l > limit) {
+            if len.is_none_or(|l| l <= limit) {
                 return false;
             }
         }
