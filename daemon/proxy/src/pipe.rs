@@ -371,6 +371,37 @@ mod tests {
         }
     }
 
+    /// A `pipe` rule whose examples say what is tunnelled, and `expect`, the third example's verdict.
+    fn pipe_rule(expect: bool) -> String {
+        format!(
+            r#"
+[backend]
+address = "127.0.0.1:9"
+
+[[rule]]
+match = {{ headers = {{ upgrade = "(?i)websocket" }} }}
+pipe = true
+examples = [
+  {{ request = {{ url = "http://chat.test/ws", headers = {{ connection = "Upgrade", upgrade = "websocket" }} }}, expect = {{ pipe = true }} }},
+  {{ request = {{ url = "http://chat.test/page" }}, expect = {{ pipe = false, pass = false }} }},
+  {{ request = {{ url = "http://chat.test/ws", headers = {{ upgrade = "websocket" }} }}, expect = {{ pipe = {expect} }} }},
+]
+"#
+        )
+    }
+
+    #[test]
+    fn request_rules_see_the_upgrade_a_request_asks_for() {
+        let live = |text: &str| {
+            let config = lacquer_config::Config::parse(text, "t").unwrap();
+            let backends = lacquer_backends::backend_set(&config).unwrap();
+            crate::worker::Live::new(&config, &backends).map(|_| ())
+        };
+        live(&pipe_rule(false)).expect("the examples hold");
+        let e = live(&pipe_rule(true)).expect_err("`Upgrade` alone asks for nothing");
+        assert!(e.to_string().contains("rule[0].examples[2]"), "{e}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_tunnel_is_quiet_after_idle_without_a_byte() {
         let moved = AtomicBool::new(false);
