@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::LengthLimitError;
 use hyper::body::Incoming;
@@ -28,6 +28,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioTimer},
 };
 use tokio::sync::OwnedSemaphorePermit;
+use tower_service::Service;
 
 pub use self::{director::Director, health::BackendState};
 
@@ -138,6 +139,8 @@ pub struct ClientBodyError(#[source] pub hyper::Error);
 #[derive(Clone)]
 pub struct Backend {
     client: Client<HttpsConnector<HttpConnector>, Body>,
+    /// What the pool connects with, for the connections [`Backend::upgrade`] opens outside it.
+    connector: HttpsConnector<HttpConnector>,
     /// What every worker shares about the backend: settings, health, traffic, connection limit.
     pub state: Arc<BackendState>,
     connect_timeout: Duration,
@@ -168,8 +171,9 @@ impl Backend {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(cfg.idle_timeout)
             .pool_max_idle_per_host(cfg.max_idle_connections)
-            .build(connector);
+            .build(connector.clone());
         Self {
+            connector,
             connect_timeout: cfg.connect_timeout,
             first_byte_timeout: cfg.first_byte_timeout,
             between_bytes_timeout: cfg.between_bytes_timeout,
@@ -181,23 +185,95 @@ impl Backend {
     /// Sends a request whose URI holds only the path and query; the backend's authority is filled in here.
     /// The response body holds the backend's connection place (`max_connections`) until it is dropped.
     pub async fn send(&self, req: Request<Body>) -> Result<Response<BackendBody>, BackendError> {
-        let permit = match &self.state.limit {
-            None => None,
-            Some(limit) => {
-                match tokio::time::timeout(self.connect_timeout, limit.clone().acquire_owned())
-                    .await
-                {
-                    Ok(Ok(permit)) => Some(permit),
-                    _ => {
-                        return Err(BackendError::Unavailable {
-                            name: self.state.name().to_owned(),
-                            reason: "every connection busy",
-                        })
-                    }
-                }
-            }
-        };
+        let permit = self.place().await?;
         let result = self.request(req).await;
+        self.account(&result);
+        result.map(|resp| resp.map(|inner| BackendBody { inner, permit }))
+    }
+
+    /// Sends an upgrade request (`Connection: upgrade`) on a connection of its own, opened as the pool's
+    /// are (TLS, timeouts) but never pooled: once the backend answers `101` the connection carries another
+    /// protocol, which `hyper::upgrade::on` on the response hands over. Any other answer is an ordinary
+    /// response, and the connection goes with its body. The backend's place under `max_connections` is
+    /// held until the body is dropped, as [`Backend::send`] holds it: for the handshake, not for the
+    /// tunnel, so long-lived tunnels never starve its misses.
+    pub async fn upgrade(&self, req: Request<Body>) -> Result<Response<BackendBody>, BackendError> {
+        let permit = self.place().await?;
+        let result = match tokio::time::timeout(self.first_byte_timeout, self.handshake(req)).await
+        {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::FirstByteTimeout {
+                authority: self.state.authority.clone(),
+                timeout: self.first_byte_timeout,
+            }),
+        };
+        self.account(&result);
+        result.map(|resp| resp.map(|inner| BackendBody { inner, permit }))
+    }
+
+    async fn handshake(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
+        let authority = &self.state.authority;
+        let failed = |e: &dyn std::error::Error| BackendError::Failed {
+            authority: authority.clone(),
+            reason: error_chain(e),
+        };
+        let uri = self.target("/")?;
+        let mut connector = self.connector.clone();
+        let connecting = async {
+            std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
+            connector.call(uri).await
+        };
+        let io = connecting.await.map_err(|e| BackendError::Connect {
+            authority: authority.clone(),
+            reason: error_chain(&*e),
+        })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| failed(&e))?;
+        // The connection's task ends with the exchange, or hands the connection over on a `101`.
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upgrade connection to the backend ended with an error");
+            }
+        });
+        // Origin-form, with the client's `Host`: this connection speaks to the origin, not to a proxy.
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        *req.uri_mut() = path.parse().map_err(|e| failed(&e))?;
+        sender.send_request(req).await.map_err(|e| failed(&e))
+    }
+
+    /// The backend's URI for a request target.
+    fn target(&self, path: &str) -> Result<Uri, BackendError> {
+        let authority = &self.state.authority;
+        let scheme = if self.state.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{authority}{path}")
+            .parse()
+            .map_err(|e| BackendError::Failed {
+                authority: authority.clone(),
+                reason: format!("bad request target: {e}"),
+            })
+    }
+
+    /// A place under `max_connections`, waited for up to `connect_timeout`; `None` without a limit.
+    async fn place(&self) -> Result<Option<OwnedSemaphorePermit>, BackendError> {
+        let Some(limit) = &self.state.limit else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(self.connect_timeout, limit.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(Some(permit)),
+            _ => Err(BackendError::Unavailable {
+                name: self.state.name().to_owned(),
+                reason: "every connection busy",
+            }),
+        }
+    }
+
+    /// Counts an exchange in the backend's health: the client's faults never count against it.
+    fn account<B>(&self, result: &Result<Response<B>, BackendError>) {
         let state = &self.state;
         match &result {
             Ok(resp) if resp.status().is_server_error() => state.failed(format!(
@@ -209,23 +285,12 @@ impl Backend {
             Err(BackendError::RequestBodyTooLarge | BackendError::RequestBody(_)) => {}
             Err(e) => state.failed(e.to_string()),
         }
-        result.map(|resp| resp.map(|inner| BackendBody { inner, permit }))
     }
 
     async fn request(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
         let authority = &self.state.authority;
-        let scheme = if self.state.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        *req.uri_mut() = format!("{scheme}://{authority}{path}")
-            .parse()
-            .map_err(|e| BackendError::Failed {
-                authority: authority.clone(),
-                reason: format!("bad request target: {e}"),
-            })?;
+        *req.uri_mut() = self.target(path)?;
         match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
             Err(_) => Err(BackendError::FirstByteTimeout {
                 authority: authority.clone(),

@@ -8,16 +8,14 @@ use hyper::{
     server::conn::{http1, http2},
     service::service_fn,
 };
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::graceful::Watcher,
-};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite},
     net::TcpStream,
 };
 
 use super::{
+    drain::Watcher,
     io::{Activity, IdleTimeout, Prefixed},
     limits::Admitted,
     proxy_protocol, Listener,
@@ -259,13 +257,16 @@ impl<S: Service> Handler<S> {
             }
         });
         if http2 {
-            watcher
-                .watch(protocols.http2.serve_connection(io, service))
-                .await
+            let conn = protocols.http2.serve_connection(io, service);
+            watcher.watch(conn, |c| c.graceful_shutdown()).await
         } else {
             let mut http1 = protocols.http1.clone();
             http1.keep_alive(!refused);
-            watcher.watch(http1.serve_connection(io, service)).await
+            // A `101` hands the connection to the data path (a `pipe` rule's tunnel). It costs an ordinary
+            // request nothing: hyper polls the same dispatcher, and prepares an upgrade only for a request
+            // that asks for one, with or without this.
+            let conn = http1.serve_connection(io, service).with_upgrades();
+            watcher.watch(conn, |c| c.graceful_shutdown()).await
         }
     }
 }

@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod connection;
+mod drain;
 mod io;
 mod limits;
 mod proxy_protocol;
@@ -62,12 +63,11 @@ use std::{
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use futures_util::future::join_all;
-use hyper_util::server::graceful::GracefulShutdown;
 use socket2::{Domain, Socket, Type};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use self::{connection::Protocols, limits::ConnectionLimits, tls::SniResolver};
+use self::{connection::Protocols, drain::Drain, limits::ConnectionLimits, tls::SniResolver};
 use lacquer_config::Listen;
 
 /// A listener's settings and the state its connections share across workers.
@@ -194,7 +194,7 @@ async fn serve<S: Service>(
     shutdown: watch::Receiver<bool>,
 ) {
     let service = Arc::new(service);
-    let graceful = GracefulShutdown::new();
+    let graceful = Drain::new();
     join_all(
         listeners
             .into_iter()
@@ -221,7 +221,7 @@ async fn accept<S: Service>(
     socket: tokio::net::TcpListener,
     listener: Arc<Listener>,
     service: &Arc<S>,
-    graceful: &GracefulShutdown,
+    graceful: &Drain,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let protocols = Protocols::new(&listener);

@@ -26,6 +26,7 @@ use crate::{
     cluster,
     coding::Negotiated,
     phase::{self, Admitted, Answered},
+    pipe,
     prepared::Prepared,
     purge_method,
     store::CacheStore,
@@ -135,11 +136,19 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
         });
     }
     host_from_authority(&mut parts);
+    let upgrade = pipe::requested(&parts);
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(&cluster::FORWARDED_BY);
     parts.headers.remove(&cluster::FORWARD_PROOF);
     parts.headers.remove(phase::BODY_DIGEST);
-    let admitted = phase::request(live, &mut parts, client, secure, Some(&mut trace));
+    let admitted = phase::request(
+        live,
+        &mut parts,
+        client,
+        secure,
+        upgrade.as_ref(),
+        Some(&mut trace),
+    );
     let mut looked_up = None;
     match admitted {
         Err(Answered::Denied) => {
@@ -166,7 +175,7 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
                 }
                 RequestClass::Lookup => ("lookup", None),
                 RequestClass::Miss(why) => ("miss", Some(why.to_owned())),
-                RequestClass::Pass("pipe") => ("pipe", None),
+                _ if admitted.pipe => ("pipe", None),
                 RequestClass::Pass(why) => ("pass", Some(why.to_owned())),
                 RequestClass::Invalidate => ("invalidation", Some("unsafe method".to_owned())),
             };

@@ -14,6 +14,7 @@ pub mod invalidation;
 mod memory;
 mod peer;
 mod phase;
+mod pipe;
 mod prepared;
 mod purge_method;
 mod respond;
@@ -128,6 +129,8 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
         return own_answer(what);
     }
     host_from_authority(&mut parts);
+    // Taken before the hop-by-hop fields go: a `pipe` rule's tunnel sends them on.
+    let upgrade = pipe::Upgrade::take(&mut parts);
     // From here on the head is the one the origin receives: the key, the variant, the class and every
     // rule are made from it, never from fields that are not forwarded.
     strip_hop_by_hop(&mut parts.headers);
@@ -144,7 +147,8 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     let (admitted, delivers) = {
         // A guard, not a counted reference: nothing is awaited while it is held.
         let live = worker.shared.live.load();
-        let admitted = phase::request(&live, &mut parts, client, secure, None);
+        let shown = upgrade.as_ref().map(pipe::Upgrade::protocol);
+        let admitted = phase::request(&live, &mut parts, client, secure, shown, None);
         (admitted, phase::delivers(&live.rules))
     };
     let Admitted {
@@ -152,6 +156,7 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
         mut decided,
         class,
         body_cap,
+        pipe,
     } = match admitted {
         Ok(admitted) => admitted,
         Err(Answered::Denied) => {
@@ -183,6 +188,29 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
             "too many requests",
             Some(wait),
         );
+    }
+    if let Some(upgrade) = upgrade.filter(|_| pipe) {
+        let kept = delivers.then(|| parts.clone());
+        let resp = match route.pick_from(decided.target.as_ref(), &primary_key(&parts)) {
+            Ok(backend) => pipe::tunnel(&worker, client, backend, &decided, parts, upgrade).await,
+            Err(e) => {
+                inc(&stats.backend_unavailable);
+                let outcome = Outcome::Pass {
+                    unsafe_method: false,
+                };
+                phase::own_error(respond::error(e.status(), outcome, &e.to_string()))
+            }
+        };
+        // A tunnel's `101` is no response the deliver rules could edit or replace: the connection is
+        // the origin's from here on.
+        let resp = match kept.filter(|_| resp.status() != StatusCode::SWITCHING_PROTOCOLS) {
+            Some(parts) => {
+                let live = worker.shared.live.load();
+                phase::deliver(&live.rules, &parts, client, secure, resp)
+            }
+            None => resp,
+        };
+        return counted(resp, worker.shared.stats.clone());
     }
     if let (RequestClass::Lookup | RequestClass::Miss(_), Some(cluster)) =
         (&class, &worker.shared.cluster)

@@ -40,6 +40,8 @@ pub(crate) struct Admitted {
     pub class: RequestClass,
     /// A POST keyed by its body: read at most this many bytes of it before the lookup.
     pub body_cap: Option<u64>,
+    /// A rule's `pipe`, for a request that asks for a connection upgrade: tunnelled to the backend.
+    pub pipe: bool,
 }
 
 /// What the request phase's rules decided that later phases act on; carried by the lookup and its fills.
@@ -108,11 +110,14 @@ pub(crate) enum Answered {
 /// route says (before rules, so that rules may set them), the request rules (routed again when they
 /// changed the host or path, and `[[deny]]` asked again), `Cookie` stripped, and the request classified.
 /// The head is, from here on, what the key and variant are made of and what the origin receives.
+/// `upgrade` is the `Upgrade` of a request asking for a connection upgrade (`pipe::requested`), gone with
+/// the hop-by-hop fields: the request rules alone see it, so that a `pipe` rule can match on it.
 pub(crate) fn request(
     live: &Live,
     parts: &mut Parts,
     client: IpAddr,
     secure: bool,
+    upgrade: Option<&HeaderValue>,
     trace: Option<&mut Trace>,
 ) -> Result<Admitted, Answered> {
     normalize::apply(parts, &live.normalize);
@@ -129,7 +134,13 @@ pub(crate) fn request(
             let target = chosen.and_then(|name| live.router.target(name));
             live.router.route(p).is_healthy(target)
         };
-        live.rules.request(parts, client, secure, &healthy, trace)
+        if let Some(protocol) = upgrade {
+            parts.headers.insert(header::UPGRADE, protocol.clone());
+        }
+        let verdict = live.rules.request(parts, client, secure, &healthy, trace);
+        // Never forwarded but by the tunnel, which sends the client's own.
+        parts.headers.remove(header::UPGRADE);
+        verdict
     } else {
         RequestVerdict::default()
     };
@@ -177,6 +188,7 @@ pub(crate) fn request(
         body_cap,
         class,
         route: route.clone(),
+        pipe: verdict.pipe && upgrade.is_some(),
     })
 }
 

@@ -1164,7 +1164,7 @@ async fn get_ruled(w: &Arc<Worker<MemoryStore>>, path: &str, headers: &[(&str, &
     let mut parts = parts(path, headers);
     let admitted = {
         let live = w.shared.live.load();
-        crate::phase::request(&live, &mut parts, CLIENT, false, None)
+        crate::phase::request(&live, &mut parts, CLIENT, false, None, None)
     };
     let Ok(admitted) = admitted else {
         panic!("answered by the request phase");

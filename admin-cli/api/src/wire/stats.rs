@@ -100,6 +100,14 @@ stats_section! {
         misses: Counter "lacquer_cache_requests_total" { result = "miss" },
         /// Requests passed to the backend without lookup.
         passes: Counter "lacquer_cache_requests_total" { result = "pass" },
+        /// Connection upgrades (WebSocket) a `pipe` rule tunnelled to the backend: answered `101` by it.
+        pipes: Counter "lacquer_pipes_total",
+        /// Tunnels open now.
+        pipes_active: Gauge "lacquer_pipes_active",
+        /// Bytes tunnels carried from clients to backends.
+        pipe_bytes_to_backend: Counter "lacquer_pipe_bytes_total" { direction = "to_backend" },
+        /// Bytes tunnels carried from backends to clients.
+        pipe_bytes_to_client: Counter "lacquer_pipe_bytes_total" { direction = "to_client" },
         /// Requests that attached to a fetch already in flight instead of going to the backend.
         coalesced_waiters: Counter "lacquer_coalesced_requests_total",
         /// Misses sent straight to the backend because the key recently proved uncacheable.
@@ -369,6 +377,10 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
     (
         "lacquer_cache_hits_total",
         "Hits by the tier their first chunk came from.",
+    ),
+    (
+        "lacquer_pipe_bytes_total",
+        "Bytes pipe tunnels carried, by direction: to the backend, to the client.",
     ),
     (
         "lacquer_stale_served_total",
