@@ -645,8 +645,8 @@ async fn serve_stored<S: CacheStore>(
     Some(with_debug(resp, ctx, &prepared, meta, now))
 }
 
-/// Counts the hit and carries the count and the freshness left to the deliver phase, while a rule shows
-/// them (`debug_headers`).
+/// Counts the hit while a rule shows hit counts (`debug_headers`), and carries the count and the
+/// freshness left to the deliver phase when that rule may show them to this request.
 fn with_debug(
     mut resp: Response<Body>,
     ctx: &Ctx<'_>,
@@ -655,11 +655,14 @@ fn with_debug(
     now: u64,
 ) -> Response<Body> {
     if ctx.decided.counts_hits {
-        let debug = lacquer_rules::Debug {
-            hits: Some(prepared.hits.count()),
-            ttl_s: Some(meta.remaining_ttl_ms(now) / 1000),
-        };
-        resp.extensions_mut().insert(phase::DebugInfo(debug));
+        let hits = prepared.hits.count();
+        if ctx.decided.wants_debug {
+            let debug = lacquer_rules::Debug {
+                hits: Some(hits),
+                ttl_s: Some(meta.remaining_ttl_ms(now) / 1000),
+            };
+            resp.extensions_mut().insert(phase::DebugInfo(debug));
+        }
     }
     resp
 }
@@ -915,7 +918,7 @@ async fn miss<S: CacheStore>(
         return Some(ctx.forward_as_sent(worker, parts).await);
     }
     let conversion = ctx.conversion(delivery, &shared.stats);
-    let debug = ctx.decided.counts_hits.then(|| lacquer_rules::Debug {
+    let debug = ctx.decided.wants_debug.then(|| lacquer_rules::Debug {
         hits: None,
         ttl_s: head
             .as_ref()

@@ -57,8 +57,10 @@ pub(crate) struct Decided {
     pub target: Option<Target>,
     /// The most stale an object in grace may be to be answered at once.
     pub request_grace: Option<Duration>,
-    /// A deliver rule shows hit counts: hits are counted and carried to it.
+    /// A deliver rule shows hit counts: hits are counted.
     pub counts_hits: bool,
+    /// ... and may show them to this request: the count and the freshness left are carried to it.
+    pub wants_debug: bool,
     /// A POST keyed by its body (`cache_body`): the body, read before the lookup, that every fill sends.
     pub body: Option<Bytes>,
 }
@@ -183,6 +185,7 @@ pub(crate) fn request(
             target,
             request_grace: verdict.request_grace,
             counts_hits: live.rules.counts_hits(),
+            wants_debug: live.rules.wants_debug(parts, client),
             body: None,
         },
         body_cap,

@@ -59,6 +59,62 @@ pub(crate) enum Body {
     File(Bytes),
 }
 
+/// A header a rule writes: its value made once when it holds nothing of the request, rendered per
+/// request otherwise.
+#[derive(Debug)]
+pub(crate) struct Line {
+    pub name: HeaderName,
+    template: Template,
+    literal: Option<HeaderValue>,
+}
+
+impl Line {
+    fn new(name: HeaderName, template: Template) -> Self {
+        let literal = template
+            .literal()
+            .filter(|t| !t.is_empty())
+            .and_then(|t| HeaderValue::from_str(t).ok());
+        Self {
+            name,
+            template,
+            literal,
+        }
+    }
+
+    /// The value for this request; `None` removes the field (an empty value, or one that a request's
+    /// value made invalid).
+    pub fn value(&self, values: &crate::template::Values<'_>) -> Option<HeaderValue> {
+        if let Some(v) = &self.literal {
+            return Some(v.clone());
+        }
+        let text = self.template.render(values);
+        (!text.is_empty())
+            .then(|| HeaderValue::from_str(&text).ok())
+            .flatten()
+    }
+
+    /// Whether the value may be written as `Host`: the key's first `/` must end the host.
+    pub fn is_host(&self) -> bool {
+        self.name == http::header::HOST
+    }
+}
+
+/// A header a rule removes: by name (parsed once), or every name with a prefix.
+#[derive(Debug)]
+pub(crate) enum Unset {
+    Name(HeaderName),
+    Prefix(NamePattern),
+}
+
+impl Unset {
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Self::Name(n) => n == name,
+            Self::Prefix(p) => p.matches(name),
+        }
+    }
+}
+
 /// A request header mapped to classes.
 #[derive(Debug)]
 pub(crate) struct Bucket {
@@ -72,9 +128,9 @@ pub(crate) struct Bucket {
 #[derive(Debug, Default)]
 pub(crate) struct Actions {
     pub normalize_host: bool,
-    pub unset: Vec<NamePattern>,
-    pub set: Vec<(HeaderName, Template)>,
-    pub append: Vec<(HeaderName, Template)>,
+    pub unset: Vec<Unset>,
+    pub set: Vec<Line>,
+    pub append: Vec<Line>,
     pub query: Option<Query>,
     pub rewrite_path: Option<(Regex, Template)>,
     pub cookies: Option<Cookies>,
@@ -283,10 +339,12 @@ pub(crate) fn compile(
     }
     for n in &rule.unset_headers {
         let p = NamePattern::parse(&n.to_ascii_lowercase()).map_err(at("unset_headers"))?;
-        if let NamePattern::Exact(name) = &p {
-            header_name(name).map_err(at("unset_headers"))?;
-        }
-        actions.unset.push(p);
+        actions.unset.push(match p {
+            NamePattern::Exact(name) => {
+                Unset::Name(header_name(&name).map_err(at("unset_headers"))?)
+            }
+            prefix => Unset::Prefix(prefix),
+        });
     }
     for (field, edits, into) in [
         ("set_headers", &rule.set_headers, &mut actions.set),
@@ -313,7 +371,7 @@ pub(crate) fn compile(
                 )));
             }
             let t = header_template(value, groups).map_err(at(&format!("{field}.{name}")))?;
-            into.push((n, t));
+            into.push(Line::new(n, t));
         }
     }
     if let Some(q) = &rule.query {

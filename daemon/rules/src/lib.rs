@@ -28,11 +28,11 @@ use http::{
 
 pub use lacquer_config::Phase;
 use lacquer_config::Rule;
-use lacquer_policy::{host::request_host, normalize, storable::Adjust};
+use lacquer_policy::{head::valid_host, host::request_host, normalize, storable::Adjust};
 
-use compile::{Body, Compiled, Synthesis};
+use compile::{Body, Compiled, Line, Synthesis};
 pub use compile::{MAX_BODY, MAX_FILE};
-use template::{Template, Values};
+use template::Values;
 
 /// A rule that cannot be compiled, named as the file names it.
 #[derive(Debug, thiserror::Error)]
@@ -69,9 +69,23 @@ pub struct Rules {
     rules: Vec<Compiled>,
     /// Indices into `rules`, per phase, in file order.
     by_phase: [Vec<usize>; 5],
-    matched: Box<[AtomicU64]>,
+    /// Matches per rule, in [`SHARDS`] copies: every worker thread counts every request it serves into
+    /// one of them, so the threads do not fight over one cache line on each hit.
+    matched: Box<[Box<[AtomicU64]>]>,
     /// A rule shows hit counts (asked on every request).
     counts_hits: bool,
+}
+
+/// Copies of the counters: more than the worker threads of most machines this runs on.
+const SHARDS: usize = 16;
+
+/// The counters' copy this thread counts into, given out in turn as threads first count.
+fn shard() -> usize {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static SHARD: usize = (NEXT.fetch_add(1, Relaxed) % SHARDS as u64) as usize;
+    }
+    SHARD.with(|s| *s)
 }
 
 fn slot(phase: Phase) -> usize {
@@ -168,8 +182,8 @@ struct Response<'a> {
     headers: &'a HeaderMap,
 }
 
-/// Header lines a rule makes, rendered before the map they go into is borrowed.
-type Lines = Vec<(HeaderName, String)>;
+/// Header lines a rule writes, with their values for one request.
+type Lines<'a> = Vec<(&'a Line, Option<HeaderValue>)>;
 
 impl Rules {
     /// Compiles `rules`; `backends` are the names a rule's `backend` may take (backends and directors).
@@ -204,7 +218,13 @@ impl Rules {
             compiled.push(c);
         }
         Ok(Self {
-            matched: (0..compiled.len()).map(|_| AtomicU64::new(0)).collect(),
+            matched: (0..SHARDS)
+                .map(|_| {
+                    // At least a cache line each, so that two shards never share one.
+                    let len = compiled.len().next_multiple_of(8).max(8);
+                    (0..len).map(|_| AtomicU64::new(0)).collect()
+                })
+                .collect(),
             counts_hits: compiled.iter().any(|r| r.actions.debug_headers),
             rules: compiled,
             by_phase,
@@ -221,12 +241,27 @@ impl Rules {
         self.counts_hits
     }
 
+    /// Whether a `debug_headers` rule may show its headers to this request: its conditions on the request
+    /// hold (those on the response are tested when it is delivered). The data path carries the numbers to
+    /// the deliver phase only then.
+    pub fn wants_debug(&self, parts: &Parts, client: IpAddr) -> bool {
+        self.counts_hits
+            && self.phase(Phase::Deliver).any(|(_, r)| {
+                r.actions.debug_headers
+                    && matches(r, parts, client, None, &mut Vec::new(), &|_| true)
+            })
+    }
+
     /// Every rule with its phase and how many requests it matched since it was compiled.
     pub fn counters(&self) -> impl Iterator<Item = (&str, Phase, u64)> + '_ {
-        self.rules
-            .iter()
-            .zip(self.matched.iter())
-            .map(|(r, n)| (&*r.name, r.phase, n.load(Relaxed)))
+        self.rules.iter().enumerate().map(|(i, r)| {
+            let n = self
+                .matched
+                .iter()
+                .map(|shard| shard[i].load(Relaxed))
+                .sum();
+            (&*r.name, r.phase, n)
+        })
     }
 
     fn phase(&self, phase: Phase) -> impl Iterator<Item = (usize, &Compiled)> + '_ {
@@ -239,7 +274,7 @@ impl Rules {
     /// request and moves no counter.
     fn record(&self, index: usize, matched: bool, trace: &mut Option<&mut Trace>) {
         if matched && trace.is_none() {
-            self.matched[index].fetch_add(1, Relaxed);
+            self.matched[shard()][index].fetch_add(1, Relaxed);
         }
         if let Some(t) = trace {
             let r = &self.rules[index];
@@ -298,12 +333,15 @@ impl Rules {
                 status: None,
                 groups: &groups,
             };
-            let (set, append) = (render(&a.set, &values), render(&a.append, &values));
+            // Rendered before the head they go into is borrowed for writing.
+            let set: Lines = a.set.iter().map(|l| (l, l.value(&values))).collect();
+            let append: Lines = a.append.iter().map(|l| (l, l.value(&values))).collect();
             let target = rewritten_target(rule, parts, client, secure);
-            if set.iter().any(|(n, _)| n == header::HOST) {
+            if a.set.iter().any(Line::is_host) {
                 v.rerouted = true;
             }
-            edit(&mut parts.headers, &a.unset, set, append);
+            unset(&mut parts.headers, &a.unset);
+            write(&mut parts.headers, set, append);
             if let Some(target) = target {
                 if let Ok(uri) = target.parse::<Uri>() {
                     parts.uri = uri;
@@ -381,12 +419,7 @@ impl Rules {
             }
             let values = facts.values(None, &groups);
             let a = &rule.actions;
-            edit(
-                headers,
-                &a.unset,
-                render(&a.set, &values),
-                render(&a.append, &values),
-            );
+            edit(headers, a, &values);
             if rule.stop {
                 break;
             }
@@ -420,12 +453,7 @@ impl Rules {
             }
             let values = facts.values(Some(status), &groups);
             let a = &rule.actions;
-            edit(
-                headers,
-                &a.unset,
-                render(&a.set, &values),
-                render(&a.append, &values),
-            );
+            edit(headers, a, &values);
             let r = a.adjust;
             adjust = Adjust {
                 ttl: r.ttl.or(adjust.ttl),
@@ -473,7 +501,7 @@ impl Rules {
             if let Some(s) = &a.respond {
                 return Some(synthesize(s, status, &values));
             }
-            let mut set = render(&a.set, &values);
+            edit(headers, a, &values);
             if a.debug_headers {
                 let d = debug();
                 for (name, value) in [
@@ -481,11 +509,10 @@ impl Rules {
                     ("x-cache-ttl", d.ttl_s),
                 ] {
                     if let Some(n) = value {
-                        set.push((HeaderName::from_static(name), n.to_string()));
+                        headers.insert(HeaderName::from_static(name), HeaderValue::from(n));
                     }
                 }
             }
-            edit(headers, &a.unset, set, render(&a.append, &values));
             if rule.stop {
                 break;
             }
@@ -530,12 +557,7 @@ impl Rules {
                     body: Bytes::new(),
                 },
             };
-            edit(
-                &mut made.headers,
-                &a.unset,
-                render(&a.set, &values),
-                render(&a.append, &values),
-            );
+            edit(&mut made.headers, a, &values);
             if a.respond.is_some() || rule.stop {
                 return Some(made);
             }
@@ -559,25 +581,17 @@ impl Facts<'_> {
     }
 }
 
-fn render(lines: &[(HeaderName, Template)], values: &Values<'_>) -> Lines {
-    lines
-        .iter()
-        .map(|(n, t)| (n.clone(), t.render(values)))
-        .collect()
-}
-
-/// Applies a rule's header edits: removals first, then values set (an empty one removes), then appends.
-/// A rendered value that is no valid field value (a request's value put into it) is left out.
-fn edit(headers: &mut HeaderMap, unset: &[edit::NamePattern], set: Lines, append: Lines) {
+/// Removes the fields `unset` names.
+fn unset(headers: &mut HeaderMap, unset: &[compile::Unset]) {
     for pattern in unset {
         match pattern {
-            edit::NamePattern::Exact(name) => {
-                headers.remove(name.as_str());
+            compile::Unset::Name(name) => {
+                headers.remove(name);
             }
-            edit::NamePattern::Prefix(_) => {
+            compile::Unset::Prefix(prefix) => {
                 let doomed: Vec<HeaderName> = headers
                     .keys()
-                    .filter(|n| pattern.matches(n.as_str()))
+                    .filter(|n| prefix.matches(n.as_str()))
                     .cloned()
                     .collect();
                 for n in doomed {
@@ -586,27 +600,53 @@ fn edit(headers: &mut HeaderMap, unset: &[edit::NamePattern], set: Lines, append
             }
         }
     }
-    for (name, value) in set {
+}
+
+/// Writes rendered values: those set replace (`None` removes), then those appended join an existing
+/// value with `, `.
+fn write(headers: &mut HeaderMap, set: Lines<'_>, append: Lines<'_>) {
+    for (line, value) in set {
         // The key is made of `Host` and its first `/` must end the host: a value a request's parts were
         // put into must still be a host, or the request keeps its own.
-        if name == header::HOST && !lacquer_policy::head::valid_host(value.as_bytes()) {
+        if line.is_host() && !value.as_ref().is_some_and(|v| valid_host(v.as_bytes())) {
             continue;
         }
-        if value.is_empty() {
-            headers.remove(&name);
-        } else if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(name, v);
+        match value {
+            Some(v) => {
+                headers.insert(line.name.clone(), v);
+            }
+            None => {
+                headers.remove(&line.name);
+            }
         }
     }
-    for (name, value) in append {
-        let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-            Some(old) if !old.is_empty() => format!("{old}, {value}"),
-            _ => value,
+    for (line, value) in append {
+        let Some(value) = value else { continue };
+        let joined = match headers.get(&line.name) {
+            Some(old) if !old.is_empty() => {
+                let mut both = Vec::with_capacity(old.len() + 2 + value.len());
+                both.extend_from_slice(old.as_bytes());
+                both.extend_from_slice(b", ");
+                both.extend_from_slice(value.as_bytes());
+                HeaderValue::from_bytes(&both).ok()
+            }
+            _ => Some(value),
         };
-        if let Ok(v) = HeaderValue::from_str(&joined) {
-            headers.insert(name, v);
+        if let Some(v) = joined {
+            headers.insert(line.name.clone(), v);
         }
     }
+}
+
+/// A rule's header edits on a head other than the request's own, which no rendering borrows.
+fn edit(headers: &mut HeaderMap, a: &compile::Actions, values: &Values<'_>) {
+    unset(headers, &a.unset);
+    if a.set.is_empty() && a.append.is_empty() {
+        return;
+    }
+    let set = a.set.iter().map(|l| (l, l.value(values))).collect();
+    let append = a.append.iter().map(|l| (l, l.value(values))).collect();
+    write(headers, set, append);
 }
 
 /// The target after a rule's query rewrite and path rewrite, when either changes it. A rewritten path is
@@ -746,18 +786,12 @@ fn matches(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            let media = t
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            let (kind, sub) = media.split_once('/').unwrap_or((&media, ""));
-            if !w
-                .content_types
-                .iter()
-                .any(|(k, s)| k == kind && s.as_deref().is_none_or(|s| s == sub))
-            {
+            let media = t.split(';').next().unwrap_or("").trim();
+            let (kind, sub) = media.split_once('/').unwrap_or((media, ""));
+            if !w.content_types.iter().any(|(k, s)| {
+                k.eq_ignore_ascii_case(kind)
+                    && s.as_deref().is_none_or(|s| s.eq_ignore_ascii_case(sub))
+            }) {
                 return false;
             }
         }
