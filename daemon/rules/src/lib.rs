@@ -735,14 +735,14 @@ fn matches(
             return false;
         }
     }
-    let path = parts.uri.path();
-    if !w.path_prefix.is_empty() && !w.path_prefix.iter().any(|p| path.starts_with(p.as_str())) {
-        return false;
-    }
-    if !w.extensions.is_empty() {
-        let last = path.rsplit('/').next().unwrap_or("");
-        let ext = last.rsplit_once('.').map(|(_, e)| e);
-        if !ext.is_some_and(|e| w.extensions.iter().any(|x| x.eq_ignore_ascii_case(e))) {
+    if !w.path_prefix.is_empty() || !w.extensions.is_empty() || w.path_regex.is_some() {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        // A pass for `/account/` must not be escaped by a spelling only the origin resolves
+        // (`/;/account/`, `/%2Faccount/`): either reading matching is a match, as for routes and
+        // `[[deny]]`.
+        if !path_matches(rule, target, groups)
+            && !normalize::lenient(target).is_some_and(|l| path_matches(rule, &l, groups))
+        {
             return false;
         }
     }
@@ -805,27 +805,42 @@ fn matches(
             }
         }
     }
-    if let Some(r) = &w.path_regex {
-        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        if rule.groups == 0 {
-            if !r.is_match(target) {
-                return false;
-            }
-        } else {
-            let Some(caps) = r.captures(target) else {
-                return false;
-            };
-            groups.extend(
-                caps.iter()
-                    .skip(1)
-                    .map(|m| m.map_or(String::new(), |m| m.as_str().to_owned())),
-            );
-        }
-    }
     if let Some(want) = w.backend_healthy {
         if healthy(parts) != want {
             return false;
         }
+    }
+    true
+}
+
+/// Whether a target (path and query) meets a rule's path conditions: prefix, extension, regular
+/// expression (whose groups go to `groups`).
+fn path_matches(rule: &Compiled, target: &str, groups: &mut Vec<String>) -> bool {
+    let w = &rule.when;
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    if !w.path_prefix.is_empty() && !w.path_prefix.iter().any(|p| path.starts_with(p.as_str())) {
+        return false;
+    }
+    if !w.extensions.is_empty() {
+        let last = path.rsplit('/').next().unwrap_or("");
+        let ext = last.rsplit_once('.').map(|(_, e)| e);
+        if !ext.is_some_and(|e| w.extensions.iter().any(|x| x.eq_ignore_ascii_case(e))) {
+            return false;
+        }
+    }
+    if let Some(r) = &w.path_regex {
+        if rule.groups == 0 {
+            return r.is_match(target);
+        }
+        let Some(caps) = r.captures(target) else {
+            return false;
+        };
+        groups.clear();
+        groups.extend(
+            caps.iter()
+                .skip(1)
+                .map(|m| m.map_or(String::new(), |m| m.as_str().to_owned())),
+        );
     }
     true
 }

@@ -154,6 +154,19 @@ fn matches_pick_requests_by_method_path_header_cookie_query_and_client() {
         (false, false)
     );
     assert_eq!(pass("/a.css/x", &[], "192.0.2.1"), (false, false));
+    // A spelling only a lenient origin reads as `/api/x` passes as `/api/x` does.
+    let mut post = request("/;/api/x", &[]);
+    post.method = http::Method::POST;
+    assert!(
+        r.request(&mut post, client(), false, &|_, _| true, None)
+            .pass
+    );
+    let mut post = request("/%2Fapi/x", &[]);
+    post.method = http::Method::POST;
+    assert!(
+        r.request(&mut post, client(), false, &|_, _| true, None)
+            .pass
+    );
 }
 
 #[test]
