@@ -394,14 +394,11 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
         check("target", t.clone(), e.target.clone());
     }
     for (name, want) in &expect.headers {
-        let got = e
-            .headers
-            .iter()
-            .filter(|f| f.name.eq_ignore_ascii_case(name))
-            .map(|f| f.value.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        check(&format!("request header {name}"), want.clone(), got);
+        check(
+            &format!("request header {name}"),
+            want.clone(),
+            header_of(&e.headers, name),
+        );
     }
     if let Some(p) = expect.pass {
         check("pass", p.to_string(), (e.action == "pass").to_string());
@@ -420,16 +417,28 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
         check("synthetic status", s.to_string(), got);
     }
     if let Some(k) = &expect.key {
-        let got: Vec<String> = e
-            .key_fields
-            .iter()
-            .filter(|f| !is_built_in(f))
-            .cloned()
-            .collect();
+        // The rules' additions, not what the configuration keys every response on.
+        let got: Vec<String> = sim.looked_up.as_ref().map_or_else(Vec::new, |(_, a)| {
+            a.decided
+                .key
+                .iter()
+                .map(|n| n.as_str().to_owned())
+                .collect()
+        });
         check("key", format!("{k:?}"), format!("{got:?}"));
     }
-    let wants_response =
-        expect.stored.is_some() || expect.ttl.is_some() || !expect.response_headers.is_empty();
+    if let (Some(made), false) = (&e.synthetic, expect.response_headers.is_empty()) {
+        for (name, want) in &expect.response_headers {
+            check(
+                &format!("response header {name}"),
+                want.clone(),
+                header_of(&made.headers, name),
+            );
+        }
+    }
+    let wants_response = expect.stored.is_some()
+        || expect.ttl.is_some()
+        || (!expect.response_headers.is_empty() && e.synthetic.is_none());
     if wants_response {
         let response = example.response.clone().unwrap_or_default();
         let status = StatusCode::from_u16(response.status.unwrap_or(200))
@@ -463,14 +472,7 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
                     );
                 }
                 for (name, want) in &expect.response_headers {
-                    let got = a
-                        .response
-                        .headers
-                        .iter()
-                        .filter(|f| f.name.eq_ignore_ascii_case(name))
-                        .map(|f| f.value.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ");
+                    let got = header_of(&a.response.headers, name);
                     check(&format!("response header {name}"), want.clone(), got);
                 }
             }
@@ -483,11 +485,12 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
     }
 }
 
-/// Key fields the configuration adds to every stored response, not a rule: `accept-encoding` under
-/// compression and keyed forwarding fields. An example's `key` names a rule's additions only.
-fn is_built_in(field: &str) -> bool {
-    field == "accept-encoding"
-        || lacquer_policy::headers::FORWARDING
-            .iter()
-            .any(|n| n.as_str() == field)
+/// Every value of the field `name` in `fields`, joined as one line (empty when absent).
+fn header_of(fields: &[HeaderField], name: &str) -> String {
+    fields
+        .iter()
+        .filter(|f| f.name.eq_ignore_ascii_case(name))
+        .map(|f| f.value.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

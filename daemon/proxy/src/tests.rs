@@ -1316,3 +1316,47 @@ async fn backend_response_rules_decide_what_is_stored_and_for_how_long() {
     assert!(store.variants(&key("/video/a")).is_empty());
     assert_eq!(get_ruled(&w, "/api/u", &[]).await.x_cache(), "HIT");
 }
+
+/// Building the live settings runs every rule's examples through the phases: right ones pass, a wrong one
+/// fails naming the rule, the example and what came out instead.
+#[test]
+fn rules_examples_run_when_the_settings_are_built() {
+    let build = |text: &str| {
+        let mut config = Config::parse(text, "test").expect("parses");
+        config.backend[0].address = Some("127.0.0.1:1".into());
+        let backends = backend_set(&config).expect("backends");
+        Live::new(&config, &backends).map(drop)
+    };
+    let good = r#"
+        [[rule]]
+        name = "old"
+        match = { hosts = ["old.test"], path_regex = "^/(.*)$" }
+        respond = { status = 301, location = "https://new.test/$1" }
+        examples = [{ request = { url = "http://old.test/a?b" }, expect = { status = 301, response_headers = { location = "https://new.test/a?b" } } }]
+        [[rule]]
+        name = "proto"
+        set_headers = { "x-forwarded-proto" = "${scheme}" }
+        key = ["x-forwarded-proto"]
+        examples = [{ request = { url = "http://a.test/" }, expect = { key = ["x-forwarded-proto"], headers = { "x-forwarded-proto" = "http" } } }]
+        [[rule]]
+        name = "negative"
+        on = "backend_response"
+        match = { status = [404] }
+        ttl = "15s"
+        examples = [{ request = { url = "http://a.test/x" }, response = { status = 404 }, expect = { stored = true, ttl = "15s" } }]
+    "#;
+    build(good).expect("the examples hold");
+    let wrong = good.replace(r#"ttl = "15s" } }]"#, r#"ttl = "20s" } }]"#);
+    let err = build(&wrong).expect_err("a wrong example").to_string();
+    assert!(
+        err.contains(r#"rule[2] ("negative").examples[0]"#)
+            && err.contains("ttl: expected \"20s\", got \"15s\""),
+        "{err}"
+    );
+    let wrong = good.replace(
+        "location = \"https://new.test/a?b\"",
+        "location = \"https://new.test/\"",
+    );
+    let err = build(&wrong).expect_err("a wrong redirect").to_string();
+    assert!(err.contains("response header location"), "{err}");
+}
