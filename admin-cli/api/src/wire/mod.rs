@@ -20,7 +20,10 @@ pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 pub use log::{LogEntry, LogFilter};
 pub use objects::{HeaderField, Inspection, ObjectQuery, Representation, StoredVariant, Tiers};
 pub use reload::{NotApplied, Reloaded};
-pub use stats::{Field, Kind, ProxyStats, Stats, StoreStats, FAMILY_HELP};
+pub use stats::{
+    Field, Kind, ProxyStats, RuleMatches, Stats, StoreStats, FAMILY_HELP, RULE_MATCHES_HELP,
+    RULE_MATCHES_METRIC,
+};
 
 /// `GET /v1/health`: answered without the secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
