@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod explain;
 mod invalidation;
 mod log;
 mod metrics;
@@ -77,7 +78,7 @@ pub struct AdminState {
     tags(
         (name = "status", description = "Health, statistics, metrics and the live access log"),
         (name = "invalidation", description = "Bans and purges"),
-        (name = "objects", description = "What the store holds"),
+        (name = "objects", description = "What the store holds, and what would become of a request"),
         (name = "operations", description = "Backends and configuration"),
     )
 )]
@@ -150,6 +151,7 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .routes(routes!(invalidation::purge_url))
         .routes(routes!(invalidation::purge_tags))
         .routes(routes!(objects::inspect))
+        .routes(routes!(explain::explain))
         .routes(routes!(operations::backends))
         .routes(routes!(operations::reload))
         .route_layer(guard());
@@ -302,6 +304,13 @@ mod tests {
             (Method::POST, "/v1/purge/tags", bearer, json, r#"{"tags": []}"#, 400, "no_tags"),
             (Method::GET, "/v1/log/stream?status=6xx", bearer, None, "", 400, "invalid_query"),
             (Method::POST, "/v1/reload", bearer, None, "", 400, "invalid_config"),
+            (Method::POST, "/v1/explain", None, json, r#"{"url": "http://a/"}"#, 401, "unauthorized"),
+            (Method::POST, "/v1/explain", bearer, json, r#"{"url": "::"}"#, 400, "invalid_url"),
+            (Method::POST, "/v1/explain", bearer, json, r#"{"url": "/a"}"#, 400, "missing_host"),
+            (Method::POST, "/v1/explain", bearer, json, r#"{"url": "/a", "secure": "yes"}"#, 422, "invalid_body"),
+            (Method::POST, "/v1/explain", bearer, json, r#"{"url": "/a", "host": "a"}"#, 422, "invalid_body"),
+            (Method::POST, "/v1/explain", bearer, None, r#"{"url": "http://a/"}"#, 415, "invalid_body"),
+            (Method::GET, "/v1/explain", bearer, None, "", 405, "method_not_allowed"),
         ];
         for (method, path, authorization, content_type, body, status, code) in cases {
             let mut request = Request::builder().method(method.clone()).uri(path);

@@ -43,8 +43,8 @@ pub struct Health {
 pub struct ApiError {
     /// Stable, for scripts: `unauthorized`, `not_found`, `method_not_allowed`, `invalid_body`,
     /// `body_too_large`, `invalid_query`, `invalid_ban`, `invalid_url`, `missing_host`, `invalid_host`, `no_tags`,
-    /// `invalid_tag`, `too_many_tags`, `invalid_config`, `store_error`, `cluster_disabled` (`GET /v1/cluster` on a
-    /// single node).
+    /// `invalid_tag`, `too_many_tags`, `invalid_config`, `invalid_request` (`POST /v1/explain` of a request no
+    /// client could send), `store_error`, `cluster_disabled` (`GET /v1/cluster` on a single node).
     pub code: String,
     /// One line for a person.
     pub message: String,
