@@ -46,6 +46,11 @@ impl Director {
         }
     }
 
+    /// Whether any member is healthy (asking moves no round-robin turn).
+    pub fn any_healthy(&self, healthy: impl Fn(usize) -> bool) -> bool {
+        self.members.iter().any(|&b| healthy(b))
+    }
+
     /// A healthy member for a request with cache key `key`; `None` when every member is sick. Round robin
     /// and random choose among the healthy members only, so a sick member's share is spread evenly rather
     /// than handed to its neighbour.

@@ -51,22 +51,41 @@ impl Route {
     /// The backend for a request with cache key `key`; unavailable when it (or every member of the
     /// director) is sick.
     pub fn pick(&self, key: &str) -> Result<&Arc<BackendState>, BackendError> {
+        self.pick_from(None, key)
+    }
+
+    /// [`Route::pick`] among `chosen` (a rule's `backend`, made by [`Router::target`] from the same
+    /// configuration) instead of the route's own target, when given.
+    pub fn pick_from(
+        &self,
+        chosen: Option<&Target>,
+        key: &str,
+    ) -> Result<&Arc<BackendState>, BackendError> {
+        let target = chosen.unwrap_or(&self.target);
         let healthy = |b: usize| self.backends[b].is_healthy();
-        let chosen = match &self.target {
+        let picked = match target {
             Target::Backend(b) => healthy(*b).then_some(*b),
             Target::Director(d) => d.pick(key, healthy),
         };
-        chosen
+        picked
             .map(|b| &self.backends[b])
             .ok_or_else(|| BackendError::Unavailable {
-                name: self.target_name().to_owned(),
+                name: self.target_name(target).to_owned(),
                 reason: "sick",
             })
     }
 
-    /// What the route targets.
-    fn target_name(&self) -> &str {
-        match &self.target {
+    /// Whether `chosen` (else the route's target) has a healthy backend to send to.
+    pub fn is_healthy(&self, chosen: Option<&Target>) -> bool {
+        match chosen.unwrap_or(&self.target) {
+            Target::Backend(b) => self.backends[*b].is_healthy(),
+            Target::Director(d) => d.any_healthy(|b| self.backends[b].is_healthy()),
+        }
+    }
+
+    /// The name of what `target` is.
+    pub fn target_name<'a>(&'a self, target: &'a Target) -> &'a str {
+        match target {
             Target::Backend(b) => self.backends[*b].name(),
             Target::Director(d) => &d.name,
         }
@@ -91,6 +110,8 @@ pub struct Router {
     routes: Vec<Arc<Route>>,
     /// For requests no route matches: the first backend, `[cache]` as is.
     fallback: Arc<Route>,
+    /// Every backend and director by name, for rules that choose one.
+    named: Vec<(String, Target)>,
 }
 
 impl Router {
@@ -233,11 +254,28 @@ impl Router {
             rate_limit: None,
             strip_forwarding,
         });
+        let named = names
+            .map(|name| Ok((name.clone(), target(0, name)?)))
+            .collect::<Result<_, ConfigError>>()?;
         Ok(Self {
             backends: backends.clone(),
             routes,
             fallback,
+            named,
         })
+    }
+
+    /// How the configuration names `route`: `route[N]`, or `default` for the one no route matches.
+    pub fn describe(&self, route: &Arc<Route>) -> String {
+        self.routes
+            .iter()
+            .position(|r| Arc::ptr_eq(r, route))
+            .map_or_else(|| "default".to_owned(), |n| format!("route[{n}]"))
+    }
+
+    /// The backend or director named `name`, for a rule that sends requests there.
+    pub fn target(&self, name: &str) -> Option<&Target> {
+        self.named.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
 
     /// Forgets rate-limit buckets that are full again (run now and then).
@@ -269,6 +307,7 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header;
 
     fn config(text: &str) -> Config {
         Config::parse(text, "t").unwrap()
@@ -331,7 +370,7 @@ mod tests {
         ];
         for (host, path, target, pass, strip) in cases {
             let r = router.route(&request(host, path));
-            let got = (r.target_name(), r.pass, r.strip_cookies);
+            let got = (r.target_name(&r.target), r.pass, r.strip_cookies);
             assert_eq!(got, (target, pass, strip), "{host}{path}");
         }
         let cdn = router.route(&request("a.cdn.test", "/"));

@@ -100,6 +100,12 @@ pub struct Rule {
     /// Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub respond: Option<Respond>,
+    /// `POST` requests looked up and stored (request), keyed by a digest of their body, for bodies of at
+    /// most this size with a `Content-Length` (GraphQL queries); other bodies pass. Only a response with
+    /// explicit freshness (`max-age`, `s-maxage`, `Expires`) is stored, and the rule's `match.methods`
+    /// must be `["POST"]`. Default: none (a POST invalidates and passes, RFC 9111 §4.4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_body: Option<ByteSize>,
     /// The most stale an object in grace may be and still be answered at once (request, Varnish's
     /// `req.grace`); past it the request waits for the origin, and the object still stands in if the
     /// origin fails. Default: the object's grace.

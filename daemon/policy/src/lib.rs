@@ -150,7 +150,7 @@ mod hostile {
             cache_control::CacheControl::from_headers(&h);
             age::corrected_initial_age(&h, now, now);
             storable::decide(true, StatusCode::OK, &h, &policy, now);
-            request::classify(&Method::GET, &h, &policy);
+            request::classify(&Method::GET, &h, &policy, false);
             vary::selection(&["range".to_string()], &h);
             conditional::not_modified(&h, Some(value), None, Some(value));
             range::evaluate(&h, 1000, Some(value), Some(value));

@@ -46,8 +46,14 @@ pub fn answered_here(parts: &Parts) -> Option<AnsweredHere> {
 /// Classifies a request: unsafe methods invalidate; `OPTIONS`, `TRACE`, and `GET`/`HEAD` with
 /// `Cookie` (unless `[cache]` allows it) or `Cache-Control: no-store` pass; a GET with `Authorization`
 /// (unless `[cache]` allows it) is a miss whose response may be stored for others, a HEAD with it passes;
-/// the rest are looked up.
-pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> RequestClass {
+/// the rest are looked up. `cache_cookies` looks up requests with `Cookie` whatever the policy says (a
+/// rule's `cache_cookies`).
+pub fn classify(
+    method: &Method,
+    headers: &HeaderMap,
+    policy: &Policy,
+    cache_cookies: bool,
+) -> RequestClass {
     match *method {
         Method::GET | Method::HEAD => {}
         // Safe methods change nothing at the origin.
@@ -55,7 +61,9 @@ pub fn classify(method: &Method, headers: &HeaderMap, policy: &Policy) -> Reques
         // Unsafe methods, and methods whose safety is unknown, invalidate (RFC 9111 §4.4).
         _ => return RequestClass::Invalidate,
     }
-    if headers.contains_key(header::COOKIE) && !policy.cache.cache_cookie_requests {
+    if headers.contains_key(header::COOKIE)
+        && !(policy.cache.cache_cookie_requests || cache_cookies)
+    {
         return RequestClass::Pass("cookie");
     }
     if CacheControl::from_headers(headers).no_store {
@@ -240,10 +248,18 @@ mod tests {
                 );
             }
             assert_eq!(
-                classify(&method.parse().unwrap(), &headers, policy),
+                classify(&method.parse().unwrap(), &headers, policy, false),
                 *want,
                 "{method} {h:?}"
             );
         }
+        let cookie = [("cookie", "lang=fr")];
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, cookie[0].1.parse().unwrap());
+        assert_eq!(
+            classify(&Method::GET, &headers, &p, true),
+            RequestClass::Lookup,
+            "a rule's cache_cookies looks it up"
+        );
     }
 }

@@ -62,6 +62,15 @@ pub fn replaces_stand_in(status: StatusCode) -> bool {
     !failure(status)
 }
 
+/// Whether the response gives its freshness itself (`max-age`, `s-maxage`, `Expires`, or the targeted
+/// field's): what a cached POST's response needs (RFC 9110 §9.3.3, RFC 9111 §3).
+pub fn explicitly_fresh(headers: &HeaderMap, policy: &Policy) -> bool {
+    let cc = CacheControl::governing(headers, &policy.cache.targeted_cache_control);
+    cc.max_age.is_some()
+        || cc.s_maxage.is_some()
+        || (!cc.targeted && headers.contains_key(header::EXPIRES))
+}
+
 fn has_validator(headers: &HeaderMap) -> bool {
     headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED)
 }
@@ -224,6 +233,29 @@ mod tests {
     use crate::test_headers as headers;
     use crate::Cache;
     use crate::Lines;
+
+    #[test]
+    fn explicit_freshness_is_what_the_response_says_itself() {
+        let p = Policy::default();
+        let cases: &[(Lines, bool)] = &[
+            (&[("cache-control", "max-age=60")], true),
+            (&[("cache-control", "s-maxage=60, private")], true),
+            (&[("expires", "Thu, 01 Jan 2099 00:00:00 GMT")], true),
+            (&[("last-modified", "Thu, 01 Jan 2015 00:00:00 GMT")], false),
+            (&[("cache-control", "public")], false),
+            (
+                &[
+                    ("cdn-cache-control", "no-store"),
+                    ("expires", "Thu, 01 Jan 2099 00:00:00 GMT"),
+                ],
+                false,
+            ),
+            (&[], false),
+        ];
+        for (h, want) in cases {
+            assert_eq!(explicitly_fresh(&headers(h), &p), *want, "{h:?}");
+        }
+    }
 
     fn store(ttl: u64, grace: u64, no_stale: bool, vary: &[&str]) -> Decision {
         let stale_if_error = if no_stale {

@@ -2,6 +2,7 @@
 //! response is storable, into the store.
 
 use std::{
+    borrow::Cow,
     net::IpAddr,
     panic::AssertUnwindSafe,
     sync::Arc,
@@ -13,20 +14,21 @@ use futures_util::FutureExt;
 use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt;
+use lacquer_rules::Phase;
 use lacquer_storage::ObjectMeta;
 
 use super::{forward, Found};
 use lacquer_backends::{error_chain, routing::Route, BackendError};
 use lacquer_policy::{
     age::corrected_initial_age,
-    headers::strip_hop_by_hop,
     storable::{self, Decision, Storable},
     surrogate, vary, Policy,
 };
 
 use crate::{
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
-    coding::{FillCoding, Pushed, IDENTITY_LENGTH},
+    coding::{FillCoding, Pushed},
+    phase::{self, Decided},
     stats::{add, dec, inc},
     store::{BodyWriter, CacheStore},
     worker::Worker,
@@ -56,6 +58,8 @@ pub struct Fill {
     pub client: IpAddr,
     /// The route the request took: its backend and cache policy.
     pub route: Arc<Route>,
+    /// What the request's rules decided for the later phases.
+    pub decided: Decided,
     /// A stored variant with validators: they go with the request, and a 304 refreshes it instead of
     /// transferring the body again (RFC 9111 §4.3).
     pub stale: Option<Found>,
@@ -151,7 +155,17 @@ async fn revalidated<S: CacheStore>(
     let status = StatusCode::from_u16(old.status).unwrap_or(StatusCode::OK);
     let authorized = request.parts.headers.contains_key(header::AUTHORIZATION);
     let policy = &request.route.policy;
-    let decision = storable::decide(authorized, status, &headers, policy, response_time);
+    let live = worker.shared.live();
+    let adjust = phase::backend_response(
+        &live.rules,
+        &request.parts,
+        request.client,
+        &request.decided,
+        status,
+        &mut headers,
+    );
+    let decision =
+        storable::decide_adjusted(authorized, status, &headers, policy, &adjust, response_time);
     let ttl = match &decision {
         Decision::Store(s) => s.ttl.saturating_sub(Duration::from_secs(initial_age)),
         Decision::DontStore(_) => Duration::ZERO,
@@ -305,7 +319,10 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     let key = key.as_str();
     let shared = &worker.shared;
     let policy = &route.policy;
-    let backend = match route.pick(key) {
+    let live = shared.live();
+    let rules = &live.rules;
+    let decided = &request.decided;
+    let backend = match route.pick_from(decided.target.as_ref(), key) {
         Ok(state) => worker.pool(state),
         Err(e) => return failed(worker, fetch, key, e),
     };
@@ -313,8 +330,22 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     // With nothing stored to validate with, the client's own validators may go: a 304 is not shareable,
     // so any request coalesced on this fill fetches again for itself rather than take it.
     let client_validators = stale.is_none() && !request.background;
+    // The backend-request rules edit a copy of the head once per fill: the copy is what is sent (twice
+    // when a pooled connection was stale), and what a variant is checked against below.
+    let sent_head = if rules.has(Phase::BackendRequest) {
+        let mut sent = Parts::clone(parts);
+        phase::backend_request(rules, parts, *client, decided, &mut sent.headers);
+        Cow::Owned(sent)
+    } else {
+        Cow::Borrowed(&**parts)
+    };
     let build = || {
-        let mut req = forward::fill_request(parts, *client, client_validators);
+        let mut req = forward::fill_request(
+            &sent_head,
+            *client,
+            client_validators,
+            decided.body.as_ref(),
+        );
         forward::count_interim(&mut req, &shared.stats);
         if let Some(stale) = stale {
             let meta = stale.meta();
@@ -356,11 +387,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     let response_time = lacquer_clock::wall();
     let received_at = lacquer_clock::monotonic();
     let (mut head, mut body) = resp.into_parts();
-    strip_hop_by_hop(&mut head.headers);
-    head.headers.remove(IDENTITY_LENGTH);
-    if route.strip_cookies {
-        head.headers.remove(header::SET_COOKIE);
-    }
+    phase::origin_fields(decided, &mut head.headers);
     if !head.headers.contains_key(header::DATE) {
         head.headers.insert(
             header::DATE,
@@ -382,20 +409,35 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         .await;
     }
 
+    let adjust = phase::backend_response(
+        rules,
+        parts,
+        *client,
+        decided,
+        head.status,
+        &mut head.headers,
+    );
     let authorized = parts.headers.contains_key(header::AUTHORIZATION);
     let too_large = head
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         .is_some_and(|len| len > policy.cache.max_object_size.as_u64());
-    let decision = match storable::decide(
+    let decision = match storable::decide_adjusted(
         authorized,
         head.status,
         &head.headers,
         policy,
+        &adjust,
         response_time,
     ) {
         Decision::Store(_) if too_large => Decision::DontStore("too large"),
+        // RFC 9111 §3: a POST's response is stored only when it says how long it is fresh.
+        Decision::Store(_)
+            if decided.body.is_some() && !storable::explicitly_fresh(&head.headers, policy) =>
+        {
+            Decision::DontStore("POST without explicit freshness")
+        }
         Decision::Store(_) if request.stand_in && !storable::replaces_stand_in(head.status) => {
             Decision::DontStore("server error while a stale object stands in")
         }
@@ -409,7 +451,23 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             if policy.compression.is_some() && !names.iter().any(|n| n == "accept-encoding") {
                 names.push("accept-encoding".into());
             }
-            (Some(s.clone()), vary::selection(&names, &parts.headers))
+            for name in &decided.key {
+                if !names.iter().any(|n| n == name.as_str()) {
+                    names.push(name.as_str().to_owned());
+                }
+            }
+            let selection = vary::selection(&names, &parts.headers);
+            if vary::selection(&names, &sent_head.headers) != selection {
+                // The origin saw another value than the one a lookup selects with: stored, it would
+                // answer requests it was not made for.
+                tracing::debug!(
+                    key,
+                    "varies on a field a backend_request rule changed; not storing"
+                );
+                (None, Vec::new())
+            } else {
+                (Some(s.clone()), selection)
+            }
         }
         Decision::DontStore(reason) => {
             tracing::debug!(key, reason, "not storing");

@@ -2,6 +2,8 @@
 
 use std::{net::IpAddr, sync::Arc};
 
+use bytes::Bytes;
+
 use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Uri, Version};
 
 use lacquer_backends::body::{self, Body};
@@ -27,6 +29,7 @@ pub fn append(headers: &mut HeaderMap, name: header::HeaderName, value: &str) {
 /// normalised as it is keyed, see `lacquer_policy::request::host_from_authority`).
 fn prepare_headers(headers: &mut HeaderMap, client: IpAddr) {
     strip_hop_by_hop(headers);
+    headers.remove(crate::phase::BODY_DIGEST);
     append(
         headers,
         header::HeaderName::from_static("x-forwarded-for"),
@@ -81,13 +84,23 @@ pub fn origin_request(
 /// are answered from it. The client's own `If-None-Match` and `If-Modified-Since` go with it only when
 /// `client_validators` (nothing stored to validate with: the origin's 304 then answers that client); the
 /// other conditionals, which would make the origin answer 412 or a part, never do.
-pub fn fill_request(parts: &Parts, client: IpAddr, client_validators: bool) -> Request<Body> {
+/// A POST keyed by its body (`keyed_body`) is sent as the POST it is, with that body.
+pub fn fill_request(
+    parts: &Parts,
+    client: IpAddr,
+    client_validators: bool,
+    keyed_body: Option<&Bytes>,
+) -> Request<Body> {
+    let (method, sent) = match keyed_body {
+        Some(b) => (Method::POST, body::full(b.clone())),
+        None => (Method::GET, body::empty()),
+    };
     let mut req = origin_request(
-        Method::GET,
+        method,
         parts.uri.clone(),
         parts.headers.clone(),
         client,
-        body::empty(),
+        sent,
     );
     let headers = req.headers_mut();
     if !client_validators {
@@ -103,6 +116,9 @@ pub fn fill_request(parts: &Parts, client: IpAddr, client_validators: bool) -> R
         header::EXPECT,
     ] {
         headers.remove(name);
+    }
+    if let Some(b) = keyed_body {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
     }
     req
 }
@@ -216,7 +232,12 @@ mod tests {
             (false, &[][..]),
             (true, &["if-none-match", "if-modified-since"][..]),
         ] {
-            let req = fill_request(&parts, "127.0.0.1".parse().unwrap(), client_validators);
+            let req = fill_request(
+                &parts,
+                "127.0.0.1".parse().unwrap(),
+                client_validators,
+                None,
+            );
             assert_eq!(req.method(), Method::GET);
             assert_eq!(req.version(), Version::HTTP_11);
             assert_eq!(req.uri(), "/a?b");

@@ -6,12 +6,14 @@ pub mod access_log;
 pub mod cluster;
 pub mod coalesce;
 mod coding;
+pub mod explain;
 mod fetch;
 mod forward;
 pub mod invalidation;
 #[cfg(test)]
 mod memory;
 mod peer;
+mod phase;
 mod prepared;
 mod purge_method;
 mod respond;
@@ -33,6 +35,7 @@ use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Resp
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use lacquer_edge::{Client, EdgeStats};
+use lacquer_rules::Phase;
 use lacquer_storage::{ChunkRead, ObjectMeta, ObjectSet, Tier};
 
 use self::respond::Outcome;
@@ -44,10 +47,9 @@ use lacquer_backends::{
 use lacquer_policy::{
     encoding::{Coded, Coding, Delivery},
     head,
-    headers::{strip_forwarding, strip_hop_by_hop},
+    headers::strip_hop_by_hop,
     key::primary_key,
-    normalize,
-    request::{answered_here, classify, host_from_authority, AnsweredHere, RequestClass},
+    request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
     vary,
 };
@@ -56,6 +58,7 @@ use crate::{
     coalesce::{Fetch, Joined},
     coding::{Conversion, Negotiated},
     fetch::Fill,
+    phase::{Admitted, Answered, Decided},
     prepared::Prepared,
     stats::{add, inc, Stats},
     store::CacheStore,
@@ -132,27 +135,48 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
     // Only a cluster's members mark requests as forwarded, and prove it; neither header reaches the origin.
     let forwarded_by = parts.headers.remove(&cluster::FORWARDED_BY);
     let forward_proof = parts.headers.remove(&cluster::FORWARD_PROOF);
+    parts.headers.remove(phase::BODY_DIGEST);
     let Client {
         ip: client,
         max_request_body,
+        secure,
         ..
     } = client;
-    let route = {
+    let (admitted, delivers) = {
         // A guard, not a counted reference: nothing is awaited while it is held.
         let live = worker.shared.live.load();
-        normalize::apply(&mut parts, &live.normalize);
-        if live.deny.iter().any(|rule| rule.matches(&parts, client)) {
+        let admitted = phase::request(&live, &mut parts, client, secure, None);
+        (admitted, phase::delivers(&live.rules))
+    };
+    let Admitted {
+        route,
+        mut decided,
+        class,
+        body_cap,
+    } = match admitted {
+        Ok(admitted) => admitted,
+        Err(Answered::Denied) => {
             inc(&stats.denied);
             return refused(StatusCode::FORBIDDEN, "denied", None);
         }
-        live.router.route(&parts).clone()
+        Err(Answered::Synthetic(made)) => return phase::synthetic(*made),
     };
-    if route.strip_forwarding {
-        strip_forwarding(&mut parts.headers);
-    }
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
+    let body = match body_cap {
+        Some(cap) => match Limited::new(body, cap as usize).collect().await {
+            Ok(read) => {
+                phase::key_body(&mut parts, &mut decided, read.to_bytes());
+                None
+            }
+            Err(_) => {
+                inc(&stats.bad_requests);
+                return refused(StatusCode::BAD_REQUEST, "request body failed", None);
+            }
+        },
+        None => Some(body),
+    };
     if let Some(Err(wait)) = route.rate_limit.as_ref().map(|l| l.check(client)) {
         inc(&stats.rate_limited);
         return refused(
@@ -161,13 +185,6 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
             Some(wait),
         );
     }
-    if route.strip_cookies {
-        parts.headers.remove(header::COOKIE);
-    }
-    let class = match classify(&parts.method, &parts.headers, &route.policy) {
-        RequestClass::Lookup | RequestClass::Miss(_) if route.pass => RequestClass::Pass("route"),
-        class => class,
-    };
     if let (RequestClass::Lookup | RequestClass::Miss(_), Some(cluster)) =
         (&class, &worker.shared.cluster)
     {
@@ -193,19 +210,43 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
             }
         }
     }
-    let resp = match class {
-        RequestClass::Lookup => lookup(&worker, client, &route, parts, false).await,
-        RequestClass::Miss(_) => lookup(&worker, client, &route, parts, true).await,
+    let (resp, parts) = match class {
+        RequestClass::Lookup | RequestClass::Miss(_) => {
+            let own_fetch = matches!(class, RequestClass::Miss(_));
+            lookup(&worker, client, &route, &decided, parts, own_fetch).await
+        }
         RequestClass::Pass(_) | RequestClass::Invalidate => {
+            let body = body.expect("only a looked-up POST has its body read");
             let unsafe_method = class == RequestClass::Invalidate;
-            match limited(body, &parts, max_request_body) {
-                Some(body) => pass(&worker, client, &route, parts, body, unsafe_method).await,
+            // A pass hands its head to the origin request; the deliver phase needs a copy to match on.
+            let kept = delivers.then(|| Arc::new(parts.clone()));
+            let resp = match limited(body, &parts, max_request_body) {
+                Some(body) => {
+                    pass(
+                        &worker,
+                        client,
+                        &route,
+                        &decided,
+                        parts,
+                        body,
+                        unsafe_method,
+                    )
+                    .await
+                }
                 None => {
                     inc(&stats.bodies_too_large);
                     body_too_large()
                 }
-            }
+            };
+            (resp, kept)
         }
+    };
+    let resp = match parts.filter(|_| delivers) {
+        Some(parts) => {
+            let live = worker.shared.live.load();
+            phase::deliver(&live.rules, &parts, client, secure, resp)
+        }
+        None => resp,
     };
     counted(resp, worker.shared.stats.clone())
 }
@@ -288,9 +329,11 @@ async fn lookup<S: CacheStore>(
     worker: &Arc<Worker<S>>,
     client: IpAddr,
     route: &Arc<Route>,
+    decided: &Decided,
     mut parts: Parts,
     own_fetch: bool,
-) -> Response<Body> {
+) -> (Response<Body>, Option<Arc<Parts>>) {
+    let parts_back = |resp: Response<Body>, parts: &Arc<Parts>| (resp, Some(parts.clone()));
     let shared = &worker.shared;
     let key = primary_key(&parts);
     // From here on the request carries the `Accept-Encoding` the origin is sent and the variant is made
@@ -304,6 +347,7 @@ async fn lookup<S: CacheStore>(
     let ctx = Ctx {
         client,
         route,
+        decided,
         negotiated: negotiated.as_ref(),
     };
     if own_fetch {
@@ -312,7 +356,8 @@ async fn lookup<S: CacheStore>(
             vouched: false,
         };
         let alone = miss(worker, &ctx, &key, &parts, Joining::Never, nothing, None).await;
-        return alone.expect("a fetch of its own never waits for another variant");
+        let resp = alone.expect("a fetch of its own never waits for another variant");
+        return parts_back(resp, &parts);
     }
     let mut may_wait = true;
     let mut looked_again = false;
@@ -326,7 +371,12 @@ async fn lookup<S: CacheStore>(
         let mut stale = None;
         if let Some(found) = find(worker, &key, &parts).await {
             let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
-            match usability(found.meta().lifetime(now)) {
+            match within_request_grace(
+                usability(found.meta().lifetime(now)),
+                found.meta(),
+                now,
+                decided,
+            ) {
                 // An invalidation this node has not seen may cover what it stores: the origin confirms
                 // the object (a 304 to its validators) or sends it again.
                 Usability::Fresh | Usability::Grace if !vouched => {
@@ -345,7 +395,7 @@ async fn lookup<S: CacheStore>(
                     )
                     .await
                     {
-                        return resp;
+                        return parts_back(resp, &parts);
                     }
                 }
                 Usability::Grace => {
@@ -358,8 +408,8 @@ async fn lookup<S: CacheStore>(
                         serve_stored(worker, &ctx, &key, &parts, &found, now, outcome).await
                     {
                         inc(&shared.stats.stale_served);
-                        refresh(worker, &key, &parts, client, route, found);
-                        return resp;
+                        refresh(worker, &ctx, &key, &parts, found);
+                        return parts_back(resp, &parts);
                     }
                 }
                 Usability::OnError | Usability::Unusable => stale = Some(found),
@@ -376,7 +426,7 @@ async fn lookup<S: CacheStore>(
             vouched,
         };
         match miss(worker, &ctx, &key, &parts, joining, stale, looked_up_at).await {
-            Some(resp) => return resp,
+            Some(resp) => return parts_back(resp, &parts),
             // Another variant's fetch has settled, or a fetch finished since the lookup: look up again,
             // this time without waiting for anyone.
             None => {
@@ -397,6 +447,8 @@ fn vouched<S: CacheStore>(shared: &Shared<S>) -> bool {
 struct Ctx<'a> {
     client: IpAddr,
     route: &'a Arc<Route>,
+    /// What the request phase's rules decided.
+    decided: &'a Decided,
     /// The client's `Accept-Encoding` when the route negotiates codings.
     negotiated: Option<&'a Negotiated>,
 }
@@ -433,7 +485,16 @@ impl Ctx<'_> {
         if let Some(n) = self.negotiated {
             n.restore(&mut parts.headers);
         }
-        pass(worker, self.client, self.route, parts, body::empty(), false).await
+        pass(
+            worker,
+            self.client,
+            self.route,
+            self.decided,
+            parts,
+            body::empty(),
+            false,
+        )
+        .await
     }
 }
 
@@ -504,7 +565,7 @@ async fn serve_stored<S: CacheStore>(
                     &owned
                 }
             };
-            return Some(respond::stored(
+            let resp = respond::stored(
                 shared.store.clone(),
                 found.set.clone(),
                 found.index,
@@ -515,7 +576,8 @@ async fn serve_stored<S: CacheStore>(
                 parts,
                 head,
                 &conversion,
-            ));
+            );
+            return Some(with_debug(resp, ctx, &prepared, meta, now));
         }
     }
     let first = if meta.length == 0 {
@@ -541,7 +603,7 @@ async fn serve_stored<S: CacheStore>(
         first.as_ref().map_or(Tier::Memory, |c| c.tier),
     );
     let data = first.map(|c| c.data);
-    Some(respond::stored(
+    let resp = respond::stored(
         shared.store.clone(),
         found.set.clone(),
         found.index,
@@ -552,7 +614,45 @@ async fn serve_stored<S: CacheStore>(
         parts,
         &prepared,
         &ctx.conversion(delivery, &shared.stats),
-    ))
+    );
+    Some(with_debug(resp, ctx, &prepared, meta, now))
+}
+
+/// Counts the hit and carries the count and the freshness left to the deliver phase, while a rule shows
+/// them (`debug_headers`).
+fn with_debug(
+    mut resp: Response<Body>,
+    ctx: &Ctx<'_>,
+    prepared: &Prepared,
+    meta: &ObjectMeta,
+    now: u64,
+) -> Response<Body> {
+    if ctx.decided.counts_hits {
+        let debug = lacquer_rules::Debug {
+            hits: Some(prepared.hits.count()),
+            ttl_s: Some(meta.remaining_ttl_ms(now) / 1000),
+        };
+        resp.extensions_mut().insert(phase::DebugInfo(debug));
+    }
+    resp
+}
+
+/// `usability`, with the request rules' `request_grace` applied: an object in grace staler than that
+/// waits for the origin, and still stands in if the origin fails.
+fn within_request_grace(
+    usable: Usability,
+    meta: &ObjectMeta,
+    now: u64,
+    decided: &Decided,
+) -> Usability {
+    match (usable, decided.request_grace) {
+        (Usability::Grace, Some(limit))
+            if meta.remaining_ttl_ms(now).unsigned_abs() > limit.as_millis() as u64 =>
+        {
+            Usability::OnError
+        }
+        (usable, _) => usable,
+    }
 }
 
 /// The sibling of `found` this client should be sent instead of converting its body (stored in `coding`)
@@ -613,12 +713,12 @@ async fn sibling<S: CacheStore>(
 /// unless a fetch for it is already running.
 fn refresh<S: CacheStore>(
     worker: &Arc<Worker<S>>,
+    ctx: &Ctx<'_>,
     key: &str,
     parts: &Arc<Parts>,
-    client: IpAddr,
-    route: &Arc<Route>,
     found: Found,
 ) {
+    let Ctx { client, route, .. } = *ctx;
     let now = worker.shared.store.mark();
     let transit_buffer = route.policy.cache.transit_buffer.as_u64();
     if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now, transit_buffer, None) {
@@ -628,6 +728,7 @@ fn refresh<S: CacheStore>(
             parts: parts.clone(),
             client,
             route: route.clone(),
+            decided: ctx.decided.clone(),
             stale: found.revalidatable().then_some(found),
             background: true,
             stand_in: true,
@@ -699,6 +800,7 @@ async fn miss<S: CacheStore>(
             parts: parts.clone(),
             client,
             route: route.clone(),
+            decided: ctx.decided.clone(),
             stale: stale
                 .clone()
                 .filter(|found| revalidate && found.revalidatable()),
@@ -760,8 +862,12 @@ async fn miss<S: CacheStore>(
         Ok(_) => None,
     };
     let now = lacquer_clock::now_ms();
-    let fallback = stale
-        .filter(|found| usability(found.meta().lifetime(now)) == Usability::OnError && vouched);
+    let fallback = stale.filter(|found| {
+        // An object in grace reaches a miss only past a rule's `request_grace` (or unvouched, which
+        // `vouched` keeps out): it stands in as an object past grace does.
+        let usable = usability(found.meta().lifetime(now));
+        matches!(usable, Usability::OnError | Usability::Grace) && vouched
+    });
     if let (Some(fwd_status), Some(found)) = (failure, &fallback) {
         let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
         let outcome = Outcome::Stale {
@@ -810,7 +916,7 @@ async fn miss<S: CacheStore>(
                 collapsed: !owner,
                 detail: Some("backend-error"),
             };
-            respond::error(e.status, outcome, &e.error.to_string())
+            phase::own_error(respond::error(e.status, outcome, &e.error.to_string()))
         }
     };
     Some(resp)
@@ -820,6 +926,7 @@ async fn pass<S: CacheStore>(
     worker: &Worker<S>,
     client: IpAddr,
     route: &Route,
+    decided: &Decided,
     parts: Parts,
     body: Body,
     unsafe_method: bool,
@@ -828,11 +935,19 @@ async fn pass<S: CacheStore>(
     inc(&shared.stats.passes);
     let outcome = Outcome::Pass { unsafe_method };
     let invalidation_target = unsafe_method.then(|| parts.clone());
-    let sent = match route.pick(&primary_key(&parts)) {
+    let live = shared.live();
+    let rules = &live.rules;
+    // The head is handed to the origin request; the backend phases' rules match on a copy.
+    let client_head = (rules.has(Phase::BackendRequest) || rules.has(Phase::BackendResponse))
+        .then(|| parts.clone());
+    let sent = match route.pick_from(decided.target.as_ref(), &primary_key(&parts)) {
         Ok(backend) => {
             inc(&shared.stats.backend_requests);
             let mut req =
                 forward::origin_request(parts.method, parts.uri, parts.headers, client, body);
+            if let Some(head) = &client_head {
+                phase::backend_request(rules, head, client, decided, req.headers_mut());
+            }
             forward::count_interim(&mut req, &shared.stats);
             worker.pool(backend).send(req).await
         }
@@ -850,12 +965,12 @@ async fn pass<S: CacheStore>(
         }
         Err(e @ BackendError::Unavailable { .. }) => {
             inc(&shared.stats.backend_unavailable);
-            return respond::error(e.status(), outcome, &e.to_string());
+            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
         }
         Err(e) => {
             inc(&shared.stats.backend_errors);
             tracing::warn!(error = %e, "pass failed");
-            return respond::error(e.status(), outcome, &e.to_string());
+            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
         }
     };
     let (mut head, body) = resp.into_parts();
@@ -869,7 +984,17 @@ async fn pass<S: CacheStore>(
             }
         }
     }
-    strip_hop_by_hop(&mut head.headers);
+    phase::origin_fields(decided, &mut head.headers);
+    if let Some(request) = &client_head {
+        phase::backend_response(
+            rules,
+            request,
+            client,
+            decided,
+            head.status,
+            &mut head.headers,
+        );
+    }
     respond::decorate(&mut head.headers, outcome, None);
     let stats = shared.stats.clone();
     let body = body.map_frame(move |f| {

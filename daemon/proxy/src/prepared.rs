@@ -1,6 +1,8 @@
 //! The response head of a stored body, finished once per copy of its metadata: a hit clones it and sets
 //! the two fields that change from one response to the next (`Age`, `Cache-Status`).
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 use lacquer_policy::encoding::{self, Coded, Coding};
 use lacquer_storage::ObjectMeta;
@@ -25,6 +27,26 @@ pub struct Prepared {
     pub coded: Coded,
     /// The decoded length recorded at fill time, for a body stored compressed.
     pub identity_length: Option<u64>,
+    /// Times this copy was served, counted only while a rule shows it (`debug_headers`): as Varnish's
+    /// `obj.hits`, it starts again when the object is read back into memory.
+    pub hits: Hits,
+}
+
+/// A hit counter that clones as its current value.
+#[derive(Debug, Default)]
+pub struct Hits(AtomicU64);
+
+impl Hits {
+    /// Counts one hit; the count including it.
+    pub fn count(&self) -> u64 {
+        self.0.fetch_add(1, Relaxed) + 1
+    }
+}
+
+impl Clone for Hits {
+    fn clone(&self) -> Self {
+        Self(AtomicU64::new(self.0.load(Relaxed)))
+    }
 }
 
 impl Prepared {
@@ -48,6 +70,7 @@ impl Prepared {
             head,
             coded,
             identity_length,
+            hits: Hits::default(),
         }
     }
 
@@ -73,6 +96,7 @@ impl Prepared {
             head,
             coded: coding.map_or(Coded::Identity, Coded::With),
             identity_length: None,
+            hits: Hits::default(),
         }
     }
 }

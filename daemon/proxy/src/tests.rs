@@ -24,6 +24,7 @@ use crate::{
     access_log::AccessLog,
     coalesce::Coalescer,
     memory::MemoryStore,
+    phase::Decided,
     stats::Stats,
     worker::{Live, Shared, Worker},
 };
@@ -108,7 +109,9 @@ async fn respond(
 ) -> Response<Body> {
     let parts = parts(path, headers);
     let route = worker.shared.live.load().router.route(&parts).clone();
-    crate::lookup(worker, CLIENT, &route, parts, false).await
+    crate::lookup(worker, CLIENT, &route, &Decided::default(), parts, false)
+        .await
+        .0
 }
 
 /// A GET for `path` on [`HOST`] through the lookup path, its body read to the end.

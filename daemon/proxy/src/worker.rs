@@ -42,7 +42,7 @@ impl Live {
     /// The live settings of `config`, with backends made from its `[[backend]]`s; building them is their
     /// validation, and the error names the setting that cannot be built.
     pub fn new(config: &Config, backends: &BackendSet) -> Result<Self, ConfigError> {
-        Ok(Self {
+        let live = Self {
             router: Router::new(config, backends)?,
             purge: config.purge.clone(),
             deny: config
@@ -60,7 +60,9 @@ impl Live {
                 Rules::compile(&config.rule, &names)
                     .map_err(|e| ConfigError::setting(e.setting(), e.reason))?
             },
-        })
+        };
+        crate::explain::check_examples(&live, &config.rule)?;
+        Ok(live)
     }
 }
 

@@ -87,6 +87,7 @@ pub(crate) struct Actions {
     pub backend: Option<Arc<str>>,
     pub respond: Option<Synthesis>,
     pub request_grace: Option<Duration>,
+    pub cache_body: Option<u64>,
     pub adjust: Adjust,
     pub debug_headers: bool,
 }
@@ -458,6 +459,25 @@ pub(crate) fn compile(
         }
         actions.respond = Some(synthesis(r, phase, groups)?);
     }
+    if let Some(cap) = rule.cache_body {
+        allowed(phase, "cache_body", &request_only)?;
+        if when.methods != [Method::POST] {
+            return Err((
+                "cache_body".into(),
+                "needs match.methods = [\"POST\"]: only POST bodies are keyed".into(),
+            ));
+        }
+        if rule.pass || rule.pipe || cap.as_u64() == 0 || cap.as_u64() > MAX_FILE {
+            return Err((
+                "cache_body".into(),
+                format!(
+                    "must be between 1 byte and {} MiB, without pass or pipe",
+                    MAX_FILE / (1024 * 1024)
+                ),
+            ));
+        }
+        actions.cache_body = Some(cap.as_u64());
+    }
     if let Some(g) = rule.request_grace {
         allowed(phase, "request_grace", &request_only)?;
         actions.request_grace = Some(g);
@@ -519,6 +539,7 @@ pub(crate) fn compile(
         || actions.backend.is_some()
         || actions.respond.is_some()
         || actions.request_grace.is_some()
+        || actions.cache_body.is_some()
         || actions.adjust != Adjust::default()
         || actions.debug_headers
         || rule.stop;

@@ -134,6 +134,8 @@ pub struct RequestVerdict {
     pub request_grace: Option<Duration>,
     /// The host or path changed: the request is routed again.
     pub rerouted: bool,
+    /// A POST body of at most this many bytes is read and keyed (`cache_body`).
+    pub cache_body: Option<u64>,
 }
 
 /// The client's request a response phase's conditions are tested against: as it was looked up and
@@ -230,9 +232,10 @@ impl Rules {
             .map(move |&i| (i, &self.rules[i]))
     }
 
-    /// Counts and traces one rule's test.
+    /// Counts one rule's test, or traces it: a traced run (`cachectl explain`, an example) is not a
+    /// request and moves no counter.
     fn record(&self, index: usize, matched: bool, trace: &mut Option<&mut Trace>) {
-        if matched {
+        if matched && trace.is_none() {
             self.matched[index].fetch_add(1, Relaxed);
         }
         if let Some(t) = trace {
@@ -331,6 +334,9 @@ impl Rules {
             }
             if let Some(g) = a.request_grace {
                 v.request_grace = Some(g);
+            }
+            if let Some(cap) = a.cache_body {
+                v.cache_body = Some(cap);
             }
             if let Some(s) = &a.respond {
                 let values = Values {
@@ -749,7 +755,7 @@ fn matches(
                 .headers
                 .get(header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-            if !len.is_some_and(|l| l > limit) {
+            if len.is_none_or(|l| l <= limit) {
                 return false;
             }
         }

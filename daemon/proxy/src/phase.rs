@@ -1,0 +1,289 @@
+//! The data path's phases, each in one place and named as rules name them (docs/rules.md): [`request`]
+//! (before routing and lookup), the lookup (`lookup` in lib.rs), [`backend_request`] (a request leaving
+//! for the origin), [`backend_response`] (the origin's answer, before the store decides on it),
+//! [`deliver`] (every response leaving for the client) and [`error`] (what lacquerd answers itself when
+//! no backend answered). Each runs its built-in steps and then the live rules of its phase.
+
+use std::{net::IpAddr, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+
+use http::{
+    header::{self, HeaderName},
+    request::Parts,
+    HeaderMap, HeaderValue, Response, StatusCode,
+};
+
+use lacquer_backends::{
+    body::{self, Body},
+    routing::{Route, Target},
+};
+use lacquer_policy::{
+    headers::{strip_forwarding, strip_hop_by_hop},
+    normalize,
+    request::{classify, RequestClass},
+    storable::Adjust,
+};
+use lacquer_rules::{Debug, Facts, Phase, RequestVerdict, Rules, Synthetic, Trace};
+
+use crate::{coding::IDENTITY_LENGTH, worker::Live};
+
+/// What the request phase decided about a request it lets through to the lookup or the origin, beyond
+/// the head it rewrote.
+pub(crate) struct Admitted {
+    /// The route the request takes.
+    pub route: Arc<Route>,
+    /// What the request's rules decided for the phases after this one.
+    pub decided: Decided,
+    /// Lookup, miss, pass or invalidation.
+    pub class: RequestClass,
+    /// A POST keyed by its body: read at most this many bytes of it before the lookup.
+    pub body_cap: Option<u64>,
+}
+
+/// What the request phase's rules decided that later phases act on; carried by the lookup and its fills.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Decided {
+    /// The request came over TLS.
+    pub secure: bool,
+    /// `Set-Cookie` is removed from the response (`strip_cookies`, or a route's `cookies = "strip"`).
+    pub strip_set_cookie: bool,
+    /// Request fields the stored response varies on, beyond its `Vary` (a rule's `key`).
+    pub key: Vec<HeaderName>,
+    /// The backend or director a rule chose instead of the route's.
+    pub target: Option<Target>,
+    /// The most stale an object in grace may be to be answered at once.
+    pub request_grace: Option<Duration>,
+    /// A deliver rule shows hit counts: hits are counted and carried to it.
+    pub counts_hits: bool,
+    /// A POST keyed by its body (`cache_body`): the body, read before the lookup, that every fill sends.
+    pub body: Option<Bytes>,
+}
+
+/// The request field a POST keyed by its body carries from the lookup to the variant: the body's digest.
+/// Never sent to the origin, and removed from what clients send.
+pub(crate) const BODY_DIGEST: HeaderName = HeaderName::from_static("lacquer-body-digest");
+
+/// Whether `parts` is a POST a `cache_body` rule keys: its declared length within `cap`.
+fn keyed_post(parts: &Parts, cap: Option<u64>) -> bool {
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    parts.method == http::Method::POST
+        && cap.is_some_and(|cap| declared.is_some_and(|len| len <= cap))
+}
+
+/// Keys a POST by its `body` (read whole, within the rule's cap): the digest goes into the head as a
+/// field the variant is made of, and the body into what every fill sends.
+pub(crate) fn key_body(parts: &mut Parts, decided: &mut Decided, body: Bytes) {
+    let digest = xxhash_rust::xxh3::xxh3_128(&body);
+    let value = HeaderValue::from_str(&format!("{digest:032x}")).expect("hex is a field value");
+    parts.headers.insert(BODY_DIGEST, value);
+    decided.key.push(BODY_DIGEST);
+    decided.body = Some(body);
+}
+
+/// A request the request phase answers itself.
+pub(crate) enum Answered {
+    /// A `[[deny]]` rule refused it.
+    Denied,
+    /// A rule's `respond` (boxed: it is the rare outcome, and large).
+    Synthetic(Box<Synthetic>),
+}
+
+/// The request phase: the target normalised, `[[deny]]`, the route, forwarding fields stripped as that
+/// route says (before rules, so that rules may set them), the request rules (routed again when they
+/// changed the host or path, and `[[deny]]` asked again), `Cookie` stripped, and the request classified.
+/// The head is, from here on, what the key and variant are made of and what the origin receives.
+pub(crate) fn request(
+    live: &Live,
+    parts: &mut Parts,
+    client: IpAddr,
+    secure: bool,
+    trace: Option<&mut Trace>,
+) -> Result<Admitted, Answered> {
+    normalize::apply(parts, &live.normalize);
+    let denied = |parts: &Parts| live.deny.iter().any(|rule| rule.matches(parts, client));
+    if denied(parts) {
+        return Err(Answered::Denied);
+    }
+    let mut route = live.router.route(parts);
+    if route.strip_forwarding {
+        strip_forwarding(&mut parts.headers);
+    }
+    let mut verdict = if live.rules.has(Phase::Request) {
+        let healthy = |p: &Parts, chosen: Option<&str>| {
+            let target = chosen.and_then(|name| live.router.target(name));
+            live.router.route(p).is_healthy(target)
+        };
+        live.rules.request(parts, client, secure, &healthy, trace)
+    } else {
+        RequestVerdict::default()
+    };
+    if let Some(made) = verdict.respond.take() {
+        return Err(Answered::Synthetic(Box::new(made)));
+    }
+    if verdict.rerouted {
+        if denied(parts) {
+            return Err(Answered::Denied);
+        }
+        route = live.router.route(parts);
+    }
+    if route.strip_cookies {
+        parts.headers.remove(header::COOKIE);
+    }
+    // A POST a rule keys by its body is classified as the GET it is cached as.
+    let body_cap = keyed_post(parts, verdict.cache_body)
+        .then_some(verdict.cache_body)
+        .flatten();
+    let method = match body_cap {
+        Some(_) => &http::Method::GET,
+        None => &parts.method,
+    };
+    let class = match classify(method, &parts.headers, &route.policy, verdict.cache_cookies) {
+        RequestClass::Lookup | RequestClass::Miss(_) if route.pass => RequestClass::Pass("route"),
+        RequestClass::Lookup | RequestClass::Miss(_) if verdict.pass => RequestClass::Pass("rule"),
+        RequestClass::Lookup | RequestClass::Miss(_) if verdict.pipe => RequestClass::Pass("pipe"),
+        class => class,
+    };
+    let target = verdict
+        .backend
+        .as_deref()
+        .and_then(|name| live.router.target(name))
+        .cloned();
+    Ok(Admitted {
+        decided: Decided {
+            secure,
+            strip_set_cookie: verdict.strip_set_cookie || route.strip_cookies,
+            key: verdict.key,
+            target,
+            request_grace: verdict.request_grace,
+            counts_hits: live.rules.counts_hits(),
+            body: None,
+        },
+        body_cap,
+        class,
+        route: route.clone(),
+    })
+}
+
+/// The backend-request phase, on the fields of a request leaving for the origin (a fill, a revalidation,
+/// a pass) made for the client's request `parts`.
+pub(crate) fn backend_request(
+    rules: &Rules,
+    parts: &Parts,
+    client: IpAddr,
+    decided: &Decided,
+    headers: &mut HeaderMap,
+) {
+    if rules.has(Phase::BackendRequest) {
+        let facts = Facts {
+            parts,
+            client,
+            secure: decided.secure,
+        };
+        rules.backend_request(facts, headers, None);
+    }
+}
+
+/// The backend-response phase's built-in part, on the head of every origin response to a fill or a
+/// pass: hop-by-hop fields and the internal length field removed, `Set-Cookie` stripped when the
+/// request's route or rules say so.
+pub(crate) fn origin_fields(decided: &Decided, headers: &mut HeaderMap) {
+    strip_hop_by_hop(headers);
+    headers.remove(IDENTITY_LENGTH);
+    if decided.strip_set_cookie {
+        headers.remove(header::SET_COOKIE);
+    }
+}
+
+/// The backend-response phase's rules, on the head the store decides on (for a 304, the stored head
+/// it updated), returning what they change in that decision.
+pub(crate) fn backend_response(
+    rules: &Rules,
+    parts: &Parts,
+    client: IpAddr,
+    decided: &Decided,
+    status: StatusCode,
+    headers: &mut HeaderMap,
+) -> Adjust {
+    if !rules.has(Phase::BackendResponse) {
+        return Adjust::default();
+    }
+    let facts = Facts {
+        parts,
+        client,
+        secure: decided.secure,
+    };
+    rules.backend_response(facts, status, headers, None)
+}
+
+/// What a response carries to the deliver phase for `debug_headers`, put there only while a rule shows
+/// them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DebugInfo(pub Debug);
+
+/// Marks a response lacquerd made itself for want of a backend's answer: the error phase replaces it.
+#[derive(Debug, Clone, Copy)]
+struct OwnError;
+
+/// `resp`, an error lacquerd made because no backend answered, marked for the error phase.
+pub(crate) fn own_error(mut resp: Response<Body>) -> Response<Body> {
+    resp.extensions_mut().insert(OwnError);
+    resp
+}
+
+/// The deliver phase (and, for an error lacquerd made, the error phase), on a response leaving for the
+/// client: the rules edit the head the data path prepared (for a hit, its own copy of the stored one) or
+/// replace the response.
+pub(crate) fn deliver(
+    rules: &Rules,
+    parts: &Parts,
+    client: IpAddr,
+    secure: bool,
+    mut resp: Response<Body>,
+) -> Response<Body> {
+    let facts = Facts {
+        parts,
+        client,
+        secure,
+    };
+    if resp.extensions().get::<OwnError>().is_some() {
+        return match rules.error(facts, resp.status(), None) {
+            Some(made) => synthetic(made),
+            None => resp,
+        };
+    }
+    if !rules.has(Phase::Deliver) {
+        return resp;
+    }
+    let debug = resp
+        .extensions()
+        .get::<DebugInfo>()
+        .map_or_else(Debug::default, |d| d.0);
+    let status = resp.status();
+    match rules.deliver(facts, status, resp.headers_mut(), &|| debug, None) {
+        Some(made) => synthetic(made),
+        None => resp,
+    }
+}
+
+/// Whether the error phase or the deliver phase has anything to do for this request.
+pub(crate) fn delivers(rules: &Rules) -> bool {
+    rules.has(Phase::Deliver) || rules.has(Phase::Error)
+}
+
+/// A response a rule made, framed.
+pub(crate) fn synthetic(made: Synthetic) -> Response<Body> {
+    let Synthetic {
+        status,
+        mut headers,
+        body: bytes,
+    } = made;
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    let mut resp = Response::new(body::full(bytes));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    resp
+}
