@@ -514,9 +514,18 @@ async fn explain_reads_like_a_report_and_asks_nothing_of_the_origin() {
     let old = format!("http://{}/old/x", d.addr);
     let (code, out, err) = ctl(&d, &["explain", &old, "-X", "HEAD", "--client", "10.1.2.3"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.starts_with("action      synthetic (rule \"old\")\n"), "{out}");
-    assert!(out.contains("synthetic   301\n            location: /new/x\n"), "{out}");
-    assert!(!out.contains("to origin"), "nothing leaves for the origin: {out}");
+    assert!(
+        out.starts_with("action      synthetic (rule \"old\")\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("synthetic   301\n            location: /new/x\n"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("to origin"),
+        "nothing leaves for the origin: {out}"
+    );
 
     let (code, _, err) = ctl(&d, &["explain", "/page"]);
     assert_eq!(code, 1, "refused: {err}");
@@ -525,7 +534,12 @@ async fn explain_reads_like_a_report_and_asks_nothing_of_the_origin() {
     assert_eq!(code, 2, "bad usage: {err}");
     assert!(err.contains("'Name: value'"), "{err}");
 
-    assert_eq!(origin.total(), seen, "explain sends nothing: {:?}", origin.seen());
+    assert_eq!(
+        origin.total(),
+        seen,
+        "explain sends nothing: {:?}",
+        origin.seen()
+    );
 }
 
 #[test]

@@ -78,13 +78,23 @@ async fn explain_shows_a_pass_a_redirect_and_a_stored_object_without_the_origin(
     assert_eq!(pass.action, "pass", "{pass:?}");
     assert_eq!(pass.reason.as_deref(), Some("rule \"api\""), "{pass:?}");
     assert_eq!(pass.key, None, "a pass is not looked up: {pass:?}");
-    assert_eq!((pass.method.as_str(), pass.target.as_str()), ("GET", "/api/x?q=1"));
+    assert_eq!(
+        (pass.method.as_str(), pass.target.as_str()),
+        ("GET", "/api/x?q=1")
+    );
     assert!(matched(&pass).contains(&("api", "request")), "{pass:?}");
-    assert!(pass.stored.is_none() && pass.synthetic.is_none(), "{pass:?}");
+    assert!(
+        pass.stored.is_none() && pass.synthetic.is_none(),
+        "{pass:?}"
+    );
 
     let redirect = explain(&d, &format!("{base}/old/a?b=1"), &[]).await;
     assert_eq!(redirect.action, "synthetic", "{redirect:?}");
-    assert_eq!(redirect.reason.as_deref(), Some("rule \"old\""), "{redirect:?}");
+    assert_eq!(
+        redirect.reason.as_deref(),
+        Some("rule \"old\""),
+        "{redirect:?}"
+    );
     let answer = redirect.synthetic.as_ref().expect("the rule's answer");
     assert_eq!(answer.status, 301);
     let location: Vec<&str> = answer
@@ -94,11 +104,18 @@ async fn explain_shows_a_pass_a_redirect_and_a_stored_object_without_the_origin(
         .map(|h| h.value.as_str())
         .collect();
     assert_eq!(location, ["/new/a?b=1"], "{redirect:?}");
-    assert!(matched(&redirect).contains(&("old", "request")), "{redirect:?}");
+    assert!(
+        matched(&redirect).contains(&("old", "request")),
+        "{redirect:?}"
+    );
 
     let lookup = explain(&d, &format!("{base}/page"), &[]).await;
     assert_eq!(lookup.action, "lookup", "{lookup:?}");
-    assert_eq!(lookup.key.as_deref(), Some(&*format!("{}/page", d.addr)), "{lookup:?}");
+    assert_eq!(
+        lookup.key.as_deref(),
+        Some(&*format!("{}/page", d.addr)),
+        "{lookup:?}"
+    );
     assert_eq!(lookup.target, "/page");
     let object = lookup.stored.as_ref().expect("the stored object");
     assert_eq!(object.state, "fresh", "{object:?}");
@@ -114,10 +131,16 @@ async fn explain_shows_a_pass_a_redirect_and_a_stored_object_without_the_origin(
                 && h.value == "max-age=300"),
         "the deliver rule's field is in the response: {object:?}"
     );
-    assert!(matched(&lookup).contains(&("hsts", "deliver")), "{lookup:?}");
+    assert!(
+        matched(&lookup).contains(&("hsts", "deliver")),
+        "{lookup:?}"
+    );
 
     let path_only = explain(&d, "/page", &[("Host", &d.addr.to_string())]).await;
-    assert_eq!(path_only.key, lookup.key, "a path with a Host is the same request");
+    assert_eq!(
+        path_only.key, lookup.key,
+        "a path with a Host is the same request"
+    );
 
     match client(&d)
         .explain(&ExplainRequest {
@@ -130,7 +153,10 @@ async fn explain_shows_a_pass_a_redirect_and_a_stored_object_without_the_origin(
         .await
     {
         Err(AdminError::Refused { status, error }) => {
-            assert_eq!((status.as_u16(), error.code.as_str()), (400, "missing_host"));
+            assert_eq!(
+                (status.as_u16(), error.code.as_str()),
+                (400, "missing_host")
+            );
         }
         other => panic!("a path without a Host: {other:?}"),
     }

@@ -52,7 +52,10 @@ async fn metric(d: &Daemon, rule: &str, phase: &str) -> Option<f64> {
     let text = String::from_utf8(reply.body.to_vec()).unwrap();
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
         .expect("Prometheus text parses");
-    assert!(scrape.docs.contains_key("lacquer_rule_matches_total"), "HELP");
+    assert!(
+        scrape.docs.contains_key("lacquer_rule_matches_total"),
+        "HELP"
+    );
     scrape
         .samples
         .iter()
@@ -86,7 +89,11 @@ async fn counts_follow_traffic_and_restart_on_reload() {
 
     let reloaded = d.admin_post("/v1/reload", Value::Null).await;
     assert_eq!(reloaded.status, 200, "{:?}", reloaded.body);
-    assert_eq!(counts(&d).await, expected(0, 0, 0), "a reload starts afresh");
+    assert_eq!(
+        counts(&d).await,
+        expected(0, 0, 0),
+        "a reload starts afresh"
+    );
     assert_eq!(metric(&d, "static", "request").await, Some(0.0));
     get(d.addr, "/site.css").await;
     assert_eq!(counts(&d).await, expected(1, 0, 1));

@@ -24,10 +24,8 @@ pub async fn explain(
     ApiJson(request): ApiJson<ExplainRequest>,
 ) -> Result<Json<Explanation>, AdminError> {
     check_url(&request)?;
-    let shared = state.shared.clone();
-    tokio::task::spawn_blocking(move || stub::explain(&shared, &request))
+    lacquer_proxy::explain::explain(&state.shared, &request)
         .await
-        .expect("explaining does not panic")
         .map(Json)
         .map_err(AdminError::Unexplainable)
 }
@@ -44,16 +42,6 @@ fn check_url(request: &ExplainRequest) -> Result<(), AdminError> {
         Err(InvalidationError::MissingHost(_)) if sends_host => Ok(()),
         Err(e) => Err(e.into()),
         Ok(_) => Ok(()),
-    }
-}
-
-// TEMPORARY, until main's `proxy: rules wired` is merged: lacquer_proxy::explain::explain replaces it.
-mod stub {
-    use lacquer_admin::wire::{ExplainRequest, Explanation};
-    use lacquer_proxy::worker::Shared;
-
-    pub fn explain(_: &Shared, _: &ExplainRequest) -> Result<Explanation, String> {
-        Err("explain is not wired yet".into())
     }
 }
 
