@@ -76,8 +76,12 @@ fn render(e: &Explanation) -> String {
         Some(reason) => line(&mut out, "action", format!("{} ({reason})", e.action)),
         None => line(&mut out, "action", &e.action),
     }
-    line(&mut out, "route", &e.route);
-    line(&mut out, "backend", &e.backend);
+    // Neither is chosen for a request answered before routing (a rule's answer, a deny, a bad head).
+    for (label, value) in [("route", &e.route), ("backend", &e.backend)] {
+        if !value.is_empty() {
+            line(&mut out, label, value);
+        }
+    }
     line(
         &mut out,
         "key",
@@ -246,14 +250,14 @@ response    200
                 headers: vec![field("location", "/new/a")],
             }),
             stored: None,
+            route: String::new(),
+            backend: String::new(),
             ..explanation()
         };
         assert_eq!(
             render(&e),
             "\
 action      synthetic (rule \"old\")
-route       route[0]
-backend     default
 key         none (not looked up)
 rules       request           old  matched
 synthetic   301
