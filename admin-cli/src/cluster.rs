@@ -11,7 +11,7 @@ use lacquer_admin::{
 };
 
 use crate::{
-    stats::{summary_text, values},
+    stats::{rules, summary_text, values},
     table::{render as table, Align},
     Output,
 };
@@ -176,6 +176,11 @@ pub fn render_stats(
             .fold(None, |sum, rate| Some(sum.unwrap_or(0.0) + rate))
     };
     out + &values(&r.total, filter, previous.is_some(), rate)
+        + &rules(
+            &r.total,
+            previous.map(|(b, elapsed)| (&b.total, elapsed)),
+            filter,
+        )
 }
 
 /// The main counters per member, and their sum.

@@ -1,6 +1,7 @@
 //! `cachectl`: operate a running `lacquerd` through its admin API.
 
 mod cluster;
+mod explain;
 mod invalidation;
 mod log;
 mod objects;
@@ -85,6 +86,25 @@ enum Command {
         /// The host, when URL is a path.
         #[arg(long)]
         host: Option<String>,
+    },
+    /// What lacquerd would do with a request, and why: the rules tried at each phase, the route, backend
+    /// and cache key, what the origin would be sent, a rule's own answer, the stored object it would be
+    /// answered from. Nothing is sent to the origin.
+    Explain {
+        /// `http://host/path?query`, or `/path?query` with `-H 'Host: …'`.
+        url: String,
+        /// A request header, `Name: value`; repeatable, sent in the order given.
+        #[arg(short = 'H', long = "header", value_name = "NAME: VALUE", value_parser = explain::header_field)]
+        headers: Vec<lacquer_admin::wire::HeaderField>,
+        /// The request method. Default: GET.
+        #[arg(short = 'X', long = "method", value_name = "METHOD")]
+        method: Option<String>,
+        /// The client's address, as `client` conditions see it. Default: 192.0.2.1.
+        #[arg(long = "client", value_name = "IP")]
+        from: Option<std::net::IpAddr>,
+        /// As if the request came over TLS (`${scheme}` is https).
+        #[arg(long)]
+        secure: bool,
     },
     /// The backends and how their requests have been going.
     Backends,
@@ -180,6 +200,13 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             soft,
         } => invalidation::purge(client, out, url, host, tags, soft).await,
         Command::Inspect { url, host } => objects::inspect(client, out, url, host).await,
+        Command::Explain {
+            url,
+            headers,
+            method,
+            from,
+            secure,
+        } => explain::explain(client, out, url, method, headers, from, secure).await,
         Command::Backends => operations::backends(client, out).await,
         Command::Log { url, status } => log::follow(client, out, LogFilter { url, status }).await,
         Command::Reload => operations::reload(client, out).await,

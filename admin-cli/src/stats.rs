@@ -94,7 +94,43 @@ fn render(
             None => None,
         }
     };
-    header + &summary_text(stats) + "\n" + &values(stats, filter, previous.is_some(), rate)
+    header
+        + &summary_text(stats)
+        + "\n"
+        + &values(stats, filter, previous.is_some(), rate)
+        + &rules(stats, previous, filter)
+}
+
+/// Each `[[rule]]`'s matches (whose `rules.NAME.PHASE` contains `filter`), after a blank line; nothing
+/// without rules. Rates only over an interval: a reload restarts the counts, so an average since start
+/// would mislead.
+pub fn rules(stats: &Stats, previous: Option<(&Stats, Duration)>, filter: Option<&str>) -> String {
+    let rows: Vec<Vec<String>> = stats
+        .rules
+        .iter()
+        .filter(|r| filter.is_none_or(|f| format!("rules.{}.{}", r.rule, r.phase).contains(f)))
+        .map(|r| {
+            let rate = previous
+                .and_then(|(before, elapsed)| {
+                    stats.rule_rate_since(&r.rule, &r.phase, before, elapsed)
+                })
+                .map_or_else(String::new, |r| format!("{r:.2}"));
+            vec![r.rule.clone(), r.phase.clone(), r.matched.to_string(), rate]
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    "\n".to_owned()
+        + &table(
+            &[
+                ("RULE", Align::Left),
+                ("PHASE", Align::Left),
+                ("MATCHED", Align::Right),
+                ("PER SEC (NOW)", Align::Right),
+            ],
+            &rows,
+        )
 }
 
 /// The summary lines, indented.
@@ -211,7 +247,7 @@ fn summary(stats: &Stats) -> Vec<(&'static str, String)> {
 
 #[cfg(test)]
 mod tests {
-    use lacquer_admin::wire::{ProxyStats, StoreStats};
+    use lacquer_admin::wire::{ProxyStats, RuleMatches, StoreStats};
 
     use super::*;
 
@@ -232,6 +268,7 @@ mod tests {
                 memory_bytes_capacity: 4 << 20,
                 ..Default::default()
             },
+            rules: Vec::new(),
         }
     }
 
@@ -272,6 +309,52 @@ mod tests {
         let text = render(&second, Some((&first, Duration::from_secs(2))), None, "a");
         assert!(text.contains("PER SEC (NOW)"), "{text}");
         assert_eq!(row(&text, "proxy.hits")[..3], ["proxy.hits", "90", "30.00"]);
+    }
+
+    #[test]
+    fn rules_follow_the_values_with_rates_over_the_interval() {
+        let with = |static_n, deliver_n| Stats {
+            rules: vec![
+                RuleMatches {
+                    rule: "static".into(),
+                    phase: "request".into(),
+                    matched: static_n,
+                },
+                RuleMatches {
+                    rule: "rule[1]".into(),
+                    phase: "deliver".into(),
+                    matched: deliver_n,
+                },
+            ],
+            ..stats(1, 1, 10)
+        };
+        let first = with(10, 4);
+        let text = render(&first, None, None, "a");
+        let tail = text.split("\nRULE").nth(1).expect("a rules table");
+        assert_eq!(
+            tail,
+            "     PHASE    MATCHED  PER SEC (NOW)\n\
+             static   request       10\n\
+             rule[1]  deliver        4\n",
+            "no average since start: a reload restarts the counts\n{text}"
+        );
+        let second = with(30, 1);
+        let text = render(&second, Some((&first, Duration::from_secs(2))), None, "a");
+        assert_eq!(row(&text, "static"), ["static", "request", "30", "10.00"]);
+        assert_eq!(
+            row(&text, "rule[1]"),
+            ["rule[1]", "deliver", "1", "0.50"],
+            "a count that restarted counts from 0"
+        );
+        let only = render(&second, None, Some("deliver"), "a");
+        assert!(
+            only.contains("rule[1]") && !only.contains("static"),
+            "{only}"
+        );
+        assert!(
+            !render(&stats(1, 1, 1), None, None, "a").contains("RULE"),
+            "no rules, no table"
+        );
     }
 
     #[test]

@@ -466,13 +466,90 @@ async fn reload_applies_the_cache_policy_and_reports_the_rest() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn explain_reads_like_a_report_and_asks_nothing_of_the_origin() {
+    let origin = Origin::start(|_| Reply::ok("page").header("cache-control", "max-age=60")).await;
+    let d = Daemon::with_config(
+        origin.addr,
+        r#"
+        [[listen]]
+        address = "127.0.0.1:0"
+        [[rule]]
+        name = "old"
+        match = { path_regex = "^/old/(.*)$" }
+        respond = { status = 301, location = "/new/$1" }
+        [[rule]]
+        name = "device"
+        match = { headers = { "x-device" = "" } }
+        key = ["x-device"]
+        "#,
+    );
+    get(d.addr, "/page").await;
+    d.wait_for_stats("/page stored", |s| s["store"]["objects_published"] == 1)
+        .await;
+    let seen = origin.total();
+    let url = format!("http://{}/page", d.addr);
+
+    let (code, out, err) = ctl(&d, &["explain", &url, "-H", "X-Device: mobile"]);
+    assert_eq!(code, 0, "{err}");
+    for line in [
+        "action      lookup\n".to_owned(),
+        format!("key         {}/page\n", d.addr),
+        "key fields  x-device, accept-encoding\n".to_owned(),
+        "rules       request           old     -\n".to_owned(),
+        "            request           device  matched\n".to_owned(),
+        "to origin   GET /page\n".to_owned(),
+        "            x-device: mobile\n".to_owned(),
+    ] {
+        assert!(out.contains(&line), "{line:?} not in\n{out}");
+    }
+
+    let (code, out, err) = ctl(&d, &["explain", &url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc = json(&out);
+    assert_eq!(doc["action"], "lookup");
+    assert_eq!(doc["stored"]["state"], "fresh", "{doc}");
+    assert_eq!(doc["stored"]["response"]["status"], 200, "{doc}");
+
+    let old = format!("http://{}/old/x", d.addr);
+    let (code, out, err) = ctl(&d, &["explain", &old, "-X", "HEAD", "--client", "10.1.2.3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("action      synthetic\n"), "{out}");
+    assert!(
+        out.contains("synthetic   301\n") && out.contains("            location: /new/x\n"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("to origin"),
+        "nothing leaves for the origin: {out}"
+    );
+
+    let (code, _, err) = ctl(&d, &["explain", "/page"]);
+    assert_eq!(code, 1, "refused: {err}");
+    assert!(err.contains("has no host"), "{err}");
+    let (code, _, err) = ctl(&d, &["explain", &url, "-H", "no colon"]);
+    assert_eq!(code, 2, "bad usage: {err}");
+    assert!(err.contains("'Name: value'"), "{err}");
+
+    assert_eq!(
+        origin.total(),
+        seen,
+        "explain sends nothing: {:?}",
+        origin.seen()
+    );
+}
+
 #[test]
 fn completions_for_the_usual_shells() {
     for shell in ["bash", "zsh", "fish"] {
         let (code, out, err) = cachectl(&["completions", shell]);
         assert_eq!(code, 0, "{err}");
         assert!(
-            out.contains("cachectl") && out.contains("purge") && out.contains("cluster"),
+            out.contains("cachectl")
+                && out.contains("purge")
+                && out.contains("cluster")
+                && out.contains("explain")
+                && out.contains("header"),
             "{shell}"
         );
     }

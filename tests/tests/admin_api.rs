@@ -178,6 +178,8 @@ async fn the_openapi_document_matches_the_routes_and_the_answers() {
             format!(r#"{{"url": "http://{host}/nothing"}}"#)
         } else if path == "/v1/purge/tags" {
             r#"{"tags": ["none"]}"#.to_owned()
+        } else if path == "/v1/explain" {
+            format!(r#"{{"url": "http://{host}/a"}}"#)
         } else if path == "/v1/bans" && method == Method::POST {
             r#"{"expression": "obj.status == 599"}"#.to_owned()
         } else {

@@ -45,13 +45,19 @@ pub fn handle(state: &mut State, key: KeyEvent) -> Action {
         KeyCode::Tab | KeyCode::BackTab => {
             state.view = match state.view {
                 View::Overview => View::Counters,
-                View::Counters | View::Cluster => View::Overview,
+                View::Counters | View::Cluster | View::Rules => View::Overview,
             }
         }
         KeyCode::Char('c') => {
             state.view = match state.view {
                 View::Cluster => View::Overview,
-                View::Overview | View::Counters => View::Cluster,
+                View::Overview | View::Counters | View::Rules => View::Cluster,
+            }
+        }
+        KeyCode::Char('r') => {
+            state.view = match state.view {
+                View::Rules => View::Overview,
+                View::Overview | View::Counters | View::Cluster => View::Rules,
             }
         }
         KeyCode::Char('p') | KeyCode::Char(' ') => state.paused = !state.paused,
@@ -101,6 +107,14 @@ mod tests {
             press(&mut s, keys);
             assert_eq!(s.view, view, "after {keys}");
         }
+        press(&mut s, "r");
+        assert_eq!(s.view, View::Rules, "from the cluster to the rules");
+        press(&mut s, "r");
+        assert_eq!(s.view, View::Overview, "r again leaves the rules");
+        press(&mut s, "r");
+        key(&mut s, KeyCode::Tab);
+        assert_eq!(s.view, View::Overview, "tab leaves the rules view");
+        press(&mut s, "c");
         key(&mut s, KeyCode::Tab);
         assert_eq!(s.view, View::Overview, "tab leaves the cluster view");
         key(&mut s, KeyCode::Tab);

@@ -28,6 +28,7 @@ pub enum View {
     Overview,
     Counters,
     Cluster,
+    Rules,
 }
 
 /// A backend with the rates between its last two samples.
@@ -45,6 +46,17 @@ pub struct CounterRow {
     pub name: String,
     pub field: &'static Field,
     pub value: u64,
+    pub rate: Option<f64>,
+}
+
+/// One row of the rules view: a `[[rule]]` and how often it matched.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleRow {
+    pub rule: String,
+    pub phase: String,
+    /// Since the configuration holding it was loaded.
+    pub matched: u64,
+    /// Matches per second between the last two samples.
     pub rate: Option<f64>,
 }
 
@@ -273,6 +285,26 @@ impl State {
         Some(self.latest.as_ref()?.uptime_seconds)
     }
 
+    /// Every rule in file order, with its rate between the last two samples.
+    pub fn rules(&self) -> Vec<RuleRow> {
+        let Some(stats) = &self.latest else {
+            return Vec::new();
+        };
+        let earlier = self.previous.as_ref().zip(self.taken);
+        stats
+            .rules
+            .iter()
+            .map(|r| RuleRow {
+                rule: r.rule.clone(),
+                phase: r.phase.clone(),
+                matched: r.matched,
+                rate: earlier.and_then(|((before, at), now)| {
+                    stats.rule_rate_since(&r.rule, &r.phase, before, now.duration_since(*at))
+                }),
+            })
+            .collect()
+    }
+
     /// Every value whose name contains the filter, in document order.
     pub fn counters(&self) -> Vec<CounterRow> {
         let Some(stats) = &self.latest else {
@@ -472,6 +504,32 @@ pub(crate) mod tests {
 
         s.no_cluster(Cluster::Single);
         assert_eq!(s.cluster, Cluster::Single);
+    }
+
+    #[test]
+    fn rule_rows_rate_each_rule_between_samples() {
+        use lacquer_admin::wire::RuleMatches;
+        let sample = |n: u64| Stats {
+            rules: vec![RuleMatches {
+                rule: "static".into(),
+                phase: "request".into(),
+                matched: n,
+            }],
+            ..stats(1, 1, 0)
+        };
+        let mut s = State::new("a".into());
+        assert!(s.rules().is_empty(), "nothing before the first sample");
+        let t0 = Instant::now();
+        s.update(sample(10), t0);
+        let row = |rate| RuleRow {
+            rule: "static".into(),
+            phase: "request".into(),
+            matched: 30,
+            rate,
+        };
+        assert_eq!(s.rules()[0].rate, None, "one sample has no rate");
+        s.update(sample(30), t0 + Duration::from_secs(4));
+        assert_eq!(s.rules(), [row(Some(5.0))]);
     }
 
     #[test]

@@ -16,8 +16,9 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::{
     target::{io_reason, plain, Target},
     wire::{
-        ApiError, BackendList, BanList, BanView, ClusterView, Health, Inspection, LogEntry,
-        LogFilter, NewBan, ObjectQuery, PurgeTags, PurgeUrl, Purged, Reloaded, Stats,
+        ApiError, BackendList, BanList, BanView, ClusterView, ExplainRequest, Explanation, Health,
+        Inspection, LogEntry, LogFilter, NewBan, ObjectQuery, PurgeTags, PurgeUrl, Purged,
+        Reloaded, Stats,
     },
 };
 
@@ -141,6 +142,12 @@ impl AdminClient {
         let query = serde_urlencoded::to_string(query).expect("a query of strings encodes");
         let path = format!("/v1/objects?{query}");
         self.call(Method::GET, &path, None::<&()>, true).await
+    }
+
+    /// `POST /v1/explain`: what the daemon would do with `request`; nothing reaches the origin.
+    pub async fn explain(&self, request: &ExplainRequest) -> Result<Explanation, AdminError> {
+        self.call(Method::POST, "/v1/explain", Some(request), true)
+            .await
     }
 
     pub async fn backends(&self) -> Result<BackendList, AdminError> {

@@ -64,6 +64,10 @@ pub enum AdminError {
     /// `503 cluster_unavailable`.
     #[error("{0}")]
     ClusterUnavailable(String),
+    /// `POST /v1/explain` of a request no client could send (a method or header field that does not
+    /// parse): `400 invalid_request`, saying what.
+    #[error("{0}")]
+    Unexplainable(String),
     /// `GET /v1/cluster` on a node without a `[cluster]` section: `404 cluster_disabled`.
     #[error("this node is not in a cluster: its configuration has no [cluster] section")]
     ClusterDisabled,
@@ -92,7 +96,8 @@ impl AdminError {
             | Self::InvalidQuery(_)
             | Self::InvalidBan(_)
             | Self::Invalidation(_)
-            | Self::InvalidConfig(_) => StatusCode::BAD_REQUEST,
+            | Self::InvalidConfig(_)
+            | Self::Unexplainable(_) => StatusCode::BAD_REQUEST,
             Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::ClusterUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::ClusterDisabled => StatusCode::NOT_FOUND,
@@ -111,6 +116,7 @@ impl AdminError {
             Self::InvalidBan(_) => "invalid_ban",
             Self::Invalidation(e) => e.code(),
             Self::InvalidConfig(_) => "invalid_config",
+            Self::Unexplainable(_) => "invalid_request",
             Self::Store(_) => "store_error",
             Self::ClusterUnavailable(_) => "cluster_unavailable",
             Self::ClusterDisabled => "cluster_disabled",
@@ -274,6 +280,12 @@ mod tests {
                 400,
                 "invalid_config",
                 "lacquer.toml:2:15: cache.default_ttl: invalid value".into(),
+            ),
+            (
+                AdminError::Unexplainable("invalid method \"G T\"".into()),
+                400,
+                "invalid_request",
+                "invalid method \"G T\"".into(),
             ),
             (
                 StoreError::DiskFull.into(),

@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod explain;
 mod invalidation;
 mod log;
 mod metrics;
@@ -77,7 +78,7 @@ pub struct AdminState {
     tags(
         (name = "status", description = "Health, statistics, metrics and the live access log"),
         (name = "invalidation", description = "Bans and purges"),
-        (name = "objects", description = "What the store holds"),
+        (name = "objects", description = "What the store holds, and what would become of a request"),
         (name = "operations", description = "Backends and configuration"),
     )
 )]
@@ -150,6 +151,7 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .routes(routes!(invalidation::purge_url))
         .routes(routes!(invalidation::purge_tags))
         .routes(routes!(objects::inspect))
+        .routes(routes!(explain::explain))
         .routes(routes!(operations::backends))
         .routes(routes!(operations::reload))
         .route_layer(guard());
@@ -235,12 +237,19 @@ mod tests {
 
     /// The router as lacquerd serves it, over a real (small, temporary) store and default settings.
     async fn app(dir: &std::path::Path) -> Router {
+        app_with(dir, "").await
+    }
+
+    /// As [`app`], with `config` as the configuration file.
+    async fn app_with(dir: &std::path::Path, config: &str) -> Router {
         let overrides = Overrides {
             backend: Some("127.0.0.1:9".into()),
             disk: Some(dir.join("store")),
             ..Default::default()
         };
-        let config = Config::load(None, overrides).unwrap();
+        let file = dir.join("lacquer.toml");
+        std::fs::write(&file, config).unwrap();
+        let config = Config::load(Some(&file), overrides).unwrap();
         let backends = lacquer_backends::backend_set(&config).unwrap();
         let store = StoreBuilder::new(dir.join("store"))
             .with_memory_bytes(1 << 20)
@@ -302,6 +311,13 @@ mod tests {
             (Method::POST, "/v1/purge/tags", bearer, json, r#"{"tags": []}"#, 400, "no_tags"),
             (Method::GET, "/v1/log/stream?status=6xx", bearer, None, "", 400, "invalid_query"),
             (Method::POST, "/v1/reload", bearer, None, "", 400, "invalid_config"),
+            (Method::POST, "/v1/explain", None, json, r#"{"url": "http://a/"}"#, 401, "unauthorized"),
+            (Method::POST, "/v1/explain", bearer, json, r#"{"url": "::"}"#, 400, "invalid_url"),
+            (Method::POST, "/v1/explain", bearer, json, r#"{"url": "/a"}"#, 400, "missing_host"),
+            (Method::POST, "/v1/explain", bearer, json, r#"{"url": "/a", "secure": "yes"}"#, 422, "invalid_body"),
+            (Method::POST, "/v1/explain", bearer, json, r#"{"url": "/a", "host": "a"}"#, 422, "invalid_body"),
+            (Method::POST, "/v1/explain", bearer, None, r#"{"url": "http://a/"}"#, 415, "invalid_body"),
+            (Method::GET, "/v1/explain", bearer, None, "", 405, "method_not_allowed"),
         ];
         for (method, path, authorization, content_type, body, status, code) in cases {
             let mut request = Request::builder().method(method.clone()).uri(path);
@@ -326,6 +342,60 @@ mod tests {
         let health = Request::get("/v1/health").body(Body::empty()).unwrap();
         let response = app.oneshot(health).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "health needs no secret");
+    }
+
+    /// `POST /v1/explain` answers the live rules' decision; a request no client could send is
+    /// `invalid_request`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn explain_through_the_router() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = app_with(
+            dir.path(),
+            r#"
+            [[rule]]
+            name = "old"
+            match = { path_regex = "^/old/(.*)$" }
+            respond = { status = 301, location = "/new/$1" }
+            "#,
+        )
+        .await;
+        let post = |body: &str| {
+            Request::post("/v1/explain")
+                .header(header::AUTHORIZATION, format!("Bearer {SECRET}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_owned()))
+                .unwrap()
+        };
+        let answer = |response: Response| async move {
+            let status = response.status().as_u16();
+            let body = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            (status, serde_json::from_slice::<Value>(&body).unwrap())
+        };
+        let (status, body) = answer(
+            app.clone()
+                .oneshot(post(r#"{"url": "http://example.com/old/a"}"#))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["action"], "synthetic", "{body}");
+        assert_eq!(body["synthetic"]["status"], 301, "{body}");
+        assert_eq!(body["rules"][0]["name"], "old", "{body}");
+        assert_eq!(body["rules"][0]["matched"], true, "{body}");
+
+        let (status, body) = answer(
+            app.clone()
+                .oneshot(post(r#"{"url": "http://example.com/", "method": "G T"}"#))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (status, &body["code"]),
+            (400, &Value::from("invalid_request"))
+        );
+        assert!(body["message"].as_str().unwrap().contains("G T"), "{body}");
     }
 
     #[test]

@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use lacquer_admin::wire::{ClusterState, ClusterView, Field, Kind, Stats, FAMILY_HELP};
+use lacquer_admin::wire::{
+    ClusterState, ClusterView, Field, Kind, Stats, FAMILY_HELP, RULE_MATCHES_HELP,
+    RULE_MATCHES_METRIC,
+};
 use prometheus::{
     core::Collector, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -36,7 +39,21 @@ pub fn render(stats: &Stats, cluster: Option<&ClusterView>, foyer: &Registry) ->
     )
     .expect("valid metric");
     info.with_label_values(&[stats.version.as_str()]).set(1);
-    for extra in [Box::new(uptime) as Box<dyn Collector>, Box::new(info)] {
+    let rules = IntCounterVec::new(
+        Opts::new(RULE_MATCHES_METRIC, RULE_MATCHES_HELP),
+        &["rule", "phase"],
+    )
+    .expect("valid metric");
+    for r in &stats.rules {
+        rules
+            .with_label_values(&[r.rule.as_str(), r.phase.as_str()])
+            .inc_by(r.matched);
+    }
+    for extra in [
+        Box::new(uptime) as Box<dyn Collector>,
+        Box::new(info),
+        Box::new(rules),
+    ] {
         registry.register(extra).expect("unique names");
     }
     if let Some(view) = cluster {
@@ -129,7 +146,7 @@ fn family(name: &str, members: &[(&Field, u64)]) -> Box<dyn Collector> {
 
 #[cfg(test)]
 mod tests {
-    use lacquer_admin::wire::{ProxyStats, StoreStats};
+    use lacquer_admin::wire::{ProxyStats, RuleMatches, StoreStats};
 
     use super::*;
 
@@ -148,6 +165,18 @@ mod tests {
                 objects: 11,
                 ..Default::default()
             },
+            rules: vec![
+                RuleMatches {
+                    rule: "static".into(),
+                    phase: "request".into(),
+                    matched: 4,
+                },
+                RuleMatches {
+                    rule: "rule[1]".into(),
+                    phase: "deliver".into(),
+                    matched: 0,
+                },
+            ],
         };
         let text = render(&stats, None, &Registry::new());
         for line in [
@@ -160,6 +189,9 @@ mod tests {
             "lacquer_uptime_seconds 42",
             "lacquer_build_info{version=\"1.2.3\"} 1",
             "# HELP lacquer_client_requests_total Client requests received.",
+            "# TYPE lacquer_rule_matches_total counter",
+            "lacquer_rule_matches_total{phase=\"request\",rule=\"static\"} 4",
+            "lacquer_rule_matches_total{phase=\"deliver\",rule=\"rule[1]\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -167,6 +199,12 @@ mod tests {
             );
         }
         let samples = text.lines().filter(|l| !l.starts_with('#')).count();
-        assert_eq!(samples, stats.values().count() + 2);
+        assert_eq!(samples, stats.values().count() + 2 + stats.rules.len());
+    }
+
+    #[test]
+    fn no_rules_no_rule_family() {
+        let text = render(&Stats::default(), None, &Registry::new());
+        assert!(!text.contains(RULE_MATCHES_METRIC), "{text}");
     }
 }

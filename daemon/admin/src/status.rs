@@ -12,7 +12,9 @@ use axum::{
     Json,
 };
 use futures_util::Stream;
-use lacquer_admin::wire::{ApiError, ClusterState, ClusterView, Health, Stats, StoreStats};
+use lacquer_admin::wire::{
+    ApiError, ClusterState, ClusterView, Health, RuleMatches, Stats, StoreStats,
+};
 use lacquer_storage::StoreStatsSnapshot;
 
 use super::AdminState;
@@ -138,9 +140,8 @@ fn cluster_view(shared: &Shared) -> Option<ClusterView> {
 }
 
 pub fn snapshot(shared: &Shared) -> Stats {
-    let sick = shared
-        .live
-        .load()
+    let live = shared.live.load();
+    let sick = live
         .router
         .backends
         .iter()
@@ -152,6 +153,15 @@ pub fn snapshot(shared: &Shared) -> Stats {
         uptime_seconds: shared.started.elapsed().as_secs(),
         proxy: shared.stats.snapshot(),
         store: store_stats(shared.store.stats()),
+        rules: live
+            .rules
+            .counters()
+            .map(|(rule, phase, matched)| RuleMatches {
+                rule: rule.to_owned(),
+                phase: phase.name().to_owned(),
+                matched,
+            })
+            .collect(),
     }
 }
 

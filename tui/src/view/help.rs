@@ -9,13 +9,14 @@ use ratatui::{
 
 use super::Theme;
 
-const TEXT: [&str; 18] = [
+const TEXT: [&str; 20] = [
     "q, esc    quit (ctrl-c too)",
     "tab       overview / every counter",
     "c         cluster: every member, and the totals (c again leaves)",
+    "r         rules: matches of each [[rule]] (r again leaves)",
     "p, space  pause: keep this screen",
     "/         filter counters by name; enter keeps, esc clears",
-    "↑ ↓ pgup pgdn home   scroll the counters",
+    "↑ ↓ pgup pgdn home   scroll the counters and the rules",
     "?, h      this help; any key closes it",
     "",
     "traffic   rates over the last second, totals since start",
@@ -26,6 +27,7 @@ const TEXT: [&str; 18] = [
     "bans      the ban list, and the lurker that walks the store",
     "backends  health from real traffic; fetch and error rates",
     "cluster   per member: state, invalidation lag, traffic",
+    "rules     matches since the last reload, and per second now",
     "",
     "docs/cachetop.md explains every number",
 ];

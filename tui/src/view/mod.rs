@@ -4,6 +4,7 @@ mod cluster;
 mod counters;
 mod help;
 mod overview;
+mod rules;
 
 use ratatui::{
     backend::TestBackend,
@@ -86,6 +87,7 @@ pub fn render(frame: &mut Frame, state: &State, theme: &Theme) {
         View::Overview => overview::render(frame, body, state, theme),
         View::Counters => counters::render(frame, body, state, theme),
         View::Cluster => cluster::render(frame, body, state, theme),
+        View::Rules => rules::render(frame, body, state, theme),
     }
     render_footer(frame, footer, state, theme);
     if state.help {
@@ -120,8 +122,8 @@ fn render_footer(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
             Span::raw("  enter keep  esc clear"),
         ])
     } else {
-        let mut keys = "q quit  tab view  c cluster  p pause  / filter  ? help".to_owned();
-        if state.view == View::Counters {
+        let mut keys = "q quit  tab view  c cluster  r rules  p pause  / filter  ? help".to_owned();
+        if matches!(state.view, View::Counters | View::Rules) {
             keys += "  ↑↓ scroll";
         }
         Line::from(keys)
@@ -149,7 +151,8 @@ pub(crate) mod tests {
     use std::time::{Duration, Instant};
 
     use lacquer_admin::wire::{
-        BackendHealth, BackendList, BackendView, LastError, ProxyStats, Stats, StoreStats,
+        BackendHealth, BackendList, BackendView, LastError, ProxyStats, RuleMatches, Stats,
+        StoreStats,
     };
 
     use super::*;
@@ -190,6 +193,18 @@ pub(crate) mod tests {
                 lurker_records_tested: 40_000 + 20_000 * n,
                 ..Default::default()
             },
+            rules: [
+                ("static", "request", 960 + 40 * n),
+                ("strip-tracking", "backend_request", 250_000 + 100 * n),
+                ("rule[2]", "deliver", 7),
+            ]
+            .into_iter()
+            .map(|(rule, phase, matched)| RuleMatches {
+                rule: rule.into(),
+                phase: phase.into(),
+                matched,
+            })
+            .collect(),
         };
         let backends = |n: u64| BackendList {
             backends: vec![BackendView {
@@ -229,7 +244,7 @@ pub(crate) mod tests {
             "{s}"
         );
         assert!(
-            s.ends_with("q quit  tab view  c cluster  p pause  / filter  ? help\n"),
+            s.ends_with("q quit  tab view  c cluster  r rules  p pause  / filter  ? help\n"),
             "{s}"
         );
         state.paused = true;
@@ -245,7 +260,7 @@ pub(crate) mod tests {
             crate::state::tests::report(&[("n1", Some((10, 5, 0))), ("n2", None)]),
             Instant::now(),
         );
-        for view in [View::Overview, View::Counters, View::Cluster] {
+        for view in [View::Overview, View::Counters, View::Cluster, View::Rules] {
             state.view = view;
             for help in [false, true] {
                 state.help = help;

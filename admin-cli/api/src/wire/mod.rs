@@ -20,7 +20,10 @@ pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 pub use log::{LogEntry, LogFilter};
 pub use objects::{HeaderField, Inspection, ObjectQuery, Representation, StoredVariant, Tiers};
 pub use reload::{NotApplied, Reloaded};
-pub use stats::{Field, Kind, ProxyStats, Stats, StoreStats, FAMILY_HELP};
+pub use stats::{
+    Field, Kind, ProxyStats, RuleMatches, Stats, StoreStats, FAMILY_HELP, RULE_MATCHES_HELP,
+    RULE_MATCHES_METRIC,
+};
 
 /// `GET /v1/health`: answered without the secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -40,8 +43,8 @@ pub struct Health {
 pub struct ApiError {
     /// Stable, for scripts: `unauthorized`, `not_found`, `method_not_allowed`, `invalid_body`,
     /// `body_too_large`, `invalid_query`, `invalid_ban`, `invalid_url`, `missing_host`, `invalid_host`, `no_tags`,
-    /// `invalid_tag`, `too_many_tags`, `invalid_config`, `store_error`, `cluster_disabled` (`GET /v1/cluster` on a
-    /// single node).
+    /// `invalid_tag`, `too_many_tags`, `invalid_config`, `invalid_request` (`POST /v1/explain` of a request no
+    /// client could send), `store_error`, `cluster_disabled` (`GET /v1/cluster` on a single node).
     pub code: String,
     /// One line for a person.
     pub message: String,

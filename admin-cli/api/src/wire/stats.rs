@@ -412,6 +412,26 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
     ),
 ];
 
+/// The Prometheus family of [`RuleMatches`]: one series per rule, labelled `rule` and `phase`. Apart from
+/// [`FAMILY_HELP`] because its members come from the configuration, not from a declared field.
+pub const RULE_MATCHES_METRIC: &str = "lacquer_rule_matches_total";
+
+/// The description of [`RULE_MATCHES_METRIC`].
+pub const RULE_MATCHES_HELP: &str =
+    "Requests each [[rule]] matched in its phase, since the configuration holding it was loaded.";
+
+/// How often one `[[rule]]` matched. A reload compiles the rules afresh, so the counts start again from 0
+/// (as Varnish's VCL counters do when a new VCL is loaded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RuleMatches {
+    /// Its `name`, or `rule[N]`.
+    pub rule: String,
+    /// `request`, `backend_request`, `backend_response`, `deliver` or `error`.
+    pub phase: String,
+    /// Requests (or responses) its conditions held for.
+    pub matched: u64,
+}
+
 /// The whole statistics document: `GET /v1/stats`, and each event of `GET /v1/stats/stream`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Stats {
@@ -419,6 +439,9 @@ pub struct Stats {
     pub uptime_seconds: u64,
     pub proxy: ProxyStats,
     pub store: StoreStats,
+    /// Every `[[rule]]` in file order, with its matches. Absent from daemons without rules support.
+    #[serde(default)]
+    pub rules: Vec<RuleMatches>,
 }
 
 impl Stats {
@@ -466,6 +489,16 @@ impl Stats {
         for stats in documents {
             total.proxy.add(&stats.proxy);
             total.store.add(&stats.store);
+            for rule in &stats.rules {
+                match total
+                    .rules
+                    .iter_mut()
+                    .find(|r| r.rule == rule.rule && r.phase == rule.phase)
+                {
+                    Some(r) => r.matched = r.matched.saturating_add(rule.matched),
+                    None => total.rules.push(rule.clone()),
+                }
+            }
             if !versions.contains(&stats.version.as_str()) {
                 versions.push(&stats.version);
             }
@@ -474,6 +507,31 @@ impl Stats {
         total.version = versions.join(", ");
         total.uptime_seconds = uptime.unwrap_or(0);
         total
+    }
+
+    /// The matches of the rule called `rule` in `phase`.
+    pub fn rule_matches(&self, rule: &str, phase: &str) -> Option<u64> {
+        self.rules
+            .iter()
+            .find(|r| r.rule == rule && r.phase == phase)
+            .map(|r| r.matched)
+    }
+
+    /// Per-second matches of the rule called `rule` in `phase` since `before`, taken `elapsed` earlier;
+    /// none when either document lacks it. A count that went down (a reload restarted it) counts from 0.
+    pub fn rule_rate_since(
+        &self,
+        rule: &str,
+        phase: &str,
+        before: &Stats,
+        elapsed: std::time::Duration,
+    ) -> Option<f64> {
+        let (now, then) = (
+            self.rule_matches(rule, phase)?,
+            before.rule_matches(rule, phase)?,
+        );
+        let delta = if now >= then { now - then } else { now };
+        (!elapsed.is_zero()).then(|| delta as f64 / elapsed.as_secs_f64())
     }
 
     /// Hits over hits, misses and passes, when there was any such request.
@@ -581,6 +639,52 @@ mod tests {
         assert_eq!(Stats::sum([&full, &full]).proxy.hits, u64::MAX, "saturates");
     }
 
+    fn rules(counts: &[(&str, &str, u64)]) -> Stats {
+        Stats {
+            rules: counts
+                .iter()
+                .map(|(rule, phase, matched)| RuleMatches {
+                    rule: rule.to_string(),
+                    phase: phase.to_string(),
+                    matched: *matched,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rule_counts_sum_by_rule_and_phase_and_rate_across_a_reload() {
+        let a = rules(&[("static", "request", 5), ("hsts", "deliver", 2)]);
+        let b = rules(&[("hsts", "deliver", 10), ("static", "deliver", 1)]);
+        assert_eq!(
+            Stats::sum([&a, &b]).rules,
+            rules(&[
+                ("static", "request", 5),
+                ("hsts", "deliver", 12),
+                ("static", "deliver", 1)
+            ])
+            .rules,
+            "one entry per rule and phase, in the order first seen"
+        );
+        let later = rules(&[("static", "request", 25), ("hsts", "deliver", 1)]);
+        let two = std::time::Duration::from_secs(2);
+        assert_eq!(
+            later.rule_rate_since("static", "request", &a, two),
+            Some(10.0)
+        );
+        assert_eq!(
+            later.rule_rate_since("hsts", "deliver", &a, two),
+            Some(0.5),
+            "a count that restarted counts from 0"
+        );
+        assert_eq!(later.rule_rate_since("new", "request", &a, two), None);
+        let mut old = serde_json::to_value(Stats::default()).unwrap();
+        old.as_object_mut().unwrap().remove("rules");
+        let old: Stats = serde_json::from_value(old).unwrap();
+        assert!(old.rules.is_empty(), "a document without rules reads");
+    }
+
     #[test]
     fn metric_names_follow_prometheus_conventions() {
         let name = |s: &str| {
@@ -626,6 +730,11 @@ mod tests {
         assert_eq!(
             FAMILY_HELP.len(),
             families.values().filter(|(_, l)| !l.is_empty()).count()
+        );
+        assert!(name(RULE_MATCHES_METRIC) && RULE_MATCHES_METRIC.ends_with("_total"));
+        assert!(
+            !families.contains_key(RULE_MATCHES_METRIC),
+            "the rules' family is theirs alone"
         );
     }
 }
