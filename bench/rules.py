@@ -3,8 +3,9 @@
 origin (bench/origin), one without rules and one with RULES below (the recipes of docs/rules.md an operator
 would run at once: request rewrites, passes, a redirect, response TTLs, deliver edits, an error page), both
 serving the same hits: a 2 KiB HLS manifest and a 200 KiB HTML page, for a client sending no Accept-Encoding
-and for one sending `gzip, deflate, br`. Every round runs wrk -t1 -c100 against both, in an order rotated
-between rounds; the ratio is the median of the per-round ratios (with rules / without). The target is >= 0.95.
+and for one sending `gzip, deflate, br`. A third lacquerd without rules is the control: its ratio to the first is
+the noise of the run. Every round runs wrk -t1 -c100 against all three, in an order rotated between rounds; the
+ratio is the median of the per-round ratios (with rules / without). The target is >= 0.95.
 
 The binaries come from --lacquerd and --origin (defaults: $LACQUERD, $BENCH_ORIGIN, else the two in
 $BENCH_BIN, else target/release as bench/run builds them)."""
@@ -23,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import ORIGIN_PORT, ROOT, sh, wait_port  # noqa: E402
 
 CONTROL_PORT = 8979
-PORTS = {"plain": (8961, 8962), "rules": (8963, 8964)}
+# `control` is a second lacquerd without rules: its ratio to `plain` is this machine's noise in the same run.
+PORTS = {"plain": (8961, 8962), "rules": (8963, 8964), "control": (8965, 8966)}
 PATHS = [("manifest", "/hls/channel-7/720p.m3u8"), ("page", "/page/front.html")]
 CLIENTS = [("identity", None), ("gzip", "gzip, deflate, br")]
 
@@ -213,18 +215,20 @@ def main():
         for r in range(args.rounds):
             for body, path in PATHS:
                 for client, header in CLIENTS:
-                    for name in order if r % 2 == 0 else reversed(order):
+                    for name in order[r % 3:] + order[:r % 3]:
                         rps[(name, body, client)].append(wrk(PORTS[name][0], path, header, args.seconds))
             print(f"round {r + 1}/{args.rounds} done; load average {os.getloadavg()[0]:.2f}", flush=True)
         print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        print("\n| hit | client | without rules (rps) | 25 rules (rps) | ratio (median of rounds) |")
-        print("|---|---|---|---|---|")
+        print("\n| hit | client | without rules (rps) | 25 rules (rps) | ratio (median of rounds) | control ratio (noise) |")
+        print("|---|---|---|---|---|---|")
         for body, _ in PATHS:
             for client, _ in CLIENTS:
                 plain, ruled = rps[("plain", body, client)], rps[("rules", body, client)]
+                control = rps[("control", body, client)]
                 ratios = [b / a for a, b in zip(plain, ruled)]
+                noise = [c / a for a, c in zip(plain, control)]
                 print(f"| {body} | {client} | {statistics.median(plain):.0f} | {statistics.median(ruled):.0f} "
-                      f"| {statistics.median(ratios):.3f} |")
+                      f"| {statistics.median(ratios):.3f} | {statistics.median(noise):.3f} |")
     finally:
         for p in procs:
             p.terminate()
