@@ -139,12 +139,14 @@ struct State<S: CacheStore> {
 
 impl<S: CacheStore> State<S> {
     /// Drops the frames no reader needs from memory: those every reader has passed, and, while the store
-    /// holds them, the oldest ones past `limit`. While the body is being stored nothing past what the store
-    /// holds is dropped, so a reader joining late finds every byte in the store or in the window.
-    fn trim(&mut self) {
+    /// holds them, the oldest ones at or past `limit`. While the body is being stored nothing past what the
+    /// store holds is dropped, so a reader joining late finds every byte in the store or in the window.
+    /// Returns what the store held as it trimmed: a wait for the store must wait for more than that, not
+    /// for more than a later reading (the store moves on without this lock).
+    fn trim(&mut self) -> u64 {
         // What the store holds, not what it was handed: a chunk handed over can still be refused (a full
         // disk), and a reader joining late must then find its bytes in the window.
-        let in_store = self.stored.as_ref().map_or(0, Backing::stored);
+        let held_by_store = self.stored.as_ref().map_or(0, Backing::stored);
         let slowest = self
             .readers
             .values()
@@ -155,11 +157,12 @@ impl<S: CacheStore> State<S> {
             let end = start + data.len() as u64;
             let held = self.received - self.window_start;
             let passed = end <= slowest;
-            let in_store = end <= in_store;
+            let in_store = end <= held_by_store;
+            // At the limit too: `room` waits until the window is below it.
             let droppable = if self.storing {
-                in_store && (passed || held > self.limit)
+                in_store && (passed || held >= self.limit)
             } else {
-                passed || (in_store && held > self.limit)
+                passed || (in_store && held >= self.limit)
             };
             if !droppable {
                 break;
@@ -167,6 +170,7 @@ impl<S: CacheStore> State<S> {
             self.window_start = end;
             self.window.pop_front();
         }
+        held_by_store
     }
 
     /// The bytes held from `pos` to the end of the frame holding it.
@@ -296,17 +300,25 @@ impl<S: CacheStore> Fetch<S> {
     /// Waits until the window has room for more of the body, dropping what no reader needs. While the body
     /// is being stored that includes waiting for the store to take what it was handed; a store that refuses
     /// the body ends the wait (the fill learns it from its writer and stops storing).
+    ///
+    /// The store takes whole chunks only, so once it holds every whole chunk of what was received, waiting
+    /// for it would wait for bytes that only the fill can bring: the window then goes past its limit by
+    /// less than a chunk and a frame (a frame across the store's edge cannot be dropped).
     pub async fn room(&self) {
         loop {
             let storing = {
                 let mut s = self.lock();
-                s.trim();
+                let in_store = s.trim();
                 if s.received - s.window_start < s.limit {
                     return;
                 }
                 match &s.stored {
                     Some(Backing::Writing(partial)) if s.storing => {
-                        Some((partial.clone(), partial.stored()))
+                        let chunk = partial.chunk_size().max(1);
+                        if in_store >= s.received / chunk * chunk {
+                            return;
+                        }
+                        Some((partial.clone(), in_store))
                     }
                     _ => None,
                 }
@@ -700,13 +712,13 @@ mod tests {
         (0..len).map(|i| (i % 251) as u8).collect()
     }
 
-    fn held(fetch: &Fetch) -> u64 {
+    fn held<S: CacheStore>(fetch: &Fetch<S>) -> u64 {
         let s = fetch.lock();
         s.received - s.window_start
     }
 
     /// Whether `room()` would wait now.
-    async fn full(fetch: &Fetch) -> bool {
+    async fn full<S: CacheStore>(fetch: &Fetch<S>) -> bool {
         tokio::time::timeout(Duration::from_millis(20), fetch.room())
             .await
             .is_err()
@@ -965,6 +977,41 @@ mod tests {
                 .is_err(),
             "the body is not published"
         );
+    }
+
+    /// A fill storing a body for a reader that reads nothing: the window drops what the store holds and
+    /// the fill never waits for a store that already holds every whole chunk it was given, whether the
+    /// frames fill the window to exactly its limit or are larger than it (each hung: a stored body's
+    /// fill stalled for good once its only client stopped reading).
+    #[tokio::test]
+    async fn a_stored_fill_goes_on_while_its_reader_reads_nothing() {
+        const CHUNK: u64 = 16 * 1024;
+        for (window, piece) in [(4 * CHUNK, CHUNK), (2 * CHUNK, 2 * CHUNK + CHUNK / 2)] {
+            let store = MemoryStore::new(CHUNK);
+            let c = Coalescer::<MemoryStore>::new(1024 * 1024);
+            let Joined::Leader(fetch) = c.join("k", mark(0), window, None) else {
+                panic!()
+            };
+            let _stalled = fetch.reader();
+            let mut writer = store.writer("k", &[], fetch.since()).unwrap();
+            fetch.store_into(&writer);
+            fetch.set_head(Ok(head(true)));
+            let body = bytes(40 * CHUNK as usize);
+            for (n, part) in body.chunks(piece as usize).enumerate() {
+                assert!(
+                    !full(&fetch).await,
+                    "window {window}, pieces of {piece}: waited before piece {n}, {} bytes held",
+                    held(&fetch)
+                );
+                fetch.push(Bytes::copy_from_slice(part));
+                writer.push(part).await.unwrap();
+                assert!(
+                    held(&fetch) < window + CHUNK + piece,
+                    "window {window}, pieces of {piece}: {} bytes held",
+                    held(&fetch)
+                );
+            }
+        }
     }
 
     /// A request whose lookup missed an object a fetch published just after, and which then finds that fetch
