@@ -154,6 +154,7 @@ impl Reloader {
         for gone in &backends.gone {
             gone.retire();
         }
+        self.shared.store.weigh_edited_heads(live.rules.prepares());
         self.shared.live.store(Arc::new(live));
         *running = candidate;
         Ok(outcome)

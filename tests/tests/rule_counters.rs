@@ -99,3 +99,77 @@ async fn counts_follow_traffic_and_restart_on_reload() {
     assert_eq!(counts(&d).await, expected(1, 0, 1));
     assert_eq!(metric(&d, "hsts", "deliver").await, Some(1.0));
 }
+
+/// A plain hit is sent the head its response-only deliver rules edited once: the rule is counted on every
+/// hit, a rule on the request after it still runs per request, and a reload that changes the rule is
+/// seen on the next hit of an object stored before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn hits_of_an_object_stored_before_a_reload_get_the_reloaded_deliver_rules() {
+    let origin = Origin::start(|_| {
+        Reply::ok("x")
+            .header("cache-control", "max-age=60")
+            .header("server", "origin/1.0")
+    })
+    .await;
+    let config = |served_by: &str| {
+        format!(
+            r#"
+[[listen]]
+address = "127.0.0.1:0"
+
+[[rule]]
+name = "served-by"
+on = "deliver"
+set_headers = {{ "x-served-by" = "{served_by}" }}
+
+[[rule]]
+name = "hide-server"
+on = "deliver"
+unset_headers = ["server"]
+
+[[rule]]
+name = "debug"
+on = "deliver"
+match = {{ headers = {{ "x-debug" = "" }} }}
+set_headers = {{ "x-debugged" = "yes" }}
+"#
+        )
+    };
+    let d = Daemon::with_config(origin.addr, &config("one"));
+    for n in 0..4 {
+        let reply = get(d.addr, "/a").await;
+        assert_eq!(reply.header("x-served-by"), "one", "response {n}");
+        assert!(reply.headers.get("server").is_none(), "response {n}");
+        assert!(reply.headers.get("x-debugged").is_none(), "response {n}");
+    }
+    let debugged = request(
+        d.addr,
+        Method::GET,
+        "/a",
+        &[("x-debug", "1")],
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(debugged.header("x-cache"), "HIT");
+    assert_eq!(debugged.header("x-served-by"), "one");
+    assert_eq!(debugged.header("x-debugged"), "yes");
+    assert_eq!(origin.count("/a"), 1);
+    assert_eq!(
+        counts(&d).await,
+        json!([
+            {"rule": "served-by", "phase": "deliver", "matched": 5},
+            {"rule": "hide-server", "phase": "deliver", "matched": 5},
+            {"rule": "debug", "phase": "deliver", "matched": 1},
+        ])
+    );
+
+    std::fs::write(d.config_file(), config("two")).unwrap();
+    let reloaded = d.admin_post("/v1/reload", Value::Null).await;
+    assert_eq!(reloaded.status, 200, "{:?}", reloaded.body);
+    let reply = get(d.addr, "/a").await;
+    assert_eq!(reply.header("x-cache"), "HIT");
+    assert_eq!(reply.header("x-served-by"), "two");
+    assert!(reply.headers.get("server").is_none());
+    assert_eq!(origin.count("/a"), 1);
+}

@@ -603,6 +603,7 @@ async fn serve_stored<S: CacheStore>(
                 parts,
                 head,
                 &conversion,
+                &shared.live.load().rules,
             );
             return Some(with_debug(resp, ctx, &prepared, meta, now));
         }
@@ -641,6 +642,7 @@ async fn serve_stored<S: CacheStore>(
         parts,
         &prepared,
         &ctx.conversion(delivery, &shared.stats),
+        &shared.live.load().rules,
     );
     Some(with_debug(resp, ctx, &prepared, meta, now))
 }

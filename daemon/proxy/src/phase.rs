@@ -25,7 +25,7 @@ use lacquer_policy::{
     storable::Adjust,
     vary,
 };
-use lacquer_rules::{Debug, Facts, Phase, RequestVerdict, Rules, Synthetic, Trace};
+use lacquer_rules::{Ahead, Debug, Facts, Phase, RequestVerdict, Rules, Synthetic, Trace};
 
 use crate::{coding::IDENTITY_LENGTH, worker::Live};
 
@@ -251,6 +251,11 @@ pub(crate) fn backend_response(
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DebugInfo(pub Debug);
 
+/// Marks a plain hit sent with the head the response-only deliver rules edited ahead of it
+/// ([`lacquer_rules::Rules::prepare`]): the deliver phase goes on from where they left.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeliveredAhead(pub Ahead);
+
 /// Marks a response lacquerd made itself for want of a backend's answer: the error phase replaces it.
 #[derive(Debug, Clone, Copy)]
 struct OwnError;
@@ -290,7 +295,13 @@ pub(crate) fn deliver(
         .get::<DebugInfo>()
         .map_or_else(Debug::default, |d| d.0);
     let status = resp.status();
-    match rules.deliver(facts, status, resp.headers_mut(), &|| debug, None) {
+    let ahead = resp.extensions().get::<DeliveredAhead>().map(|a| a.0);
+    let headers = resp.headers_mut();
+    let made = match ahead {
+        Some(ahead) => rules.deliver_prepared(facts, status, headers, &|| debug, &ahead, None),
+        None => rules.deliver(facts, status, headers, &|| debug, None),
+    };
+    match made {
         Some(made) => synthetic(made),
         None => resp,
     }

@@ -1,10 +1,15 @@
 //! The response head of a stored body, finished once per copy of its metadata: a hit clones it and sets
 //! the two fields that change from one response to the next (`Age`, `Cache-Status`).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{
+    atomic::{AtomicU64, Ordering::Relaxed},
+    Arc,
+};
 
+use arc_swap::ArcSwapOption;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 use lacquer_policy::encoding::{self, Coded, Coding};
+use lacquer_rules::{Ahead, Rules};
 use lacquer_storage::ObjectMeta;
 
 use crate::{
@@ -30,6 +35,20 @@ pub struct Prepared {
     /// Times this copy was served, counted only while a rule shows it (`debug_headers`): as Varnish's
     /// `obj.hits`, it starts again when the object is read back into memory.
     pub hits: Hits,
+    /// `head` as the deliver rules that look at the response alone leave it, for the rules that made it.
+    delivered: Delivered,
+}
+
+/// A plain hit's head with the response-only deliver rules applied ([`Rules::prepare`]): a hit clones it
+/// and the deliver phase goes on from the rules it left, so those rules cost a plain hit nothing but
+/// their counters. Made again when the rules are reloaded; a clone of the [`Prepared`] starts without.
+#[derive(Default)]
+struct Delivered(ArcSwapOption<(HeaderMap, Ahead)>);
+
+impl Clone for Delivered {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
 }
 
 /// A hit counter that clones as its current value.
@@ -71,7 +90,27 @@ impl Prepared {
             coded,
             identity_length,
             hits: Hits::default(),
+            delivered: Delivered::default(),
         }
+    }
+
+    /// The head a plain hit (the body as stored, whole, `status`) is sent with under `rules`, and what
+    /// their deliver rules did to it ahead of the response, for the deliver phase to go on from.
+    pub fn plain_head(&self, rules: &Rules, status: StatusCode) -> (HeaderMap, Option<Ahead>) {
+        if !rules.prepares() {
+            return (self.head.clone(), None);
+        }
+        if let Some(made) = &*self.delivered.0.load() {
+            if made.1.rules() == rules.id() {
+                return (made.0.clone(), Some(made.1));
+            }
+        }
+        let mut head = self.head.clone();
+        let ahead = rules.prepare(status, &mut head);
+        self.delivered
+            .0
+            .store(Some(Arc::new((head.clone(), ahead))));
+        (head, Some(ahead))
     }
 
     /// The head of a sibling of `variant`'s body, `length` bytes in `coding` (`None`: identity): sent
@@ -97,6 +136,7 @@ impl Prepared {
             coded: coding.map_or(Coded::Identity, Coded::With),
             identity_length: None,
             hits: Hits::default(),
+            delivered: Delivered::default(),
         }
     }
 }

@@ -17,10 +17,12 @@ use lacquer_policy::{
     conditional,
     range::{self, Ranges},
 };
+use lacquer_rules::Rules;
 
 use crate::{
     coalesce::{FetchReader, FetchedHead},
     coding::{take_identity_length, Busy, Conversion},
+    phase,
     prepared::Prepared,
     store::CacheStore,
 };
@@ -187,7 +189,7 @@ pub fn fetched<S: CacheStore>(
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
 /// readable before the status line goes out), shaped for the request by [`represent`]. `prepared` is the
 /// head of the body sent: the variant's, or its sibling `sibling`'s (an index into the set's siblings,
-/// sent with [`Conversion::Sibling`]).
+/// sent with [`Conversion::Sibling`]). A plain hit is sent with the head the live `rules` prepared from it.
 #[allow(clippy::too_many_arguments)]
 pub fn stored<S: CacheStore>(
     store: S,
@@ -200,6 +202,7 @@ pub fn stored<S: CacheStore>(
     req: &Parts,
     prepared: &Prepared,
     conversion: &Conversion,
+    rules: &Rules,
 ) -> Response<Body> {
     let meta = &set.variants[variant];
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
@@ -212,18 +215,22 @@ pub fn stored<S: CacheStore>(
         first,
     };
     let length = stored.body().length;
-    let mut headers = prepared.head.clone();
     // Most hits: the bytes as stored, whole, to a GET without conditionals. The prepared head is what
     // `represent` would make of it, but for what changes per response.
     if !conversion.decodes() && req.method == Method::GET && !asks(req) {
         conversion.count_served();
+        let (mut headers, ahead) = prepared.plain_head(rules, status);
         mark(&mut headers, outcome, age);
-        return response(status, headers, Source::Stored(stored).whole());
+        let mut resp = response(status, headers, Source::Stored(stored).whole());
+        if let Some(ahead) = ahead {
+            resp.extensions_mut().insert(phase::DeliveredAhead(ahead));
+        }
+        return resp;
     }
     represent(
         Source::Stored(stored),
         status,
-        Head::Prepared(headers, prepared.identity_length),
+        Head::Prepared(prepared.head.clone(), prepared.identity_length),
         Some(length),
         age,
         outcome,
@@ -676,6 +683,19 @@ mod tests {
         req: &Parts,
         conversion: &Conversion,
     ) -> (StatusCode, HeaderMap) {
+        let resp = delivered(set, sibling, prepared, req, conversion, &Rules::default());
+        (resp.status(), resp.headers().clone())
+    }
+
+    /// The response from `set` to `req` under `rules`, as the deliver phase leaves it.
+    fn delivered(
+        set: &Arc<ObjectSet>,
+        sibling: Option<usize>,
+        prepared: &Prepared,
+        req: &Parts,
+        conversion: &Conversion,
+        rules: &Rules,
+    ) -> Response<Body> {
         let resp = stored(
             MemoryStore::new(1024),
             set.clone(),
@@ -687,8 +707,87 @@ mod tests {
             req,
             prepared,
             conversion,
+            rules,
         );
-        (resp.status(), resp.headers().clone())
+        phase::deliver(rules, req, "192.0.2.1".parse().unwrap(), false, resp)
+    }
+
+    fn compiled(text: &str) -> Rules {
+        let config = lacquer_config::Config::parse(text, "test").unwrap();
+        Rules::compile(&config.rule, &[]).unwrap()
+    }
+
+    /// A plain hit is sent with the head the response-only deliver rules edited once: it gets what the
+    /// whole way and the whole deliver phase give a conditional request, a rule on the request after
+    /// them still runs per request, every rule is counted per response, and reloaded rules make the
+    /// head again.
+    #[test]
+    fn a_plain_hit_gets_the_deliver_rules_its_prepared_head_was_edited_by() {
+        let text = r#"
+            [[rule]]
+            name = "served-by"
+            on = "deliver"
+            set_headers = { "x-served-by" = "one" }
+            [[rule]]
+            name = "hide"
+            on = "deliver"
+            unset_headers = ["server"]
+            [[rule]]
+            name = "html"
+            on = "deliver"
+            match = { content_types = ["text/html"] }
+            set_headers = { "cache-control" = "max-age=60" }
+            [[rule]]
+            name = "for-this-client"
+            on = "deliver"
+            match = { clients = ["192.0.2.0/24"] }
+            append_headers = { "x-near" = "yes" }
+            "#;
+        let rules = compiled(text);
+        assert!(rules.prepares());
+        let m = meta(
+            200,
+            &[
+                ("content-type", "text/html"),
+                ("cache-control", "max-age=600"),
+                ("server", "origin"),
+            ],
+            10,
+        );
+        let set = Arc::new(ObjectSet::of(vec![m.clone()]));
+        let prepared = Prepared::of(&m);
+        let plain = get(&[]);
+        let conditional = get(&[("if-none-match", "\"other\"")]);
+        let run = |rules: &Rules, req: &Parts, edited: bool| {
+            let resp = delivered(&set, None, &prepared, req, &Conversion::None, rules);
+            assert_eq!(
+                resp.extensions().get::<phase::DeliveredAhead>().is_some(),
+                edited,
+                "only a plain hit is sent with the edited head"
+            );
+            resp.headers().clone()
+        };
+        let short = run(&rules, &plain, true);
+        let again = run(&rules, &plain, true);
+        let long = run(&rules, &conditional, false);
+        assert_eq!(short, long);
+        assert_eq!(again, short, "the second hit clones what the first made");
+        assert_eq!(fields(&short, "x-served-by"), ["one"]);
+        assert!(short.get("server").is_none());
+        assert_eq!(fields(&short, "cache-control"), ["max-age=60"]);
+        assert_eq!(fields(&short, "x-near"), ["yes"]);
+        let counts: Vec<u64> = rules.counters().map(|(_, _, n)| n).collect();
+        assert_eq!(
+            counts,
+            [3, 3, 3, 3],
+            "every response counts every rule it matched"
+        );
+
+        let reloaded =
+            compiled(&text.replace(r#""x-served-by" = "one""#, r#""x-served-by" = "two""#));
+        let short = run(&reloaded, &plain, true);
+        assert_eq!(fields(&short, "x-served-by"), ["two"]);
+        assert_eq!(short, run(&reloaded, &conditional, false));
     }
 
     fn fields(headers: &HeaderMap, name: &str) -> Vec<String> {

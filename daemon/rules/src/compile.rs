@@ -93,6 +93,11 @@ impl Line {
             .flatten()
     }
 
+    /// Whether the value is the same for every request and response (nothing rendered).
+    pub fn is_literal(&self) -> bool {
+        self.template.literal().is_some()
+    }
+
     /// Whether the value may be written as `Host`: the key's first `/` must end the host.
     pub fn is_host(&self) -> bool {
         self.name == http::header::HOST
@@ -146,6 +151,43 @@ pub(crate) struct Actions {
     pub cache_body: Option<u64>,
     pub adjust: Adjust,
     pub debug_headers: bool,
+}
+
+/// Fields the data path writes into every response after a hit's head is prepared: a rule that touches
+/// one cannot be applied to the prepared head ahead of the response.
+const PER_RESPONSE: [&str; 3] = ["age", "cache-status", "x-cache"];
+
+impl Compiled {
+    /// Whether this deliver rule does the same to every plain hit of one stored response, whatever the
+    /// request: it tests nothing but the response's status, type and length, writes only literal
+    /// values, makes no response and shows no debug numbers, and leaves alone the fields that change from
+    /// one response to the next. Such a rule can edit a prepared head once instead of every response.
+    pub fn response_only(&self) -> bool {
+        let w = &self.when;
+        let a = &self.actions;
+        let request_blind = w.hosts.is_empty()
+            && w.path_prefix.is_empty()
+            && w.path_regex.is_none()
+            && w.extensions.is_empty()
+            && w.methods.is_empty()
+            && w.headers.is_empty()
+            && w.without_headers.is_empty()
+            && w.cookies.is_empty()
+            && w.query.is_empty()
+            && w.clients.is_empty()
+            && w.except_clients.is_empty()
+            && w.backend_healthy.is_none();
+        let touches_per_response = PER_RESPONSE.iter().any(|name| {
+            a.unset.iter().any(|u| u.matches(name))
+                || a.set.iter().chain(&a.append).any(|l| l.name == *name)
+        });
+        self.phase == Phase::Deliver
+            && request_blind
+            && a.respond.is_none()
+            && !a.debug_headers
+            && a.set.iter().chain(&a.append).all(Line::is_literal)
+            && !touches_per_response
+    }
 }
 
 /// One compiled rule.

@@ -74,6 +74,33 @@ pub struct Rules {
     matched: Box<[Box<[AtomicU64]>]>,
     /// A rule shows hit counts (asked on every request).
     counts_hits: bool,
+    /// Which compile this is: a head prepared under other rules is not theirs to skip.
+    id: u64,
+    /// How many deliver rules, from the first, look at nothing but the response
+    /// ([`Compiled::response_only`]): on a plain hit they have edited the prepared head already.
+    ahead: usize,
+}
+
+/// What the deliver rules that look at the response alone did to a prepared head ([`Rules::prepare`]),
+/// for the responses sent with it to count and go on from ([`Rules::deliver_prepared`]).
+/// Small enough to copy into every response sent with that head.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ahead {
+    /// The compile that made it ([`Rules::id`]).
+    rules: u64,
+    /// How many rules were tried, from the phase's first.
+    tried: u32,
+    /// Which of them matched: bit `n` for the phase's `n`th rule.
+    matched: u64,
+    /// A rule that matched ended the phase (`stop`).
+    stopped: bool,
+}
+
+impl Ahead {
+    /// The compile of the rules that made it ([`Rules::id`]).
+    pub fn rules(&self) -> u64 {
+        self.rules
+    }
 }
 
 /// Copies of the counters: more than the worker threads of most machines this runs on.
@@ -217,7 +244,15 @@ impl Rules {
             by_phase[slot(c.phase)].push(index);
             compiled.push(c);
         }
+        static COMPILES: AtomicU64 = AtomicU64::new(1);
+        let ahead = by_phase[slot(Phase::Deliver)]
+            .iter()
+            .take(u64::BITS as usize)
+            .take_while(|&&i| compiled[i].response_only())
+            .count();
         Ok(Self {
+            id: COMPILES.fetch_add(1, Relaxed),
+            ahead,
             matched: (0..SHARDS)
                 .map(|_| {
                     // At least a cache line each, so that two shards never share one.
@@ -248,7 +283,15 @@ impl Rules {
         self.counts_hits
             && self.phase(Phase::Deliver).any(|(_, r)| {
                 r.actions.debug_headers
-                    && matches(r, parts, client, None, &mut Vec::new(), &|_| true)
+                    && matches(
+                        r,
+                        parts,
+                        client,
+                        None,
+                        &mut Vec::new(),
+                        &|_| true,
+                        &mut Seen::default(),
+                    )
             })
     }
 
@@ -268,6 +311,31 @@ impl Rules {
         self.by_phase[slot(phase)]
             .iter()
             .map(move |&i| (i, &self.rules[i]))
+    }
+
+    /// Tests a rule of a phase after the request one on `facts` (and the response, for the response
+    /// phases), counting or tracing it; its path groups when it matched.
+    fn tried(
+        &self,
+        index: usize,
+        rule: &Compiled,
+        facts: Facts<'_>,
+        response: Option<Response<'_>>,
+        trace: &mut Option<&mut Trace>,
+        seen: &mut Seen,
+    ) -> Option<Vec<String>> {
+        let mut groups = Vec::new();
+        let hit = matches(
+            rule,
+            facts.parts,
+            facts.client,
+            response,
+            &mut groups,
+            &|_| true,
+            seen,
+        );
+        self.record(index, hit, trace);
+        hit.then_some(groups)
     }
 
     /// Counts one rule's test, or traces it: a traced run (`cachectl explain`, an example) is not a
@@ -299,11 +367,18 @@ impl Rules {
         mut trace: Option<&mut Trace>,
     ) -> RequestVerdict {
         let mut v = RequestVerdict::default();
+        let mut seen = Seen::default();
         for (i, rule) in self.phase(Phase::Request) {
             let mut groups = Vec::new();
-            let hit = matches(rule, parts, client, None, &mut groups, &|p: &Parts| {
-                healthy(p, v.backend.as_deref())
-            });
+            let hit = matches(
+                rule,
+                parts,
+                client,
+                None,
+                &mut groups,
+                &|p: &Parts| healthy(p, v.backend.as_deref()),
+                &mut seen,
+            );
             self.record(i, hit, &mut trace);
             if !hit {
                 continue;
@@ -345,6 +420,7 @@ impl Rules {
             if let Some(target) = target {
                 if let Ok(uri) = target.parse::<Uri>() {
                     parts.uri = uri;
+                    seen = Seen::default();
                     v.rerouted = true;
                 }
             }
@@ -408,15 +484,11 @@ impl Rules {
         headers: &mut HeaderMap,
         mut trace: Option<&mut Trace>,
     ) {
+        let mut seen = Seen::default();
         for (i, rule) in self.phase(Phase::BackendRequest) {
-            let mut groups = Vec::new();
-            let hit = matches(rule, facts.parts, facts.client, None, &mut groups, &|_| {
-                true
-            });
-            self.record(i, hit, &mut trace);
-            if !hit {
+            let Some(groups) = self.tried(i, rule, facts, None, &mut trace, &mut seen) else {
                 continue;
-            }
+            };
             let values = facts.values(None, &groups);
             let a = &rule.actions;
             edit(headers, a, &values);
@@ -436,21 +508,13 @@ impl Rules {
         mut trace: Option<&mut Trace>,
     ) -> Adjust {
         let mut adjust = Adjust::default();
+        let mut seen = Seen::default();
         for (i, rule) in self.phase(Phase::BackendResponse) {
-            let mut groups = Vec::new();
-            let response = Some(Response { status, headers });
-            let hit = matches(
-                rule,
-                facts.parts,
-                facts.client,
-                response,
-                &mut groups,
-                &|_| true,
-            );
-            self.record(i, hit, &mut trace);
-            if !hit {
+            let response = Response { status, headers };
+            let Some(groups) = self.tried(i, rule, facts, Some(response), &mut trace, &mut seen)
+            else {
                 continue;
-            }
+            };
             let values = facts.values(Some(status), &groups);
             let a = &rule.actions;
             edit(headers, a, &values);
@@ -479,23 +543,108 @@ impl Rules {
         status: StatusCode,
         headers: &mut HeaderMap,
         debug: &dyn Fn() -> Debug,
-        mut trace: Option<&mut Trace>,
+        trace: Option<&mut Trace>,
     ) -> Option<Synthetic> {
-        for (i, rule) in self.phase(Phase::Deliver) {
-            let mut groups = Vec::new();
+        self.deliver_from(0, facts, status, headers, debug, trace)
+    }
+
+    /// Which compile these rules are.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether some deliver rules can edit a stored response's prepared head ahead of its hits
+    /// ([`Rules::prepare`]).
+    pub fn prepares(&self) -> bool {
+        self.ahead > 0
+    }
+
+    /// Runs the deliver rules that look at the response alone, those before the first that looks at the
+    /// request, on the head every plain hit of one stored response is sent with (`status`, `headers`),
+    /// once for all of them. Nothing is counted: each response counts its own
+    /// ([`Rules::deliver_prepared`]).
+    pub fn prepare(&self, status: StatusCode, headers: &mut HeaderMap) -> Ahead {
+        // These rules read nothing of the request: an empty one stands in for every request.
+        let (parts, ()) = http::Request::new(()).into_parts();
+        let facts = Facts {
+            parts: &parts,
+            client: IpAddr::from([0, 0, 0, 0]),
+            secure: false,
+        };
+        let mut ahead = Ahead {
+            rules: self.id,
+            ..Ahead::default()
+        };
+        for (n, (_, rule)) in self.phase(Phase::Deliver).take(self.ahead).enumerate() {
             let response = Some(Response { status, headers });
             let hit = matches(
                 rule,
-                facts.parts,
+                &parts,
                 facts.client,
                 response,
-                &mut groups,
+                &mut Vec::new(),
                 &|_| true,
+                &mut Seen::default(),
             );
-            self.record(i, hit, &mut trace);
+            ahead.tried += 1;
+            ahead.matched |= u64::from(hit) << n;
             if !hit {
                 continue;
             }
+            edit(headers, &rule.actions, &facts.values(Some(status), &[]));
+            if rule.stop {
+                ahead.stopped = true;
+                break;
+            }
+        }
+        ahead
+    }
+
+    /// The deliver phase for a response sent with a head [`Rules::prepare`] edited (`ahead`): the rules
+    /// it ran are counted (or traced) as they matched then, and the phase goes on from the first rule
+    /// it left. A head prepared under other rules (a reload since) gets the whole phase.
+    pub fn deliver_prepared(
+        &self,
+        facts: Facts<'_>,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+        debug: &dyn Fn() -> Debug,
+        ahead: &Ahead,
+        mut trace: Option<&mut Trace>,
+    ) -> Option<Synthetic> {
+        if ahead.rules != self.id {
+            return self.deliver(facts, status, headers, debug, trace);
+        }
+        for (n, (i, _)) in self
+            .phase(Phase::Deliver)
+            .take(ahead.tried as usize)
+            .enumerate()
+        {
+            self.record(i, ahead.matched & (1 << n) != 0, &mut trace);
+        }
+        if ahead.stopped {
+            return None;
+        }
+        self.deliver_from(self.ahead, facts, status, headers, debug, trace)
+    }
+
+    /// The deliver phase from its `skip`th rule on.
+    fn deliver_from(
+        &self,
+        skip: usize,
+        facts: Facts<'_>,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+        debug: &dyn Fn() -> Debug,
+        mut trace: Option<&mut Trace>,
+    ) -> Option<Synthetic> {
+        let mut seen = Seen::default();
+        for (i, rule) in self.phase(Phase::Deliver).skip(skip) {
+            let response = Response { status, headers };
+            let Some(groups) = self.tried(i, rule, facts, Some(response), &mut trace, &mut seen)
+            else {
+                continue;
+            };
             let values = facts.values(Some(status), &groups);
             let a = &rule.actions;
             if let Some(s) = &a.respond {
@@ -529,24 +678,16 @@ impl Rules {
         mut trace: Option<&mut Trace>,
     ) -> Option<Synthetic> {
         let empty = HeaderMap::new();
+        let mut seen = Seen::default();
         for (i, rule) in self.phase(Phase::Error) {
-            let mut groups = Vec::new();
-            let response = Some(Response {
+            let response = Response {
                 status,
                 headers: &empty,
-            });
-            let hit = matches(
-                rule,
-                facts.parts,
-                facts.client,
-                response,
-                &mut groups,
-                &|_| true,
-            );
-            self.record(i, hit, &mut trace);
-            if !hit {
+            };
+            let Some(groups) = self.tried(i, rule, facts, Some(response), &mut trace, &mut seen)
+            else {
                 continue;
-            }
+            };
             let values = facts.values(Some(status), &groups);
             let a = &rule.actions;
             let mut made = match &a.respond {
@@ -710,6 +851,14 @@ fn rewritten_target(
     (target != parts.uri.path_and_query().map_or("/", |p| p.as_str())).then_some(target)
 }
 
+/// What the conditions of a phase's rules read of the request, worked out for the first rule that asks and
+/// kept for the others, until a rule rewrites what it was read from.
+#[derive(Default)]
+struct Seen {
+    /// The lenient reading of the target (`normalize::lenient`), once asked for.
+    lenient: Option<Option<String>>,
+}
+
 /// Whether `rule`'s conditions hold, the cheap ones first; `groups` gets `match.path_regex`'s groups.
 fn matches(
     rule: &Compiled,
@@ -718,6 +867,7 @@ fn matches(
     response: Option<Response<'_>>,
     groups: &mut Vec<String>,
     healthy: &dyn Fn(&Parts) -> bool,
+    seen: &mut Seen,
 ) -> bool {
     let w = &rule.when;
     if !w.methods.is_empty() && !w.methods.contains(&parts.method) {
@@ -740,10 +890,16 @@ fn matches(
         // A pass for `/account/` must not be escaped by a spelling only the origin resolves
         // (`/;/account/`, `/%2Faccount/`): either reading matching is a match, as for routes and
         // `[[deny]]`.
-        if !path_matches(rule, target, groups)
-            && !normalize::lenient(target).is_some_and(|l| path_matches(rule, &l, groups))
-        {
-            return false;
+        if !path_matches(rule, target, groups) {
+            let lenient = seen
+                .lenient
+                .get_or_insert_with(|| normalize::lenient(target));
+            if !lenient
+                .as_deref()
+                .is_some_and(|l| path_matches(rule, l, groups))
+            {
+                return false;
+            }
         }
     }
     for n in &w.without_headers {

@@ -552,3 +552,206 @@ proptest::proptest! {
         proptest::prop_assert!(p.uri.path().starts_with('/'));
     }
 }
+
+/// A head the response-only deliver rules edited once (`prepare`), then delivered with the rest
+/// (`deliver_prepared`), is the head the whole phase makes of the unedited one, and every rule is counted
+/// and traced as the whole phase counts and traces it: for rules that prepare nothing, rules that end the
+/// phase early, and rules that look at the request after those that do not.
+#[test]
+fn a_prepared_head_is_delivered_as_the_whole_phase_delivers_it() {
+    let sets = [
+        r#"
+        [[rule]]
+        name = "served-by"
+        on = "deliver"
+        set_headers = { "x-served-by" = "lacquer-1" }
+        [[rule]]
+        name = "hide"
+        on = "deliver"
+        unset_headers = ["server", "x-powered-*"]
+        [[rule]]
+        name = "html"
+        on = "deliver"
+        match = { content_types = ["text/html"] }
+        set_headers = { "cache-control" = "max-age=60" }
+        [[rule]]
+        name = "big"
+        on = "deliver"
+        match = { status = ["2xx"] }
+        append_headers = { "x-class" = "ok" }
+        [[rule]]
+        name = "secure"
+        on = "deliver"
+        match = { hosts = ["secure.test"] }
+        set_headers = { "strict-transport-security" = "max-age=600" }
+        [[rule]]
+        name = "after"
+        on = "deliver"
+        set_headers = { "x-after" = "1" }
+        "#,
+        r#"
+        [[rule]]
+        name = "stopper"
+        on = "deliver"
+        match = { status = [200] }
+        set_headers = { "x-a" = "1" }
+        stop = true
+        [[rule]]
+        name = "never"
+        on = "deliver"
+        set_headers = { "x-b" = "1" }
+        "#,
+        r#"
+        [[rule]]
+        name = "by-path"
+        on = "deliver"
+        match = { path_prefix = ["/a"] }
+        set_headers = { "x-a" = "1" }
+        [[rule]]
+        name = "later"
+        on = "deliver"
+        set_headers = { "x-b" = "1" }
+        "#,
+        r#"
+        [[rule]]
+        name = "age"
+        on = "deliver"
+        unset_headers = ["x-*"]
+        [[rule]]
+        name = "client"
+        on = "deliver"
+        set_headers = { "x-client" = "${client_ip}" }
+        "#,
+    ];
+    let heads = [
+        (
+            StatusCode::OK,
+            vec![
+                ("content-type", "text/html; charset=utf-8"),
+                ("content-length", "4096"),
+                ("server", "origin"),
+                ("x-powered-by", "php"),
+                ("x-cache", "HIT"),
+            ],
+        ),
+        (
+            StatusCode::OK,
+            vec![("content-type", "image/png"), ("content-length", "10")],
+        ),
+        (StatusCode::NOT_FOUND, vec![("content-length", "5000")]),
+    ];
+    let requests = [
+        request("/a/page", &[("host", "secure.test")]),
+        request("/b", &[("host", "www.test")]),
+    ];
+    for text in sets {
+        for (status, fields) in &heads {
+            for parts in &requests {
+                let whole = rules(text).unwrap();
+                let split = rules(text).unwrap();
+                let facts = Facts {
+                    parts,
+                    client: client(),
+                    secure: false,
+                };
+                let mut expected = headers(fields);
+                let mut expected_trace = Trace::default();
+                whole.deliver(
+                    facts,
+                    *status,
+                    &mut expected,
+                    &Debug::default,
+                    Some(&mut expected_trace),
+                );
+                whole.deliver(facts, *status, &mut headers(fields), &Debug::default, None);
+
+                let mut got = headers(fields);
+                let ahead = split.prepare(*status, &mut got);
+                let mut trace = Trace::default();
+                let mut traced = got.clone();
+                split.deliver_prepared(
+                    facts,
+                    *status,
+                    &mut traced,
+                    &Debug::default,
+                    &ahead,
+                    Some(&mut trace),
+                );
+                split.deliver_prepared(facts, *status, &mut got, &Debug::default, &ahead, None);
+                let case = format!("{text}\n{status} {fields:?} {}", parts.uri);
+                assert_eq!(got, expected, "{case}");
+                assert_eq!(traced, expected, "{case}");
+                assert_eq!(trace.steps, expected_trace.steps, "{case}");
+                let counts = |r: &Rules| r.counters().map(|(_, _, n)| n).collect::<Vec<_>>();
+                assert_eq!(counts(&split), counts(&whole), "{case}");
+            }
+        }
+    }
+    let r = rules(sets[0]).unwrap();
+    assert!(r.prepares());
+    assert!(
+        !rules(sets[2]).unwrap().prepares(),
+        "a rule on the path comes first"
+    );
+    assert!(!rules(sets[3]).unwrap().prepares(), "`x-*` takes X-Cache");
+}
+
+/// A head prepared under other rules (a reload since) is given the whole phase of the rules now.
+#[test]
+fn a_head_prepared_under_other_rules_gets_the_whole_phase() {
+    let text = r#"
+        [[rule]]
+        on = "deliver"
+        set_headers = { "x-a" = "1" }
+        "#;
+    let (old, new) = (rules(text).unwrap(), rules(text).unwrap());
+    assert_ne!(old.id(), new.id());
+    let mut head = HeaderMap::new();
+    let ahead = old.prepare(StatusCode::OK, &mut head);
+    head.remove("x-a");
+    let parts = request("/", &[]);
+    let facts = Facts {
+        parts: &parts,
+        client: client(),
+        secure: false,
+    };
+    new.deliver_prepared(
+        facts,
+        StatusCode::OK,
+        &mut head,
+        &Debug::default,
+        &ahead,
+        None,
+    );
+    assert_eq!(head.get("x-a").unwrap(), "1");
+    assert_eq!(new.counters().map(|(_, _, n)| n).sum::<u64>(), 1);
+}
+
+/// The lenient reading of the target a rule's path condition asked for is read again once a rule
+/// rewrites the target: a pass for what the target read as before the rewrite does not follow it.
+#[test]
+fn a_rewritten_target_is_read_leniently_anew() {
+    let r = rules(
+        r#"
+        [[rule]]
+        match = { path_prefix = ["/never/"] }
+        pass = true
+        [[rule]]
+        rewrite_path = { from = "^/;/account/(.*)$", to = "/shop/$1" }
+        [[rule]]
+        name = "account"
+        match = { path_prefix = ["/account/"] }
+        pass = true
+        "#,
+    )
+    .unwrap();
+    let mut p = request("/;/account/cart", &[]);
+    let v = run(&r, &mut p);
+    assert_eq!(p.uri.path(), "/shop/cart");
+    assert!(
+        !v.pass,
+        "the rewritten target is not /account/ however it is read"
+    );
+    let mut p = request("/%2Faccount/cart", &[]);
+    assert!(run(&r, &mut p).pass, "a lenient spelling of /account/ is");
+}

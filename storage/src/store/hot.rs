@@ -4,9 +4,16 @@
 //! response head a hit prepares from the stored headers ([`crate::ObjectMeta::prepared`]), which is made
 //! after the entry is weighed and so is counted up front. Weighed by the data alone (the weight before), a 64 MiB
 //! copy took 118 MiB of RSS at 100 000 objects without a single prepared head, and each head a hit made
-//! added about as much again, none of it counted.
+//! added about as much again, none of it counted. While deliver rules edit prepared heads ahead of their
+//! hits ([`crate::Store::weigh_edited_heads`]), each head's edited copy is counted too.
 
-use std::{mem::size_of, sync::Arc};
+use std::{
+    mem::size_of,
+    sync::{
+        atomic::{AtomicBool, Ordering::Relaxed},
+        Arc,
+    },
+};
 
 use foyer::{Cache, CacheBuilder, SieveConfig};
 use http::{HeaderName, HeaderValue};
@@ -21,11 +28,14 @@ pub(super) type HotCopy = Cache<String, Arc<ObjectSet>>;
 /// test below checks the whole weight against what inserting an entry takes (foyer 0.22: within 7 %).
 const ENTRY: usize = 176;
 
-/// A hot copy holding at most `bytes` of entries, by [`weight`].
-pub(super) fn hot_copy(bytes: usize) -> HotCopy {
+/// A hot copy holding at most `bytes` of entries, by [`weight`]; each prepared head is weighed with an
+/// edited copy while `edited` holds (for the entries inserted meanwhile).
+pub(super) fn hot_copy(bytes: usize, edited: Arc<AtomicBool>) -> HotCopy {
     CacheBuilder::new(bytes)
         .with_eviction_config(SieveConfig)
-        .with_weighter(|key: &String, set: &Arc<ObjectSet>| weight(key, set))
+        .with_weighter(move |key: &String, set: &Arc<ObjectSet>| {
+            weight(key, set, edited.load(Relaxed))
+        })
         .build()
 }
 
@@ -44,8 +54,8 @@ fn heap(n: usize) -> usize {
 }
 
 /// The bytes an entry of the hot copy takes: see the module's documentation.
-pub(super) fn weight(key: &str, set: &ObjectSet) -> usize {
-    let variants: usize = set.variants.iter().map(meta_heap).sum();
+pub(super) fn weight(key: &str, set: &ObjectSet, edited: bool) -> usize {
+    let variants: usize = set.variants.iter().map(|m| meta_heap(m, edited)).sum();
     let siblings: usize = set
         .siblings
         .iter()
@@ -54,8 +64,8 @@ pub(super) fn weight(key: &str, set: &ObjectSet) -> usize {
                 .variants
                 .iter()
                 .find(|v| v.generation == s.of)
-                .map_or(0, prepared_head);
-            s.coding.as_ref().map_or(0, |c| heap(c.len())) + meta_heap(&s.body) + head
+                .map_or(0, |v| prepared_head(v, edited));
+            s.coding.as_ref().map_or(0, |c| heap(c.len())) + meta_heap(&s.body, edited) + head
         })
         .sum();
     ENTRY
@@ -68,7 +78,7 @@ pub(super) fn weight(key: &str, set: &ObjectSet) -> usize {
 }
 
 /// What one metadata's fields allocate, and the header map a hit prepares from its headers.
-fn meta_heap(meta: &ObjectMeta) -> usize {
+fn meta_heap(meta: &ObjectMeta, edited: bool) -> usize {
     let pair = size_of::<(String, Vec<u8>)>();
     let headers: usize = meta
         .headers
@@ -87,7 +97,7 @@ fn meta_heap(meta: &ObjectMeta) -> usize {
         + variant
         + heap(meta.tags.capacity() * size_of::<String>())
         + tags
-        + prepared_head(meta)
+        + prepared_head(meta, edited)
 }
 
 /// The response head the data path prepares from `meta`'s fields ([`ObjectMeta::prepared`]; the proxy's
@@ -97,12 +107,14 @@ fn meta_heap(meta: &ObjectMeta) -> usize {
 /// knows copied too (counted for every name: most stored names are known ones, and a little too much is
 /// the safe side). The first clone of a copied value or name, which every hit makes, gives it a shared
 /// header of its own (32 bytes). Of the values a response adds, two are its own bytes (`Content-Length`,
-/// `Via`). A representation's head is a copy of its variant's.
-fn prepared_head(meta: &ObjectMeta) -> usize {
+/// `Via`). A representation's head is a copy of its variant's. An `edited` copy (the head as the deliver
+/// rules that look at the response alone leave it) has its own table, exactly as long as the fields, and
+/// shares their values; it is kept in an `Arc` with what the rules did.
+fn prepared_head(meta: &ObjectMeta, edited: bool) -> usize {
     if meta.headers.is_empty() {
         return 0;
     }
-    let boxed = heap(size_of::<http::HeaderMap>() + 32);
+    let boxed = heap(size_of::<http::HeaderMap>() + 40);
     let own = 2 * (heap(24) + 32);
     let wanted = meta.headers.len() + 7;
     let raw = (wanted + wanted / 3).next_power_of_two();
@@ -112,7 +124,16 @@ fn prepared_head(meta: &ObjectMeta) -> usize {
         .iter()
         .map(|(n, v)| heap(n.len()) + heap(v.len()) + 2 * 32)
         .sum();
-    boxed + heap(raw * 4) + heap((raw - raw / 4) * bucket) + copied + own
+    let table = heap(raw * 4) + heap((raw - raw / 4) * bucket);
+    let copy = match edited {
+        true => {
+            heap(2 * size_of::<usize>() + size_of::<http::HeaderMap>() + 32)
+                + heap(raw * 4)
+                + heap(wanted * bucket)
+        }
+        false => 0,
+    };
+    boxed + table + copied + own + copy
 }
 
 #[cfg(test)]
@@ -201,32 +222,52 @@ mod tests {
     }
 
     /// What the proxy prepares for a hit (`lacquer_proxy`'s `Prepared::of`): the stored fields with room
-    /// for seven more, and the response's own.
+    /// for seven more, and the response's own, beside the facts it keeps of the body (as large).
     fn prepare(meta: &ObjectMeta) -> &HeaderMap {
-        meta.prepared(|m| {
-            let mut head = m.header_map(7);
-            head.insert(header::CONTENT_LENGTH, HeaderValue::from(m.length));
-            head.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-            head.insert(header::AGE, HeaderValue::from_static("0"));
-            head.insert("x-cache", HeaderValue::from_static("HIT"));
-            head.insert("cache-status", HeaderValue::from_static("lacquer"));
-            head.insert(header::VIA, HeaderValue::from_str("1.1 lacquer").unwrap());
-            head
-        })
-        .unwrap()
+        &meta
+            .prepared(|m| {
+                let mut head = m.header_map(7);
+                head.insert(header::CONTENT_LENGTH, HeaderValue::from(m.length));
+                head.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+                head.insert(header::AGE, HeaderValue::from_static("0"));
+                head.insert("x-cache", HeaderValue::from_static("HIT"));
+                head.insert("cache-status", HeaderValue::from_static("lacquer"));
+                head.insert(header::VIA, HeaderValue::from_str("1.1 lacquer").unwrap());
+                (head, [0u64; 5])
+            })
+            .unwrap()
+            .0
     }
+
+    /// The edited copy of a prepared head the proxy keeps while deliver rules edit heads ahead of their
+    /// hits, with what they did (as large).
+    type Edited = Arc<(HeaderMap, [u64; 4])>;
 
     /// The hot copy's weights account for what its entries take from the allocator, prepared heads and
     /// foyer's own records included: at most a quarter more (the safe side), never less. Before, the
     /// weight was about half of what an entry took.
     #[test]
     fn an_entry_weighs_what_it_takes_from_the_allocator() {
-        for (headers, variants, siblings) in
-            [(4, 1, 0), (1, 1, 0), (12, 1, 0), (4, 3, 0), (4, 1, 1)]
-        {
+        for (headers, variants, siblings, edited) in [
+            (4, 1, 0, false),
+            (1, 1, 0, false),
+            (12, 1, 0, false),
+            (4, 3, 0, false),
+            (4, 1, 1, false),
+            (4, 1, 0, true),
+            (12, 1, 0, true),
+            (4, 3, 0, true),
+            (4, 1, 1, true),
+        ] {
             const N: usize = 2000;
-            let hot = hot_copy(1 << 30);
+            let hot = hot_copy(1 << 30, Arc::new(AtomicBool::new(edited)));
+            let mut copies: Vec<Edited> = Vec::with_capacity(N * (variants + siblings));
             let before = live();
+            let mut edit = |head: &HeaderMap| {
+                if edited {
+                    copies.push(Arc::new((head.clone(), [0; 4])));
+                }
+            };
             for i in 0..N {
                 let key = format!("127.0.0.1:6081/small/rs/{i:07}");
                 let set = stored(i, headers, variants, siblings);
@@ -234,17 +275,20 @@ mod tests {
                 let set = entry.value();
                 for meta in &set.variants {
                     drop(prepare(meta).clone());
+                    edit(prepare(meta));
                 }
                 for sibling in &set.siblings {
                     let variant = set.variants.iter().find(|v| v.generation == sibling.of);
                     let head = variant.map(|v| prepare(v).clone()).unwrap_or_default();
-                    drop(sibling.body.prepared(|_| head).unwrap().clone());
+                    let head = &sibling.body.prepared(|_| (head, [0u64; 5])).unwrap().0;
+                    drop(head.clone());
+                    edit(head);
                 }
             }
             let taken = (live() - before) as f64;
             let weighed = hot.usage() as f64;
             let shape = format!(
-                "{headers} headers, {variants} variants, {siblings} siblings: per entry weighed {:.0}, took {:.0}",
+                "{headers} headers, {variants} variants, {siblings} siblings, edited {edited}: per entry weighed {:.0}, took {:.0}",
                 weighed / N as f64,
                 taken / N as f64
             );
@@ -259,9 +303,9 @@ mod tests {
     /// A hot copy keeps to its bound by that weight: past it, older entries are evicted.
     #[test]
     fn the_hot_copy_keeps_to_its_bound() {
-        let hot = hot_copy(1 << 20);
+        let hot = hot_copy(1 << 20, Arc::default());
         let set = stored(1, 4, 1, 0);
-        let one = weight("127.0.0.1:6081/small/rs/0000001", &set);
+        let one = weight("127.0.0.1:6081/small/rs/0000001", &set, false);
         for i in 0..(4 << 20) / one {
             hot.insert(
                 format!("127.0.0.1:6081/small/rs/{i:07}"),

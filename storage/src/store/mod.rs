@@ -105,6 +105,8 @@ struct Inner {
     /// Group commit of sled flushes.
     flushes: GroupCommit,
     hot: hot::HotCopy,
+    /// Whether the hot copy weighs an edited copy of each prepared head ([`Store::weigh_edited_heads`]).
+    edited_heads: Arc<AtomicBool>,
     /// Serialises every change to one key's object set, so the hot copy and sled never disagree.
     records: records::Records,
     /// The hashes of the keys with a record in sled, changed under their record locks.
@@ -118,6 +120,13 @@ struct Inner {
 }
 
 impl Store {
+    /// Whether the data path keeps an edited copy of each prepared response head (deliver rules that look
+    /// at the response alone edit a hit's head once, ahead of its hits): the hot copy weighs that copy
+    /// too in the entries it takes from now on, so `storage.metadata_cache` still bounds what it holds.
+    pub fn weigh_edited_heads(&self, edited: bool) {
+        self.inner.edited_heads.store(edited, Relaxed);
+    }
+
     /// The size bodies are split into (see [`StoreBuilder::with_chunk_size`]); every chunk but a body's
     /// last is exactly this long.
     pub fn chunk_size(&self) -> usize {

@@ -312,7 +312,8 @@ impl Store {
                 return Err(e);
             }
         };
-        let hot = super::hot::hot_copy(config.metadata_cache_bytes);
+        let edited_heads = Arc::<std::sync::atomic::AtomicBool>::default();
+        let hot = super::hot::hot_copy(config.metadata_cache_bytes, edited_heads.clone());
         let (jobs, rx) = mpsc::channel(64);
         let store = Store {
             inner: Arc::new(Inner {
@@ -329,6 +330,7 @@ impl Store {
                 health,
                 lock: Mutex::new(None),
                 flushes: GroupCommit::default(),
+                edited_heads,
                 hot,
                 records: super::records::Records::default(),
                 keys: super::index::KeyIndex::default(),
