@@ -49,32 +49,39 @@ async fn cachectl_cluster_against_real_nodes() {
     let nodes: Vec<Daemon> = (1..=3)
         .map(|n| node(&origin, n, &etcd.url(), &secret, &secret))
         .collect();
-    for (i, d) in nodes.iter().enumerate() {
-        for _ in 0..=i {
-            get(d.addr, "/a").await;
-        }
-    }
     let cachectl = |args: &[&str]| {
         let admin = nodes[0].admin.to_string();
         let mut all = vec!["--admin", &admin, "--secret", secret.to_str().unwrap()];
         all.extend_from_slice(args);
         run_tool(env!("CARGO_BIN_EXE_cachectl"), &all)
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let report: Value = loop {
-        let (code, out, err) = cachectl(&["--json", "cluster"]);
-        assert_eq!(code, 0, "{err}");
-        let report: Value = serde_json::from_str(&out).unwrap();
-        let members = report["members"].as_array().unwrap();
-        if members.len() == 3
-            && members.iter().all(|m| m["cluster"]["state"] == "serving")
-            && report["total"]["proxy"]["requests"] == 6
-        {
-            break report;
+    // `cachectl --json cluster` once `done` holds for it (within 20 s).
+    let report_once = |done: &dyn Fn(&Value) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, out, err) = cachectl(&["--json", "cluster"]);
+            assert_eq!(code, 0, "{err}");
+            let report: Value = serde_json::from_str(&out).unwrap();
+            if done(&report) {
+                break report;
+            }
+            assert!(Instant::now() < deadline, "{report:#}");
+            std::thread::sleep(Duration::from_millis(200));
         }
-        assert!(Instant::now() < deadline, "{report:#}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // A member still joining vouches for nothing it stored, so its hits would be misses: the requests
+    // start once every member serves.
+    let serving = |report: &Value| {
+        let members = report["members"].as_array().unwrap();
+        members.len() == 3 && members.iter().all(|m| m["cluster"]["state"] == "serving")
+    };
+    report_once(&serving);
+    for (i, d) in nodes.iter().enumerate() {
+        for _ in 0..=i {
+            get(d.addr, "/a").await;
+        }
+    }
+    let report = report_once(&|r| serving(r) && r["total"]["proxy"]["requests"] == 6);
     assert_eq!(report["total"]["proxy"]["hits"], 3);
     let (code, out, err) = cachectl(&["stats", "--cluster", "--filter", "proxy.req"]);
     assert_eq!(code, 0, "{err}");

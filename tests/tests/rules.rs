@@ -1288,7 +1288,6 @@ backend = "beta"
 
 /// Recipe 5: a WebSocket upgrade tunnelled to the backend, bytes copied both ways.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "pipe: the tunnel is not in main yet (Upgrade is removed as a hop-by-hop field before the rules run)"]
 async fn r05_websocket_upgrades_are_piped() {
     // An origin that accepts one upgrade and echoes what it reads, after recording the head it got.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
