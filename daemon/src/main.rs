@@ -195,7 +195,7 @@ fn run(
         }
         None => None,
     };
-    store.weigh_edited_heads(live.rules.prepares());
+    store.weigh_edited_heads(live.rules.edited_fields());
     let shared = Arc::new(Shared {
         live: ArcSwap::from_pointee(live),
         access_log: access_log.clone(),

@@ -154,7 +154,9 @@ impl Reloader {
         for gone in &backends.gone {
             gone.retire();
         }
-        self.shared.store.weigh_edited_heads(live.rules.prepares());
+        self.shared
+            .store
+            .weigh_edited_heads(live.rules.edited_fields());
         self.shared.live.store(Arc::new(live));
         *running = candidate;
         Ok(outcome)

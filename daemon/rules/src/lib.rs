@@ -74,11 +74,14 @@ pub struct Rules {
     matched: Box<[Box<[AtomicU64]>]>,
     /// A rule shows hit counts (asked on every request).
     counts_hits: bool,
-    /// Which compile this is: a head prepared under other rules is not theirs to skip.
+    /// What the rules that edit prepared heads are (a digest of how they are written): a head prepared
+    /// under other ones is not theirs to skip, and one prepared before a reload that kept them still is.
     id: u64,
     /// How many deliver rules, from the first, look at nothing but the response
     /// ([`Compiled::response_only`]): on a plain hit they have edited the prepared head already.
     ahead: usize,
+    /// How many fields those rules may add to a head.
+    edited_fields: usize,
 }
 
 /// What the deliver rules that look at the response alone did to a prepared head ([`Rules::prepare`]),
@@ -244,15 +247,27 @@ impl Rules {
             by_phase[slot(c.phase)].push(index);
             compiled.push(c);
         }
-        static COMPILES: AtomicU64 = AtomicU64::new(1);
         let ahead = by_phase[slot(Phase::Deliver)]
             .iter()
             .take(u64::BITS as usize)
             .take_while(|&&i| compiled[i].response_only())
             .count();
+        let leading = &by_phase[slot(Phase::Deliver)][..ahead];
+        let id = {
+            let mut digest = std::hash::DefaultHasher::new();
+            for &i in leading {
+                std::hash::Hash::hash(&format!("{:?}", rules[i]), &mut digest);
+            }
+            std::hash::Hasher::finish(&digest)
+        };
+        let edited_fields = leading
+            .iter()
+            .map(|&i| compiled[i].actions.set.len() + compiled[i].actions.append.len())
+            .sum();
         Ok(Self {
-            id: COMPILES.fetch_add(1, Relaxed),
+            id,
             ahead,
+            edited_fields,
             matched: (0..SHARDS)
                 .map(|_| {
                     // At least a cache line each, so that two shards never share one.
@@ -548,9 +563,15 @@ impl Rules {
         self.deliver_from(0, facts, status, headers, debug, trace)
     }
 
-    /// Which compile these rules are.
+    /// What the deliver rules that edit prepared heads are: the same for two compiles of the same ones.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// How many fields, at most, the deliver rules add to a head they edit ahead of its hits; `None`
+    /// when they edit none ([`Rules::prepares`]).
+    pub fn edited_fields(&self) -> Option<usize> {
+        self.prepares().then_some(self.edited_fields)
     }
 
     /// Whether some deliver rules can edit a stored response's prepared head ahead of its hits
@@ -602,7 +623,8 @@ impl Rules {
 
     /// The deliver phase for a response sent with a head [`Rules::prepare`] edited (`ahead`): the rules
     /// it ran are counted (or traced) as they matched then, and the phase goes on from the first rule
-    /// it left. A head prepared under other rules (a reload since) gets the whole phase.
+    /// it left. A head prepared under other rules (a reload that changed them came between the head's
+    /// preparation and this response) gets the whole phase.
     pub fn deliver_prepared(
         &self,
         facts: Facts<'_>,

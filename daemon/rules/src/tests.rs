@@ -696,35 +696,63 @@ fn a_prepared_head_is_delivered_as_the_whole_phase_delivers_it() {
     assert!(!rules(sets[3]).unwrap().prepares(), "`x-*` takes X-Cache");
 }
 
-/// A head prepared under other rules (a reload since) is given the whole phase of the rules now.
+/// A head prepared under other rules (a reload that changed them came between) is given the whole phase
+/// of the rules now; rules compiled again as they were (a reload of the same file) skip what it was
+/// edited by, and count it.
 #[test]
 fn a_head_prepared_under_other_rules_gets_the_whole_phase() {
-    let text = r#"
-        [[rule]]
-        on = "deliver"
-        set_headers = { "x-a" = "1" }
-        "#;
-    let (old, new) = (rules(text).unwrap(), rules(text).unwrap());
+    let text = |value: &str| {
+        format!(
+            r#"
+            [[rule]]
+            on = "deliver"
+            set_headers = {{ "x-a" = "{value}" }}
+            [[rule]]
+            on = "deliver"
+            append_headers = {{ "x-b" = "1" }}
+            "#
+        )
+    };
+    let (old, same, new) = (
+        rules(&text("1")).unwrap(),
+        rules(&text("1")).unwrap(),
+        rules(&text("2")).unwrap(),
+    );
+    assert_eq!(old.id(), same.id());
     assert_ne!(old.id(), new.id());
-    let mut head = HeaderMap::new();
-    let ahead = old.prepare(StatusCode::OK, &mut head);
-    head.remove("x-a");
+    assert_eq!(old.edited_fields(), Some(2));
     let parts = request("/", &[]);
     let facts = Facts {
         parts: &parts,
         client: client(),
         secure: false,
     };
-    new.deliver_prepared(
-        facts,
-        StatusCode::OK,
-        &mut head,
-        &Debug::default,
-        &ahead,
-        None,
-    );
+    let deliver = |rules: &Rules| {
+        let mut head = HeaderMap::new();
+        let ahead = old.prepare(StatusCode::OK, &mut head);
+        rules.deliver_prepared(
+            facts,
+            StatusCode::OK,
+            &mut head,
+            &Debug::default,
+            &ahead,
+            None,
+        );
+        head
+    };
+    let head = deliver(&same);
     assert_eq!(head.get("x-a").unwrap(), "1");
-    assert_eq!(new.counters().map(|(_, _, n)| n).sum::<u64>(), 1);
+    assert_eq!(head.get("x-b").unwrap(), "1", "appended once");
+    assert_eq!(
+        same.counters().map(|(_, _, n)| n).collect::<Vec<_>>(),
+        [1, 1]
+    );
+    let head = deliver(&new);
+    assert_eq!(head.get("x-a").unwrap(), "2");
+    assert_eq!(
+        new.counters().map(|(_, _, n)| n).collect::<Vec<_>>(),
+        [1, 1]
+    );
 }
 
 /// The lenient reading of the target a rule's path condition asked for is read again once a rule

@@ -10,7 +10,7 @@
 use std::{
     mem::size_of,
     sync::{
-        atomic::{AtomicBool, Ordering::Relaxed},
+        atomic::{AtomicUsize, Ordering::Relaxed},
         Arc,
     },
 };
@@ -28,13 +28,17 @@ pub(super) type HotCopy = Cache<String, Arc<ObjectSet>>;
 /// test below checks the whole weight against what inserting an entry takes (foyer 0.22: within 7 %).
 const ENTRY: usize = 176;
 
-/// A hot copy holding at most `bytes` of entries, by [`weight`]; each prepared head is weighed with an
-/// edited copy while `edited` holds (for the entries inserted meanwhile).
-pub(super) fn hot_copy(bytes: usize, edited: Arc<AtomicBool>) -> HotCopy {
+/// Edited copies of prepared heads, as the hot copy weighs them: 0 for none, else 1 + the fields they may
+/// add ([`crate::Store::weigh_edited_heads`]).
+pub(super) type EditedHeads = Arc<AtomicUsize>;
+
+/// A hot copy holding at most `bytes` of entries, by [`weight`]; each prepared head is weighed with the
+/// edited copy `edited` says it has.
+pub(super) fn hot_copy(bytes: usize, edited: EditedHeads) -> HotCopy {
     CacheBuilder::new(bytes)
         .with_eviction_config(SieveConfig)
         .with_weighter(move |key: &String, set: &Arc<ObjectSet>| {
-            weight(key, set, edited.load(Relaxed))
+            weight(key, set, edited.load(Relaxed).checked_sub(1))
         })
         .build()
 }
@@ -54,7 +58,7 @@ fn heap(n: usize) -> usize {
 }
 
 /// The bytes an entry of the hot copy takes: see the module's documentation.
-pub(super) fn weight(key: &str, set: &ObjectSet, edited: bool) -> usize {
+pub(super) fn weight(key: &str, set: &ObjectSet, edited: Option<usize>) -> usize {
     let variants: usize = set.variants.iter().map(|m| meta_heap(m, edited)).sum();
     let siblings: usize = set
         .siblings
@@ -78,7 +82,7 @@ pub(super) fn weight(key: &str, set: &ObjectSet, edited: bool) -> usize {
 }
 
 /// What one metadata's fields allocate, and the header map a hit prepares from its headers.
-fn meta_heap(meta: &ObjectMeta, edited: bool) -> usize {
+fn meta_heap(meta: &ObjectMeta, edited: Option<usize>) -> usize {
     let pair = size_of::<(String, Vec<u8>)>();
     let headers: usize = meta
         .headers
@@ -108,9 +112,10 @@ fn meta_heap(meta: &ObjectMeta, edited: bool) -> usize {
 /// the safe side). The first clone of a copied value or name, which every hit makes, gives it a shared
 /// header of its own (32 bytes). Of the values a response adds, two are its own bytes (`Content-Length`,
 /// `Via`). A representation's head is a copy of its variant's. An `edited` copy (the head as the deliver
-/// rules that look at the response alone leave it) has its own table, exactly as long as the fields, and
-/// shares their values; it is kept in an `Arc` with what the rules did.
-fn prepared_head(meta: &ObjectMeta, edited: bool) -> usize {
+/// rules that look at the response alone leave it, with at most that many fields more) has its own table,
+/// exactly as long as its fields, and shares their values but for those it joined anew; it is kept in an
+/// `Arc` with what the rules did.
+fn prepared_head(meta: &ObjectMeta, edited: Option<usize>) -> usize {
     if meta.headers.is_empty() {
         return 0;
     }
@@ -125,14 +130,20 @@ fn prepared_head(meta: &ObjectMeta, edited: bool) -> usize {
         .map(|(n, v)| heap(n.len()) + heap(v.len()) + 2 * 32)
         .sum();
     let table = heap(raw * 4) + heap((raw - raw / 4) * bucket);
-    let copy = match edited {
-        true => {
-            heap(2 * size_of::<usize>() + size_of::<http::HeaderMap>() + 32)
-                + heap(raw * 4)
-                + heap(wanted * bucket)
-        }
-        false => 0,
-    };
+    // A field added to a copy grows its buckets as a `Vec` grows (twice as many), or to the capacity of
+    // the larger positions it needs.
+    let copy = edited.map_or(0, |added| {
+        let fields = wanted + added;
+        let positions = raw.max((fields + fields / 3).next_power_of_two());
+        let buckets = match added {
+            0 => wanted,
+            _ => (positions - positions / 4).max(2 * wanted),
+        };
+        heap(2 * size_of::<usize>() + size_of::<http::HeaderMap>() + 32)
+            + heap(positions * 4)
+            + heap(buckets * bucket)
+            + added * (heap(64) + 32)
+    });
     boxed + table + copied + own + copy
 }
 
@@ -249,23 +260,36 @@ mod tests {
     #[test]
     fn an_entry_weighs_what_it_takes_from_the_allocator() {
         for (headers, variants, siblings, edited) in [
-            (4, 1, 0, false),
-            (1, 1, 0, false),
-            (12, 1, 0, false),
-            (4, 3, 0, false),
-            (4, 1, 1, false),
-            (4, 1, 0, true),
-            (12, 1, 0, true),
-            (4, 3, 0, true),
-            (4, 1, 1, true),
+            (4, 1, 0, None),
+            (1, 1, 0, None),
+            (12, 1, 0, None),
+            (4, 3, 0, None),
+            (4, 1, 1, None),
+            (4, 1, 0, Some(0)),
+            (12, 1, 0, Some(0)),
+            (4, 3, 0, Some(0)),
+            (4, 1, 1, Some(0)),
+            (4, 1, 0, Some(3)),
+            (1, 1, 0, Some(1)),
         ] {
             const N: usize = 2000;
-            let hot = hot_copy(1 << 30, Arc::new(AtomicBool::new(edited)));
+            let flag = edited.map_or(0, |added: usize| added + 1);
+            let hot = hot_copy(1 << 30, Arc::new(AtomicUsize::new(flag)));
             let mut copies: Vec<Edited> = Vec::with_capacity(N * (variants + siblings));
+            // The copy as rules that add `added` fields leave it: names the rules hold, each value of the
+            // larger kind, joined anew to what the head had.
+            let names: Vec<HeaderName> = (0..edited.unwrap_or(0))
+                .map(|f| HeaderName::from_bytes(format!("x-added-{f}").as_bytes()).unwrap())
+                .collect();
             let before = live();
             let mut edit = |head: &HeaderMap| {
-                if edited {
-                    copies.push(Arc::new((head.clone(), [0; 4])));
+                if edited.is_some() {
+                    let mut copy = head.clone();
+                    for (f, name) in names.iter().enumerate() {
+                        let joined = format!("{f}, max-age=31536000");
+                        copy.insert(name.clone(), HeaderValue::from_str(&joined).unwrap());
+                    }
+                    copies.push(Arc::new((copy, [0; 4])));
                 }
             };
             for i in 0..N {
@@ -288,7 +312,7 @@ mod tests {
             let taken = (live() - before) as f64;
             let weighed = hot.usage() as f64;
             let shape = format!(
-                "{headers} headers, {variants} variants, {siblings} siblings, edited {edited}: per entry weighed {:.0}, took {:.0}",
+                "{headers} headers, {variants} variants, {siblings} siblings, edited {edited:?}: per entry weighed {:.0}, took {:.0}",
                 weighed / N as f64,
                 taken / N as f64
             );
@@ -305,7 +329,7 @@ mod tests {
     fn the_hot_copy_keeps_to_its_bound() {
         let hot = hot_copy(1 << 20, Arc::default());
         let set = stored(1, 4, 1, 0);
-        let one = weight("127.0.0.1:6081/small/rs/0000001", &set, false);
+        let one = weight("127.0.0.1:6081/small/rs/0000001", &set, None);
         for i in 0..(4 << 20) / one {
             hot.insert(
                 format!("127.0.0.1:6081/small/rs/{i:07}"),

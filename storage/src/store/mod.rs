@@ -105,8 +105,8 @@ struct Inner {
     /// Group commit of sled flushes.
     flushes: GroupCommit,
     hot: hot::HotCopy,
-    /// Whether the hot copy weighs an edited copy of each prepared head ([`Store::weigh_edited_heads`]).
-    edited_heads: Arc<AtomicBool>,
+    /// The edited copies of prepared heads the hot copy weighs ([`Store::weigh_edited_heads`]).
+    edited_heads: hot::EditedHeads,
     /// Serialises every change to one key's object set, so the hot copy and sled never disagree.
     records: records::Records,
     /// The hashes of the keys with a record in sled, changed under their record locks.
@@ -120,11 +120,16 @@ struct Inner {
 }
 
 impl Store {
-    /// Whether the data path keeps an edited copy of each prepared response head (deliver rules that look
-    /// at the response alone edit a hit's head once, ahead of its hits): the hot copy weighs that copy
-    /// too in the entries it takes from now on, so `storage.metadata_cache` still bounds what it holds.
-    pub fn weigh_edited_heads(&self, edited: bool) {
-        self.inner.edited_heads.store(edited, Relaxed);
+    /// Whether the data path keeps an edited copy of each prepared response head, with at most this many
+    /// fields more (deliver rules that look at the response alone edit a hit's head once, ahead of its
+    /// hits; `None`: no copies). The hot copy weighs that copy too, so `storage.metadata_cache` still
+    /// bounds what it holds: when copies become larger than its entries were weighed for, it is emptied
+    /// (sled holds every record; the next lookups fill it again, weighed anew).
+    pub fn weigh_edited_heads(&self, edited: Option<usize>) {
+        let now = edited.map_or(0, |added| added + 1);
+        if self.inner.edited_heads.swap(now, Relaxed) < now {
+            self.inner.hot.clear();
+        }
     }
 
     /// The size bodies are split into (see [`StoreBuilder::with_chunk_size`]); every chunk but a body's

@@ -312,7 +312,7 @@ impl Store {
                 return Err(e);
             }
         };
-        let edited_heads = Arc::<std::sync::atomic::AtomicBool>::default();
+        let edited_heads = super::hot::EditedHeads::default();
         let hot = super::hot::hot_copy(config.metadata_cache_bytes, edited_heads.clone());
         let (jobs, rx) = mpsc::channel(64);
         let store = Store {

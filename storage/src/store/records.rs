@@ -705,6 +705,30 @@ mod tests {
         assert!(found.unwrap());
     }
 
+    /// Entries weighed without the edited heads the data path now keeps, or with smaller ones, leave the
+    /// hot copy (sled still answers for them, and they come back weighed anew); smaller copies keep it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn larger_edited_heads_empty_the_hot_copy_weighed_without_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let mut meta = body(&store, "gzip", &[]);
+        meta.headers = vec![("content-type".into(), b"text/plain".to_vec())];
+        store.publish("a.test/k", meta, store.mark().epoch).unwrap();
+        let weighed = store.inner.hot.usage();
+        assert!(in_memory(&store, "a.test/k").is_some());
+        store.weigh_edited_heads(Some(2));
+        assert!(
+            in_memory(&store, "a.test/k").is_none(),
+            "weighed for no copy"
+        );
+        assert!(store.lookup_off_thread("a.test/k").await.unwrap().is_some());
+        assert!(in_memory(&store, "a.test/k").is_some());
+        assert!(store.inner.hot.usage() > weighed, "weighed with its copy");
+        store.weigh_edited_heads(Some(1));
+        store.weigh_edited_heads(None);
+        assert!(in_memory(&store, "a.test/k").is_some(), "weighed for more");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_hot_key_met_after_a_ban_is_tested_and_removed_only_if_covered() {
         let dir = tempfile::tempdir().unwrap();
