@@ -912,14 +912,14 @@ fn matches(
         // A pass for `/account/` must not be escaped by a spelling only the origin resolves
         // (`/;/account/`, `/%2Faccount/`): either reading matching is a match, as for routes and
         // `[[deny]]`.
-        if !path_matches(rule, target, groups) {
+        // The request's own path is the URI's, found when it was parsed.
+        if !path_matches(rule, target, parts.uri.path(), groups) {
             let lenient = seen
                 .lenient
                 .get_or_insert_with(|| normalize::lenient(target));
-            if !lenient
-                .as_deref()
-                .is_some_and(|l| path_matches(rule, l, groups))
-            {
+            if !lenient.as_deref().is_some_and(|l| {
+                path_matches(rule, l, l.split_once('?').map_or(l, |(p, _)| p), groups)
+            }) {
                 return false;
             }
         }
@@ -991,11 +991,10 @@ fn matches(
     true
 }
 
-/// Whether a target (path and query) meets a rule's path conditions: prefix, extension, regular
-/// expression (whose groups go to `groups`).
-fn path_matches(rule: &Compiled, target: &str, groups: &mut Vec<String>) -> bool {
+/// Whether a target (path and query; `path` without the query) meets a rule's path conditions: prefix,
+/// extension, regular expression (whose groups go to `groups`).
+fn path_matches(rule: &Compiled, target: &str, path: &str, groups: &mut Vec<String>) -> bool {
     let w = &rule.when;
-    let path = target.split_once('?').map_or(target, |(p, _)| p);
     if !w.path_prefix.is_empty() && !w.path_prefix.iter().any(|p| path.starts_with(p.as_str())) {
         return false;
     }
