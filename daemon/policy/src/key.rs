@@ -36,16 +36,28 @@ pub fn key_for(host: &str, path_and_query: &str) -> String {
 
 /// `host[:port]` as it stands in a primary key: lower-cased, the port as a number and dropped when it is
 /// `http`'s or `https`'s (or empty), so equivalent hosts (RFC 3986 §6.2.2, §6.2.3) key and ban alike.
-/// Borrowed when `host` is normal already, as nearly every one is: every request makes its key.
-pub fn normal_host(host: &str) -> Cow<'_, str> {
-    let split = match host.rfind(':') {
-        Some(colon) if !host[colon..].contains(']') => Some((&host[..colon], &host[colon + 1..])),
-        _ => None,
-    };
-    let (name, port) = match split {
-        Some((name, "")) => (name, None),
+/// Borrowed when `host` is normal already, as nearly every one is (every request makes its key), and
+/// only then. Normal once is normal for good (a ban's host is printed normal and read back).
+pub fn normal_host(sent: &str) -> Cow<'_, str> {
+    let mut host = sent;
+    fn split(host: &str) -> Option<(&str, &str)> {
+        match host.rfind(':') {
+            Some(colon) if !host[colon..].contains(']') => {
+                Some((&host[..colon], &host[colon + 1..]))
+            }
+            _ => None,
+        }
+    }
+    // A port dropped leaves a host that may end in another (`a:80:`, `::`): it is read again, in a loop
+    // rather than a recursion however many colons a client sends.
+    while let Some((name, port)) = split(host) {
+        if !port.is_empty() && !matches!(port.parse::<u16>(), Ok(80 | 443)) {
+            break;
+        }
+        host = name;
+    }
+    let (name, port) = match split(host) {
         Some((name, port)) => match port.parse::<u16>() {
-            Ok(80 | 443) => (name, None),
             Ok(number) => (name, Some((number, port))),
             Err(_) => (host, None),
         },
@@ -56,7 +68,10 @@ pub fn normal_host(host: &str) -> Cow<'_, str> {
     });
     let whole = name.len() == host.len() || port.is_some();
     if whole && port_as_written && !name.bytes().any(|b| b.is_ascii_uppercase()) {
-        return Cow::Borrowed(host);
+        return match host.len() == sent.len() {
+            true => Cow::Borrowed(host),
+            false => Cow::Owned(host.to_owned()),
+        };
     }
     let mut out = name.to_ascii_lowercase();
     if let Some((number, _)) = port {
@@ -93,11 +108,24 @@ mod tests {
             ("example.com:08080", "example.com:8080", false),
             ("example.com:+8080", "example.com:8080", false),
             ("[::1]:80", "[::1]", false),
+            ("Example.com:80", "example.com", false),
+            ("example.com:80:", "example.com", false),
+            ("a::80", "a", false),
+            ("::", "", false),
+            ("a::8080", "a::8080", true),
+            ("a:b", "a:b", true),
         ] {
             let got = normal_host(host);
             assert_eq!(got, normal, "{host}");
             assert_eq!(matches!(got, Cow::Borrowed(_)), borrowed, "{host}");
+            assert_eq!(
+                normal_host(&got),
+                got,
+                "normal once, normal for good: {host}"
+            );
         }
+        let colons = ":".repeat(100_000);
+        assert_eq!(normal_host(&colons), "", "however many colons");
     }
 
     #[test]
