@@ -41,7 +41,7 @@ pub struct Prepared {
 
 /// A plain hit's head with the response-only deliver rules applied ([`Rules::prepare`]): a hit clones it
 /// and the deliver phase goes on from the rules it left, so those rules cost a plain hit nothing but
-/// their counters. Made again when the rules are reloaded; a clone of the [`Prepared`] starts without.
+/// their counters. Made again when a reload changes those rules; a clone of the [`Prepared`] starts without.
 #[derive(Default)]
 struct Delivered(ArcSwapOption<(HeaderMap, Ahead)>);
 

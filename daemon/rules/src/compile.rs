@@ -159,7 +159,7 @@ const PER_RESPONSE: [&str; 3] = ["age", "cache-status", "x-cache"];
 
 impl Compiled {
     /// Whether this deliver rule does the same to every plain hit of one stored response, whatever the
-    /// request: it tests nothing but the response's status, type and length, writes only literal
+    /// request: it tests nothing but the response's status and type, writes only literal
     /// values, makes no response and shows no debug numbers, and leaves alone the fields that change from
     /// one response to the next. Such a rule can edit a prepared head once instead of every response.
     pub fn response_only(&self) -> bool {

@@ -89,7 +89,7 @@ pub struct Rules {
 /// Small enough to copy into every response sent with that head.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ahead {
-    /// The compile that made it ([`Rules::id`]).
+    /// What the rules that made it are ([`Rules::id`]).
     rules: u64,
     /// How many rules were tried, from the phase's first.
     tried: u32,
@@ -100,7 +100,7 @@ pub struct Ahead {
 }
 
 impl Ahead {
-    /// The compile of the rules that made it ([`Rules::id`]).
+    /// What the rules that made it are ([`Rules::id`]).
     pub fn rules(&self) -> u64 {
         self.rules
     }
