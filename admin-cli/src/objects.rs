@@ -91,6 +91,27 @@ fn variant(n: usize, v: &StoredVariant) -> String {
         "  stored     {stored_at} (generation {})",
         v.generation
     );
+    if let Some(total) = v.total {
+        let _ = writeln!(
+            out,
+            "  parts      {} of {} held in {} part{}",
+            bytes(v.size),
+            bytes(total),
+            v.parts.len(),
+            if v.parts.len() == 1 { "" } else { "s" }
+        );
+        for p in &v.parts {
+            let _ = writeln!(
+                out,
+                "             bytes {}-{}: {} in memory, {} on disk (generation {})",
+                p.start,
+                p.start + p.size.max(1) - 1,
+                p.tiers.in_memory,
+                p.tiers.on_disk,
+                p.generation
+            );
+        }
+    }
     for r in &v.representations {
         let t = &r.tiers;
         let _ = writeln!(
@@ -158,6 +179,8 @@ mod tests {
                     },
                     generation: 12,
                 }],
+                total: None,
+                parts: Vec::new(),
             }],
         };
         let text = render(&i);

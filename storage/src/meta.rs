@@ -6,7 +6,10 @@ use serde::{Deserialize, Serialize};
 use crate::{chunk::ChunkKey, error::StoreError};
 
 /// First byte of every sled record: bump it when the layout changes so old records are recognised.
-const FORMAT_VERSION: u8 = 4;
+const FORMAT_VERSION: u8 = 5;
+
+/// Records written before partial bodies were kept: the variants and their siblings.
+const FORMAT_WITHOUT_PARTIALS: u8 = 4;
 
 /// Records written before siblings were kept: the variants alone, read as a set without siblings (a store
 /// upgraded in place keeps its objects).
@@ -169,6 +172,30 @@ impl ObjectMeta {
             .downcast_ref()
     }
 
+    /// Takes the head and freshness of `head`, a newer response carrying a part of the same representation:
+    /// the origin's word that the object is unchanged as of that response, as a 304 would be. Identity,
+    /// variant, body and tags stay.
+    pub fn refresh_from_part(&mut self, head: ObjectMeta) {
+        if head.stored_at_ms < self.stored_at_ms {
+            return;
+        }
+        *self = ObjectMeta {
+            object: self.object,
+            generation: self.generation,
+            variant: std::mem::take(&mut self.variant),
+            length: self.length,
+            chunk_size: self.chunk_size,
+            tags: std::mem::take(&mut self.tags),
+            ban_checked: self.ban_checked,
+            ..head
+        };
+    }
+
+    /// Its `ETag` and `Last-Modified` values.
+    pub fn validators(&self) -> lacquer_policy::range::Validators<'_> {
+        (self.header("etag"), self.header("last-modified"))
+    }
+
     /// The stored value of header `name` (case-insensitive); the first one when it was repeated.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
@@ -218,6 +245,73 @@ impl Sibling {
     }
 }
 
+/// A variant whose body is stored in parts, as an origin sent byte ranges of it (206 responses, a sliced
+/// route's slices): the variant's own metadata is the object's head and freshness, its own body is empty,
+/// and the bytes are in the parts, each a body of its own. All parts are byte ranges of one representation:
+/// the store takes a part only when its validators and total length are the variant's (see
+/// [`ObjectWriter::finish_part`](crate::ObjectWriter::finish_part)), and a response made of them never
+/// mixes two versions of the object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partial {
+    /// The `generation` of the variant whose body this is.
+    pub of: u64,
+    /// The representation's whole length in bytes (the `complete-length` of `Content-Range`).
+    pub total: u64,
+    /// The parts held, in order of their first byte; they may overlap.
+    pub parts: Vec<Part>,
+}
+
+/// One stored byte range of a [`Partial`] body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    /// Where its first byte is in the representation.
+    pub start: u64,
+    /// Where its bytes are: `object`, `generation`, `length` and `chunk_size` (a generation of its own, so
+    /// chunk keys stay immutable); the other fields are left empty: the variant's apply.
+    pub body: ObjectMeta,
+}
+
+impl Part {
+    /// One past its last byte.
+    pub fn end(&self) -> u64 {
+        self.start + self.body.length
+    }
+}
+
+impl Partial {
+    /// The part holding byte `at`, if one does (the one reaching furthest when several do).
+    pub fn holding(&self, at: u64) -> Option<&Part> {
+        self.parts
+            .iter()
+            .filter(|p| p.start <= at && at < p.end())
+            .max_by_key(|p| p.end())
+    }
+
+    /// Bytes held, counted once however the parts overlap.
+    pub fn held(&self) -> u64 {
+        let (mut held, mut reached) = (0, 0);
+        for part in &self.parts {
+            let from = part.start.max(reached);
+            if part.end() > from {
+                held += part.end() - from;
+                reached = part.end();
+            }
+        }
+        held
+    }
+
+    /// Whether the parts cover the whole representation.
+    pub fn is_complete(&self) -> bool {
+        self.held() == self.total
+    }
+}
+
+/// Whether two stored heads describe the same representation
+/// ([`lacquer_policy::range::same_representation`]), so that their byte ranges may be joined.
+pub fn same_representation(a: &ObjectMeta, b: &ObjectMeta) -> bool {
+    lacquer_policy::range::same_representation(a.validators(), b.validators())
+}
+
 /// Every stored variant of one cache key, newest first, and the representations made from them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectSet {
@@ -225,6 +319,8 @@ pub struct ObjectSet {
     pub variants: Vec<ObjectMeta>,
     /// Representations made from the variants' bodies: at most one per variant body and coding.
     pub siblings: Vec<Sibling>,
+    /// The bodies of the variants stored in parts: at most one per variant.
+    pub partials: Vec<Partial>,
 }
 
 /// The layout of [`FORMAT_VARIANTS_ONLY`] records.
@@ -233,13 +329,26 @@ struct VariantsOnly {
     variants: Vec<ObjectMeta>,
 }
 
+/// The layout of [`FORMAT_WITHOUT_PARTIALS`] records.
+#[derive(Deserialize)]
+struct WithoutPartials {
+    variants: Vec<ObjectMeta>,
+    siblings: Vec<Sibling>,
+}
+
 impl ObjectSet {
     /// A set of `variants` with no siblings.
     pub fn of(variants: Vec<ObjectMeta>) -> Self {
         Self {
             variants,
             siblings: Vec::new(),
+            partials: Vec::new(),
         }
+    }
+
+    /// The parts of variant body `generation`, when it is stored in parts.
+    pub fn partial(&self, generation: u64) -> Option<&Partial> {
+        self.partials.iter().find(|p| p.of == generation)
     }
 
     /// Where in `siblings` the representation of the variant body `generation` in `coding` (`None`:
@@ -257,6 +366,15 @@ impl ObjectSet {
             .partition(|s| self.variants.iter().any(|v| v.generation == s.of));
         self.siblings = kept;
         orphans
+    }
+
+    /// Takes out the parts whose variant body is no longer in the set, and returns them.
+    pub(crate) fn orphan_parts(&mut self) -> Vec<Part> {
+        let (kept, orphans): (Vec<_>, Vec<_>) = std::mem::take(&mut self.partials)
+            .into_iter()
+            .partition(|p| self.variants.iter().any(|v| v.generation == p.of));
+        self.partials = kept;
+        orphans.into_iter().flat_map(|p| p.parts).collect()
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -282,6 +400,13 @@ impl ObjectSet {
         }
         match bytes.split_first() {
             Some((&FORMAT_VERSION, rest)) => whole(rest).map_err(corrupt),
+            Some((&FORMAT_WITHOUT_PARTIALS, rest)) => whole(rest)
+                .map(|old: WithoutPartials| ObjectSet {
+                    variants: old.variants,
+                    siblings: old.siblings,
+                    partials: Vec::new(),
+                })
+                .map_err(corrupt),
             Some((&FORMAT_VARIANTS_ONLY, rest)) => whole(rest)
                 .map(|old: VariantsOnly| ObjectSet::of(old.variants))
                 .map_err(corrupt),

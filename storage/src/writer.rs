@@ -6,8 +6,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::{
     chunk::ChunkKey,
     error::StoreError,
-    meta::{ObjectMeta, Sibling},
-    store::Store,
+    meta::{ObjectMeta, Part, Sibling},
+    store::{PartKept, Store},
 };
 
 pub(crate) enum Job {
@@ -28,6 +28,16 @@ pub(crate) enum Job {
         primary: String,
         sibling: Box<Sibling>,
         done: oneshot::Sender<Result<bool, StoreError>>,
+    },
+    /// A part of a body whose chunks are all given to foyer: kept with the variant body it is a byte range
+    /// of (see [`Store::add_part`]).
+    PublishPart {
+        primary: String,
+        head: Box<ObjectMeta>,
+        total: u64,
+        part: Box<Part>,
+        epoch: u64,
+        done: oneshot::Sender<Result<PartKept, StoreError>>,
     },
     Discard {
         object: u64,
@@ -173,6 +183,52 @@ impl ObjectWriter {
             .submit(Job::PublishSibling {
                 primary,
                 sibling: Box::new(sibling),
+                done,
+            })
+            .await?;
+        wait.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+impl ObjectWriter {
+    /// Writes the last chunk and keeps the body as bytes `start..` of a representation `total` bytes
+    /// long (a 206's body), part of the variant body of `primary` that `head` describes (its status, headers
+    /// and freshness, as for [`ObjectWriter::finish`]; its variant selection chooses the body). The part joins
+    /// the parts stored of the same representation, or starts a new variant body that replaces the one
+    /// stored before ([`PartKept`]).
+    pub async fn finish_part(
+        mut self,
+        primary: String,
+        mut head: ObjectMeta,
+        start: u64,
+        total: u64,
+    ) -> Result<PartKept, StoreError> {
+        if !self.buf.is_empty() {
+            let rest = self.buf.split().freeze();
+            self.send_chunk(rest).await?;
+        }
+        let chunk_size = self.store.chunk_size() as u32;
+        let part = Part {
+            start,
+            body: ObjectMeta {
+                object: self.object,
+                generation: self.generation,
+                length: self.length,
+                chunk_size,
+                ..ObjectMeta::default()
+            },
+        };
+        head.object = self.object;
+        head.ban_checked = self.ban_checked;
+        let (done, wait) = oneshot::channel();
+        self.finished = true;
+        self.store
+            .submit(Job::PublishPart {
+                primary,
+                head: Box::new(head),
+                total,
+                part: Box::new(part),
+                epoch: self.epoch,
                 done,
             })
             .await?;
@@ -338,6 +394,25 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 // Made durable with the next wait (its chunks count as unflushed); not counted in
                 // `objects_durable`, which counts fetched objects.
                 let _ = done.send(store.add_sibling(&primary, *sibling));
+            }
+            Job::PublishPart {
+                primary,
+                head,
+                total,
+                part,
+                epoch,
+                done,
+            } => {
+                if spoiled.remove(&(part.body.object, part.body.generation)) {
+                    store.forget_body(&part.body);
+                    let _ = done.send(Err(StoreError::DiskFull));
+                    continue;
+                }
+                let result = store.add_part(&primary, *head, total, *part, epoch);
+                if matches!(result, Ok(PartKept::Started | PartKept::Added)) {
+                    undurable += 1;
+                }
+                let _ = done.send(result);
             }
             Job::Discard {
                 object,

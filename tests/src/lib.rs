@@ -12,7 +12,7 @@ pub mod tls;
 
 pub use client::{get, open, request, Reply as ClientReply};
 pub use daemon::Daemon;
-pub use origin::{pattern, Origin, Raw, Reply, Step};
+pub use origin::{pattern, ranged, Origin, Raw, Reply, Step};
 
 /// Runs a command-line tool to completion without the admin environment variables of the caller; returns
 /// the exit code, stdout and stderr.

@@ -94,6 +94,64 @@ impl Reply {
     }
 }
 
+/// A file server's answer for a [`pattern`] object of `len` bytes, `shift` places along (byte `i` is
+/// `(i + shift) % 251`, so two versions differ in every byte) with entity-tag `etag`: a single `bytes`
+/// range (`a-b`, `a-`, `-n`) answered 206 with its `Content-Range`, one past the end 416, anything else the
+/// whole; streamed in 64 KiB frames of one small buffer, so a multi-GiB object costs nothing.
+pub fn ranged(seen: &Seen, len: u64, shift: u64, etag: &str) -> Reply {
+    const FRAME: u64 = 64 * 1024;
+    let wanted = seen
+        .headers
+        .get("range")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes="))
+        .filter(|v| !v.contains(','))
+        .and_then(|spec| {
+            let (first, last) = spec.split_once('-')?;
+            match (first.parse::<u64>().ok(), last.parse::<u64>().ok()) {
+                (Some(first), Some(last)) if first <= last => Some((first, last.min(len - 1))),
+                (Some(first), None) if last.is_empty() => Some((first, len - 1)),
+                (None, Some(suffix)) if first.is_empty() && suffix > 0 => {
+                    Some((len - suffix.min(len), len - 1))
+                }
+                _ => None,
+            }
+        });
+    let reply = |status: u16| {
+        Reply::ok("")
+            .status(status)
+            .header("etag", etag)
+            .header("cache-control", "max-age=3600")
+            .header("accept-ranges", "bytes")
+            .header("content-type", "application/octet-stream")
+    };
+    let (first, last) = match wanted {
+        Some((first, _)) if first >= len => {
+            return reply(416)
+                .header("content-range", &format!("bytes */{len}"))
+                .steps(Vec::new(), Some(0))
+        }
+        Some(span) => span,
+        None => (0, len - 1),
+    };
+    let base = Bytes::from(pattern((FRAME + 251) as usize));
+    let steps = (first..=last)
+        .step_by(FRAME as usize)
+        .map(|at| {
+            let from = ((at + shift) % 251) as usize;
+            let n = (last + 1 - at).min(FRAME) as usize;
+            Step::Data(base.slice(from..from + n))
+        })
+        .collect();
+    let size = (last + 1 - first) as usize;
+    match wanted {
+        Some(_) => reply(206)
+            .header("content-range", &format!("bytes {first}-{last}/{len}"))
+            .steps(steps, Some(size)),
+        None => reply(200).steps(steps, Some(size)),
+    }
+}
+
 /// Body bytes that show where they sit: byte `i` is `i % 251`, so a body read back out of order, shifted
 /// or short fails a comparison (251 is prime: no chunk or frame size lines up with it).
 pub fn pattern(len: usize) -> Vec<u8> {

@@ -2,7 +2,8 @@
 
 use axum::{extract::State, Json};
 use lacquer_admin::wire::{
-    ApiError, HeaderField, Inspection, ObjectQuery, Representation, StoredVariant, Tiers,
+    ApiError, HeaderField, Inspection, ObjectQuery, Representation, StoredPart, StoredVariant,
+    Tiers,
 };
 use lacquer_storage::{ChunkTiers, Inspected};
 
@@ -57,6 +58,7 @@ fn stored_variant(found: Inspected, now_ms: u64) -> StoredVariant {
         meta,
         tiers: chunk_tiers,
         representations,
+        parts,
     } = found;
     let state = match usability(meta.lifetime(now_ms)) {
         Usability::Fresh => "fresh",
@@ -79,7 +81,20 @@ fn stored_variant(found: Inspected, now_ms: u64) -> StoredVariant {
         stale_if_error_seconds: meta.stale_if_error_ms / 1000,
         no_stale: meta.no_stale,
         status: meta.status,
-        size: meta.length,
+        size: parts.as_ref().map_or(meta.length, |(_, parts)| {
+            parts.iter().map(|(p, _)| p.body.length).sum()
+        }),
+        total: parts.as_ref().map(|(total, _)| *total),
+        parts: parts
+            .into_iter()
+            .flat_map(|(_, parts)| parts)
+            .map(|(part, t)| StoredPart {
+                start: part.start,
+                size: part.body.length,
+                tiers: tiers(t),
+                generation: part.body.generation,
+            })
+            .collect(),
         tiers: tiers(chunk_tiers),
         generation: meta.generation,
         representations: representations

@@ -45,6 +45,8 @@ pub struct Route {
     pub rate_limit: Option<ClientRateLimit>,
     /// Forwarding fields are removed from requests (`strip`); otherwise `policy.key_headers` names them.
     pub strip_forwarding: bool,
+    /// `slice`: objects are fetched and stored in slices of this many bytes.
+    pub slice: Option<u64>,
 }
 
 impl Route {
@@ -204,6 +206,32 @@ impl Router {
                 policy.ttl_override = r.ttl;
                 policy.grace_override = r.grace;
                 policy.compression = compression(r.compression);
+                let slice = r.slice.map(|size| size.as_u64());
+                if let Some(size) = slice {
+                    let chunk = config.storage.chunk_size.as_u64().max(1);
+                    if size == 0 || size % chunk != 0 {
+                        return Err(ConfigError::setting(
+                            setting("slice"),
+                            format!(
+                                "{} is not a multiple of storage.chunk_size ({})",
+                                r.slice.expect("set"),
+                                config.storage.chunk_size
+                            ),
+                        ));
+                    }
+                    if size > config.cache.max_object_size.as_u64() {
+                        return Err(ConfigError::setting(
+                            setting("slice"),
+                            format!(
+                                "a slice is stored as one object: {} is more than cache.max_object_size ({})",
+                                r.slice.expect("set"),
+                                config.cache.max_object_size
+                            ),
+                        ));
+                    }
+                    // Slices are byte ranges of the origin's own representation.
+                    policy.compression = None;
+                }
                 match r.cookies {
                     Some(Cookies::Cache) => policy.cache.cache_cookie_requests = true,
                     Some(Cookies::Pass) => policy.cache.cache_cookie_requests = false,
@@ -239,6 +267,7 @@ impl Router {
                         .transpose()
                         .map_err(|e| ConfigError::setting(setting("rate_limit"), e))?,
                     strip_forwarding,
+                    slice,
                 }))
             })
             .collect::<Result<_, ConfigError>>()?;
@@ -253,6 +282,7 @@ impl Router {
             strip_cookies: false,
             rate_limit: None,
             strip_forwarding,
+            slice: None,
         });
         let named = names
             .map(|name| Ok((name.clone(), target(0, name)?)))

@@ -271,8 +271,12 @@ pub struct Cache {
     /// Varnish.
     #[serde(with = "humantime_serde")]
     pub hit_for_miss: Duration,
-    /// Largest body stored; larger ones are passed. Default: 256 MiB.
+    /// Largest body stored; larger ones are passed. On a route with `slice`, the largest slice. Default:
+    /// 256 MiB.
     pub max_object_size: ByteSize,
+    /// Largest object a route with `slice` stores (its slices together); larger ones are passed. Default:
+    /// 64 GiB.
+    pub max_sliced_object_size: ByteSize,
     /// Body bytes one fetch holds in memory for its readers (at least two chunks while storing). Readers
     /// further behind read what the store holds; when the body is not stored, the origin is read no faster
     /// than the slowest reader. Default: 4 MiB.
@@ -301,6 +305,7 @@ impl Default for Cache {
             cache_set_cookie: false,
             hit_for_miss: Duration::from_secs(120),
             max_object_size: ByteSize::mib(256),
+            max_sliced_object_size: ByteSize::gib(64),
             transit_buffer: ByteSize::mib(4),
             targeted_cache_control: vec!["cdn-cache-control".into()],
             surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],

@@ -121,6 +121,64 @@ fn coalesce(mut parts: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     merged
 }
 
+/// The byte range a 206 says it carries: `Content-Range: bytes first-last/complete` (RFC 9110 §14.4), as
+/// inclusive positions and the representation's whole length. `None` for anything else: another unit, an
+/// unsatisfied-range form, a complete length not known (`*`), a last position before the first or past the
+/// end: such a part cannot be placed in a representation.
+pub fn content_range(value: &[u8]) -> Option<(u64, u64, u64)> {
+    let value = std::str::from_utf8(value).ok()?.trim();
+    let (unit, rest) = value.split_once(' ')?;
+    if !unit.eq_ignore_ascii_case("bytes") {
+        return None;
+    }
+    let (span, complete) = rest.trim().split_once('/')?;
+    let (first, last) = span.split_once('-')?;
+    let number = |s: &str| -> Option<u64> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    let (first, last, complete) = (number(first)?, number(last)?, number(complete)?);
+    (first <= last && last < complete).then_some((first, last, complete))
+}
+
+/// A response's validators as stored or received: its `ETag` and `Last-Modified` values.
+pub type Validators<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// Whether two responses' validators say they carry the same representation, so that byte ranges of one
+/// can be joined with byte ranges of the other (RFC 9111 §3.4): the same strong entity-tag, or, where
+/// neither has an entity-tag, the same `Last-Modified`. A weak or missing validator never proves it.
+pub fn same_representation(a: Validators<'_>, b: Validators<'_>) -> bool {
+    let strong = |etag: &[u8]| !etag.starts_with(b"W/");
+    match (a.0, b.0) {
+        (Some(x), Some(y)) => strong(x) && x == y,
+        (None, None) => a.1.is_some() && a.1 == b.1,
+        _ => false,
+    }
+}
+
+/// Where the bytes a request's `Range` asks for begin, when that is known without the representation's
+/// length: the lowest first position of a `bytes` range set of explicit positions. `None` without a
+/// usable `Range`, or when a suffix range (`-500`) needs the length to be placed.
+pub fn first_wanted(req: &HeaderMap) -> Option<u64> {
+    let range = req.get(header::RANGE)?.to_str().ok()?;
+    let (unit, specs) = range.split_once('=')?;
+    if !unit.trim().eq_ignore_ascii_case("bytes") {
+        return None;
+    }
+    let mut lowest: Option<u64> = None;
+    for spec in specs.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (first, _) = spec.split_once('-')?;
+        let first = first.trim();
+        if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let first = first.parse().ok()?;
+        lowest = Some(lowest.map_or(first, |l: u64| l.min(first)));
+    }
+    lowest
+}
+
 #[cfg(test)]
 mod props;
 
@@ -128,6 +186,77 @@ mod props;
 mod tests {
     use super::*;
     use crate::test_headers as headers;
+
+    #[test]
+    fn content_ranges() {
+        type Placed = Option<(u64, u64, u64)>;
+        let cases: &[(&str, Placed)] = &[
+            ("bytes 0-499/1234", Some((0, 499, 1234))),
+            (
+                "bytes 8388608-16777215/1073741824",
+                Some((8_388_608, 16_777_215, 1 << 30)),
+            ),
+            ("BYTES 5-5/6", Some((5, 5, 6))),
+            (" bytes 1-2/3 ", Some((1, 2, 3))),
+            ("bytes 0-499/*", None),
+            ("bytes */1234", None),
+            ("bytes 10-5/20", None),
+            ("bytes 0-20/20", None),
+            ("bytes 0-+5/20", None),
+            ("bytes -1-5/20", None),
+            ("items 0-1/2", None),
+            ("bytes 0-99999999999999999999/1", None),
+            ("", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(content_range(value.as_bytes()), *want, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn representations_joined_only_on_strong_validators() {
+        let lm: &[u8] = b"Tue, 01 Dec 2026 10:00:00 GMT";
+        let other_lm: &[u8] = b"Wed, 02 Dec 2026 10:00:00 GMT";
+        let cases: &[(Validators<'_>, Validators<'_>, bool)] = &[
+            ((Some(b"\"a\""), None), (Some(b"\"a\""), None), true),
+            (
+                (Some(b"\"a\""), Some(lm)),
+                (Some(b"\"a\""), Some(other_lm)),
+                true,
+            ),
+            ((Some(b"\"a\""), None), (Some(b"\"b\""), None), false),
+            ((Some(b"W/\"a\""), None), (Some(b"W/\"a\""), None), false),
+            ((Some(b"\"a\""), None), (Some(b"W/\"a\""), None), false),
+            ((None, Some(lm)), (None, Some(lm)), true),
+            ((None, Some(lm)), (None, Some(other_lm)), false),
+            ((Some(b"\"a\""), Some(lm)), (None, Some(lm)), false),
+            ((None, None), (None, None), false),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(same_representation(*a, *b), *want, "{a:?} {b:?}");
+        }
+    }
+
+    #[test]
+    fn first_wanted_without_a_length() {
+        let cases: &[(&str, Option<u64>)] = &[
+            ("bytes=100-199", Some(100)),
+            ("bytes=300-", Some(300)),
+            ("bytes=500-600, 20-30", Some(20)),
+            ("bytes=-500", None),
+            ("bytes=0-1, -5", None),
+            ("items=0-1", None),
+            ("bytes=x-1", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(
+                first_wanted(&headers(&[("range", value)])),
+                *want,
+                "{value:?}"
+            );
+        }
+        assert_eq!(first_wanted(&headers(&[])), None);
+    }
 
     #[test]
     fn table() {

@@ -44,6 +44,8 @@ pub struct FetchedHead {
     pub received_at: Instant,
     /// Freshness left at `received_at` (zero when not stored).
     pub ttl: Duration,
+    /// The origin confirmed the stored object (a 304 to its validators): the body is the stored one.
+    pub revalidated: bool,
 }
 
 /// Why a fetch failed, shared by every reader of it (cheap to clone).
@@ -700,6 +702,7 @@ mod tests {
             initial_age: 0,
             received_at: lacquer_clock::monotonic(),
             ttl: Duration::ZERO,
+            revalidated: false,
         })
     }
 

@@ -15,12 +15,13 @@ use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCod
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use lacquer_rules::Phase;
-use lacquer_storage::ObjectMeta;
+use lacquer_storage::{ObjectMeta, PartKept};
 
 use super::{forward, Found};
 use lacquer_backends::{error_chain, routing::Route, BackendError};
 use lacquer_policy::{
     age::corrected_initial_age,
+    range,
     storable::{self, Decision, Storable},
     surrogate, vary, Policy,
 };
@@ -68,6 +69,9 @@ pub struct Fill {
     /// The stored variant can still stand in for a failing origin (grace or stale-if-error): a server
     /// error does not replace it.
     pub stand_in: bool,
+    /// Bytes `first..=last` of the object are asked for instead of the whole (a slice of a sliced route):
+    /// a 206 carrying exactly them is stored as a part of the object's body.
+    pub part: Option<(u64, u64)>,
 }
 
 pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, request: Fill) {
@@ -95,8 +99,13 @@ pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, re
         key,
         registered,
         route,
+        part,
         ..
     } = request;
+    let key = match part {
+        Some((first, _)) => part_key(&key, first),
+        None => key,
+    };
     match ending {
         Ending::Stored => {
             inc(&stats.objects_stored);
@@ -117,6 +126,12 @@ pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, re
         coalescer.finish(&key, &fetch, hit_for_miss);
     }
     fetch.settle();
+}
+
+/// The key a fetch of the part of `key` from byte `first` on is coalesced under: a space is in no cache key
+/// (a request target has none), so it names no other object.
+pub fn part_key(key: &str, first: u64) -> String {
+    format!("{key} bytes={first}-")
 }
 
 const KEEP_ON_UPDATE: [HeaderName; 4] = [
@@ -187,6 +202,7 @@ async fn revalidated<S: CacheStore>(
         initial_age,
         received_at: lacquer_clock::monotonic(),
         ttl,
+        revalidated: true,
     })));
     fetch.complete_from_store(store.clone(), old.clone());
     let result = match decision {
@@ -243,6 +259,39 @@ fn with_response(
         stale_if_error_ms: storable.stale_if_error.as_millis() as u64,
         no_stale: storable.no_stale,
         ..base
+    }
+}
+
+/// Where the bytes of a 206 answering a request for `asked` (inclusive positions; the last may lie past
+/// the end) are: `(first, last, total)`, when its `Content-Range` places exactly them, that is the first
+/// asked for and up to the last asked for or the end of the representation; otherwise why not.
+pub fn placed_part(headers: &HeaderMap, asked: (u64, u64)) -> Result<(u64, u64, u64), String> {
+    let value = headers
+        .get(header::CONTENT_RANGE)
+        .ok_or("no Content-Range")?;
+    let (first, last, total) = range::content_range(value.as_bytes())
+        .ok_or_else(|| format!("Content-Range {value:?} gives no place in a known length"))?;
+    if first != asked.0 || last != asked.1.min(total - 1) {
+        return Err(format!(
+            "Content-Range {value:?} for bytes {}-{}",
+            asked.0, asked.1
+        ));
+    }
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if length.is_some_and(|len| len != last - first + 1) {
+        return Err(format!("Content-Range {value:?} with {length:?} bytes"));
+    }
+    Ok((first, last, total))
+}
+
+/// Whether a response carries a validator that can prove two of its byte ranges belong together: a strong
+/// entity-tag, or `Last-Modified` where there is no entity-tag.
+fn has_strong_validator(headers: &HeaderMap) -> bool {
+    match headers.get(header::ETAG) {
+        Some(etag) => !etag.as_bytes().starts_with(b"W/"),
+        None => headers.contains_key(header::LAST_MODIFIED),
     }
 }
 
@@ -329,7 +378,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     let request_time = lacquer_clock::wall();
     // With nothing stored to validate with, the client's own validators may go: a 304 is not shareable,
     // so any request coalesced on this fill fetches again for itself rather than take it.
-    let client_validators = stale.is_none() && !request.background;
+    let client_validators = stale.is_none() && !request.background && request.part.is_none();
     // The backend-request rules edit a copy of the head once per fill: the copy is what is sent (twice
     // when a pooled connection was stale), and what a variant is checked against below.
     let sent_head = if rules.has(Phase::BackendRequest) {
@@ -347,6 +396,17 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             decided.body.as_ref(),
         );
         forward::count_interim(&mut req, &shared.stats);
+        if let Some((first, last)) = request.part {
+            let headers = req.headers_mut();
+            let range = format!("bytes={first}-{last}");
+            headers.insert(
+                header::RANGE,
+                HeaderValue::from_str(&range).expect("digits"),
+            );
+            // A part is a byte range of the origin's own representation; a coding it chose per request
+            // could not be joined with the next one.
+            headers.remove(header::ACCEPT_ENCODING);
+        }
         if let Some(stale) = stale {
             let meta = stale.meta();
             for (validator, condition) in [
@@ -417,21 +477,61 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         head.status,
         &mut head.headers,
     );
+    // The part of the object a 206 to a part's request carries: exactly the bytes asked for, or nothing
+    // is stored or sent as that part.
+    let placed = match (request.part, head.status) {
+        (Some(asked), StatusCode::PARTIAL_CONTENT) => match placed_part(&head.headers, asked) {
+            Ok(placed) => Some(placed),
+            Err(reason) => {
+                inc(&shared.stats.slice_errors);
+                tracing::warn!(
+                    key,
+                    reason,
+                    "the origin's answer to a range request cannot be placed"
+                );
+                fetch.set_head(Err(HeadError {
+                    status: StatusCode::BAD_GATEWAY,
+                    error: FetchError::new(format!("bad answer to a range request: {reason}")),
+                }));
+                return Ending::Failed;
+            }
+        },
+        _ => None,
+    };
     let authorized = parts.headers.contains_key(header::AUTHORIZATION);
     let too_large = head
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         .is_some_and(|len| len > policy.cache.max_object_size.as_u64());
+    let part_refused = placed.and_then(|(_, _, total)| {
+        if total > policy.cache.max_sliced_object_size.as_u64() {
+            Some("larger than max_sliced_object_size")
+        } else if !has_strong_validator(&head.headers) {
+            // Nothing would prove that the next part is of the same version of the object.
+            Some("a part without an entity-tag or Last-Modified")
+        } else {
+            None
+        }
+    });
+    // A part is stored as its object is: as if the whole had been answered.
+    let judged = if placed.is_some() {
+        StatusCode::OK
+    } else {
+        head.status
+    };
     let decision = match storable::decide_adjusted(
         authorized,
-        head.status,
+        judged,
         &head.headers,
         policy,
         &adjust,
         response_time,
     ) {
         Decision::Store(_) if too_large => Decision::DontStore("too large"),
+        Decision::Store(_) if part_refused.is_some() => {
+            Decision::DontStore(part_refused.expect("checked"))
+        }
         // RFC 9111 §3: a POST's response is stored only when it says how long it is fresh.
         Decision::Store(_)
             if decided.body.is_some() && !storable::explicitly_fresh(&head.headers, policy) =>
@@ -507,6 +607,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         ttl: storable.as_ref().map_or(Duration::ZERO, |s| {
             s.ttl.saturating_sub(Duration::from_secs(initial_age))
         }),
+        revalidated: false,
     });
     fetch.set_head(Ok(fetched));
 
@@ -591,6 +692,45 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             Ending::NotStored
         };
     };
+    if let Some((first, _, total)) = placed {
+        // The object's head: what a response made of its parts starts from.
+        for name in [header::CONTENT_RANGE, header::CONTENT_LENGTH] {
+            head.headers.remove(name);
+        }
+        let base = ObjectMeta {
+            variant: selection,
+            status: StatusCode::OK.as_u16(),
+            ..ObjectMeta::default()
+        };
+        let meta = with_response(
+            base,
+            &head.headers,
+            &storable,
+            initial_age,
+            response_time,
+            policy,
+        );
+        let (_, last, _) = placed.expect("a part");
+        if writer.length() != last - first + 1 {
+            inc(&shared.stats.slice_errors);
+            tracing::warn!(
+                key,
+                sent = writer.length(),
+                "a part's body is not the length its Content-Range gives; not storing"
+            );
+            return Ending::NotStored;
+        }
+        return match writer.finish_part(key.to_owned(), meta, first, total).await {
+            Ok(PartKept::Added | PartKept::Started) => Ending::Stored,
+            Ok(PartKept::Discarded) => Ending::NotStored,
+            Err(e) => {
+                if !e.is_refusal() {
+                    tracing::warn!(key, error = %e, "storing a part failed");
+                }
+                Ending::NotStored
+            }
+        };
+    }
     let base = ObjectMeta {
         variant: selection,
         status: head.status.as_u16(),

@@ -19,6 +19,7 @@ mod prepared;
 mod purge_method;
 mod respond;
 pub mod siblings;
+mod slice;
 pub mod stats;
 pub mod store;
 #[cfg(test)]
@@ -386,6 +387,14 @@ async fn lookup<S: CacheStore>(
         let resp = alone.expect("a fetch of its own never waits for another variant");
         return parts_back(resp, &parts);
     }
+    let sliced = route
+        .slice
+        .filter(|_| matches!(parts.method, Method::GET | Method::HEAD) && decided.body.is_none());
+    if let Some(size) = sliced {
+        if let Some(resp) = slice::serve(worker, &ctx, &key, &parts, size).await {
+            return parts_back(resp, &parts);
+        }
+    }
     let mut may_wait = true;
     let mut looked_again = false;
     loop {
@@ -545,8 +554,21 @@ impl Found {
     }
 }
 
-/// The stored variant this request selects, fresh or not (the sweeper removes what is past keeping).
+/// The stored variant this request selects, fresh or not (the sweeper removes what is past keeping), when
+/// its body is stored whole: one stored in parts is answered by a sliced route alone (`slice::serve`),
+/// and the ordinary way fetches the whole, which replaces it.
 async fn find<S: CacheStore>(worker: &Worker<S>, key: &str, parts: &Parts) -> Option<Found> {
+    find_variant(worker, key, parts)
+        .await
+        .filter(|found| found.set.partial(found.meta().generation).is_none())
+}
+
+/// The stored variant this request selects, whole or in parts.
+async fn find_variant<S: CacheStore>(
+    worker: &Worker<S>,
+    key: &str,
+    parts: &Parts,
+) -> Option<Found> {
     let set = worker.shared.store.lookup(key).await.unwrap_or_else(|e| {
         tracing::warn!(key, error = %e, "lookup failed; treating as a miss");
         None
@@ -764,6 +786,7 @@ fn refresh<S: CacheStore>(
             stale: found.revalidatable().then_some(found),
             background: true,
             stand_in: true,
+            part: None,
         };
         tokio::spawn(fetch::run(worker.clone(), fetch, fill));
     }
@@ -838,6 +861,7 @@ async fn miss<S: CacheStore>(
                 .filter(|found| revalidate && found.revalidatable()),
             background: false,
             stand_in,
+            part: None,
         };
         tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
         (fetch, reader)

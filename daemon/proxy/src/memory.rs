@@ -12,7 +12,8 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 use lacquer_storage::{
-    ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, Sibling, Store, StoreError, Tier,
+    same_representation, ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, Part, PartKept,
+    Partial, Sibling, Store, StoreError, Tier,
 };
 use tokio::sync::watch;
 
@@ -84,10 +85,86 @@ impl State {
                 self.forget_body(sibling.body.generation);
             }
         }
+        let mut partials = Vec::new();
+        for partial in old.iter().flat_map(|s| &s.partials) {
+            if kept(partial.of) {
+                partials.push(partial.clone());
+            } else {
+                for part in &partial.parts {
+                    self.forget_body(part.body.generation);
+                }
+            }
+        }
         if !variants.is_empty() {
-            let set = ObjectSet { variants, siblings };
+            let set = ObjectSet {
+                variants,
+                siblings,
+                partials,
+            };
             self.sets.insert(primary.to_owned(), Arc::new(set));
         }
+    }
+
+    /// As the real store's `add_part`: joins the parts of the same representation, or starts a new
+    /// variant body.
+    fn add_part(
+        &mut self,
+        primary: &str,
+        mut head: ObjectMeta,
+        total: u64,
+        part: Part,
+        epoch: u64,
+    ) -> PartKept {
+        let purged = self
+            .purges
+            .iter()
+            .any(|(e, key)| *e > epoch && key == primary);
+        if purged || self.banned(primary, &head) {
+            self.forget_body(part.body.generation);
+            self.publishes_cancelled += 1;
+            return PartKept::Discarded;
+        }
+        let mut set = self
+            .sets
+            .get(primary)
+            .map_or_else(ObjectSet::default, |s| (**s).clone());
+        let current = set.variants.iter().position(|v| v.variant == head.variant);
+        let joins = current.and_then(|pos| {
+            let v = &set.variants[pos];
+            set.partials
+                .iter()
+                .position(|p| p.of == v.generation && p.total == total)
+                .filter(|_| same_representation(v, &head))
+        });
+        if let Some(partial) = joins {
+            set.variants[current.expect("joined")].refresh_from_part(head);
+            let parts = &mut set.partials[partial].parts;
+            let at = parts.partition_point(|p| p.start < part.start);
+            parts.insert(at, part);
+            self.sets.insert(primary.to_owned(), Arc::new(set));
+            return PartKept::Added;
+        }
+        head.generation = self.next_id();
+        head.length = 0;
+        head.ban_checked = self.newest_ban();
+        let mut variants = set.variants.clone();
+        if let Some(pos) = current {
+            variants.remove(pos);
+        }
+        variants.insert(0, head.clone());
+        self.save(primary, variants);
+        let mut set = self
+            .sets
+            .get(primary)
+            .map_or_else(ObjectSet::default, |s| (**s).clone());
+        set.partials.push(Partial {
+            of: head.generation,
+            total,
+            parts: vec![part],
+        });
+        self.sets.insert(primary.to_owned(), Arc::new(set));
+        self.published += 1;
+        PartKept::Started
     }
 
     /// Keeps `sibling` with its variant body, replacing one in the same coding; `false` when that body is
@@ -370,6 +447,20 @@ impl CacheStore for MemoryStore {
         Ok(n)
     }
 
+    fn remove_part(&self, primary: &str, of: u64, generation: u64) -> Result<(), StoreError> {
+        let mut s = self.lock();
+        let Some(set) = s.sets.get(primary) else {
+            return Ok(());
+        };
+        let mut set = (**set).clone();
+        if let Some(partial) = set.partials.iter_mut().find(|p| p.of == of) {
+            partial.parts.retain(|p| p.body.generation != generation);
+        }
+        s.sets.insert(primary.to_owned(), Arc::new(set));
+        s.forget_body(generation);
+        Ok(())
+    }
+
     fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
         let mut s = self.lock();
         let kept = s.sets.get(primary).map_or_else(Vec::new, |set| {
@@ -464,6 +555,16 @@ impl BodyWriter for MemoryWriter {
         Ok(())
     }
 
+    fn finish_part(
+        self,
+        primary: String,
+        head: ObjectMeta,
+        start: u64,
+        total: u64,
+    ) -> impl Future<Output = Result<PartKept, StoreError>> + Send {
+        self.publish_part(primary, head, start, total)
+    }
+
     async fn finish_sibling(
         mut self,
         primary: String,
@@ -480,6 +581,40 @@ impl BodyWriter for MemoryWriter {
         let chunk_size = self.store.chunk_size as u32;
         let sibling = Sibling::new(of, coding, body, self.length, chunk_size);
         Ok(self.store.lock().add_sibling(&primary, sibling))
+    }
+}
+
+impl MemoryWriter {
+    /// [`BodyWriter::finish_part`], for the trait.
+    async fn publish_part(
+        mut self,
+        primary: String,
+        mut head: ObjectMeta,
+        start: u64,
+        total: u64,
+    ) -> Result<PartKept, StoreError> {
+        if !self.buf.is_empty() {
+            let rest = self.buf.split().freeze();
+            self.store_chunk(rest);
+        }
+        self.refused()?;
+        self.finished = true;
+        head.object = self.object;
+        let part = Part {
+            start,
+            body: ObjectMeta {
+                object: self.object,
+                generation: self.generation,
+                length: self.length,
+                chunk_size: self.store.chunk_size as u32,
+                ..ObjectMeta::default()
+            },
+        };
+        let epoch = self.since.epoch;
+        Ok(self
+            .store
+            .lock()
+            .add_part(&primary, head, total, part, epoch))
     }
 }
 

@@ -56,7 +56,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn x_cache(self) -> &'static str {
+    pub(crate) fn x_cache(self) -> &'static str {
         match self {
             Outcome::Hit { .. } => "HIT",
             Outcome::Stale { .. } => "STALE",
@@ -66,7 +66,7 @@ impl Outcome {
     }
 
     /// `Cache-Status` (RFC 9211) for this outcome, written straight into the value's own bytes.
-    fn cache_status(self) -> HeaderValue {
+    pub(crate) fn cache_status(self) -> HeaderValue {
         use std::fmt::Write;
         let mut s = bytes::BytesMut::with_capacity(64);
         s.extend_from_slice(b"lacquer; ");
@@ -401,7 +401,7 @@ fn busy(outcome: Outcome) -> Response<Body> {
     resp
 }
 
-fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {
+pub(crate) fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
@@ -409,7 +409,7 @@ fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body
 }
 
 /// What a response becomes for this request.
-enum Shape {
+pub(crate) enum Shape {
     Whole,
     NotModified,
     Unsatisfiable,
@@ -419,7 +419,7 @@ enum Shape {
 
 impl Shape {
     /// The status of the shapes that carry no body.
-    fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             Shape::NotModified => StatusCode::NOT_MODIFIED,
             Shape::Unsatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
@@ -433,7 +433,12 @@ impl Shape {
 /// Evaluates conditionals, then ranges, for a response of `status` and `len` bytes (`None`: a length not
 /// known yet, so no ranges); only a 200 is shaped. Sets the headers that go with a 304 (only what RFC 9110
 /// §15.4.5 allows is kept) or a 416; those of a 206 are set once the ranges are known to be answered.
-fn shape(req: &Parts, headers: &mut HeaderMap, len: Option<u64>, status: StatusCode) -> Shape {
+pub(crate) fn shape(
+    req: &Parts,
+    headers: &mut HeaderMap,
+    len: Option<u64>,
+    status: StatusCode,
+) -> Shape {
     if status != StatusCode::OK || !matches!(req.method, Method::GET | Method::HEAD) {
         return Shape::Whole;
     }

@@ -14,7 +14,7 @@ use std::{future::Future, sync::Arc};
 
 use bytes::Bytes;
 use lacquer_storage::{
-    ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, ObjectWriter, PartialBody, Store,
+    ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, ObjectWriter, PartKept, PartialBody, Store,
     StoreError,
 };
 
@@ -78,6 +78,10 @@ pub trait CacheStore: Clone + Send + Sync + 'static {
 
     /// Removes one stored body if it is still the current one (a body found lost, or no longer storable).
     fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError>;
+
+    /// Forgets the part stored as `generation` of the variant body `of` (a part found to have lost a
+    /// chunk); the variant stays.
+    fn remove_part(&self, primary: &str, of: u64, generation: u64) -> Result<(), StoreError>;
 }
 
 /// Writes one body chunk by chunk as it arrives; dropping it without [`BodyWriter::finish`] discards what
@@ -102,6 +106,17 @@ pub trait BodyWriter: Send + Sync + 'static {
         primary: String,
         meta: ObjectMeta,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Stores the last chunk and keeps the body as bytes `start..` of a representation `total` bytes long,
+    /// part of the variant body of `primary` that `head` describes: joined to the parts stored of the same
+    /// representation, or the first part of a new variant body (see [`PartKept`]).
+    fn finish_part(
+        self,
+        primary: String,
+        head: ObjectMeta,
+        start: u64,
+        total: u64,
+    ) -> impl Future<Output = Result<PartKept, StoreError>> + Send;
 
     /// Stores the last chunk and keeps the body as a sibling of the variant body `of` of `primary`: its
     /// representation in `coding` (`None`: identity), made from it. `Ok(false)` (and the body discarded)
@@ -187,6 +202,10 @@ impl CacheStore for Store {
     fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
         Store::remove_generation(self, primary, generation)
     }
+
+    fn remove_part(&self, primary: &str, of: u64, generation: u64) -> Result<(), StoreError> {
+        Store::remove_part(self, primary, of, generation)
+    }
 }
 
 impl BodyWriter for ObjectWriter {
@@ -210,6 +229,16 @@ impl BodyWriter for ObjectWriter {
         meta: ObjectMeta,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         ObjectWriter::finish(self, primary, meta)
+    }
+
+    fn finish_part(
+        self,
+        primary: String,
+        head: ObjectMeta,
+        start: u64,
+        total: u64,
+    ) -> impl Future<Output = Result<PartKept, StoreError>> + Send {
+        ObjectWriter::finish_part(self, primary, head, start, total)
     }
 
     fn finish_sibling(

@@ -72,8 +72,21 @@ pub(super) fn weight(key: &str, set: &ObjectSet, edited: Option<usize>) -> usize
             s.coding.as_ref().map_or(0, |c| heap(c.len())) + meta_heap(&s.body, edited) + head
         })
         .sum();
+    let partials: usize = set
+        .partials
+        .iter()
+        .map(|p| {
+            heap(p.parts.capacity() * size_of::<crate::meta::Part>())
+                + p.parts
+                    .iter()
+                    .map(|part| meta_heap(&part.body, None))
+                    .sum::<usize>()
+        })
+        .sum();
     ENTRY
         + heap(key.len())
+        + heap(set.partials.capacity() * size_of::<crate::meta::Partial>())
+        + partials
         + heap(2 * size_of::<usize>() + size_of::<ObjectSet>())
         + heap(set.variants.capacity() * size_of::<ObjectMeta>())
         + heap(set.siblings.capacity() * size_of::<crate::meta::Sibling>())

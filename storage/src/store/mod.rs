@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 pub use bodies::{ChunkRead, ChunkTiers, Tier, VERIFY_AHEAD};
 use durability::GroupCommit;
 use open::JOURNAL_LAST;
-pub use records::Inspected;
+pub use records::{Inspected, PartKept};
 use stats::Counters;
 pub use stats::StoreStatsSnapshot;
 

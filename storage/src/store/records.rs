@@ -16,10 +16,21 @@ use std::{
 use crate::{
     ban::Verdict,
     error::StoreError,
-    meta::{ObjectMeta, ObjectSet, Sibling},
+    meta::{same_representation, ObjectMeta, ObjectSet, Part, Partial, Sibling},
 };
 
 use super::{ChunkTiers, Store};
+
+/// What became of a part given to the store ([`Store::add_part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartKept {
+    /// Added to the stored parts of the same representation.
+    Added,
+    /// The first part of a new variant body: what was stored under its selection before is gone.
+    Started,
+    /// An invalidation since its fetch began covers it: not stored.
+    Discarded,
+}
 
 /// A stored variant as [`Store::inspect`] finds it.
 #[derive(Debug, Clone)]
@@ -30,6 +41,9 @@ pub struct Inspected {
     pub tiers: ChunkTiers,
     /// The representations made of its body (see [`Sibling`]), and where their chunks are.
     pub representations: Vec<(Sibling, ChunkTiers)>,
+    /// When its body is stored in parts ([`Partial`]): the representation's whole length, and each part
+    /// with where its chunks are.
+    pub parts: Option<(u64, Vec<(Part, ChunkTiers)>)>,
 }
 
 /// Whether reading or writing a set puts it in the hot copy (`Fill`), or only refreshes a copy already there
@@ -201,6 +215,7 @@ impl Store {
         let kept = ObjectSet {
             variants: kept,
             siblings: set.siblings.clone(),
+            partials: set.partials.clone(),
         };
         if removed == 0 {
             let set = Arc::new(kept);
@@ -298,6 +313,7 @@ impl Store {
         hot: HotCopy,
     ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
         let orphans = set.orphans();
+        let orphan_parts = set.orphan_parts();
         let saved = if set.variants.is_empty() {
             self.remove_record(locked, primary.as_bytes())?;
             self.inner.hot.remove(primary);
@@ -324,7 +340,13 @@ impl Store {
         for sibling in &orphans {
             self.forget_body_later(&sibling.body);
         }
+        for part in &orphan_parts {
+            self.forget_body_later(&part.body);
+        }
         self.counters().objects.sub(dropped.len() as u64);
+        self.counters()
+            .stored_bytes
+            .sub(orphan_parts.iter().map(|p| p.body.length).sum());
         self.counters()
             .stored_bytes
             .sub(dropped.iter().map(|m| m.length).sum());
@@ -385,27 +407,8 @@ impl Store {
         epoch: u64,
     ) -> Result<(), StoreError> {
         let locked = self.lock_record(primary);
-        // Indexed before the purges are looked at: a tag purge registered after that look finds the entry
-        // (and then waits for this key's lock to remove the body), one registered before it is seen here.
-        self.index_tags(primary, &meta)?;
-        let newest = self.inner.bans.newest();
-        let banned = meta.ban_checked < newest
-            && match self.inner.bans.test_fetched(
-                &self.inner.bans.snapshot(),
-                meta.ban_checked,
-                primary,
-                &meta,
-            ) {
-                Verdict::Banned => true,
-                Verdict::Clear(checked) => {
-                    meta.ban_checked = checked;
-                    false
-                }
-            };
-        if banned || self.inner.invalidations.covers(epoch, primary, &meta.tags) {
-            self.unindex_tags(primary, &meta)?;
+        if self.invalidated_since(&locked, primary, &mut meta, epoch)? {
             self.forget_body(&meta);
-            self.counters().publishes_cancelled.add(1);
             return Ok(());
         }
         let mut set = self
@@ -428,6 +431,133 @@ impl Store {
         Ok(())
     }
 
+    /// Whether a ban or purge since a fetch started (at `epoch`, and the bans after `meta.ban_checked`)
+    /// covers what it brought, described by `meta`; when not, its tags are indexed and `meta` records the
+    /// bans it was tested against. The caller holds the mutation lock.
+    fn invalidated_since(
+        &self,
+        _locked: &Locked<'_>,
+        primary: &str,
+        meta: &mut ObjectMeta,
+        epoch: u64,
+    ) -> Result<bool, StoreError> {
+        // Indexed before the purges are looked at: a tag purge registered after that look finds the entry
+        // (and then waits for this key's lock to remove the body), one registered before it is seen here.
+        self.index_tags(primary, meta)?;
+        let newest = self.inner.bans.newest();
+        let banned = meta.ban_checked < newest
+            && match self.inner.bans.test_fetched(
+                &self.inner.bans.snapshot(),
+                meta.ban_checked,
+                primary,
+                meta,
+            ) {
+                Verdict::Banned => true,
+                Verdict::Clear(checked) => {
+                    meta.ban_checked = checked;
+                    false
+                }
+            };
+        if banned || self.inner.invalidations.covers(epoch, primary, &meta.tags) {
+            self.unindex_tags(primary, meta)?;
+            self.counters().publishes_cancelled.add(1);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Keeps `part`, bytes `part.start..` of a representation `total` bytes long whose head is `head`, as
+    /// part of the variant body `head` selects: added to it when that body is stored in parts of the same
+    /// representation ([`same_representation`]), else a new variant body of this part alone, which replaces
+    /// the one stored under that selection (the object changed at the origin, or was stored whole). Unless
+    /// an invalidation since the fetch began (at `epoch`) covers it: then it is discarded.
+    pub(crate) fn add_part(
+        &self,
+        primary: &str,
+        mut head: ObjectMeta,
+        total: u64,
+        part: Part,
+        epoch: u64,
+    ) -> Result<PartKept, StoreError> {
+        // The generation a new variant body would be: its tags are indexed under it before the purges
+        // are looked at.
+        head.generation = self.next_id();
+        let locked = self.lock_record(primary);
+        if self.invalidated_since(&locked, primary, &mut head, epoch)? {
+            self.forget_body(&part.body);
+            return Ok(PartKept::Discarded);
+        }
+        let mut set = self
+            .load_set(&locked, primary, HotCopy::Fill)?
+            .map(|s| (*s).clone())
+            .unwrap_or_default();
+        let current = set.variants.iter().position(|v| v.variant == head.variant);
+        let joins = current.and_then(|pos| {
+            let v = &set.variants[pos];
+            let partial = set.partials.iter().position(|p| p.of == v.generation)?;
+            (set.partials[partial].total == total && same_representation(v, &head))
+                .then_some(partial)
+        });
+        self.counters().stored_bytes.add(part.body.length);
+        if let Some(partial) = joins {
+            // Tags came with the object's first part; the variant keeps them.
+            self.unindex_tags(primary, &head)?;
+            let current = &mut set.variants[current.expect("joined")];
+            current.refresh_from_part(head);
+            let parts = &mut set.partials[partial].parts;
+            let at = parts.partition_point(|p| p.start < part.start);
+            parts.insert(at, part);
+            self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
+            return Ok(PartKept::Added);
+        }
+        let mut dropped = Vec::new();
+        if let Some(pos) = current {
+            dropped.push(set.variants.remove(pos));
+        }
+        head.length = 0;
+        head.chunk_size = part.body.chunk_size;
+        head.stored_at_ms = head.stored_at_ms.min(lacquer_clock::now_ms());
+        set.partials.push(Partial {
+            of: head.generation,
+            total,
+            parts: vec![part],
+        });
+        set.variants.insert(0, head);
+        self.counters().objects.add(1);
+        while set.variants.len() > self.inner.config.max_variants {
+            dropped.push(set.variants.pop().expect("non-empty"));
+            self.counters().variants_overflowed.add(1);
+        }
+        self.save_set(&locked, primary, set, &dropped, HotCopy::Fill)?;
+        self.counters().objects_published.add(1);
+        Ok(PartKept::Started)
+    }
+
+    /// Forgets the part of variant body `of` stored as `generation` (one found to have lost a chunk): the
+    /// variant stays, and the bytes are fetched again when asked for.
+    pub fn remove_part(&self, primary: &str, of: u64, generation: u64) -> Result<(), StoreError> {
+        let locked = self.lock_record(primary);
+        let Some(set) = self.load_set(&locked, primary, HotCopy::Fill)? else {
+            return Ok(());
+        };
+        let mut set = (*set).clone();
+        let Some(partial) = set.partials.iter_mut().find(|p| p.of == of) else {
+            return Ok(());
+        };
+        let Some(pos) = partial
+            .parts
+            .iter()
+            .position(|p| p.body.generation == generation)
+        else {
+            return Ok(());
+        };
+        let part = partial.parts.remove(pos);
+        self.forget_body_later(&part.body);
+        self.counters().stored_bytes.sub(part.body.length);
+        self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
+        Ok(())
+    }
+
     /// Removes every variant of `primary`; returns how many there were.
     pub fn remove(&self, primary: &str) -> Result<usize, StoreError> {
         let locked = self.lock_record(primary);
@@ -438,6 +568,7 @@ impl Store {
         let emptied = ObjectSet {
             variants: Vec::new(),
             siblings: set.siblings.clone(),
+            partials: set.partials.clone(),
         };
         self.save_set(&locked, primary, emptied, &dropped, HotCopy::Fill)?;
         self.counters().objects_removed.add(dropped.len() as u64);
@@ -503,6 +634,7 @@ impl Store {
         let kept = ObjectSet {
             variants: kept,
             siblings: set.siblings.clone(),
+            partials: set.partials.clone(),
         };
         self.save_set(&locked, primary, kept, &dropped, HotCopy::Fill)?;
         Ok(dropped.len())
@@ -540,6 +672,14 @@ impl Store {
                     .filter(|s| s.of == meta.generation)
                     .map(|s| (s.clone(), self.chunk_tiers(&s.body)))
                     .collect(),
+                parts: set.partial(meta.generation).map(|partial| {
+                    let parts = partial
+                        .parts
+                        .iter()
+                        .map(|p| (p.clone(), self.chunk_tiers(&p.body)))
+                        .collect();
+                    (partial.total, parts)
+                }),
                 meta: meta.clone(),
             })
             .collect())

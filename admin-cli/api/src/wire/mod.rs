@@ -18,7 +18,9 @@ pub use cluster::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
 pub use explain::{ExplainRequest, ExplainedObject, ExplainedResponse, Explanation, RuleStep};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 pub use log::{LogEntry, LogFilter};
-pub use objects::{HeaderField, Inspection, ObjectQuery, Representation, StoredVariant, Tiers};
+pub use objects::{
+    HeaderField, Inspection, ObjectQuery, Representation, StoredPart, StoredVariant, Tiers,
+};
 pub use reload::{NotApplied, Reloaded};
 pub use stats::{
     Field, Kind, ProxyStats, RuleMatches, Stats, StoreStats, FAMILY_HELP, RULE_MATCHES_HELP,

@@ -59,6 +59,14 @@ pub struct StoredVariant {
     /// copy of a body stored gzip'd), sent under this variant's headers. Absent from older daemons.
     #[serde(default)]
     pub representations: Vec<Representation>,
+    /// When the body is stored in parts (a sliced route's slices, the byte ranges an origin sent): the
+    /// representation's whole length; `size` is then what the parts hold. Absent otherwise, and from older
+    /// daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+    /// The parts held, in order of their first byte.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<StoredPart>,
 }
 
 /// A representation made of a stored variant's body.
@@ -71,6 +79,19 @@ pub struct Representation {
     /// Where its chunks are.
     pub tiers: Tiers,
     /// Unique per stored body.
+    pub generation: u64,
+}
+
+/// One byte range of a body stored in parts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StoredPart {
+    /// Its first byte's position in the representation.
+    pub start: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Where its chunks are.
+    pub tiers: Tiers,
+    /// Unique per stored part.
     pub generation: u64,
 }
 

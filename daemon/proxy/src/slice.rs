@@ -1,0 +1,721 @@
+//! Sliced routes (`[[route]] slice`): an object is fetched from the origin as aligned byte ranges, slices
+//! (`Range: bytes=k×size-…`), each stored as a part of the object's one variant body
+//! ([`lacquer_storage::Partial`]) and fetched once however many requests want it (coalesced under a key
+//! of its own, [`part_key`]). A response, whole or a range, is assembled from the parts stored and the
+//! slices fetched for it, the next slice asked for while one is sent, so a client's range costs the origin
+//! the slices it covers and an object larger than the memory tier or `max_object_size` is cached slice by
+//! slice.
+//!
+//! The object is one object: one head, one freshness and one set of validators (its first slice's), in one
+//! record that purges, bans and tag purges remove whole. A slice whose validators or length are not the
+//! object's is a new version of it: the store keeps it as the first part of a new body, and a response is
+//! never made of two versions (begun, it ends in an error; not begun, it starts over).
+
+use std::{net::IpAddr, sync::Arc};
+
+use bytes::Bytes;
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use lacquer_backends::{
+    body::{self, Body, BoxError},
+    routing::Route,
+};
+use lacquer_policy::{
+    encoding::Delivery,
+    range::{self, Ranges},
+    stale::{usability, Usability},
+};
+use lacquer_storage::{ObjectMeta, ObjectSet, Part};
+use tokio::sync::mpsc;
+
+use crate::{
+    coalesce::{Fetch, FetchReader, FetchedHead, Joined},
+    fetch::{self, part_key, placed_part, Fill},
+    phase::Decided,
+    respond::{self, Outcome, Shape},
+    stats::inc,
+    store::CacheStore,
+    worker::Worker,
+    Ctx, Found,
+};
+
+/// How often a request starts over because the object changed at the origin before its first byte was
+/// sent; then it is answered 502.
+const RESTARTS: usize = 3;
+
+/// Answers a request on a route sliced in `size`-byte slices. `None` when the object is stored whole (an
+/// origin that ignored `Range`, or a store from before the route was sliced): the ordinary way serves it.
+pub(crate) async fn serve<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
+    ctx: &Ctx<'_>,
+    key: &str,
+    parts: &Arc<Parts>,
+    size: u64,
+) -> Option<Response<Body>> {
+    let shared = &worker.shared;
+    let asker = Asker {
+        worker: worker.clone(),
+        key: key.to_owned(),
+        parts: parts.clone(),
+        client: ctx.client,
+        route: ctx.route.clone(),
+        decided: ctx.decided.clone(),
+        size,
+    };
+    for _ in 0..RESTARTS {
+        let vouched = super::vouched(shared);
+        let now = lacquer_clock::now_ms();
+        let found = super::find_variant(worker, key, parts).await;
+        if let Some(found) = &found {
+            found.set.partial(found.meta().generation)?;
+            let meta = found.meta();
+            let ttl_s = meta.remaining_ttl_ms(now) / 1000;
+            let usable = usability(meta.lifetime(now));
+            match super::within_request_grace(usable, meta, now, ctx.decided) {
+                Usability::Fresh if vouched => {
+                    let object = Object::stored(found, now);
+                    match answer(&asker, object, None, Outcome::Hit { ttl_s }).await {
+                        Answered::Sent(resp) => return Some(resp),
+                        Answered::Changed => continue,
+                    }
+                }
+                Usability::Grace if vouched => {
+                    let object = Object::stored(found, now);
+                    let outcome = Outcome::Stale {
+                        ttl_s,
+                        origin_failed: false,
+                        fwd_status: None,
+                    };
+                    if let Answered::Sent(resp) = answer(&asker, object, None, outcome).await {
+                        inc(&shared.stats.stale_served);
+                        asker.refresh(found);
+                        return Some(resp);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        match fetch_first(&asker, ctx, found).await {
+            Answered::Sent(resp) => return Some(resp),
+            Answered::Changed => {}
+        }
+    }
+    let outcome = Outcome::Miss {
+        stored: false,
+        collapsed: false,
+        detail: Some("object-changing"),
+    };
+    Some(respond::error(
+        StatusCode::BAD_GATEWAY,
+        outcome,
+        "the object kept changing at the origin",
+    ))
+}
+
+/// What an attempt to answer came to.
+enum Answered {
+    Sent(Response<Body>),
+    /// The object changed at the origin before a byte was sent: look it up again.
+    Changed,
+}
+
+/// Fetches the slice holding the first byte the request wants, revalidating what is stored (`found`) with
+/// it when it can, and answers from what that brings: the object it starts, the stored one it confirmed, or
+/// the origin's answer as it is when that is not a part (an origin that ignores `Range` sends the whole).
+async fn fetch_first<S: CacheStore>(
+    asker: &Asker<S>,
+    ctx: &Ctx<'_>,
+    found: Option<Found>,
+) -> Answered {
+    let shared = &asker.worker.shared;
+    let size = asker.size;
+    let now = lacquer_clock::now_ms();
+    let stored_total = found
+        .as_ref()
+        .and_then(|f| f.set.partial(f.meta().generation))
+        .map(|p| p.total);
+    let wanted = match (stored_total, &found) {
+        (Some(total), Some(f)) => {
+            let (etag, last_modified) = text_validators(f.meta());
+            match range::evaluate(
+                &asker.parts.headers,
+                total,
+                etag.as_deref(),
+                last_modified.as_deref(),
+            ) {
+                Ranges::Parts(parts) => parts[0].0,
+                Ranges::Whole | Ranges::Unsatisfiable => 0,
+            }
+        }
+        _ => range::first_wanted(&asker.parts.headers).unwrap_or(0),
+    };
+    let first = wanted / size * size;
+    let stand_in = found
+        .as_ref()
+        .is_some_and(|f| usability(f.meta().lifetime(now)) != Usability::Unusable);
+    let revalidate = found.clone().filter(Found::revalidatable);
+    let (mut reader, owner) = asker.ask(first, revalidate, stand_in, false);
+    let head = reader.head().await;
+    let fallback = found.filter(|f| {
+        let usable = usability(f.meta().lifetime(now));
+        matches!(usable, Usability::OnError | Usability::Grace) && super::vouched(shared)
+    });
+    let failed = match &head {
+        Err(_) => Some(None),
+        Ok(h) if h.status.is_server_error() => Some(Some(h.status.as_u16())),
+        Ok(_) => None,
+    };
+    if let (Some(fwd_status), Some(found)) = (failed, &fallback) {
+        let outcome = Outcome::Stale {
+            ttl_s: found.meta().remaining_ttl_ms(now) / 1000,
+            origin_failed: true,
+            fwd_status,
+        };
+        if let Answered::Sent(resp) = answer(asker, Object::stored(found, now), None, outcome).await
+        {
+            inc(&shared.stats.stale_on_error);
+            return Answered::Sent(resp);
+        }
+    }
+    inc(&shared.stats.misses);
+    if !owner {
+        inc(&shared.stats.coalesced_waiters);
+    }
+    let head = match head {
+        Ok(head) => head,
+        Err(e) => {
+            let outcome = Outcome::Miss {
+                stored: false,
+                collapsed: !owner,
+                detail: Some("backend-error"),
+            };
+            return Answered::Sent(respond::error(e.status, outcome, &e.error.to_string()));
+        }
+    };
+    if head.revalidated {
+        // The stored object is confirmed: once the store has its new freshness, it answers.
+        reader.settled().await;
+        return Answered::Changed;
+    }
+    let outcome = Outcome::Miss {
+        stored: head.shareable,
+        collapsed: !owner,
+        detail: None,
+    };
+    let placed = (head.status == StatusCode::PARTIAL_CONTENT)
+        .then(|| placed_part(&head.headers, (first, first + size - 1)).ok())
+        .flatten();
+    let Some((_, _, total)) = placed else {
+        // Not a part (the whole, an error, a redirect): the origin's answer, as a miss of the ordinary way
+        // would send it.
+        let conversion = ctx.conversion(Delivery::AsStored, &shared.stats);
+        return Answered::Sent(respond::fetched(
+            &head,
+            reader,
+            outcome,
+            &asker.parts,
+            &conversion,
+        ));
+    };
+    let object = Object::fetched(&head, total, fallback.as_ref());
+    answer(asker, object, Some((first, reader)), outcome).await
+}
+
+/// One version of a sliced object: as stored, or as the first slice fetched of it says.
+struct Object {
+    /// The fields a response starts from: the object's, without `Content-Length` or `Content-Range`.
+    head: HeaderMap,
+    /// The representation's whole length.
+    total: u64,
+    /// Its age now.
+    age: u64,
+    /// Its stored parts, when this version is stored: the set, and the variant body's generation.
+    stored: Option<(Arc<ObjectSet>, u64)>,
+}
+
+impl Object {
+    fn stored(found: &Found, now: u64) -> Self {
+        let meta = found.meta();
+        let total = found
+            .set
+            .partial(meta.generation)
+            .map_or(0, |partial| partial.total);
+        Self {
+            head: meta.header_map(6),
+            total,
+            age: meta.age_s(now),
+            stored: Some((found.set.clone(), meta.generation)),
+        }
+    }
+
+    /// The version a fetched part (`head`, of a representation `total` bytes long) is of; the stored parts
+    /// of `found` serve it too when they are of the same representation.
+    fn fetched(head: &FetchedHead, total: u64, found: Option<&Found>) -> Self {
+        let mut fields = head.headers.clone();
+        for name in [header::CONTENT_RANGE, header::CONTENT_LENGTH] {
+            fields.remove(name);
+        }
+        let stored = found.and_then(|f| {
+            let partial = f.set.partial(f.meta().generation)?;
+            (partial.total == total
+                && range::same_representation(f.meta().validators(), validators(&fields)))
+            .then(|| (f.set.clone(), f.meta().generation))
+        });
+        Self {
+            head: fields,
+            total,
+            age: head.initial_age + head.received_at.elapsed().as_secs(),
+            stored,
+        }
+    }
+}
+
+/// A head's `ETag` and `Last-Modified` values.
+fn validators(headers: &HeaderMap) -> range::Validators<'_> {
+    (
+        headers.get(header::ETAG).map(HeaderValue::as_bytes),
+        headers
+            .get(header::LAST_MODIFIED)
+            .map(HeaderValue::as_bytes),
+    )
+}
+
+fn text_validators(meta: &ObjectMeta) -> (Option<String>, Option<String>) {
+    let text = |v: Option<&[u8]>| {
+        v.and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_owned)
+    };
+    let (etag, last_modified) = meta.validators();
+    (text(etag), text(last_modified))
+}
+
+/// Answers the request from `object`: conditionals and ranges evaluated over its whole length, the source of
+/// the first byte proved before the status line (a stored part that is there, or a fetched slice of this
+/// version: `first` is one already under way, from its first byte), the rest streamed by an [`Assembly`].
+async fn answer<S: CacheStore>(
+    asker: &Asker<S>,
+    object: Object,
+    first: Option<(u64, FetchReader<S>)>,
+    outcome: Outcome,
+) -> Answered {
+    let shared = &asker.worker.shared;
+    let mut headers = object.head.clone();
+    let total = object.total;
+    let shape = respond::shape(&asker.parts, &mut headers, Some(total), StatusCode::OK);
+    let (status, span) = match shape {
+        // Several ranges are answered with the whole, as RFC 9110 §14.2 allows.
+        Shape::Whole | Shape::Parts(_) => (StatusCode::OK, (total > 0).then(|| (0, total - 1))),
+        Shape::Part(from, to) => {
+            let value = format!("bytes {from}-{to}/{total}");
+            headers.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&value).expect("ascii"),
+            );
+            (StatusCode::PARTIAL_CONTENT, Some((from, to)))
+        }
+        other => {
+            respond::decorate(&mut headers, outcome, Some(object.age));
+            return Answered::Sent(respond::response(other.status(), headers, body::empty()));
+        }
+    };
+    let length = span.map_or(0, |(from, to)| to - from + 1);
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    respond::decorate(&mut headers, outcome, Some(object.age));
+    let Some((from, to)) = span.filter(|_| asker.parts.method != Method::HEAD) else {
+        return Answered::Sent(respond::response(status, headers, body::empty()));
+    };
+    let mut assembly = Assembly {
+        asker: asker.clone(),
+        etag: object.head.get(header::ETAG).cloned(),
+        last_modified: object.head.get(header::LAST_MODIFIED).cloned(),
+        total,
+        stored: object.stored,
+        lost: Vec::new(),
+        ahead: first.into_iter().collect(),
+        proved: None,
+    };
+    // The first byte's source is proved before the status line: its chunk read from the store (a part
+    // found to have lost it is forgotten, and the slice fetched instead), or its slice's head checked.
+    if let Some(part) = assembly.part_holding(from) {
+        let chunk = u64::from(part.body.chunk_size.max(1));
+        let index = ((from - part.start) / chunk) as u32;
+        match shared.store.read_chunk(&part.body, index).await {
+            Ok(Some(read)) => {
+                if let Outcome::Hit { .. } | Outcome::Stale { .. } = outcome {
+                    super::record_hit(&shared.stats, read.tier);
+                }
+                assembly.proved = Some((part.body.generation, index, read.data));
+            }
+            Ok(None) | Err(_) => assembly.forget(&part),
+        }
+    }
+    let outcome = match outcome {
+        // The first byte comes from the origin after all: what was found stored does not hold it.
+        Outcome::Hit { .. } if assembly.proved.is_none() => {
+            inc(&shared.stats.misses);
+            Outcome::Miss {
+                stored: true,
+                collapsed: false,
+                detail: None,
+            }
+        }
+        outcome => outcome,
+    };
+    headers.insert(
+        respond::X_CACHE,
+        HeaderValue::from_static(outcome.x_cache()),
+    );
+    headers.insert(respond::CACHE_STATUS, outcome.cache_status());
+    if assembly.proved.is_none() {
+        let slice = from / asker.size * asker.size;
+        match assembly.fetched(slice).await {
+            Ok(reader) => assembly.ahead.push((slice, reader)),
+            Err(Stop::Changed(fetch)) => {
+                // Looked up again once the new version's slice is stored, or the lookup would find the
+                // old version again.
+                if let Some(mut reader) = fetch {
+                    reader.settled().await;
+                }
+                return Answered::Changed;
+            }
+            Err(Stop::Failed(e)) => {
+                inc(&shared.stats.backend_errors);
+                let outcome = Outcome::Miss {
+                    stored: false,
+                    collapsed: false,
+                    detail: Some("backend-error"),
+                };
+                return Answered::Sent(respond::error(StatusCode::BAD_GATEWAY, outcome, &e));
+            }
+        }
+    }
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(assembly.run(from, to, tx));
+    let body = body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item.map(Frame::data), rx))
+    }));
+    Answered::Sent(respond::response(status, headers, body))
+}
+
+/// What a request needs to fetch slices of its object: owned, for the task that streams its body.
+struct Asker<S: CacheStore> {
+    worker: Arc<Worker<S>>,
+    key: String,
+    parts: Arc<Parts>,
+    client: IpAddr,
+    route: Arc<Route>,
+    decided: Decided,
+    size: u64,
+}
+
+impl<S: CacheStore> Clone for Asker<S> {
+    fn clone(&self) -> Self {
+        Self {
+            worker: self.worker.clone(),
+            key: self.key.clone(),
+            parts: self.parts.clone(),
+            client: self.client,
+            route: self.route.clone(),
+            decided: self.decided.clone(),
+            size: self.size,
+        }
+    }
+}
+
+impl<S: CacheStore> Asker<S> {
+    /// Joins the fetch of the slice from byte `first` under way, or starts it (revalidating `stale` with
+    /// it when given); a reader of it, and whether this request started it.
+    fn ask(
+        &self,
+        first: u64,
+        stale: Option<Found>,
+        stand_in: bool,
+        background: bool,
+    ) -> (FetchReader<S>, bool) {
+        let shared = &self.worker.shared;
+        let transit_buffer = self.route.policy.cache.transit_buffer.as_u64();
+        let start = |fetch: Arc<Fetch<S>>, registered: bool| {
+            let reader = fetch.reader();
+            let fill = Fill {
+                key: self.key.clone(),
+                registered,
+                parts: self.parts.clone(),
+                client: self.client,
+                route: self.route.clone(),
+                decided: self.decided.clone(),
+                stale: stale.clone(),
+                background,
+                stand_in,
+                part: Some((first, first + self.size - 1)),
+            };
+            inc(&shared.stats.slices_fetched);
+            tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
+            (reader, true)
+        };
+        let now = shared.store.mark();
+        let key = part_key(&self.key, first);
+        match shared.coalescer.join(&key, now, transit_buffer, None) {
+            Joined::Leader(fetch) => start(fetch, true),
+            Joined::Waiter(fetch) => {
+                let reader = fetch.reader();
+                if reader.cancelled() {
+                    start(Fetch::new(now, transit_buffer), false)
+                } else {
+                    (reader, false)
+                }
+            }
+            Joined::HitForMiss | Joined::LookAgain => start(Fetch::new(now, transit_buffer), false),
+        }
+    }
+
+    /// Revalidates an object served in grace, in the background, with its first stored part's slice,
+    /// unless a fetch of that slice is under way.
+    fn refresh(&self, found: &Found) {
+        let first = found
+            .set
+            .partial(found.meta().generation)
+            .and_then(|p| p.parts.first())
+            .map_or(0, |p| p.start / self.size * self.size);
+        let stale = Some(found.clone()).filter(Found::revalidatable);
+        let key = part_key(&self.key, first);
+        let shared = &self.worker.shared;
+        let transit_buffer = self.route.policy.cache.transit_buffer.as_u64();
+        if let Joined::Leader(fetch) =
+            shared
+                .coalescer
+                .join(&key, shared.store.mark(), transit_buffer, None)
+        {
+            let fill = Fill {
+                key: self.key.clone(),
+                registered: true,
+                parts: self.parts.clone(),
+                client: self.client,
+                route: self.route.clone(),
+                decided: self.decided.clone(),
+                stale,
+                background: true,
+                stand_in: true,
+                part: Some((first, first + self.size - 1)),
+            };
+            inc(&shared.stats.slices_fetched);
+            tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
+        }
+    }
+}
+
+/// Why a response stops taking bytes from a slice.
+enum Stop<S: CacheStore> {
+    /// The slice is of another version of the object, which its fetch (when it is storing it) replaces
+    /// the stored one with.
+    Changed(Option<FetchReader<S>>),
+    /// The origin failed, or sent what cannot be placed.
+    Failed(String),
+}
+
+/// The body of one response from one version of a sliced object: stored parts where they hold the bytes,
+/// fetched slices elsewhere, the next slice asked for while one is sent.
+struct Assembly<S: CacheStore> {
+    asker: Asker<S>,
+    etag: Option<HeaderValue>,
+    last_modified: Option<HeaderValue>,
+    total: u64,
+    stored: Option<(Arc<ObjectSet>, u64)>,
+    /// Parts found to have lost a chunk (by generation): not read again.
+    lost: Vec<u64>,
+    /// Fetches of slices started ahead of their bytes, by their first byte.
+    ahead: Vec<(u64, FetchReader<S>)>,
+    /// The first chunk sent, read to prove it before the status line: the part's generation, the chunk's
+    /// index in it, its bytes.
+    proved: Option<(u64, u32, Bytes)>,
+}
+
+impl<S: CacheStore> Assembly<S> {
+    /// The stored part holding byte `at`, if any.
+    fn part_holding(&self, at: u64) -> Option<Part> {
+        let (set, generation) = self.stored.as_ref()?;
+        let partial = set.partial(*generation)?;
+        partial
+            .parts
+            .iter()
+            .filter(|p| p.start <= at && at < p.end() && !self.lost.contains(&p.body.generation))
+            .max_by_key(|p| p.end())
+            .cloned()
+    }
+
+    /// Forgets a part found to have lost a chunk: not read again by this response, and removed from the
+    /// store, so the bytes are fetched again.
+    fn forget(&mut self, part: &Part) {
+        self.lost.push(part.body.generation);
+        if let Some((_, of)) = &self.stored {
+            let store = &self.asker.worker.shared.store;
+            if let Err(e) = store.remove_part(&self.asker.key, *of, part.body.generation) {
+                tracing::warn!(key = %self.asker.key, error = %e, "cannot forget a lost part");
+            }
+        }
+    }
+
+    /// Sends bytes `from..=to` into `tx`; a failure ends the body with an error.
+    async fn run(mut self, mut from: u64, to: u64, tx: mpsc::Sender<Result<Bytes, BoxError>>) {
+        let size = self.asker.size;
+        while from <= to {
+            let slice = from / size * size;
+            let next = slice + size;
+            if next <= to
+                && self.part_holding(next).is_none()
+                && !self.ahead.iter().any(|(s, _)| *s == next)
+            {
+                let (reader, _) = self.asker.ask(next, None, false, false);
+                self.ahead.push((next, reader));
+            }
+            let until = to.min(next - 1);
+            let sent = match self.part_holding(from) {
+                Some(part) => {
+                    self.send_stored(&part, from, until.min(part.end() - 1), &tx)
+                        .await
+                }
+                None => self.send_fetched(slice, from, until, &tx).await,
+            };
+            match sent {
+                Ok(Some(reached)) => from = reached,
+                // The client is gone.
+                Ok(None) => return,
+                Err(stop) => {
+                    let why = match stop {
+                        Stop::Changed(_) => "the object changed at the origin".to_owned(),
+                        Stop::Failed(e) => e,
+                    };
+                    tracing::warn!(key = %self.asker.key, from, error = %why, "a sliced response ends early");
+                    let _ = tx.send(Err(BoxError::from(why))).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends bytes `from..=to` of a stored part; where it reached (one past the last byte sent), which is
+    /// short of `to` when a chunk was lost (the rest is then fetched); `None` when the client is gone.
+    async fn send_stored(
+        &mut self,
+        part: &Part,
+        from: u64,
+        to: u64,
+        tx: &mpsc::Sender<Result<Bytes, BoxError>>,
+    ) -> Result<Option<u64>, Stop<S>> {
+        let shared = &self.asker.worker.shared;
+        let store = &shared.store;
+        let chunk = u64::from(part.body.chunk_size.max(1));
+        let (first, last) = ((from - part.start) / chunk, (to - part.start) / chunk);
+        inc(&shared.stats.slices_served);
+        let proved = self
+            .proved
+            .take()
+            .filter(|(generation, index, _)| {
+                *generation == part.body.generation && u64::from(*index) == first
+            })
+            .map(|(_, _, data)| data);
+        let read = |index: u64| store.read_chunk(&part.body, index as u32);
+        let mut reading = proved.is_none().then(|| read(first));
+        let mut proved = proved;
+        let mut at = from;
+        for index in first..=last {
+            let current = reading.take();
+            if index < last {
+                reading = Some(read(index + 1));
+            }
+            let data = match proved.take() {
+                Some(data) => Ok(Some(data)),
+                None => current
+                    .expect("a read for every chunk")
+                    .await
+                    .map(|read| read.map(|r| r.data)),
+            };
+            let data = match data {
+                Ok(Some(data)) => data,
+                Ok(None) | Err(_) => {
+                    self.forget(part);
+                    return Ok(Some(at));
+                }
+            };
+            let chunk_start = part.start + index * chunk;
+            let skip = (at - chunk_start) as usize;
+            let end = ((to + 1 - chunk_start) as usize).min(data.len());
+            if tx.send(Ok(data.slice(skip..end))).await.is_err() {
+                return Ok(None);
+            }
+            at = chunk_start + end as u64;
+        }
+        Ok(Some(at))
+    }
+
+    /// Sends bytes `from..=to` of the slice starting at byte `slice`, from its fetch; where it reached, or
+    /// `None` when the client is gone.
+    async fn send_fetched(
+        &mut self,
+        slice: u64,
+        from: u64,
+        to: u64,
+        tx: &mpsc::Sender<Result<Bytes, BoxError>>,
+    ) -> Result<Option<u64>, Stop<S>> {
+        let reader = self.fetched(slice).await?;
+        let mut body = reader.into_range_body(from - slice, to - slice);
+        let mut at = from;
+        while let Some(frame) = body.frame().await {
+            let data = frame
+                .map_err(|e| Stop::Failed(format!("slice from byte {slice}: {e}")))?
+                .into_data()
+                .unwrap_or_default();
+            at += data.len() as u64;
+            if tx.send(Ok(data)).await.is_err() {
+                return Ok(None);
+            }
+        }
+        if at != to + 1 {
+            return Err(Stop::Failed(format!(
+                "slice from byte {slice} ended at byte {at}"
+            )));
+        }
+        Ok(Some(at))
+    }
+
+    /// The fetch of the slice starting at byte `slice` (started ahead, or now), once its head shows it is a
+    /// part of this version of the object.
+    async fn fetched(&mut self, slice: u64) -> Result<FetchReader<S>, Stop<S>> {
+        let shared = &self.asker.worker.shared;
+        let mut reader = match self.ahead.iter().position(|(s, _)| *s == slice) {
+            Some(pos) => self.ahead.swap_remove(pos).1,
+            None => self.asker.ask(slice, None, false, false).0,
+        };
+        let head = reader
+            .head()
+            .await
+            .map_err(|e| Stop::Failed(format!("slice from byte {slice}: {}", e.error)))?;
+        let asked = (slice, slice + self.asker.size - 1);
+        let placed = (head.status == StatusCode::PARTIAL_CONTENT && !head.revalidated)
+            .then(|| placed_part(&head.headers, asked).ok())
+            .flatten();
+        let Some((_, _, total)) = placed else {
+            if head.status.is_success() {
+                // A whole answer where a part was: the origin stopped honouring ranges, or the object
+                // changed into something that cannot be ranged.
+                inc(&shared.stats.slice_mismatches);
+                return Err(Stop::Changed(Some(reader)));
+            }
+            return Err(Stop::Failed(format!(
+                "slice from byte {slice}: the origin answered {}",
+                head.status
+            )));
+        };
+        let ours = (
+            self.etag.as_ref().map(HeaderValue::as_bytes),
+            self.last_modified.as_ref().map(HeaderValue::as_bytes),
+        );
+        if total != self.total || !range::same_representation(ours, validators(&head.headers)) {
+            inc(&shared.stats.slice_mismatches);
+            return Err(Stop::Changed(Some(reader)));
+        }
+        Ok(reader)
+    }
+}

@@ -1,0 +1,427 @@
+//! Sliced routes end to end: a range-honouring origin serving a 1 GiB object, a route with 8 MiB slices,
+//! and what the origin is asked for as well as what the clients get.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering::SeqCst},
+        Arc,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use lacquer_tests::{ranged, request, Daemon, Origin, Reply};
+use serde_json::json;
+
+const GIB: u64 = 1 << 30;
+const SLICE: u64 = 8 << 20;
+
+/// An origin serving `len` bytes at every path; `version` picks the pattern's shift and entity-tag, so
+/// a test can change the object under a client.
+async fn origin(len: u64, version: Arc<AtomicU64>) -> Origin {
+    Origin::start(move |seen| {
+        let v = version.load(SeqCst);
+        ranged(seen, len, v * 7, &format!("\"v{v}\""))
+    })
+    .await
+}
+
+fn config(extra: &str) -> String {
+    format!(
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [storage]\nmemory = \"64MiB\"\ndisk_size = \"2GiB\"\n\
+         [cache]\nmax_object_size = \"16MiB\"\n{extra}\n\
+         [[route]]\npath_prefix = \"/big/\"\nslice = \"8MiB\"\n"
+    )
+}
+
+/// What a client read: status, head, and whether every byte was the pattern of one version.
+struct Got {
+    status: u16,
+    headers: HeaderMap,
+    len: u64,
+    /// The first byte that was not where the pattern puts it (for the version the first byte shows).
+    wrong_at: Option<u64>,
+    /// The version the body is of (its shift over 7).
+    shift: Option<u64>,
+    /// The body ended in an error.
+    failed: Option<String>,
+}
+
+impl Got {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+/// GETs `path` (with `range`), reading and checking the body as it streams: positions start at the
+/// `Content-Range`'s first byte.
+async fn fetch(addr: SocketAddr, path: &str, range: Option<&str>) -> Got {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    // One host whatever port the daemon listens on: the key stays the same across restarts.
+    let mut req = Request::builder()
+        .uri(format!("http://{addr}{path}"))
+        .header("host", "files.test");
+    if let Some(range) = range {
+        req = req.header("range", range);
+    }
+    let resp = tokio::time::timeout(
+        Duration::from_secs(60),
+        client.request(req.body(Full::new(Bytes::new())).unwrap()),
+    )
+    .await
+    .expect("head in time")
+    .expect("response");
+    let (parts, mut body) = resp.into_parts();
+    let mut pos = parts
+        .headers
+        .get("content-range")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes "))
+        .and_then(|v| v.split('-').next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let mut got = Got {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        len: 0,
+        wrong_at: None,
+        shift: None,
+        failed: None,
+    };
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(60), body.frame())
+            .await
+            .expect("body in time");
+        let data = match frame {
+            None => break,
+            Some(Err(e)) => {
+                got.failed = Some(format!("{e:?}"));
+                break;
+            }
+            Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
+        };
+        for &b in data.iter() {
+            let shift = *got
+                .shift
+                .get_or_insert_with(|| (u64::from(b) + 251 - pos % 251) % 251);
+            if got.wrong_at.is_none() && u64::from(b) != (pos + shift) % 251 {
+                got.wrong_at = Some(pos);
+            }
+            pos += 1;
+        }
+        got.len += data.len() as u64;
+    }
+    got
+}
+
+fn ranges_asked(origin: &Origin) -> Vec<String> {
+    origin
+        .seen()
+        .iter()
+        .map(|s| {
+            s.headers
+                .get("range")
+                .map_or("whole".into(), |v| v.to_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+fn slice_range(k: u64) -> String {
+    format!("bytes={}-{}", k * SLICE, (k + 1) * SLICE - 1)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_range_in_the_middle_costs_the_origin_one_slice_and_a_later_range_in_it_none() {
+    let origin = origin(GIB, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let first = 500_000_000u64;
+    let got = fetch(
+        d.addr,
+        "/big/a.iso",
+        Some(&format!("bytes={first}-{}", first + 65_535)),
+    )
+    .await;
+    assert_eq!((got.status, got.len, got.wrong_at), (206, 65_536, None));
+    assert_eq!(
+        got.header("content-range"),
+        format!("bytes {first}-{}/{GIB}", first + 65_535)
+    );
+    assert_eq!(got.header("etag"), "\"v0\"");
+    assert_eq!(ranges_asked(&origin), vec![slice_range(first / SLICE)]);
+    let r = &origin.seen()[0];
+    assert!(
+        r.headers.get("accept-encoding").is_none(),
+        "a slice asks for the origin's own bytes"
+    );
+
+    d.wait_for_stats("the slice stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    let again = fetch(
+        d.addr,
+        "/big/a.iso",
+        Some(&format!("bytes={}-{}", first + 100, first + 1_000_099)),
+    )
+    .await;
+    assert_eq!(
+        (again.status, again.len, again.wrong_at),
+        (206, 1_000_000, None)
+    );
+    assert_eq!(again.header("x-cache"), "HIT");
+    assert_eq!(origin.total(), 1, "the stored slice answers");
+    let stats = d.stats().await;
+    assert_eq!(stats["proxy"]["slices_served"], 1);
+    assert_eq!(stats["proxy"]["slices_fetched"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_get_fetches_every_slice_once_and_is_exact_then_hits_after_a_restart() {
+    // Larger than the memory tier (64 MiB) and max_object_size (16 MiB): cached slice by slice.
+    let len = 200 * (1 << 20) + 12_345;
+    let origin = origin(len, Arc::default()).await;
+    let mut d = Daemon::with_config(origin.addr, &config(""));
+    let got = fetch(d.addr, "/big/game.pak", None).await;
+    assert_eq!(
+        (got.status, got.len, got.wrong_at, got.failed.clone()),
+        (200, len, None, None)
+    );
+    assert_eq!(got.header("content-length"), len.to_string());
+    let slices = len.div_ceil(SLICE);
+    let mut asked = ranges_asked(&origin);
+    asked.sort();
+    let mut want: Vec<String> = (0..slices).map(slice_range).collect();
+    want.sort();
+    assert_eq!(asked, want, "each slice once, nothing else");
+
+    d.wait_for_stats("every slice stored", |s| {
+        s["proxy"]["objects_stored"] == slices
+    })
+    .await;
+    d.stop();
+    let d = d.restart();
+    let again = fetch(d.addr, "/big/game.pak", None).await;
+    assert_eq!(
+        (
+            again.status,
+            again.len,
+            again.wrong_at,
+            again.failed.clone()
+        ),
+        (200, len, None, None)
+    );
+    assert_eq!(again.header("x-cache"), "HIT");
+    assert_eq!(
+        origin.total() as u64,
+        slices,
+        "served from the store after the restart"
+    );
+    let stats = d.stats().await;
+    assert!(
+        stats["store"]["chunk_reads_disk"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_ranges_of_a_cold_object_cost_each_covered_slice_once() {
+    let origin = origin(GIB, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        let addr = d.addr;
+        // Twenty slices, ten clients each, at different places in them.
+        let first = (i % 20) * 5 * SLICE + (i / 20) * 700_001;
+        tasks.push(tokio::spawn(async move {
+            let range = format!("bytes={first}-{}", first + 65_535);
+            (first, fetch(addr, "/big/cold.bin", Some(&range)).await)
+        }));
+    }
+    for task in tasks {
+        let (first, got) = task.await.unwrap();
+        assert_eq!(
+            (got.status, got.len, got.wrong_at),
+            (206, 65_536, None),
+            "at {first}"
+        );
+    }
+    let asked = ranges_asked(&origin);
+    let mut unique = asked.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(asked.len(), unique.len(), "a slice asked twice: {asked:?}");
+    assert!(
+        asked.len() <= 40,
+        "{} slices for ranges in 20 (or the next)",
+        asked.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_changed_at_the_origin_is_never_mixed_into_one_body() {
+    let version = Arc::new(AtomicU64::new(1));
+    let len = 64 << 20;
+    let origin = origin(len, version.clone()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    // Version 1's first slice is stored; then the object changes.
+    let got = fetch(d.addr, "/big/v.bin", Some("bytes=0-99")).await;
+    assert_eq!((got.status, got.shift), (206, Some(7)));
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    version.store(2, SeqCst);
+    let whole = fetch(d.addr, "/big/v.bin", None).await;
+    // Slice 0 came from the store (version 1); slice 1 is version 2: the body stops there, in an error.
+    assert_eq!(whole.status, 200);
+    assert!(whole.failed.is_some(), "a mixed body was not cut");
+    assert_eq!(whole.wrong_at, None, "no byte of version 2 after version 1");
+    assert!(whole.len <= SLICE, "{} bytes sent", whole.len);
+    let stats = d.stats().await;
+    assert!(stats["proxy"]["slice_mismatches"].as_u64().unwrap() >= 1);
+    // The next client gets version 2 whole: its first slice replaced what was stored.
+    let next = fetch(d.addr, "/big/v.bin", None).await;
+    assert_eq!(
+        (next.status, next.len, next.wrong_at, next.failed.is_none()),
+        (200, len, None, true)
+    );
+    assert_eq!(next.shift, Some(14));
+    assert_eq!(next.header("etag"), "\"v2\"");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_that_changes_before_the_first_byte_starts_over_cleanly() {
+    let version = Arc::new(AtomicU64::new(1));
+    let len = 40 << 20;
+    let origin = origin(len, version.clone()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let got = fetch(d.addr, "/big/w.bin", Some("bytes=0-99")).await;
+    assert_eq!(got.shift, Some(7));
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    version.store(2, SeqCst);
+    // The range lies in a slice not stored: its fetch shows version 2 before any byte is sent.
+    let r = fetch(d.addr, "/big/w.bin", Some("bytes=20000000-20000099")).await;
+    assert_eq!(
+        (r.status, r.len, r.wrong_at, r.failed.clone()),
+        (206, 100, None, None)
+    );
+    assert_eq!((r.shift, r.header("etag")), (Some(14), "\"v2\""));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_origin_that_ignores_ranges_is_answered_and_stored_whole() {
+    let body: Bytes = lacquer_tests::pattern(3 << 20).into();
+    let served = body.clone();
+    let origin = Origin::start(move |_| {
+        Reply::ok(served.clone())
+            .header("cache-control", "max-age=60")
+            .header("etag", "\"whole\"")
+    })
+    .await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let r = request(
+        d.addr,
+        Method::GET,
+        "/big/x",
+        &[("range", "bytes=1000-1999")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, body.slice(1000..2000));
+    d.wait_for_stats("stored whole", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    let r = request(d.addr, Method::GET, "/big/x", &[], Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!((r.status.as_u16(), r.x_cache()), (200, "HIT"));
+    assert_eq!(r.body, body);
+    assert_eq!(origin.total(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purge_removes_every_slice() {
+    let origin = origin(GIB, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    for k in [0, 3, 9] {
+        let got = fetch(
+            d.addr,
+            "/big/p.iso",
+            Some(&format!("bytes={}-{}", k * SLICE, k * SLICE + 9)),
+        )
+        .await;
+        assert_eq!((got.status, got.wrong_at), (206, None));
+    }
+    d.wait_for_stats("three slices", |s| s["proxy"]["objects_stored"] == 3)
+        .await;
+    let url = "http://files.test/big/p.iso";
+    let inspected = d
+        .admin_get(&format!("/v1/objects?url={url}"), Some(&d.secret()))
+        .await;
+    assert_eq!(inspected.status, 200);
+    let shown: serde_json::Value = serde_json::from_slice(&inspected.body).unwrap();
+    assert_eq!(
+        shown["variants"][0]["parts"].as_array().map(Vec::len),
+        Some(3),
+        "{shown}"
+    );
+
+    let r = d.admin_post("/v1/purge", json!({ "url": url })).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    for k in [0, 3, 9] {
+        let got = fetch(
+            d.addr,
+            "/big/p.iso",
+            Some(&format!("bytes={}-{}", k * SLICE, k * SLICE + 9)),
+        )
+        .await;
+        assert_eq!((got.status, got.wrong_at), (206, None));
+        assert_eq!(got.header("x-cache"), "MISS");
+    }
+    assert_eq!(origin.total(), 6, "every slice fetched again");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stored_slices_are_completed_by_later_ranges_into_the_whole() {
+    let len = 30 << 20;
+    let origin = origin(len, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let got = fetch(d.addr, "/big/c.bin", Some("bytes=9000000-9000099")).await;
+    assert_eq!((got.status, got.wrong_at), (206, None));
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    let whole = fetch(d.addr, "/big/c.bin", None).await;
+    assert_eq!(
+        (
+            whole.status,
+            whole.len,
+            whole.wrong_at,
+            whole.failed.clone()
+        ),
+        (200, len, None, None)
+    );
+    // Slice 1 was stored; the others (0, 2, 3) were fetched for the whole, once each.
+    assert_eq!(
+        ranges_asked(&origin),
+        vec![
+            slice_range(1),
+            slice_range(0),
+            slice_range(2),
+            slice_range(3)
+        ]
+    );
+    d.wait_for_stats("all stored", |s| s["proxy"]["objects_stored"] == 4)
+        .await;
+    let hit = fetch(d.addr, "/big/c.bin", None).await;
+    assert_eq!(
+        (hit.len, hit.wrong_at, hit.header("x-cache")),
+        (len, None, "HIT")
+    );
+    assert_eq!(origin.total(), 4);
+}
