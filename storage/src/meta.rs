@@ -477,6 +477,115 @@ pub(crate) mod tests {
         );
     }
 
+    /// A store upgraded in place keeps what it stored before partial bodies existed.
+    #[test]
+    fn records_without_partials_are_read_with_none() {
+        let sibling = Sibling::new(1, None, (7, 9), 40, 4);
+        let old = (vec![meta(10, 4)], vec![sibling.clone()]);
+        let mut bytes = vec![FORMAT_WITHOUT_PARTIALS];
+        bincode::serde::encode_into_std_write(&old, &mut bytes, bincode::config::standard())
+            .unwrap();
+        let set = ObjectSet::decode("k", &bytes).unwrap();
+        assert_eq!(set.variants, vec![meta(10, 4)]);
+        assert_eq!(set.siblings, vec![sibling]);
+        assert!(set.partials.is_empty());
+    }
+
+    fn part(start: u64, length: u64, generation: u64) -> Part {
+        Part {
+            start,
+            body: ObjectMeta {
+                generation,
+                length,
+                chunk_size: 4,
+                ..ObjectMeta::default()
+            },
+        }
+    }
+
+    #[test]
+    fn parts_answer_for_the_bytes_they_hold() {
+        let partial = Partial {
+            of: 1,
+            total: 100,
+            parts: vec![part(0, 10, 2), part(5, 20, 3), part(40, 10, 4)],
+        };
+        assert_eq!(partial.holding(0).map(|p| p.body.generation), Some(2));
+        assert_eq!(
+            partial.holding(7).map(|p| p.body.generation),
+            Some(3),
+            "the one reaching furthest"
+        );
+        assert_eq!(partial.holding(24).map(|p| p.body.generation), Some(3));
+        assert!(partial.holding(25).is_none());
+        assert_eq!(partial.holding(49).map(|p| p.body.generation), Some(4));
+        assert!(partial.holding(50).is_none());
+        assert_eq!(partial.held(), 35, "overlaps counted once");
+        assert!(!partial.is_complete());
+        let whole = Partial {
+            parts: vec![part(0, 60, 2), part(50, 50, 3)],
+            ..partial.clone()
+        };
+        assert!(whole.is_complete());
+    }
+
+    #[test]
+    fn parts_go_with_their_variant_body() {
+        let mut set = ObjectSet::of(vec![meta(0, 4)]);
+        set.partials = vec![
+            Partial {
+                of: 1,
+                total: 10,
+                parts: vec![part(0, 4, 5)],
+            },
+            Partial {
+                of: 2,
+                total: 10,
+                parts: vec![part(0, 4, 6), part(4, 4, 7)],
+            },
+        ];
+        assert_eq!(set.partial(1).map(|p| p.parts.len()), Some(1));
+        let orphans = set.orphan_parts();
+        assert_eq!(orphans, vec![part(0, 4, 6), part(4, 4, 7)]);
+        assert_eq!(set.partials.len(), 1);
+        let bytes = set.encode();
+        assert_eq!(ObjectSet::decode("k", &bytes).unwrap(), set);
+    }
+
+    #[test]
+    fn a_part_of_the_same_representation_refreshes_the_head_but_not_its_identity() {
+        let mut current = meta(0, 4);
+        let newer = ObjectMeta {
+            object: 99,
+            generation: 98,
+            headers: vec![
+                ("ETag".into(), b"\"x\"".to_vec()),
+                ("x-new".into(), b"1".to_vec()),
+            ],
+            stored_at_ms: 2_000_000,
+            ttl_ms: 5,
+            tags: vec!["other".into()],
+            variant: Vec::new(),
+            ..meta(0, 4)
+        };
+        assert!(same_representation(&current, &newer));
+        current.refresh_from_part(newer);
+        assert_eq!((current.object, current.generation), (7, 1));
+        assert_eq!((current.stored_at_ms, current.ttl_ms), (2_000_000, 5));
+        assert_eq!(current.tags, vec!["t1".to_owned()]);
+        assert_eq!(current.variant, meta(0, 4).variant);
+        assert_eq!(current.header("x-new"), Some(&b"1"[..]));
+        let older = ObjectMeta {
+            stored_at_ms: 1,
+            ..meta(0, 4)
+        };
+        current.refresh_from_part(older);
+        assert_eq!(
+            current.stored_at_ms, 2_000_000,
+            "an older response changes nothing"
+        );
+    }
+
     #[test]
     fn siblings_without_their_variant_body_are_orphans() {
         let sibling = |of, coding: Option<&str>| Sibling {

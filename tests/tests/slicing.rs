@@ -425,3 +425,25 @@ async fn stored_slices_are_completed_by_later_ranges_into_the_whole() {
     );
     assert_eq!(origin.total(), 4);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_without_validators_is_passed_as_the_client_asked() {
+    let len = 20 << 20;
+    let origin = Origin::start(move |seen| ranged(seen, len, 0, "")).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let whole = fetch(d.addr, "/big/plain.bin", None).await;
+    assert_eq!((whole.status, whole.len, whole.wrong_at), (200, len, None));
+    assert!(whole.failed.is_none());
+    let part = fetch(d.addr, "/big/plain.bin", Some("bytes=9000000-9000009")).await;
+    assert_eq!((part.status, part.len, part.wrong_at), (206, 10, None));
+    // Each request: its first slice, then the client's own request as sent.
+    assert_eq!(
+        ranges_asked(&origin),
+        vec![
+            slice_range(0),
+            "whole".to_owned(),
+            slice_range(1),
+            "bytes=9000000-9000009".to_owned()
+        ]
+    );
+}

@@ -219,6 +219,26 @@ async fn fetch_first<S: CacheStore>(
             &conversion,
         ));
     };
+    let (etag, last_modified) = validators(&head.headers);
+    if etag.is_none_or(|e| e.starts_with(b"W/")) && (etag.is_some() || last_modified.is_none()) {
+        // Nothing proves the next slice is of this version: the client's request goes as it was sent.
+        drop(reader);
+        inc(&shared.stats.uncacheable);
+        let (client, route, decided) = (asker.client, &asker.route, &asker.decided);
+        let parts = Parts::clone(&asker.parts);
+        return Answered::Sent(
+            super::pass(
+                &asker.worker,
+                client,
+                route,
+                decided,
+                parts,
+                body::empty(),
+                false,
+            )
+            .await,
+        );
+    }
     let object = Object::fetched(&head, total, fallback.as_ref());
     answer(asker, object, Some((first, reader)), outcome).await
 }

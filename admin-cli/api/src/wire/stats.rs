@@ -378,6 +378,15 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
          deferred past compression.conversions, failed.",
     ),
     (
+        "lacquer_slice_errors_total",
+        "Sliced objects found changed at the origin (changed), slices' answers that cannot be placed \
+         (bad_range).",
+    ),
+    (
+        "lacquer_slices_total",
+        "Slices of objects on sliced routes: fetched from the origin, served from the store.",
+    ),
+    (
         "lacquer_coded_body_errors_total",
         "Compressed bodies that did not decode or expanded past max_object_size, by reason.",
     ),
