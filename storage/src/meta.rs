@@ -272,6 +272,21 @@ pub struct Part {
 }
 
 impl Part {
+    /// Bytes `start..` of a representation, whose own body was written as `generation` of `object`:
+    /// `length` bytes in chunks of `chunk_size`.
+    pub fn new(start: u64, (object, generation): (u64, u64), length: u64, chunk_size: u32) -> Self {
+        Self {
+            start,
+            body: ObjectMeta {
+                object,
+                generation,
+                length,
+                chunk_size,
+                ..ObjectMeta::default()
+            },
+        }
+    }
+
     /// One past its last byte.
     pub fn end(&self) -> u64 {
         self.start + self.body.length

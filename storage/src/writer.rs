@@ -208,16 +208,8 @@ impl ObjectWriter {
             self.send_chunk(rest).await?;
         }
         let chunk_size = self.store.chunk_size() as u32;
-        let part = Part {
-            start,
-            body: ObjectMeta {
-                object: self.object,
-                generation: self.generation,
-                length: self.length,
-                chunk_size,
-                ..ObjectMeta::default()
-            },
-        };
+        let body = (self.object, self.generation);
+        let part = Part::new(start, body, self.length, chunk_size);
         head.object = self.object;
         head.ban_checked = self.ban_checked;
         let (done, wait) = oneshot::channel();

@@ -64,6 +64,11 @@ impl Got {
 /// GETs `path` (with `range`), reading and checking the body as it streams: positions start at the
 /// `Content-Range`'s first byte.
 async fn fetch(addr: SocketAddr, path: &str, range: Option<&str>) -> Got {
+    fetch_some(addr, path, range, u64::MAX).await
+}
+
+/// [`fetch`], leaving (closing the connection) once `limit` bytes were read.
+async fn fetch_some(addr: SocketAddr, path: &str, range: Option<&str>, limit: u64) -> Got {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     // One host whatever port the daemon listens on: the key stays the same across restarts.
     let mut req = Request::builder()
@@ -118,6 +123,9 @@ async fn fetch(addr: SocketAddr, path: &str, range: Option<&str>) -> Got {
             pos += 1;
         }
         got.len += data.len() as u64;
+        if got.len >= limit {
+            break;
+        }
     }
     got
 }
@@ -406,16 +414,12 @@ async fn stored_slices_are_completed_by_later_ranges_into_the_whole() {
         ),
         (200, len, None, None)
     );
-    // Slice 1 was stored; the others (0, 2, 3) were fetched for the whole, once each.
-    assert_eq!(
-        ranges_asked(&origin),
-        vec![
-            slice_range(1),
-            slice_range(0),
-            slice_range(2),
-            slice_range(3)
-        ]
-    );
+    // Slice 1 was stored; the others (0, 2, 3) were fetched for the whole, once each (the next one asked
+    // for while one is sent: in any order).
+    let mut asked = ranges_asked(&origin);
+    assert_eq!(asked.remove(0), slice_range(1));
+    asked.sort();
+    assert_eq!(asked, vec![slice_range(0), slice_range(2), slice_range(3)]);
     d.wait_for_stats("all stored", |s| s["proxy"]["objects_stored"] == 4)
         .await;
     let hit = fetch(d.addr, "/big/c.bin", None).await;
@@ -445,5 +449,45 @@ async fn an_object_without_validators_is_passed_as_the_client_asked() {
             slice_range(1),
             "bytes=9000000-9000009".to_owned()
         ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_resuming_at_random_offsets_share_the_slices_they_cross() {
+    let len = 200 << 20;
+    let origin = origin(len, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let mut tasks = Vec::new();
+    for i in 0..20u64 {
+        let addr = d.addr;
+        // Offsets spread over the object, several inside one slice, none on a slice boundary.
+        let first = (i * 9_973_117) % (len - (20 << 20));
+        tasks.push(tokio::spawn(async move {
+            let range = format!("bytes={first}-");
+            (
+                first,
+                fetch_some(addr, "/big/resume.bin", Some(&range), 12 << 20).await,
+            )
+        }));
+    }
+    for task in tasks {
+        let (first, got) = task.await.unwrap();
+        assert_eq!(got.status, 206, "at {first}");
+        assert_eq!(
+            got.header("content-range"),
+            format!("bytes {first}-{}/{len}", len - 1)
+        );
+        assert!(got.len >= 12 << 20, "{} bytes at {first}", got.len);
+        assert_eq!((got.wrong_at, got.failed), (None, None), "at {first}");
+    }
+    let asked = ranges_asked(&origin);
+    let mut unique = asked.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(asked.len(), unique.len(), "a slice asked twice: {asked:?}");
+    let slices: Vec<String> = (0..len.div_ceil(SLICE)).map(slice_range).collect();
+    assert!(
+        asked.iter().all(|r| slices.contains(r)),
+        "only aligned slices: {asked:?}"
     );
 }

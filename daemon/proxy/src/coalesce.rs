@@ -544,10 +544,23 @@ impl<S: CacheStore> FetchReader<S> {
         }
     }
 
-    /// Bytes `first..=last` of the body, each sent as soon as it has arrived.
-    pub fn into_range_body(self, first: u64, last: u64) -> Body {
+    /// Moves the reader on to byte `pos` without reading what lies before it (in the window or the store):
+    /// the window keeps nothing for it behind `pos`.
+    fn skip_to(&mut self, pos: u64) {
+        if pos > self.pos {
+            self.pos = pos;
+            self.fetch.lock().readers.insert(self.id, pos);
+            self.fetch.progress.notify_one();
+        }
+    }
+
+    /// Bytes `first..=last` of the body, each sent as soon as it has arrived; the bytes before `first` are
+    /// not read.
+    pub fn into_range_body(mut self, first: u64, last: u64) -> Body {
+        self.skip_to(first);
+        let start = self.pos;
         body::from_stream(futures_util::stream::unfold(
-            (self, 0u64),
+            (self, start),
             move |(mut reader, mut offset)| async move {
                 while offset <= last {
                     let data = match reader.next_chunk().await? {

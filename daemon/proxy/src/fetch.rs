@@ -692,25 +692,26 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             Ending::NotStored
         };
     };
-    if let Some((first, _, total)) = placed {
+    if placed.is_some() {
         // The object's head: what a response made of its parts starts from.
         for name in [header::CONTENT_RANGE, header::CONTENT_LENGTH] {
             head.headers.remove(name);
         }
-        let base = ObjectMeta {
-            variant: selection,
-            status: StatusCode::OK.as_u16(),
-            ..ObjectMeta::default()
-        };
-        let meta = with_response(
-            base,
-            &head.headers,
-            &storable,
-            initial_age,
-            response_time,
-            policy,
-        );
-        let (_, last, _) = placed.expect("a part");
+    }
+    let base = ObjectMeta {
+        variant: selection,
+        status: judged.as_u16(),
+        ..ObjectMeta::default()
+    };
+    let meta = with_response(
+        base,
+        &head.headers,
+        &storable,
+        initial_age,
+        response_time,
+        policy,
+    );
+    if let Some((first, last, total)) = placed {
         if writer.length() != last - first + 1 {
             inc(&shared.stats.slice_errors);
             tracing::warn!(
@@ -731,19 +732,6 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             }
         };
     }
-    let base = ObjectMeta {
-        variant: selection,
-        status: head.status.as_u16(),
-        ..ObjectMeta::default()
-    };
-    let meta = with_response(
-        base,
-        &head.headers,
-        &storable,
-        initial_age,
-        response_time,
-        policy,
-    );
     match writer.finish(key.to_owned(), meta).await {
         Ok(()) => Ending::Stored,
         Err(e) if e.is_refusal() => Ending::NotStored,

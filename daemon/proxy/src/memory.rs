@@ -600,16 +600,8 @@ impl MemoryWriter {
         self.refused()?;
         self.finished = true;
         head.object = self.object;
-        let part = Part {
-            start,
-            body: ObjectMeta {
-                object: self.object,
-                generation: self.generation,
-                length: self.length,
-                chunk_size: self.store.chunk_size as u32,
-                ..ObjectMeta::default()
-            },
-        };
+        let body = (self.object, self.generation);
+        let part = Part::new(start, body, self.length, self.store.chunk_size as u32);
         let epoch = self.since.epoch;
         Ok(self
             .store

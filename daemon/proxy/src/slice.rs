@@ -40,6 +40,10 @@ use crate::{
     Ctx, Found,
 };
 
+/// How often a response reads the store again for a slice that a fetch finished meanwhile (the store
+/// holds it now), before it fetches slices without looking.
+const LOOKS: u32 = 64;
+
 /// How often a request starts over because the object changed at the origin before its first byte was
 /// sent; then it is answered 502.
 const RESTARTS: usize = 3;
@@ -63,7 +67,10 @@ pub(crate) async fn serve<S: CacheStore>(
         decided: ctx.decided.clone(),
         size,
     };
-    for _ in 0..RESTARTS {
+    for attempt in 0..RESTARTS {
+        // Noted before the store is read: see `Coalescer::finished`. The last attempt fetches whatever
+        // finished meanwhile.
+        let looked_up_at = (attempt + 1 < RESTARTS).then(|| shared.coalescer.finished());
         let vouched = super::vouched(shared);
         let now = lacquer_clock::now_ms();
         let found = super::find_variant(worker, key, parts).await;
@@ -74,14 +81,14 @@ pub(crate) async fn serve<S: CacheStore>(
             let usable = usability(meta.lifetime(now));
             match super::within_request_grace(usable, meta, now, ctx.decided) {
                 Usability::Fresh if vouched => {
-                    let object = Object::stored(found, now);
+                    let object = Object::stored(found, now, looked_up_at);
                     match answer(&asker, object, None, Outcome::Hit { ttl_s }).await {
                         Answered::Sent(resp) => return Some(resp),
                         Answered::Changed => continue,
                     }
                 }
                 Usability::Grace if vouched => {
-                    let object = Object::stored(found, now);
+                    let object = Object::stored(found, now, looked_up_at);
                     let outcome = Outcome::Stale {
                         ttl_s,
                         origin_failed: false,
@@ -97,7 +104,7 @@ pub(crate) async fn serve<S: CacheStore>(
                 _ => {}
             }
         }
-        match fetch_first(&asker, ctx, found).await {
+        match fetch_first(&asker, ctx, found, looked_up_at).await {
             Answered::Sent(resp) => return Some(resp),
             Answered::Changed => {}
         }
@@ -128,6 +135,7 @@ async fn fetch_first<S: CacheStore>(
     asker: &Asker<S>,
     ctx: &Ctx<'_>,
     found: Option<Found>,
+    looked_up_at: Option<u64>,
 ) -> Answered {
     let shared = &asker.worker.shared;
     let size = asker.size;
@@ -156,7 +164,10 @@ async fn fetch_first<S: CacheStore>(
         .as_ref()
         .is_some_and(|f| usability(f.meta().lifetime(now)) != Usability::Unusable);
     let revalidate = found.clone().filter(Found::revalidatable);
-    let (mut reader, owner) = asker.ask(first, revalidate, stand_in, false);
+    let Some((mut reader, owner)) = asker.ask(first, revalidate, stand_in, false, looked_up_at)
+    else {
+        return Answered::Changed;
+    };
     let head = reader.head().await;
     let fallback = found.filter(|f| {
         let usable = usability(f.meta().lifetime(now));
@@ -173,8 +184,8 @@ async fn fetch_first<S: CacheStore>(
             origin_failed: true,
             fwd_status,
         };
-        if let Answered::Sent(resp) = answer(asker, Object::stored(found, now), None, outcome).await
-        {
+        let object = Object::stored(found, now, looked_up_at);
+        if let Answered::Sent(resp) = answer(asker, object, None, outcome).await {
             inc(&shared.stats.stale_on_error);
             return Answered::Sent(resp);
         }
@@ -239,7 +250,7 @@ async fn fetch_first<S: CacheStore>(
             .await,
         );
     }
-    let object = Object::fetched(&head, total, fallback.as_ref());
+    let object = Object::fetched(&head, total, fallback.as_ref(), looked_up_at);
     answer(asker, object, Some((first, reader)), outcome).await
 }
 
@@ -253,10 +264,13 @@ struct Object {
     age: u64,
     /// Its stored parts, when this version is stored: the set, and the variant body's generation.
     stored: Option<(Arc<ObjectSet>, u64)>,
+    /// [`crate::coalesce::Coalescer::finished`] before the store was read, when the slices of this version not stored
+    /// then may be looked for again before they are fetched.
+    looked_up_at: Option<u64>,
 }
 
 impl Object {
-    fn stored(found: &Found, now: u64) -> Self {
+    fn stored(found: &Found, now: u64, looked_up_at: Option<u64>) -> Self {
         let meta = found.meta();
         let total = found
             .set
@@ -267,12 +281,18 @@ impl Object {
             total,
             age: meta.age_s(now),
             stored: Some((found.set.clone(), meta.generation)),
+            looked_up_at,
         }
     }
 
     /// The version a fetched part (`head`, of a representation `total` bytes long) is of; the stored parts
     /// of `found` serve it too when they are of the same representation.
-    fn fetched(head: &FetchedHead, total: u64, found: Option<&Found>) -> Self {
+    fn fetched(
+        head: &FetchedHead,
+        total: u64,
+        found: Option<&Found>,
+        looked_up_at: Option<u64>,
+    ) -> Self {
         let mut fields = head.headers.clone();
         for name in [header::CONTENT_RANGE, header::CONTENT_LENGTH] {
             fields.remove(name);
@@ -288,6 +308,7 @@ impl Object {
             total,
             age: head.initial_age + head.received_at.elapsed().as_secs(),
             stored,
+            looked_up_at,
         }
     }
 }
@@ -355,22 +376,37 @@ async fn answer<S: CacheStore>(
         lost: Vec::new(),
         ahead: first.into_iter().collect(),
         proved: None,
+        looked_up_at: object.looked_up_at,
+        looks_left: LOOKS,
     };
     // The first byte's source is proved before the status line: its chunk read from the store (a part
     // found to have lost it is forgotten, and the slice fetched instead), or its slice's head checked.
-    if let Some(part) = assembly.part_holding(from) {
-        let chunk = u64::from(part.body.chunk_size.max(1));
-        let index = ((from - part.start) / chunk) as u32;
-        match shared.store.read_chunk(&part.body, index).await {
-            Ok(Some(read)) => {
-                if let Outcome::Hit { .. } | Outcome::Stale { .. } = outcome {
-                    super::record_hit(&shared.stats, read.tier);
+    let slice = from / asker.size * asker.size;
+    let fetched = loop {
+        if let Some(part) = assembly.part_holding(from) {
+            let chunk = u64::from(part.body.chunk_size.max(1));
+            let index = ((from - part.start) / chunk) as u32;
+            match shared.store.read_chunk(&part.body, index).await {
+                Ok(Some(read)) => {
+                    if let Outcome::Hit { .. } | Outcome::Stale { .. } = outcome {
+                        super::record_hit(&shared.stats, read.tier);
+                    }
+                    assembly.proved = Some((part.body.generation, index, read.data));
+                    break None;
                 }
-                assembly.proved = Some((part.body.generation, index, read.data));
+                Ok(None) | Err(_) => {
+                    assembly.forget(&part);
+                    continue;
+                }
             }
-            Ok(None) | Err(_) => assembly.forget(&part),
         }
-    }
+        match assembly.fetched(slice).await {
+            Ok(Some(reader)) => break Some(Ok(reader)),
+            // Stored meanwhile: read it.
+            Ok(None) => continue,
+            Err(stop) => break Some(Err(stop)),
+        }
+    };
     let outcome = match outcome {
         // The first byte comes from the origin after all: what was found stored does not hold it.
         Outcome::Hit { .. } if assembly.proved.is_none() => {
@@ -388,9 +424,8 @@ async fn answer<S: CacheStore>(
         HeaderValue::from_static(outcome.x_cache()),
     );
     headers.insert(respond::CACHE_STATUS, outcome.cache_status());
-    if assembly.proved.is_none() {
-        let slice = from / asker.size * asker.size;
-        match assembly.fetched(slice).await {
+    if let Some(fetched) = fetched {
+        match fetched {
             Ok(reader) => assembly.ahead.push((slice, reader)),
             Err(Stop::Changed(fetch)) => {
                 // Looked up again once the new version's slice is stored, or the lookup would find the
@@ -447,14 +482,17 @@ impl<S: CacheStore> Clone for Asker<S> {
 
 impl<S: CacheStore> Asker<S> {
     /// Joins the fetch of the slice from byte `first` under way, or starts it (revalidating `stale` with
-    /// it when given); a reader of it, and whether this request started it.
+    /// it when given); a reader of it, and whether this request started it. For a request that read the
+    /// store when [`crate::coalesce::Coalescer::finished`] was `looked_up_at`: `None` when a fetch finished since (it may
+    /// have stored the slice), so the caller looks again instead of fetching the slice a second time.
     fn ask(
         &self,
         first: u64,
         stale: Option<Found>,
         stand_in: bool,
         background: bool,
-    ) -> (FetchReader<S>, bool) {
+        looked_up_at: Option<u64>,
+    ) -> Option<(FetchReader<S>, bool)> {
         let shared = &self.worker.shared;
         let transit_buffer = self.route.policy.cache.transit_buffer.as_u64();
         let start = |fetch: Arc<Fetch<S>>, registered: bool| {
@@ -477,18 +515,24 @@ impl<S: CacheStore> Asker<S> {
         };
         let now = shared.store.mark();
         let key = part_key(&self.key, first);
-        match shared.coalescer.join(&key, now, transit_buffer, None) {
-            Joined::Leader(fetch) => start(fetch, true),
-            Joined::Waiter(fetch) => {
-                let reader = fetch.reader();
-                if reader.cancelled() {
-                    start(Fetch::new(now, transit_buffer), false)
-                } else {
-                    (reader, false)
+        Some(
+            match shared
+                .coalescer
+                .join(&key, now, transit_buffer, looked_up_at)
+            {
+                Joined::Leader(fetch) => start(fetch, true),
+                Joined::Waiter(fetch) => {
+                    let reader = fetch.reader();
+                    if reader.cancelled() {
+                        start(Fetch::new(now, transit_buffer), false)
+                    } else {
+                        (reader, false)
+                    }
                 }
-            }
-            Joined::HitForMiss | Joined::LookAgain => start(Fetch::new(now, transit_buffer), false),
-        }
+                Joined::HitForMiss => start(Fetch::new(now, transit_buffer), false),
+                Joined::LookAgain => return None,
+            },
+        )
     }
 
     /// Revalidates an object served in grace, in the background, with its first stored part's slice,
@@ -550,6 +594,10 @@ struct Assembly<S: CacheStore> {
     /// The first chunk sent, read to prove it before the status line: the part's generation, the chunk's
     /// index in it, its bytes.
     proved: Option<(u64, u32, Bytes)>,
+    /// [`crate::coalesce::Coalescer::finished`] when `stored` was read; `None` once looking again is given up.
+    looked_up_at: Option<u64>,
+    /// How many more times the store may be looked up again for a slice a fetch just finished.
+    looks_left: u32,
 }
 
 impl<S: CacheStore> Assembly<S> {
@@ -587,8 +635,11 @@ impl<S: CacheStore> Assembly<S> {
                 && self.part_holding(next).is_none()
                 && !self.ahead.iter().any(|(s, _)| *s == next)
             {
-                let (reader, _) = self.asker.ask(next, None, false, false);
-                self.ahead.push((next, reader));
+                // In the background: a client that leaves does not cancel a slice others will want.
+                let asked = self.asker.ask(next, None, false, true, self.looked_up_at);
+                if let Some((reader, _)) = asked {
+                    self.ahead.push((next, reader));
+                }
             }
             let until = to.min(next - 1);
             let sent = match self.part_holding(from) {
@@ -596,7 +647,12 @@ impl<S: CacheStore> Assembly<S> {
                     self.send_stored(&part, from, until.min(part.end() - 1), &tx)
                         .await
                 }
-                None => self.send_fetched(slice, from, until, &tx).await,
+                None => match self.fetched(slice).await {
+                    Ok(Some(reader)) => self.send_fetched(reader, slice, from, until, &tx).await,
+                    // Stored meanwhile: read it.
+                    Ok(None) => continue,
+                    Err(stop) => Err(stop),
+                },
             };
             match sent {
                 Ok(Some(reached)) => from = reached,
@@ -674,12 +730,12 @@ impl<S: CacheStore> Assembly<S> {
     /// `None` when the client is gone.
     async fn send_fetched(
         &mut self,
+        reader: FetchReader<S>,
         slice: u64,
         from: u64,
         to: u64,
         tx: &mpsc::Sender<Result<Bytes, BoxError>>,
     ) -> Result<Option<u64>, Stop<S>> {
-        let reader = self.fetched(slice).await?;
         let mut body = reader.into_range_body(from - slice, to - slice);
         let mut at = from;
         while let Some(frame) = body.frame().await {
@@ -702,11 +758,17 @@ impl<S: CacheStore> Assembly<S> {
 
     /// The fetch of the slice starting at byte `slice` (started ahead, or now), once its head shows it is a
     /// part of this version of the object.
-    async fn fetched(&mut self, slice: u64) -> Result<FetchReader<S>, Stop<S>> {
+    async fn fetched(&mut self, slice: u64) -> Result<Option<FetchReader<S>>, Stop<S>> {
         let shared = &self.asker.worker.shared;
         let mut reader = match self.ahead.iter().position(|(s, _)| *s == slice) {
             Some(pos) => self.ahead.swap_remove(pos).1,
-            None => self.asker.ask(slice, None, false, false).0,
+            None => match self.asker.ask(slice, None, false, false, self.looked_up_at) {
+                Some((reader, _)) => reader,
+                None => {
+                    self.look_again().await;
+                    return Ok(None);
+                }
+            },
         };
         let head = reader
             .head()
@@ -736,6 +798,33 @@ impl<S: CacheStore> Assembly<S> {
             inc(&shared.stats.slice_mismatches);
             return Err(Stop::Changed(Some(reader)));
         }
-        Ok(reader)
+        Ok(Some(reader))
+    }
+
+    /// Reads the store again after a fetch finished since it was read (it may have stored the slice
+    /// wanted): the parts of this version stored now. After [`LOOKS`] times, slices are fetched without
+    /// looking again.
+    async fn look_again(&mut self) {
+        let shared = &self.asker.worker.shared;
+        self.looks_left = self.looks_left.saturating_sub(1);
+        self.looked_up_at = (self.looks_left > 0).then(|| shared.coalescer.finished());
+        let worker = &self.asker.worker;
+        let Some(found) = super::find_variant(worker, &self.asker.key, &self.asker.parts).await
+        else {
+            return;
+        };
+        let meta = found.meta();
+        let ours = (
+            self.etag.as_ref().map(HeaderValue::as_bytes),
+            self.last_modified.as_ref().map(HeaderValue::as_bytes),
+        );
+        let same = found
+            .set
+            .partial(meta.generation)
+            .is_some_and(|p| p.total == self.total)
+            && range::same_representation(meta.validators(), ours);
+        if same {
+            self.stored = Some((found.set.clone(), meta.generation));
+        }
     }
 }
