@@ -14,8 +14,9 @@ their order rotating between rounds. Per round and target, on objects of their o
 Every range answer is checked: status 206, its Content-Range, and every body byte against the origin's pattern
 (byte i is i % 251). A wrong answer is printed when it happens and again at the end, and the script exits 1.
 
-Until lacquerd knows `slice`, `--targets nginx` runs NGINX alone; `--no-slice` runs lacquerd without the slice
-line (the 2 GiB object is then over max_object_size and never stored: a control, not a contender).
+`--targets nginx` runs NGINX alone (a lacquerd from before slicing refuses the route; its configuration goes
+through `lacquerd --check` first); `--no-slice` runs lacquerd without the slice line (the 2 GiB object is then
+over max_object_size and never stored: a control, not a contender).
 Binaries: --lacquerd ($LACQUERD) and --origin ($BENCH_ORIGIN), else target/release/."""
 
 import argparse
@@ -82,7 +83,7 @@ def checked_lacquer_config(work, args):
     config = lacquer_config(work, args)
     check = subprocess.run([args.lacquerd, "--config", config, "--check"], capture_output=True, text=True)
     if check.returncode:
-        hint = "" if args.no_slice else " (a lacquerd without slicing rejects `slice`: --no-slice, or --targets nginx)"
+        hint = "" if args.no_slice else " (one from before slicing rejects `slice`: --no-slice, or --targets nginx)"
         raise SystemExit(f"lacquerd --check refused {config}{hint}:\n{check.stdout}{check.stderr}")
     return config
 
