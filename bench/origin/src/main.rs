@@ -12,7 +12,16 @@
 //!   page (`text/html`), both text that compresses as real ones do, cacheable for an hour;
 //! - `/new/...`: 1 KiB, cacheable for an hour, counted as `/new` whatever follows (every request of the miss
 //!   benchmark is a new URL: a count per URL would grow without bound);
-//! - `/__count/PATH`: how many times PATH was requested, as a plain number; `/__total`: all requests.
+//! - `/range/LENGTH/ANYTHING`: a LENGTH-byte object (any size: streamed in 64 KiB frames, never held whole)
+//!   served as a file server does, for the slicing benchmark: cacheable for an hour, a strong `ETag` derived
+//!   from the path, `Last-Modified`, `Accept-Ranges: bytes`; one range (`bytes=a-b`, `a-`, `-n`) gets a 206
+//!   with `Content-Range`, one that starts past the end a 416, anything else (several ranges, bad syntax, an
+//!   `If-Range` that does not match) the whole body;
+//! - `/__count/PATH`: how many times PATH was requested, as a plain number; `/__total`: all requests;
+//!   `/__bytes/PREFIX`: body bytes sent (handed to the connection) for every path that starts with
+//!   `/PREFIX`, `/__bytes` alone for all.
+//!
+//! Every body follows one pattern: byte `i` is `i % 251`, so a client can check any range of it.
 //!
 //! On CONTROL_PORT, `GET /mode/ok|503|reset|refuse` switches how the main port behaves: normally; answering
 //! 503 to everything; resetting every connection and request; or not listening at all.
@@ -21,7 +30,7 @@ use std::{
     collections::HashMap,
     convert::Infallible,
     sync::{
-        atomic::{AtomicU8, Ordering},
+        atomic::{AtomicU64, AtomicU8, Ordering},
         Arc, Mutex,
     },
     time::Duration,
@@ -29,7 +38,12 @@ use std::{
 
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
-use hyper::{server::conn::http1, service::service_fn, Request, Response, StatusCode};
+use hyper::{
+    header::{IF_RANGE, RANGE},
+    server::conn::http1,
+    service::service_fn,
+    Request, Response, StatusCode,
+};
 use hyper_util::rt::TokioIo;
 
 const OK: u8 = 0;
@@ -228,8 +242,68 @@ struct Origin {
     tiny: Bytes,
     small: Bytes,
     large: Bytes,
-    counts: Mutex<HashMap<String, u64>>,
+    counts: Mutex<HashMap<String, Counted>>,
     mode: AtomicU8,
+}
+
+#[derive(Default)]
+struct Counted {
+    requests: u64,
+    /// Shared with the bodies being sent, which add each frame as hyper takes it: a client (or proxy) that
+    /// hangs up early is charged only for what was sent.
+    bytes: Arc<AtomicU64>,
+}
+
+/// `/range/` objects never change: one date for all.
+const LAST_MODIFIED: &str = "Mon, 01 Dec 2025 00:00:00 GMT";
+
+/// What a `Range` header asks of a `len`-byte body.
+#[derive(Debug, PartialEq)]
+enum Asked {
+    Whole,
+    /// First and last byte, inclusive.
+    Part(u64, u64),
+    Unsatisfiable,
+}
+
+/// Reads `Range` as common file servers do: one range `a-b`, `a-` or `-n`, the end clamped to the body's;
+/// several ranges or bad syntax are ignored (a 200 is a valid answer to either, RFC 9110 §14.2).
+fn asked(range: Option<&str>, len: u64) -> Asked {
+    let Some(spec) = range.and_then(|r| r.trim().strip_prefix("bytes=")) else {
+        return Asked::Whole;
+    };
+    let Some((first, last)) = spec.split_once('-') else {
+        return Asked::Whole;
+    };
+    let (first, last) = (first.trim(), last.trim());
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let part = |from: u64, to: u64| {
+        if from < len {
+            Asked::Part(from, to.min(len - 1))
+        } else {
+            Asked::Unsatisfiable
+        }
+    };
+    match (first.parse::<u64>(), last.parse::<u64>()) {
+        (Ok(from), Ok(to)) if digits(first) && digits(last) && from <= to => part(from, to),
+        (Ok(from), Err(_)) if digits(first) && last.is_empty() => part(from, u64::MAX),
+        (Err(_), Ok(n)) if first.is_empty() && digits(last) => {
+            if n == 0 || len == 0 {
+                Asked::Unsatisfiable
+            } else {
+                Asked::Part(len - n.min(len), len - 1)
+            }
+        }
+        _ => Asked::Whole,
+    }
+}
+
+/// FNV-1a: a strong validator that stays the same across runs and builds, unlike std's hasher.
+fn etag(path: &str) -> String {
+    let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("\"{hash:016x}\"")
 }
 
 type Reply = Response<BoxBody<Bytes, Infallible>>;
@@ -238,16 +312,49 @@ fn full(data: Bytes) -> BoxBody<Bytes, Infallible> {
     Full::new(data).boxed()
 }
 
-/// `len` bytes of [`body`]'s pattern in 64 KiB frames cut from one small buffer.
-fn streamed(len: u64) -> BoxBody<Bytes, Infallible> {
+/// `len` bytes of [`body`]'s pattern from byte `start` on, in 64 KiB frames cut from one small buffer.
+fn streamed(start: u64, len: u64) -> BoxBody<Bytes, Infallible> {
     const FRAME: u64 = 64 * 1024;
     let base = body(FRAME as usize + 251);
     let frames = futures_util::stream::iter((0..len).step_by(FRAME as usize).map(move |at| {
-        let from = (at % 251) as usize;
+        let from = ((start + at) % 251) as usize;
         let n = (len - at).min(FRAME) as usize;
         Ok(hyper::body::Frame::data(base.slice(from..from + n)))
     }));
     StreamBody::new(frames).boxed()
+}
+
+/// `/range/LENGTH/...`: see the top of the file.
+fn ranged(req: &Request<hyper::body::Incoming>, path: &str, len: u64) -> Reply {
+    let etag = etag(path);
+    let headers = req.headers();
+    let current = headers
+        .get(IF_RANGE)
+        .is_none_or(|v| v.as_bytes() == etag.as_bytes() || v == LAST_MODIFIED);
+    let asked = if current {
+        asked(headers.get(RANGE).and_then(|v| v.to_str().ok()), len)
+    } else {
+        Asked::Whole
+    };
+    let resp = Response::builder()
+        .header("cache-control", "max-age=3600")
+        .header("content-type", "application/octet-stream")
+        .header("etag", etag)
+        .header("last-modified", LAST_MODIFIED)
+        .header("accept-ranges", "bytes");
+    match asked {
+        Asked::Whole => resp.header("content-length", len).body(streamed(0, len)),
+        Asked::Part(first, last) => resp
+            .status(StatusCode::PARTIAL_CONTENT)
+            .header("content-range", format!("bytes {first}-{last}/{len}"))
+            .header("content-length", last - first + 1)
+            .body(streamed(first, last - first + 1)),
+        Asked::Unsatisfiable => resp
+            .status(StatusCode::RANGE_NOT_SATISFIABLE)
+            .header("content-range", format!("bytes */{len}"))
+            .body(full(Bytes::new())),
+    }
+    .unwrap()
 }
 
 async fn serve(
@@ -256,7 +363,13 @@ async fn serve(
 ) -> Result<Reply, std::io::Error> {
     let path = req.uri().path().to_owned();
     if path == "/__total" {
-        let n: u64 = origin.counts.lock().unwrap().values().sum();
+        let n: u64 = origin
+            .counts
+            .lock()
+            .unwrap()
+            .values()
+            .map(|c| c.requests)
+            .sum();
         return Ok(Response::new(full(Bytes::from(n.to_string()))));
     }
     if let Some(counted) = path.strip_prefix("/__count") {
@@ -265,8 +378,18 @@ async fn serve(
             .lock()
             .unwrap()
             .get(counted)
-            .copied()
-            .unwrap_or(0);
+            .map_or(0, |c| c.requests);
+        return Ok(Response::new(full(Bytes::from(n.to_string()))));
+    }
+    if let Some(prefix) = path.strip_prefix("/__bytes") {
+        let n: u64 = origin
+            .counts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(path, _)| path.starts_with(prefix))
+            .map(|(_, c)| c.bytes.load(Ordering::Relaxed))
+            .sum();
         return Ok(Response::new(full(Bytes::from(n.to_string()))));
     }
     match origin.mode.load(Ordering::SeqCst) {
@@ -285,7 +408,33 @@ async fn serve(
     } else {
         path.clone()
     };
-    *origin.counts.lock().unwrap().entry(counted).or_default() += 1;
+    let sent = {
+        let mut counts = origin.counts.lock().unwrap();
+        let entry = counts.entry(counted).or_default();
+        entry.requests += 1;
+        entry.bytes.clone()
+    };
+    let resp = respond(&origin, &req, path).await;
+    Ok(resp.map(|body| {
+        body.map_frame(move |frame| {
+            if let Some(data) = frame.data_ref() {
+                sent.fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+            frame
+        })
+        .boxed()
+    }))
+}
+
+async fn respond(origin: &Origin, req: &Request<hyper::body::Incoming>, path: String) -> Reply {
+    if let Some(spec) = path.strip_prefix("/range/") {
+        let len = spec
+            .split('/')
+            .next()
+            .and_then(|l| l.parse::<u64>().ok())
+            .unwrap_or(0);
+        return ranged(req, &path, len);
+    }
     if let Some(spec) = path.strip_prefix("/stream/") {
         let mut fields = spec.split('/');
         let cache_control = fields.next().unwrap_or("no-store").to_owned();
@@ -293,12 +442,12 @@ async fn serve(
             .next()
             .and_then(|l| l.parse::<u64>().ok())
             .unwrap_or(0);
-        return Ok(Response::builder()
+        return Response::builder()
             .header("cache-control", cache_control)
             .header("content-type", "application/octet-stream")
             .header("content-length", len)
-            .body(streamed(len))
-            .unwrap());
+            .body(streamed(0, len))
+            .unwrap();
     }
     let text = if path.starts_with("/hls/") {
         Some((origin.manifest.clone(), "application/vnd.apple.mpegurl"))
@@ -308,12 +457,12 @@ async fn serve(
         None
     };
     if let Some((data, content_type)) = text {
-        return Ok(Response::builder()
+        return Response::builder()
             .header("cache-control", "max-age=3600")
             .header("content-type", content_type)
             .header("etag", format!("\"t{}\"", data.len()))
             .body(full(data))
-            .unwrap());
+            .unwrap();
     }
     let (data, cache_control) = match path.as_str() {
         "/obj/2k" => (origin.small.clone(), "max-age=3600"),
@@ -335,13 +484,13 @@ async fn serve(
         }
         _ => (origin.large.clone(), "max-age=3600"),
     };
-    Ok(Response::builder()
+    Response::builder()
         .header("cache-control", cache_control)
         .header("x-url", path)
         .header("content-type", "application/octet-stream")
         .header("etag", format!("\"{}\"", data.len()))
         .body(full(data))
-        .unwrap())
+        .unwrap()
 }
 
 async fn control(origin: Arc<Origin>, port: u16) {
@@ -428,5 +577,51 @@ async fn main() {
                     .await;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{asked, Asked};
+
+    #[test]
+    fn ranges_as_a_file_server_reads_them() {
+        let len = 1000;
+        assert_eq!(asked(None, len), Asked::Whole);
+        assert_eq!(asked(Some("bytes=0-99"), len), Asked::Part(0, 99));
+        assert_eq!(asked(Some("bytes=990-2000"), len), Asked::Part(990, 999));
+        assert_eq!(asked(Some("bytes=500-"), len), Asked::Part(500, 999));
+        assert_eq!(asked(Some("bytes=-10"), len), Asked::Part(990, 999));
+        assert_eq!(asked(Some("bytes=-5000"), len), Asked::Part(0, 999));
+        assert_eq!(asked(Some("bytes=1000-"), len), Asked::Unsatisfiable);
+        assert_eq!(asked(Some("bytes=-0"), len), Asked::Unsatisfiable);
+        assert_eq!(asked(Some("bytes=0-0"), 0), Asked::Unsatisfiable);
+        for ignored in [
+            "bytes=5-1",
+            "bytes=0-1,5-9",
+            "bytes=x-",
+            "items=0-1",
+            "bytes=-",
+            "bytes=+1-2",
+        ] {
+            assert_eq!(asked(Some(ignored), len), Asked::Whole, "{ignored}");
+        }
+    }
+
+    #[tokio::test]
+    async fn any_part_of_the_pattern_in_frames_of_64_kib() {
+        use http_body_util::BodyExt;
+        let start = (3u64 << 30) - 1;
+        let len = 200_000;
+        let got = super::streamed(start, len)
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(got.len() as u64, len);
+        assert!(got
+            .iter()
+            .zip(start..)
+            .all(|(&b, i)| u64::from(b) == i % 251));
     }
 }
