@@ -491,3 +491,82 @@ async fn clients_resuming_at_random_offsets_share_the_slices_they_cross() {
         "only aligned slices: {asked:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_private_answer_to_a_slice_is_never_handed_to_another_request() {
+    let served = Arc::new(AtomicU64::new(0));
+    let counter = served.clone();
+    let origin = Origin::start(move |seen| {
+        let n = counter.fetch_add(1, SeqCst);
+        let mut reply = ranged(seen, 20 << 20, 0, "\"p\"")
+            .header("set-cookie", &format!("session=user{n}"))
+            .delay(Duration::from_millis(500));
+        reply.headers.retain(|(name, _)| name != "cache-control");
+        reply.header("cache-control", "private")
+    })
+    .await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let (a, b) = tokio::join!(
+        fetch(d.addr, "/big/private.bin", Some("bytes=0-99")),
+        fetch(d.addr, "/big/private.bin", Some("bytes=100-199"))
+    );
+    assert_eq!(
+        (a.status, a.wrong_at, b.status, b.wrong_at),
+        (206, None, 206, None)
+    );
+    assert_ne!(
+        a.header("set-cookie"),
+        b.header("set-cookie"),
+        "one client's session went to the other"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_range_past_the_end_is_answered_416_and_stores_nothing() {
+    let len = 20 << 20;
+    let origin = origin(len, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let past = fetch(d.addr, "/big/e.bin", Some("bytes=999999999999-")).await;
+    assert_eq!(past.status, 416);
+    let whole = fetch(d.addr, "/big/e.bin", None).await;
+    assert_eq!((whole.status, whole.len, whole.wrong_at), (200, len, None));
+    let range = fetch(d.addr, "/big/e.bin", Some("bytes=0-99")).await;
+    assert_eq!((range.status, range.len, range.wrong_at), (206, 100, None));
+    // A huge first byte does not overflow the slice arithmetic either.
+    let last = fetch(d.addr, "/big/e.bin", Some("bytes=18446744073709551615-")).await;
+    assert_eq!(last.status, 416);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_origin_that_stops_honouring_ranges_is_answered_from_its_whole() {
+    let whole_now = Arc::new(AtomicU64::new(0));
+    let switch = whole_now.clone();
+    let len = 40 << 20;
+    let origin = Origin::start(move |seen| {
+        if switch.load(SeqCst) == 1 {
+            // Larger than max_object_size: not stored, read at its readers' pace.
+            let mut plain = seen.clone();
+            plain.headers.remove("range");
+            ranged(&plain, len, 0, "\"r\"")
+        } else {
+            ranged(seen, len, 0, "\"r\"")
+        }
+    })
+    .await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let first = fetch(d.addr, "/big/r.bin", Some("bytes=0-99")).await;
+    assert_eq!((first.status, first.wrong_at), (206, None));
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    whole_now.store(1, SeqCst);
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        fetch(d.addr, "/big/r.bin", Some("bytes=10000000-10000099")),
+    )
+    .await
+    .expect("answered, not held");
+    assert_eq!(
+        (r.status, r.len, r.wrong_at, r.failed),
+        (206, 100, None, None)
+    );
+}

@@ -15,6 +15,10 @@ use lacquer_policy::{
 
 use crate::{protection::ClientRateLimit, BackendError, BackendSet, BackendState, Director};
 
+/// The most slices one object of a sliced route may be stored in (`cache.max_sliced_object_size` over
+/// the route's `slice`): 8192, the 64 GiB default in slices of 8 MiB.
+pub const MAX_PARTS: u64 = 8192;
+
 /// Where a route sends requests. A route keeps its director, so a request started before a reload finishes
 /// with the director it started with.
 #[derive(Debug, Clone)]
@@ -226,6 +230,20 @@ impl Router {
                                 "a slice is stored as one object: {} is more than cache.max_object_size ({})",
                                 r.slice.expect("set"),
                                 config.cache.max_object_size
+                            ),
+                        ));
+                    }
+                    // An object's record lists its parts and is written whole as each arrives: their
+                    // number is what one object's record costs.
+                    let parts = config.cache.max_sliced_object_size.as_u64().div_ceil(size);
+                    if parts > MAX_PARTS {
+                        return Err(ConfigError::setting(
+                            setting("slice"),
+                            format!(
+                                "cache.max_sliced_object_size ({}) would be {parts} slices of {}: at most \
+                                 {MAX_PARTS}; make the slices larger or the objects smaller",
+                                config.cache.max_sliced_object_size,
+                                r.slice.expect("set")
                             ),
                         ));
                     }
@@ -459,6 +477,18 @@ mod tests {
             (
                 "[[route]]\nrate_limit = { requests = 0, per = \"1s\" }\n",
                 "route[0].rate_limit: ",
+            ),
+            (
+                "[[route]]\nslice = \"300KiB\"\n",
+                "route[0].slice: 300.0 KiB is not a multiple of storage.chunk_size",
+            ),
+            (
+                "[[route]]\nslice = \"512MiB\"\n",
+                "route[0].slice: a slice is stored as one object",
+            ),
+            (
+                "[[route]]\nslice = \"1MiB\"\n",
+                "route[0].slice: cache.max_sliced_object_size (64.0 GiB) would be 65536 slices",
             ),
             (
                 "[[director]]\nname = \"d\"\npolicy = \"random\"\nbackends = []\n",

@@ -47,7 +47,8 @@ pub struct Route {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compression: Option<bool>,
     /// Fetch and store this route's objects in slices of this size (`"8MiB"`: a multiple of
-    /// `storage.chunk_size`, at most `cache.max_object_size`), each an aligned range request to the origin
+    /// `storage.chunk_size`, at most `cache.max_object_size`, and at least `cache.max_sliced_object_size`
+    /// over 8192), each an aligned range request to the origin
     /// (`Range: bytes=k×size-…`) stored and coalesced on its own: a client's range costs the origin the
     /// slices it covers, and objects larger than `cache.max_object_size` (up to
     /// `cache.max_sliced_object_size`) are cached. Bodies on such a route are the origin's bytes:

@@ -482,6 +482,23 @@ impl<S: CacheStore> FetchReader<S> {
         }
     }
 
+    /// Leaves the fetch, then waits until its fill task is done, publishing included: a fetch not storing
+    /// its body is read at its slowest reader's pace, so a reader that waits without reading would hold it
+    /// (and everyone joined to it) still.
+    pub async fn leave_until_settled(self) {
+        let (fetch, mut rx) = (self.fetch.clone(), self.rx.clone());
+        drop(self);
+        loop {
+            rx.borrow_and_update();
+            if fetch.lock().settled {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     fn advance(&mut self, data: Bytes) -> Option<Result<Bytes, FetchError>> {
         self.pos += data.len() as u64;
         self.unyielded += data.len() as u64;

@@ -532,6 +532,18 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         Decision::Store(_) if part_refused.is_some() => {
             Decision::DontStore(part_refused.expect("checked"))
         }
+        // What a range request gets besides its part says nothing of the object but for these: the whole
+        // (an origin that ignores ranges), or that there is no such object. A 416 to a range past the end
+        // is that request's answer alone; stored, it would answer every request for the object.
+        Decision::Store(_)
+            if request.part.is_some()
+                && placed.is_none()
+                && !matches!(head.status.as_u16(), 200 | 404 | 410) =>
+        {
+            Decision::DontStore(
+                "an answer to a part's range that is neither the part nor the whole",
+            )
+        }
         // RFC 9111 §3: a POST's response is stored only when it says how long it is fresh.
         Decision::Store(_)
             if decided.body.is_some() && !storable::explicitly_fresh(&head.headers, policy) =>
@@ -722,8 +734,9 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             return Ending::NotStored;
         }
         return match writer.finish_part(key.to_owned(), meta, first, total).await {
-            Ok(PartKept::Added | PartKept::Started) => Ending::Stored,
-            Ok(PartKept::Discarded) => Ending::NotStored,
+            // A part a purge came after is as cacheable as ever: the next request must not bypass
+            // coalescing for it.
+            Ok(PartKept::Added | PartKept::Started | PartKept::Discarded) => Ending::Stored,
             Err(e) => {
                 if !e.is_refusal() {
                     tracing::warn!(key, error = %e, "storing a part failed");

@@ -31,8 +31,9 @@ use tokio::sync::mpsc;
 
 use crate::{
     coalesce::{Fetch, FetchReader, FetchedHead, Joined},
+    coding::Conversion,
     fetch::{self, part_key, placed_part, Fill},
-    phase::Decided,
+    phase::{self, Decided},
     respond::{self, Outcome, Shape},
     stats::inc,
     store::CacheStore,
@@ -164,12 +165,21 @@ async fn fetch_first<S: CacheStore>(
         .as_ref()
         .is_some_and(|f| usability(f.meta().lifetime(now)) != Usability::Unusable);
     let revalidate = found.clone().filter(Found::revalidatable);
-    let Some((mut reader, owner)) = asker.ask(first, revalidate, stand_in, false, looked_up_at)
+    let Some((mut reader, mut owner)) = asker.ask(first, revalidate, stand_in, false, looked_up_at)
     else {
         return Answered::Changed;
     };
-    let head = reader.head().await;
-    let fallback = found.filter(|f| {
+    let mut head = reader.head().await;
+    if let (false, Ok(h)) = (owner, &head) {
+        if !asker.takes(h) {
+            // Another request's own answer (private, a cookie) or another variant's: this one fetches
+            // for itself.
+            let (own, _) = asker.alone(first, found.clone().filter(Found::revalidatable), stand_in);
+            (reader, owner) = (own, true);
+            head = reader.head().await;
+        }
+    }
+    let fallback = found.clone().filter(|f| {
         let usable = usability(f.meta().lifetime(now));
         matches!(usable, Usability::OnError | Usability::Grace) && super::vouched(shared)
     });
@@ -207,7 +217,7 @@ async fn fetch_first<S: CacheStore>(
     };
     if head.revalidated {
         // The stored object is confirmed: once the store has its new freshness, it answers.
-        reader.settled().await;
+        reader.leave_until_settled().await;
         return Answered::Changed;
     }
     let outcome = Outcome::Miss {
@@ -216,7 +226,7 @@ async fn fetch_first<S: CacheStore>(
         detail: None,
     };
     let placed = (head.status == StatusCode::PARTIAL_CONTENT)
-        .then(|| placed_part(&head.headers, (first, first + size - 1)).ok())
+        .then(|| placed_part(&head.headers, (first, first.saturating_add(size - 1))).ok())
         .flatten();
     let Some((_, _, total)) = placed else {
         // Not a part (the whole, an error, a redirect): the origin's answer, as a miss of the ordinary way
@@ -250,7 +260,7 @@ async fn fetch_first<S: CacheStore>(
             .await,
         );
     }
-    let object = Object::fetched(&head, total, fallback.as_ref(), looked_up_at);
+    let object = Object::fetched(&head, total, found.as_ref(), looked_up_at);
     answer(asker, object, Some((first, reader)), outcome).await
 }
 
@@ -374,7 +384,13 @@ async fn answer<S: CacheStore>(
         total,
         stored: object.stored,
         lost: Vec::new(),
-        ahead: first.into_iter().collect(),
+        // The slice fetched to learn of the object, unless the response starts elsewhere (a suffix, an
+        // If-Range that did not hold): a reader that never reads would hold an unstored fetch still.
+        ahead: first
+            .filter(|(slice, _)| *slice == from / asker.size * asker.size)
+            .map(|(slice, reader)| (slice, reader, true))
+            .into_iter()
+            .collect(),
         proved: None,
         looked_up_at: object.looked_up_at,
         looks_left: LOOKS,
@@ -426,14 +442,31 @@ async fn answer<S: CacheStore>(
     headers.insert(respond::CACHE_STATUS, outcome.cache_status());
     if let Some(fetched) = fetched {
         match fetched {
-            Ok(reader) => assembly.ahead.push((slice, reader)),
+            Ok(reader) => assembly.ahead.push((slice, reader, true)),
             Err(Stop::Changed(fetch)) => {
                 // Looked up again once the new version's slice is stored, or the lookup would find the
                 // old version again.
-                if let Some(mut reader) = fetch {
-                    reader.settled().await;
+                if let Some(reader) = fetch {
+                    reader.leave_until_settled().await;
                 }
                 return Answered::Changed;
+            }
+            Err(Stop::Whole(reader, head)) => {
+                // The origin answers the whole now: as `fetch_first` answers it.
+                let limit = asker.route.policy.cache.max_object_size.as_u64();
+                let conversion = Conversion::new(Delivery::AsStored, limit, None, &shared.stats);
+                let outcome = Outcome::Miss {
+                    stored: head.shareable,
+                    collapsed: false,
+                    detail: None,
+                };
+                return Answered::Sent(respond::fetched(
+                    &head,
+                    reader,
+                    outcome,
+                    &asker.parts,
+                    &conversion,
+                ));
             }
             Err(Stop::Failed(e)) => {
                 inc(&shared.stats.backend_errors);
@@ -446,7 +479,9 @@ async fn answer<S: CacheStore>(
             }
         }
     }
-    let (tx, rx) = mpsc::channel(1);
+    // Two chunks queued for the connection while the task reads the next: a stored body streams at the
+    // store's pace, and a response holds at most three chunks.
+    let (tx, rx) = mpsc::channel(2);
     tokio::spawn(assembly.run(from, to, tx));
     let body = body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
         let item = rx.recv().await?;
@@ -507,7 +542,7 @@ impl<S: CacheStore> Asker<S> {
                 stale: stale.clone(),
                 background,
                 stand_in,
-                part: Some((first, first + self.size - 1)),
+                part: Some((first, first.saturating_add(self.size - 1))),
             };
             inc(&shared.stats.slices_fetched);
             tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
@@ -533,6 +568,36 @@ impl<S: CacheStore> Asker<S> {
                 Joined::LookAgain => return None,
             },
         )
+    }
+
+    /// Starts a fetch of the slice from byte `first` for this request alone (revalidating `stale` with it
+    /// when given), not joined by any other.
+    fn alone(&self, first: u64, stale: Option<Found>, stand_in: bool) -> (FetchReader<S>, bool) {
+        let shared = &self.worker.shared;
+        let transit_buffer = self.route.policy.cache.transit_buffer.as_u64();
+        let fetch = Fetch::new(shared.store.mark(), transit_buffer);
+        let reader = fetch.reader();
+        let fill = Fill {
+            key: self.key.clone(),
+            registered: false,
+            parts: self.parts.clone(),
+            client: self.client,
+            route: self.route.clone(),
+            decided: self.decided.clone(),
+            stale,
+            background: false,
+            stand_in,
+            part: Some((first, first.saturating_add(self.size - 1))),
+        };
+        inc(&shared.stats.slices_fetched);
+        tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
+        (reader, true)
+    }
+
+    /// Whether this request may take a fetch another started: an answer that is stored, of the variant
+    /// this request selects (one that is not is the other request's own).
+    fn takes(&self, head: &FetchedHead) -> bool {
+        head.shareable && phase::selects(&head.selection, &self.parts)
     }
 
     /// Revalidates an object served in grace, in the background, with its first stored part's slice,
@@ -562,7 +627,7 @@ impl<S: CacheStore> Asker<S> {
                 stale,
                 background: true,
                 stand_in: true,
-                part: Some((first, first + self.size - 1)),
+                part: Some((first, first.saturating_add(self.size - 1))),
             };
             inc(&shared.stats.slices_fetched);
             tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
@@ -575,6 +640,8 @@ enum Stop<S: CacheStore> {
     /// The slice is of another version of the object, which its fetch (when it is storing it) replaces
     /// the stored one with.
     Changed(Option<FetchReader<S>>),
+    /// The origin answered the slice's range with the whole object.
+    Whole(FetchReader<S>, Arc<FetchedHead>),
     /// The origin failed, or sent what cannot be placed.
     Failed(String),
 }
@@ -589,8 +656,9 @@ struct Assembly<S: CacheStore> {
     stored: Option<(Arc<ObjectSet>, u64)>,
     /// Parts found to have lost a chunk (by generation): not read again.
     lost: Vec<u64>,
-    /// Fetches of slices started ahead of their bytes, by their first byte.
-    ahead: Vec<(u64, FetchReader<S>)>,
+    /// Fetches of slices started ahead of their bytes, by their first byte, and whether this response
+    /// started them.
+    ahead: Vec<(u64, FetchReader<S>, bool)>,
     /// The first chunk sent, read to prove it before the status line: the part's generation, the chunk's
     /// index in it, its bytes.
     proved: Option<(u64, u32, Bytes)>,
@@ -630,15 +698,15 @@ impl<S: CacheStore> Assembly<S> {
         let size = self.asker.size;
         while from <= to {
             let slice = from / size * size;
-            let next = slice + size;
+            let next = slice.saturating_add(size);
             if next <= to
                 && self.part_holding(next).is_none()
-                && !self.ahead.iter().any(|(s, _)| *s == next)
+                && !self.ahead.iter().any(|(s, ..)| *s == next)
             {
                 // In the background: a client that leaves does not cancel a slice others will want.
                 let asked = self.asker.ask(next, None, false, true, self.looked_up_at);
-                if let Some((reader, _)) = asked {
-                    self.ahead.push((next, reader));
+                if let Some((reader, owner)) = asked {
+                    self.ahead.push((next, reader, owner));
                 }
             }
             let until = to.min(next - 1);
@@ -660,7 +728,9 @@ impl<S: CacheStore> Assembly<S> {
                 Ok(None) => return,
                 Err(stop) => {
                     let why = match stop {
-                        Stop::Changed(_) => "the object changed at the origin".to_owned(),
+                        Stop::Changed(_) | Stop::Whole(..) => {
+                            "the object changed at the origin".to_owned()
+                        }
                         Stop::Failed(e) => e,
                     };
                     tracing::warn!(key = %self.asker.key, from, error = %why, "a sliced response ends early");
@@ -757,33 +827,49 @@ impl<S: CacheStore> Assembly<S> {
     }
 
     /// The fetch of the slice starting at byte `slice` (started ahead, or now), once its head shows it is a
-    /// part of this version of the object.
+    /// part of this version of the object; `None` when the store holds the slice now (read it).
     async fn fetched(&mut self, slice: u64) -> Result<Option<FetchReader<S>>, Stop<S>> {
-        let shared = &self.asker.worker.shared;
-        let mut reader = match self.ahead.iter().position(|(s, _)| *s == slice) {
-            Some(pos) => self.ahead.swap_remove(pos).1,
+        let stats = self.asker.worker.shared.stats.clone();
+        let (mut reader, mut owner) = match self.ahead.iter().position(|(s, ..)| *s == slice) {
+            Some(pos) => {
+                let (_, reader, owner) = self.ahead.swap_remove(pos);
+                (reader, owner)
+            }
             None => match self.asker.ask(slice, None, false, false, self.looked_up_at) {
-                Some((reader, _)) => reader,
+                Some(asked) => asked,
                 None => {
                     self.look_again().await;
                     return Ok(None);
                 }
             },
         };
-        let head = reader
-            .head()
-            .await
-            .map_err(|e| Stop::Failed(format!("slice from byte {slice}: {}", e.error)))?;
-        let asked = (slice, slice + self.asker.size - 1);
-        let placed = (head.status == StatusCode::PARTIAL_CONTENT && !head.revalidated)
+        let failed = |e: crate::coalesce::HeadError| {
+            Stop::Failed(format!("slice from byte {slice}: {}", e.error))
+        };
+        let mut head = reader.head().await.map_err(failed)?;
+        if head.revalidated {
+            // Another request's revalidation, which confirmed the object: the store holds that slice.
+            drop(reader);
+            self.look_again().await;
+            if self.part_holding(slice).is_some() {
+                return Ok(None);
+            }
+            (reader, owner) = self.asker.alone(slice, None, false);
+            head = reader.head().await.map_err(failed)?;
+        }
+        if !owner && !self.asker.takes(&head) {
+            (reader, _) = self.asker.alone(slice, None, false);
+            head = reader.head().await.map_err(failed)?;
+        }
+        let asked = (slice, slice.saturating_add(self.asker.size - 1));
+        let placed = (head.status == StatusCode::PARTIAL_CONTENT)
             .then(|| placed_part(&head.headers, asked).ok())
             .flatten();
         let Some((_, _, total)) = placed else {
-            if head.status.is_success() {
-                // A whole answer where a part was: the origin stopped honouring ranges, or the object
-                // changed into something that cannot be ranged.
-                inc(&shared.stats.slice_mismatches);
-                return Err(Stop::Changed(Some(reader)));
+            if head.status == StatusCode::OK {
+                // A whole answer where a part was: the origin stopped honouring ranges.
+                inc(&stats.slice_mismatches);
+                return Err(Stop::Whole(reader, head));
             }
             return Err(Stop::Failed(format!(
                 "slice from byte {slice}: the origin answered {}",
@@ -795,7 +881,7 @@ impl<S: CacheStore> Assembly<S> {
             self.last_modified.as_ref().map(HeaderValue::as_bytes),
         );
         if total != self.total || !range::same_representation(ours, validators(&head.headers)) {
-            inc(&shared.stats.slice_mismatches);
+            inc(&stats.slice_mismatches);
             return Err(Stop::Changed(Some(reader)));
         }
         Ok(Some(reader))

@@ -506,9 +506,27 @@ impl Store {
             current.refresh_from_part(head);
             let parts = &mut set.partials[partial].parts;
             let at = parts.partition_point(|p| p.start < part.start);
+            // Two fetches of one part (a response that had not seen the other's): the first stays.
+            if parts
+                .get(at)
+                .is_some_and(|p| p.start == part.start && p.end() >= part.end())
+            {
+                self.counters().stored_bytes.sub(part.body.length);
+                self.forget_body(&part.body);
+                self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
+                return Ok(PartKept::Added);
+            }
             parts.insert(at, part);
             self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
             return Ok(PartKept::Added);
+        }
+        // A part whose fetch began before the body stored under its selection was: an older version,
+        // which must not replace a newer one.
+        if current.is_some_and(|pos| set.variants[pos].generation > part.body.generation) {
+            self.unindex_tags(primary, &head)?;
+            self.counters().stored_bytes.sub(part.body.length);
+            self.forget_body(&part.body);
+            return Ok(PartKept::Discarded);
         }
         let mut dropped = Vec::new();
         if let Some(pos) = current {
