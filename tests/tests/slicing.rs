@@ -570,3 +570,55 @@ async fn an_origin_that_stops_honouring_ranges_is_answered_from_its_whole() {
         (206, 100, None, None)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_sliced_object_is_revalidated_once_as_a_whole() {
+    let len = 30 << 20;
+    let origin = Origin::start(move |seen| {
+        if seen
+            .headers
+            .get("if-none-match")
+            .is_some_and(|v| v == "\"s\"")
+        {
+            return Reply::ok("")
+                .status(304)
+                .header("etag", "\"s\"")
+                .header("cache-control", "max-age=1")
+                .steps(Vec::new(), None);
+        }
+        let mut reply = ranged(seen, len, 0, "\"s\"");
+        reply.headers.retain(|(name, _)| name != "cache-control");
+        reply.header("cache-control", "max-age=1")
+    })
+    .await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let whole = fetch(d.addr, "/big/s.bin", None).await;
+    assert_eq!((whole.status, whole.len, whole.wrong_at), (200, len, None));
+    d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 4)
+        .await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // Stale: one conditional request for the object, then every slice from the store.
+    let again = fetch(d.addr, "/big/s.bin", None).await;
+    assert_eq!(
+        (
+            again.status,
+            again.len,
+            again.wrong_at,
+            again.failed.clone()
+        ),
+        (200, len, None, None)
+    );
+    let seen = origin.seen();
+    let conditional: Vec<_> = seen
+        .iter()
+        .filter(|s| s.headers.contains_key("if-none-match"))
+        .collect();
+    assert_eq!(conditional.len(), 1, "one revalidation for the object");
+    assert!(
+        conditional[0].headers.contains_key("range"),
+        "a slice's range asks it"
+    );
+    assert_eq!(seen.len(), 5, "four slices, then the revalidation alone");
+    let stats = d.stats().await;
+    assert_eq!(stats["proxy"]["revalidations"], 1);
+}

@@ -399,6 +399,15 @@ impl CacheStore for MemoryStore {
         })))
     }
 
+    fn read_part_chunk(
+        &self,
+        part: &ObjectMeta,
+        index: u32,
+        _total: u64,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + use<> {
+        self.read_chunk(part, index)
+    }
+
     fn writer(
         &self,
         primary: &str,

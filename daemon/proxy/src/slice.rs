@@ -402,7 +402,7 @@ async fn answer<S: CacheStore>(
         if let Some(part) = assembly.part_holding(from) {
             let chunk = u64::from(part.body.chunk_size.max(1));
             let index = ((from - part.start) / chunk) as u32;
-            match shared.store.read_chunk(&part.body, index).await {
+            match shared.store.read_part_chunk(&part.body, index, total).await {
                 Ok(Some(read)) => {
                     if let Outcome::Hit { .. } | Outcome::Stale { .. } = outcome {
                         super::record_hit(&shared.stats, read.tier);
@@ -762,18 +762,24 @@ impl<S: CacheStore> Assembly<S> {
                 *generation == part.body.generation && u64::from(*index) == first
             })
             .map(|(_, _, data)| data);
-        let read = |index: u64| store.read_chunk(&part.body, index as u32);
-        let mut reading = proved.is_none().then(|| read(first));
+        let total = self.total;
+        let read = |index: u64| store.read_part_chunk(&part.body, index as u32, total);
+        // The chunks after the one being sent are read meanwhile (from the disk tier on the store's
+        // runtime), as a body stored whole is: `respond::READ_AHEAD`.
+        let ahead = (respond::READ_AHEAD / chunk).max(1);
+        let mut reads = std::collections::VecDeque::new();
+        let mut asked = first + u64::from(proved.is_some());
         let mut proved = proved;
         let mut at = from;
         for index in first..=last {
-            let current = reading.take();
-            if index < last {
-                reading = Some(read(index + 1));
+            while asked <= last && asked <= index + ahead {
+                reads.push_back(read(asked));
+                asked += 1;
             }
             let data = match proved.take() {
                 Some(data) => Ok(Some(data)),
-                None => current
+                None => reads
+                    .pop_front()
                     .expect("a read for every chunk")
                     .await
                     .map(|read| read.map(|r| r.data)),

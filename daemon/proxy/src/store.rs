@@ -60,6 +60,15 @@ pub trait CacheStore: Clone + Send + Sync + 'static {
         index: u32,
     ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + use<Self>;
 
+    /// [`CacheStore::read_chunk`] of a part of a body stored in parts, `total` bytes long in all: a large
+    /// object's parts stream from the disk tier as a large body does.
+    fn read_part_chunk(
+        &self,
+        part: &ObjectMeta,
+        index: u32,
+        total: u64,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + use<Self>;
+
     /// Starts writing a new body for `primary` and its variant selection, fetched since `since`. An error
     /// for which [`StoreError::is_refusal`] holds was logged and counted by the store already.
     fn writer(
@@ -180,6 +189,15 @@ impl CacheStore for Store {
         index: u32,
     ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + use<> {
         Store::read_chunk(self, meta, index)
+    }
+
+    fn read_part_chunk(
+        &self,
+        part: &ObjectMeta,
+        index: u32,
+        total: u64,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + use<> {
+        Store::read_part_chunk(self, part, index, total)
     }
 
     fn writer(

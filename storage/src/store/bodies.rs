@@ -149,14 +149,40 @@ impl Store {
         meta: &ObjectMeta,
         index: u32,
     ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + 'static {
+        let promote = index < verified_chunks(meta) || self.fits_memory(meta.length);
+        self.read_chunk_promoting(meta, index, promote)
+    }
+
+    /// [`Store::read_chunk`] of a part of a body stored in parts ([`crate::Partial`]) `total` bytes long:
+    /// whether a chunk read from disk enters the memory tier is decided by the whole object's size, as it
+    /// is for a body stored whole, not by the part's.
+    pub fn read_part_chunk(
+        &self,
+        part: &ObjectMeta,
+        index: u32,
+        total: u64,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + 'static {
+        let promote = self.fits_memory(total);
+        self.read_chunk_promoting(part, index, promote)
+    }
+
+    /// Whether a body of `length` bytes is small enough for the memory tier to take on a read from disk.
+    fn fits_memory(&self, length: u64) -> bool {
+        length <= self.inner.config.memory_bytes as u64 / 16
+    }
+
+    fn read_chunk_promoting(
+        &self,
+        meta: &ObjectMeta,
+        index: u32,
+        promote: bool,
+    ) -> impl Future<Output = Result<Option<ChunkRead>, StoreError>> + Send + 'static {
         let key = meta.chunk_key(index);
         // The memory tier first: a hybrid get costs an allocation, a clock read and a histogram even when
         // memory has the chunk.
         let started = if let Some(entry) = self.inner.chunks.memory().get(&key) {
             Started::Memory(entry.value().clone())
-        } else if index < verified_chunks(meta)
-            || meta.length <= self.inner.config.memory_bytes as u64 / 16
-        {
+        } else if promote {
             Started::Promoted(self.inner.chunks.get(&key))
         } else {
             let disk = self.inner.chunks.storage();
