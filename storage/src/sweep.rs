@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::{
     journal::COMPACT_AT,
-    meta::ObjectMeta,
+    meta::{ObjectMeta, ObjectSet},
     store::{Store, WeakStore},
 };
 
@@ -64,9 +64,13 @@ pub(crate) fn compact_journal(store: &Store, at: usize) -> Result<bool, crate::S
     Ok(true)
 }
 
-fn gone(store: &Store, meta: &ObjectMeta, now: u64) -> bool {
-    now >= meta.expires_at_ms()
-        || (now.saturating_sub(meta.stored_at_ms) > SETTLE_MS && !store.has_body(meta))
+/// Whether a variant is past keeping, or lost its body: a body stored in parts is lost when every part is.
+fn gone(store: &Store, set: &ObjectSet, meta: &ObjectMeta, now: u64) -> bool {
+    let lost = || match set.partial(meta.generation) {
+        Some(partial) => partial.parts.iter().all(|p| !store.has_body(&p.body)),
+        None => !store.has_body(meta),
+    };
+    now >= meta.expires_at_ms() || (now.saturating_sub(meta.stored_at_ms) > SETTLE_MS && lost())
 }
 
 pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
@@ -80,12 +84,22 @@ pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
             store.drop_unreadable(&record.key)?;
             continue;
         };
-        if set.variants.iter().any(|m| gone(store, m, now)) {
-            removed += store.retain(&primary, |m| !gone(store, m, now))?;
+        if set.variants.iter().any(|m| gone(store, set, m, now)) {
+            removed += store.retain(&primary, |m| !gone(store, set, m, now))?;
         }
-        for m in set.variants.iter().filter(|m| !gone(store, m, now)) {
+        for m in set.variants.iter().filter(|m| !gone(store, set, m, now)) {
             objects += 1;
             bytes += m.length;
+            // Parts the store evicted are forgotten, so the record tells what is held. Every part
+            // refreshes its variant's `stored_at`: a variant settled has only settled parts.
+            let settled = now.saturating_sub(m.stored_at_ms) > SETTLE_MS;
+            for part in set.partial(m.generation).into_iter().flat_map(|p| &p.parts) {
+                if !settled || store.has_body(&part.body) {
+                    bytes += part.body.length;
+                } else {
+                    store.remove_part(&primary, m.generation, part.body.generation)?;
+                }
+            }
         }
     }
     store.prune_tag_index()?;
@@ -98,6 +112,78 @@ pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
 mod tests {
     use super::*;
     use crate::{PurgeMode, StoreBuilder};
+
+    /// Parts the body cache lost leave the record at the next sweep; a body whose every part is lost
+    /// leaves with them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lost_parts_are_swept_and_a_body_without_any_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StoreBuilder::small(dir.path())
+            .open(tokio::runtime::Handle::current())
+            .await
+            .unwrap();
+        let key = "a.test/big";
+        let head = ObjectMeta {
+            status: 200,
+            headers: vec![("etag".into(), b"\"v\"".to_vec())],
+            stored_at_ms: 0,
+            ttl_ms: u64::MAX / 4,
+            ..ObjectMeta::default()
+        };
+        for start in [0u64, 4, 8] {
+            let mut w = store.writer(key, &[], store.mark()).unwrap();
+            w.push(b"abcd").await.unwrap();
+            w.finish_part(key.to_owned(), head.clone(), start, 12)
+                .await
+                .unwrap();
+        }
+        let parts = |store: &Store| {
+            store
+                .lookup(key)
+                .unwrap()
+                .map(|set| set.partials[0].parts.clone())
+        };
+        let held = parts(&store).unwrap();
+        assert_eq!(held.len(), 3, "{held:?} {:?}", store.lookup(key).unwrap());
+        // foyer forgets a removed entry's disk copy in the background: the part is lost once `contains`
+        // says so.
+        let lose = |part: &crate::Part| {
+            let (store, body) = (store.clone(), part.body.clone());
+            async move {
+                store.discard_chunks(body.object, body.generation, 1);
+                for _ in 0..500 {
+                    if !store.has_body(&body) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                panic!("a discarded chunk stayed");
+            }
+        };
+        lose(&held[1]).await;
+        let swept = store.clone();
+        tokio::task::spawn_blocking(move || sweep_once(&swept))
+            .await
+            .unwrap()
+            .unwrap();
+        let left = parts(&store).unwrap();
+        assert_eq!(
+            left.iter().map(|p| p.start).collect::<Vec<_>>(),
+            vec![0, 8],
+            "the lost part is forgotten, the others kept"
+        );
+        lose(&left[0]).await;
+        lose(&left[1]).await;
+        let swept = store.clone();
+        tokio::task::spawn_blocking(move || sweep_once(&swept))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            store.lookup(key).unwrap().is_none(),
+            "nothing left to serve"
+        );
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_journal_is_compacted_and_still_covers_what_it_retired() {

@@ -200,13 +200,16 @@ async fn fetch_first<S: CacheStore>(
             return Answered::Sent(resp);
         }
     }
-    inc(&shared.stats.misses);
-    if !owner {
-        inc(&shared.stats.coalesced_waiters);
-    }
+    let count_miss = || {
+        inc(&shared.stats.misses);
+        if !owner {
+            inc(&shared.stats.coalesced_waiters);
+        }
+    };
     let head = match head {
         Ok(head) => head,
         Err(e) => {
+            count_miss();
             let outcome = Outcome::Miss {
                 stored: false,
                 collapsed: !owner,
@@ -216,10 +219,11 @@ async fn fetch_first<S: CacheStore>(
         }
     };
     if head.revalidated {
-        // The stored object is confirmed: once the store has its new freshness, it answers.
+        // The stored object is confirmed: once the store has its new freshness, it answers (a hit).
         reader.leave_until_settled().await;
         return Answered::Changed;
     }
+    count_miss();
     let outcome = Outcome::Miss {
         stored: head.shareable,
         collapsed: !owner,
