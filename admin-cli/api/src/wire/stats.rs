@@ -129,7 +129,7 @@ stats_section! {
         /// Fetches that went on storing the body after every client reading them had gone (bounded by
         /// `max_object_size`).
         background_fills: Counter "lacquer_background_fills_total",
-        /// Objects stored after a fetch.
+        /// Objects stored after a fetch (on a sliced route, each slice stored).
         objects_stored: Counter "lacquer_objects_stored_total",
         /// Stale objects the origin confirmed with a 304: headers and freshness refreshed, body not resent.
         revalidations: Counter "lacquer_revalidations_total",
