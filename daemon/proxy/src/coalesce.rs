@@ -709,6 +709,22 @@ impl<S: CacheStore> Coalescer<S> {
     pub fn clear_hit_for_miss(&self, key: &str) {
         self.hit_for_miss.remove(key);
     }
+
+    /// Marks `key` uncacheable for `how_long` (when not zero) without a fetch of it finishing: a sliced
+    /// object that nothing could prove one version across its slices.
+    pub fn mark_hit_for_miss(&self, key: &str, how_long: Duration) {
+        if !how_long.is_zero() {
+            self.hit_for_miss
+                .insert(key.to_owned(), lacquer_clock::monotonic() + how_long);
+        }
+    }
+
+    /// Whether `key` proved uncacheable recently.
+    pub fn is_hit_for_miss(&self, key: &str) -> bool {
+        self.hit_for_miss
+            .get(key)
+            .is_some_and(|until| *until.value() > lacquer_clock::monotonic())
+    }
 }
 
 #[cfg(test)]

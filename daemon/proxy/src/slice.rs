@@ -68,6 +68,10 @@ pub(crate) async fn serve<S: CacheStore>(
         decided: ctx.decided.clone(),
         size,
     };
+    if shared.coalescer.is_hit_for_miss(key) {
+        inc(&shared.stats.hit_for_miss);
+        return Some(asker.pass().await);
+    }
     for attempt in 0..RESTARTS {
         // Noted before the store is read: see `Coalescer::finished`. The last attempt fetches whatever
         // finished meanwhile.
@@ -246,23 +250,13 @@ async fn fetch_first<S: CacheStore>(
     };
     let (etag, last_modified) = validators(&head.headers);
     if etag.is_none_or(|e| e.starts_with(b"W/")) && (etag.is_some() || last_modified.is_none()) {
-        // Nothing proves the next slice is of this version: the client's request goes as it was sent.
+        // Nothing proves the next slice is of this version: the client's request goes as it was sent,
+        // and so do the next ones for `hit_for_miss`.
         drop(reader);
         inc(&shared.stats.uncacheable);
-        let (client, route, decided) = (asker.client, &asker.route, &asker.decided);
-        let parts = Parts::clone(&asker.parts);
-        return Answered::Sent(
-            super::pass(
-                &asker.worker,
-                client,
-                route,
-                decided,
-                parts,
-                body::empty(),
-                false,
-            )
-            .await,
-        );
+        let hit_for_miss = asker.route.policy.cache.hit_for_miss;
+        shared.coalescer.mark_hit_for_miss(&asker.key, hit_for_miss);
+        return Answered::Sent(asker.pass().await);
     }
     let object = Object::fetched(&head, total, found.as_ref(), looked_up_at);
     answer(asker, object, Some((first, reader)), outcome).await
@@ -602,6 +596,22 @@ impl<S: CacheStore> Asker<S> {
     /// this request selects (one that is not is the other request's own).
     fn takes(&self, head: &FetchedHead) -> bool {
         head.shareable && phase::selects(&head.selection, &self.parts)
+    }
+
+    /// Sends the request to the origin as the client sent it (its range included), as a pass.
+    async fn pass(&self) -> Response<Body> {
+        let parts = Parts::clone(&self.parts);
+        let (worker, client) = (&self.worker, self.client);
+        super::pass(
+            worker,
+            client,
+            &self.route,
+            &self.decided,
+            parts,
+            body::empty(),
+            false,
+        )
+        .await
     }
 
     /// Revalidates an object served in grace, in the background, with its first stored part's slice,
