@@ -63,15 +63,42 @@ fn variant(n: usize, v: &StoredVariant) -> String {
     let stored_at = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(v.stored_at));
     let mut out = String::new();
     let _ = writeln!(out, "\nvariant {n}{vary}");
-    let _ = writeln!(out, "  status     {}, {}", v.status, bytes(v.size));
     let _ = writeln!(
         out,
-        "  where      {} chunk{}: {} in memory, {} on disk",
-        t.chunks,
-        if t.chunks == 1 { "" } else { "s" },
-        t.in_memory,
-        t.on_disk
+        "  status     {}, {}",
+        v.status,
+        bytes(v.total.unwrap_or(v.size))
     );
+    match v.total {
+        // Stored in parts: where each part is follows.
+        Some(total) => {
+            let (chunks, in_memory, on_disk) = v.parts.iter().fold((0, 0, 0), |(c, m, d), p| {
+                (
+                    c + p.tiers.chunks,
+                    m + p.tiers.in_memory,
+                    d + p.tiers.on_disk,
+                )
+            });
+            let _ = writeln!(
+                out,
+                "  where      {} of {} held in {} part{}: {chunks} chunks, {in_memory} in memory, {on_disk} on disk",
+                bytes(v.size),
+                bytes(total),
+                v.parts.len(),
+                if v.parts.len() == 1 { "" } else { "s" },
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "  where      {} chunk{}: {} in memory, {} on disk",
+                t.chunks,
+                if t.chunks == 1 { "" } else { "s" },
+                t.in_memory,
+                t.on_disk
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "  freshness  {}: age {}, ttl {ttl}, grace {}, keep {}, stale-if-error {}{}",
@@ -91,26 +118,17 @@ fn variant(n: usize, v: &StoredVariant) -> String {
         "  stored     {stored_at} (generation {})",
         v.generation
     );
-    if let Some(total) = v.total {
+    for (i, p) in v.parts.iter().enumerate() {
+        let label = if i == 0 { "parts" } else { "" };
         let _ = writeln!(
             out,
-            "  parts      {} of {} held in {} part{}",
-            bytes(v.size),
-            bytes(total),
-            v.parts.len(),
-            if v.parts.len() == 1 { "" } else { "s" }
+            "  {label:<9}  bytes {}-{}: {} in memory, {} on disk (generation {})",
+            p.start,
+            p.start + p.size.max(1) - 1,
+            p.tiers.in_memory,
+            p.tiers.on_disk,
+            p.generation
         );
-        for p in &v.parts {
-            let _ = writeln!(
-                out,
-                "             bytes {}-{}: {} in memory, {} on disk (generation {})",
-                p.start,
-                p.start + p.size.max(1) - 1,
-                p.tiers.in_memory,
-                p.tiers.on_disk,
-                p.generation
-            );
-        }
     }
     for r in &v.representations {
         let t = &r.tiers;
@@ -136,7 +154,7 @@ fn variant(n: usize, v: &StoredVariant) -> String {
 
 #[cfg(test)]
 mod tests {
-    use lacquer_admin::wire::{HeaderField, Representation, Tiers};
+    use lacquer_admin::wire::{HeaderField, Representation, StoredPart, Tiers};
 
     use super::*;
 
@@ -194,6 +212,38 @@ mod tests {
             "  also as    identity, 8.0 KiB: 0 in memory, 1 on disk (generation 12)\n",
             "  tags       p1 p2\n",
             "  headers    content-type: text/html\n             etag: \"x\"\n",
+        ] {
+            assert!(text.contains(want), "{want:?} not in\n{text}");
+        }
+        let sliced = StoredVariant {
+            size: 16 << 20,
+            total: Some(1 << 30),
+            parts: [0u64, 48 << 20]
+                .iter()
+                .enumerate()
+                .map(|(n, &start)| StoredPart {
+                    start,
+                    size: 8 << 20,
+                    tiers: Tiers {
+                        chunks: 32,
+                        in_memory: 2 * n as u32,
+                        on_disk: 32,
+                    },
+                    generation: 20 + n as u64,
+                })
+                .collect(),
+            representations: Vec::new(),
+            ..i.variants[0].clone()
+        };
+        let text = render(&Inspection {
+            variants: vec![sliced],
+            ..i.clone()
+        });
+        for want in [
+            "  status     200, 1.0 GiB\n",
+            "  where      16.0 MiB of 1.0 GiB held in 2 parts: 64 chunks, 2 in memory, 64 on disk\n",
+            "  parts      bytes 0-8388607: 0 in memory, 32 on disk (generation 20)\n",
+            "             bytes 50331648-58720255: 2 in memory, 32 on disk (generation 21)\n",
         ] {
             assert!(text.contains(want), "{want:?} not in\n{text}");
         }
