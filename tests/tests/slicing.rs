@@ -184,6 +184,17 @@ async fn a_range_in_the_middle_costs_the_origin_one_slice_and_a_later_range_in_i
     );
     assert_eq!(again.header("x-cache"), "HIT");
     assert_eq!(origin.total(), 1, "the stored slice answers");
+    let fresh = request(
+        d.addr,
+        Method::GET,
+        "/big/a.iso",
+        &[("host", "files.test"), ("if-none-match", "\"v0\"")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((fresh.status.as_u16(), fresh.body.len()), (304, 0));
+    assert_eq!(fresh.header("etag"), "\"v0\"");
     let stats = d.stats().await;
     assert_eq!(stats["proxy"]["slices_served"], 1);
     assert_eq!(stats["proxy"]["slices_fetched"], 1);
