@@ -53,6 +53,12 @@ struct Got {
 }
 
 impl Got {
+    /// Status, bytes read, the first wrong byte and how the body failed: `(200, len, None, None)` for a
+    /// whole body read right.
+    fn exact(&self) -> (u16, u64, Option<u64>, Option<String>) {
+        (self.status, self.len, self.wrong_at, self.failed.clone())
+    }
+
     fn header(&self, name: &str) -> &str {
         self.headers
             .get(name)
@@ -207,10 +213,7 @@ async fn a_full_get_fetches_every_slice_once_and_is_exact_then_hits_after_a_rest
     let origin = origin(len, Arc::default()).await;
     let mut d = Daemon::with_config(origin.addr, &config(""));
     let got = fetch(d.addr, "/big/game.pak", None).await;
-    assert_eq!(
-        (got.status, got.len, got.wrong_at, got.failed.clone()),
-        (200, len, None, None)
-    );
+    assert_eq!(got.exact(), (200, len, None, None));
     assert_eq!(got.header("content-length"), len.to_string());
     let slices = len.div_ceil(SLICE);
     let mut asked = ranges_asked(&origin);
@@ -226,15 +229,7 @@ async fn a_full_get_fetches_every_slice_once_and_is_exact_then_hits_after_a_rest
     d.stop();
     let d = d.restart();
     let again = fetch(d.addr, "/big/game.pak", None).await;
-    assert_eq!(
-        (
-            again.status,
-            again.len,
-            again.wrong_at,
-            again.failed.clone()
-        ),
-        (200, len, None, None)
-    );
+    assert_eq!(again.exact(), (200, len, None, None));
     assert_eq!(again.header("x-cache"), "HIT");
     assert_eq!(
         origin.total() as u64,
@@ -325,10 +320,7 @@ async fn an_object_that_changes_before_the_first_byte_starts_over_cleanly() {
     version.store(2, SeqCst);
     // The range lies in a slice not stored: its fetch shows version 2 before any byte is sent.
     let r = fetch(d.addr, "/big/w.bin", Some("bytes=20000000-20000099")).await;
-    assert_eq!(
-        (r.status, r.len, r.wrong_at, r.failed.clone()),
-        (206, 100, None, None)
-    );
+    assert_eq!(r.exact(), (206, 100, None, None));
     assert_eq!((r.shift, r.header("etag")), (Some(14), "\"v2\""));
 }
 
@@ -416,15 +408,7 @@ async fn stored_slices_are_completed_by_later_ranges_into_the_whole() {
     d.wait_for_stats("stored", |s| s["proxy"]["objects_stored"] == 1)
         .await;
     let whole = fetch(d.addr, "/big/c.bin", None).await;
-    assert_eq!(
-        (
-            whole.status,
-            whole.len,
-            whole.wrong_at,
-            whole.failed.clone()
-        ),
-        (200, len, None, None)
-    );
+    assert_eq!(whole.exact(), (200, len, None, None));
     // Slice 1 was stored; the others (0, 2, 3) were fetched for the whole, once each (the next one asked
     // for while one is sent: in any order).
     let mut asked = ranges_asked(&origin);
@@ -610,15 +594,7 @@ async fn a_stale_sliced_object_is_revalidated_once_as_a_whole() {
     tokio::time::sleep(Duration::from_millis(2100)).await;
     // Stale: one conditional request for the object, then every slice from the store.
     let again = fetch(d.addr, "/big/s.bin", None).await;
-    assert_eq!(
-        (
-            again.status,
-            again.len,
-            again.wrong_at,
-            again.failed.clone()
-        ),
-        (200, len, None, None)
-    );
+    assert_eq!(again.exact(), (200, len, None, None));
     let seen = origin.seen();
     let conditional: Vec<_> = seen
         .iter()

@@ -109,7 +109,7 @@ pub(crate) async fn serve<S: CacheStore>(
                 _ => {}
             }
         }
-        match fetch_first(&asker, ctx, found, looked_up_at).await {
+        match fetch_first(&asker, found, looked_up_at).await {
             Answered::Sent(resp) => return Some(resp),
             Answered::Changed => {}
         }
@@ -138,7 +138,6 @@ enum Answered {
 /// the origin's answer as it is when that is not a part (an origin that ignores `Range` sends the whole).
 async fn fetch_first<S: CacheStore>(
     asker: &Asker<S>,
-    ctx: &Ctx<'_>,
     found: Option<Found>,
     looked_up_at: Option<u64>,
 ) -> Answered {
@@ -239,14 +238,7 @@ async fn fetch_first<S: CacheStore>(
     let Some((_, _, total)) = placed else {
         // Not a part (the whole, an error, a redirect): the origin's answer, as a miss of the ordinary way
         // would send it.
-        let conversion = ctx.conversion(Delivery::AsStored, &shared.stats);
-        return Answered::Sent(respond::fetched(
-            &head,
-            reader,
-            outcome,
-            &asker.parts,
-            &conversion,
-        ));
+        return Answered::Sent(asker.as_fetched(&head, reader, outcome));
     };
     let (etag, last_modified) = validators(&head.headers);
     if etag.is_none_or(|e| e.starts_with(b"W/")) && (etag.is_some() || last_modified.is_none()) {
@@ -451,20 +443,12 @@ async fn answer<S: CacheStore>(
             }
             Err(Stop::Whole(reader, head)) => {
                 // The origin answers the whole now: as `fetch_first` answers it.
-                let limit = asker.route.policy.cache.max_object_size.as_u64();
-                let conversion = Conversion::new(Delivery::AsStored, limit, None, &shared.stats);
                 let outcome = Outcome::Miss {
                     stored: head.shareable,
                     collapsed: false,
                     detail: None,
                 };
-                return Answered::Sent(respond::fetched(
-                    &head,
-                    reader,
-                    outcome,
-                    &asker.parts,
-                    &conversion,
-                ));
+                return Answered::Sent(asker.as_fetched(&head, reader, outcome));
             }
             Err(Stop::Failed(e)) => {
                 inc(&shared.stats.backend_errors);
@@ -596,6 +580,20 @@ impl<S: CacheStore> Asker<S> {
     /// this request selects (one that is not is the other request's own).
     fn takes(&self, head: &FetchedHead) -> bool {
         head.shareable && phase::selects(&head.selection, &self.parts)
+    }
+
+    /// A fetched answer that is not a part (the whole, an error), sent as the ordinary way sends a miss:
+    /// as the origin coded it (a sliced route does not compress), shaped for the request's range.
+    fn as_fetched(
+        &self,
+        head: &FetchedHead,
+        reader: FetchReader<S>,
+        outcome: Outcome,
+    ) -> Response<Body> {
+        let shared = &self.worker.shared;
+        let limit = self.route.policy.cache.max_object_size.as_u64();
+        let conversion = Conversion::new(Delivery::AsStored, limit, None, &shared.stats);
+        respond::fetched(head, reader, outcome, &self.parts, &conversion)
     }
 
     /// Sends the request to the origin as the client sent it (its range included), as a pass.
