@@ -140,9 +140,20 @@ impl State {
             set.variants[current.expect("joined")].refresh_from_part(head);
             let parts = &mut set.partials[partial].parts;
             let at = parts.partition_point(|p| p.start < part.start);
-            parts.insert(at, part);
+            if parts
+                .get(at)
+                .is_some_and(|p| p.start == part.start && p.end() >= part.end())
+            {
+                self.forget_body(part.body.generation);
+            } else {
+                parts.insert(at, part);
+            }
             self.sets.insert(primary.to_owned(), Arc::new(set));
             return PartKept::Added;
+        }
+        if current.is_some_and(|pos| set.variants[pos].generation > part.body.generation) {
+            self.forget_body(part.body.generation);
+            return PartKept::Discarded;
         }
         head.generation = self.next_id();
         head.length = 0;

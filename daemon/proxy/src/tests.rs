@@ -1360,3 +1360,55 @@ fn rules_examples_run_when_the_settings_are_built() {
     let err = build(&wrong).expect_err("a wrong redirect").to_string();
     assert!(err.contains("response header location"), "{err}");
 }
+
+/// A sliced route against the in-memory store: a range costs its slice, the whole is made of the stored
+/// slice and the others fetched once each, and a later whole read is all from the store.
+#[tokio::test]
+async fn a_sliced_object_is_assembled_from_its_parts() {
+    let origin = Origin::start(|seen| lacquer_tests::ranged(seen, 100, 0, "\"s\"")).await;
+    let store = MemoryStore::new(10);
+    let w = worker_with(&origin, &store, |c| {
+        c.storage.chunk_size = bytesize::ByteSize::b(10);
+        c.cache.max_sliced_object_size = bytesize::ByteSize::b(1000);
+        c.route.push(lacquer_config::Route {
+            slice: Some(bytesize::ByteSize::b(40)),
+            ..lacquer_config::Route::default()
+        });
+    });
+    let got = get(&w, "/s", &[("range", "bytes=45-50")]).await;
+    assert_eq!(got.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(got.header("content-range"), "bytes 45-50/100");
+    assert_eq!(got.body, pattern(100)[45..=50]);
+    fills_done(&w).await;
+    let set = store.set(&key("/s")).expect("stored");
+    let partial = set.partial(set.variants[0].generation).expect("in parts");
+    assert_eq!(partial.total, 100);
+    assert_eq!(
+        partial
+            .parts
+            .iter()
+            .map(|p| (p.start, p.body.length))
+            .collect::<Vec<_>>(),
+        [(40, 40)]
+    );
+
+    let got = get(&w, "/s", &[]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.header("content-length"), "100");
+    assert_eq!(got.body, pattern(100));
+    fills_done(&w).await;
+    let mut asked: Vec<String> = origin
+        .seen()
+        .iter()
+        .map(|s| s.headers["range"].to_str().unwrap().to_owned())
+        .collect();
+    asked.sort();
+    assert_eq!(asked, ["bytes=0-39", "bytes=40-79", "bytes=80-119"]);
+
+    let got = get(&w, "/s", &[]).await;
+    assert_eq!(
+        (got.x_cache(), got.body.clone()),
+        ("HIT", Bytes::from(pattern(100)))
+    );
+    assert_eq!(origin.total(), 3, "the whole from its stored parts");
+}
