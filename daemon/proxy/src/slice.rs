@@ -498,10 +498,42 @@ impl<S: CacheStore> Clone for Asker<S> {
 }
 
 impl<S: CacheStore> Asker<S> {
+    /// How a fetch of a slice is made.
+    fn fill(&self, first: u64, how: Asked) -> Fill {
+        Fill {
+            key: self.key.clone(),
+            registered: how.registered,
+            parts: self.parts.clone(),
+            client: self.client,
+            route: self.route.clone(),
+            decided: self.decided.clone(),
+            stale: how.stale,
+            background: how.background,
+            stand_in: how.stand_in,
+            part: Some((first, first.saturating_add(self.size - 1))),
+        }
+    }
+
+    /// Starts `fetch` of the slice from byte `first`: a reader of it, made before the fill task starts
+    /// (so the fill never sees a fetch without readers that it would cancel), and `true`: this request
+    /// started it.
+    fn start(&self, fetch: Arc<Fetch<S>>, first: u64, how: Asked) -> (FetchReader<S>, bool) {
+        let reader = fetch.reader();
+        inc(&self.worker.shared.stats.slices_fetched);
+        let fill = self.fill(first, how);
+        tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
+        (reader, true)
+    }
+
+    fn transit_buffer(&self) -> u64 {
+        self.route.policy.cache.transit_buffer.as_u64()
+    }
+
     /// Joins the fetch of the slice from byte `first` under way, or starts it (revalidating `stale` with
     /// it when given); a reader of it, and whether this request started it. For a request that read the
-    /// store when [`crate::coalesce::Coalescer::finished`] was `looked_up_at`: `None` when a fetch finished since (it may
-    /// have stored the slice), so the caller looks again instead of fetching the slice a second time.
+    /// store when [`crate::coalesce::Coalescer::finished`] was `looked_up_at`: `None` when a fetch
+    /// finished since (it may have stored the slice), so the caller looks again instead of fetching the
+    /// slice a second time.
     fn ask(
         &self,
         first: u64,
@@ -511,24 +543,12 @@ impl<S: CacheStore> Asker<S> {
         looked_up_at: Option<u64>,
     ) -> Option<(FetchReader<S>, bool)> {
         let shared = &self.worker.shared;
-        let transit_buffer = self.route.policy.cache.transit_buffer.as_u64();
-        let start = |fetch: Arc<Fetch<S>>, registered: bool| {
-            let reader = fetch.reader();
-            let fill = Fill {
-                key: self.key.clone(),
-                registered,
-                parts: self.parts.clone(),
-                client: self.client,
-                route: self.route.clone(),
-                decided: self.decided.clone(),
-                stale: stale.clone(),
-                background,
-                stand_in,
-                part: Some((first, first.saturating_add(self.size - 1))),
-            };
-            inc(&shared.stats.slices_fetched);
-            tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
-            (reader, true)
+        let transit_buffer = self.transit_buffer();
+        let how = |registered| Asked {
+            registered,
+            stale: stale.clone(),
+            stand_in,
+            background,
         };
         let now = shared.store.mark();
         let key = part_key(&self.key, first);
@@ -537,16 +557,18 @@ impl<S: CacheStore> Asker<S> {
                 .coalescer
                 .join(&key, now, transit_buffer, looked_up_at)
             {
-                Joined::Leader(fetch) => start(fetch, true),
+                Joined::Leader(fetch) => self.start(fetch, first, how(true)),
                 Joined::Waiter(fetch) => {
                     let reader = fetch.reader();
                     if reader.cancelled() {
-                        start(Fetch::new(now, transit_buffer), false)
+                        self.start(Fetch::new(now, transit_buffer), first, how(false))
                     } else {
                         (reader, false)
                     }
                 }
-                Joined::HitForMiss => start(Fetch::new(now, transit_buffer), false),
+                Joined::HitForMiss => {
+                    self.start(Fetch::new(now, transit_buffer), first, how(false))
+                }
                 Joined::LookAgain => return None,
             },
         )
@@ -555,25 +577,14 @@ impl<S: CacheStore> Asker<S> {
     /// Starts a fetch of the slice from byte `first` for this request alone (revalidating `stale` with it
     /// when given), not joined by any other.
     fn alone(&self, first: u64, stale: Option<Found>, stand_in: bool) -> (FetchReader<S>, bool) {
-        let shared = &self.worker.shared;
-        let transit_buffer = self.route.policy.cache.transit_buffer.as_u64();
-        let fetch = Fetch::new(shared.store.mark(), transit_buffer);
-        let reader = fetch.reader();
-        let fill = Fill {
-            key: self.key.clone(),
+        let fetch = Fetch::new(self.worker.shared.store.mark(), self.transit_buffer());
+        let how = Asked {
             registered: false,
-            parts: self.parts.clone(),
-            client: self.client,
-            route: self.route.clone(),
-            decided: self.decided.clone(),
             stale,
-            background: false,
             stand_in,
-            part: Some((first, first.saturating_add(self.size - 1))),
+            background: false,
         };
-        inc(&shared.stats.slices_fetched);
-        tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
-        (reader, true)
+        self.start(fetch, first, how)
     }
 
     /// Whether this request may take a fetch another started: an answer that is stored, of the variant
@@ -623,28 +634,33 @@ impl<S: CacheStore> Asker<S> {
         let stale = Some(found.clone()).filter(Found::revalidatable);
         let key = part_key(&self.key, first);
         let shared = &self.worker.shared;
-        let transit_buffer = self.route.policy.cache.transit_buffer.as_u64();
-        if let Joined::Leader(fetch) =
-            shared
-                .coalescer
-                .join(&key, shared.store.mark(), transit_buffer, None)
+        let now = shared.store.mark();
+        if let Joined::Leader(fetch) = shared
+            .coalescer
+            .join(&key, now, self.transit_buffer(), None)
         {
-            let fill = Fill {
-                key: self.key.clone(),
+            let how = Asked {
                 registered: true,
-                parts: self.parts.clone(),
-                client: self.client,
-                route: self.route.clone(),
-                decided: self.decided.clone(),
                 stale,
-                background: true,
                 stand_in: true,
-                part: Some((first, first.saturating_add(self.size - 1))),
+                background: true,
             };
-            inc(&shared.stats.slices_fetched);
-            tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
+            // Nobody reads it: a background fill is not cancelled for want of readers.
+            drop(self.start(fetch, first, how));
         }
     }
+}
+
+/// How a slice's fetch is asked for, besides which slice.
+struct Asked {
+    /// It is the coalescer's entry for the slice.
+    registered: bool,
+    /// A stored object it revalidates.
+    stale: Option<Found>,
+    /// The stored object may stand in for a failing origin.
+    stand_in: bool,
+    /// Nobody waits for it: not cancelled for want of readers.
+    background: bool,
 }
 
 /// Why a response stops taking bytes from a slice.
