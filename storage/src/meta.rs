@@ -294,6 +294,20 @@ impl Part {
 }
 
 impl Partial {
+    /// The most parts one body is kept in: its record lists them and is rewritten as each arrives (8192: an
+    /// object of 64 GiB in slices of 8 MiB). Parts past it are not kept; the bytes are fetched when asked.
+    pub const MAX_PARTS: usize = 8192;
+
+    /// Whether a part of bytes `start..end` would add to the body: no part stored holds them all
+    /// already (a part fetched twice, or within another), and the body has room for another part.
+    pub fn adds(&self, start: u64, end: u64) -> bool {
+        self.parts.len() < Self::MAX_PARTS
+            && !self
+                .parts
+                .iter()
+                .any(|p| p.start <= start && end <= p.end())
+    }
+
     /// The part holding byte `at`, if one does (the one reaching furthest when several do).
     pub fn holding(&self, at: u64) -> Option<&Part> {
         self.parts

@@ -96,14 +96,19 @@ impl Reply {
 
 /// A file server's answer for a [`pattern`] object of `len` bytes, `shift` places along (byte `i` is
 /// `(i + shift) % 251`, so two versions differ in every byte) with entity-tag `etag`: a single `bytes`
-/// range (`a-b`, `a-`, `-n`) answered 206 with its `Content-Range`, one past the end 416, anything else the
-/// whole; streamed in 64 KiB frames of one small buffer, so a multi-GiB object costs nothing. An empty
+/// range (`a-b`, `a-`, `-n`) answered 206 with its `Content-Range`, one past the end 416, anything else (and
+/// a range whose `If-Range` is not `etag`) the whole; streamed in 64 KiB frames of one small buffer, so a multi-GiB object costs nothing. An empty
 /// `etag` sends none.
 pub fn ranged(seen: &Seen, len: u64, shift: u64, etag: &str) -> Reply {
     const FRAME: u64 = 64 * 1024;
+    let unchanged = seen
+        .headers
+        .get("if-range")
+        .is_none_or(|v| !etag.is_empty() && v.as_bytes() == etag.as_bytes());
     let wanted = seen
         .headers
         .get("range")
+        .filter(|_| unchanged)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("bytes="))
         .filter(|v| !v.contains(','))

@@ -609,3 +609,195 @@ async fn a_stale_sliced_object_is_revalidated_once_as_a_whole() {
     let stats = d.stats().await;
     assert_eq!(stats["proxy"]["revalidations"], 1);
 }
+
+// Partial responses stored on a route without `slice`: ranges forwarded to the origin
+// (`cache.forward_ranges`), their 206s kept as parts and completed with the bytes between them.
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_range_far_into_a_cold_object_is_forwarded_and_its_206_answers_ranges_within_it() {
+    // Larger than max_object_size (16 MiB): never stored whole, but its ranges are.
+    let len = 40 << 20;
+    let origin = origin(len, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let got = fetch(d.addr, "/files/v.mp4", Some("bytes=20000000-20999999")).await;
+    assert_eq!(got.exact(), (206, 1_000_000, None, None));
+    assert_eq!(
+        got.header("content-range"),
+        format!("bytes 20000000-20999999/{len}")
+    );
+    d.wait_for_stats("the part stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    // The part told the length: the last bytes are asked for where they are, with If-Range.
+    let tail = fetch(d.addr, "/files/v.mp4", Some("bytes=-1000")).await;
+    assert_eq!(tail.exact(), (206, 1000, None, None));
+    assert_eq!(
+        tail.header("content-range"),
+        format!("bytes {}-{}/{len}", len - 1000, len - 1)
+    );
+    assert_eq!(
+        ranges_asked(&origin),
+        vec![
+            "bytes=20000000-20999999".to_owned(),
+            format!("bytes={}-", len - 1000)
+        ],
+        "the client's range, then the bytes not stored"
+    );
+    assert!(origin.seen()[0].headers.get("accept-encoding").is_none());
+    assert_eq!(origin.seen()[1].headers["if-range"], "\"v0\"");
+    d.wait_for_stats("both parts stored", |s| s["proxy"]["objects_stored"] == 2)
+        .await;
+
+    for (range, first, n) in [
+        ("bytes=20000100-20000199", 20_000_100, 100),
+        ("bytes=-10", len - 10, 10),
+        ("bytes=20999999-20999999", 20_999_999, 1),
+    ] {
+        let hit = fetch(d.addr, "/files/v.mp4", Some(range)).await;
+        assert_eq!(hit.exact(), (206, n, None, None), "{range}");
+        assert_eq!(hit.header("x-cache"), "HIT", "{range}");
+        assert_eq!(
+            hit.header("content-range"),
+            format!("bytes {first}-{}/{len}", first + n - 1)
+        );
+    }
+    assert_eq!(origin.total(), 2, "ranges within the parts are hits");
+    let url = "http://files.test/files/v.mp4";
+    let inspected = d
+        .admin_get(&format!("/v1/objects?url={url}"), Some(&d.secret()))
+        .await;
+    let shown: serde_json::Value = serde_json::from_slice(&inspected.body).unwrap();
+    assert_eq!(
+        shown["variants"][0]["parts"].as_array().map(Vec::len),
+        Some(2),
+        "{shown}"
+    );
+
+    // Near the start, the whole is fetched (and, past max_object_size, not stored).
+    let near = fetch(d.addr, "/files/w.mp4", Some("bytes=100-199")).await;
+    assert_eq!(near.exact(), (206, 100, None, None));
+    assert_eq!(ranges_asked(&origin)[2], "whole");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stored_206_is_completed_by_a_second_range_into_the_whole() {
+    let len = 3_000_000;
+    let origin = origin(len, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let part = fetch(d.addr, "/files/doc.bin", Some("bytes=2000000-")).await;
+    assert_eq!(part.exact(), (206, 1_000_000, None, None));
+    d.wait_for_stats("the part stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+
+    let whole = fetch(d.addr, "/files/doc.bin", None).await;
+    assert_eq!(whole.exact(), (200, len, None, None));
+    assert_eq!(whole.header("content-length"), len.to_string());
+    assert_eq!(
+        ranges_asked(&origin),
+        vec!["bytes=2000000-".to_owned(), "bytes=0-1999999".to_owned()],
+        "only the bytes not stored"
+    );
+    assert_eq!(
+        origin.seen()[1]
+            .headers
+            .get("if-range")
+            .map(|v| v.to_str().unwrap()),
+        Some("\"v0\""),
+        "joined only if still the same version"
+    );
+    d.wait_for_stats("both parts stored", |s| s["proxy"]["objects_stored"] == 2)
+        .await;
+    let hit = fetch(d.addr, "/files/doc.bin", None).await;
+    assert_eq!(hit.exact(), (200, len, None, None));
+    assert_eq!(hit.header("x-cache"), "HIT");
+    let across = fetch(d.addr, "/files/doc.bin", Some("bytes=1999000-2000999")).await;
+    assert_eq!(across.exact(), (206, 2000, None, None));
+    assert_eq!(across.header("x-cache"), "HIT");
+    assert_eq!(origin.total(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_part_of_an_object_changed_since_is_never_joined_to_the_new_version() {
+    let len = 3_000_000;
+    let version = Arc::new(AtomicU64::new(0));
+    let origin = origin(len, version.clone()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let part = fetch(d.addr, "/files/c.bin", Some("bytes=2000000-")).await;
+    assert_eq!(
+        (part.status, part.wrong_at, part.shift),
+        (206, None, Some(0))
+    );
+    d.wait_for_stats("the part stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    version.store(1, SeqCst);
+    // The gap is asked for with If-Range "v0": the origin, now at "v1", sends the whole of v1.
+    let whole = fetch(d.addr, "/files/c.bin", None).await;
+    assert_eq!(whole.exact(), (200, len, None, None));
+    assert_eq!((whole.shift, whole.header("etag")), (Some(7), "\"v1\""));
+    d.wait_for_stats("v1 stored", |s| s["proxy"]["objects_stored"] == 2)
+        .await;
+    for range in [None, Some("bytes=2000000-2000099")] {
+        let hit = fetch(d.addr, "/files/c.bin", range).await;
+        assert_eq!(
+            (hit.wrong_at, hit.shift, hit.header("x-cache")),
+            (None, Some(7), "HIT")
+        );
+    }
+    assert_eq!(origin.total(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_part_without_validators_answers_ranges_within_it_and_is_never_joined() {
+    let len = 3_000_000;
+    let origin = Origin::start(move |seen| ranged(seen, len, 0, "")).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let tail = fetch(d.addr, "/files/n.bin", Some("bytes=-1000")).await;
+    assert_eq!(tail.exact(), (206, 1000, None, None));
+    d.wait_for_stats("the part stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    let within = fetch(d.addr, "/files/n.bin", Some("bytes=-10")).await;
+    assert_eq!(
+        (within.exact(), within.header("x-cache")),
+        ((206, 10, None, None), "HIT")
+    );
+    // The bytes before it are asked for, but nothing proves them the same version: the whole is fetched.
+    let whole = fetch(d.addr, "/files/n.bin", None).await;
+    assert_eq!(whole.exact(), (200, len, None, None));
+    assert_eq!(
+        ranges_asked(&origin),
+        vec![
+            "bytes=-1000".to_owned(),
+            format!("bytes=0-{}", len - 1001),
+            "whole".to_owned()
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_206_whose_content_range_disagrees_with_its_body_is_passed_on_and_never_stored() {
+    let origin = Origin::start(|_| {
+        Reply::ok("01234")
+            .status(206)
+            .header("cache-control", "max-age=3600")
+            .header("etag", "\"x\"")
+            .header("content-range", "bytes 4-9/10")
+    })
+    .await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    for _ in 0..2 {
+        let r = request(
+            d.addr,
+            Method::GET,
+            "/files/bad",
+            &[("range", "bytes=-5")],
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!((r.status.as_u16(), &r.body[..]), (206, &b"01234"[..]));
+        assert_eq!(r.x_cache(), "MISS");
+    }
+    assert_eq!(origin.total(), 2, "nothing stored");
+    let stats = d.stats().await;
+    assert_eq!(stats["proxy"]["slice_errors"], 2, "{stats}");
+    assert_eq!(stats["proxy"]["objects_stored"], 0);
+}

@@ -277,6 +277,14 @@ pub struct Cache {
     /// Largest object a route with `slice` stores (its slices together); larger ones are passed. Default:
     /// 64 GiB.
     pub max_sliced_object_size: ByteSize,
+    /// Send a single-range request for an object not stored to the origin as that range, and store the
+    /// 206 as a part of the object, when the range begins `forward_ranges_from` or further in, or asks for
+    /// the last bytes (`bytes=-500`, where a video's index often is). Nearer the start, and with this
+    /// false, the whole object is fetched from its first byte and the range sent as it arrives (NGINX's and
+    /// Varnish's way). Default: true.
+    pub forward_ranges: bool,
+    /// Where a forwarded range may begin at the earliest (see `forward_ranges`). Default: 1 MiB.
+    pub forward_ranges_from: ByteSize,
     /// Body bytes one fetch holds in memory for its readers (at least two chunks while storing). Readers
     /// further behind read what the store holds; when the body is not stored, the origin is read no faster
     /// than the slowest reader. Default: 4 MiB.
@@ -306,6 +314,8 @@ impl Default for Cache {
             hit_for_miss: Duration::from_secs(120),
             max_object_size: ByteSize::mib(256),
             max_sliced_object_size: ByteSize::gib(64),
+            forward_ranges: true,
+            forward_ranges_from: ByteSize::mib(1),
             transit_buffer: ByteSize::mib(4),
             targeted_cache_control: vec!["cdn-cache-control".into()],
             surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],

@@ -179,6 +179,64 @@ pub fn first_wanted(req: &HeaderMap) -> Option<u64> {
     lowest
 }
 
+/// One byte range a request asks for, read without the representation's length: what a cache can forward
+/// to the origin for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Single {
+    /// Bytes from the first position given, to the last given or (`None`) to the end.
+    From(u64, Option<u64>),
+    /// The last this many bytes (`bytes=-500`); never 0.
+    Suffix(u64),
+}
+
+impl Single {
+    /// The range as a `Range` value, written anew from the numbers read: what the origin is sent is never
+    /// the client's own bytes.
+    pub fn header(self) -> String {
+        match self {
+            Single::From(first, Some(last)) => format!("bytes={first}-{last}"),
+            Single::From(first, None) => format!("bytes={first}-"),
+            Single::Suffix(n) => format!("bytes=-{n}"),
+        }
+    }
+
+    /// Where it begins when that is known without the length: a suffix range begins nowhere known.
+    pub fn first(self) -> Option<u64> {
+        match self {
+            Single::From(first, _) => Some(first),
+            Single::Suffix(_) => None,
+        }
+    }
+}
+
+/// The one byte range `req`'s `Range` asks for: `None` without one, for another unit, for several ranges
+/// (answered from the whole) and for anything malformed (a last position before the first, a suffix of
+/// nothing, a number too large).
+pub fn single(req: &HeaderMap) -> Option<Single> {
+    let range = req.get(header::RANGE)?.to_str().ok()?;
+    let (unit, spec) = range.split_once('=')?;
+    if !unit.trim().eq_ignore_ascii_case("bytes") || spec.contains(',') {
+        return None;
+    }
+    let (first, last) = spec.trim().split_once('-')?;
+    let number = |s: &str| -> Option<Option<u64>> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Some(None);
+        }
+        s.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| s.parse().ok().map(Some))
+            .flatten()
+    };
+    match (number(first)?, number(last)?) {
+        (None, Some(n)) if n > 0 => Some(Single::Suffix(n)),
+        (Some(first), None) => Some(Single::From(first, None)),
+        (Some(first), Some(last)) if first <= last => Some(Single::From(first, Some(last))),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod props;
 
@@ -256,6 +314,39 @@ mod tests {
             );
         }
         assert_eq!(first_wanted(&headers(&[])), None);
+    }
+
+    #[test]
+    fn one_range_read_without_a_length() {
+        let cases: &[(&str, Option<Single>, &str)] = &[
+            (
+                "bytes=100-199",
+                Some(Single::From(100, Some(199))),
+                "bytes=100-199",
+            ),
+            ("bytes= 300 -", Some(Single::From(300, None)), "bytes=300-"),
+            ("BYTES=-500", Some(Single::Suffix(500)), "bytes=-500"),
+            ("bytes=0-0", Some(Single::From(0, Some(0))), "bytes=0-0"),
+            ("bytes=-0", None, ""),
+            ("bytes=9-1", None, ""),
+            ("bytes=0-1, 5-6", None, ""),
+            ("bytes=0-1,", None, ""),
+            ("items=0-1", None, ""),
+            ("bytes=x-1", None, ""),
+            ("bytes=+1-2", None, ""),
+            ("bytes=-", None, ""),
+            ("bytes=99999999999999999999-", None, ""),
+        ];
+        for (value, want, sent) in cases {
+            let got = single(&headers(&[("range", value)]));
+            assert_eq!(got, *want, "{value:?}");
+            if let Some(got) = got {
+                assert_eq!(got.header(), *sent, "{value:?}");
+            }
+        }
+        assert_eq!(single(&headers(&[])), None);
+        assert_eq!(Single::Suffix(5).first(), None);
+        assert_eq!(Single::From(7, None).first(), Some(7));
     }
 
     #[test]

@@ -69,9 +69,39 @@ pub struct Fill {
     /// The stored variant can still stand in for a failing origin (grace or stale-if-error): a server
     /// error does not replace it.
     pub stand_in: bool,
-    /// Bytes `first..=last` of the object are asked for instead of the whole (a slice of a sliced route):
-    /// a 206 carrying exactly them is stored as a part of the object's body.
-    pub part: Option<(u64, u64)>,
+    /// A byte range asked for instead of the whole: a 206 carrying it is stored as a part of the object's
+    /// body.
+    pub part: Option<Ask>,
+    /// Sent as `If-Range` with `part`: the stored object's strong validator, so that an origin whose object
+    /// changed answers with the whole instead of a part of another version.
+    pub if_range: Option<HeaderValue>,
+}
+
+/// A byte range a fill asks the origin for instead of the whole object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// Exactly bytes `first..=last` (`None`: to the end): a slice of a sliced route, or bytes between the
+    /// parts stored. A 206 carrying other bytes is refused.
+    Bytes(u64, Option<u64>),
+    /// A client's own range of an object not stored, forwarded (`cache.forward_ranges`): its 206 is
+    /// stored wherever its `Content-Range` places it.
+    Client(range::Single),
+}
+
+impl Ask {
+    /// The key a fetch of this range of `key` is coalesced under: a space is in no cache key (a request
+    /// target has none), so it names no other object.
+    pub fn key(self, key: &str) -> String {
+        format!("{key} {}", self.header())
+    }
+
+    /// The `Range` value sent.
+    fn header(self) -> String {
+        match self {
+            Ask::Bytes(first, last) => range::Single::From(first, last).header(),
+            Ask::Client(single) => single.header(),
+        }
+    }
 }
 
 pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, request: Fill) {
@@ -103,7 +133,7 @@ pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, re
         ..
     } = request;
     let key = match part {
-        Some((first, _)) => part_key(&key, first),
+        Some(ask) => ask.key(&key),
         None => key,
     };
     match ending {
@@ -126,12 +156,6 @@ pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, re
         coalescer.finish(&key, &fetch, hit_for_miss);
     }
     fetch.settle();
-}
-
-/// The key a fetch of the part of `key` from byte `first` on is coalesced under: a space is in no cache key
-/// (a request target has none), so it names no other object.
-pub fn part_key(key: &str, first: u64) -> String {
-    format!("{key} bytes={first}-")
 }
 
 const KEEP_ON_UPDATE: [HeaderName; 4] = [
@@ -286,6 +310,19 @@ pub fn placed_part(headers: &HeaderMap, asked: (u64, u64)) -> Result<(u64, u64, 
     Ok((first, last, total))
 }
 
+/// Where the bytes of a 206 are, `(first, last, total)`, wherever its `Content-Range` places them in a
+/// representation of known length, with a `Content-Length` (when given) that agrees; otherwise why not.
+pub fn placed_anywhere(headers: &HeaderMap) -> Result<(u64, u64, u64), String> {
+    let value = headers
+        .get(header::CONTENT_RANGE)
+        .ok_or("no Content-Range")?;
+    let (first, last, total) = range::content_range(value.as_bytes())
+        .ok_or_else(|| format!("Content-Range {value:?} gives no place in a known length"))?;
+    placed_part(headers, (first, last))
+        .map_err(|_| format!("Content-Range {value:?} with another Content-Length"))?;
+    Ok((first, last, total))
+}
+
 /// Whether a response carries a validator that can prove two of its byte ranges belong together: a strong
 /// entity-tag, or `Last-Modified` where there is no entity-tag.
 fn has_strong_validator(headers: &HeaderMap) -> bool {
@@ -396,16 +433,18 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             decided.body.as_ref(),
         );
         forward::count_interim(&mut req, &shared.stats);
-        if let Some((first, last)) = request.part {
+        if let Some(ask) = request.part {
             let headers = req.headers_mut();
-            let range = format!("bytes={first}-{last}");
             headers.insert(
                 header::RANGE,
-                HeaderValue::from_str(&range).expect("digits"),
+                HeaderValue::from_str(&ask.header()).expect("digits"),
             );
             // A part is a byte range of the origin's own representation; a coding it chose per request
             // could not be joined with the next one.
             headers.remove(header::ACCEPT_ENCODING);
+            if let Some(validator) = &request.if_range {
+                headers.insert(header::IF_RANGE, validator.clone());
+            }
         }
         if let Some(stale) = stale {
             let meta = stale.meta();
@@ -477,23 +516,34 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         head.status,
         &mut head.headers,
     );
-    // The part of the object a 206 to a part's request carries: exactly the bytes asked for, or nothing
-    // is stored or sent as that part.
+    // The part of the object a 206 carries. Asked for exact bytes, it carries exactly them, or nothing is
+    // stored or sent as that part; otherwise (a client's range, or an origin that answers a whole request
+    // with a part) wherever its `Content-Range` places it, or it goes to its readers as sent, unstored.
     let placed = match (request.part, head.status) {
-        (Some(asked), StatusCode::PARTIAL_CONTENT) => match placed_part(&head.headers, asked) {
+        (Some(Ask::Bytes(first, last)), StatusCode::PARTIAL_CONTENT) => {
+            match placed_part(&head.headers, (first, last.unwrap_or(u64::MAX))) {
+                Ok(placed) => Some(placed),
+                Err(reason) => {
+                    inc(&shared.stats.slice_errors);
+                    tracing::warn!(
+                        key,
+                        reason,
+                        "the origin's answer to a range request cannot be placed"
+                    );
+                    fetch.set_head(Err(HeadError {
+                        status: StatusCode::BAD_GATEWAY,
+                        error: FetchError::new(format!("bad answer to a range request: {reason}")),
+                    }));
+                    return Ending::Failed;
+                }
+            }
+        }
+        (_, StatusCode::PARTIAL_CONTENT) => match placed_anywhere(&head.headers) {
             Ok(placed) => Some(placed),
             Err(reason) => {
                 inc(&shared.stats.slice_errors);
-                tracing::warn!(
-                    key,
-                    reason,
-                    "the origin's answer to a range request cannot be placed"
-                );
-                fetch.set_head(Err(HeadError {
-                    status: StatusCode::BAD_GATEWAY,
-                    error: FetchError::new(format!("bad answer to a range request: {reason}")),
-                }));
-                return Ending::Failed;
+                tracing::warn!(key, reason, "a 206 that cannot be placed; not storing");
+                None
             }
         },
         _ => None,
@@ -507,9 +557,18 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     let part_refused = placed.and_then(|(_, _, total)| {
         if total > policy.cache.max_sliced_object_size.as_u64() {
             Some("larger than max_sliced_object_size")
-        } else if !has_strong_validator(&head.headers) {
-            // Nothing would prove that the next part is of the same version of the object.
+        } else if route.slice.is_some() && !has_strong_validator(&head.headers) {
+            // Nothing would prove that the next slice is of the same version of the object. Elsewhere
+            // such a part is kept alone: it answers ranges within it, and is never joined with another.
             Some("a part without an entity-tag or Last-Modified")
+        } else if head
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity"))
+        {
+            // Bytes of a coding the origin chose for one request: joined with the next part, or sent to a
+            // client that did not ask for that coding, they would be wrong.
+            Some("a part in a content coding")
         } else {
             None
         }

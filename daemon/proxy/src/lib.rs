@@ -27,6 +27,7 @@ mod tests;
 pub mod worker;
 
 use std::{
+    borrow::Cow,
     future::Future,
     net::IpAddr,
     sync::{atomic::Ordering::Relaxed, Arc},
@@ -51,6 +52,7 @@ use lacquer_policy::{
     head,
     headers::strip_hop_by_hop,
     key::primary_key,
+    range,
     request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
 };
@@ -58,7 +60,7 @@ use lacquer_policy::{
 use crate::{
     coalesce::{Fetch, Joined},
     coding::{Conversion, Negotiated},
-    fetch::Fill,
+    fetch::{Ask, Fill},
     phase::{Admitted, Answered, Decided},
     prepared::Prepared,
     stats::{add, inc, Stats},
@@ -397,6 +399,8 @@ async fn lookup<S: CacheStore>(
     }
     let mut may_wait = true;
     let mut looked_again = false;
+    // Parts are tried once: when they could not answer, the ordinary way does.
+    let mut parts_tried = false;
     loop {
         // Noted before the store is read: see `Coalescer::finished`.
         let finished = shared.coalescer.finished();
@@ -405,7 +409,27 @@ async fn lookup<S: CacheStore>(
         let vouched = vouched(shared);
         let now = lacquer_clock::now_ms();
         let mut stale = None;
-        if let Some(found) = find(worker, &key, &parts).await {
+        let found = match find_variant(worker, &key, &parts).await {
+            // An object stored in parts (ranges forwarded to the origin) answers while it is fresh; the
+            // ordinary way fetches the whole, or forwards the range, otherwise.
+            Some(found) if found.set.partial(found.meta().generation).is_some() => {
+                let usable = usability(found.meta().lifetime(now));
+                let fresh = within_request_grace(usable, found.meta(), now, decided);
+                let readable = matches!(parts.method, Method::GET | Method::HEAD);
+                if let (Usability::Fresh, true, true, false) =
+                    (fresh, vouched, readable, parts_tried)
+                {
+                    parts_tried = true;
+                    let served = slice::serve_parts(worker, &ctx, &key, &parts, &found, finished);
+                    if let Some(resp) = served.await {
+                        return parts_back(resp, &parts);
+                    }
+                }
+                None
+            }
+            found => found,
+        };
+        if let Some(found) = found {
             let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
             match within_request_grace(
                 usability(found.meta().lifetime(now)),
@@ -554,16 +578,8 @@ impl Found {
     }
 }
 
-/// The stored variant this request selects, fresh or not (the sweeper removes what is past keeping), when
-/// its body is stored whole: one stored in parts is answered by a sliced route alone (`slice::serve`),
-/// and the ordinary way fetches the whole, which replaces it.
-async fn find<S: CacheStore>(worker: &Worker<S>, key: &str, parts: &Parts) -> Option<Found> {
-    find_variant(worker, key, parts)
-        .await
-        .filter(|found| found.set.partial(found.meta().generation).is_none())
-}
-
-/// The stored variant this request selects, whole or in parts.
+/// The stored variant this request selects, whole or in parts, fresh or not (the sweeper removes what is
+/// past keeping).
 async fn find_variant<S: CacheStore>(
     worker: &Worker<S>,
     key: &str,
@@ -787,6 +803,7 @@ fn refresh<S: CacheStore>(
             background: true,
             stand_in: true,
             part: None,
+            if_range: None,
         };
         tokio::spawn(fetch::run(worker.clone(), fetch, fill));
     }
@@ -842,6 +859,13 @@ async fn miss<S: CacheStore>(
     let stand_in = stale.as_ref().is_some_and(|found| {
         usability(found.meta().lifetime(lacquer_clock::now_ms())) != Usability::Unusable
     });
+    // A range of an object not stored goes to the origin as that range, coalesced with fetches of the same
+    // range alone.
+    let forwarded = stale
+        .is_none()
+        .then(|| forwarded_range(route, ctx.decided, parts))
+        .flatten();
+    let fetch_key = forwarded.map_or(Cow::Borrowed(key), |ask| Cow::Owned(ask.key(key)));
     // Starts the coalescer's fetch for the key (`leader`), or one of this request's own, revalidating the
     // stale object when `revalidate`. The reader exists before the fill task starts, so the fill never sees
     // a fetch without readers that it would cancel.
@@ -861,7 +885,8 @@ async fn miss<S: CacheStore>(
                 .filter(|found| revalidate && found.revalidatable()),
             background: false,
             stand_in,
-            part: None,
+            part: forwarded,
+            if_range: None,
         };
         tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
         (fetch, reader)
@@ -870,7 +895,7 @@ async fn miss<S: CacheStore>(
     let joined = (joining != Joining::Never).then(|| {
         shared
             .coalescer
-            .join(key, now, transit_buffer, looked_up_at)
+            .join(&fetch_key, now, transit_buffer, looked_up_at)
     });
     let ((fetch, mut reader), mut owner) = match joined {
         None => (start(None, true), true),
@@ -987,6 +1012,23 @@ async fn miss<S: CacheStore>(
         resp.extensions_mut().insert(phase::DebugInfo(debug));
     }
     Some(resp)
+}
+
+/// The range a request for an object not stored sends to the origin instead of fetching the whole
+/// (`cache.forward_ranges`): its one range, when it begins `forward_ranges_from` or further in or is a
+/// suffix, of a GET on a route without `slice`. Not with `If-Range`, whose answer may have to be the whole.
+fn forwarded_range(route: &Route, decided: &Decided, parts: &Parts) -> Option<Ask> {
+    let cache = &route.policy.cache;
+    let eligible = cache.forward_ranges
+        && route.slice.is_none()
+        && parts.method == Method::GET
+        && decided.body.is_none()
+        && !parts.headers.contains_key(header::IF_RANGE);
+    let single = range::single(&parts.headers).filter(|_| eligible)?;
+    let far = single
+        .first()
+        .is_none_or(|first| first >= cache.forward_ranges_from.as_u64());
+    far.then_some(Ask::Client(single))
 }
 
 async fn pass<S: CacheStore>(

@@ -138,15 +138,12 @@ impl State {
         });
         if let Some(partial) = joins {
             set.variants[current.expect("joined")].refresh_from_part(head);
-            let parts = &mut set.partials[partial].parts;
-            let at = parts.partition_point(|p| p.start < part.start);
-            if parts
-                .get(at)
-                .is_some_and(|p| p.start == part.start && p.end() >= part.end())
-            {
-                self.forget_body(part.body.generation);
+            let partial = &mut set.partials[partial];
+            if partial.adds(part.start, part.end()) {
+                let at = partial.parts.partition_point(|p| p.start < part.start);
+                partial.parts.insert(at, part);
             } else {
-                parts.insert(at, part);
+                self.forget_body(part.body.generation);
             }
             self.sets.insert(primary.to_owned(), Arc::new(set));
             return PartKept::Added;

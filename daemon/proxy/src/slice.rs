@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use crate::{
     coalesce::{Fetch, FetchReader, FetchedHead, Joined},
     coding::Conversion,
-    fetch::{self, part_key, placed_part, Fill},
+    fetch::{self, placed_part, Ask, Fill},
     phase::{self, Decided},
     respond::{self, Outcome, Shape},
     stats::inc,
@@ -48,6 +48,20 @@ const LOOKS: u32 = 64;
 /// How often a request starts over because the object changed at the origin before its first byte was
 /// sent; then it is answered 502.
 const RESTARTS: usize = 3;
+
+/// Bytes `first..=last` of an object asked of the origin in one range request (`None`: to the end).
+type Span = (u64, Option<u64>);
+
+/// How the bytes of a response not stored are cut into fetches.
+#[derive(Clone, Copy)]
+enum Cut {
+    /// Aligned slices of this many bytes (`[[route]] slice`).
+    Slices(u64),
+    /// The bytes between the parts stored, each asked for as one range, with `If-Range` when the object
+    /// has a strong validator: an object whose parts are ranges forwarded to the origin on a route
+    /// without `slice` (`cache.forward_ranges`).
+    Gaps,
+}
 
 /// Answers a request on a route sliced in `size`-byte slices. `None` when the object is stored whole (an
 /// origin that ignored `Range`, or a store from before the route was sliced): the ordinary way serves it.
@@ -66,7 +80,8 @@ pub(crate) async fn serve<S: CacheStore>(
         client: ctx.client,
         route: ctx.route.clone(),
         decided: ctx.decided.clone(),
-        size,
+        cut: Cut::Slices(size),
+        if_range: None,
     };
     if shared.coalescer.is_hit_for_miss(key) {
         inc(&shared.stats.hit_for_miss);
@@ -101,7 +116,7 @@ pub(crate) async fn serve<S: CacheStore>(
                     };
                     if let Answered::Sent(resp) = answer(&asker, object, None, outcome).await {
                         inc(&shared.stats.stale_served);
-                        asker.refresh(found);
+                        asker.refresh(found, size);
                         return Some(resp);
                     }
                     continue;
@@ -109,7 +124,7 @@ pub(crate) async fn serve<S: CacheStore>(
                 _ => {}
             }
         }
-        match fetch_first(&asker, found, looked_up_at).await {
+        match fetch_first(&asker, size, found, looked_up_at).await {
             Answered::Sent(resp) => return Some(resp),
             Answered::Changed => {}
         }
@@ -126,6 +141,45 @@ pub(crate) async fn serve<S: CacheStore>(
     ))
 }
 
+/// Answers a request on a route without `slice` for an object stored in parts (`found`: ranges forwarded
+/// to the origin, `cache.forward_ranges`) while it is fresh: from the parts, the bytes between them fetched
+/// as ranges and joined to them when they are of the same version. `None` when the ordinary way answers
+/// instead (it fetches the whole, or forwards the range): the object changed at the origin, or nothing
+/// proves its parts are of one version with the bytes between them. `looked_up_at` is
+/// [`crate::coalesce::Coalescer::finished`] before the store was read.
+pub(crate) async fn serve_parts<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
+    ctx: &Ctx<'_>,
+    key: &str,
+    parts: &Arc<Parts>,
+    found: &Found,
+    looked_up_at: u64,
+) -> Option<Response<Body>> {
+    let meta = found.meta();
+    let if_range = match meta.validators() {
+        (Some(etag), _) if !etag.starts_with(b"W/") => HeaderValue::from_bytes(etag).ok(),
+        (None, Some(date)) => HeaderValue::from_bytes(date).ok(),
+        _ => None,
+    };
+    let asker = Asker {
+        worker: worker.clone(),
+        key: key.to_owned(),
+        parts: parts.clone(),
+        client: ctx.client,
+        route: ctx.route.clone(),
+        decided: ctx.decided.clone(),
+        cut: Cut::Gaps,
+        if_range,
+    };
+    let now = lacquer_clock::now_ms();
+    let ttl_s = meta.remaining_ttl_ms(now) / 1000;
+    let object = Object::stored(found, now, Some(looked_up_at));
+    match answer(&asker, object, None, Outcome::Hit { ttl_s }).await {
+        Answered::Sent(resp) => Some(resp),
+        Answered::Changed => None,
+    }
+}
+
 /// What an attempt to answer came to.
 enum Answered {
     Sent(Response<Body>),
@@ -138,11 +192,11 @@ enum Answered {
 /// the origin's answer as it is when that is not a part (an origin that ignores `Range` sends the whole).
 async fn fetch_first<S: CacheStore>(
     asker: &Asker<S>,
+    size: u64,
     found: Option<Found>,
     looked_up_at: Option<u64>,
 ) -> Answered {
     let shared = &asker.worker.shared;
-    let size = asker.size;
     let now = lacquer_clock::now_ms();
     let stored_total = found
         .as_ref()
@@ -164,11 +218,12 @@ async fn fetch_first<S: CacheStore>(
         _ => range::first_wanted(&asker.parts.headers).unwrap_or(0),
     };
     let first = wanted / size * size;
+    let ask = Ask::Bytes(first, Some(first.saturating_add(size - 1)));
     let stand_in = found
         .as_ref()
         .is_some_and(|f| usability(f.meta().lifetime(now)) != Usability::Unusable);
     let revalidate = found.clone().filter(Found::revalidatable);
-    let Some((mut reader, mut owner)) = asker.ask(first, revalidate, stand_in, false, looked_up_at)
+    let Some((mut reader, mut owner)) = asker.ask(ask, revalidate, stand_in, false, looked_up_at)
     else {
         return Answered::Changed;
     };
@@ -177,7 +232,7 @@ async fn fetch_first<S: CacheStore>(
         if !asker.takes(h) {
             // Another request's own answer (private, a cookie) or another variant's: this one fetches
             // for itself.
-            let (own, _) = asker.alone(first, found.clone().filter(Found::revalidatable), stand_in);
+            let (own, _) = asker.alone(ask, found.clone().filter(Found::revalidatable), stand_in);
             (reader, owner) = (own, true);
             head = reader.head().await;
         }
@@ -374,20 +429,19 @@ async fn answer<S: CacheStore>(
         total,
         stored: object.stored,
         lost: Vec::new(),
-        // The slice fetched to learn of the object, unless the response starts elsewhere (a suffix, an
-        // If-Range that did not hold): a reader that never reads would hold an unstored fetch still.
-        ahead: first
-            .filter(|(slice, _)| *slice == from / asker.size * asker.size)
-            .map(|(slice, reader)| (slice, reader, true))
-            .into_iter()
-            .collect(),
+        ahead: Vec::new(),
         proved: None,
         looked_up_at: object.looked_up_at,
         looks_left: LOOKS,
     };
+    // The slice fetched to learn of the object, unless the response starts elsewhere (a suffix, an
+    // If-Range that did not hold): a reader that never reads would hold an unstored fetch still.
+    let (_, span) = assembly.unit(from, to);
+    if let Some((_, reader)) = first.filter(|(slice, _)| *slice == span.0) {
+        assembly.ahead.push((span, reader, true));
+    }
     // The first byte's source is proved before the status line: its chunk read from the store (a part
     // found to have lost it is forgotten, and the slice fetched instead), or its slice's head checked.
-    let slice = from / asker.size * asker.size;
     let fetched = loop {
         if let Some(part) = assembly.part_holding(from) {
             let chunk = u64::from(part.body.chunk_size.max(1));
@@ -406,7 +460,7 @@ async fn answer<S: CacheStore>(
                 }
             }
         }
-        match assembly.fetched(slice).await {
+        match assembly.fetched(span).await {
             Ok(Some(reader)) => break Some(Ok(reader)),
             // Stored meanwhile: read it.
             Ok(None) => continue,
@@ -430,35 +484,20 @@ async fn answer<S: CacheStore>(
         HeaderValue::from_static(outcome.x_cache()),
     );
     headers.insert(respond::CACHE_STATUS, outcome.cache_status());
-    if let Some(fetched) = fetched {
-        match fetched {
-            Ok(reader) => assembly.ahead.push((slice, reader, true)),
-            Err(Stop::Changed(fetch)) => {
-                // Looked up again once the new version's slice is stored, or the lookup would find the
-                // old version again.
-                if let Some(reader) = fetch {
-                    reader.leave_until_settled().await;
-                }
-                return Answered::Changed;
-            }
-            Err(Stop::Whole(reader, head)) => {
-                // The origin answers the whole now: as `fetch_first` answers it.
-                let outcome = Outcome::Miss {
-                    stored: head.shareable,
-                    collapsed: false,
-                    detail: None,
-                };
-                return Answered::Sent(asker.as_fetched(&head, reader, outcome));
-            }
-            Err(Stop::Failed(e)) => {
-                inc(&shared.stats.backend_errors);
-                let outcome = Outcome::Miss {
-                    stored: false,
-                    collapsed: false,
-                    detail: Some("backend-error"),
-                };
-                return Answered::Sent(respond::error(StatusCode::BAD_GATEWAY, outcome, &e));
-            }
+    match fetched {
+        Some(Ok(reader)) => assembly.ahead.push((span, reader, true)),
+        Some(Err(stop)) => return stopped(asker, stop).await,
+        None => {}
+    }
+    if let (Cut::Gaps, Some(gap)) = (asker.cut, assembly.first_gap(from, to)) {
+        // Parts stored that are not proved to be of one version with the bytes between them (no strong
+        // validator, or the origin's object changed) would make a body of two: the first gap's head is
+        // checked before the status line too, and the whole is answered when the origin sends it.
+        let (_, span) = assembly.unit(gap, to);
+        match assembly.fetched(span).await {
+            Ok(Some(reader)) => assembly.ahead.push((span, reader, true)),
+            Ok(None) => {}
+            Err(stop) => return stopped(asker, stop).await,
         }
     }
     // Two chunks queued for the connection while the task reads the next: a stored body streams at the
@@ -472,6 +511,39 @@ async fn answer<S: CacheStore>(
     Answered::Sent(respond::response(status, headers, body))
 }
 
+/// The answer when a fetch stopped before a byte was sent: the object looked up again once the new
+/// version is stored (`Changed`), the origin's whole answer (`Whole`), or 502.
+async fn stopped<S: CacheStore>(asker: &Asker<S>, stop: Stop<S>) -> Answered {
+    match stop {
+        Stop::Changed(fetch) => {
+            // Looked up again once the new version's slice is stored, or the lookup would find the old
+            // version again.
+            if let Some(reader) = fetch {
+                reader.leave_until_settled().await;
+            }
+            Answered::Changed
+        }
+        Stop::Whole(reader, head) => {
+            // The origin answers the whole now: as `fetch_first` answers it.
+            let outcome = Outcome::Miss {
+                stored: head.shareable,
+                collapsed: false,
+                detail: None,
+            };
+            Answered::Sent(asker.as_fetched(&head, reader, outcome))
+        }
+        Stop::Failed(e) => {
+            inc(&asker.worker.shared.stats.backend_errors);
+            let outcome = Outcome::Miss {
+                stored: false,
+                collapsed: false,
+                detail: Some("backend-error"),
+            };
+            Answered::Sent(respond::error(StatusCode::BAD_GATEWAY, outcome, &e))
+        }
+    }
+}
+
 /// What a request needs to fetch slices of its object: owned, for the task that streams its body.
 struct Asker<S: CacheStore> {
     worker: Arc<Worker<S>>,
@@ -480,7 +552,9 @@ struct Asker<S: CacheStore> {
     client: IpAddr,
     route: Arc<Route>,
     decided: Decided,
-    size: u64,
+    cut: Cut,
+    /// The object's strong validator, which a gap's fetch sends as `If-Range`.
+    if_range: Option<HeaderValue>,
 }
 
 impl<S: CacheStore> Clone for Asker<S> {
@@ -492,14 +566,15 @@ impl<S: CacheStore> Clone for Asker<S> {
             client: self.client,
             route: self.route.clone(),
             decided: self.decided.clone(),
-            size: self.size,
+            cut: self.cut,
+            if_range: self.if_range.clone(),
         }
     }
 }
 
 impl<S: CacheStore> Asker<S> {
-    /// How a fetch of a slice is made.
-    fn fill(&self, first: u64, how: Asked) -> Fill {
+    /// How a fetch of a slice (or a gap) is made.
+    fn fill(&self, ask: Ask, how: Asked) -> Fill {
         Fill {
             key: self.key.clone(),
             registered: how.registered,
@@ -510,17 +585,17 @@ impl<S: CacheStore> Asker<S> {
             stale: how.stale,
             background: how.background,
             stand_in: how.stand_in,
-            part: Some((first, first.saturating_add(self.size - 1))),
+            part: Some(ask),
+            if_range: how.if_range,
         }
     }
 
-    /// Starts `fetch` of the slice from byte `first`: a reader of it, made before the fill task starts
-    /// (so the fill never sees a fetch without readers that it would cancel), and `true`: this request
-    /// started it.
-    fn start(&self, fetch: Arc<Fetch<S>>, first: u64, how: Asked) -> (FetchReader<S>, bool) {
+    /// Starts `fetch` of `ask`: a reader of it, made before the fill task starts (so the fill never sees a
+    /// fetch without readers that it would cancel), and `true`: this request started it.
+    fn start(&self, fetch: Arc<Fetch<S>>, ask: Ask, how: Asked) -> (FetchReader<S>, bool) {
         let reader = fetch.reader();
         inc(&self.worker.shared.stats.slices_fetched);
-        let fill = self.fill(first, how);
+        let fill = self.fill(ask, how);
         tokio::spawn(fetch::run(self.worker.clone(), fetch, fill));
         (reader, true)
     }
@@ -529,14 +604,14 @@ impl<S: CacheStore> Asker<S> {
         self.route.policy.cache.transit_buffer.as_u64()
     }
 
-    /// Joins the fetch of the slice from byte `first` under way, or starts it (revalidating `stale` with
-    /// it when given); a reader of it, and whether this request started it. For a request that read the
+    /// Joins the fetch of `ask` under way, or starts it (revalidating `stale` with it when given; with
+    /// `If-Range` in `if_range`); a reader of it, and whether this request started it. For a request that read the
     /// store when [`crate::coalesce::Coalescer::finished`] was `looked_up_at`: `None` when a fetch
     /// finished since (it may have stored the slice), so the caller looks again instead of fetching the
     /// slice a second time.
     fn ask(
         &self,
-        first: u64,
+        ask: Ask,
         stale: Option<Found>,
         stand_in: bool,
         background: bool,
@@ -544,47 +619,59 @@ impl<S: CacheStore> Asker<S> {
     ) -> Option<(FetchReader<S>, bool)> {
         let shared = &self.worker.shared;
         let transit_buffer = self.transit_buffer();
+        let if_range = self.condition(stale.as_ref());
         let how = |registered| Asked {
             registered,
             stale: stale.clone(),
             stand_in,
             background,
+            if_range: if_range.clone(),
         };
         let now = shared.store.mark();
-        let key = part_key(&self.key, first);
+        let key = ask.key(&self.key);
         Some(
             match shared
                 .coalescer
                 .join(&key, now, transit_buffer, looked_up_at)
             {
-                Joined::Leader(fetch) => self.start(fetch, first, how(true)),
+                Joined::Leader(fetch) => self.start(fetch, ask, how(true)),
                 Joined::Waiter(fetch) => {
                     let reader = fetch.reader();
                     if reader.cancelled() {
-                        self.start(Fetch::new(now, transit_buffer), first, how(false))
+                        self.start(Fetch::new(now, transit_buffer), ask, how(false))
                     } else {
                         (reader, false)
                     }
                 }
-                Joined::HitForMiss => {
-                    self.start(Fetch::new(now, transit_buffer), first, how(false))
-                }
+                Joined::HitForMiss => self.start(Fetch::new(now, transit_buffer), ask, how(false)),
                 Joined::LookAgain => return None,
             },
         )
     }
 
-    /// Starts a fetch of the slice from byte `first` for this request alone (revalidating `stale` with it
-    /// when given), not joined by any other.
-    fn alone(&self, first: u64, stale: Option<Found>, stand_in: bool) -> (FetchReader<S>, bool) {
+    /// Starts a fetch of `ask` for this request alone (revalidating `stale` with it when given), not
+    /// joined by any other.
+    fn alone(&self, ask: Ask, stale: Option<Found>, stand_in: bool) -> (FetchReader<S>, bool) {
         let fetch = Fetch::new(self.worker.shared.store.mark(), self.transit_buffer());
         let how = Asked {
             registered: false,
+            if_range: self.condition(stale.as_ref()),
             stale,
             stand_in,
             background: false,
         };
-        self.start(fetch, first, how)
+        self.start(fetch, ask, how)
+    }
+
+    /// The `If-Range` a gap's fetch carries, so that an origin whose object changed sends the whole instead
+    /// of a part of another version: the object's strong entity-tag or, without one, its `Last-Modified`.
+    /// Slices carry none (a whole answer to a slice of a huge object would be the huge object), nor does a
+    /// revalidation (`stale`), whose conditionals already ask whether the object changed.
+    fn condition(&self, stale: Option<&Found>) -> Option<HeaderValue> {
+        let (Cut::Gaps, None) = (self.cut, stale) else {
+            return None;
+        };
+        self.if_range.clone()
     }
 
     /// Whether this request may take a fetch another started: an answer that is stored, of the variant
@@ -623,16 +710,17 @@ impl<S: CacheStore> Asker<S> {
         .await
     }
 
-    /// Revalidates an object served in grace, in the background, with its first stored part's slice,
-    /// unless a fetch of that slice is under way.
-    fn refresh(&self, found: &Found) {
+    /// Revalidates an object of a sliced route served in grace, in the background, with its first stored
+    /// part's slice, unless a fetch of that slice is under way.
+    fn refresh(&self, found: &Found, size: u64) {
         let first = found
             .set
             .partial(found.meta().generation)
             .and_then(|p| p.parts.first())
-            .map_or(0, |p| p.start / self.size * self.size);
+            .map_or(0, |p| p.start / size * size);
+        let ask = Ask::Bytes(first, Some(first.saturating_add(size - 1)));
         let stale = Some(found.clone()).filter(Found::revalidatable);
-        let key = part_key(&self.key, first);
+        let key = ask.key(&self.key);
         let shared = &self.worker.shared;
         let now = shared.store.mark();
         if let Joined::Leader(fetch) = shared
@@ -644,9 +732,10 @@ impl<S: CacheStore> Asker<S> {
                 stale,
                 stand_in: true,
                 background: true,
+                if_range: None,
             };
             // Nobody reads it: a background fill is not cancelled for want of readers.
-            drop(self.start(fetch, first, how));
+            drop(self.start(fetch, ask, how));
         }
     }
 }
@@ -661,6 +750,8 @@ struct Asked {
     stand_in: bool,
     /// Nobody waits for it: not cancelled for want of readers.
     background: bool,
+    /// The `If-Range` it carries.
+    if_range: Option<HeaderValue>,
 }
 
 /// Why a response stops taking bytes from a slice.
@@ -684,9 +775,9 @@ struct Assembly<S: CacheStore> {
     stored: Option<(Arc<ObjectSet>, u64)>,
     /// Parts found to have lost a chunk (by generation): not read again.
     lost: Vec<u64>,
-    /// Fetches of slices started ahead of their bytes, by their first byte, and whether this response
-    /// started them.
-    ahead: Vec<(u64, FetchReader<S>, bool)>,
+    /// Fetches started ahead of their bytes, by the bytes they ask for, and whether this response started
+    /// them.
+    ahead: Vec<(Span, FetchReader<S>, bool)>,
     /// The first chunk sent, read to prove it before the status line: the part's generation, the chunk's
     /// index in it, its bytes.
     proved: Option<(u64, u32, Bytes)>,
@@ -709,6 +800,49 @@ impl<S: CacheStore> Assembly<S> {
             .cloned()
     }
 
+    /// The fetch that brings byte `at` (not stored) of a response ending at byte `to`: the last byte of the
+    /// response it brings, and the bytes it asks the origin for. A slice; or the gap from `at` to the next
+    /// part stored or the response's end, asked for open-ended when that is the object's end.
+    fn unit(&self, at: u64, to: u64) -> (u64, Span) {
+        match self.asker.cut {
+            Cut::Slices(size) => {
+                let first = at / size * size;
+                let last = first.saturating_add(size - 1);
+                (last.min(to), (first, Some(last)))
+            }
+            Cut::Gaps => {
+                let next = self.stored.as_ref().and_then(|(set, generation)| {
+                    let partial = set.partial(*generation)?;
+                    partial
+                        .parts
+                        .iter()
+                        .filter(|p| p.start > at && !self.lost.contains(&p.body.generation))
+                        .map(|p| p.start)
+                        .min()
+                });
+                let last = next.map_or(to, |n| to.min(n - 1));
+                let end = if last + 1 == self.total {
+                    None
+                } else {
+                    Some(last)
+                };
+                (last, (at, end))
+            }
+        }
+    }
+
+    /// The first byte of `from..=to` no stored part holds, if any.
+    fn first_gap(&self, from: u64, to: u64) -> Option<u64> {
+        let mut at = from;
+        while at <= to {
+            match self.part_holding(at) {
+                Some(part) => at = part.end(),
+                None => return Some(at),
+            }
+        }
+        None
+    }
+
     /// Forgets a part found to have lost a chunk: not read again by this response, and removed from the
     /// store, so the bytes are fetched again.
     fn forget(&mut self, part: &Part) {
@@ -723,32 +857,41 @@ impl<S: CacheStore> Assembly<S> {
 
     /// Sends bytes `from..=to` into `tx`; a failure ends the body with an error.
     async fn run(mut self, mut from: u64, to: u64, tx: mpsc::Sender<Result<Bytes, BoxError>>) {
-        let size = self.asker.size;
         while from <= to {
-            let slice = from / size * size;
-            let next = slice.saturating_add(size);
-            if next <= to
-                && self.part_holding(next).is_none()
-                && !self.ahead.iter().any(|(s, ..)| *s == next)
-            {
-                // In the background: a client that leaves does not cancel a slice others will want.
-                let asked = self.asker.ask(next, None, false, true, self.looked_up_at);
-                if let Some((reader, owner)) = asked {
-                    self.ahead.push((next, reader, owner));
+            // A stored part is sent to its end, or a slice's.
+            let mut until = to;
+            if let Cut::Slices(size) = self.asker.cut {
+                let next = (from / size * size).saturating_add(size);
+                until = to.min(next - 1);
+                let span = (next, Some(next.saturating_add(size - 1)));
+                if next <= to
+                    && self.part_holding(next).is_none()
+                    && !self.ahead.iter().any(|(a, ..)| *a == span)
+                {
+                    // In the background: a client that leaves does not cancel a slice others will want.
+                    let ask = Ask::Bytes(span.0, span.1);
+                    let asked = self.asker.ask(ask, None, false, true, self.looked_up_at);
+                    if let Some((reader, owner)) = asked {
+                        self.ahead.push((span, reader, owner));
+                    }
                 }
             }
-            let until = to.min(next - 1);
             let sent = match self.part_holding(from) {
                 Some(part) => {
                     self.send_stored(&part, from, until.min(part.end() - 1), &tx)
                         .await
                 }
-                None => match self.fetched(slice).await {
-                    Ok(Some(reader)) => self.send_fetched(reader, slice, from, until, &tx).await,
-                    // Stored meanwhile: read it.
-                    Ok(None) => continue,
-                    Err(stop) => Err(stop),
-                },
+                None => {
+                    let (last, span) = self.unit(from, to);
+                    match self.fetched(span).await {
+                        Ok(Some(reader)) => {
+                            self.send_fetched(reader, span.0, from, last, &tx).await
+                        }
+                        // Stored meanwhile: read it.
+                        Ok(None) => continue,
+                        Err(stop) => Err(stop),
+                    }
+                }
             };
             match sent {
                 Ok(Some(reached)) => from = reached,
@@ -830,8 +973,8 @@ impl<S: CacheStore> Assembly<S> {
         Ok(Some(at))
     }
 
-    /// Sends bytes `from..=to` of the slice starting at byte `slice`, from its fetch; where it reached, or
-    /// `None` when the client is gone.
+    /// Sends bytes `from..=to` of the slice (or gap) starting at byte `slice`, from its fetch; where it
+    /// reached, or `None` when the client is gone.
     async fn send_fetched(
         &mut self,
         reader: FetchReader<S>,
@@ -862,21 +1005,23 @@ impl<S: CacheStore> Assembly<S> {
 
     /// The fetch of the slice starting at byte `slice` (started ahead, or now), once its head shows it is a
     /// part of this version of the object; `None` when the store holds the slice now (read it).
-    async fn fetched(&mut self, slice: u64) -> Result<Option<FetchReader<S>>, Stop<S>> {
+    async fn fetched(&mut self, (slice, last): Span) -> Result<Option<FetchReader<S>>, Stop<S>> {
         let stats = self.asker.worker.shared.stats.clone();
-        let (mut reader, mut owner) = match self.ahead.iter().position(|(s, ..)| *s == slice) {
-            Some(pos) => {
-                let (_, reader, owner) = self.ahead.swap_remove(pos);
-                (reader, owner)
-            }
-            None => match self.asker.ask(slice, None, false, false, self.looked_up_at) {
-                Some(asked) => asked,
-                None => {
-                    self.look_again().await;
-                    return Ok(None);
+        let ask = Ask::Bytes(slice, last);
+        let (mut reader, mut owner) =
+            match self.ahead.iter().position(|(a, ..)| *a == (slice, last)) {
+                Some(pos) => {
+                    let (_, reader, owner) = self.ahead.swap_remove(pos);
+                    (reader, owner)
                 }
-            },
-        };
+                None => match self.asker.ask(ask, None, false, false, self.looked_up_at) {
+                    Some(asked) => asked,
+                    None => {
+                        self.look_again().await;
+                        return Ok(None);
+                    }
+                },
+            };
         let failed = |e: crate::coalesce::HeadError| {
             Stop::Failed(format!("slice from byte {slice}: {}", e.error))
         };
@@ -888,14 +1033,14 @@ impl<S: CacheStore> Assembly<S> {
             if self.part_holding(slice).is_some() {
                 return Ok(None);
             }
-            (reader, owner) = self.asker.alone(slice, None, false);
+            (reader, owner) = self.asker.alone(ask, None, false);
             head = reader.head().await.map_err(failed)?;
         }
         if !owner && !self.asker.takes(&head) {
-            (reader, _) = self.asker.alone(slice, None, false);
+            (reader, _) = self.asker.alone(ask, None, false);
             head = reader.head().await.map_err(failed)?;
         }
-        let asked = (slice, slice.saturating_add(self.asker.size - 1));
+        let asked = (slice, last.unwrap_or(u64::MAX));
         let placed = (head.status == StatusCode::PARTIAL_CONTENT)
             .then(|| placed_part(&head.headers, asked).ok())
             .flatten();

@@ -504,19 +504,17 @@ impl Store {
             self.unindex_tags(primary, &head)?;
             let current = &mut set.variants[current.expect("joined")];
             current.refresh_from_part(head);
-            let parts = &mut set.partials[partial].parts;
-            let at = parts.partition_point(|p| p.start < part.start);
-            // Two fetches of one part (a response that had not seen the other's): the first stays.
-            if parts
-                .get(at)
-                .is_some_and(|p| p.start == part.start && p.end() >= part.end())
-            {
+            let partial = &mut set.partials[partial];
+            // Two fetches of one part (a response that had not seen the other's), a range within one
+            // stored, or a body at its most parts: what is stored stays.
+            if !partial.adds(part.start, part.end()) {
                 self.counters().stored_bytes.sub(part.body.length);
                 self.forget_body(&part.body);
                 self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
                 return Ok(PartKept::Added);
             }
-            parts.insert(at, part);
+            let at = partial.parts.partition_point(|p| p.start < part.start);
+            partial.parts.insert(at, part);
             self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
             return Ok(PartKept::Added);
         }
