@@ -801,3 +801,33 @@ async fn a_206_whose_content_range_disagrees_with_its_body_is_passed_on_and_neve
     assert_eq!(stats["proxy"]["slice_errors"], 2, "{stats}");
     assert_eq!(stats["proxy"]["objects_stored"], 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forwarded_range_its_client_left_keeps_the_bytes_read_and_stops_the_origin() {
+    let len = 15_000_000;
+    let origin = origin(len, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let first = 2_000_000;
+    let some = fetch_some(d.addr, "/files/s.mp4", Some("bytes=2000000-"), 1 << 20).await;
+    assert_eq!((some.status, some.wrong_at), (206, None));
+    d.wait_for_stats("what was read kept", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
+    let url = "http://files.test/files/s.mp4";
+    let inspected = d
+        .admin_get(&format!("/v1/objects?url={url}"), Some(&d.secret()))
+        .await;
+    let shown: serde_json::Value = serde_json::from_slice(&inspected.body).unwrap();
+    let part = &shown["variants"][0]["parts"][0];
+    let kept = part["size"].as_u64().unwrap();
+    assert_eq!(part["start"], first, "{shown}");
+    assert!(
+        (1 << 20) <= kept && kept < len - first,
+        "the bytes read and those in transit, not the rest of the object: {kept}"
+    );
+    let hit = fetch(d.addr, "/files/s.mp4", Some("bytes=2000000-2999999")).await;
+    assert_eq!(
+        (hit.exact(), hit.header("x-cache")),
+        ((206, 1_000_000, None, None), "HIT")
+    );
+    assert_eq!(origin.total(), 1);
+}

@@ -683,9 +683,17 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     fetch.set_head(Ok(fetched));
 
     let mut unattended = false;
+    // A client's forwarded range that every reader left: the origin is read no further, and the bytes in
+    // hand are kept as a part (an open range of a huge object is mostly asked for, then left).
+    let left_part = matches!(request.part, Some(Ask::Client(_))) && placed.is_some();
+    let mut left = false;
     loop {
         fetch.room().await;
         if writer.is_some() && !unattended && fetch.unattended() {
+            if left_part {
+                left = true;
+                break;
+            }
             unattended = true;
             inc(&shared.stats.background_fills);
         }
@@ -743,14 +751,18 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             forward_piece(fetch, &mut writer, piece, max_object_size, key, last).await;
         }
     }
-    let last = match coding.finish() {
-        Ok(pieces) => pieces,
-        Err(e) => return corrupt(worker, fetch, key, e),
-    };
-    for piece in last {
-        forward_piece(fetch, &mut writer, piece, max_object_size, key, false).await;
+    if left {
+        fetch.end(Err(FetchError::new("every reader left the range")));
+    } else {
+        let last = match coding.finish() {
+            Ok(pieces) => pieces,
+            Err(e) => return corrupt(worker, fetch, key, e),
+        };
+        for piece in last {
+            forward_piece(fetch, &mut writer, piece, max_object_size, key, false).await;
+        }
+        fetch.end(Ok(()));
     }
-    fetch.end(Ok(()));
     coding.record(&mut head.headers, &shared.stats);
 
     let (Some(writer), Some(storable)) = (writer, storable) else {
@@ -783,11 +795,12 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         policy,
     );
     if let Some((first, last, total)) = placed {
-        if writer.length() != last - first + 1 {
+        let kept = writer.length();
+        if kept != last - first + 1 && !(left && kept > 0) {
             inc(&shared.stats.slice_errors);
             tracing::warn!(
                 key,
-                sent = writer.length(),
+                sent = kept,
                 "a part's body is not the length its Content-Range gives; not storing"
             );
             return Ending::NotStored;
