@@ -14,6 +14,11 @@ their order rotating between rounds. Per round and target, on objects of their o
 Every range answer is checked: status 206, its Content-Range, and every body byte against the origin's pattern
 (byte i is i % 251). A wrong answer is printed when it happens and again at the end, and the script exits 1.
 
+`--plain` slices neither: lacquerd's route has no `slice` (a range far into an object not stored is forwarded to the
+origin and its 206 stored as a part, `cache.forward_ranges`, the default) and NGINX's /range/ is its plain
+proxy_cache (which fetches the whole object for a range, as Varnish does); give it an object both store whole
+(`--size-mib 200`: lacquerd's max_object_size is 256 MiB).
+
 `--targets nginx` runs NGINX alone (a lacquerd from before slicing refuses the route; its configuration goes
 through `lacquerd --check` first); `--no-slice` runs lacquerd without the slice line (the 2 GiB object is then
 over max_object_size and never stored: a control, not a contender).
@@ -73,7 +78,7 @@ disk_size = "6GiB"
 [[route]]
 path_prefix = "/range/"
 """)
-        if not args.no_slice:
+        if not (args.no_slice or args.plain):
             f.write(f'slice = "{args.slice_mib}MiB"\n')
     return path
 
@@ -83,7 +88,7 @@ def checked_lacquer_config(work, args):
     config = lacquer_config(work, args)
     check = subprocess.run([args.lacquerd, "--config", config, "--check"], capture_output=True, text=True)
     if check.returncode:
-        hint = "" if args.no_slice else " (one from before slicing rejects `slice`: --no-slice, or --targets nginx)"
+        hint = "" if args.no_slice or args.plain else " (one from before slicing rejects `slice`: --no-slice, or --targets nginx)"
         raise SystemExit(f"lacquerd --check refused {config}{hint}:\n{check.stdout}{check.stderr}")
     return config
 
@@ -98,9 +103,17 @@ def nginx_config(work, args):
     kept (lancache hides it for Battle.net; kept, the slice module checks that every slice comes from the same
     object); and no `aio threads`: with Debian 12's NGINX 1.22.1 it hung 3 of about 20 sliced 2 GiB reads here
     for a minute, until send_timeout cut them (none in 24 without it). Everything outside /range/ is
-    compare.py's plain proxy_cache."""
+    compare.py's plain proxy_cache, as /range/ is too with --plain."""
     conf = f"{work}/nginx.conf"
     os.makedirs(f"{work}/nginx-cache", exist_ok=True)
+    # --plain: /range/ as `location /` (the rest of its block is never reached).
+    plain_range = """            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_cache bench;
+            proxy_cache_lock on;
+        }
+        location /unreached/ {"""
     with open(conf, "w") as f:
         f.write(f"""
 user root;
@@ -128,6 +141,7 @@ http {{
             proxy_cache_lock on;
         }}
         location /range/ {{
+{plain_range if args.plain else ""}
             slice {args.slice_mib}m;
             proxy_pass http://origin;
             proxy_http_version 1.1;
@@ -350,6 +364,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--targets", default="lacquer,nginx", help="comma-separated: lacquer, nginx")
     ap.add_argument("--no-slice", action="store_true", help="lacquerd without `slice` on the route (a control)")
+    ap.add_argument("--plain", action="store_true", help="neither slices: lacquerd forwards ranges, NGINX's plain "
+                    "proxy_cache fetches the whole")
     ap.add_argument("--size-mib", type=int, default=2048, help="the object's size")
     ap.add_argument("--slice-mib", type=int, default=8, help="lacquerd's `slice` and NGINX's `slice`")
     ap.add_argument("--range-requests", type=int, default=200)
@@ -395,7 +411,12 @@ def main():
 
     title = f"median of {args.rounds} rounds"
     if "lacquer" in targets:
-        title += "; lacquerd without slice (control)" if args.no_slice else f"; lacquerd slice {args.slice_mib} MiB"
+        if args.plain:
+            title += "; no slicing: lacquerd forwards ranges (forward_ranges), NGINX plain proxy_cache"
+        elif args.no_slice:
+            title += "; lacquerd without slice (control)"
+        else:
+            title += f"; lacquerd slice {args.slice_mib} MiB"
     if len(targets) > 1:
         title += "; ratios are medians of per-round ratios"
     obj = f"{args.size_mib} MiB"

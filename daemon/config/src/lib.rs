@@ -274,8 +274,8 @@ pub struct Cache {
     /// Largest body stored; larger ones are passed. On a route with `slice`, the largest slice. Default:
     /// 256 MiB.
     pub max_object_size: ByteSize,
-    /// Largest object a route with `slice` stores (its slices together); larger ones are passed. Default:
-    /// 64 GiB.
+    /// Largest object stored in parts (a sliced route's slices together, or the ranges of one forwarded to
+    /// the origin); larger ones are passed. Default: 64 GiB.
     pub max_sliced_object_size: ByteSize,
     /// Send a single-range request for an object not stored to the origin as that range, and store the
     /// 206 as a part of the object, when the range begins `forward_ranges_from` or further in, or asks for

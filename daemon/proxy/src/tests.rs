@@ -1412,3 +1412,72 @@ async fn a_sliced_object_is_assembled_from_its_parts() {
     );
     assert_eq!(origin.total(), 3, "the whole from its stored parts");
 }
+
+/// A route without `slice` against the in-memory store: a range far in is forwarded and its 206 stored as
+/// a part, a range within it is a hit, and the whole is the part and the gap before it, asked for once with
+/// `If-Range`; then all of it is stored.
+#[tokio::test]
+async fn a_forwarded_range_is_stored_and_completed_by_the_gap_before_it() {
+    let origin = Origin::start(|seen| lacquer_tests::ranged(seen, 100, 0, "\"f\"")).await;
+    let store = MemoryStore::new(10);
+    let w = worker_with(&origin, &store, |c| {
+        c.storage.chunk_size = bytesize::ByteSize::b(10);
+        c.cache.forward_ranges_from = bytesize::ByteSize::b(50);
+    });
+    let near = get(&w, "/n", &[("range", "bytes=10-19")]).await;
+    assert_eq!(near.body, pattern(100)[10..20]);
+    let got = get(&w, "/f", &[("range", "bytes=60-")]).await;
+    assert_eq!(got.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(got.header("content-range"), "bytes 60-99/100");
+    assert_eq!(got.body, pattern(100)[60..]);
+    fills_done(&w).await;
+    let set = store.set(&key("/f")).expect("stored");
+    let partial = set.partial(set.variants[0].generation).expect("in parts");
+    assert_eq!((partial.total, partial.parts.len()), (100, 1));
+    assert_eq!(
+        (partial.parts[0].start, partial.parts[0].body.length),
+        (60, 40)
+    );
+
+    let within = get(&w, "/f", &[("range", "bytes=-5")]).await;
+    assert_eq!(
+        (within.x_cache(), &within.body[..]),
+        ("HIT", &pattern(100)[95..])
+    );
+    let whole = get(&w, "/f", &[]).await;
+    assert_eq!(
+        (whole.status, whole.body.clone()),
+        (StatusCode::OK, Bytes::from(pattern(100)))
+    );
+    fills_done(&w).await;
+    let asked: Vec<(String, String)> = origin
+        .seen()
+        .iter()
+        .map(|s| {
+            let field = |name| {
+                s.headers
+                    .get(name)
+                    .map_or("", |v| v.to_str().unwrap())
+                    .to_owned()
+            };
+            (field("range"), field("if-range"))
+        })
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            (String::new(), String::new()),
+            ("bytes=60-".into(), String::new()),
+            ("bytes=0-59".into(), "\"f\"".into()),
+        ],
+        "near the start the whole; far in the range; then the gap, if still the same version"
+    );
+    let set = store.set(&key("/f")).expect("stored");
+    assert!(set
+        .partial(set.variants[0].generation)
+        .unwrap()
+        .is_complete());
+    let again = get(&w, "/f", &[]).await;
+    assert_eq!((again.x_cache(), again.body.len()), ("HIT", 100));
+    assert_eq!(origin.total(), 3);
+}

@@ -189,16 +189,18 @@ stats_section! {
         /// Representations started but not kept: the body could not be read or converted, or the store
         /// refused it.
         representations_failed: Counter "lacquer_representations_total" { event = "failed" },
-        /// Slices of objects on a route with `slice` fetched from the origin (aligned range requests).
+        /// Slices of objects on a route with `slice` fetched from the origin (aligned range requests), and
+        /// the gaps between the stored parts of other objects.
         slices_fetched: Counter "lacquer_slices_total" { source = "origin" },
         /// Slices (or the parts of them a response needed) served from the store.
         slices_served: Counter "lacquer_slices_total" { source = "store" },
-        /// Sliced objects found changed at the origin (another entity-tag, `Last-Modified` or length than
-        /// the slices stored or sent before): what was stored is dropped, and a response already begun ends
-        /// in an error rather than mixing two versions.
+        /// Objects stored in parts found changed at the origin (another entity-tag, `Last-Modified` or
+        /// length than the parts stored or sent before): what was stored is dropped, and a response already
+        /// begun ends in an error rather than mixing two versions.
         slice_mismatches: Counter "lacquer_slice_errors_total" { kind = "changed" },
-        /// Answers to a slice's range request that cannot be placed: a `Content-Range` other than the one
-        /// asked for, or none; never stored or sent as the slice.
+        /// 206 answers that cannot be placed: to a slice's range, a `Content-Range` other than the one asked
+        /// for, or none (never stored or sent as the slice); to a forwarded range, one that is malformed or
+        /// disagrees with the body's length (passed on as sent, never stored).
         slice_errors: Counter "lacquer_slice_errors_total" { kind = "bad_range" },
         /// Requests that found no backend to send to: every candidate sick, or busy at `max_connections`.
         backend_unavailable: Counter "lacquer_backend_unavailable_total",
@@ -379,7 +381,7 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
     ),
     (
         "lacquer_slice_errors_total",
-        "Sliced objects found changed at the origin (changed), slices' answers that cannot be placed \
+        "Objects stored in parts found changed at the origin (changed), 206 answers that cannot be placed \
          (bad_range).",
     ),
     (
