@@ -298,14 +298,25 @@ impl Partial {
     /// object of 64 GiB in slices of 8 MiB). Parts past it are not kept; the bytes are fetched when asked.
     pub const MAX_PARTS: usize = 8192;
 
-    /// Whether a part of bytes `start..end` would add to the body: no part stored holds them all
-    /// already (a part fetched twice, or within another), and the body has room for another part.
-    pub fn adds(&self, start: u64, end: u64) -> bool {
-        self.parts.len() < Self::MAX_PARTS
+    /// The most parts shorter than a chunk (and not the object's last bytes) one body is kept in: clients'
+    /// own ranges, forwarded, may be a few bytes each, and every part makes the record longer and its next
+    /// rewrite dearer. Past it, a part must bring at least a chunk.
+    pub const SMALL_PARTS: usize = 1024;
+
+    /// Whether `part` would add to the body: no part stored holds all its bytes already (a part fetched
+    /// twice, or within another), and the body has room for it.
+    pub fn adds(&self, part: &Part) -> bool {
+        let small = part.body.length < u64::from(part.body.chunk_size) && part.end() < self.total;
+        let room = if small {
+            Self::SMALL_PARTS
+        } else {
+            Self::MAX_PARTS
+        };
+        self.parts.len() < room
             && !self
                 .parts
                 .iter()
-                .any(|p| p.start <= start && end <= p.end())
+                .any(|p| p.start <= part.start && part.end() <= p.end())
     }
 
     /// The part holding byte `at`, if one does (the one reaching furthest when several do).
@@ -556,6 +567,46 @@ pub(crate) mod tests {
             ..partial.clone()
         };
         assert!(whole.is_complete());
+    }
+
+    #[test]
+    fn a_part_adds_what_is_not_held_while_the_body_has_room() {
+        let partial = Partial {
+            of: 1,
+            total: 100,
+            parts: vec![part(0, 10, 2), part(40, 20, 3)],
+        };
+        let cases = [
+            (part(0, 10, 9), false, "fetched twice"),
+            (part(45, 5, 9), false, "within one"),
+            (part(5, 10, 9), true, "reaching past one"),
+            (part(10, 30, 9), true, "between"),
+        ];
+        for (new, adds, why) in cases {
+            assert_eq!(partial.adds(&new), adds, "{why}");
+        }
+        // `part` cuts chunks of 4 bytes: a part of 2 is small, one of 4 is not, nor are the last bytes.
+        let crowded = Partial {
+            parts: (0..Partial::SMALL_PARTS as u64)
+                .map(|i| part(i * 3, 1, i))
+                .collect(),
+            total: 10_000,
+            ..partial.clone()
+        };
+        assert!(
+            !crowded.adds(&part(5000, 2, 9)),
+            "small parts past their cap"
+        );
+        assert!(crowded.adds(&part(5000, 4, 9)), "a chunk or more");
+        assert!(crowded.adds(&part(9998, 2, 9)), "the object's last bytes");
+        let full = Partial {
+            parts: (0..Partial::MAX_PARTS as u64)
+                .map(|i| part(i * 4, 4, i))
+                .collect(),
+            total: 1 << 20,
+            ..partial
+        };
+        assert!(!full.adds(&part(1 << 19, 4096, 9)), "no room at all");
     }
 
     #[test]

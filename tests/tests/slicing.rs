@@ -683,7 +683,7 @@ async fn a_stored_206_is_completed_by_a_second_range_into_the_whole() {
     let len = 3_000_000;
     let origin = origin(len, Arc::default()).await;
     let d = Daemon::with_config(origin.addr, &config(""));
-    let part = fetch(d.addr, "/files/doc.bin", Some("bytes=2000000-")).await;
+    let part = fetch(d.addr, "/files/doc.bin", Some("bytes=2000000-2999999")).await;
     assert_eq!(part.exact(), (206, 1_000_000, None, None));
     d.wait_for_stats("the part stored", |s| s["proxy"]["objects_stored"] == 1)
         .await;
@@ -693,7 +693,10 @@ async fn a_stored_206_is_completed_by_a_second_range_into_the_whole() {
     assert_eq!(whole.header("content-length"), len.to_string());
     assert_eq!(
         ranges_asked(&origin),
-        vec!["bytes=2000000-".to_owned(), "bytes=0-1999999".to_owned()],
+        vec![
+            "bytes=2000000-2999999".to_owned(),
+            "bytes=0-1999999".to_owned()
+        ],
         "only the bytes not stored"
     );
     assert_eq!(
@@ -721,7 +724,7 @@ async fn a_part_of_an_object_changed_since_is_never_joined_to_the_new_version() 
     let version = Arc::new(AtomicU64::new(0));
     let origin = origin(len, version.clone()).await;
     let d = Daemon::with_config(origin.addr, &config(""));
-    let part = fetch(d.addr, "/files/c.bin", Some("bytes=2000000-")).await;
+    let part = fetch(d.addr, "/files/c.bin", Some("bytes=2000000-2999999")).await;
     assert_eq!(
         (part.status, part.wrong_at, part.shift),
         (206, None, Some(0))
@@ -804,11 +807,17 @@ async fn a_206_whose_content_range_disagrees_with_its_body_is_passed_on_and_neve
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forwarded_range_its_client_left_keeps_the_bytes_read_and_stops_the_origin() {
-    let len = 15_000_000;
+    let len = 40_000_000;
     let origin = origin(len, Arc::default()).await;
     let d = Daemon::with_config(origin.addr, &config(""));
-    let first = 2_000_000;
-    let some = fetch_some(d.addr, "/files/s.mp4", Some("bytes=2000000-"), 1 << 20).await;
+    // Its part (the rest of the object) fits max_object_size: it is stored as far as it was read.
+    let first = 30_000_000;
+    // An open range is forwarded once the whole is known not to be stored: here, past max_object_size.
+    let whole = fetch(d.addr, "/files/s.mp4", None).await;
+    assert_eq!(whole.exact(), (200, len, None, None));
+    d.wait_for_stats("found too large", |s| s["proxy"]["uncacheable"] == 1)
+        .await;
+    let some = fetch_some(d.addr, "/files/s.mp4", Some("bytes=30000000-"), 1 << 20).await;
     assert_eq!((some.status, some.wrong_at), (206, None));
     d.wait_for_stats("what was read kept", |s| s["proxy"]["objects_stored"] == 1)
         .await;
@@ -824,10 +833,33 @@ async fn a_forwarded_range_its_client_left_keeps_the_bytes_read_and_stops_the_or
         (1 << 20) <= kept && kept < len - first,
         "the bytes read and those in transit, not the rest of the object: {kept}"
     );
-    let hit = fetch(d.addr, "/files/s.mp4", Some("bytes=2000000-2999999")).await;
+    let hit = fetch(d.addr, "/files/s.mp4", Some("bytes=30000000-30999999")).await;
     assert_eq!(
         (hit.exact(), hit.header("x-cache")),
         ((206, 1_000_000, None, None), "HIT")
     );
-    assert_eq!(origin.total(), 1);
+    assert_eq!(
+        ranges_asked(&origin),
+        vec!["whole".to_owned(), "bytes=30000000-".to_owned()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_resuming_an_object_not_stored_share_one_fetch_of_the_whole() {
+    let len = 12_000_000;
+    let origin = origin(len, Arc::default()).await;
+    let d = Daemon::with_config(origin.addr, &config(""));
+    let mut tasks = Vec::new();
+    for i in 0..5u64 {
+        let addr = d.addr;
+        let range = format!("bytes={}-", 2_000_000 + i * 1_500_000);
+        tasks.push(tokio::spawn(async move {
+            fetch(addr, "/files/r.bin", Some(&range)).await
+        }));
+    }
+    for task in tasks {
+        let got = task.await.unwrap();
+        assert_eq!((got.status, got.wrong_at, got.failed), (206, None, None));
+    }
+    assert_eq!(ranges_asked(&origin), vec!["whole".to_owned()]);
 }

@@ -278,10 +278,11 @@ pub struct Cache {
     /// the origin); larger ones are passed. Default: 64 GiB.
     pub max_sliced_object_size: ByteSize,
     /// Send a single-range request for an object not stored to the origin as that range, and store the
-    /// 206 as a part of the object, when the range begins `forward_ranges_from` or further in, or asks for
-    /// the last bytes (`bytes=-500`, where a video's index often is). Nearer the start, and with this
-    /// false, the whole object is fetched from its first byte and the range sent as it arrives (NGINX's and
-    /// Varnish's way). Default: true.
+    /// 206 as a part of the object, when the range asks for the last bytes (`bytes=-500`, where a video's
+    /// index often is) or begins `forward_ranges_from` or further in and ends (`bytes=a-b`); an open range
+    /// (`bytes=a-`) only once the whole is known not to be stored. Otherwise, and with this false, the whole
+    /// object is fetched from its first byte and the range sent as it arrives (NGINX's and Varnish's way).
+    /// Default: true.
     pub forward_ranges: bool,
     /// Where a forwarded range may begin at the earliest (see `forward_ranges`). Default: 1 MiB.
     pub forward_ranges_from: ByteSize,

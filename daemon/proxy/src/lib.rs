@@ -863,7 +863,10 @@ async fn miss<S: CacheStore>(
     // range alone.
     let forwarded = stale
         .is_none()
-        .then(|| forwarded_range(route, ctx.decided, parts))
+        .then(|| {
+            let whole_unstored = || shared.coalescer.is_hit_for_miss(key);
+            forwarded_range(route, ctx.decided, parts, whole_unstored)
+        })
         .flatten();
     let fetch_key = forwarded.map_or(Cow::Borrowed(key), |ask| Cow::Owned(ask.key(key)));
     // Starts the coalescer's fetch for the key (`leader`), or one of this request's own, revalidating the
@@ -1015,9 +1018,18 @@ async fn miss<S: CacheStore>(
 }
 
 /// The range a request for an object not stored sends to the origin instead of fetching the whole
-/// (`cache.forward_ranges`): its one range, when it begins `forward_ranges_from` or further in or is a
-/// suffix, of a GET on a route without `slice`. Not with `If-Range`, whose answer may have to be the whole.
-fn forwarded_range(route: &Route, decided: &Decided, parts: &Parts) -> Option<Ask> {
+/// (`cache.forward_ranges`): its one range, of a GET on a route without `slice`, when it is a suffix or
+/// begins `forward_ranges_from` or further in and ends. An open range (`bytes=a-`) is forwarded only when
+/// the whole is known not to be stored (`whole_unstored`: too large, or uncacheable): clients resuming a
+/// download or seeking in a video each ask for the rest of the object, and one fetch of the whole serves
+/// them all where one forwarded range each would fetch the rest again and again. Not with `If-Range`, whose
+/// answer may have to be the whole.
+fn forwarded_range(
+    route: &Route,
+    decided: &Decided,
+    parts: &Parts,
+    whole_unstored: impl FnOnce() -> bool,
+) -> Option<Ask> {
     let cache = &route.policy.cache;
     let eligible = cache.forward_ranges
         && route.slice.is_none()
@@ -1025,9 +1037,12 @@ fn forwarded_range(route: &Route, decided: &Decided, parts: &Parts) -> Option<As
         && decided.body.is_none()
         && !parts.headers.contains_key(header::IF_RANGE);
     let single = range::single(&parts.headers).filter(|_| eligible)?;
-    let far = single
-        .first()
-        .is_none_or(|first| first >= cache.forward_ranges_from.as_u64());
+    let far = match single {
+        range::Single::Suffix(_) => true,
+        range::Single::From(first, last) => {
+            first >= cache.forward_ranges_from.as_u64() && (last.is_some() || whole_unstored())
+        }
+    };
     far.then_some(Ask::Client(single))
 }
 

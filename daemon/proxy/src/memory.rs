@@ -139,7 +139,7 @@ impl State {
         if let Some(partial) = joins {
             set.variants[current.expect("joined")].refresh_from_part(head);
             let partial = &mut set.partials[partial];
-            if partial.adds(part.start, part.end()) {
+            if partial.adds(&part) {
                 let at = partial.parts.partition_point(|p| p.start < part.start);
                 partial.parts.insert(at, part);
             } else {

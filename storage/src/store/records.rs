@@ -507,7 +507,7 @@ impl Store {
             let partial = &mut set.partials[partial];
             // Two fetches of one part (a response that had not seen the other's), a range within one
             // stored, or a body at its most parts: what is stored stays.
-            if !partial.adds(part.start, part.end()) {
+            if !partial.adds(&part) {
                 self.counters().stored_bytes.sub(part.body.length);
                 self.forget_body(&part.body);
                 self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
