@@ -157,6 +157,24 @@ pub fn same_representation(a: Validators<'_>, b: Validators<'_>) -> bool {
     }
 }
 
+/// The validator a cache may send as `If-Range` for a response it holds part of (RFC 9110 §13.1.5): its
+/// strong entity-tag, or, without an entity-tag, a `Last-Modified` at least a second before its `Date`
+/// (a strong date, §8.8.2.2). A weak entity-tag, or a date that may name two versions, none.
+pub fn if_range<'a>(
+    (etag, last_modified): Validators<'a>,
+    date: Option<&[u8]>,
+) -> Option<&'a [u8]> {
+    let parse = |v: &[u8]| httpdate::parse_http_date(std::str::from_utf8(v).ok()?.trim()).ok();
+    match (etag, last_modified) {
+        (Some(etag), _) => (!etag.starts_with(b"W/")).then_some(etag),
+        (None, Some(modified)) => {
+            let (at, date) = (parse(modified)?, parse(date?)?);
+            (at + std::time::Duration::from_secs(1) <= date).then_some(modified)
+        }
+        (None, None) => None,
+    }
+}
+
 /// Where the bytes a request's `Range` asks for begin, when that is known without the representation's
 /// length: the lowest first position of a `bytes` range set of explicit positions. `None` without a
 /// usable `Range`, or when a suffix range (`-500`) needs the length to be placed.
@@ -314,6 +332,29 @@ mod tests {
             );
         }
         assert_eq!(first_wanted(&headers(&[])), None);
+    }
+
+    #[test]
+    fn if_range_only_with_a_strong_validator() {
+        let lm = b"Tue, 01 Dec 2026 10:00:00 GMT".as_slice();
+        let later = b"Tue, 01 Dec 2026 10:00:01 GMT".as_slice();
+        type Case<'a> = (Validators<'a>, Option<&'a [u8]>, Option<&'a [u8]>);
+        let cases: &[Case<'_>] = &[
+            ((Some(b"\"a\""), Some(lm)), Some(later), Some(b"\"a\"")),
+            ((Some(b"W/\"a\""), Some(lm)), Some(later), None),
+            ((None, Some(lm)), Some(later), Some(lm)),
+            ((None, Some(lm)), Some(lm), None),
+            ((None, Some(lm)), None, None),
+            ((None, Some(b"yesterday")), Some(later), None),
+            ((None, None), Some(later), None),
+        ];
+        for (validators, date, want) in cases {
+            assert_eq!(
+                if_range(*validators, *date),
+                *want,
+                "{validators:?} {date:?}"
+            );
+        }
     }
 
     #[test]

@@ -156,11 +156,8 @@ pub(crate) async fn serve_parts<S: CacheStore>(
     looked_up_at: u64,
 ) -> Option<Response<Body>> {
     let meta = found.meta();
-    let if_range = match meta.validators() {
-        (Some(etag), _) if !etag.starts_with(b"W/") => HeaderValue::from_bytes(etag).ok(),
-        (None, Some(date)) => HeaderValue::from_bytes(date).ok(),
-        _ => None,
-    };
+    let if_range = range::if_range(meta.validators(), meta.header("date"))
+        .and_then(|v| HeaderValue::from_bytes(v).ok());
     let asker = Asker {
         worker: worker.clone(),
         key: key.to_owned(),
