@@ -14,8 +14,9 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use lacquer_tests::{ranged, request, Daemon, Origin, Reply};
+use lacquer_tests::{ranged, request, Daemon, Origin, Reply, Step};
 use serde_json::json;
+use tokio::sync::Notify;
 
 const GIB: u64 = 1 << 30;
 const SLICE: u64 = 8 << 20;
@@ -808,7 +809,17 @@ async fn a_206_whose_content_range_disagrees_with_its_body_is_passed_on_and_neve
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forwarded_range_its_client_left_keeps_the_bytes_read_and_stops_the_origin() {
     let len = 40_000_000;
-    let origin = origin(len, Arc::default()).await;
+    // The range's answer stops after 2 MiB until the client has left: then the fill sees it gone.
+    let gate = Arc::new(Notify::new());
+    let held = gate.clone();
+    let origin = Origin::start(move |seen| {
+        let mut reply = ranged(seen, len, 0, "\"v0\"");
+        if seen.headers.contains_key("range") {
+            reply.body.insert(32, Step::Gate(held.clone()));
+        }
+        reply
+    })
+    .await;
     let d = Daemon::with_config(origin.addr, &config(""));
     // Its part (the rest of the object) fits max_object_size: it is stored as far as it was read.
     let first = 30_000_000;
@@ -819,6 +830,7 @@ async fn a_forwarded_range_its_client_left_keeps_the_bytes_read_and_stops_the_or
         .await;
     let some = fetch_some(d.addr, "/files/s.mp4", Some("bytes=30000000-"), 1 << 20).await;
     assert_eq!((some.status, some.wrong_at), (206, None));
+    gate.notify_one();
     d.wait_for_stats("what was read kept", |s| s["proxy"]["objects_stored"] == 1)
         .await;
     let url = "http://files.test/files/s.mp4";
