@@ -196,6 +196,12 @@ impl ObjectMeta {
         (self.header("etag"), self.header("last-modified"))
     }
 
+    /// Its validators as proof of which representation it is ([`lacquer_policy::range::proving`]: a
+    /// `Last-Modified` only when strong against its `Date`).
+    pub fn proof(&self) -> lacquer_policy::range::Validators<'_> {
+        lacquer_policy::range::proving(self.validators(), self.header("date"))
+    }
+
     /// The stored value of header `name` (case-insensitive); the first one when it was repeated.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
@@ -304,7 +310,8 @@ impl Partial {
     pub const SMALL_PARTS: usize = 1024;
 
     /// Whether `part` would add to the body: no part stored holds all its bytes already (a part fetched
-    /// twice, or within another), and the body has room for it.
+    /// twice, or within another), and the body has room for it: parts of overlapping ranges hold at most
+    /// twice the representation's length between them.
     pub fn adds(&self, part: &Part) -> bool {
         let small = part.body.length < u64::from(part.body.chunk_size) && part.end() < self.total;
         let room = if small {
@@ -312,7 +319,9 @@ impl Partial {
         } else {
             Self::MAX_PARTS
         };
+        let stored: u64 = self.parts.iter().map(|p| p.body.length).sum();
         self.parts.len() < room
+            && stored + part.body.length <= self.total.saturating_mul(2)
             && !self
                 .parts
                 .iter()
@@ -349,7 +358,7 @@ impl Partial {
 /// Whether two stored heads describe the same representation
 /// ([`lacquer_policy::range::same_representation`]), so that their byte ranges may be joined.
 pub fn same_representation(a: &ObjectMeta, b: &ObjectMeta) -> bool {
-    lacquer_policy::range::same_representation(a.validators(), b.validators())
+    lacquer_policy::range::same_representation(a.proof(), b.proof())
 }
 
 /// Every stored variant of one cache key, newest first, and the representations made from them.
@@ -607,6 +616,13 @@ pub(crate) mod tests {
             ..partial
         };
         assert!(!full.adds(&part(1 << 19, 4096, 9)), "no room at all");
+        let overlapping = Partial {
+            of: 1,
+            total: 100,
+            parts: vec![part(0, 60, 2), part(30, 60, 3)],
+        };
+        assert!(overlapping.adds(&part(50, 50, 9)), "200 bytes in all");
+        assert!(!overlapping.adds(&part(19, 81, 9)), "past twice the length");
     }
 
     #[test]

@@ -157,21 +157,26 @@ pub fn same_representation(a: Validators<'_>, b: Validators<'_>) -> bool {
     }
 }
 
-/// The validator a cache may send as `If-Range` for a response it holds part of (RFC 9110 §13.1.5): its
-/// strong entity-tag, or, without an entity-tag, a `Last-Modified` at least a second before its `Date`
-/// (a strong date, §8.8.2.2). A weak entity-tag, or a date that may name two versions, none.
-pub fn if_range<'a>(
-    (etag, last_modified): Validators<'a>,
-    date: Option<&[u8]>,
-) -> Option<&'a [u8]> {
+/// A response's validators as proof of which representation it carries (RFC 9110 §8.8.2.2): its
+/// `Last-Modified` only when that is a strong date, at least a second before its `Date`; within the same
+/// second the origin may have changed the representation without changing the date.
+pub fn proving<'a>((etag, last_modified): Validators<'a>, date: Option<&[u8]>) -> Validators<'a> {
     let parse = |v: &[u8]| httpdate::parse_http_date(std::str::from_utf8(v).ok()?.trim()).ok();
-    match (etag, last_modified) {
+    let strong = |modified: &&[u8]| {
+        let at = parse(modified);
+        let date = date.and_then(parse);
+        matches!((at, date), (Some(at), Some(date)) if at + std::time::Duration::from_secs(1) <= date)
+    };
+    (etag, last_modified.filter(strong))
+}
+
+/// The validator a cache may send as `If-Range` for a response it holds part of (RFC 9110 §13.1.5): its
+/// strong entity-tag, or, without an entity-tag, a strong `Last-Modified` ([`proving`]). A weak
+/// entity-tag, or a date that may name two versions, none.
+pub fn if_range<'a>(validators: Validators<'a>, date: Option<&[u8]>) -> Option<&'a [u8]> {
+    match proving(validators, date) {
         (Some(etag), _) => (!etag.starts_with(b"W/")).then_some(etag),
-        (None, Some(modified)) => {
-            let (at, date) = (parse(modified)?, parse(date?)?);
-            (at + std::time::Duration::from_secs(1) <= date).then_some(modified)
-        }
-        (None, None) => None,
+        (None, modified) => modified,
     }
 }
 

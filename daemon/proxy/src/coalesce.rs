@@ -362,6 +362,22 @@ impl<S: CacheStore> Fetch<S> {
         }
     }
 
+    /// Marks the fetch cancelled, as [`Fetch::deserted`] does, when every reader has gone, even while it is
+    /// storing: no reader joins it after, and `true` says the fill may stop. For a fill that keeps what it
+    /// has (a client's forwarded range that its clients left).
+    pub fn leave_if_deserted(&self) -> bool {
+        let mut s = self.lock();
+        if !s.readers.is_empty() {
+            return false;
+        }
+        s.cancelled = true;
+        s.end
+            .get_or_insert_with(|| Err(FetchError::new("every reader left the range")));
+        drop(s);
+        self.changed.send_replace(());
+        true
+    }
+
     /// Whether no reader is left (the fetch goes on only because it is filling the store).
     pub fn unattended(&self) -> bool {
         self.lock().readers.is_empty()

@@ -29,6 +29,7 @@ pub fn take_identity_length(headers: &mut HeaderMap) -> Option<u64> {
 }
 
 /// A lookup's `Accept-Encoding`, read and replaced by the one the origin and the store see.
+#[derive(Clone)]
 pub struct Negotiated {
     accepts: Accepts,
     /// The field as the client sent it, for a request that must go to the origin as sent.

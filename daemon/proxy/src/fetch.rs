@@ -324,12 +324,11 @@ pub fn placed_anywhere(headers: &HeaderMap) -> Result<(u64, u64, u64), String> {
 }
 
 /// Whether a response carries a validator that can prove two of its byte ranges belong together: a strong
-/// entity-tag, or `Last-Modified` where there is no entity-tag.
+/// entity-tag, or a strong `Last-Modified` where there is no entity-tag (`range::proving`).
 fn has_strong_validator(headers: &HeaderMap) -> bool {
-    match headers.get(header::ETAG) {
-        Some(etag) => !etag.as_bytes().starts_with(b"W/"),
-        None => headers.contains_key(header::LAST_MODIFIED),
-    }
+    let value = |name| headers.get(name).map(HeaderValue::as_bytes);
+    let validators = (value(header::ETAG), value(header::LAST_MODIFIED));
+    range::if_range(validators, value(header::DATE)).is_some()
 }
 
 /// A fill that got no response head: nothing to send to (sick, or every connection busy), or the send
@@ -690,7 +689,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     loop {
         fetch.room().await;
         if writer.is_some() && !unattended && fetch.unattended() {
-            if left_part {
+            if left_part && fetch.leave_if_deserted() {
                 left = true;
                 break;
             }
@@ -751,9 +750,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             forward_piece(fetch, &mut writer, piece, max_object_size, key, last).await;
         }
     }
-    if left {
-        fetch.end(Err(FetchError::new("every reader left the range")));
-    } else {
+    if !left {
         let last = match coding.finish() {
             Ok(pieces) => pieces,
             Err(e) => return corrupt(worker, fetch, key, e),
@@ -796,7 +793,9 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
     );
     if let Some((first, last, total)) = placed {
         let kept = writer.length();
-        if kept != last - first + 1 && !(left && kept > 0) {
+        let expected = last - first + 1;
+        // Left early, fewer bytes are a part of their own; more than the `Content-Range` gives never are.
+        if kept != expected && !(left && 0 < kept && kept < expected) {
             inc(&shared.stats.slice_errors);
             tracing::warn!(
                 key,

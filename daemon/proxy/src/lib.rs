@@ -965,6 +965,9 @@ async fn miss<S: CacheStore>(
         }
     }
     let delivery = match &head {
+        // A 206's bytes are the origin's at their place in its representation: decoded, they would
+        // not be the ones its `Content-Range` names.
+        Ok(h) if h.status == StatusCode::PARTIAL_CONTENT => Delivery::AsStored,
         Ok(h) => ctx.delivery(&h.headers),
         Err(_) => Delivery::AsStored,
     };

@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 
 use crate::{
     coalesce::{Fetch, FetchReader, FetchedHead, Joined},
-    coding::Conversion,
+    coding::{Conversion, Negotiated},
     fetch::{self, placed_part, Ask, Fill},
     phase::{self, Decided},
     respond::{self, Outcome, Shape},
@@ -44,6 +44,11 @@ use crate::{
 /// How often a response reads the store again for a slice that a fetch finished meanwhile (the store
 /// holds it now), before it fetches slices without looking.
 const LOOKS: u32 = 64;
+
+/// The most gaps between stored parts one response of a route without `slice` asks the origin for: a
+/// body cut up by many small ranges is fetched whole (or as the client's range) instead, which replaces
+/// or joins the parts, rather than costing the origin a request per gap on every response.
+const MAX_GAPS: usize = 4;
 
 /// How often a request starts over because the object changed at the origin before its first byte was
 /// sent; then it is answered 502.
@@ -82,6 +87,7 @@ pub(crate) async fn serve<S: CacheStore>(
         decided: ctx.decided.clone(),
         cut: Cut::Slices(size),
         if_range: None,
+        negotiated: None,
     };
     if shared.coalescer.is_hit_for_miss(key) {
         inc(&shared.stats.hit_for_miss);
@@ -167,6 +173,7 @@ pub(crate) async fn serve_parts<S: CacheStore>(
         decided: ctx.decided.clone(),
         cut: Cut::Gaps,
         if_range,
+        negotiated: ctx.negotiated.cloned(),
     };
     let now = lacquer_clock::now_ms();
     let ttl_s = meta.remaining_ttl_ms(now) / 1000;
@@ -290,7 +297,7 @@ async fn fetch_first<S: CacheStore>(
     let Some((_, _, total)) = placed else {
         // Not a part (the whole, an error, a redirect): the origin's answer, as a miss of the ordinary way
         // would send it.
-        return Answered::Sent(asker.as_fetched(&head, reader, outcome));
+        return Answered::Sent(asker.as_fetched(&head, reader, outcome).await);
     };
     let (etag, last_modified) = validators(&head.headers);
     if etag.is_none_or(|e| e.starts_with(b"W/")) && (etag.is_some() || last_modified.is_none()) {
@@ -352,7 +359,7 @@ impl Object {
         let stored = found.and_then(|f| {
             let partial = f.set.partial(f.meta().generation)?;
             (partial.total == total
-                && range::same_representation(f.meta().validators(), validators(&fields)))
+                && range::same_representation(f.meta().proof(), validators(&fields)))
             .then(|| (f.set.clone(), f.meta().generation))
         });
         Self {
@@ -365,13 +372,13 @@ impl Object {
     }
 }
 
-/// A head's `ETag` and `Last-Modified` values.
+/// A head's `ETag` and `Last-Modified` values as proof of which representation it is
+/// ([`range::proving`]: a `Last-Modified` only when strong against its `Date`).
 fn validators(headers: &HeaderMap) -> range::Validators<'_> {
-    (
-        headers.get(header::ETAG).map(HeaderValue::as_bytes),
-        headers
-            .get(header::LAST_MODIFIED)
-            .map(HeaderValue::as_bytes),
+    let value = |name| headers.get(name).map(HeaderValue::as_bytes);
+    range::proving(
+        (value(header::ETAG), value(header::LAST_MODIFIED)),
+        value(header::DATE),
     )
 }
 
@@ -419,10 +426,13 @@ async fn answer<S: CacheStore>(
     let Some((from, to)) = span.filter(|_| asker.parts.method != Method::HEAD) else {
         return Answered::Sent(respond::response(status, headers, body::empty()));
     };
+    let (etag, last_modified) = validators(&object.head);
+    let owned = |v: Option<&[u8]>| v.and_then(|v| HeaderValue::from_bytes(v).ok());
+    let (etag, last_modified) = (owned(etag), owned(last_modified));
     let mut assembly = Assembly {
         asker: asker.clone(),
-        etag: object.head.get(header::ETAG).cloned(),
-        last_modified: object.head.get(header::LAST_MODIFIED).cloned(),
+        etag,
+        last_modified,
         total,
         stored: object.stored,
         lost: Vec::new(),
@@ -431,6 +441,21 @@ async fn answer<S: CacheStore>(
         looked_up_at: object.looked_up_at,
         looks_left: LOOKS,
     };
+    if let Cut::Gaps = asker.cut {
+        // Parts help where they can; otherwise the ordinary way answers, and its whole (or the client's
+        // range) replaces or joins them: a response that would need more than `MAX_GAPS` gaps, or an open
+        // range (`bytes=a-`, a resumed download) reaching past the parts, which one fetch of the whole
+        // serves for every client resuming (`forward_ranges`).
+        let gaps = assembly.gaps(from, to);
+        let open = matches!(
+            range::single(&asker.parts.headers),
+            Some(range::Single::From(_, None))
+        );
+        let resumes = open && gaps > 0 && !shared.coalescer.is_hit_for_miss(&asker.key);
+        if gaps > MAX_GAPS || resumes {
+            return Answered::Changed;
+        }
+    }
     // The slice fetched to learn of the object, unless the response starts elsewhere (a suffix, an
     // If-Range that did not hold): a reader that never reads would hold an unstored fetch still.
     let (_, span) = assembly.unit(from, to);
@@ -513,9 +538,9 @@ async fn answer<S: CacheStore>(
 async fn stopped<S: CacheStore>(asker: &Asker<S>, stop: Stop<S>) -> Answered {
     match stop {
         Stop::Changed(fetch) => {
-            // Looked up again once the new version's slice is stored, or the lookup would find the old
-            // version again.
-            if let Some(reader) = fetch {
+            // A sliced object is looked up again once the new version's slice is stored, or the lookup
+            // would find the old version again. Parts are tried once: the ordinary way need not wait.
+            if let (Cut::Slices(_), Some(reader)) = (asker.cut, fetch) {
                 reader.leave_until_settled().await;
             }
             Answered::Changed
@@ -527,7 +552,7 @@ async fn stopped<S: CacheStore>(asker: &Asker<S>, stop: Stop<S>) -> Answered {
                 collapsed: false,
                 detail: None,
             };
-            Answered::Sent(asker.as_fetched(&head, reader, outcome))
+            Answered::Sent(asker.as_fetched(&head, reader, outcome).await)
         }
         Stop::Failed(e) => {
             inc(&asker.worker.shared.stats.backend_errors);
@@ -552,6 +577,9 @@ struct Asker<S: CacheStore> {
     cut: Cut,
     /// The object's strong validator, which a gap's fetch sends as `If-Range`.
     if_range: Option<HeaderValue>,
+    /// The client's `Accept-Encoding` on a route that negotiates codings (not a sliced one): how a whole
+    /// answer fetched instead of a gap leaves for it.
+    negotiated: Option<Negotiated>,
 }
 
 impl<S: CacheStore> Clone for Asker<S> {
@@ -565,6 +593,7 @@ impl<S: CacheStore> Clone for Asker<S> {
             decided: self.decided.clone(),
             cut: self.cut,
             if_range: self.if_range.clone(),
+            negotiated: self.negotiated.clone(),
         }
     }
 }
@@ -678,16 +707,43 @@ impl<S: CacheStore> Asker<S> {
     }
 
     /// A fetched answer that is not a part (the whole, an error), sent as the ordinary way sends a miss:
-    /// as the origin coded it (a sliced route does not compress), shaped for the request's range.
-    fn as_fetched(
+    /// in a coding this client takes (on a sliced route, which does not compress, as the origin coded
+    /// it), shaped for the request's range.
+    async fn as_fetched(
         &self,
         head: &FetchedHead,
         reader: FetchReader<S>,
         outcome: Outcome,
     ) -> Response<Body> {
         let shared = &self.worker.shared;
-        let limit = self.route.policy.cache.max_object_size.as_u64();
-        let conversion = Conversion::new(Delivery::AsStored, limit, None, &shared.stats);
+        let policy = &self.route.policy;
+        let delivery = self
+            .negotiated
+            .as_ref()
+            .map_or(Delivery::AsStored, |n| n.delivery(&head.headers));
+        if delivery == Delivery::Forward {
+            // Nothing fetched is in a coding this client may get (`no-transform`): as the client sent it.
+            drop(reader);
+            inc(&shared.stats.coding_forwarded);
+            let mut parts = Parts::clone(&self.parts);
+            if let Some(n) = &self.negotiated {
+                n.restore(&mut parts.headers);
+            }
+            let (worker, client) = (&self.worker, self.client);
+            return super::pass(
+                worker,
+                client,
+                &self.route,
+                &self.decided,
+                parts,
+                body::empty(),
+                false,
+            )
+            .await;
+        }
+        let limit = policy.cache.max_object_size.as_u64();
+        let settings = policy.compression.as_ref().map(|n| &n.settings);
+        let conversion = Conversion::new(delivery, limit, settings, &shared.stats);
         respond::fetched(head, reader, outcome, &self.parts, &conversion)
     }
 
@@ -766,6 +822,7 @@ enum Stop<S: CacheStore> {
 /// fetched slices elsewhere, the next slice asked for while one is sent.
 struct Assembly<S: CacheStore> {
     asker: Asker<S>,
+    /// The object's validators as proof of its version (`validators`): what every part must carry.
     etag: Option<HeaderValue>,
     last_modified: Option<HeaderValue>,
     total: u64,
@@ -826,6 +883,21 @@ impl<S: CacheStore> Assembly<S> {
                 (last, (at, end))
             }
         }
+    }
+
+    /// How many gaps between stored parts bytes `from..=to` cross.
+    fn gaps(&self, from: u64, to: u64) -> usize {
+        let (mut gaps, mut at) = (0, from);
+        while at <= to {
+            at = match self.part_holding(at) {
+                Some(part) => part.end(),
+                None => {
+                    gaps += 1;
+                    self.unit(at, to).0 + 1
+                }
+            };
+        }
+        gaps
     }
 
     /// The first byte of `from..=to` no stored part holds, if any.
@@ -1060,6 +1132,18 @@ impl<S: CacheStore> Assembly<S> {
             inc(&stats.slice_mismatches);
             return Err(Stop::Changed(Some(reader)));
         }
+        if head
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity"))
+        {
+            // Asked for without `Accept-Encoding`, coded all the same: its bytes would not be the
+            // representation's.
+            inc(&stats.slice_errors);
+            return Err(Stop::Failed(format!(
+                "bytes from {slice}: the origin coded them"
+            )));
+        }
         Ok(Some(reader))
     }
 
@@ -1084,7 +1168,7 @@ impl<S: CacheStore> Assembly<S> {
             .set
             .partial(meta.generation)
             .is_some_and(|p| p.total == self.total)
-            && range::same_representation(meta.validators(), ours);
+            && range::same_representation(meta.proof(), ours);
         if same {
             self.stored = Some((found.set.clone(), meta.generation));
         }

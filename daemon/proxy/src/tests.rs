@@ -1481,3 +1481,114 @@ async fn a_forwarded_range_is_stored_and_completed_by_the_gap_before_it() {
     assert_eq!((again.x_cache(), again.body.len()), ("HIT", 100));
     assert_eq!(origin.total(), 3);
 }
+
+/// An origin serving a `len`-byte text object that honours ranges, at version `version` (its entity-tag
+/// and byte shift); `date_as_modified` sends no entity-tag and a `Last-Modified` equal to its `Date`.
+async fn versioned_text(len: u64, version: Arc<AtomicUsize>, date_as_modified: bool) -> Origin {
+    Origin::start(move |seen| {
+        let v = version.load(SeqCst) as u64;
+        let etag = if date_as_modified {
+            String::new()
+        } else {
+            format!("\"v{v}\"")
+        };
+        let mut reply = lacquer_tests::ranged(seen, len, v * 7, &etag);
+        reply.headers.retain(|(n, _)| n != "content-type");
+        reply = reply.header("content-type", "text/plain");
+        if date_as_modified {
+            let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+            reply = reply.header("date", &now).header("last-modified", &now);
+        }
+        reply
+    })
+    .await
+}
+
+/// What `origin` was asked for: each request's `Range` (empty for the whole).
+fn ranges_seen(origin: &Origin) -> Vec<String> {
+    origin
+        .seen()
+        .iter()
+        .map(|s| {
+            s.headers
+                .get("range")
+                .map_or("", |v| v.to_str().unwrap())
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A body cut up by many small ranges is not completed a gap at a time: the whole is fetched once.
+#[tokio::test]
+async fn a_body_of_many_small_parts_is_fetched_whole_not_gap_by_gap() {
+    let origin = Origin::start(|seen| lacquer_tests::ranged(seen, 100, 0, "\"m\"")).await;
+    let store = MemoryStore::new(10);
+    let w = worker_with(&origin, &store, |c| {
+        c.storage.chunk_size = bytesize::ByteSize::b(10);
+        c.cache.forward_ranges_from = bytesize::ByteSize::b(0);
+    });
+    for at in [10, 25, 40, 55, 70, 85] {
+        let range = format!("bytes={at}-{at}");
+        let got = get(&w, "/m", &[("range", &range)]).await;
+        assert_eq!(got.body, pattern(100)[at..=at]);
+        fills_done(&w).await;
+    }
+    let whole = get(&w, "/m", &[]).await;
+    assert_eq!(
+        (whole.status, whole.body.clone()),
+        (StatusCode::OK, Bytes::from(pattern(100)))
+    );
+    assert_eq!(origin.total(), 7, "six ranges, then the whole once");
+    assert_eq!(ranges_seen(&origin)[6], "");
+}
+
+/// A gap whose `If-Range` no longer holds brings the new version whole, compressed for the store: a client
+/// that takes no coding gets it decoded, as any miss.
+#[tokio::test]
+async fn the_whole_fetched_for_a_gap_leaves_in_a_coding_the_client_takes() {
+    let version = Arc::new(AtomicUsize::new(0));
+    let origin = versioned_text(4000, version.clone(), false).await;
+    let store = MemoryStore::new(10);
+    let w = worker_with(&origin, &store, |c| {
+        c.cache.forward_ranges_from = bytesize::ByteSize::b(1000);
+    });
+    let part = get(&w, "/t", &[("range", "bytes=3000-3099")]).await;
+    assert_eq!(part.status, StatusCode::PARTIAL_CONTENT);
+    fills_done(&w).await;
+    version.store(1, SeqCst);
+    let whole = get(&w, "/t", &[]).await;
+    assert_eq!(whole.status, StatusCode::OK);
+    assert_eq!(whole.header("content-encoding"), "");
+    let want: Vec<u8> = (0..4000u64).map(|i| ((i + 7) % 251) as u8).collect();
+    assert_eq!(whole.body, want, "the new version, decoded");
+    assert_eq!(ranges_seen(&origin), ["bytes=3000-3099", "bytes=0-2999"]);
+}
+
+/// A `Last-Modified` no older than its `Date` proves nothing: parts that carry only it are never joined
+/// (the object may have changed within that second), and the whole is fetched instead.
+#[tokio::test]
+async fn parts_with_only_a_weak_last_modified_are_never_joined() {
+    let version = Arc::new(AtomicUsize::new(0));
+    let origin = versioned_text(100, version.clone(), true).await;
+    let store = MemoryStore::new(10);
+    let w = worker_with(&origin, &store, |c| {
+        c.storage.chunk_size = bytesize::ByteSize::b(10);
+        c.cache.forward_ranges_from = bytesize::ByteSize::b(50);
+    });
+    let part = get(&w, "/w", &[("range", "bytes=60-99")]).await;
+    assert_eq!(part.body, pattern(100)[60..]);
+    fills_done(&w).await;
+    version.store(1, SeqCst);
+    let whole = get(&w, "/w", &[("accept-encoding", "identity")]).await;
+    let want: Vec<u8> = (0..100u64).map(|i| ((i + 7) % 251) as u8).collect();
+    assert_eq!(
+        whole.body, want,
+        "one version, never the old part after new bytes"
+    );
+    let seen = origin.seen();
+    assert!(
+        seen[1].headers.get("if-range").is_none(),
+        "nothing to send as If-Range"
+    );
+    assert_eq!(ranges_seen(&origin), ["bytes=60-99", "bytes=0-59", ""]);
+}
