@@ -229,3 +229,40 @@ async fn concurrent_readers_of_a_large_disk_body_share_its_reads() {
     assert!(late.is_some());
     assert_eq!(store.stats().disk_reads_shared, after.disk_reads_shared + 1);
 }
+
+/// A part of the version stored whole (a range fetched while the whole was, published after it) never
+/// replaces the whole; a part of another version does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_of_the_version_stored_whole_never_replaces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let tagged = |etag: &[u8]| ObjectMeta {
+        headers: vec![("etag".into(), etag.to_vec())],
+        ..meta()
+    };
+    // The range's fetch began after the whole's (a newer generation) and ends after it.
+    let mut whole = store.writer("h/w", &[], store.mark()).unwrap();
+    let mut part = store.writer("h/w", &[], store.mark()).unwrap();
+    whole.push(&body(6, 3000)).await.unwrap();
+    whole.finish("h/w".into(), tagged(b"\"a\"")).await.unwrap();
+    part.push(&body(6, 3000)[1000..2000]).await.unwrap();
+    part.finish_part("h/w".into(), tagged(b"\"a\""), 1000, 3000)
+        .await
+        .unwrap();
+    let set = store.lookup("h/w").unwrap().unwrap();
+    assert!(set.partials.is_empty(), "{set:?}");
+    assert_eq!(read(&store, "h/w").await.unwrap().0, body(6, 3000));
+
+    let mut newer = store.writer("h/w", &[], store.mark()).unwrap();
+    newer.push(&body(7, 1000)).await.unwrap();
+    newer
+        .finish_part("h/w".into(), tagged(b"\"b\""), 0, 3000)
+        .await
+        .unwrap();
+    let set = store.lookup("h/w").unwrap().unwrap();
+    assert_eq!(
+        set.partials.len(),
+        1,
+        "another version's part starts a body"
+    );
+}

@@ -148,7 +148,13 @@ impl State {
             self.sets.insert(primary.to_owned(), Arc::new(set));
             return PartKept::Added;
         }
-        if current.is_some_and(|pos| set.variants[pos].generation > part.body.generation) {
+        let stored_whole = |pos: usize| {
+            let v = &set.variants[pos];
+            !set.partials.iter().any(|p| p.of == v.generation) && same_representation(v, &head)
+        };
+        if current.is_some_and(|pos| {
+            set.variants[pos].generation > part.body.generation || stored_whole(pos)
+        }) {
             self.forget_body(part.body.generation);
             return PartKept::Discarded;
         }

@@ -519,8 +519,15 @@ impl Store {
             return Ok(PartKept::Added);
         }
         // A part whose fetch began before the body stored under its selection was: an older version,
-        // which must not replace a newer one.
-        if current.is_some_and(|pos| set.variants[pos].generation > part.body.generation) {
+        // which must not replace a newer one. Nor does a part of the version stored whole replace it (a
+        // range fetched while the whole was).
+        let stored_whole = |pos: usize| {
+            let v = &set.variants[pos];
+            !set.partials.iter().any(|p| p.of == v.generation) && same_representation(v, &head)
+        };
+        if current.is_some_and(|pos| {
+            set.variants[pos].generation > part.body.generation || stored_whole(pos)
+        }) {
             self.unindex_tags(primary, &head)?;
             self.counters().stored_bytes.sub(part.body.length);
             self.forget_body(&part.body);
