@@ -340,6 +340,20 @@ impl Origin {
         self.seen.lock().unwrap().len()
     }
 
+    /// Each request's `Range`, in the order they came: `whole` for one without.
+    pub fn ranges(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                s.headers
+                    .get("range")
+                    .map_or("whole".into(), |v| v.to_str().unwrap().to_owned())
+            })
+            .collect()
+    }
+
     /// Requests being answered now (until their body is sent or their connection is gone).
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)

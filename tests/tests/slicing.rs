@@ -137,18 +137,6 @@ async fn fetch_some(addr: SocketAddr, path: &str, range: Option<&str>, limit: u6
     got
 }
 
-fn ranges_asked(origin: &Origin) -> Vec<String> {
-    origin
-        .seen()
-        .iter()
-        .map(|s| {
-            s.headers
-                .get("range")
-                .map_or("whole".into(), |v| v.to_str().unwrap().to_owned())
-        })
-        .collect()
-}
-
 fn slice_range(k: u64) -> String {
     format!("bytes={}-{}", k * SLICE, (k + 1) * SLICE - 1)
 }
@@ -170,7 +158,7 @@ async fn a_range_in_the_middle_costs_the_origin_one_slice_and_a_later_range_in_i
         format!("bytes {first}-{}/{GIB}", first + 65_535)
     );
     assert_eq!(got.header("etag"), "\"v0\"");
-    assert_eq!(ranges_asked(&origin), vec![slice_range(first / SLICE)]);
+    assert_eq!(origin.ranges(), vec![slice_range(first / SLICE)]);
     let r = &origin.seen()[0];
     assert!(
         r.headers.get("accept-encoding").is_none(),
@@ -217,7 +205,7 @@ async fn a_full_get_fetches_every_slice_once_and_is_exact_then_hits_after_a_rest
     assert_eq!(got.exact(), (200, len, None, None));
     assert_eq!(got.header("content-length"), len.to_string());
     let slices = len.div_ceil(SLICE);
-    let mut asked = ranges_asked(&origin);
+    let mut asked = origin.ranges();
     asked.sort();
     let mut want: Vec<String> = (0..slices).map(slice_range).collect();
     want.sort();
@@ -266,7 +254,7 @@ async fn concurrent_ranges_of_a_cold_object_cost_each_covered_slice_once() {
             "at {first}"
         );
     }
-    let asked = ranges_asked(&origin);
+    let asked = origin.ranges();
     let mut unique = asked.clone();
     unique.sort();
     unique.dedup();
@@ -412,7 +400,7 @@ async fn stored_slices_are_completed_by_later_ranges_into_the_whole() {
     assert_eq!(whole.exact(), (200, len, None, None));
     // Slice 1 was stored; the others (0, 2, 3) were fetched for the whole, once each (the next one asked
     // for while one is sent: in any order).
-    let mut asked = ranges_asked(&origin);
+    let mut asked = origin.ranges();
     assert_eq!(asked.remove(0), slice_range(1));
     asked.sort();
     assert_eq!(asked, vec![slice_range(0), slice_range(2), slice_range(3)]);
@@ -438,7 +426,7 @@ async fn an_object_without_validators_is_passed_as_the_client_asked() {
     assert_eq!((part.status, part.len, part.wrong_at), (206, 10, None));
     // The first request: its first slice, then the request as sent; the next ones as sent alone.
     assert_eq!(
-        ranges_asked(&origin),
+        origin.ranges(),
         vec![
             slice_range(0),
             "whole".to_owned(),
@@ -476,7 +464,7 @@ async fn clients_resuming_at_random_offsets_share_the_slices_they_cross() {
         assert!(got.len >= 12 << 20, "{} bytes at {first}", got.len);
         assert_eq!((got.wrong_at, got.failed), (None, None), "at {first}");
     }
-    let asked = ranges_asked(&origin);
+    let asked = origin.ranges();
     let mut unique = asked.clone();
     unique.sort();
     unique.dedup();
@@ -636,7 +624,7 @@ async fn a_range_far_into_a_cold_object_is_forwarded_and_its_206_answers_ranges_
         format!("bytes {}-{}/{len}", len - 1000, len - 1)
     );
     assert_eq!(
-        ranges_asked(&origin),
+        origin.ranges(),
         vec![
             "bytes=20000000-20999999".to_owned(),
             format!("bytes={}-", len - 1000)
@@ -676,7 +664,7 @@ async fn a_range_far_into_a_cold_object_is_forwarded_and_its_206_answers_ranges_
     // Near the start, the whole is fetched (and, past max_object_size, not stored).
     let near = fetch(d.addr, "/files/w.mp4", Some("bytes=100-199")).await;
     assert_eq!(near.exact(), (206, 100, None, None));
-    assert_eq!(ranges_asked(&origin)[2], "whole");
+    assert_eq!(origin.ranges()[2], "whole");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -693,7 +681,7 @@ async fn a_stored_206_is_completed_by_a_second_range_into_the_whole() {
     assert_eq!(whole.exact(), (200, len, None, None));
     assert_eq!(whole.header("content-length"), len.to_string());
     assert_eq!(
-        ranges_asked(&origin),
+        origin.ranges(),
         vec![
             "bytes=2000000-2999999".to_owned(),
             "bytes=0-1999999".to_owned()
@@ -767,7 +755,7 @@ async fn a_part_without_validators_answers_ranges_within_it_and_is_never_joined(
     let whole = fetch(d.addr, "/files/n.bin", None).await;
     assert_eq!(whole.exact(), (200, len, None, None));
     assert_eq!(
-        ranges_asked(&origin),
+        origin.ranges(),
         vec![
             "bytes=-1000".to_owned(),
             format!("bytes=0-{}", len - 1001),
@@ -851,7 +839,7 @@ async fn a_forwarded_range_its_client_left_keeps_the_bytes_read_and_stops_the_or
         ((206, 1_000_000, None, None), "HIT")
     );
     assert_eq!(
-        ranges_asked(&origin),
+        origin.ranges(),
         vec!["whole".to_owned(), "bytes=30000000-".to_owned()]
     );
 }
@@ -873,5 +861,5 @@ async fn clients_resuming_an_object_not_stored_share_one_fetch_of_the_whole() {
         let got = task.await.unwrap();
         assert_eq!((got.status, got.wrong_at, got.failed), (206, None, None));
     }
-    assert_eq!(ranges_asked(&origin), vec!["whole".to_owned()]);
+    assert_eq!(origin.ranges(), vec!["whole".to_owned()]);
 }

@@ -78,17 +78,7 @@ pub(crate) async fn serve<S: CacheStore>(
     size: u64,
 ) -> Option<Response<Body>> {
     let shared = &worker.shared;
-    let asker = Asker {
-        worker: worker.clone(),
-        key: key.to_owned(),
-        parts: parts.clone(),
-        client: ctx.client,
-        route: ctx.route.clone(),
-        decided: ctx.decided.clone(),
-        cut: Cut::Slices(size),
-        if_range: None,
-        negotiated: None,
-    };
+    let asker = Asker::new(worker, ctx, key, parts, Cut::Slices(size), None);
     if shared.coalescer.is_hit_for_miss(key) {
         inc(&shared.stats.hit_for_miss);
         return Some(asker.pass().await);
@@ -164,17 +154,7 @@ pub(crate) async fn serve_parts<S: CacheStore>(
     let meta = found.meta();
     let if_range = range::if_range(meta.validators(), meta.header("date"))
         .and_then(|v| HeaderValue::from_bytes(v).ok());
-    let asker = Asker {
-        worker: worker.clone(),
-        key: key.to_owned(),
-        parts: parts.clone(),
-        client: ctx.client,
-        route: ctx.route.clone(),
-        decided: ctx.decided.clone(),
-        cut: Cut::Gaps,
-        if_range,
-        negotiated: ctx.negotiated.cloned(),
-    };
+    let asker = Asker::new(worker, ctx, key, parts, Cut::Gaps, if_range);
     let now = lacquer_clock::now_ms();
     let ttl_s = meta.remaining_ttl_ms(now) / 1000;
     let object = Object::stored(found, now, Some(looked_up_at));
@@ -577,8 +557,8 @@ struct Asker<S: CacheStore> {
     cut: Cut,
     /// The object's strong validator, which a gap's fetch sends as `If-Range`.
     if_range: Option<HeaderValue>,
-    /// The client's `Accept-Encoding` on a route that negotiates codings (not a sliced one): how a whole
-    /// answer fetched instead of a gap leaves for it.
+    /// The client's `Accept-Encoding` on a route that negotiates codings (a sliced one does not): how a
+    /// whole answer fetched instead of a gap leaves for it.
     negotiated: Option<Negotiated>,
 }
 
@@ -599,6 +579,27 @@ impl<S: CacheStore> Clone for Asker<S> {
 }
 
 impl<S: CacheStore> Asker<S> {
+    fn new(
+        worker: &Arc<Worker<S>>,
+        ctx: &Ctx<'_>,
+        key: &str,
+        parts: &Arc<Parts>,
+        cut: Cut,
+        if_range: Option<HeaderValue>,
+    ) -> Self {
+        Self {
+            worker: worker.clone(),
+            key: key.to_owned(),
+            parts: parts.clone(),
+            client: ctx.client,
+            route: ctx.route.clone(),
+            decided: ctx.decided.clone(),
+            cut,
+            if_range,
+            negotiated: ctx.negotiated.cloned(),
+        }
+    }
+
     /// How a fetch of a slice (or a gap) is made.
     fn fill(&self, ask: Ask, how: Asked) -> Fill {
         Fill {
@@ -725,21 +726,7 @@ impl<S: CacheStore> Asker<S> {
             // Nothing fetched is in a coding this client may get (`no-transform`): as the client sent it.
             drop(reader);
             inc(&shared.stats.coding_forwarded);
-            let mut parts = Parts::clone(&self.parts);
-            if let Some(n) = &self.negotiated {
-                n.restore(&mut parts.headers);
-            }
-            let (worker, client) = (&self.worker, self.client);
-            return super::pass(
-                worker,
-                client,
-                &self.route,
-                &self.decided,
-                parts,
-                body::empty(),
-                false,
-            )
-            .await;
+            return self.pass().await;
         }
         let limit = policy.cache.max_object_size.as_u64();
         let settings = policy.compression.as_ref().map(|n| &n.settings);
@@ -747,9 +734,13 @@ impl<S: CacheStore> Asker<S> {
         respond::fetched(head, reader, outcome, &self.parts, &conversion)
     }
 
-    /// Sends the request to the origin as the client sent it (its range included), as a pass.
+    /// Sends the request to the origin as the client sent it (its range and `Accept-Encoding` included),
+    /// as a pass.
     async fn pass(&self) -> Response<Body> {
-        let parts = Parts::clone(&self.parts);
+        let mut parts = Parts::clone(&self.parts);
+        if let Some(n) = &self.negotiated {
+            n.restore(&mut parts.headers);
+        }
         let (worker, client) = (&self.worker, self.client);
         super::pass(
             worker,
