@@ -218,3 +218,37 @@ async fn a_blocking_reload_too_far_ahead_gets_the_origins_refusal_at_once() {
     let part = get(d.addr, "/live/s10000.p0.m4s").await;
     assert_eq!(part.status, 400);
 }
+
+/// Freshness is kept to the millisecond: a playlist with `max-age=1` is fresh for one second after the
+/// origin sent it (not for anything up to two, as a cache counting whole seconds would), and a rule's TTL
+/// below a second (`ttl = "400ms"`, which NGINX cannot set) holds as set.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_playlists_freshness_is_kept_to_the_millisecond() {
+    let origin = Origin::start(|seen| {
+        Reply::ok(format!("#EXTM3U\n# {}\n", seen.path)).header("cache-control", "max-age=1")
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [[rule]]\nname = \"fast\"\non = \"backend_response\"\n\
+         match = { path_prefix = [\"/fast/\"] }\nttl = \"400ms\"\n",
+    );
+    // A hit is asked for this long after the miss was sent (the origin answered later), and a miss this
+    // long after its answer came: margins of a few hundred milliseconds either way.
+    for (path, fresh, stale) in [
+        ("/live/index.m3u8", 500, 1400),
+        ("/fast/index.m3u8", 100, 700),
+    ] {
+        let sent = Instant::now();
+        assert_eq!(get(d.addr, path).await.header("x-cache"), "MISS");
+        let answered = Instant::now();
+        tokio::time::sleep(Duration::from_millis(fresh).saturating_sub(sent.elapsed())).await;
+        let hit = get(d.addr, path).await;
+        assert_eq!((path, hit.header("x-cache")), (path, "HIT"));
+        assert_eq!(hit.header("age"), "0", "{path}: under a second old");
+        tokio::time::sleep(Duration::from_millis(stale).saturating_sub(answered.elapsed())).await;
+        assert_eq!(get(d.addr, path).await.header("x-cache"), "MISS", "{path}");
+        assert_eq!(origin.count(path), 2);
+    }
+}
