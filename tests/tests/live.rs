@@ -190,6 +190,25 @@ async fn players_at_the_live_edge_cost_the_origin_one_request_per_part_and_playl
             assert_eq!(n, 1, "{path} asked of the origin {n} times");
         }
     }
+    let stats = d.stats().await;
+    let proxy = &stats["proxy"];
+    let versions = origin
+        .counts()
+        .keys()
+        .filter(|path| path.contains("_HLS_msn"))
+        .count() as u64;
+    let counted = |name: &str| proxy[name].as_u64().unwrap();
+    assert!(counted("hls_reloads") >= versions, "{proxy}");
+    assert!(
+        counted("hls_reloads_joined") > 0,
+        "players joined each other's reloads: {proxy}"
+    );
+    assert!(counted("hls_reload_wait_ms") > 0, "{proxy}");
+    assert_eq!(
+        counted("hls_reloads_held"),
+        0,
+        "none held once all answered"
+    );
     latencies.sort();
     let at = |q: usize| latencies[(latencies.len() - 1) * q / 100];
     // A reading, not a target (targets live in bench/): what the cache adds between the origin making a

@@ -63,7 +63,7 @@ use crate::{
     fetch::{Ask, Fill},
     phase::{Admitted, Answered, Decided},
     prepared::Prepared,
-    stats::{add, inc, Stats},
+    stats::{add, dec, inc, Stats},
     store::CacheStore,
     worker::{Shared, Worker},
 };
@@ -920,7 +920,9 @@ async fn miss<S: CacheStore>(
     };
     // A body that is already complete is as good as stored: the store just has not published it yet.
     let complete = !owner && fetch.is_complete();
+    let held = Held::blocking(parts, &shared.stats, owner);
     let mut head = reader.head().await;
+    drop(held);
     if let (false, Ok(h)) = (owner, &head) {
         let other_variant = !phase::selects(&h.selection, parts);
         if h.shareable && other_variant && may_wait {
@@ -1018,6 +1020,45 @@ async fn miss<S: CacheStore>(
         resp.extensions_mut().insert(phase::DebugInfo(debug));
     }
     Some(resp)
+}
+
+/// An LL-HLS blocking playlist reload (a request carrying `_HLS_msn`, RFC 8216bis §6.2.5.2) waiting for the
+/// origin, which holds it until the playlist version it names exists: counted while it waits, and for how
+/// long, however the wait ends (a client that leaves drops it).
+struct Held<'a> {
+    stats: &'a Stats,
+    since: std::time::Instant,
+}
+
+impl<'a> Held<'a> {
+    fn blocking(parts: &Parts, stats: &'a Stats, owner: bool) -> Option<Self> {
+        let query = parts.uri.query()?;
+        let blocking = query
+            .split('&')
+            .any(|param| param.split('=').next() == Some("_HLS_msn"));
+        if !blocking {
+            return None;
+        }
+        inc(&stats.hls_reloads);
+        if !owner {
+            inc(&stats.hls_reloads_joined);
+        }
+        inc(&stats.hls_reloads_held);
+        Some(Self {
+            stats,
+            since: std::time::Instant::now(),
+        })
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        dec(&self.stats.hls_reloads_held);
+        add(
+            &self.stats.hls_reload_wait_ms,
+            self.since.elapsed().as_millis() as u64,
+        );
+    }
 }
 
 /// The range a request for an object not stored sends to the origin instead of fetching the whole

@@ -110,6 +110,16 @@ stats_section! {
         pipe_bytes_to_client: Counter "lacquer_pipe_bytes_total" { direction = "to_client" },
         /// Requests that attached to a fetch already in flight instead of going to the backend.
         coalesced_waiters: Counter "lacquer_coalesced_requests_total",
+        /// LL-HLS blocking playlist reloads (requests carrying `_HLS_msn`) that waited for the origin,
+        /// which holds them until the playlist version they name exists.
+        hls_reloads: Counter "lacquer_hls_reloads_total",
+        /// Blocking reloads that joined another's origin request for the same playlist version.
+        hls_reloads_joined: Counter "lacquer_hls_reloads_joined_total",
+        /// Blocking reloads waiting for the origin now.
+        hls_reloads_held: Gauge "lacquer_hls_reloads_held",
+        /// Milliseconds blocking reloads waited for the origin's answer, all together: over
+        /// `hls_reloads`, the mean hold.
+        hls_reload_wait_ms: Counter "lacquer_hls_reload_wait_milliseconds_total",
         /// Misses sent straight to the backend because the key recently proved uncacheable.
         hit_for_miss: Counter "lacquer_hit_for_miss_total",
         /// Responses to cacheable requests that could not be stored.
