@@ -214,9 +214,25 @@ fn query_normalized(query: &str, rules: &Normalize) -> String {
     params.join("&")
 }
 
+/// Whether `query` has a parameter named one of `names` (with a value or without).
+pub fn has_param(query: &str, names: &[impl AsRef<str>]) -> bool {
+    query
+        .split('&')
+        .map(|p| p.split_once('=').map_or(p, |(n, _)| n))
+        .any(|name| names.iter().any(|n| n.as_ref() == name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn presence_of_parameters() {
+        assert!(has_param("a=1&_HLS_msn=3", &["_HLS_msn"]));
+        assert!(!has_param("a=1&_HLS_msnx=3", &["_HLS_msn"]));
+        assert!(has_param("flag", &["flag"]));
+        assert!(!has_param("", &["flag"]));
+    }
 
     #[test]
     fn lenient_readings() {

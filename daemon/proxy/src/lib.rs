@@ -52,7 +52,7 @@ use lacquer_policy::{
     head,
     headers::strip_hop_by_hop,
     key::primary_key,
-    range,
+    normalize, range,
     request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
 };
@@ -1032,11 +1032,7 @@ struct Held<'a> {
 
 impl<'a> Held<'a> {
     fn blocking(parts: &Parts, stats: &'a Stats, owner: bool) -> Option<Self> {
-        let query = parts.uri.query()?;
-        let blocking = query
-            .split('&')
-            .any(|param| param.split('=').next() == Some("_HLS_msn"));
-        if !blocking {
+        if !normalize::has_param(parts.uri.query()?, &["_HLS_msn"]) {
             return None;
         }
         inc(&stats.hls_reloads);

@@ -101,14 +101,6 @@ pub(crate) fn has_cookie<'a>(lines: impl Iterator<Item = &'a str>, names: &[Name
         .any(|name| names.iter().any(|n| n.matches(name)))
 }
 
-/// Whether the query has one of these parameters.
-pub(crate) fn has_param(query: &str, names: &[String]) -> bool {
-    query
-        .split('&')
-        .map(|p| p.split_once('=').map_or(p, |(n, _)| n))
-        .any(|name| names.iter().any(|n| n == name))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,7 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn presence_of_cookies_and_parameters() {
+    fn presence_of_cookies() {
         assert!(has_cookie(
             ["a=1; sessionid=2"].into_iter(),
             &patterns(&["sess*"])
@@ -208,9 +200,6 @@ mod tests {
             ["a=1; xsessionid=2"].into_iter(),
             &patterns(&["sess*"])
         ));
-        assert!(has_param("a=1&_HLS_msn=3", &["_HLS_msn".into()]));
-        assert!(!has_param("a=1&_HLS_msnx=3", &["_HLS_msn".into()]));
-        assert!(has_param("flag", &["flag".into()]));
     }
 
     #[test]

@@ -950,7 +950,7 @@ fn matches(
             return false;
         }
     }
-    if !w.query.is_empty() && !edit::has_param(parts.uri.query().unwrap_or(""), &w.query) {
+    if !w.query.is_empty() && !normalize::has_param(parts.uri.query().unwrap_or(""), &w.query) {
         return false;
     }
     if let Some(r) = &response {
