@@ -426,7 +426,7 @@ async fn answer<S: CacheStore>(
         // range) replaces or joins them: a response that would need more than `MAX_GAPS` gaps, or an open
         // range (`bytes=a-`, a resumed download) reaching past the parts, which one fetch of the whole
         // serves for every client resuming (`forward_ranges`).
-        let gaps = assembly.gaps(from, to);
+        let gaps = assembly.gaps(from, to).len();
         let open = matches!(
             range::single(&asker.parts.headers),
             Some(range::Single::From(_, None))
@@ -491,7 +491,11 @@ async fn answer<S: CacheStore>(
         Some(Err(stop)) => return stopped(asker, stop).await,
         None => {}
     }
-    if let (Cut::Gaps, Some(gap)) = (asker.cut, assembly.first_gap(from, to)) {
+    let first_gap = match asker.cut {
+        Cut::Gaps => assembly.gaps(from, to).first().copied(),
+        Cut::Slices(_) => None,
+    };
+    if let Some(gap) = first_gap {
         // Parts stored that are not proved to be of one version with the bytes between them (no strong
         // validator, or the origin's object changed) would make a body of two: the first gap's head is
         // checked before the status line too, and the whole is answered when the origin sends it.
@@ -876,31 +880,20 @@ impl<S: CacheStore> Assembly<S> {
         }
     }
 
-    /// How many gaps between stored parts bytes `from..=to` cross.
-    fn gaps(&self, from: u64, to: u64) -> usize {
-        let (mut gaps, mut at) = (0, from);
-        while at <= to {
+    /// Where the gaps between stored parts in bytes `from..=to` begin: `MAX_GAPS + 1` at most, enough to
+    /// tell there are too many.
+    fn gaps(&self, from: u64, to: u64) -> Vec<u64> {
+        let (mut gaps, mut at) = (Vec::new(), from);
+        while at <= to && gaps.len() <= MAX_GAPS {
             at = match self.part_holding(at) {
                 Some(part) => part.end(),
                 None => {
-                    gaps += 1;
+                    gaps.push(at);
                     self.unit(at, to).0 + 1
                 }
             };
         }
         gaps
-    }
-
-    /// The first byte of `from..=to` no stored part holds, if any.
-    fn first_gap(&self, from: u64, to: u64) -> Option<u64> {
-        let mut at = from;
-        while at <= to {
-            match self.part_holding(at) {
-                Some(part) => at = part.end(),
-                None => return Some(at),
-            }
-        }
-        None
     }
 
     /// Forgets a part found to have lost a chunk: not read again by this response, and removed from the
