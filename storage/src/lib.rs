@@ -27,7 +27,9 @@ pub use ban::{BanExpr, BanInfo, BanSyntaxError};
 pub use builder::StoreBuilder;
 pub use chunk::ChunkKey;
 pub use error::StoreError;
-pub use meta::{same_representation, ObjectMeta, ObjectSet, Part, Partial, Prepared, Sibling};
+pub use meta::{
+    same_representation, ObjectMeta, ObjectSet, Part, PartFate, Partial, Prepared, Sibling,
+};
 pub use purge::{InvalidationMark, PurgeMode};
 pub use store::{
     ChunkRead, ChunkTiers, Inspected, PartKept, Store, StoreStatsSnapshot, Tier, VERIFY_AHEAD,

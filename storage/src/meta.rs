@@ -355,6 +355,28 @@ impl Partial {
     }
 }
 
+/// What becomes of a part offered to an object ([`ObjectSet::part_fate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartFate {
+    /// It is of the representation variant `variant`'s body holds in `partials[partial]`, whose head and
+    /// freshness it refreshes; `adds`: it is kept beside them ([`Partial::adds`]), else forgotten.
+    Joins {
+        /// The variant it joins.
+        variant: usize,
+        /// Where that variant's parts are.
+        partial: usize,
+        /// Whether it is kept beside them.
+        adds: bool,
+    },
+    /// It is forgotten: of an older version than the body stored, or of the version stored whole.
+    Refused,
+    /// It starts a new variant body of its own, which replaces variant `replaces` when there is one.
+    Starts {
+        /// The variant it replaces.
+        replaces: Option<usize>,
+    },
+}
+
 /// Whether two stored heads describe the same representation
 /// ([`lacquer_policy::range::same_representation`]), so that their byte ranges may be joined.
 pub fn same_representation(a: &ObjectMeta, b: &ObjectMeta) -> bool {
@@ -398,6 +420,36 @@ impl ObjectSet {
     /// The parts of variant body `generation`, when it is stored in parts.
     pub fn partial(&self, generation: u64) -> Option<&Partial> {
         self.partials.iter().find(|p| p.of == generation)
+    }
+
+    /// What becomes of `part`, bytes of a representation `total` bytes long whose head is `head`, offered
+    /// to the variant body `head` selects: both stores decide by this.
+    pub fn part_fate(&self, head: &ObjectMeta, total: u64, part: &Part) -> PartFate {
+        let Some(variant) = self.variants.iter().position(|v| v.variant == head.variant) else {
+            return PartFate::Starts { replaces: None };
+        };
+        let current = &self.variants[variant];
+        let same = same_representation(current, head);
+        match self
+            .partials
+            .iter()
+            .position(|p| p.of == current.generation)
+        {
+            Some(partial) if same && self.partials[partial].total == total => PartFate::Joins {
+                variant,
+                partial,
+                adds: self.partials[partial].adds(part),
+            },
+            // A part whose fetch began before the body stored under its selection was is of an older
+            // version, which must not replace a newer one; nor does a part of the version stored whole
+            // replace it (a range fetched while the whole was).
+            partial if current.generation > part.body.generation || (partial.is_none() && same) => {
+                PartFate::Refused
+            }
+            _ => PartFate::Starts {
+                replaces: Some(variant),
+            },
+        }
     }
 
     /// Where in `siblings` the representation of the variant body `generation` in `coding` (`None`:
@@ -623,6 +675,110 @@ pub(crate) mod tests {
         };
         assert!(overlapping.adds(&part(50, 50, 9)), "200 bytes in all");
         assert!(!overlapping.adds(&part(19, 81, 9)), "past twice the length");
+    }
+
+    #[test]
+    fn what_becomes_of_a_part_offered() {
+        // Variant body 5 in parts of a 100-byte representation tagged "x"; its selection is meta()'s.
+        let in_parts = ObjectSet {
+            variants: vec![ObjectMeta {
+                generation: 5,
+                ..meta(0, 4)
+            }],
+            siblings: Vec::new(),
+            partials: vec![Partial {
+                of: 5,
+                total: 100,
+                parts: vec![part(0, 8, 6)],
+            }],
+        };
+        let whole = ObjectSet::of(vec![ObjectMeta {
+            generation: 5,
+            ..meta(100, 4)
+        }]);
+        let tagged = |etag: &[u8]| {
+            let mut head = meta(0, 4);
+            head.headers[1].1 = etag.to_vec();
+            head
+        };
+        let other = ObjectMeta {
+            variant: vec![("accept-encoding".into(), "br".into())],
+            ..meta(0, 4)
+        };
+        let joins = |adds| PartFate::Joins {
+            variant: 0,
+            partial: 0,
+            adds,
+        };
+        let cases = [
+            (
+                &in_parts,
+                tagged(b"\"x\""),
+                100,
+                part(8, 8, 9),
+                joins(true),
+                "the next part",
+            ),
+            (
+                &in_parts,
+                tagged(b"\"x\""),
+                100,
+                part(2, 4, 9),
+                joins(false),
+                "within one",
+            ),
+            (
+                &in_parts,
+                tagged(b"\"y\""),
+                100,
+                part(8, 8, 9),
+                PartFate::Starts { replaces: Some(0) },
+                "a new version",
+            ),
+            (
+                &in_parts,
+                tagged(b"\"x\""),
+                90,
+                part(8, 8, 9),
+                PartFate::Starts { replaces: Some(0) },
+                "another length",
+            ),
+            (
+                &in_parts,
+                tagged(b"\"y\""),
+                100,
+                part(8, 8, 4),
+                PartFate::Refused,
+                "older than the body",
+            ),
+            (
+                &whole,
+                tagged(b"\"x\""),
+                100,
+                part(8, 8, 9),
+                PartFate::Refused,
+                "of the version stored whole",
+            ),
+            (
+                &whole,
+                tagged(b"\"y\""),
+                100,
+                part(8, 8, 9),
+                PartFate::Starts { replaces: Some(0) },
+                "a new version of the whole",
+            ),
+            (
+                &whole,
+                other,
+                100,
+                part(8, 8, 9),
+                PartFate::Starts { replaces: None },
+                "another variant",
+            ),
+        ];
+        for (set, head, total, offered, fate, why) in cases {
+            assert_eq!(set.part_fate(&head, total, &offered), fate, "{why}");
+        }
     }
 
     #[test]

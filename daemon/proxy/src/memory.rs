@@ -12,8 +12,8 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 use lacquer_storage::{
-    same_representation, ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, Part, PartKept,
-    Partial, Sibling, Store, StoreError, Tier,
+    ChunkRead, InvalidationMark, ObjectMeta, ObjectSet, Part, PartFate, PartKept, Partial, Sibling,
+    Store, StoreError, Tier,
 };
 use tokio::sync::watch;
 
@@ -128,41 +128,34 @@ impl State {
             .sets
             .get(primary)
             .map_or_else(ObjectSet::default, |s| (**s).clone());
-        let current = set.variants.iter().position(|v| v.variant == head.variant);
-        let joins = current.and_then(|pos| {
-            let v = &set.variants[pos];
-            set.partials
-                .iter()
-                .position(|p| p.of == v.generation && p.total == total)
-                .filter(|_| same_representation(v, &head))
-        });
-        if let Some(partial) = joins {
-            set.variants[current.expect("joined")].refresh_from_part(head);
-            let partial = &mut set.partials[partial];
-            if partial.adds(&part) {
-                let at = partial.parts.partition_point(|p| p.start < part.start);
-                partial.parts.insert(at, part);
-            } else {
-                self.forget_body(part.body.generation);
+        let replaces = match set.part_fate(&head, total, &part) {
+            PartFate::Joins {
+                variant,
+                partial,
+                adds,
+            } => {
+                set.variants[variant].refresh_from_part(head);
+                let partial = &mut set.partials[partial];
+                if adds {
+                    let at = partial.parts.partition_point(|p| p.start < part.start);
+                    partial.parts.insert(at, part);
+                } else {
+                    self.forget_body(part.body.generation);
+                }
+                self.sets.insert(primary.to_owned(), Arc::new(set));
+                return PartKept::Added;
             }
-            self.sets.insert(primary.to_owned(), Arc::new(set));
-            return PartKept::Added;
-        }
-        let stored_whole = |pos: usize| {
-            let v = &set.variants[pos];
-            !set.partials.iter().any(|p| p.of == v.generation) && same_representation(v, &head)
+            PartFate::Refused => {
+                self.forget_body(part.body.generation);
+                return PartKept::Discarded;
+            }
+            PartFate::Starts { replaces } => replaces,
         };
-        if current.is_some_and(|pos| {
-            set.variants[pos].generation > part.body.generation || stored_whole(pos)
-        }) {
-            self.forget_body(part.body.generation);
-            return PartKept::Discarded;
-        }
         head.generation = self.next_id();
         head.length = 0;
         head.ban_checked = self.newest_ban();
         let mut variants = set.variants.clone();
-        if let Some(pos) = current {
+        if let Some(pos) = replaces {
             variants.remove(pos);
         }
         variants.insert(0, head.clone());

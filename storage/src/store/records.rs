@@ -16,7 +16,7 @@ use std::{
 use crate::{
     ban::Verdict,
     error::StoreError,
-    meta::{same_representation, ObjectMeta, ObjectSet, Part, Partial, Sibling},
+    meta::{ObjectMeta, ObjectSet, Part, PartFate, Partial, Sibling},
 };
 
 use super::{ChunkTiers, Store};
@@ -491,50 +491,36 @@ impl Store {
             .load_set(&locked, primary, HotCopy::Fill)?
             .map(|s| (*s).clone())
             .unwrap_or_default();
-        let current = set.variants.iter().position(|v| v.variant == head.variant);
-        let joins = current.and_then(|pos| {
-            let v = &set.variants[pos];
-            let partial = set.partials.iter().position(|p| p.of == v.generation)?;
-            (set.partials[partial].total == total && same_representation(v, &head))
-                .then_some(partial)
-        });
-        self.counters().stored_bytes.add(part.body.length);
-        if let Some(partial) = joins {
-            // Tags came with the object's first part; the variant keeps them.
-            self.unindex_tags(primary, &head)?;
-            let current = &mut set.variants[current.expect("joined")];
-            current.refresh_from_part(head);
-            let partial = &mut set.partials[partial];
-            // Two fetches of one part (a response that had not seen the other's), a range within one
-            // stored, or a body at its most parts: what is stored stays.
-            if !partial.adds(&part) {
-                self.counters().stored_bytes.sub(part.body.length);
-                self.forget_body(&part.body);
+        let replaces = match set.part_fate(&head, total, &part) {
+            PartFate::Joins {
+                variant,
+                partial,
+                adds,
+            } => {
+                // Tags came with the object's first part; the variant keeps them.
+                self.unindex_tags(primary, &head)?;
+                set.variants[variant].refresh_from_part(head);
+                let partial = &mut set.partials[partial];
+                if adds {
+                    self.counters().stored_bytes.add(part.body.length);
+                    let at = partial.parts.partition_point(|p| p.start < part.start);
+                    partial.parts.insert(at, part);
+                } else {
+                    self.forget_body(&part.body);
+                }
                 self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
                 return Ok(PartKept::Added);
             }
-            let at = partial.parts.partition_point(|p| p.start < part.start);
-            partial.parts.insert(at, part);
-            self.save_set(&locked, primary, set, &[], HotCopy::Fill)?;
-            return Ok(PartKept::Added);
-        }
-        // A part whose fetch began before the body stored under its selection was: an older version,
-        // which must not replace a newer one. Nor does a part of the version stored whole replace it (a
-        // range fetched while the whole was).
-        let stored_whole = |pos: usize| {
-            let v = &set.variants[pos];
-            !set.partials.iter().any(|p| p.of == v.generation) && same_representation(v, &head)
+            PartFate::Refused => {
+                self.unindex_tags(primary, &head)?;
+                self.forget_body(&part.body);
+                return Ok(PartKept::Discarded);
+            }
+            PartFate::Starts { replaces } => replaces,
         };
-        if current.is_some_and(|pos| {
-            set.variants[pos].generation > part.body.generation || stored_whole(pos)
-        }) {
-            self.unindex_tags(primary, &head)?;
-            self.counters().stored_bytes.sub(part.body.length);
-            self.forget_body(&part.body);
-            return Ok(PartKept::Discarded);
-        }
+        self.counters().stored_bytes.add(part.body.length);
         let mut dropped = Vec::new();
-        if let Some(pos) = current {
+        if let Some(pos) = replaces {
             dropped.push(set.variants.remove(pos));
         }
         head.length = 0;
