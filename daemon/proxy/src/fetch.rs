@@ -21,6 +21,7 @@ use super::{forward, Found};
 use lacquer_backends::{error_chain, routing::Route, BackendError};
 use lacquer_policy::{
     age::corrected_initial_age,
+    encoding::{self, Coded},
     range,
     storable::{self, Decision, Storable},
     surrogate, vary, Policy,
@@ -560,11 +561,7 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             // Nothing would prove that the next slice is of the same version of the object. Elsewhere
             // such a part is kept alone: it answers ranges within it, and is never joined with another.
             Some("a part without an entity-tag or Last-Modified")
-        } else if head
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .is_some_and(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity"))
-        {
+        } else if encoding::coded(&head.headers) != Coded::Identity {
             // Bytes of a coding the origin chose for one request: joined with the next part, or sent to a
             // client that did not ask for that coding, they would be wrong.
             Some("a part in a content coding")

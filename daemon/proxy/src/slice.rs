@@ -22,7 +22,7 @@ use lacquer_backends::{
     routing::Route,
 };
 use lacquer_policy::{
-    encoding::Delivery,
+    encoding::{self, Coded, Delivery},
     range::{self, Ranges},
     stale::{usability, Usability},
 };
@@ -837,6 +837,14 @@ struct Assembly<S: CacheStore> {
 }
 
 impl<S: CacheStore> Assembly<S> {
+    /// The object's validators, which every part must carry.
+    fn proof(&self) -> range::Validators<'_> {
+        (
+            self.etag.as_ref().map(HeaderValue::as_bytes),
+            self.last_modified.as_ref().map(HeaderValue::as_bytes),
+        )
+    }
+
     /// The stored part holding byte `at`, if any.
     fn part_holding(&self, at: u64) -> Option<Part> {
         let (set, generation) = self.stored.as_ref()?;
@@ -1108,19 +1116,12 @@ impl<S: CacheStore> Assembly<S> {
                 head.status
             )));
         };
-        let ours = (
-            self.etag.as_ref().map(HeaderValue::as_bytes),
-            self.last_modified.as_ref().map(HeaderValue::as_bytes),
-        );
-        if total != self.total || !range::same_representation(ours, validators(&head.headers)) {
+        let same = range::same_representation(self.proof(), validators(&head.headers));
+        if total != self.total || !same {
             inc(&stats.slice_mismatches);
             return Err(Stop::Changed(Some(reader)));
         }
-        if head
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .is_some_and(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity"))
-        {
+        if encoding::coded(&head.headers) != Coded::Identity {
             // Asked for without `Accept-Encoding`, coded all the same: its bytes would not be the
             // representation's.
             inc(&stats.slice_errors);
@@ -1144,15 +1145,11 @@ impl<S: CacheStore> Assembly<S> {
             return;
         };
         let meta = found.meta();
-        let ours = (
-            self.etag.as_ref().map(HeaderValue::as_bytes),
-            self.last_modified.as_ref().map(HeaderValue::as_bytes),
-        );
         let same = found
             .set
             .partial(meta.generation)
             .is_some_and(|p| p.total == self.total)
-            && range::same_representation(meta.proof(), ours);
+            && range::same_representation(meta.proof(), self.proof());
         if same {
             self.stored = Some((found.set.clone(), meta.generation));
         }
