@@ -207,6 +207,8 @@ fn run(
             .clone()
             .map(|c| Arc::new(c) as Arc<dyn lacquer_proxy::cluster::Cluster>),
         making: Arc::default(),
+        prefetch: Default::default(),
+        blocking: Default::default(),
     });
     let (stop, stopped) = watch::channel(false);
     let settings = Arc::new(WorkerSettings {

@@ -9,7 +9,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use lacquer_tests::{get, Daemon, Origin, Reply};
+use lacquer_tests::{get, ClientReply, Daemon, Origin, Reply};
 
 const PART: Duration = Duration::from_millis(200);
 const PARTS_PER_SEGMENT: u64 = 4;
@@ -270,4 +270,364 @@ async fn a_playlists_freshness_is_kept_to_the_millisecond() {
         assert_eq!(get(d.addr, path).await.header("x-cache"), "MISS", "{path}");
         assert_eq!(origin.count(path), 2);
     }
+}
+
+/// A byte range of a segment the origin is still producing (LL-HLS parts addressed as ranges of their
+/// segment): answered `206` at once with `Content-Range: bytes a-b/*` (or `a-*/*` for an open range, which
+/// a preload hint's `BYTERANGE-START` asks for), its bytes sent as the origin makes them, every player on
+/// one origin request; once the segment is complete, ranges come from the store with its length.
+#[tokio::test(flavor = "multi_thread")]
+async fn ranges_of_a_growing_segment_stream_as_it_grows_and_come_from_the_store_once_whole() {
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let parts: Vec<Bytes> = (0..4).map(part_body).collect();
+    let whole: Vec<u8> = parts.iter().flat_map(|p| p.to_vec()).collect();
+    let origin = {
+        let (gate, parts) = (gate.clone(), parts.clone());
+        Origin::start(move |_| {
+            use lacquer_tests::Step;
+            // Parts 0 and 1 at once; 2 and 3 once the test opens the gate: the segment is growing.
+            let steps = vec![
+                Step::Data(parts[0].clone()),
+                Step::Data(parts[1].clone()),
+                Step::Gate(gate.clone()),
+                Step::Data(parts[2].clone()),
+                Step::Data(parts[3].clone()),
+            ];
+            Reply::ok("")
+                .header("cache-control", "max-age=60")
+                .header("content-type", "video/mp4")
+                .steps(steps, None)
+        })
+        .await
+    };
+    let d = Daemon::start(origin.addr, &[]);
+    let ranged = |range: &'static str| {
+        let addr = d.addr;
+        tokio::spawn(async move {
+            lacquer_tests::request(
+                addr,
+                http::Method::GET,
+                "/seg/s0.mp4",
+                &[("range", range)],
+                Bytes::new(),
+            )
+            .await
+            .expect("a ranged answer")
+        })
+    };
+    let n = PART_BYTES;
+    // Part 1, asked for while the segment is growing: all of it is there already.
+    let first = ranged("bytes=3000-5999").await.unwrap();
+    assert_eq!(first.status, 206);
+    assert_eq!(
+        first.header("content-range"),
+        format!("bytes {n}-{}/*", 2 * n - 1)
+    );
+    assert_eq!(first.body, parts[1]);
+    // Part 2 (closed) and the rest from part 2 on (open), asked for before they exist.
+    let closed = ranged("bytes=6000-8999");
+    let open = ranged("bytes=6000-");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !closed.is_finished() && !open.is_finished(),
+        "held for bytes not made yet"
+    );
+    gate.notify_one();
+    let (closed, open) = (closed.await.unwrap(), open.await.unwrap());
+    assert_eq!(
+        (closed.status, open.status),
+        (206.try_into().unwrap(), 206.try_into().unwrap())
+    );
+    assert_eq!(closed.header("content-range"), "bytes 6000-8999/*");
+    assert_eq!(closed.body, parts[2]);
+    assert_eq!(open.header("content-range"), "bytes 6000-*/*");
+    assert_eq!(open.header("content-length"), "");
+    assert_eq!(open.body, whole[6000..]);
+    assert_eq!(origin.count("/seg/s0.mp4"), 1, "one origin request for all");
+    // Whole and stored: the length is known.
+    let stored = eventually(Duration::from_secs(5), || async {
+        let r = lacquer_tests::request(
+            d.addr,
+            http::Method::GET,
+            "/seg/s0.mp4",
+            &[("range", "bytes=3000-5999")],
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+        (r.x_cache() == "HIT").then_some(r)
+    })
+    .await;
+    assert_eq!(stored.header("content-range"), "bytes 3000-5999/12000");
+    assert_eq!(stored.body, parts[1]);
+    assert_eq!(origin.count("/seg/s0.mp4"), 1);
+    let proxy = &d.stats().await["proxy"];
+    assert_eq!(proxy["ranges_growing"].as_u64(), Some(3), "{proxy}");
+}
+
+/// Blocking reloads are bounded: distinct ones of one playlist at the origin at once
+/// (`cache.blocking_reloads_per_playlist`: one more is refused at once), and how long one is held
+/// (`cache.blocking_reload_hold`: then `503`, and the origin request is dropped).
+#[tokio::test(flavor = "multi_thread")]
+async fn blocking_reloads_are_bounded_per_playlist_and_in_time() {
+    let origin = Origin::start(|seen| {
+        let reply = Reply::ok("#EXTM3U\n").header("cache-control", "max-age=1");
+        if seen.path.contains("_HLS_msn") {
+            // An origin that holds far longer than it should.
+            reply.delay(Duration::from_secs(20))
+        } else {
+            reply
+        }
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [cache]\nblocking_reloads_per_playlist = 2\nblocking_reload_hold = \"1s\"\n",
+    );
+    let asked = Instant::now();
+    let reload = |msn: u32| {
+        let addr = d.addr;
+        tokio::spawn(async move { get(addr, &format!("/live/index.m3u8?_HLS_msn={msn}")).await })
+    };
+    let (a, b) = (reload(100), reload(101));
+    eventually(Duration::from_secs(5), || async {
+        (origin.in_flight() == 2).then_some(())
+    })
+    .await;
+    // A joiner of a reload at the origin takes no place of its own.
+    let joiner = reload(100);
+    let refused = get(d.addr, "/live/index.m3u8?_HLS_msn=102").await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after"), "1");
+    // Another playlist has its own places.
+    let other = reload_of(d.addr, "/other/index.m3u8?_HLS_msn=7");
+    for held in [a, b, joiner, other] {
+        let r = held.await.unwrap();
+        assert_eq!(r.status, 503, "held past the hold");
+    }
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "the hold ended them, not the origin"
+    );
+    eventually(Duration::from_secs(5), || async {
+        (origin.in_flight() == 0).then_some(())
+    })
+    .await;
+    let proxy = &d.stats().await["proxy"];
+    assert_eq!(proxy["hls_reloads_refused"].as_u64(), Some(1), "{proxy}");
+    assert_eq!(proxy["hls_reloads_timed_out"].as_u64(), Some(4), "{proxy}");
+    assert_eq!(proxy["hls_reloads_held"].as_u64(), Some(0), "{proxy}");
+    // The places were given back.
+    assert_eq!(reload(103).await.unwrap().status, 503);
+    assert_eq!(
+        origin.count("/live/index.m3u8?_HLS_msn=102"),
+        0,
+        "refused before it was sent"
+    );
+    assert_eq!(origin.count("/live/index.m3u8?_HLS_msn=103"), 1);
+}
+
+fn reload_of(addr: SocketAddr, path: &'static str) -> tokio::task::JoinHandle<ClientReply> {
+    tokio::spawn(async move { get(addr, path).await })
+}
+
+/// What `probe` finds once it finds something, asked every 20 ms for at most `within`.
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    within: Duration,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(Instant::now() < until, "not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A segment origin for the prefetch tests: `/NAME` is 2000 bytes made from NAME, cacheable, after
+/// `delay`; a playlist `PREFIX/index.m3u8` lists `seg0.ts` to `seg{N}.ts` where N is `newest` (uncacheable,
+/// so every request sees the newest version, as a live player's reload would).
+async fn segment_origin(
+    newest: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    delay: Duration,
+) -> Origin {
+    Origin::start(move |seen| {
+        let (path, _) = seen.path.split_once('?').unwrap_or((&seen.path, ""));
+        if let Some(dir) = path.strip_suffix("/index.m3u8") {
+            let n = newest.load(std::sync::atomic::Ordering::SeqCst);
+            let mut text = String::from("#EXTM3U\n#EXT-X-TARGETDURATION:2\n");
+            for k in 0..=n {
+                text += &format!("#EXTINF:2.0,\nseg{k}.ts\n");
+            }
+            let _ = dir;
+            return Reply::ok(text)
+                .header("content-type", "application/vnd.apple.mpegurl")
+                .header("cache-control", "no-store");
+        }
+        Reply::ok(segment(path))
+            .header("cache-control", "max-age=60")
+            .header("content-type", "video/mp2t")
+            .delay(delay)
+    })
+    .await
+}
+
+fn segment(path: &str) -> Bytes {
+    path.bytes().cycle().take(2000).collect()
+}
+
+/// `prefetch = { playlist = 2 }`: a player asking for a segment a playlist lists sets off the next two,
+/// which are then hits; a new version of a live playlist sets off the segment after the newest one asked
+/// for before any player asks for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_next_segments_a_playlist_lists_are_prefetched_and_then_hits() {
+    let newest = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(5));
+    let origin = segment_origin(newest.clone(), Duration::ZERO).await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [[route]]\npath_prefix = \"/tv/\"\nprefetch = { playlist = 2 }\n",
+    );
+    assert_eq!(get(d.addr, "/tv/index.m3u8").await.status, 200);
+    assert_eq!(origin.total(), 1, "a playlist alone sets nothing off");
+    let first = get(d.addr, "/tv/seg0.ts").await;
+    assert_eq!(first.body, segment("/tv/seg0.ts"));
+    eventually(Duration::from_secs(5), || async {
+        (origin.count("/tv/seg1.ts") == 1 && origin.count("/tv/seg2.ts") == 1).then_some(())
+    })
+    .await;
+    for k in 1..=2 {
+        let path = format!("/tv/seg{k}.ts");
+        let hit = eventually(Duration::from_secs(5), || async {
+            let r = get(d.addr, &path).await;
+            (r.x_cache() == "HIT").then_some(r)
+        })
+        .await;
+        assert_eq!(hit.body, segment(&path));
+    }
+    // Asking for seg2 set off seg3 and seg4; the live edge is seg5 and nobody asked for it.
+    eventually(Duration::from_secs(5), || async {
+        (origin.count("/tv/seg4.ts") == 1).then_some(())
+    })
+    .await;
+    assert_eq!(origin.count("/tv/seg5.ts"), 0);
+    assert_eq!(get(d.addr, "/tv/seg5.ts").await.x_cache(), "MISS");
+    // A new version lists seg6: prefetched before anyone asks, since players are at seg5.
+    newest.store(6, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(get(d.addr, "/tv/index.m3u8").await.status, 200);
+    eventually(Duration::from_secs(5), || async {
+        (origin.count("/tv/seg6.ts") == 1).then_some(())
+    })
+    .await;
+    let edge = eventually(Duration::from_secs(5), || async {
+        let r = get(d.addr, "/tv/seg6.ts").await;
+        (r.x_cache() == "HIT").then_some(r)
+    })
+    .await;
+    assert_eq!(edge.body, segment("/tv/seg6.ts"));
+    for k in 0..=6 {
+        assert_eq!(origin.count(&format!("/tv/seg{k}.ts")), 1, "seg{k}");
+    }
+    let proxy = &d.stats().await["proxy"];
+    let counted = |name: &str| proxy[name].as_u64().unwrap();
+    assert_eq!(counted("prefetched"), 5, "seg1, 2, 3, 4 and 6: {proxy}");
+    assert_eq!(counted("prefetch_hits"), 3, "seg1, 2 and 6: {proxy}");
+    assert_eq!(counted("prefetch_wasted"), 0, "{proxy}");
+}
+
+/// `prefetch = { cmcd = true }`: the next object (`nor`) or range (`nrr`) a player's CMCD data names is
+/// fetched before it asks, from the header or the query (read before `[normalize]` strips it); a `nor`
+/// naming another host or leaving the site is refused, and the origin never sees it.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_cmcd_names_next_is_prefetched_on_the_same_site_only() {
+    let newest = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let origin = segment_origin(newest, Duration::ZERO).await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [normalize]\nstrip_query_params = [\"CMCD\"]\n\
+         [[route]]\npath_prefix = \"/v/\"\nprefetch = { cmcd = true }\n",
+    );
+    let addr = d.addr;
+    let with_cmcd = |path: &'static str, cmcd: &'static str| async move {
+        let headers = [("cmcd-request", cmcd)];
+        lacquer_tests::request(addr, http::Method::GET, path, &headers, Bytes::new()).await
+    };
+    let r = with_cmcd("/v/a/seg1.m4s", r#"nor="seg2.m4s",sid="x""#)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    eventually(Duration::from_secs(5), || async {
+        (origin.count("/v/a/seg2.m4s") == 1).then_some(())
+    })
+    .await;
+    // The query form, percent-encoded; the key and the origin never see the parameter.
+    let r = get(
+        d.addr,
+        "/v/a/seg2.m4s?CMCD=nor%3D%22..%252Fb%252Fseg3.m4s%22",
+    )
+    .await;
+    assert_eq!(r.x_cache(), "HIT");
+    eventually(Duration::from_secs(5), || async {
+        (origin.count("/v/b/seg3.m4s") == 1).then_some(())
+    })
+    .await;
+    for refused in [
+        r#"nor="https://elsewhere.example/x.m4s""#,
+        r#"nor="//elsewhere.example/x.m4s""#,
+        r#"nor="..%2F..%2F..%2Fescape.m4s""#,
+    ] {
+        assert_eq!(
+            with_cmcd("/v/a/seg1.m4s", refused).await.unwrap().status,
+            200
+        );
+    }
+    let seen: Vec<String> = origin.seen().into_iter().map(|s| s.path).collect();
+    assert!(
+        seen.iter()
+            .all(|p| !p.contains("elsewhere") && !p.contains("escape")),
+        "{seen:?}"
+    );
+    let proxy = &d.stats().await["proxy"];
+    assert_eq!(proxy["prefetch_refused"].as_u64(), Some(3), "{proxy}");
+    assert_eq!(proxy["prefetched"].as_u64(), Some(2), "{proxy}");
+    assert_eq!(proxy["prefetch_hits"].as_u64(), Some(1), "{proxy}");
+}
+
+/// `[prefetch]`'s budget: prefetches beyond `max_concurrent` are not made (the player's own request
+/// fetches the object), and one nobody asks for within `unused_after` counts as wasted.
+#[tokio::test(flavor = "multi_thread")]
+async fn prefetches_beyond_the_budget_are_dropped_and_unasked_ones_wasted() {
+    let newest = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(9));
+    let origin = segment_origin(newest, Duration::from_millis(500)).await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [prefetch]\nmax_concurrent = 1\nunused_after = \"100ms\"\n\
+         [[route]]\npath_prefix = \"/tv/\"\nprefetch = { playlist = 4 }\n",
+    );
+    assert_eq!(get(d.addr, "/tv/index.m3u8").await.status, 200);
+    assert_eq!(get(d.addr, "/tv/seg0.ts").await.status, 200);
+    let proxy = eventually(Duration::from_secs(5), || async {
+        let stats = d.stats().await;
+        let proxy = stats["proxy"].clone();
+        (proxy["prefetched"].as_u64() == Some(1) && proxy["prefetch_dropped"].as_u64() == Some(3))
+            .then_some(proxy)
+    })
+    .await;
+    assert_eq!(proxy["prefetch_hits"].as_u64(), Some(0));
+    // seg1 was prefetched and nobody asked for it; the next prefetch finds it expired.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(get(d.addr, "/tv/seg5.ts").await.status, 200);
+    let proxy = eventually(Duration::from_secs(5), || async {
+        let stats = d.stats().await;
+        let proxy = stats["proxy"].clone();
+        (proxy["prefetch_wasted"].as_u64() == Some(1)).then_some(proxy)
+    })
+    .await;
+    assert_eq!(proxy["prefetched"].as_u64(), Some(2), "seg6: {proxy}");
+    assert_eq!(origin.count("/tv/seg2.ts"), 0, "dropped, never fetched");
 }

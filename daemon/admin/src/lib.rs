@@ -269,6 +269,8 @@ mod tests {
             started: lacquer_clock::monotonic(),
             cluster: None,
             making: Arc::default(),
+            prefetch: Default::default(),
+            blocking: Default::default(),
         });
         let (_, stopping) = watch::channel(false);
         router(AdminState {

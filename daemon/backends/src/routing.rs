@@ -5,7 +5,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use regex::Regex;
 
-use lacquer_config::{Config, ConfigError, Cookies, ForwardingHeaders};
+use lacquer_config::{Config, ConfigError, Cookies, ForwardingHeaders, RoutePrefetch};
 use lacquer_policy::{
     encoding::Negotiation,
     headers::FORWARDING,
@@ -14,6 +14,9 @@ use lacquer_policy::{
 };
 
 use crate::{protection::ClientRateLimit, BackendError, BackendSet, BackendState, Director};
+
+/// The most a route's `prefetch.playlist` may ask for.
+pub const MAX_PREFETCH_PLAYLIST: usize = 16;
 
 /// The most slices one object of a sliced route may be stored in (`cache.max_sliced_object_size` over
 /// the route's `slice`): 8192, the 64 GiB default in slices of 8 MiB.
@@ -51,6 +54,8 @@ pub struct Route {
     pub strip_forwarding: bool,
     /// `slice`: objects are fetched and stored in slices of this many bytes.
     pub slice: Option<u64>,
+    /// `prefetch`: what is fetched before players ask for it. Default: nothing.
+    pub prefetch: RoutePrefetch,
 }
 
 impl Route {
@@ -250,6 +255,17 @@ impl Router {
                     // Slices are byte ranges of the origin's own representation.
                     policy.compression = None;
                 }
+                let prefetch = r.prefetch.unwrap_or_default();
+                if prefetch.playlist > MAX_PREFETCH_PLAYLIST {
+                    return Err(ConfigError::setting(
+                        setting("prefetch.playlist"),
+                        format!(
+                            "{} is more than {MAX_PREFETCH_PLAYLIST}: players ask for what is near, and \
+                             every prefetch costs the origin",
+                            prefetch.playlist
+                        ),
+                    ));
+                }
                 match r.cookies {
                     Some(Cookies::Cache) => policy.cache.cache_cookie_requests = true,
                     Some(Cookies::Pass) => policy.cache.cache_cookie_requests = false,
@@ -286,6 +302,7 @@ impl Router {
                         .map_err(|e| ConfigError::setting(setting("rate_limit"), e))?,
                     strip_forwarding,
                     slice,
+                    prefetch,
                 }))
             })
             .collect::<Result<_, ConfigError>>()?;
@@ -301,6 +318,7 @@ impl Router {
             rate_limit: None,
             strip_forwarding,
             slice: None,
+            prefetch: RoutePrefetch::default(),
         });
         let named = names
             .map(|name| Ok((name.clone(), target(0, name)?)))

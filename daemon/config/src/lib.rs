@@ -22,7 +22,7 @@ pub use self::{
     compression::{Coding, Compression},
     listen::{Certificate, Listen},
     protection::{Deny, Normalize, RateLimit},
-    routes::{Cookies, Route},
+    routes::{Cookies, Route, RoutePrefetch},
     rules::{
         Bucket, CookieFilter, Example, ExampleRequest, ExampleResponse, Expect, Match, Phase,
         QueryRewrite, Respond, Rewrite, Rule, StatusPattern,
@@ -74,6 +74,8 @@ pub struct Config {
     pub compression: Compression,
     /// `[purge]`: `PURGE` and `BAN` on the client listeners. Default: off.
     pub purge: Purge,
+    /// `[prefetch]`: the budget of the routes' `prefetch`. Default: as [`Prefetch`] says.
+    pub prefetch: Prefetch,
     /// `[log]`: the daemon's own log level.
     pub log: Log,
     /// `[access_log]`: one line per request. Default: none written.
@@ -99,6 +101,7 @@ impl Default for Config {
             cache: Cache::default(),
             compression: Compression::default(),
             purge: Purge::default(),
+            prefetch: Prefetch::default(),
             log: Log::default(),
             access_log: AccessLog::default(),
             cluster: None,
@@ -298,6 +301,17 @@ pub struct Cache {
     /// `surrogate-key`, `xkey`, `cache-tag` (Fastly, Varnish's xkey, Cloudflare).
     #[serde(deserialize_with = "lower_case")]
     pub surrogate_key_headers: Vec<String>,
+    /// How long an LL-HLS blocking playlist reload (a request carrying `_HLS_msn`) waits for the origin's
+    /// answer, which the origin holds until the playlist version exists; past it the client gets `503`
+    /// and the origin request is dropped. Longer than the origin's own hold (RFC 8216bis has servers hold
+    /// up to three target durations); at most the backend's `first_byte_timeout`. Default: 20 s.
+    #[serde(with = "humantime_serde")]
+    pub blocking_reload_hold: Duration,
+    /// Distinct blocking reloads of one playlist (the same URL but for its `_HLS_*` parameters) sent to
+    /// the origin at once; one more is answered `503` at once. Players at the live edge all ask for the
+    /// next one or two versions; thousands of distinct `_HLS_msn` values are an attack on the origin's
+    /// connections. Default: 8.
+    pub blocking_reloads_per_playlist: usize,
 }
 
 impl Default for Cache {
@@ -320,6 +334,8 @@ impl Default for Cache {
             transit_buffer: ByteSize::mib(4),
             targeted_cache_control: vec!["cdn-cache-control".into()],
             surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],
+            blocking_reload_hold: Duration::from_secs(20),
+            blocking_reloads_per_playlist: 8,
         }
     }
 }
@@ -328,6 +344,33 @@ impl Default for Cache {
 fn lower_case<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     let names = Vec::<String>::deserialize(d)?;
     Ok(names.into_iter().map(|n| n.to_ascii_lowercase()).collect())
+}
+
+/// `[prefetch]`: what the routes' `prefetch` (objects fetched into the store before players ask for them)
+/// may cost the origin, across all routes. A prefetch beyond the budget is not made (counted as
+/// `prefetch_dropped`): the player's own request fetches it, as without prefetch.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Prefetch {
+    /// Prefetches fetching at once. Default: 8.
+    pub max_concurrent: usize,
+    /// Body bytes prefetches may bring per second, counted as they arrive; none start while the last
+    /// second's are spent. Default: 64 MiB.
+    pub max_rate: ByteSize,
+    /// How long a prefetched object waits for its first request before it counts as wasted
+    /// (`prefetch_wasted`). Default: 60 s.
+    #[serde(with = "humantime_serde")]
+    pub unused_after: Duration,
+}
+
+impl Default for Prefetch {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 8,
+            max_rate: ByteSize::mib(64),
+            unused_after: Duration::from_secs(60),
+        }
+    }
 }
 
 /// Invalidation through the client listeners, the VCL idiom: `PURGE` and `BAN` requests.

@@ -55,6 +55,24 @@ pub struct Route {
     /// `[compression]` does not apply. Default: none (objects are fetched whole).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slice: Option<bytesize::ByteSize>,
+    /// Fetch into the store, in the background, what this route's players will ask for next, within
+    /// `[prefetch]`'s budget, e.g. `{ playlist = 2, cmcd = true }`. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<RoutePrefetch>,
+}
+
+/// A route's `prefetch`: what is fetched before it is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutePrefetch {
+    /// When a player asks for a segment (or an LL-HLS part) that a media playlist of this route lists,
+    /// the next this many it lists after it; when a new version of the playlist arrives, those after the
+    /// newest one asked for. At most 16. Default: 0 (none).
+    pub playlist: usize,
+    /// The object (`nor`) or byte range (`nrr`) a request's CMCD data (the `CMCD-Request` header or the
+    /// `CMCD` query parameter, CTA-5004) says the player asks for next: only on the same host, and only a
+    /// relative path that stays within the site (not above its root). Default: false.
+    pub cmcd: bool,
 }
 
 /// What a route does with `Cookie` on requests (and `Set-Cookie` on responses).

@@ -10,6 +10,7 @@ pub mod encoding;
 pub mod freshness;
 pub mod head;
 pub mod headers;
+pub mod hls;
 pub mod host;
 pub mod key;
 pub mod normalize;

@@ -398,6 +398,11 @@ impl<S: CacheStore> Fetch<S> {
         self.update(|s| s.settled = true);
     }
 
+    /// Body bytes received from the origin so far.
+    pub fn received(&self) -> u64 {
+        self.lock().received
+    }
+
     /// Whether the whole body has arrived.
     pub fn is_complete(&self) -> bool {
         matches!(self.lock().end, Some(Ok(())))
@@ -606,7 +611,11 @@ impl<S: CacheStore> FetchReader<S> {
                         continue;
                     }
                     let from = first.saturating_sub(start) as usize;
-                    let to = ((last + 1).saturating_sub(start) as usize).min(data.len());
+                    // An open range runs to `u64::MAX`.
+                    let to = last
+                        .saturating_add(1)
+                        .saturating_sub(start)
+                        .min(data.len() as u64) as usize;
                     return Some((Ok(Frame::data(data.slice(from..to))), (reader, offset)));
                 }
                 None

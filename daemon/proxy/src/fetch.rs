@@ -31,6 +31,7 @@ use crate::{
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
     coding::{FillCoding, Pushed},
     phase::{self, Decided},
+    prefetch,
     stats::{add, dec, inc},
     store::{BodyWriter, CacheStore},
     worker::Worker,
@@ -332,6 +333,24 @@ fn has_strong_validator(headers: &HeaderMap) -> bool {
     range::if_range(validators, value(header::DATE)).is_some()
 }
 
+/// Whether a response is an HLS playlist: by its type, or by the `.m3u8` its path ends with.
+fn is_playlist(headers: &HeaderMap, parts: &Parts) -> bool {
+    let kind = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase());
+    match kind.as_deref() {
+        Some(
+            "application/vnd.apple.mpegurl"
+            | "application/x-mpegurl"
+            | "audio/mpegurl"
+            | "audio/x-mpegurl",
+        ) => true,
+        _ => parts.uri.path().ends_with(".m3u8"),
+    }
+}
+
 /// A fill that got no response head: nothing to send to (sick, or every connection busy), or the send
 /// failed. Readers get the error's status.
 fn failed<S: CacheStore>(
@@ -393,7 +412,11 @@ fn corrupt<S: CacheStore>(
     Ending::Failed
 }
 
-async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request: &Fill) -> Ending {
+async fn fill<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
+    fetch: &Arc<Fetch<S>>,
+    request: &Fill,
+) -> Ending {
     let Fill {
         key,
         parts,
@@ -657,6 +680,15 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
         fetch.store_into(w);
     }
     let max_object_size = policy.cache.max_object_size.as_u64();
+    // A media playlist on a route that prefetches from playlists is read for what it lists, as the origin
+    // sent it (a compressed one is not: decoding it again is not worth a prefetch).
+    let prefetch_playlist = route.prefetch.playlist;
+    let mut playlist = (prefetch_playlist > 0
+        && head.status == StatusCode::OK
+        && placed.is_none()
+        && encoding::coded(&head.headers) == Coded::Identity
+        && is_playlist(&head.headers, parts))
+    .then(Vec::new);
     let mut coding = FillCoding::start(
         policy.compression.as_ref().map(|n| &n.settings),
         head.status,
@@ -724,6 +756,13 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             continue;
         };
         add(&shared.stats.bytes_in, data.len() as u64);
+        if let Some(text) = playlist.as_mut() {
+            if text.len() + data.len() > prefetch::MAX_PLAYLIST {
+                playlist = None;
+            } else {
+                text.extend_from_slice(&data);
+            }
+        }
         let pieces = match coding.push(data).await {
             Ok(Pushed::Pieces(pieces)) => pieces,
             Ok(Pushed::OverLimit(pieces)) => {
@@ -756,6 +795,16 @@ async fn fill<S: CacheStore>(worker: &Worker<S>, fetch: &Arc<Fetch<S>>, request:
             forward_piece(fetch, &mut writer, piece, max_object_size, key, false).await;
         }
         fetch.end(Ok(()));
+        if let Some(text) = playlist {
+            prefetch::on_playlist(
+                worker,
+                parts,
+                *client,
+                decided.secure,
+                prefetch_playlist,
+                &text,
+            );
+        }
     }
     coding.record(&mut head.headers, &shared.stats);
 

@@ -9,12 +9,14 @@ mod coding;
 pub mod explain;
 mod fetch;
 mod forward;
+pub mod hls;
 pub mod invalidation;
 #[cfg(test)]
 mod memory;
 mod peer;
 mod phase;
 mod pipe;
+pub mod prefetch;
 mod prepared;
 mod purge_method;
 mod respond;
@@ -52,13 +54,13 @@ use lacquer_policy::{
     head,
     headers::strip_hop_by_hop,
     key::primary_key,
-    normalize, range,
+    range,
     request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
 };
 
 use crate::{
-    coalesce::{Fetch, Joined},
+    coalesce::{Fetch, FetchError, HeadError, Joined},
     coding::{Conversion, Negotiated},
     fetch::{Ask, Fill},
     phase::{Admitted, Answered, Decided},
@@ -147,12 +149,14 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
         secure,
         ..
     } = client;
-    let (admitted, delivers) = {
+    let (admitted, delivers, cmcd) = {
         // A guard, not a counted reference: nothing is awaited while it is held.
         let live = worker.shared.live.load();
+        // Read before the request phase, which may strip the `CMCD` query parameter from the key.
+        let cmcd = live.cmcd_prefetch.then(|| prefetch::cmcd_sent(&parts));
         let shown = upgrade.as_ref().map(pipe::Upgrade::protocol);
         let admitted = phase::request(&live, &mut parts, client, secure, shown, None);
-        (admitted, phase::delivers(&live.rules))
+        (admitted, phase::delivers(&live.rules), cmcd)
     };
     let Admitted {
         route,
@@ -239,6 +243,11 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
                 return counted(resp, worker.shared.stats.clone());
             }
         }
+    }
+    let prefetching = route.prefetch;
+    if class == RequestClass::Lookup && (prefetching.playlist > 0 || prefetching.cmcd) {
+        let cmcd = cmcd.filter(|_| prefetching.cmcd).unwrap_or_default();
+        prefetch::on_request(&worker, &parts, client, secure, prefetching.playlist, cmcd);
     }
     let (resp, parts) = match class {
         RequestClass::Lookup | RequestClass::Miss(_) => {
@@ -366,6 +375,7 @@ async fn lookup<S: CacheStore>(
     let parts_back = |resp: Response<Body>, parts: &Arc<Parts>| (resp, Some(parts.clone()));
     let shared = &worker.shared;
     let key = primary_key(&parts);
+    shared.prefetch.claim(&key, &shared.stats);
     // From here on the request carries the `Accept-Encoding` the origin is sent and the variant is made
     // from; the client's own decides only how the body leaves.
     let negotiated = route
@@ -572,7 +582,7 @@ impl Found {
     }
 
     /// Whether a fill can ask the origin to confirm it instead of sending the body again.
-    fn revalidatable(&self) -> bool {
+    pub(crate) fn revalidatable(&self) -> bool {
         let meta = self.meta();
         meta.header("etag").is_some() || meta.header("last-modified").is_some()
     }
@@ -580,7 +590,7 @@ impl Found {
 
 /// The stored variant this request selects, whole or in parts, fresh or not (the sweeper removes what is
 /// past keeping).
-async fn find_variant<S: CacheStore>(
+pub(crate) async fn find_variant<S: CacheStore>(
     worker: &Worker<S>,
     key: &str,
     parts: &Parts,
@@ -900,6 +910,34 @@ async fn miss<S: CacheStore>(
             .coalescer
             .join(&fetch_key, now, transit_buffer, looked_up_at)
     });
+    // A blocking reload that would go to the origin takes a place among its playlist's there, or is
+    // refused before it is sent; it keeps the place until the origin answers.
+    let blocking = hls::playlist(parts);
+    let slot = match (&blocking, &joined) {
+        (Some(_), Some(Joined::Waiter(_) | Joined::LookAgain)) | (None, _) => None,
+        (Some(playlist), _) => {
+            let limit = route.policy.cache.blocking_reloads_per_playlist;
+            match shared.blocking.take(playlist.clone(), limit) {
+                Some(slot) => Some(slot),
+                None => {
+                    if let Some(Joined::Leader(fetch)) = &joined {
+                        fetch.abandon(HeadError {
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                            error: FetchError::new("too many blocking reloads of this playlist"),
+                        });
+                        shared.coalescer.finish(&fetch_key, fetch, None);
+                        fetch.settle();
+                    }
+                    inc(&shared.stats.hls_reloads_refused);
+                    return Some(refused(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "too many blocking reloads of this playlist at the origin",
+                        Some(Duration::from_secs(1)),
+                    ));
+                }
+            }
+        }
+    };
     let ((fetch, mut reader), mut owner) = match joined {
         None => (start(None, true), true),
         Some(Joined::LookAgain) => return None,
@@ -920,9 +958,25 @@ async fn miss<S: CacheStore>(
     };
     // A body that is already complete is as good as stored: the store just has not published it yet.
     let complete = !owner && fetch.is_complete();
-    let held = Held::blocking(parts, &shared.stats, owner);
-    let mut head = reader.head().await;
-    drop(held);
+    let held = blocking.is_some().then(|| Held::new(&shared.stats, owner));
+    let mut head = match held {
+        Some(_) => {
+            let hold = route.policy.cache.blocking_reload_hold;
+            match tokio::time::timeout(hold, reader.head()).await {
+                Ok(head) => head,
+                Err(_) => {
+                    inc(&shared.stats.hls_reloads_timed_out);
+                    return Some(refused(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the origin held the blocking reload past cache.blocking_reload_hold",
+                        Some(Duration::from_secs(1)),
+                    ));
+                }
+            }
+        }
+        None => reader.head().await,
+    };
+    drop((held, slot));
     if let (false, Ok(h)) = (owner, &head) {
         let other_variant = !phase::selects(&h.selection, parts);
         if h.shareable && other_variant && may_wait {
@@ -1016,6 +1070,14 @@ async fn miss<S: CacheStore>(
             phase::own_error(respond::error(e.status, outcome, &e.error.to_string()))
         }
     };
+    let growing = resp.status() == StatusCode::PARTIAL_CONTENT
+        && resp
+            .headers()
+            .get(header::CONTENT_RANGE)
+            .is_some_and(|v| v.as_bytes().ends_with(b"/*"));
+    if growing {
+        inc(&shared.stats.ranges_growing);
+    }
     if let Some(debug) = debug {
         resp.extensions_mut().insert(phase::DebugInfo(debug));
     }
@@ -1031,19 +1093,16 @@ struct Held<'a> {
 }
 
 impl<'a> Held<'a> {
-    fn blocking(parts: &Parts, stats: &'a Stats, owner: bool) -> Option<Self> {
-        if !normalize::has_param(parts.uri.query()?, &["_HLS_msn"]) {
-            return None;
-        }
+    fn new(stats: &'a Stats, owner: bool) -> Self {
         inc(&stats.hls_reloads);
         if !owner {
             inc(&stats.hls_reloads_joined);
         }
         inc(&stats.hls_reloads_held);
-        Some(Self {
+        Self {
             stats,
             since: std::time::Instant::now(),
-        })
+        }
     }
 }
 
@@ -1064,7 +1123,7 @@ impl Drop for Held<'_> {
 /// download or seeking in a video each ask for the rest of the object, and one fetch of the whole serves
 /// them all where one forwarded range each would fetch the rest again and again. Not with `If-Range`, whose
 /// answer may have to be the whole.
-fn forwarded_range(
+pub(crate) fn forwarded_range(
     route: &Route,
     decided: &Decided,
     parts: &Parts,

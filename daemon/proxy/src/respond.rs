@@ -337,6 +337,8 @@ fn represent<S: CacheStore>(
     let shape = match shape(req, &mut headers, sent, status) {
         Shape::Part(first, last) if !conversion.answers_range(&[(first, last)]) => Shape::Whole,
         Shape::Parts(parts) if !conversion.answers_range(&parts) => Shape::Whole,
+        // A decoder reads from the start: a part of a body of unknown length is the whole.
+        Shape::Growing(..) if conversion.decodes() => Shape::Whole,
         shape => shape,
     };
     let head_only = req.method == Method::HEAD;
@@ -364,6 +366,28 @@ fn represent<S: CacheStore>(
                 Ok(source.range(first, last))
             };
             (StatusCode::PARTIAL_CONTENT, body)
+        }
+        Shape::Growing(first, last) => {
+            // The total is not known yet (`*`). A closed range has its length; an open one ends where the
+            // body does, and is written `a-*`: RFC 9110's grammar has no form for an end not known yet.
+            let value = match last {
+                Some(last) => {
+                    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(last - first + 1));
+                    format!("bytes {first}-{last}/*")
+                }
+                None => {
+                    headers.remove(header::CONTENT_LENGTH);
+                    format!("bytes {first}-*/*")
+                }
+            };
+            headers.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&value).expect("ascii"),
+            );
+            (
+                StatusCode::PARTIAL_CONTENT,
+                Ok(source.range(first, last.unwrap_or(u64::MAX))),
+            )
         }
         Shape::Parts(parts) => match source {
             Source::Stored(stored) => {
@@ -415,6 +439,9 @@ pub(crate) enum Shape {
     Unsatisfiable,
     Part(u64, u64),
     Parts(Vec<(u64, u64)>),
+    /// One range of a body whose length is not known yet, from its first byte to its last (`None`: to the
+    /// end of the body).
+    Growing(u64, Option<u64>),
 }
 
 impl Shape {
@@ -423,15 +450,17 @@ impl Shape {
         match self {
             Shape::NotModified => StatusCode::NOT_MODIFIED,
             Shape::Unsatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
-            Shape::Whole | Shape::Part(..) | Shape::Parts(_) => {
+            Shape::Whole | Shape::Part(..) | Shape::Parts(_) | Shape::Growing(..) => {
                 unreachable!("shapes with a body are sent with it")
             }
         }
     }
 }
 
-/// Evaluates conditionals, then ranges, for a response of `status` and `len` bytes (`None`: a length not
-/// known yet, so no ranges); only a 200 is shaped. Sets the headers that go with a 304 (only what RFC 9110
+/// Evaluates conditionals, then ranges, for a response of `status` and `len` bytes; only a 200 is shaped.
+/// A length not known yet (a body the origin is still producing, such as a live segment a player asks a
+/// part of) answers one range as its bytes arrive ([`Shape::Growing`], RFC 8673), but never with `If-Range`
+/// (the validator may need the whole) and never several (the whole is as good an answer). Sets the headers that go with a 304 (only what RFC 9110
 /// §15.4.5 allows is kept) or a 416; those of a 206 are set once the ranges are known to be answered.
 pub(crate) fn shape(
     req: &Parts,
@@ -477,8 +506,18 @@ pub(crate) fn shape(
         }
         return Shape::NotModified;
     }
-    let Some(len) = len.filter(|_| req.method == Method::GET) else {
+    if req.method != Method::GET {
         return Shape::Whole;
+    }
+    let Some(len) = len else {
+        return match range::single(&req.headers) {
+            Some(range::Single::From(first, last))
+                if !req.headers.contains_key(header::IF_RANGE) =>
+            {
+                Shape::Growing(first, last)
+            }
+            _ => Shape::Whole,
+        };
     };
     match range::evaluate(&req.headers, len, etag.as_deref(), last_modified.as_deref()) {
         Ranges::Whole => Shape::Whole,

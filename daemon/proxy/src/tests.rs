@@ -71,6 +71,8 @@ fn worker_of(
         started: lacquer_clock::monotonic(),
         cluster,
         making: Arc::default(),
+        prefetch: Default::default(),
+        blocking: Default::default(),
     })))
 }
 

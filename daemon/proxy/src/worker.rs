@@ -9,15 +9,17 @@ use arc_swap::ArcSwap;
 use lacquer_storage::{BanExpr, BanInfo, Store};
 
 use lacquer_backends::{protection::DenyRule, routing::Router, Backend, BackendSet, BackendState};
-use lacquer_config::{Config, ConfigError, Normalize, Purge};
+use lacquer_config::{Config, ConfigError, Normalize, Prefetch, Purge};
 use lacquer_rules::Rules;
 
 use crate::{
     access_log::AccessLog,
     cluster::{self, Applied, Cluster, InvalidateError, Invalidation},
     coalesce::Coalescer,
+    hls::BlockingReloads,
     invalidation::PurgeTarget,
     peer::Peers,
+    prefetch::Prefetcher,
     siblings::Making,
     stats::Stats,
     store::CacheStore,
@@ -36,6 +38,10 @@ pub struct Live {
     pub normalize: Normalize,
     /// `[[rule]]`s, with their counters (a reload starts them afresh, as Varnish's VCL counters).
     pub rules: Rules,
+    /// `[prefetch]`: the budget of the routes' `prefetch`.
+    pub prefetch: Prefetch,
+    /// Some route prefetches what CMCD data names: requests' CMCD data is read before the request phase.
+    pub cmcd_prefetch: bool,
 }
 
 impl Live {
@@ -54,6 +60,11 @@ impl Live {
                 })
                 .collect::<Result<_, _>>()?,
             normalize: config.normalize.clone(),
+            prefetch: config.prefetch.clone(),
+            cmcd_prefetch: config
+                .route
+                .iter()
+                .any(|r| r.prefetch.is_some_and(|p| p.cmcd)),
             rules: {
                 let mut names: Vec<&str> = config.backend.iter().map(|b| b.name.as_str()).collect();
                 names.extend(config.director.iter().map(|d| d.name.as_str()));
@@ -85,6 +96,10 @@ pub struct Shared<S: CacheStore = Store> {
     pub cluster: Option<Arc<dyn Cluster>>,
     /// The representations being made from stored bodies.
     pub making: Arc<Making>,
+    /// What the routes' `prefetch` has in flight, waiting and listed.
+    pub prefetch: Prefetcher,
+    /// LL-HLS blocking reloads at the origin, by playlist.
+    pub blocking: BlockingReloads,
 }
 
 impl Shared<Store> {

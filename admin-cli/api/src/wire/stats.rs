@@ -120,6 +120,25 @@ stats_section! {
         /// Milliseconds blocking reloads waited for the origin's answer, all together: over
         /// `hls_reloads`, the mean hold.
         hls_reload_wait_ms: Counter "lacquer_hls_reload_wait_milliseconds_total",
+        /// Blocking reloads answered `503` at once: `cache.blocking_reloads_per_playlist` distinct ones
+        /// of their playlist were already at the origin.
+        hls_reloads_refused: Counter "lacquer_hls_reloads_refused_total",
+        /// Blocking reloads the origin held past `cache.blocking_reload_hold`: answered `503`.
+        hls_reloads_timed_out: Counter "lacquer_hls_reloads_timed_out_total",
+        /// Ranges of a body still arriving with no length known yet (a live segment growing), answered
+        /// `206` with `Content-Range: bytes a-b/*` as its bytes arrived.
+        ranges_growing: Counter "lacquer_ranges_growing_total",
+        /// Objects fetched before a player asked for them (a route's `prefetch`).
+        prefetched: Counter "lacquer_prefetches_total",
+        /// Prefetched objects a client then asked for (counted at its first request).
+        prefetch_hits: Counter "lacquer_prefetch_hits_total",
+        /// Prefetched objects nobody asked for within `prefetch.unused_after`, or whose fetch failed.
+        prefetch_wasted: Counter "lacquer_prefetch_wasted_total",
+        /// Prefetches not made: `[prefetch]`'s budget (`max_concurrent`, `max_rate`) was spent.
+        prefetch_dropped: Counter "lacquer_prefetch_dropped_total",
+        /// Prefetches refused: a CMCD `nor` naming another host or leaving the site, or a target that is
+        /// no cacheable GET once the request phase has run.
+        prefetch_refused: Counter "lacquer_prefetch_refused_total",
         /// Misses sent straight to the backend because the key recently proved uncacheable.
         hit_for_miss: Counter "lacquer_hit_for_miss_total",
         /// Responses to cacheable requests that could not be stored.
