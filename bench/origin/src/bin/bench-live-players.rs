@@ -13,7 +13,9 @@
 //!
 //! Times count from the moment the origin made the part (its time zero, read from the origin's
 //! `/live/__t0`, plus the part's end), on this machine's clock: part TTFB is when the response's head was
-//! read, delivery when its last byte was. A line of JSON goes to stdout.
+//! read, delivery when its last byte was. They are taken once the player reached the live edge: the parts
+//! a joining player fetches from a playlist up to a second old are counted apart (`catching_up`). A line
+//! of JSON goes to stdout.
 
 use std::{
     collections::BTreeMap,
@@ -139,6 +141,8 @@ struct Tally {
     wrong_bytes: u64,
     /// Reloads whose preload hint was not past the part they were asked for.
     wrong_playlists: u64,
+    /// Parts fetched while joining, made before they were asked for: not timed.
+    catching_up: u64,
     /// Microseconds after the part was made.
     part_ttfb: Vec<i64>,
     part_delivery: Vec<i64>,
@@ -177,6 +181,7 @@ impl Tally {
         }
         self.wrong_bytes += other.wrong_bytes;
         self.wrong_playlists += other.wrong_playlists;
+        self.catching_up += other.catching_up;
         self.part_ttfb.extend(other.part_ttfb);
         self.part_delivery.extend(other.part_delivery);
         self.reload_delivery.extend(other.reload_delivery);
@@ -218,7 +223,12 @@ async fn player(addr: SocketAddr, stream: &Stream, start: Instant, until: Instan
                 continue;
             }
         };
+        // A joining player's playlist may be up to its max-age old, so its first parts can be made already:
+        // times count once it asked for a part before the part existed (and from then on, also when it falls
+        // behind again).
+        let mut at_edge = false;
         while Instant::now() < until {
+            at_edge = at_edge || unix_us() < stream.made_at(next);
             let (part_at, reload_at) = (part_path(next), reload_path(next));
             let (part, reload) = tokio::join!(parts.get(&part_at), playlists.get(&reload_at));
             let made = stream.made_at(next);
@@ -237,14 +247,18 @@ async fn player(addr: SocketAddr, stream: &Stream, start: Instant, until: Instan
             }
             if stream.is_part(next, &part.body) {
                 tally.parts += 1;
-                tally.part_ttfb.push(part.head - made);
-                tally.part_delivery.push(part.done - made);
                 tally.first_part.get_or_insert(next);
                 tally.last_part = Some(next);
+                if at_edge {
+                    tally.part_ttfb.push(part.head - made);
+                    tally.part_delivery.push(part.done - made);
+                    tally.reload_delivery.push(reload.done - made);
+                } else {
+                    tally.catching_up += 1;
+                }
             } else {
                 tally.wrong_bytes += 1;
             }
-            tally.reload_delivery.push(reload.done - made);
             if hinted(&reload.body).is_none_or(|h| h <= next) {
                 tally.wrong_playlists += 1;
             }
@@ -327,6 +341,7 @@ async fn main() {
         "seconds": took,
         "requests": tally.requests,
         "parts": tally.parts,
+        "catching_up": tally.catching_up,
         "bytes": tally.bytes,
         "errors": tally.errors,
         "statuses": tally.statuses.iter().map(|(s, n)| (s.to_string(), *n)).collect::<BTreeMap<_, _>>(),
