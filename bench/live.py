@@ -14,9 +14,11 @@ between rounds), each target gets --seconds (10) of players. Per target and roun
   origin playlist requests per   the origin's count of the blocking reloads for those parts' versions, plus its
   version                        plain playlist loads during the run, over the versions
   part TTFB p50/p99              from the moment the origin made the part (its end, on the origin's clock) to
-                                 the response's head at the player; delivery: to its last byte. Taken once a
-                                 player reached the live edge (asked for a part before it existed): the parts
-                                 a joining player fetches from a playlist up to a second old are not timed
+                                 the response's head at the player; delivery: to its last byte. Parts made
+                                 before the player joined (its first playlist may be up to a second old) are
+                                 not timed; every later one is, also when the player asks for it late
+  asked ahead                    the share of timed parts the player asked for before they existed: the rest
+                                 it asked for late, having fallen behind the live edge
   delivered MB/s                 body bytes the players received per second: the stream's bytes the proxy
                                  held flowing to its players (players x about 1 Mbit/s when all keep up)
   peak RSS, RSS growth           the highest resident memory of the target's processes (sampled every 0.25 s)
@@ -217,17 +219,13 @@ def run(stack, args, target, players, r):
     plain = origin_count(con, "/live/index.m3u8") - plain_before
     failed = res["errors"] + sum(res["statuses"].values())
     row = {
-        "per_part": sum(part_counts) / len(parts),
-        "worst_part": max(part_counts),
-        "per_version": (sum(reload_counts) + plain) / len(parts),
-        "worst_version": max(reload_counts),
         "ttfb_p50": res["part_ttfb_ms"]["p50"],
         "ttfb_p99": res["part_ttfb_ms"]["p99"],
         "delivery_p50": res["part_delivery_ms"]["p50"],
         "delivery_p99": res["part_delivery_ms"]["p99"],
         "reload_p50": res["reload_delivery_ms"]["p50"],
         "reload_p99": res["reload_delivery_ms"]["p99"],
-        "parts_per_s": res["parts"] / res["seconds"],
+        "ahead": 100 * res["ahead"] / max(res["timed"], 1),
         "mbs": res["bytes"] / res["seconds"] / 1e6,
         "rss_peak": rss_peak / (1 << 20),
         "rss": max(rss_peak - rss_before, 0) / (1 << 20),
@@ -237,18 +235,20 @@ def run(stack, args, target, players, r):
         "failed": failed,
         "wrong": res["wrong_bytes"] + res["wrong_playlists"],
     }
-    if target == "origin":
-        # The players' own requests: every count is theirs, not a cache's.
-        for key in ("per_part", "worst_part", "per_version", "worst_version"):
-            del row[key]
+    # Against the origin itself every count is the players' own requests, not a cache's: none taken.
+    if target != "origin":
+        row.update(per_part=sum(part_counts) / len(parts), worst_part=max(part_counts),
+                   per_version=(sum(reload_counts) + plain) / len(parts), worst_version=max(reload_counts))
     hls = ""
     if hls_before is not None:
         hls = "; lacquerd " + ", ".join(f"{k} +{v - hls_before.get(k, 0)}" for k, v in stack.lacquer_hls().items())
+    fetched = ""
+    if target != "origin":
+        fetched = (f", origin {row['per_part']:.2f} per part (worst {row['worst_part']}), {row['per_version']:.2f} per "
+                   f"playlist version ({plain} plain loads; worst reload {row['worst_version']})")
     log(f"{players} players round {r + 1} {target}: parts {first}-{last}, {res['parts']} fetched "
-        f"({row['parts_per_s']:.0f}/s, {res['catching_up']} while joining), origin {row.get('per_part', 0):.2f} per part (worst "
-        f"{row.get('worst_part', 0)}), {row.get('per_version', 0):.2f} per playlist version ({plain} plain loads; "
-        f"worst reload {row.get('worst_version', 0)}); TTFB p50 "
-        f"{row['ttfb_p50']:.1f} p99 {row['ttfb_p99']:.1f} ms; {row['mbs']:.1f} MB/s; RSS +{row['rss']:.1f} MiB; "
+        f"({res['catching_up']} while joining, {row['ahead']:.1f} % of the others asked ahead){fetched}; TTFB p50 {row['ttfb_p50']:.1f} "
+        f"p99 {row['ttfb_p99']:.1f} ms; {row['mbs']:.1f} MB/s; RSS {row['rss_peak']:.0f} MiB (+{row['rss']:.1f}); "
         f"{row['cpu']:.0f} ms CPU per 1000 requests; {failed} failed ({res['statuses']}), {res['wrong_bytes']} "
         f"wrong parts, {res['wrong_playlists']} wrong playlists{hls}")
     if target != "origin":
@@ -322,7 +322,7 @@ def main():
                         ("part delivered whole p99 (ms)", "delivery_p99", "{:.1f}"),
                         ("blocking reload delivered p50 (ms)", "reload_p50", "{:.1f}"),
                         ("blocking reload delivered p99 (ms)", "reload_p99", "{:.1f}"),
-                        ("parts delivered per second (all players)", "parts_per_s", "{:.0f}"),
+                        ("timed parts asked for before they existed (%: at the live edge)", "ahead", "{:.1f}"),
                         ("delivered to players (MB/s)", "mbs", "{:.1f}"),
                         ("peak RSS during the run (MiB, all its processes)", "rss_peak", "{:.0f}"),
                         ("RSS growth during the run (MiB)", "rss", "{:.1f}"),

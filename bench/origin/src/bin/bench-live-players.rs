@@ -13,9 +13,10 @@
 //!
 //! Times count from the moment the origin made the part (its time zero, read from the origin's
 //! `/live/__t0`, plus the part's end), on this machine's clock: part TTFB is when the response's head was
-//! read, delivery when its last byte was. They are taken once the player reached the live edge: the parts
-//! a joining player fetches from a playlist up to a second old are counted apart (`catching_up`). A line
-//! of JSON goes to stdout.
+//! read, delivery when its last byte was. Parts made before a player joined (a joining player's playlist
+//! may be up to a second old) are counted apart (`catching_up`), untimed; `ahead` counts the timed parts
+//! asked for before they existed (the rest were asked for late: the player had fallen behind the live
+//! edge). A line of JSON goes to stdout.
 
 use std::{
     collections::BTreeMap,
@@ -141,8 +142,10 @@ struct Tally {
     wrong_bytes: u64,
     /// Reloads whose preload hint was not past the part they were asked for.
     wrong_playlists: u64,
-    /// Parts fetched while joining, made before they were asked for: not timed.
+    /// Parts fetched while joining, made before the player asked for its first playlist: not timed.
     catching_up: u64,
+    /// Timed parts asked for before they existed: the player was at the live edge, not behind it.
+    ahead: u64,
     /// Microseconds after the part was made.
     part_ttfb: Vec<i64>,
     part_delivery: Vec<i64>,
@@ -182,6 +185,7 @@ impl Tally {
         self.wrong_bytes += other.wrong_bytes;
         self.wrong_playlists += other.wrong_playlists;
         self.catching_up += other.catching_up;
+        self.ahead += other.ahead;
         self.part_ttfb.extend(other.part_ttfb);
         self.part_delivery.extend(other.part_delivery);
         self.reload_delivery.extend(other.reload_delivery);
@@ -203,6 +207,7 @@ async fn player(addr: SocketAddr, stream: &Stream, start: Instant, until: Instan
     let mut tally = Tally::default();
     let (mut parts, mut playlists) = (Conn::new(addr), Conn::new(addr));
     while Instant::now() < until {
+        let joined = unix_us();
         let mut next = match playlists.get(live::PLAYLIST).await {
             Ok(got) if tally.answer(&got) => match hinted(&got.body) {
                 Some(k) => k,
@@ -223,12 +228,8 @@ async fn player(addr: SocketAddr, stream: &Stream, start: Instant, until: Instan
                 continue;
             }
         };
-        // A joining player's playlist may be up to its max-age old, so its first parts can be made already:
-        // times count once it asked for a part before the part existed (and from then on, also when it falls
-        // behind again).
-        let mut at_edge = false;
         while Instant::now() < until {
-            at_edge = at_edge || unix_us() < stream.made_at(next);
+            let ahead = unix_us() < stream.made_at(next);
             let (part_at, reload_at) = (part_path(next), reload_path(next));
             let (part, reload) = tokio::join!(parts.get(&part_at), playlists.get(&reload_at));
             let made = stream.made_at(next);
@@ -249,7 +250,10 @@ async fn player(addr: SocketAddr, stream: &Stream, start: Instant, until: Instan
                 tally.parts += 1;
                 tally.first_part.get_or_insert(next);
                 tally.last_part = Some(next);
-                if at_edge {
+                // A joining player's playlist may be up to its max-age old: the parts that existed before
+                // it joined have no time to count from. Every later one is timed, also when it asks late.
+                if made > joined {
+                    tally.ahead += u64::from(ahead);
                     tally.part_ttfb.push(part.head - made);
                     tally.part_delivery.push(part.done - made);
                     tally.reload_delivery.push(reload.done - made);
@@ -342,6 +346,8 @@ async fn main() {
         "requests": tally.requests,
         "parts": tally.parts,
         "catching_up": tally.catching_up,
+        "timed": tally.part_ttfb.len(),
+        "ahead": tally.ahead,
         "bytes": tally.bytes,
         "errors": tally.errors,
         "statuses": tally.statuses.iter().map(|(s, n)| (s.to_string(), *n)).collect::<BTreeMap<_, _>>(),
