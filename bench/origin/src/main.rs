@@ -17,7 +17,15 @@
 //!   from the path, `Last-Modified`, `Accept-Ranges: bytes`; one range (`bytes=a-b`, `a-`, `-n`) gets a 206
 //!   with `Content-Range`, one that starts past the end a 416, anything else (several ranges, bad syntax, an
 //!   `If-Range` that does not match) the whole body;
-//! - `/__count/PATH`: how many times PATH was requested, as a plain number; `/__total`: all requests;
+//! - `/live/...`: a live Low-Latency HLS stream made from the origin's start on (`bench_origin::live`): a new
+//!   part every 200 ms (`BENCH_LIVE_PART_MS`) of 25 600 bytes (`BENCH_LIVE_PART_BYTES`), four to a segment,
+//!   `/live/sN.pK.m4s` (`max-age=60`); the media playlist `/live/index.m3u8` (`max-age=1`) lists the parts
+//!   of the last 16 segments (`BENCH_LIVE_WINDOW`) and a preload hint for the next part. Blocking reloads
+//!   (`_HLS_msn`, `_HLS_part`) and part requests are held until that part exists, or refused (400) when it
+//!   is more than 3 s ahead. `/live/__t0` tells the players the time zero (`t0_unix_us`), the sizes and
+//!   how many parts exist (not counted). A reload is counted by the part it waits for, as
+//!   `/live/index.m3u8?_HLS_msn=N&_HLS_part=P` (five keys a second, as for parts);
+//! - `/__count/PATH[?QUERY]`: how many times PATH was requested, as a plain number; `/__total`: all requests;
 //!   `/__bytes/PREFIX`: body bytes sent (handed to the connection) for every path that starts with
 //!   `/PREFIX`, `/__bytes` alone for all.
 //!
@@ -45,6 +53,8 @@ use hyper::{
     Request, Response, StatusCode,
 };
 use hyper_util::rt::TokioIo;
+
+use bench_origin::live::{self, Live};
 
 const OK: u8 = 0;
 const UNAVAILABLE: u8 = 1;
@@ -244,6 +254,7 @@ struct Origin {
     large: Bytes,
     counts: Mutex<HashMap<String, Counted>>,
     mode: AtomicU8,
+    live: Live,
 }
 
 #[derive(Default)]
@@ -372,7 +383,11 @@ async fn serve(
             .sum();
         return Ok(Response::new(full(Bytes::from(n.to_string()))));
     }
-    if let Some(counted) = path.strip_prefix("/__count") {
+    if path == live::CLOCK {
+        return Ok(Response::new(full(Bytes::from(origin.live.clock()))));
+    }
+    let path_and_query = req.uri().path_and_query().map_or("", |p| p.as_str());
+    if let Some(counted) = path_and_query.strip_prefix("/__count") {
         let n = origin
             .counts
             .lock()
@@ -405,6 +420,8 @@ async fn serve(
     }
     let counted = if path.starts_with("/new/") {
         "/new".to_owned()
+    } else if path.starts_with("/live/") {
+        live::counted(&path, req.uri().query())
     } else {
         path.clone()
     };
@@ -427,6 +444,13 @@ async fn serve(
 }
 
 async fn respond(origin: &Origin, req: &Request<hyper::body::Incoming>, path: String) -> Reply {
+    if path.starts_with("/live/") {
+        return origin
+            .live
+            .respond(&path, req.uri().query())
+            .await
+            .map(full);
+    }
     if let Some(spec) = path.strip_prefix("/range/") {
         let len = spec
             .split('/')
@@ -547,6 +571,7 @@ async fn main() {
         large: body(4 * 1024 * 1024),
         counts: Mutex::default(),
         mode: AtomicU8::new(OK),
+        live: Live::from_env(),
     });
     if let Some(control_port) = args.next() {
         tokio::spawn(control(origin.clone(), control_port));
