@@ -631,3 +631,82 @@ async fn prefetches_beyond_the_budget_are_dropped_and_unasked_ones_wasted() {
     assert_eq!(proxy["prefetched"].as_u64(), Some(2), "seg6: {proxy}");
     assert_eq!(origin.count("/tv/seg2.ts"), 0, "dropped, never fetched");
 }
+
+/// An origin that starts a part and never finishes it: every player joined on it gets an error once
+/// `between_bytes_timeout` passes (never a short part taken for whole), nothing is stored, and the next
+/// request asks the origin again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_part_the_origin_never_finishes_fails_every_player_and_is_not_stored() {
+    let never = std::sync::Arc::new(tokio::sync::Notify::new());
+    let origin = {
+        let never = never.clone();
+        Origin::start(move |_| {
+            use lacquer_tests::Step;
+            let steps = vec![
+                Step::Data(part_body(0).slice(..1000)),
+                Step::Gate(never.clone()),
+            ];
+            Reply::ok("")
+                .header("cache-control", "max-age=60")
+                .steps(steps, Some(PART_BYTES as usize))
+        })
+        .await
+    };
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n[backend]\nbetween_bytes_timeout = \"500ms\"\n",
+    );
+    let players: Vec<_> = (0..10)
+        .map(|_| {
+            let addr = d.addr;
+            tokio::spawn(async move {
+                lacquer_tests::request(
+                    addr,
+                    http::Method::GET,
+                    "/live/s0.p0.m4s",
+                    &[],
+                    Bytes::new(),
+                )
+                .await
+            })
+        })
+        .collect();
+    for p in players {
+        let got = p.await.unwrap();
+        assert!(got.is_err(), "a cut part ends in an error: {got:?}");
+    }
+    assert_eq!(
+        origin.count("/live/s0.p0.m4s"),
+        1,
+        "the players shared one fetch"
+    );
+    never.notify_waiters();
+    let _ = lacquer_tests::request(
+        d.addr,
+        http::Method::GET,
+        "/live/s0.p0.m4s",
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(origin.count("/live/s0.p0.m4s"), 2, "nothing was stored");
+}
+
+/// An origin that answers a blocking reload at once with an older playlist than the one asked for: that
+/// answer is what every player waiting for the version gets, on one origin request, never asked again in
+/// a loop.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_old_playlist_answering_a_blocking_reload_is_served_not_looped_on() {
+    let origin =
+        Origin::start(|_| Reply::ok(playlist(3)).header("cache-control", "max-age=1")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    let reloads: Vec<_> = (0..20)
+        .map(|_| reload_of(d.addr, "/live/index.m3u8?_HLS_msn=50&_HLS_part=0"))
+        .collect();
+    for r in reloads {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(hinted(&r.body), 4, "the origin's playlist, as it sent it");
+    }
+    assert_eq!(origin.count("/live/index.m3u8?_HLS_msn=50&_HLS_part=0"), 1);
+}

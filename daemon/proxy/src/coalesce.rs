@@ -474,6 +474,12 @@ impl<S: CacheStore> FetchReader<S> {
         self.cancelled
     }
 
+    /// The body's length once the whole of it has arrived.
+    pub fn complete_length(&self) -> Option<u64> {
+        let s = self.fetch.lock();
+        matches!(s.end, Some(Ok(()))).then_some(s.received)
+    }
+
     /// Waits for the response head.
     pub async fn head(&mut self) -> Result<Arc<FetchedHead>, HeadError> {
         loop {

@@ -169,10 +169,12 @@ pub fn fetched<S: CacheStore>(
     req: &Parts,
     conversion: &Conversion,
 ) -> Response<Body> {
+    // A body sent chunked has its length once it is all in hand.
     let length = head
         .headers
         .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .or_else(|| reader.complete_length());
     let age = head.initial_age + head.received_at.elapsed().as_secs();
     represent(
         Source::Fetched(reader),
