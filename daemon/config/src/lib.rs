@@ -354,8 +354,9 @@ fn lower_case<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::
 pub struct Prefetch {
     /// Prefetches fetching at once. Default: 8.
     pub max_concurrent: usize,
-    /// Body bytes prefetches may bring per second, counted as they arrive; none start while the last
-    /// second's are spent. Default: 64 MiB.
+    /// Body bytes prefetches may bring per second, on average: a bucket holding one second's worth, emptied
+    /// as bytes arrive (each prefetch takes 64 KiB of it as it starts) and into debt; none start until it
+    /// is filled again. Default: 64 MiB.
     pub max_rate: ByteSize,
     /// How long a prefetched object waits for its first request before it counts as wasted
     /// (`prefetch_wasted`). Default: 60 s.

@@ -68,6 +68,16 @@ fn attribute<'a>(list: &'a str, name: &str) -> Option<&'a str> {
     None
 }
 
+/// Whether a query asks for an LL-HLS blocking playlist reload (RFC 8216bis §6.2.5.2): it has an
+/// `_HLS_msn` parameter, its name percent-encoded or not (an origin decodes `%5FHLS_msn` as `_HLS_msn`, and
+/// holds the request all the same).
+pub fn blocking_reload(query: &str) -> bool {
+    query.split('&').any(|pair| {
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        percent_decode_str(name).eq(b"_HLS_msn".iter().copied())
+    })
+}
+
 /// What a request's CMCD data says the player asks for next.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NextRequest {
@@ -197,6 +207,23 @@ mod tests {
             "#EXTM3U\n#EXT-X-VERSION:3\n",
         ] {
             assert_eq!(media_objects(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_blocking_reload_is_told_by_its_msn_however_the_name_is_encoded() {
+        for (query, blocking) in [
+            ("_HLS_msn=5&_HLS_part=1", true),
+            ("a=1&_HLS_msn=5", true),
+            ("%5FHLS_msn=5", true),
+            ("%5fHLS%5Fmsn=5", true),
+            ("_HLS_msn", true),
+            ("_HLS_part=1", false),
+            ("x_HLS_msn=5", false),
+            ("_hls_msn=5", false),
+            ("", false),
+        ] {
+            assert_eq!(blocking_reload(query), blocking, "{query}");
         }
     }
 

@@ -398,6 +398,21 @@ impl<S: CacheStore> Fetch<S> {
         self.update(|s| s.settled = true);
     }
 
+    /// Waits until the fetch has its answer's head, or why there is none (it failed or was cancelled).
+    pub async fn answered(&self) {
+        self.until(|s| s.head.is_some()).await;
+    }
+
+    /// Waits until `done` holds of the fetch's state; checked again whenever it changes.
+    async fn until(&self, done: impl Fn(&State<S>) -> bool) {
+        let mut changed = self.changed.subscribe();
+        while !done(&self.lock()) {
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Body bytes received from the origin so far.
     pub fn received(&self) -> u64 {
         self.lock().received
@@ -472,6 +487,13 @@ impl<S: CacheStore> FetchReader<S> {
     /// Whether the fetch had been cancelled (all its readers gone) before this reader joined it.
     pub fn cancelled(&self) -> bool {
         self.cancelled
+    }
+
+    /// Waits until byte `pos` of the body has arrived, or the body has ended (whole or not).
+    pub async fn arrived(&self, pos: u64) {
+        self.fetch
+            .until(|s| s.received > pos || s.end.is_some())
+            .await;
     }
 
     /// The body's length once the whole of it has arrived.

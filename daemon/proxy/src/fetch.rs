@@ -58,6 +58,9 @@ pub struct Fill {
     pub registered: bool,
     /// The request the fill is made for: its headers select the variant.
     pub parts: Arc<Parts>,
+    /// That request's head as the client sent it, before the request phase, when its route prefetches: a
+    /// playlist's references resolve against it, and prefetches are made from it.
+    pub asked: Option<Arc<Parts>>,
     pub client: IpAddr,
     /// The route the request took: its backend and cache policy.
     pub route: Arc<Route>,
@@ -684,6 +687,7 @@ async fn fill<S: CacheStore>(
     // sent it (a compressed one is not: decoding it again is not worth a prefetch).
     let prefetch_playlist = route.prefetch.playlist;
     let mut playlist = (prefetch_playlist > 0
+        && request.asked.is_some()
         && head.status == StatusCode::OK
         && placed.is_none()
         && encoding::coded(&head.headers) == Coded::Identity
@@ -795,10 +799,10 @@ async fn fill<S: CacheStore>(
             forward_piece(fetch, &mut writer, piece, max_object_size, key, false).await;
         }
         fetch.end(Ok(()));
-        if let Some(text) = playlist {
+        if let (Some(text), Some(asked)) = (playlist, &request.asked) {
             prefetch::on_playlist(
                 worker,
-                parts,
+                asked,
                 *client,
                 decided.secure,
                 prefetch_playlist,

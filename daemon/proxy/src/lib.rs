@@ -149,14 +149,16 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
         secure,
         ..
     } = client;
-    let (admitted, delivers, cmcd) = {
+    let (admitted, delivers, asked) = {
         // A guard, not a counted reference: nothing is awaited while it is held.
         let live = worker.shared.live.load();
-        // Read before the request phase, which may strip the `CMCD` query parameter from the key.
-        let cmcd = live.cmcd_prefetch.then(|| prefetch::cmcd_sent(&parts));
+        // Prefetches are the requests players would send: made from the head as this one was sent (its
+        // CMCD data too, which a `[normalize]` may strip from the key), and run through the request phase
+        // once, as theirs would be.
+        let asked = live.prefetching.then(|| Arc::new(parts.clone()));
         let shown = upgrade.as_ref().map(pipe::Upgrade::protocol);
         let admitted = phase::request(&live, &mut parts, client, secure, shown, None);
-        (admitted, phase::delivers(&live.rules), cmcd)
+        (admitted, phase::delivers(&live.rules), asked)
     };
     let Admitted {
         route,
@@ -245,14 +247,23 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> 
         }
     }
     let prefetching = route.prefetch;
-    if class == RequestClass::Lookup && (prefetching.playlist > 0 || prefetching.cmcd) {
-        let cmcd = cmcd.filter(|_| prefetching.cmcd).unwrap_or_default();
-        prefetch::on_request(&worker, &parts, client, secure, prefetching.playlist, cmcd);
+    let asked = asked.filter(|_| {
+        class == RequestClass::Lookup && (prefetching.playlist > 0 || prefetching.cmcd)
+    });
+    if let Some(asked) = &asked {
+        prefetch::on_request(
+            &worker,
+            asked,
+            client,
+            secure,
+            prefetching.playlist,
+            prefetching.cmcd,
+        );
     }
     let (resp, parts) = match class {
         RequestClass::Lookup | RequestClass::Miss(_) => {
             let own_fetch = matches!(class, RequestClass::Miss(_));
-            lookup(&worker, client, &route, &decided, parts, own_fetch).await
+            lookup(&worker, client, &route, &decided, parts, asked, own_fetch).await
         }
         RequestClass::Pass(_) | RequestClass::Invalidate => {
             let body = body.expect("only a looked-up POST has its body read");
@@ -370,6 +381,7 @@ async fn lookup<S: CacheStore>(
     route: &Arc<Route>,
     decided: &Decided,
     mut parts: Parts,
+    asked: Option<Arc<Parts>>,
     own_fetch: bool,
 ) -> (Response<Body>, Option<Arc<Parts>>) {
     let parts_back = |resp: Response<Body>, parts: &Arc<Parts>| (resp, Some(parts.clone()));
@@ -389,6 +401,7 @@ async fn lookup<S: CacheStore>(
         route,
         decided,
         negotiated: negotiated.as_ref(),
+        asked: asked.as_ref(),
     };
     if own_fetch {
         let nothing = Stale {
@@ -521,6 +534,8 @@ struct Ctx<'a> {
     decided: &'a Decided,
     /// The client's `Accept-Encoding` when the route negotiates codings.
     negotiated: Option<&'a Negotiated>,
+    /// The head as the client sent it, when the route prefetches (see [`fetch::Fill::asked`]).
+    asked: Option<&'a Arc<Parts>>,
 }
 
 impl Ctx<'_> {
@@ -806,6 +821,7 @@ fn refresh<S: CacheStore>(
             key: key.to_owned(),
             registered: true,
             parts: parts.clone(),
+            asked: ctx.asked.cloned(),
             client,
             route: route.clone(),
             decided: ctx.decided.clone(),
@@ -890,6 +906,7 @@ async fn miss<S: CacheStore>(
             key: key.to_owned(),
             registered,
             parts: parts.clone(),
+            asked: ctx.asked.cloned(),
             client,
             route: route.clone(),
             decided: ctx.decided.clone(),
@@ -956,6 +973,15 @@ async fn miss<S: CacheStore>(
             (start(None, true), true)
         }
     };
+    if let Some(slot) = slot {
+        // The place is the origin request's: kept until the origin answers it or it is given up, however
+        // many of the clients waiting on it leave before.
+        let fetch = fetch.clone();
+        tokio::spawn(async move {
+            fetch.answered().await;
+            drop(slot);
+        });
+    }
     // A body that is already complete is as good as stored: the store just has not published it yet.
     let complete = !owner && fetch.is_complete();
     let held = blocking.is_some().then(|| Held::new(&shared.stats, owner));
@@ -976,7 +1002,7 @@ async fn miss<S: CacheStore>(
         }
         None => reader.head().await,
     };
-    drop((held, slot));
+    drop(held);
     if let (false, Ok(h)) = (owner, &head) {
         let other_variant = !phase::selects(&h.selection, parts);
         if h.shareable && other_variant && may_wait {
@@ -1046,7 +1072,7 @@ async fn miss<S: CacheStore>(
                 .ttl
                 .saturating_sub(head.received_at.elapsed())
                 .as_secs() as i64;
-            respond::fetched(&head, reader, Outcome::Hit { ttl_s }, parts, &conversion)
+            respond::fetched(&head, reader, Outcome::Hit { ttl_s }, parts, &conversion).await
         }
         Ok(head) => {
             inc(&shared.stats.misses);
@@ -1058,7 +1084,7 @@ async fn miss<S: CacheStore>(
                 collapsed: !owner,
                 detail: None,
             };
-            respond::fetched(&head, reader, outcome, parts, &conversion)
+            respond::fetched(&head, reader, outcome, parts, &conversion).await
         }
         Err(e) => {
             inc(&shared.stats.misses);

@@ -7,6 +7,7 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    hash::BuildHasher,
     net::IpAddr,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed},
@@ -38,46 +39,68 @@ use crate::{
 
 /// Prefetched objects waiting for their first request, at most: beyond it the oldest counts as wasted.
 const MAX_WAITING: usize = 4096;
-/// Objects the remembered playlists list, together, at most: the oldest playlists are forgotten first.
-const MAX_LISTED: usize = 16_384;
+/// What the remembered playlists may hold together: their paths and the targets they list, at this many
+/// bytes and each object counted with [`PER_OBJECT`] more (its places in the listing and the index). The
+/// oldest playlists are forgotten first.
+const MAX_LISTED_BYTES: usize = 8 << 20;
+const PER_OBJECT: usize = 96;
+/// Playlists remembered at most, however little they list.
+const MAX_PLAYLISTS: usize = 4096;
 /// A playlist body read for what it lists, at most; a longer one is served and stored, not read.
 pub(crate) const MAX_PLAYLIST: usize = 1 << 20;
+/// How often a running prefetch's bytes are counted against `max_rate`.
+const CHARGE_EVERY: Duration = Duration::from_millis(100);
+/// What a prefetch takes from `max_rate` as it starts, counted towards its first bytes.
+const RESERVED: u64 = 64 * 1024;
 
 /// The prefetch state every worker shares: the budget in use, what was prefetched and not yet asked
 /// for, and the playlists seen.
 #[derive(Default)]
 pub struct Prefetcher {
     running: AtomicUsize,
-    /// Bytes brought in the current one-second window, and when it began.
-    spent: Mutex<(Option<Instant>, u64)>,
+    /// A token bucket of body bytes: filled at `max_rate` a second up to one second's worth, emptied by
+    /// what prefetches bring as it arrives, into debt; none starts while it is empty. With when it was last
+    /// filled.
+    bucket: Mutex<(f64, Option<Instant>)>,
     waiting: Mutex<Waiting>,
     /// `waiting`'s length, read without the lock on every lookup.
     waiting_now: AtomicU64,
     playlists: Mutex<Playlists>,
+    /// Hosts and keys are remembered by their hash: what a client sends in them costs nothing here.
+    hasher: std::collections::hash_map::RandomState,
 }
 
+/// Prefetched keys (by hash) not asked for yet, oldest first.
 #[derive(Default)]
 struct Waiting {
-    order: VecDeque<(Instant, String)>,
-    keys: HashMap<String, Instant>,
+    order: VecDeque<(Instant, u64)>,
+    keys: HashMap<u64, Instant>,
 }
 
+/// A playlist or a listed object: its host's hash and its target (path and query) as clients send it.
+type Name = (u64, Arc<str>);
+
 /// Media playlists by host and path (every version of a live playlist, `_HLS_*` parameters and all, is
-/// one), with the objects they list, each as host and target.
+/// one), with the objects they list.
 #[derive(Default)]
 struct Playlists {
-    by_name: HashMap<String, Listing>,
-    order: VecDeque<String>,
+    by_name: HashMap<Name, Listing>,
+    /// Oldest first, with the version of the listing each entry was for: an entry whose playlist has been
+    /// listed again since is stale, and skipped.
+    order: VecDeque<(u64, Name)>,
     /// Which playlist lists an object.
-    index: HashMap<String, String>,
-    listed: usize,
+    index: HashMap<Name, Name>,
+    bytes: usize,
+    versions: u64,
 }
 
 struct Listing {
-    objects: Vec<(String, bool)>,
+    objects: Vec<(Arc<str>, bool)>,
     /// The segment and the part (indexed by `part`) listed furthest on that a player has asked for: players
     /// following parts and players following segments each have their own next.
-    newest: [Option<String>; 2],
+    newest: [Option<Arc<str>>; 2],
+    version: u64,
+    bytes: usize,
 }
 
 /// A running prefetch's share of `max_concurrent`.
@@ -91,25 +114,34 @@ impl Drop for Permit<'_> {
 
 impl Prefetcher {
     fn admit(&self, budget: &Prefetch, now: Instant) -> Option<Permit<'_>> {
-        {
-            let mut spent = self.spent.lock().expect("prefetch budget");
-            if spent
-                .0
-                .is_none_or(|since| now.duration_since(since) >= Duration::from_secs(1))
-            {
-                *spent = (Some(now), 0);
-            }
-            if spent.1 >= budget.max_rate.as_u64() {
-                return None;
-            }
+        let mut bucket = self.bucket.lock().expect("prefetch budget");
+        let rate = budget.max_rate.as_u64() as f64;
+        bucket.0 = match bucket.1 {
+            Some(at) => (bucket.0 + rate * now.duration_since(at).as_secs_f64()).min(rate),
+            None => rate,
+        };
+        bucket.1 = Some(now);
+        if bucket.0 <= 0.0 {
+            return None;
         }
         let running = self.running.fetch_add(1, Relaxed);
         let permit = Permit(&self.running);
-        (running < budget.max_concurrent).then_some(permit)
+        if running >= budget.max_concurrent {
+            return None;
+        }
+        // Prefetches set off together all start before any byte arrives: each takes some of the budget
+        // at once, so that a small one is spent by the first.
+        bucket.0 -= RESERVED as f64;
+        Some(permit)
     }
 
-    fn charge(&self, bytes: u64) {
-        self.spent.lock().expect("prefetch budget").1 += bytes;
+    /// Takes `bytes` (given back when negative) from the budget.
+    fn charge(&self, bytes: i64) {
+        self.bucket.lock().expect("prefetch budget").0 -= bytes as f64;
+    }
+
+    fn hash(&self, text: &str) -> u64 {
+        self.hasher.hash_one(text)
     }
 
     /// Counts a client's request for `key` as a prefetch's hit when the key was prefetched and not asked
@@ -118,17 +150,19 @@ impl Prefetcher {
         if self.waiting_now.load(Relaxed) == 0 {
             return;
         }
+        let key = self.hash(key);
         let mut waiting = self.waiting.lock().expect("prefetch waiting");
-        if waiting.keys.remove(key).is_some() {
+        if waiting.keys.remove(&key).is_some() {
             inc(&stats.prefetch_hits);
             self.waiting_now.store(waiting.keys.len() as u64, Relaxed);
         }
     }
 
-    fn wait_for_request(&self, key: String, unused_after: Duration, stats: &Stats) {
+    fn wait_for_request(&self, key: &str, unused_after: Duration, stats: &Stats) {
+        let key = self.hash(key);
         let now = Instant::now();
         let mut waiting = self.waiting.lock().expect("prefetch waiting");
-        waiting.keys.insert(key.clone(), now);
+        waiting.keys.insert(key, now);
         waiting.order.push_back((now, key));
         while let Some((since, _)) = waiting.order.front() {
             let expired = now.duration_since(*since) > unused_after;
@@ -147,17 +181,30 @@ impl Prefetcher {
 
     /// A prefetch that brought nothing to store serves nobody.
     fn failed(&self, key: &str, stats: &Stats) {
+        let key = self.hash(key);
         let mut waiting = self.waiting.lock().expect("prefetch waiting");
-        if waiting.keys.remove(key).is_some() {
+        if waiting.keys.remove(&key).is_some() {
             inc(&stats.prefetch_wasted);
             self.waiting_now.store(waiting.keys.len() as u64, Relaxed);
         }
     }
 
-    /// Remembers what a new version of the playlist `name` lists; the objects after the newest ones players
-    /// have asked for (parts after the newest part, segments after the newest segment), `n` of each at
-    /// most.
-    fn listed(&self, name: String, objects: Vec<(String, bool)>, n: usize) -> Vec<String> {
+    /// Remembers what a new version of the playlist `path` on `host` lists (targets); the objects after the
+    /// newest ones players have asked for (parts after the newest part, segments after the newest
+    /// segment), `n` of each at most.
+    fn listed(
+        &self,
+        host: &str,
+        path: &str,
+        objects: Vec<(String, bool)>,
+        n: usize,
+    ) -> Vec<Arc<str>> {
+        let host = self.hash(host);
+        let name: Name = (host, Arc::from(path));
+        let objects: Vec<(Arc<str>, bool)> = objects
+            .into_iter()
+            .map(|(target, part)| (Arc::from(target), part))
+            .collect();
         let mut playlists = self.playlists.lock().expect("playlists");
         let newest = playlists
             .forget(&name)
@@ -167,56 +214,85 @@ impl Prefetcher {
             .flatten()
             .flat_map(|newest| after(&objects, newest, n))
             .collect();
-        let objects: Vec<(String, bool)> = objects.into_iter().take(MAX_LISTED).collect();
-        playlists.listed += objects.len();
-        for (object, _) in &objects {
-            playlists.index.insert(object.clone(), name.clone());
+        let bytes = path.len()
+            + objects
+                .iter()
+                .map(|(t, _)| t.len() + PER_OBJECT)
+                .sum::<usize>();
+        // A playlist listing nothing kept has no next to give; one larger than all the room is not kept.
+        if objects.is_empty() || bytes > MAX_LISTED_BYTES {
+            return next;
         }
-        playlists
-            .by_name
-            .insert(name.clone(), Listing { objects, newest });
-        playlists.order.push_back(name);
-        while playlists.listed > MAX_LISTED {
-            let Some(oldest) = playlists.order.front().cloned() else {
+        for (target, _) in &objects {
+            playlists.index.insert((host, target.clone()), name.clone());
+        }
+        playlists.versions += 1;
+        let version = playlists.versions;
+        playlists.bytes += bytes;
+        playlists.by_name.insert(
+            name.clone(),
+            Listing {
+                objects,
+                newest,
+                version,
+                bytes,
+            },
+        );
+        playlists.order.push_back((version, name));
+        while playlists.bytes > MAX_LISTED_BYTES || playlists.by_name.len() > MAX_PLAYLISTS {
+            let Some((version, oldest)) = playlists.order.pop_front() else {
                 break;
             };
-            playlists.forget(&oldest);
+            if playlists
+                .by_name
+                .get(&oldest)
+                .is_some_and(|l| l.version == version)
+            {
+                playlists.forget(&oldest);
+            }
+        }
+        // Entries left by playlists listed again: dropped once they outnumber the live ones.
+        if playlists.order.len() > 2 * playlists.by_name.len() + 64 {
+            let Playlists { order, by_name, .. } = &mut *playlists;
+            order.retain(|(v, n)| by_name.get(n).is_some_and(|l| l.version == *v));
         }
         next
     }
 
-    /// A player asked for `object`: the `n` objects its playlist lists after it.
-    fn asked(&self, object: &str, n: usize) -> Vec<String> {
+    /// A player asked for `target` on `host`: the `n` objects its playlist lists after it.
+    fn asked(&self, host: &str, target: &str, n: usize) -> Vec<Arc<str>> {
+        let object: Name = (self.hash(host), Arc::from(target));
         let mut playlists = self.playlists.lock().expect("playlists");
-        let Some(name) = playlists.index.get(object).cloned() else {
+        let Some(name) = playlists.index.get(&object).cloned() else {
             return Vec::new();
         };
         let Some(listing) = playlists.by_name.get_mut(&name) else {
             return Vec::new();
         };
-        let at = |o: &str| listing.objects.iter().position(|(x, _)| x == o);
-        let Some(here) = at(object) else {
+        let at = |o: &str| listing.objects.iter().position(|(x, _)| &**x == o);
+        let Some(here) = at(target) else {
             return Vec::new();
         };
-        let newest = &mut listing.newest[usize::from(listing.objects[here].1)];
+        let (listed, part) = listing.objects[here].clone();
+        let newest = &mut listing.newest[usize::from(part)];
         if newest
             .as_deref()
             .is_none_or(|newest| Some(here) > at(newest))
         {
-            *newest = Some(object.to_owned());
+            *newest = Some(listed);
         }
-        after(&listing.objects, object, n)
+        after(&listing.objects, target, n)
     }
 }
 
 impl Playlists {
-    fn forget(&mut self, name: &str) -> Option<Listing> {
+    fn forget(&mut self, name: &Name) -> Option<Listing> {
         let listing = self.by_name.remove(name)?;
-        self.order.retain(|n| n != name);
-        self.listed -= listing.objects.len();
-        for (object, _) in &listing.objects {
-            if self.index.get(object).is_some_and(|n| n == name) {
-                self.index.remove(object);
+        self.bytes -= listing.bytes;
+        for (target, _) in &listing.objects {
+            let object = (name.0, target.clone());
+            if self.index.get(&object).is_some_and(|n| n == name) {
+                self.index.remove(&object);
             }
         }
         Some(listing)
@@ -224,8 +300,8 @@ impl Playlists {
 }
 
 /// The `n` objects `objects` lists after `object` that are of its kind.
-fn after(objects: &[(String, bool)], object: &str, n: usize) -> Vec<String> {
-    let Some(at) = objects.iter().position(|(o, _)| o == object) else {
+fn after(objects: &[(Arc<str>, bool)], object: &str, n: usize) -> Vec<Arc<str>> {
+    let Some(at) = objects.iter().position(|(o, _)| &**o == object) else {
         return Vec::new();
     };
     let part = objects[at].1;
@@ -250,40 +326,30 @@ fn target(parts: &Parts) -> &str {
     parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
 }
 
-/// What the prefetch of a request on `route` needs from the client's head before the request phase
-/// rewrites it (a `[normalize]` may strip the `CMCD` query parameter from the key): its CMCD data.
-pub(crate) fn cmcd_sent(parts: &Parts) -> NextRequest {
-    hls::next_request(&parts.headers, parts.uri.query())
-}
-
-/// The prefetches a client's request (its head as the request phase left it) sets off on a route with
-/// `prefetch`: the objects the playlist lists after the one asked for, and what its CMCD data names.
+/// The prefetches a client's request sets off on a route with `prefetch` (`asked`: its head as the client
+/// sent it, before the request phase): the objects the playlist lists after the one asked for, and what
+/// its CMCD data names.
 pub(crate) fn on_request<S: CacheStore>(
     worker: &Arc<Worker<S>>,
-    parts: &Parts,
+    asked: &Parts,
     client: IpAddr,
     secure: bool,
     playlist: usize,
-    cmcd: NextRequest,
+    cmcd: bool,
 ) {
     let shared = &worker.shared;
-    let here = target(parts);
+    let here = target(asked);
     if playlist > 0 {
-        let object = format!("{}{}", host(parts), here);
-        let host_len = host(parts).len();
-        for next in shared.prefetch.asked(&object, playlist) {
-            start(
-                worker,
-                parts,
-                client,
-                secure,
-                next[host_len..].to_owned(),
-                None,
-            );
+        for next in shared.prefetch.asked(host(asked), here, playlist) {
+            start(worker, asked, client, secure, next.to_string(), None);
         }
     }
-    let range = cmcd.range.map(|(first, last)| Single::From(first, last));
-    let next = match cmcd.object {
+    if !cmcd {
+        return;
+    }
+    let NextRequest { object, range } = hls::next_request(&asked.headers, asked.uri.query());
+    let range = range.map(|(first, last)| Single::From(first, last));
+    let next = match object {
         Some(reference) => match hls::resolve(here, &reference) {
             Some(next) => Some(next),
             None => {
@@ -296,15 +362,16 @@ pub(crate) fn on_request<S: CacheStore>(
         None => range.map(|_| here.to_owned()),
     };
     if let Some(next) = next {
-        start(worker, parts, client, secure, next, range);
+        start(worker, asked, client, secure, next, range);
     }
 }
 
-/// A new version of a media playlist arrived from the origin (`text`, fetched for `parts`): what it lists
-/// is remembered, and the objects after the newest one players asked for are prefetched.
+/// A new version of a media playlist arrived from the origin (`text`, asked for by a client with `asked`,
+/// its head before the request phase): what it lists is remembered, and the objects after the newest ones
+/// players asked for are prefetched.
 pub(crate) fn on_playlist<S: CacheStore>(
     worker: &Arc<Worker<S>>,
-    parts: &Parts,
+    asked: &Parts,
     client: IpAddr,
     secure: bool,
     n: usize,
@@ -313,28 +380,24 @@ pub(crate) fn on_playlist<S: CacheStore>(
     let Some(listed) = std::str::from_utf8(text).ok().and_then(hls::media_objects) else {
         return;
     };
-    let host = host(parts);
-    let base = target(parts);
+    let base = target(asked);
     let objects = listed
         .into_iter()
-        .filter_map(|l| Some((format!("{host}{}", hls::resolve(base, &l.uri)?), l.part)))
+        .filter_map(|l| Some((hls::resolve(base, &l.uri)?, l.part)))
         .collect();
-    let name = format!("{host}{}", parts.uri.path());
-    for next in worker.shared.prefetch.listed(name, objects, n) {
-        start(
-            worker,
-            parts,
-            client,
-            secure,
-            next[host.len()..].to_owned(),
-            None,
-        );
+    let next = worker
+        .shared
+        .prefetch
+        .listed(host(asked), asked.uri.path(), objects, n);
+    for next in next {
+        start(worker, asked, client, secure, next.to_string(), None);
     }
 }
 
 /// Prefetches `target` (a path and query on the host `base` was sent to), or its byte `range`, as the
-/// request a player would send with `base`'s fields; nothing when it is stored and fresh, being
-/// fetched, not a cacheable GET after the request phase, or beyond the budget.
+/// request a player would send with `base`'s fields (as it sent them, before the request phase); nothing
+/// when it is stored and fresh, being fetched, not a cacheable GET after the request phase, a blocking
+/// playlist reload, or beyond the budget.
 fn start<S: CacheStore>(
     worker: &Arc<Worker<S>>,
     base: &Parts,
@@ -377,10 +440,6 @@ fn start<S: CacheStore>(
     tokio::spawn(async move {
         let shared = &worker.shared;
         let live = shared.live.load_full();
-        let Some(_permit) = shared.prefetch.admit(&live.prefetch, Instant::now()) else {
-            inc(&shared.stats.prefetch_dropped);
-            return;
-        };
         let admitted = phase::request(&live, &mut parts, client, secure, None, None);
         let Ok(Admitted {
             route,
@@ -393,6 +452,11 @@ fn start<S: CacheStore>(
             inc(&shared.stats.prefetch_refused);
             return;
         };
+        // The origin holds a blocking reload; only a player's own is bounded and timed (`miss`).
+        if crate::hls::playlist(&parts).is_some() {
+            inc(&shared.stats.prefetch_refused);
+            return;
+        }
         let key = primary_key(&parts);
         if let Some(negotiation) = route.policy.compression.as_ref() {
             Negotiated::take(&mut parts.headers, negotiation);
@@ -403,6 +467,10 @@ fn start<S: CacheStore>(
         if usable == Some(Usability::Fresh) {
             return;
         }
+        let Some(_permit) = shared.prefetch.admit(&live.prefetch, Instant::now()) else {
+            inc(&shared.stats.prefetch_dropped);
+            return;
+        };
         let forwarded = range
             .and_then(|_| {
                 forwarded_range(&route, &decided, &parts, || {
@@ -424,11 +492,12 @@ fn start<S: CacheStore>(
         drop(live);
         shared
             .prefetch
-            .wait_for_request(key.clone(), unused_after, &shared.stats);
+            .wait_for_request(&key, unused_after, &shared.stats);
         let fill = Fill {
             key: key.clone(),
             registered: true,
             parts: Arc::new(parts),
+            asked: None,
             client,
             route,
             decided,
@@ -438,8 +507,23 @@ fn start<S: CacheStore>(
             part: forwarded,
             if_range: None,
         };
-        fetch::run(worker.clone(), fetch.clone(), fill).await;
-        shared.prefetch.charge(fetch.received());
+        let mut running = tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
+        // Counted as they arrive: a prefetch still running spends the budget of the ones after it.
+        let mut charged = RESERVED;
+        loop {
+            let done = tokio::select! {
+                _ = &mut running => true,
+                () = tokio::time::sleep(CHARGE_EVERY) => false,
+            };
+            let received = fetch.received();
+            if received > charged || done {
+                shared.prefetch.charge(received as i64 - charged as i64);
+                charged = received;
+            }
+            if done {
+                break;
+            }
+        }
         if !fetch.is_complete() {
             shared.prefetch.failed(&key, &shared.stats);
         }
@@ -454,58 +538,91 @@ mod tests {
         names.iter().map(|(n, p)| (n.to_string(), *p)).collect()
     }
 
+    fn strings(listed: Vec<Arc<str>>) -> Vec<String> {
+        listed.iter().map(|s| s.to_string()).collect()
+    }
+
     #[test]
     fn a_player_asking_sets_off_the_next_of_its_kind_and_a_new_version_what_follows_the_newest() {
         let p = Prefetcher::default();
         let v1 = objects(&[
-            ("h/s0.p0", true),
-            ("h/s0.p1", true),
-            ("h/s0", false),
-            ("h/s1.p0", true),
+            ("/s0.p0", true),
+            ("/s0.p1", true),
+            ("/s0", false),
+            ("/s1.p0", true),
         ]);
         assert!(
-            p.listed("h/index".into(), v1, 2).is_empty(),
+            p.listed("h", "/index", v1, 2).is_empty(),
             "nobody asked yet"
         );
-        assert_eq!(p.asked("h/s0.p0", 2), ["h/s0.p1", "h/s1.p0"]);
-        assert_eq!(p.asked("h/s0", 2), Vec::<String>::new());
-        assert_eq!(p.asked("h/s0.p1", 2), ["h/s1.p0"]);
-        assert!(p.asked("h/elsewhere", 2).is_empty());
+        assert_eq!(strings(p.asked("h", "/s0.p0", 2)), ["/s0.p1", "/s1.p0"]);
+        assert!(p.asked("h", "/s0", 2).is_empty());
+        assert_eq!(strings(p.asked("h", "/s0.p1", 2)), ["/s1.p0"]);
+        assert!(p.asked("h", "/elsewhere", 2).is_empty());
+        assert!(
+            p.asked("other-host", "/s0.p0", 2).is_empty(),
+            "another host's"
+        );
         let v2 = objects(&[
-            ("h/s0.p0", true),
-            ("h/s0.p1", true),
-            ("h/s0", false),
-            ("h/s1.p0", true),
-            ("h/s1.p1", true),
+            ("/s0.p0", true),
+            ("/s0.p1", true),
+            ("/s0", false),
+            ("/s1.p0", true),
+            ("/s1.p1", true),
         ]);
-        assert_eq!(p.listed("h/index".into(), v2, 2), ["h/s1.p0", "h/s1.p1"]);
+        assert_eq!(
+            strings(p.listed("h", "/index", v2, 2)),
+            ["/s1.p0", "/s1.p1"]
+        );
         // Asking for an older one does not move the newest back.
-        p.asked("h/s0.p0", 1);
+        p.asked("h", "/s0.p0", 1);
         let v3 = objects(&[
-            ("h/s0.p1", true),
-            ("h/s0", false),
-            ("h/s1.p2", true),
-            ("h/s1", false),
+            ("/s0.p1", true),
+            ("/s0", false),
+            ("/s1.p2", true),
+            ("/s1", false),
         ]);
-        assert_eq!(p.listed("h/index".into(), v3, 4), ["h/s1", "h/s1.p2"]);
+        assert_eq!(strings(p.listed("h", "/index", v3, 4)), ["/s1", "/s1.p2"]);
     }
 
     #[test]
-    fn what_playlists_list_is_bounded_oldest_playlist_first() {
+    fn what_playlists_list_is_bounded_in_bytes_and_count_oldest_first() {
         let p = Prefetcher::default();
+        let long = "x".repeat(4096);
         let many = |tag: &str| -> Vec<(String, bool)> {
-            (0..MAX_LISTED / 2 + 1)
-                .map(|i| (format!("{tag}/{i}"), false))
+            (0..1000)
+                .map(|i| (format!("/{tag}/{long}/{i}"), false))
                 .collect()
         };
-        p.listed("a".into(), many("a"), 1);
-        p.listed("b".into(), many("b"), 1);
-        p.listed("c".into(), many("c"), 1);
+        for tag in ["a", "b", "c"] {
+            p.listed(&long, &format!("/{tag}/index"), many(tag), 1);
+        }
+        {
+            let playlists = p.playlists.lock().unwrap();
+            assert!(playlists.bytes <= MAX_LISTED_BYTES);
+            assert!(!playlists
+                .by_name
+                .contains_key(&(p.hash(&long), Arc::from("/a/index"))));
+            assert!(playlists
+                .by_name
+                .contains_key(&(p.hash(&long), Arc::from("/c/index"))));
+            assert_eq!(
+                playlists.index.len(),
+                playlists
+                    .by_name
+                    .values()
+                    .map(|l| l.objects.len())
+                    .sum::<usize>()
+            );
+        }
+        // Listing nothing, or listed again and again, costs nothing that stays.
+        for i in 0..3 * MAX_PLAYLISTS {
+            p.listed("h", &format!("/empty/{i}"), Vec::new(), 1);
+            p.listed("h", "/live/index", objects(&[("/live/s1", false)]), 1);
+        }
         let playlists = p.playlists.lock().unwrap();
-        assert!(playlists.listed <= MAX_LISTED);
-        assert_eq!(playlists.index.len(), playlists.listed);
-        assert!(!playlists.by_name.contains_key("a"));
-        assert!(playlists.by_name.contains_key("c"));
+        assert!(playlists.by_name.len() <= MAX_PLAYLISTS);
+        assert!(playlists.order.len() <= 2 * playlists.by_name.len() + 65);
     }
 
     #[test]
@@ -513,17 +630,21 @@ mod tests {
         let p = Prefetcher::default();
         let stats = Stats::default();
         let long = Duration::from_secs(60);
-        p.wait_for_request("k1".into(), long, &stats);
-        p.wait_for_request("k2".into(), long, &stats);
+        p.wait_for_request("k1", long, &stats);
+        p.wait_for_request("k2", long, &stats);
         p.claim("k1", &stats);
         p.claim("k1", &stats);
         assert_eq!(stats.prefetch_hits.load(Relaxed), 1);
         p.failed("k2", &stats);
         assert_eq!(stats.prefetch_wasted.load(Relaxed), 1);
-        p.wait_for_request("k3".into(), Duration::ZERO, &stats);
+        p.wait_for_request("k3", Duration::ZERO, &stats);
         std::thread::sleep(Duration::from_millis(5));
-        p.wait_for_request("k4".into(), Duration::ZERO, &stats);
+        p.wait_for_request("k4", Duration::ZERO, &stats);
         assert_eq!(stats.prefetch_wasted.load(Relaxed), 2, "k3 expired unasked");
+        for i in 0..2 * MAX_WAITING {
+            p.wait_for_request(&format!("many/{i}"), long, &stats);
+        }
+        assert!(p.waiting.lock().unwrap().keys.len() <= MAX_WAITING);
     }
 
     #[test]
@@ -531,7 +652,7 @@ mod tests {
         let p = Prefetcher::default();
         let budget = Prefetch {
             max_concurrent: 2,
-            max_rate: bytesize::ByteSize::b(1000),
+            max_rate: bytesize::ByteSize::mib(1),
             ..Prefetch::default()
         };
         let t0 = Instant::now();
@@ -539,12 +660,23 @@ mod tests {
         let b = p.admit(&budget, t0).expect("second");
         assert!(p.admit(&budget, t0).is_none(), "a third at once");
         drop(a);
-        p.charge(1000);
-        assert!(
-            p.admit(&budget, t0).is_none(),
-            "the second's bytes are spent"
-        );
+        // Two seconds' worth brought: none starts until the debt is paid, a second and more later.
+        p.charge(2 << 20);
+        assert!(p.admit(&budget, t0).is_none(), "the bytes are spent");
         drop(b);
-        assert!(p.admit(&budget, t0 + Duration::from_millis(1001)).is_some());
+        assert!(
+            p.admit(&budget, t0 + Duration::from_millis(1100)).is_none(),
+            "still in debt"
+        );
+        assert!(p.admit(&budget, t0 + Duration::from_millis(1500)).is_some());
+        // A small budget is spent by the first of prefetches set off together.
+        let small = Prefetch {
+            max_rate: bytesize::ByteSize::kib(1),
+            ..Prefetch::default()
+        };
+        let p = Prefetcher::default();
+        let first = p.admit(&small, t0);
+        assert!(first.is_some());
+        assert!(p.admit(&small, t0).is_none());
     }
 }

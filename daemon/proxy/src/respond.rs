@@ -162,19 +162,27 @@ pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Bo
 
 /// A response read from a fetch in flight (or just finished, or confirmed by the origin with a 304),
 /// shaped for the request by [`represent`].
-pub fn fetched<S: CacheStore>(
+pub async fn fetched<S: CacheStore>(
     head: &FetchedHead,
     reader: FetchReader<S>,
     outcome: Outcome,
     req: &Parts,
     conversion: &Conversion,
 ) -> Response<Body> {
-    // A body sent chunked has its length once it is all in hand.
-    let length = head
+    let mut length = head
         .headers
         .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .or_else(|| reader.complete_length());
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if length.is_none() {
+        // A range of a body still arriving is answered once its first byte is in hand (a closed one: its
+        // last), never as a short 206: a body that ends first has its length known, and a range past it is
+        // a 416.
+        if let Some(pos) = growing_wait(req, head.status) {
+            reader.arrived(pos).await;
+        }
+        // A body sent chunked has its length once it is all in hand.
+        length = reader.complete_length();
+    }
     let age = head.initial_age + head.received_at.elapsed().as_secs();
     represent(
         Source::Fetched(reader),
@@ -186,6 +194,26 @@ pub fn fetched<S: CacheStore>(
         req,
         conversion,
     )
+}
+
+/// A closed range longer than this asks for a body of indeterminate length (RFC 8673 §2.2: a last position
+/// "larger than can be transferred in the foreseeable term"): answered as it grows, as an open one is.
+const INDETERMINATE: u64 = 1 << 40;
+
+/// The byte a growing answer to `req` waits for: the first of an open or indeterminate range, the last of
+/// a closed one; `None` when the answer is no single range ([`shape`] says when it is).
+fn growing_wait(req: &Parts, status: StatusCode) -> Option<u64> {
+    if status != StatusCode::OK
+        || req.method != Method::GET
+        || req.headers.contains_key(header::IF_RANGE)
+    {
+        return None;
+    }
+    match range::single(&req.headers)? {
+        range::Single::From(first, Some(last)) if last - first < INDETERMINATE => Some(last),
+        range::Single::From(first, _) => Some(first),
+        range::Single::Suffix(_) => None,
+    }
 }
 
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
@@ -370,11 +398,16 @@ fn represent<S: CacheStore>(
             (StatusCode::PARTIAL_CONTENT, body)
         }
         Shape::Growing(first, last) => {
-            // The total is not known yet (`*`). A closed range has its length; an open one ends where the
-            // body does, and is written `a-*`: RFC 9110's grammar has no form for an end not known yet.
+            // The total is not known yet (`*`). A closed range's last byte is in hand (`fetched` waited for
+            // it): its length is known. An open or indeterminate one ends where the body does, without a
+            // length; an open one is written `a-*`, as RFC 9110's grammar has no form for an end not known.
             let value = match last {
-                Some(last) => {
+                Some(last) if last - first < INDETERMINATE => {
                     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(last - first + 1));
+                    format!("bytes {first}-{last}/*")
+                }
+                Some(last) => {
+                    headers.remove(header::CONTENT_LENGTH);
                     format!("bytes {first}-{last}/*")
                 }
                 None => {

@@ -610,6 +610,8 @@ impl<S: CacheStore> Asker<S> {
             key: self.key.clone(),
             registered: how.registered,
             parts: self.parts.clone(),
+            // A slice or a gap is no playlist.
+            asked: None,
             client: self.client,
             route: self.route.clone(),
             decided: self.decided.clone(),
@@ -735,7 +737,7 @@ impl<S: CacheStore> Asker<S> {
         let limit = policy.cache.max_object_size.as_u64();
         let settings = policy.compression.as_ref().map(|n| &n.settings);
         let conversion = Conversion::new(delivery, limit, settings, &shared.stats);
-        respond::fetched(head, reader, outcome, &self.parts, &conversion)
+        respond::fetched(head, reader, outcome, &self.parts, &conversion).await
     }
 
     /// Sends the request to the origin as the client sent it (its range and `Accept-Encoding` included),

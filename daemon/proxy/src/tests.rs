@@ -111,9 +111,17 @@ async fn respond(
 ) -> Response<Body> {
     let parts = parts(path, headers);
     let route = worker.shared.live.load().router.route(&parts).clone();
-    crate::lookup(worker, CLIENT, &route, &Decided::default(), parts, false)
-        .await
-        .0
+    crate::lookup(
+        worker,
+        CLIENT,
+        &route,
+        &Decided::default(),
+        parts,
+        None,
+        false,
+    )
+    .await
+    .0
 }
 
 /// A GET for `path` on [`HOST`] through the lookup path, its body read to the end.
@@ -1171,8 +1179,16 @@ async fn get_ruled(w: &Arc<Worker<MemoryStore>>, path: &str, headers: &[(&str, &
     let Ok(admitted) = admitted else {
         panic!("answered by the request phase");
     };
-    let (resp, parts) =
-        crate::lookup(w, CLIENT, &admitted.route, &admitted.decided, parts, false).await;
+    let (resp, parts) = crate::lookup(
+        w,
+        CLIENT,
+        &admitted.route,
+        &admitted.decided,
+        parts,
+        None,
+        false,
+    )
+    .await;
     let live = w.shared.live.load();
     let resp = crate::phase::deliver(&live.rules, &parts.expect("looked up"), CLIENT, false, resp);
     let (head, body) = resp.into_parts();

@@ -40,8 +40,8 @@ pub struct Live {
     pub rules: Rules,
     /// `[prefetch]`: the budget of the routes' `prefetch`.
     pub prefetch: Prefetch,
-    /// Some route prefetches what CMCD data names: requests' CMCD data is read before the request phase.
-    pub cmcd_prefetch: bool,
+    /// Some route prefetches: the head of every request is kept as sent, before the request phase.
+    pub prefetching: bool,
 }
 
 impl Live {
@@ -61,10 +61,10 @@ impl Live {
                 .collect::<Result<_, _>>()?,
             normalize: config.normalize.clone(),
             prefetch: config.prefetch.clone(),
-            cmcd_prefetch: config
+            prefetching: config
                 .route
                 .iter()
-                .any(|r| r.prefetch.is_some_and(|p| p.cmcd)),
+                .any(|r| r.prefetch.is_some_and(|p| p.cmcd || p.playlist > 0)),
             rules: {
                 let mut names: Vec<&str> = config.backend.iter().map(|b| b.name.as_str()).collect();
                 names.extend(config.director.iter().map(|d| d.name.as_str()));

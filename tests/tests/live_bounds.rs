@@ -1,0 +1,454 @@
+//! The bounds of the live-streaming paths under hostile clients and origins: what prefetch remembers, the
+//! blocking reloads at the origin, what a prefetch may cost and become, and ranges of a growing body at
+//! their edges. Each was found broken by an attacker's review of the first build, and fails without its fix.
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use lacquer_tests::{get, Daemon, Origin, Reply, Step};
+
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    within: Duration,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(Instant::now() < until, "not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The resident memory of the lacquerd whose store directory is `dir`, in KiB.
+fn rss_kib(d: &Daemon) -> u64 {
+    let marker = d.dir.path().display().to_string();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.contains("lacquerd") && cmdline.contains(&marker) {
+            let status = std::fs::read_to_string(entry.path().join("status")).unwrap();
+            let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+            return line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        }
+    }
+    panic!("no lacquerd process for {marker}");
+}
+
+/// Memory is bounded by configuration whatever clients and origins do: what prefetch remembers of the
+/// playlists it reads is bounded in bytes, and hosts are kept by their hash. One request with a long `Host`
+/// (valid: a reg-name has no length limit, and a route without `host` takes any) for a playlist of 16 000
+/// references once made lacquerd keep 16 000 × 3 copies of that host (+635 MiB).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_host_asking_for_a_long_playlist_costs_no_memory_to_speak_of() {
+    let origin = Origin::start(|seen| {
+        let (path, _) = seen.path.split_once('?').unwrap_or((&seen.path, ""));
+        if path.ends_with("/index.m3u8") {
+            let mut text = String::from("#EXTM3U\n#EXT-X-TARGETDURATION:2\n");
+            for k in 0..16_000 {
+                text += &format!("#EXTINF:2.0,\ns{k}.ts\n");
+            }
+            return Reply::ok(text)
+                .header("content-type", "application/vnd.apple.mpegurl")
+                .header("cache-control", "max-age=60");
+        }
+        Reply::ok("segment").header("cache-control", "max-age=60")
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [[route]]\npath_prefix = \"/tv/\"\nprefetch = { playlist = 2 }\n",
+    );
+    // Warm up, then measure.
+    assert_eq!(get(d.addr, "/tv/warm/index.m3u8").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss_kib(&d);
+    let host = "a".repeat(12_000);
+    let r = lacquer_tests::request(
+        d.addr,
+        http::Method::GET,
+        "/tv/index.m3u8",
+        &[("host", &host)],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_kib(&d);
+    let grown_mib = after.saturating_sub(before) / 1024;
+    eprintln!("RSS before {before} KiB, after {after} KiB: +{grown_mib} MiB for one request");
+    assert!(
+        grown_mib < 64,
+        "one request grew lacquerd by {grown_mib} MiB (--memory 64MiB)"
+    );
+}
+
+/// `blocking_reloads_per_playlist` bounds the blocking reloads of one playlist at the origin, and
+/// `blocking_reload_hold` how long one is held, however the parameter's name is encoded: `%5FHLS_msn` (what
+/// every origin framework decodes to `_HLS_msn`) is a blocking reload too.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_encoded_hls_msn_is_bounded_and_held_as_any() {
+    let origin = Origin::start(|seen| {
+        let reply = Reply::ok("#EXTM3U\n").header("cache-control", "max-age=1");
+        // An origin that decodes the query, as they all do.
+        let decoded = seen.path.replace("%5F", "_");
+        if decoded.contains("_HLS_msn") {
+            reply.delay(Duration::from_secs(4))
+        } else {
+            reply
+        }
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [cache]\nblocking_reloads_per_playlist = 2\nblocking_reload_hold = \"1s\"\n",
+    );
+    let asked = Instant::now();
+    let reloads: Vec<_> = (0..6)
+        .map(|msn| {
+            let addr = d.addr;
+            tokio::spawn(
+                async move { get(addr, &format!("/live/index.m3u8?%5FHLS_msn={msn}")).await },
+            )
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for r in reloads {
+        statuses.push(r.await.unwrap().status.as_u16());
+    }
+    eprintln!(
+        "statuses {statuses:?}, origin held at most {} at once, answered after {:?}",
+        origin.max_in_flight(),
+        asked.elapsed()
+    );
+    assert!(
+        origin.max_in_flight() <= 2,
+        "{} blocking reloads of one playlist at the origin at once (bound: 2)",
+        origin.max_in_flight()
+    );
+}
+
+/// A reload's place is the origin request's, kept until the origin answers it or it is given up: a client
+/// that joined it keeps the place taken after the first client timed out or left, so no other reload of
+/// the playlist gets past the bound meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_keeps_its_place_while_any_client_waits_on_it() {
+    let origin = Origin::start(|seen| {
+        let reply = Reply::ok("#EXTM3U\n").header("cache-control", "max-age=1");
+        if seen.path.contains("_HLS_msn") {
+            reply.delay(Duration::from_secs(4))
+        } else {
+            reply
+        }
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [cache]\nblocking_reloads_per_playlist = 1\nblocking_reload_hold = \"1s\"\n",
+    );
+    let reload = |msn: u32| {
+        let addr = d.addr;
+        tokio::spawn(async move { get(addr, &format!("/live/index.m3u8?_HLS_msn={msn}")).await })
+    };
+    let first = reload(1);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let joiner = reload(1);
+    // The first times out at 1 s and gives its place back; the joiner holds the origin request until 1.6 s.
+    assert_eq!(first.await.unwrap().status, 503);
+    let second = reload(2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at_once = origin.max_in_flight();
+    let _ = (joiner.await, second.await);
+    assert!(
+        at_once <= 1,
+        "{at_once} blocking reloads of one playlist at the origin at once (bound: 1)"
+    );
+}
+
+/// A prefetch is a background fill of its own, never bounded as a player's blocking reload is: a CMCD `nor`
+/// naming one (`index.m3u8?_HLS_msn=N`) is refused, or clients each naming another `_HLS_msn` would keep
+/// `[prefetch] max_concurrent` reloads of one playlist at the origin for as long as it holds them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_blocking_reload_is_never_prefetched() {
+    let origin = Origin::start(|seen| {
+        if seen.path.contains("_HLS_msn") {
+            return Reply::ok("#EXTM3U\n")
+                .header("cache-control", "max-age=60")
+                .delay(Duration::from_secs(4));
+        }
+        Reply::ok("segment").header("cache-control", "max-age=60")
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [cache]\nblocking_reloads_per_playlist = 1\nblocking_reload_hold = \"1s\"\n\
+         [[route]]\npath_prefix = \"/live/\"\nprefetch = { cmcd = true }\n",
+    );
+    for msn in 0..6 {
+        let cmcd = format!(r#"nor="index.m3u8%3F_HLS_msn%3D{msn}""#);
+        let r = lacquer_tests::request(
+            d.addr,
+            http::Method::GET,
+            &format!("/live/seg{msn}.ts"),
+            &[("cmcd-request", &cmcd)],
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = origin.in_flight();
+    eprintln!(
+        "held at the origin 1.5 s later: {held}; at most {}",
+        origin.max_in_flight()
+    );
+    assert!(
+        origin.max_in_flight() <= 1 && held == 0,
+        "{} blocking reloads of one playlist at the origin at once (bound: 1), {held} still held past the 1 s hold",
+        origin.max_in_flight()
+    );
+}
+
+/// `max_rate` counts body bytes as they arrive, and each prefetch takes some of it as it starts: four 1 MiB
+/// prefetches set off together under `max_rate = "1KiB"` are one, not four (counted only once finished,
+/// every one admitted before the first ended started).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_prefetch_rate_holds_for_prefetches_set_off_together() {
+    let origin = Origin::start(|seen| {
+        let (path, _) = seen.path.split_once('?').unwrap_or((&seen.path, ""));
+        if path.ends_with("/index.m3u8") {
+            let mut text = String::from("#EXTM3U\n#EXT-X-TARGETDURATION:2\n");
+            for k in 0..10 {
+                text += &format!("#EXTINF:2.0,\nseg{k}.ts\n");
+            }
+            return Reply::ok(text)
+                .header("content-type", "application/vnd.apple.mpegurl")
+                .header("cache-control", "no-store");
+        }
+        // 1 MiB, sent over one second.
+        let chunk = Bytes::from(vec![b'x'; 256 * 1024]);
+        let steps = (0..4)
+            .flat_map(|_| {
+                [
+                    Step::Data(chunk.clone()),
+                    Step::Sleep(Duration::from_millis(250)),
+                ]
+            })
+            .collect();
+        Reply::ok("")
+            .header("cache-control", "max-age=60")
+            .steps(steps, Some(1 << 20))
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [prefetch]\nmax_concurrent = 8\nmax_rate = \"1KiB\"\n\
+         [[route]]\npath_prefix = \"/tv/\"\nprefetch = { playlist = 4 }\n",
+    );
+    assert_eq!(get(d.addr, "/tv/index.m3u8").await.status, 200);
+    let started = Instant::now();
+    let _ = lacquer_tests::open(d.addr, "/tv/seg0.ts").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let prefetching: Vec<usize> = (1..=4)
+        .map(|k| origin.count(&format!("/tv/seg{k}.ts")))
+        .collect();
+    eprintln!(
+        "within {:?}: prefetches started {prefetching:?}",
+        started.elapsed()
+    );
+    let started_at_once = prefetching.iter().sum::<usize>();
+    assert!(
+        started_at_once <= 1,
+        "{started_at_once} prefetches of 1 MiB started within half a second under max_rate = 1KiB"
+    );
+}
+
+/// `bytes=0-18446744073709551615` (a valid range: a last position past the end is allowed, RFC 9110
+/// §14.1.2; RFC 8673 asks for a body of indeterminate length so) of a growing body is answered as it grows,
+/// without a length. Its length was once computed unchecked: a debug build panicked, a release build would
+/// have sent `Content-Length: 0` on a 206 with a body.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_growing_range_to_the_last_position_is_answered() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let origin = {
+        let gate = gate.clone();
+        Origin::start(move |_| {
+            let steps = vec![
+                Step::Data(Bytes::from(vec![b'a'; 3000])),
+                Step::Gate(gate.clone()),
+                Step::Data(Bytes::from(vec![b'b'; 3000])),
+            ];
+            Reply::ok("")
+                .header("cache-control", "max-age=60")
+                .header("content-type", "video/mp4")
+                .steps(steps, None)
+        })
+        .await
+    };
+    let d = Daemon::start(origin.addr, &[]);
+    // A first request starts the fetch, which grows.
+    let leader = {
+        let addr = d.addr;
+        tokio::spawn(async move { get(addr, "/seg/s0.mp4").await })
+    };
+    eventually(Duration::from_secs(5), || async {
+        (origin.count("/seg/s0.mp4") == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ranged = {
+        let addr = d.addr;
+        tokio::spawn(async move {
+            lacquer_tests::request(
+                addr,
+                http::Method::GET,
+                "/seg/s0.mp4",
+                &[("range", "bytes=0-18446744073709551615")],
+                Bytes::new(),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gate.notify_one();
+    let ranged = ranged.await.unwrap();
+    let _ = leader.await;
+    eprintln!("{ranged:?}");
+    for line in d
+        .log()
+        .lines()
+        .filter(|l| l.contains("panick") || l.contains("overflow"))
+    {
+        eprintln!("lacquerd: {line}");
+    }
+    let r = ranged.expect("an answer, not a dropped connection");
+    assert!(
+        r.status == 200 || r.header("content-length") != "0",
+        "{} with Content-Length {:?} and {} bytes",
+        r.status,
+        r.header("content-length"),
+        r.body.len()
+    );
+}
+
+/// A range of a growing body waits for its first byte (a closed one, its last) before it is answered: a
+/// range past the body's end (`bytes=5000-9999` of a 6000-byte segment) gets the bytes there are with the
+/// length, and one starting past it (`bytes=90000-`) a 416, as a stored body does, never a short 206.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_growing_range_past_the_end_is_not_a_short_206() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let origin = {
+        let gate = gate.clone();
+        Origin::start(move |_| {
+            let steps = vec![
+                Step::Data(Bytes::from(vec![b'a'; 3000])),
+                Step::Gate(gate.clone()),
+                Step::Data(Bytes::from(vec![b'b'; 3000])),
+            ];
+            Reply::ok("")
+                .header("cache-control", "max-age=60")
+                .header("content-type", "video/mp4")
+                .steps(steps, None)
+        })
+        .await
+    };
+    let d = Daemon::start(origin.addr, &[]);
+    let leader = {
+        let addr = d.addr;
+        tokio::spawn(async move { get(addr, "/seg/s0.mp4").await })
+    };
+    eventually(Duration::from_secs(5), || async {
+        (origin.count("/seg/s0.mp4") == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ranged = |range: &'static str| {
+        let addr = d.addr;
+        tokio::spawn(async move {
+            lacquer_tests::request(
+                addr,
+                http::Method::GET,
+                "/seg/s0.mp4",
+                &[("range", range)],
+                Bytes::new(),
+            )
+            .await
+        })
+    };
+    let (closed, open) = (ranged("bytes=5000-9999"), ranged("bytes=90000-"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gate.notify_one();
+    let (closed, open) = (closed.await.unwrap(), open.await.unwrap());
+    let _ = leader.await;
+    eprintln!("closed: {closed:?}\nopen: {open:?}");
+    let closed = closed.expect("a complete answer, not a broken transfer");
+    let open = open.expect("a complete answer");
+    assert!(
+        !(open.status == 206 && open.body.is_empty()),
+        "an empty 206 for a range past the end: {open:?}"
+    );
+    assert_eq!(
+        closed.header("content-length"),
+        closed.body.len().to_string(),
+        "{closed:?}"
+    );
+}
+
+/// A prefetch is the request a player would send, run through the request phase once: made from the head
+/// as the client sent it, so a `rewrite_path` is applied once and the prefetch is stored under the key a
+/// player looks up.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetch_is_rewritten_once_as_a_players_request() {
+    let newest = Arc::new(AtomicU64::new(5));
+    let origin = {
+        let newest = newest.clone();
+        Origin::start(move |seen| {
+            let (path, _) = seen.path.split_once('?').unwrap_or((&seen.path, ""));
+            if path.ends_with("/index.m3u8") {
+                let n = newest.load(Ordering::SeqCst);
+                let mut text = String::from("#EXTM3U\n#EXT-X-TARGETDURATION:2\n");
+                for k in 0..=n {
+                    text += &format!("#EXTINF:2.0,\nseg{k}.ts\n");
+                }
+                return Reply::ok(text)
+                    .header("content-type", "application/vnd.apple.mpegurl")
+                    .header("cache-control", "no-store");
+            }
+            Reply::ok(format!("segment {path}")).header("cache-control", "max-age=60")
+        })
+        .await
+    };
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [[route]]\npath_prefix = \"/tv/\"\nprefetch = { playlist = 1 }\n\
+         [[rule]]\nmatch.path_prefix = [\"/tv/\"]\nrewrite_path = { from = \"^/tv/(.*)$\", to = \"/tv/origin/$1\" }\n",
+    );
+    assert_eq!(get(d.addr, "/tv/index.m3u8").await.status, 200);
+    assert_eq!(get(d.addr, "/tv/seg0.ts").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let seen: Vec<String> = origin.seen().into_iter().map(|s| s.path).collect();
+    eprintln!("origin saw {seen:?}");
+    assert!(
+        seen.iter().all(|p| !p.contains("/origin/origin/")),
+        "rewritten twice: {seen:?}"
+    );
+    assert_eq!(origin.count("/tv/origin/seg1.ts"), 1, "{seen:?}");
+    assert_eq!(get(d.addr, "/tv/seg1.ts").await.x_cache(), "HIT");
+}
