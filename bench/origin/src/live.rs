@@ -13,6 +13,8 @@ use std::{
 use bytes::Bytes;
 use hyper::{Response, StatusCode};
 
+use crate::env_or;
+
 pub const PARTS_PER_SEGMENT: u64 = 4;
 pub const HOLD: Duration = Duration::from_secs(3);
 pub const PLAYLIST: &str = "/live/index.m3u8";
@@ -99,16 +101,6 @@ pub struct Live {
     /// Segments the playlist lists: a sliding window keeps it at a few KiB however long the origin runs.
     window: u64,
     pattern: Bytes,
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
-        })
-        .unwrap_or(default)
 }
 
 impl Live {

@@ -25,11 +25,18 @@
 //!   is more than 3 s ahead. `/live/__t0` tells the players the time zero (`t0_unix_us`), the sizes and
 //!   how many parts exist (not counted). A reload is counted by the part it waits for, as
 //!   `/live/index.m3u8?_HLS_msn=N&_HLS_part=P` (five keys a second, as for parts);
+//! - `/vod/ID/...`: a video-on-demand HLS stream per ID, for the prefetch benchmark: the media playlist
+//!   `/vod/ID/index.m3u8` lists `seg0.ts` to `seg{N-1}.ts` (relative references, `#EXTINF:2.0`,
+//!   `#EXT-X-ENDLIST`), N from `BENCH_VOD_SEGMENTS` (20); each segment is `BENCH_VOD_SEGMENT_BYTES` (1 MiB),
+//!   streamed in 64 KiB frames after `BENCH_VOD_DELAY_MS` (300 ms: a slow origin, the case prefetch is
+//!   for). Both cacheable for an hour; any other name under an ID is a 404;
 //! - `/__count/PATH[?QUERY]`: how many times PATH was requested, as a plain number; `/__total`: all requests;
 //!   `/__bytes/PREFIX`: body bytes sent (handed to the connection) for every path that starts with
 //!   `/PREFIX`, `/__bytes` alone for all.
 //!
-//! Every body follows one pattern: byte `i` is `i % 251`, so a client can check any range of it.
+//! Every body follows one pattern: byte `i` is `i % 251`, so a client can check any range of it. A live part
+//! and a VOD segment start further on in it, each at its own place (a VOD segment at the FNV-1a hash of its
+//! path, mod 251), so that one served for another is caught.
 //!
 //! On CONTROL_PORT, `GET /mode/ok|503|reset|refuse` switches how the main port behaves: normally; answering
 //! 503 to everything; resetting every connection and request; or not listening at all.
@@ -54,7 +61,10 @@ use hyper::{
 };
 use hyper_util::rt::TokioIo;
 
-use bench_origin::live::{self, Live};
+use bench_origin::{
+    env_or, fnv1a,
+    live::{self, Live},
+};
 
 const OK: u8 = 0;
 const UNAVAILABLE: u8 = 1;
@@ -255,6 +265,69 @@ struct Origin {
     counts: Mutex<HashMap<String, Counted>>,
     mode: AtomicU8,
     live: Live,
+    vod: Vod,
+}
+
+/// `/vod/`'s streams: every ID the same shape, so that a benchmark takes a new ID wherever it needs a stream no
+/// cache has seen.
+struct Vod {
+    segments: u64,
+    segment_bytes: u64,
+    delay: Duration,
+}
+
+impl Vod {
+    fn from_env() -> Vod {
+        Vod {
+            segments: env_or("BENCH_VOD_SEGMENTS", 20),
+            segment_bytes: env_or("BENCH_VOD_SEGMENT_BYTES", 1 << 20),
+            delay: Duration::from_millis(env_or("BENCH_VOD_DELAY_MS", 300)),
+        }
+    }
+
+    fn playlist(&self) -> Bytes {
+        let mut text = String::from(
+            "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:0\n\
+             #EXT-X-PLAYLIST-TYPE:VOD\n",
+        );
+        for k in 0..self.segments {
+            text.push_str(&format!("#EXTINF:2.0,\nseg{k}.ts\n"));
+        }
+        text.push_str("#EXT-X-ENDLIST\n");
+        Bytes::from(text)
+    }
+
+    /// `/vod/ID/NAME`: see the top of the file.
+    async fn respond(&self, path: &str) -> Reply {
+        let name = path
+            .strip_prefix("/vod/")
+            .and_then(|rest| rest.split_once('/'))
+            .map_or("", |(_, name)| name);
+        let resp = Response::builder().header("cache-control", "max-age=3600");
+        if name == "index.m3u8" {
+            return resp
+                .header("content-type", "application/vnd.apple.mpegurl")
+                .body(full(self.playlist()))
+                .unwrap();
+        }
+        let listed = name
+            .strip_prefix("seg")
+            .and_then(|n| n.strip_suffix(".ts"))
+            .and_then(|k| k.parse::<u64>().ok())
+            .is_some_and(|k| k < self.segments);
+        if !listed {
+            return Response::builder()
+                .status(StatusCode::NOT_FOUND)
+                .body(full(Bytes::new()))
+                .unwrap();
+        }
+        tokio::time::sleep(self.delay).await;
+        resp.header("content-type", "video/mp2t")
+            .header("content-length", self.segment_bytes)
+            .header("etag", etag(path))
+            .body(streamed(fnv1a(path) % 251, self.segment_bytes))
+            .unwrap()
+    }
 }
 
 #[derive(Default)]
@@ -309,12 +382,9 @@ fn asked(range: Option<&str>, len: u64) -> Asked {
     }
 }
 
-/// FNV-1a: a strong validator that stays the same across runs and builds, unlike std's hasher.
+/// A strong validator that stays the same across runs and builds.
 fn etag(path: &str) -> String {
-    let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("\"{hash:016x}\"")
+    format!("\"{:016x}\"", fnv1a(path))
 }
 
 type Reply = Response<BoxBody<Bytes, Infallible>>;
@@ -451,6 +521,9 @@ async fn respond(origin: &Origin, req: &Request<hyper::body::Incoming>, path: St
             .await
             .map(full);
     }
+    if path.starts_with("/vod/") {
+        return origin.vod.respond(&path).await;
+    }
     if let Some(spec) = path.strip_prefix("/range/") {
         let len = spec
             .split('/')
@@ -572,6 +645,7 @@ async fn main() {
         counts: Mutex::default(),
         mode: AtomicU8::new(OK),
         live: Live::from_env(),
+        vod: Vod::from_env(),
     });
     if let Some(control_port) = args.next() {
         tokio::spawn(control(origin.clone(), control_port));
@@ -630,6 +704,33 @@ mod tests {
             "bytes=+1-2",
         ] {
             assert_eq!(asked(Some(ignored), len), Asked::Whole, "{ignored}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vod_stream_lists_its_segments_and_each_starts_at_its_own_place_in_the_pattern() {
+        use http_body_util::BodyExt;
+        let vod = super::Vod {
+            segments: 3,
+            segment_bytes: 1000,
+            delay: std::time::Duration::ZERO,
+        };
+        let listed = vod.playlist();
+        let text = std::str::from_utf8(&listed).unwrap();
+        let names: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(names, ["seg0.ts", "seg1.ts", "seg2.ts"]);
+        assert!(text.ends_with("#EXT-X-ENDLIST\n"));
+        let path = "/vod/a/seg2.ts";
+        let got = vod.respond(path).await.into_body().collect().await;
+        let got = got.unwrap().to_bytes();
+        let shift = bench_origin::fnv1a(path) % 251;
+        assert_eq!(got.len(), 1000);
+        assert!(got
+            .iter()
+            .zip(shift..)
+            .all(|(&b, i)| u64::from(b) == i % 251));
+        for missing in ["/vod/a/seg3.ts", "/vod/a/other", "/vod/a"] {
+            assert_eq!(vod.respond(missing).await.status(), 404, "{missing}");
         }
     }
 
