@@ -352,7 +352,8 @@ fn lower_case<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Prefetch {
-    /// Prefetches fetching at once. Default: 8.
+    /// Prefetches fetching at once (each an origin request). Default: 32: a couple ahead for each of a
+    /// dozen or more streams being watched at once.
     pub max_concurrent: usize,
     /// Body bytes prefetches may bring per second, on average: a bucket holding one second's worth, emptied
     /// as bytes arrive (each prefetch takes 64 KiB of it as it starts) and into debt; none start until it
@@ -367,7 +368,7 @@ pub struct Prefetch {
 impl Default for Prefetch {
     fn default() -> Self {
         Self {
-            max_concurrent: 8,
+            max_concurrent: 32,
             max_rate: ByteSize::mib(64),
             unused_after: Duration::from_secs(60),
         }

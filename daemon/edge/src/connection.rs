@@ -42,7 +42,7 @@ impl Protocols {
         // Flattening head and small bodies into one write measured ~4 % more hits per second than writev.
         h1.timer(TokioTimer::new())
             .keep_alive(true)
-            .writev(false)
+            .writev(true)
             .header_read_timeout(c.header_read_timeout)
             .max_header_size(c.max_header_size.as_u64() as usize);
         // Any explicit count, even hyper's own default of 100, makes hyper fill a header array for every

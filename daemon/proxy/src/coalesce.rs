@@ -743,6 +743,14 @@ impl<S: CacheStore> Coalescer<S> {
         Joined::Leader(fetch)
     }
 
+    /// Whether a fetch of `key` is in flight now.
+    pub fn in_flight(&self, key: &str) -> bool {
+        self.fetching
+            .lock()
+            .expect("coalescer mutex")
+            .contains_key(key)
+    }
+
     /// Unregisters `fetch` so later requests look the key up again; with `hit_for_miss`, they bypass
     /// coalescing for that long.
     pub fn finish(&self, key: &str, fetch: &Arc<Fetch<S>>, hit_for_miss: Option<Duration>) {

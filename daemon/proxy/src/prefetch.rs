@@ -464,13 +464,6 @@ fn start<S: CacheStore>(
         let found = find_variant(&worker, &key, &parts).await;
         let now = lacquer_clock::now_ms();
         let usable = found.as_ref().map(|f| usability(f.meta().lifetime(now)));
-        if usable == Some(Usability::Fresh) {
-            return;
-        }
-        let Some(_permit) = shared.prefetch.admit(&live.prefetch, Instant::now()) else {
-            inc(&shared.stats.prefetch_dropped);
-            return;
-        };
         let forwarded = range
             .and_then(|_| {
                 forwarded_range(&route, &decided, &parts, || {
@@ -479,6 +472,15 @@ fn start<S: CacheStore>(
             })
             .filter(|_| found.is_none());
         let fetch_key = forwarded.map_or_else(|| key.clone(), |ask: Ask| ask.key(&key));
+        // What is stored and fresh, or on its way, takes nothing from the budget: every request at the
+        // live edge proposes the same next objects again.
+        if usable == Some(Usability::Fresh) || shared.coalescer.in_flight(&fetch_key) {
+            return;
+        }
+        let Some(_permit) = shared.prefetch.admit(&live.prefetch, Instant::now()) else {
+            inc(&shared.stats.prefetch_dropped);
+            return;
+        };
         let transit_buffer = route.policy.cache.transit_buffer.as_u64();
         let mark = shared.store.mark();
         let Joined::Leader(fetch) = shared
