@@ -91,7 +91,7 @@ sub vcl_recv {{
         wait_port(port)
 
 
-def nginx_conf(work, listen, extra=""):
+def nginx_conf(work, listen, extra="", origin_port=ORIGIN_PORT):
     """Writes NGINX's configuration: proxy_cache on disk with the lock, upstream keep-alive, 2 workers;
     `listen` (and `extra`) go into the one server block. Returns the file's path."""
     conf = f"{work}/nginx.conf"
@@ -107,7 +107,7 @@ events {{ worker_connections 4096; }}
 http {{
     access_log off;
     proxy_cache_path {work}/nginx-cache levels=1:2 keys_zone=bench:64m max_size=2g inactive=1h;
-    upstream origin {{ server 127.0.0.1:{ORIGIN_PORT}; keepalive 64; }}
+    upstream origin {{ server 127.0.0.1:{origin_port}; keepalive 64; }}
     server {{
         {listen}
         location / {{
