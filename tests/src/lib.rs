@@ -14,6 +14,22 @@ pub use client::{get, open, request, Reply as ClientReply};
 pub use daemon::Daemon;
 pub use origin::{pattern, ranged, Origin, Raw, Reply, Step};
 
+/// What `probe` finds once it finds something, asked every 20 ms for at most `within`; fails the test
+/// past it.
+pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    within: std::time::Duration,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let until = std::time::Instant::now() + within;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(std::time::Instant::now() < until, "not within {within:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Runs a command-line tool to completion without the admin environment variables of the caller; returns
 /// the exit code, stdout and stderr.
 pub fn run_tool(path: &str, args: &[&str]) -> (i32, String, String) {

@@ -11,21 +11,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use lacquer_tests::{get, Daemon, Origin, Reply, Step};
-
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    within: Duration,
-    mut probe: impl FnMut() -> F,
-) -> T {
-    let until = Instant::now() + within;
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(Instant::now() < until, "not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use lacquer_tests::{eventually, get, Daemon, Origin, Reply, Step};
 
 /// The resident memory of the lacquerd whose store directory is `dir`, in KiB.
 fn rss_kib(d: &Daemon) -> u64 {
