@@ -371,69 +371,6 @@ async fn ranges_of_a_growing_segment_stream_as_it_grows_and_come_from_the_store_
     assert_eq!(proxy["ranges_growing"].as_u64(), Some(3), "{proxy}");
 }
 
-/// Blocking reloads are bounded: distinct ones of one playlist at the origin at once
-/// (`cache.blocking_reloads_per_playlist`: one more is refused at once), and how long one is held
-/// (`cache.blocking_reload_hold`: then `503`, and the origin request is dropped).
-#[tokio::test(flavor = "multi_thread")]
-async fn blocking_reloads_are_bounded_per_playlist_and_in_time() {
-    let origin = Origin::start(|seen| {
-        let reply = Reply::ok("#EXTM3U\n").header("cache-control", "max-age=1");
-        if seen.path.contains("_HLS_msn") {
-            // An origin that holds far longer than it should.
-            reply.delay(Duration::from_secs(20))
-        } else {
-            reply
-        }
-    })
-    .await;
-    let d = Daemon::with_config(
-        origin.addr,
-        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
-         [cache]\nblocking_reloads_per_playlist = 2\nblocking_reload_hold = \"1s\"\n",
-    );
-    let asked = Instant::now();
-    let reload = |msn: u32| {
-        let addr = d.addr;
-        tokio::spawn(async move { get(addr, &format!("/live/index.m3u8?_HLS_msn={msn}")).await })
-    };
-    let (a, b) = (reload(100), reload(101));
-    eventually(Duration::from_secs(5), || async {
-        (origin.in_flight() == 2).then_some(())
-    })
-    .await;
-    // A joiner of a reload at the origin takes no place of its own.
-    let joiner = reload(100);
-    let refused = get(d.addr, "/live/index.m3u8?_HLS_msn=102").await;
-    assert_eq!(refused.status, 503);
-    assert_eq!(refused.header("retry-after"), "1");
-    // Another playlist has its own places.
-    let other = reload_of(d.addr, "/other/index.m3u8?_HLS_msn=7");
-    for held in [a, b, joiner, other] {
-        let r = held.await.unwrap();
-        assert_eq!(r.status, 503, "held past the hold");
-    }
-    assert!(
-        asked.elapsed() < Duration::from_secs(10),
-        "the hold ended them, not the origin"
-    );
-    eventually(Duration::from_secs(5), || async {
-        (origin.in_flight() == 0).then_some(())
-    })
-    .await;
-    let proxy = &d.stats().await["proxy"];
-    assert_eq!(proxy["hls_reloads_refused"].as_u64(), Some(1), "{proxy}");
-    assert_eq!(proxy["hls_reloads_timed_out"].as_u64(), Some(4), "{proxy}");
-    assert_eq!(proxy["hls_reloads_held"].as_u64(), Some(0), "{proxy}");
-    // The places were given back.
-    assert_eq!(reload(103).await.unwrap().status, 503);
-    assert_eq!(
-        origin.count("/live/index.m3u8?_HLS_msn=102"),
-        0,
-        "refused before it was sent"
-    );
-    assert_eq!(origin.count("/live/index.m3u8?_HLS_msn=103"), 1);
-}
-
 fn reload_of(addr: SocketAddr, path: &'static str) -> tokio::task::JoinHandle<ClientReply> {
     tokio::spawn(async move { get(addr, path).await })
 }

@@ -13,6 +13,47 @@ use std::{
 use bytes::Bytes;
 use lacquer_tests::{eventually, get, Daemon, Origin, Reply, Step};
 
+/// An origin that holds every blocking reload 4 s, longer than the hold the daemons here allow, and
+/// decodes the query as every origin does (`%5FHLS_msn` is `_HLS_msn` to it).
+async fn holding_origin() -> Origin {
+    Origin::start(|seen| {
+        let reply = Reply::ok("#EXTM3U\n").header("cache-control", "max-age=1");
+        if seen.path.replace("%5F", "_").contains("_HLS_msn") {
+            reply.delay(Duration::from_secs(4))
+        } else {
+            reply
+        }
+    })
+    .await
+}
+
+/// A daemon letting `limit` blocking reloads of a playlist to the origin at once, each held 1 s at most.
+fn bounded_reloads(origin: &Origin, limit: usize) -> Daemon {
+    Daemon::with_config(
+        origin.addr,
+        &format!(
+            "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+             [cache]\nblocking_reloads_per_playlist = {limit}\nblocking_reload_hold = \"1s\"\n"
+        ),
+    )
+}
+
+/// A 6000-byte segment sent chunked: its first 3000 bytes at once, the rest once `gate` opens.
+async fn growing_origin(gate: Arc<tokio::sync::Notify>) -> Origin {
+    Origin::start(move |_| {
+        let steps = vec![
+            Step::Data(Bytes::from(vec![b'a'; 3000])),
+            Step::Gate(gate.clone()),
+            Step::Data(Bytes::from(vec![b'b'; 3000])),
+        ];
+        Reply::ok("")
+            .header("cache-control", "max-age=60")
+            .header("content-type", "video/mp4")
+            .steps(steps, None)
+    })
+    .await
+}
+
 /// The resident memory of the lacquerd whose store directory is `dir`, in KiB.
 fn rss_kib(d: &Daemon) -> u64 {
     let marker = d.dir.path().display().to_string();
@@ -80,27 +121,66 @@ async fn a_long_host_asking_for_a_long_playlist_costs_no_memory_to_speak_of() {
     );
 }
 
+/// Blocking reloads are bounded: distinct ones of one playlist at the origin at once
+/// (`cache.blocking_reloads_per_playlist`: one more is refused at once), and how long one is held
+/// (`cache.blocking_reload_hold`: then `503`, and the origin request is dropped).
+#[tokio::test(flavor = "multi_thread")]
+async fn blocking_reloads_are_bounded_per_playlist_and_in_time() {
+    let origin = holding_origin().await;
+    let d = bounded_reloads(&origin, 2);
+    let asked = Instant::now();
+    let reload = |msn: u32| {
+        let addr = d.addr;
+        tokio::spawn(async move { get(addr, &format!("/live/index.m3u8?_HLS_msn={msn}")).await })
+    };
+    let (a, b) = (reload(100), reload(101));
+    eventually(Duration::from_secs(5), || async {
+        (origin.in_flight() == 2).then_some(())
+    })
+    .await;
+    // A joiner of a reload at the origin takes no place of its own.
+    let joiner = reload(100);
+    let refused = get(d.addr, "/live/index.m3u8?_HLS_msn=102").await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after"), "1");
+    // Another playlist has its own places.
+    let other = {
+        let addr = d.addr;
+        tokio::spawn(async move { get(addr, "/other/index.m3u8?_HLS_msn=7").await })
+    };
+    for held in [a, b, joiner, other] {
+        let r = held.await.unwrap();
+        assert_eq!(r.status, 503, "held past the hold");
+    }
+    assert!(
+        asked.elapsed() < Duration::from_secs(4),
+        "the hold ended them, not the origin"
+    );
+    eventually(Duration::from_secs(5), || async {
+        (origin.in_flight() == 0).then_some(())
+    })
+    .await;
+    let proxy = &d.stats().await["proxy"];
+    assert_eq!(proxy["hls_reloads_refused"].as_u64(), Some(1), "{proxy}");
+    assert_eq!(proxy["hls_reloads_timed_out"].as_u64(), Some(4), "{proxy}");
+    assert_eq!(proxy["hls_reloads_held"].as_u64(), Some(0), "{proxy}");
+    // The places were given back.
+    assert_eq!(reload(103).await.unwrap().status, 503);
+    assert_eq!(
+        origin.count("/live/index.m3u8?_HLS_msn=102"),
+        0,
+        "refused before it was sent"
+    );
+    assert_eq!(origin.count("/live/index.m3u8?_HLS_msn=103"), 1);
+}
+
 /// `blocking_reloads_per_playlist` bounds the blocking reloads of one playlist at the origin, and
 /// `blocking_reload_hold` how long one is held, however the parameter's name is encoded: `%5FHLS_msn` (what
 /// every origin framework decodes to `_HLS_msn`) is a blocking reload too.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_encoded_hls_msn_is_bounded_and_held_as_any() {
-    let origin = Origin::start(|seen| {
-        let reply = Reply::ok("#EXTM3U\n").header("cache-control", "max-age=1");
-        // An origin that decodes the query, as they all do.
-        let decoded = seen.path.replace("%5F", "_");
-        if decoded.contains("_HLS_msn") {
-            reply.delay(Duration::from_secs(4))
-        } else {
-            reply
-        }
-    })
-    .await;
-    let d = Daemon::with_config(
-        origin.addr,
-        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
-         [cache]\nblocking_reloads_per_playlist = 2\nblocking_reload_hold = \"1s\"\n",
-    );
+    let origin = holding_origin().await;
+    let d = bounded_reloads(&origin, 2);
     let asked = Instant::now();
     let reloads: Vec<_> = (0..6)
         .map(|msn| {
@@ -131,20 +211,8 @@ async fn an_encoded_hls_msn_is_bounded_and_held_as_any() {
 /// the playlist gets past the bound meanwhile.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reload_keeps_its_place_while_any_client_waits_on_it() {
-    let origin = Origin::start(|seen| {
-        let reply = Reply::ok("#EXTM3U\n").header("cache-control", "max-age=1");
-        if seen.path.contains("_HLS_msn") {
-            reply.delay(Duration::from_secs(4))
-        } else {
-            reply
-        }
-    })
-    .await;
-    let d = Daemon::with_config(
-        origin.addr,
-        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
-         [cache]\nblocking_reloads_per_playlist = 1\nblocking_reload_hold = \"1s\"\n",
-    );
+    let origin = holding_origin().await;
+    let d = bounded_reloads(&origin, 1);
     let reload = |msn: u32| {
         let addr = d.addr;
         tokio::spawn(async move { get(addr, &format!("/live/index.m3u8?_HLS_msn={msn}")).await })
@@ -272,21 +340,7 @@ async fn the_prefetch_rate_holds_for_prefetches_set_off_together() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_growing_range_to_the_last_position_is_answered() {
     let gate = Arc::new(tokio::sync::Notify::new());
-    let origin = {
-        let gate = gate.clone();
-        Origin::start(move |_| {
-            let steps = vec![
-                Step::Data(Bytes::from(vec![b'a'; 3000])),
-                Step::Gate(gate.clone()),
-                Step::Data(Bytes::from(vec![b'b'; 3000])),
-            ];
-            Reply::ok("")
-                .header("cache-control", "max-age=60")
-                .header("content-type", "video/mp4")
-                .steps(steps, None)
-        })
-        .await
-    };
+    let origin = growing_origin(gate.clone()).await;
     let d = Daemon::start(origin.addr, &[]);
     // A first request starts the fetch, which grows.
     let leader = {
@@ -339,21 +393,7 @@ async fn a_growing_range_to_the_last_position_is_answered() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_growing_range_past_the_end_is_not_a_short_206() {
     let gate = Arc::new(tokio::sync::Notify::new());
-    let origin = {
-        let gate = gate.clone();
-        Origin::start(move |_| {
-            let steps = vec![
-                Step::Data(Bytes::from(vec![b'a'; 3000])),
-                Step::Gate(gate.clone()),
-                Step::Data(Bytes::from(vec![b'b'; 3000])),
-            ];
-            Reply::ok("")
-                .header("cache-control", "max-age=60")
-                .header("content-type", "video/mp4")
-                .steps(steps, None)
-        })
-        .await
-    };
+    let origin = growing_origin(gate.clone()).await;
     let d = Daemon::start(origin.addr, &[]);
     let leader = {
         let addr = d.addr;
