@@ -478,3 +478,36 @@ async fn a_prefetch_is_rewritten_once_as_a_players_request() {
     assert_eq!(origin.count("/tv/origin/seg1.ts"), 1, "{seen:?}");
     assert_eq!(get(d.addr, "/tv/seg1.ts").await.x_cache(), "HIT");
 }
+
+/// A closed range larger than a fetch's transit buffer, of a body the origin sends chunked and that is not
+/// stored: the fetch waits for this reader to take bytes before more come, so waiting for the range's
+/// last byte before answering would hold the client and the origin's connection forever. It is answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_range_beyond_the_transit_buffer_of_an_unstored_body_is_answered() {
+    const MIB: usize = 1 << 20;
+    let origin = Origin::start(|_| {
+        let frame = Bytes::from(vec![b'z'; 64 * 1024]);
+        let steps = (0..(8 * MIB / frame.len()))
+            .map(|_| Step::Data(frame.clone()))
+            .collect();
+        Reply::ok("")
+            .header("cache-control", "no-store")
+            .steps(steps, None)
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let asked = lacquer_tests::request(
+        d.addr,
+        http::Method::GET,
+        "/stream/s0",
+        &[("range", "bytes=0-6291455")],
+        Bytes::new(),
+    );
+    let r = tokio::time::timeout(Duration::from_secs(10), asked)
+        .await
+        .expect("answered, not held")
+        .expect("a response");
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("content-range"), "bytes 0-6291455/*");
+    assert_eq!(r.body.len(), 6 * MIB);
+}

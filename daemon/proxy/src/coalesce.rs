@@ -489,10 +489,14 @@ impl<S: CacheStore> FetchReader<S> {
         self.cancelled
     }
 
-    /// Waits until byte `pos` of the body has arrived, or the body has ended (whole or not).
+    /// Waits until byte `pos` of the body has arrived, the body has ended (whole or not), or the window holds
+    /// all it may: a body not stored waits for this reader to take bytes before more come, so waiting on
+    /// would hold the origin's connection for as long as the client stays.
     pub async fn arrived(&self, pos: u64) {
         self.fetch
-            .until(|s| s.received > pos || s.end.is_some())
+            .until(|s| {
+                s.received > pos || s.end.is_some() || s.received - s.window_start >= s.limit
+            })
             .await;
     }
 
