@@ -41,6 +41,19 @@ def tree(pid):
     return out
 
 
+def varnish(work, port, admin_port, origin_port, params=(), stderr=None):
+    """Starts varnishd in the foreground on `port` with the default VCL in front of `origin_port`,
+    `-s malloc,256m`, its admin on `admin_port` and `params` (`-p name=value`) added; returns the process."""
+    vcl = f"{work}/bench.vcl"
+    with open(vcl, "w") as f:
+        f.write(f'vcl 4.1;\nbackend origin {{ .host = "127.0.0.1"; .port = "{origin_port}"; }}\n')
+    args = [shutil.which("varnishd") or "/usr/sbin/varnishd", "-F", "-j", "none", "-n", f"{work}/varnish",
+            "-a", f"127.0.0.1:{port}", "-f", vcl, "-s", "malloc,256m", "-T", f"127.0.0.1:{admin_port}"]
+    for p in params:
+        args += ["-p", p]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
 
@@ -91,9 +104,11 @@ sub vcl_recv {{
         wait_port(port)
 
 
-def nginx_conf(work, listen, extra="", origin_port=ORIGIN_PORT):
+def nginx_conf(work, listen, extra="", origin_port=None):
     """Writes NGINX's configuration: proxy_cache on disk with the lock, upstream keep-alive, 2 workers;
-    `listen` (and `extra`) go into the one server block. Returns the file's path."""
+    `listen` (and `extra`) go into the one server block; the upstream is `origin_port`, else ORIGIN_PORT as it
+    is when called (scripts on other ports set it). Returns the file's path."""
+    origin_port = origin_port or ORIGIN_PORT
     conf = f"{work}/nginx.conf"
     os.makedirs(f"{work}/nginx-cache", exist_ok=True)
     with open(conf, "w") as f:

@@ -25,6 +25,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare  # noqa: E402
 from compare import ROOT, nginx_conf, tree  # noqa: E402
 
 ORIGIN, CONTROL = 8860, 8859
@@ -64,13 +65,7 @@ def start(work, targets, lacquerd):
              "--memory", "256MiB", "--disk-size", "2GiB"],
             env={**os.environ, "RUST_LOG": "warn", "_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"})
     if "varnish" in targets:
-        vcl = f"{work}/bench.vcl"
-        with open(vcl, "w") as f:
-            f.write(f'vcl 4.1;\nbackend origin {{ .host = "127.0.0.1"; .port = "{ORIGIN}"; }}\n')
-        procs["varnish"] = subprocess.Popen(
-            ["/usr/sbin/varnishd", "-F", "-j", "none", "-n", f"{work}/varnish", "-a",
-             f"127.0.0.1:{PORTS['varnish']}", "-f", vcl, "-s", "malloc,256m", "-T", "127.0.0.1:8892"],
-            stdout=subprocess.DEVNULL)
+        procs["varnish"] = compare.varnish(work, PORTS["varnish"], 8892, ORIGIN)
     if "nginx" in targets:
         # Idle keep-alive connections are what is measured: none may be closed by NGINX meanwhile.
         conf = nginx_conf(work, f"listen 127.0.0.1:{PORTS['nginx']};",

@@ -166,15 +166,11 @@ class Stack:
         self.procs["nginx"] = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL)
 
     def varnish(self):
-        vcl = f"{self.work}/live.vcl"
-        with open(vcl, "w") as f:
-            f.write(f'vcl 4.1;\nbackend origin {{ .host = "127.0.0.1"; .port = "{ORIGIN_PORT}"; }}\n')
         # The default VCL coalesces (the waiting list) and streams; first_byte_timeout (60 s by default) is set
         # so that a held fetch is plainly within it.
-        self.procs["varnish"] = subprocess.Popen(
-            [VARNISHD, "-F", "-j", "none", "-n", f"{self.work}/varnish", "-a", f"127.0.0.1:{PORTS['varnish']}",
-             "-f", vcl, "-s", "malloc,256m", "-T", f"127.0.0.1:{VARNISH_ADMIN}", "-p", "first_byte_timeout=10"],
-            stdout=subprocess.DEVNULL, stderr=open(f"{self.work}/varnish.log", "w"))
+        self.procs["varnish"] = compare.varnish(
+            self.work, PORTS["varnish"], VARNISH_ADMIN, ORIGIN_PORT, ["first_byte_timeout=10"],
+            stderr=open(f"{self.work}/varnish.log", "w"))
 
     def lacquer_hls(self):
         """lacquerd's blocking-reload counters (admin API)."""

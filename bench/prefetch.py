@@ -140,13 +140,8 @@ class Stack:
         self.procs["nginx"] = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL)
 
     def varnish(self):
-        vcl = f"{self.work}/vod.vcl"
-        with open(vcl, "w") as f:
-            f.write(f'vcl 4.1;\nbackend origin {{ .host = "127.0.0.1"; .port = "{ORIGIN_PORT}"; }}\n')
-        self.procs["varnish"] = subprocess.Popen(
-            [VARNISHD, "-F", "-j", "none", "-n", f"{self.work}/varnish", "-a", f"127.0.0.1:{PORTS['varnish']}",
-             "-f", vcl, "-s", "malloc,256m", "-T", f"127.0.0.1:{VARNISH_ADMIN}"],
-            stdout=subprocess.DEVNULL, stderr=open(f"{self.work}/varnish.log", "w"))
+        self.procs["varnish"] = compare.varnish(
+            self.work, PORTS["varnish"], VARNISH_ADMIN, ORIGIN_PORT, stderr=open(f"{self.work}/varnish.log", "w"))
 
     def counters(self, name):
         """lacquerd's prefetch counters (admin API)."""
