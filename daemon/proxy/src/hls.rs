@@ -1,7 +1,7 @@
 //! LL-HLS blocking playlist reloads (RFC 8216bis §6.2.5.2): requests carrying `_HLS_msn`, which the
 //! origin holds until the playlist version they name exists. Each distinct one costs an origin connection
 //! for as long as it is held, so the distinct ones of one playlist at the origin at once are bounded
-//! (`cache.blocking_reloads_per_playlist`).
+//! (`cache.blocking_reloads_per_playlist`), and each waiting client is counted ([`Held`]).
 
 use std::{
     collections::HashMap,
@@ -10,6 +10,8 @@ use std::{
 
 use http::request::Parts;
 use lacquer_policy::{hls::blocking_reload, key::primary_key};
+
+use crate::stats::{add, dec, inc, Stats};
 
 /// The blocking reloads at the origin now, by playlist.
 #[derive(Default)]
@@ -63,6 +65,38 @@ impl Drop for Slot {
                 at_origin.remove(&self.playlist);
             }
         }
+    }
+}
+
+/// An LL-HLS blocking playlist reload (a request carrying `_HLS_msn`, RFC 8216bis §6.2.5.2) waiting for the
+/// origin, which holds it until the playlist version it names exists: counted while it waits, and for how
+/// long, however the wait ends (a client that leaves drops it).
+pub(crate) struct Held<'a> {
+    stats: &'a Stats,
+    since: std::time::Instant,
+}
+
+impl<'a> Held<'a> {
+    pub(crate) fn new(stats: &'a Stats, owner: bool) -> Self {
+        inc(&stats.hls_reloads);
+        if !owner {
+            inc(&stats.hls_reloads_joined);
+        }
+        inc(&stats.hls_reloads_held);
+        Self {
+            stats,
+            since: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        dec(&self.stats.hls_reloads_held);
+        add(
+            &self.stats.hls_reload_wait_ms,
+            self.since.elapsed().as_millis() as u64,
+        );
     }
 }
 

@@ -65,7 +65,7 @@ use crate::{
     fetch::{Ask, Fill},
     phase::{Admitted, Answered, Decided},
     prepared::Prepared,
-    stats::{add, dec, inc, Stats},
+    stats::{add, inc, Stats},
     store::CacheStore,
     worker::{Shared, Worker},
 };
@@ -984,7 +984,9 @@ async fn miss<S: CacheStore>(
     }
     // A body that is already complete is as good as stored: the store just has not published it yet.
     let complete = !owner && fetch.is_complete();
-    let held = blocking.is_some().then(|| Held::new(&shared.stats, owner));
+    let held = blocking
+        .is_some()
+        .then(|| hls::Held::new(&shared.stats, owner));
     let mut head = match held {
         Some(_) => {
             let hold = route.policy.cache.blocking_reload_hold;
@@ -1108,38 +1110,6 @@ async fn miss<S: CacheStore>(
         resp.extensions_mut().insert(phase::DebugInfo(debug));
     }
     Some(resp)
-}
-
-/// An LL-HLS blocking playlist reload (a request carrying `_HLS_msn`, RFC 8216bis §6.2.5.2) waiting for the
-/// origin, which holds it until the playlist version it names exists: counted while it waits, and for how
-/// long, however the wait ends (a client that leaves drops it).
-struct Held<'a> {
-    stats: &'a Stats,
-    since: std::time::Instant,
-}
-
-impl<'a> Held<'a> {
-    fn new(stats: &'a Stats, owner: bool) -> Self {
-        inc(&stats.hls_reloads);
-        if !owner {
-            inc(&stats.hls_reloads_joined);
-        }
-        inc(&stats.hls_reloads_held);
-        Self {
-            stats,
-            since: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        dec(&self.stats.hls_reloads_held);
-        add(
-            &self.stats.hls_reload_wait_ms,
-            self.since.elapsed().as_millis() as u64,
-        );
-    }
 }
 
 /// The range a request for an object not stored sends to the origin instead of fetching the whole
