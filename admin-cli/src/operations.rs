@@ -51,6 +51,8 @@ fn render_backends(list: &BackendList) -> String {
                 b.requests.to_string(),
                 b.errors.to_string(),
                 b.consecutive_failures.to_string(),
+                b.connections.to_string(),
+                b.streams_reset.to_string(),
                 b.last_error
                     .as_ref()
                     .map_or_else(|| "-".into(), |e| e.message.clone()),
@@ -66,6 +68,8 @@ fn render_backends(list: &BackendList) -> String {
             ("REQUESTS", Align::Right),
             ("ERRORS", Align::Right),
             ("FAILING", Align::Right),
+            ("CONNS", Align::Right),
+            ("RESETS", Align::Right),
             ("LAST ERROR", Align::Left),
         ],
         &rows,

@@ -140,6 +140,11 @@ impl Reloader {
                 Some(reason) => outcome.not_applied.push(NotApplied { setting, reason }),
             }
         }
+        for setting in &backends.renewed {
+            if !outcome.applied.contains(setting) {
+                outcome.applied.push(setting.clone());
+            }
+        }
         for c in certificates {
             if !outcome.applied.contains(&c.setting) {
                 outcome.applied.push(c.setting);
@@ -163,23 +168,32 @@ impl Reloader {
     }
 
     /// The states for `config`'s backends: a backend whose settings did not change keeps its state (health,
-    /// probe history, connection pools), the others get new ones, whose probes start when the reload is
-    /// applied; the states no longer configured are to be retired then (their probes stop; workers drop
-    /// their pools).
+    /// probe history, connection pools) unless its TLS files changed (a renewed client certificate: the
+    /// state is renewed, new connections use the new files, health goes on), the others get new ones, whose
+    /// probes start when the reload is applied; the states no longer configured are to be retired then
+    /// (their probes stop; workers drop their pools).
     fn backends_for(&self, config: &Config) -> Result<NextBackends, ConfigError> {
         let running = self.shared.live.load().router.backends.clone();
+        let mut renewed = Vec::new();
         let set: BackendSet = Arc::new(
             config
                 .backend
                 .iter()
                 .enumerate()
-                .map(
-                    |(n, b)| match running.iter().find(|state| state.config == *b) {
-                        Some(kept) => Ok(kept.clone()),
-                        None => BackendState::new(b, &backend_setting(config, n)).map(Arc::new),
-                    },
-                )
-                .collect::<Result<_, _>>()?,
+                .map(|(n, b)| {
+                    let setting = backend_setting(config, n);
+                    match running.iter().find(|state| state.config == *b) {
+                        Some(kept) => match kept.renewed(&setting)? {
+                            Some((state, changed)) => {
+                                renewed.extend(changed);
+                                Ok(Arc::new(state))
+                            }
+                            None => Ok(kept.clone()),
+                        },
+                        None => BackendState::new(b, &setting).map(Arc::new),
+                    }
+                })
+                .collect::<Result<_, ConfigError>>()?,
         );
         let is_in = |set: &[Arc<BackendState>], s: &Arc<BackendState>| {
             set.iter().any(|o| Arc::ptr_eq(o, s))
@@ -194,7 +208,12 @@ impl Reloader {
             .filter(|s| !is_in(&set, s))
             .cloned()
             .collect();
-        Ok(NextBackends { set, fresh, gone })
+        Ok(NextBackends {
+            set,
+            fresh,
+            gone,
+            renewed,
+        })
     }
 
     /// Every TLS listener's certificates, as just read again from `built` (a renewed certificate replaces
@@ -231,6 +250,8 @@ struct NextBackends {
     fresh: Vec<Arc<BackendState>>,
     /// States no longer configured, to retire.
     gone: Vec<Arc<BackendState>>,
+    /// The TLS file settings of kept backends whose files changed, read again (`backend[0].tls_cert`).
+    renewed: Vec<String>,
 }
 
 struct NewCertificates {

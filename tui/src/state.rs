@@ -385,6 +385,8 @@ pub(crate) mod tests {
                 last_success: None,
                 last_error: None,
                 probe: None,
+                connections: 2,
+                streams_reset: 0,
             }],
         };
         let mut s = State::new("a".into());

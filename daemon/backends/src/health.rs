@@ -11,8 +11,26 @@ use tokio::sync::{watch, Semaphore};
 
 use lacquer_config::{self as config, ConfigError};
 
+use crate::tls;
+
+/// The backend's TLS configuration from its files; an error names the setting and the file. Missing system
+/// roots are no mistake in the file: the backend is kept, and every connection to it fails, logged.
+fn load_tls(config: &config::Backend, setting: &str) -> Result<tls::Loaded, ConfigError> {
+    let files = tls::Files {
+        ca: config.tls_ca.as_deref(),
+        identity: config.tls_cert.as_deref().zip(config.tls_key.as_deref()),
+    };
+    let (loaded, roots_missing) = tls::client_config(files)
+        .map_err(|e| ConfigError::setting(format!("{setting}.{}", e.setting), e.message))?;
+    if let Some(why) = roots_missing {
+        tracing::error!(backend = %config.name, "TLS to the backend cannot succeed: {why}");
+    }
+    Ok(loaded)
+}
+
 /// One backend, shared by every worker and its probe. A reload keeps the state of a backend whose settings
-/// did not change (its health and probe history go on) and retires the others.
+/// did not change (its health and probe history go on) and retires the others; one whose TLS files changed
+/// under the same names is renewed ([`BackendState::renewed`]): new connections, the same health.
 #[derive(Debug)]
 pub struct BackendState {
     /// The `[[backend]]` section it was built from; a reload keeps the state while this is unchanged.
@@ -20,24 +38,73 @@ pub struct BackendState {
     /// `host:port`.
     pub authority: String,
     /// For `https://` backends.
-    pub tls: Option<Arc<rustls::ClientConfig>>,
-    traffic: Traffic,
-    pub(crate) probe: Option<ProbeWindow>,
+    pub tls: Option<tls::Loaded>,
+    traffic: Arc<Traffic>,
+    pub(crate) probe: Option<Arc<ProbeWindow>>,
     /// Places for requests in flight, when `max_connections` is set.
     pub limit: Option<Arc<Semaphore>>,
     retired: watch::Sender<bool>,
 }
 
 impl BackendState {
-    /// Reads the address and the CAs to trust; errors start with `setting` (`backend`, `backend[n]`). No
+    /// Reads the address and the TLS files; errors start with `setting` (`backend`, `backend[n]`). No
     /// system roots is not an error: the backend is kept, every connection to it fails, logged.
     pub fn new(config: &config::Backend, setting: &str) -> Result<Self, ConfigError> {
         let address = config::backend_address(config.address.as_deref())
             .map_err(|e| ConfigError(format!("{setting}.{e}")))?;
-        if config.tls_ca.is_some() && !address.https {
+        let https_only = |name: &str| {
+            ConfigError::setting(format!("{setting}.{name}"), "only for https:// backends")
+        };
+        if !address.https {
+            if config.tls_ca.is_some() {
+                return Err(https_only("tls_ca"));
+            }
+            if config.tls_cert.is_some() {
+                return Err(https_only("tls_cert"));
+            }
+            if config.tls_key.is_some() {
+                return Err(https_only("tls_key"));
+            }
+        }
+        match (&config.tls_cert, &config.tls_key) {
+            (Some(_), None) => {
+                return Err(ConfigError::setting(
+                    format!("{setting}.tls_key"),
+                    "required with tls_cert: the private key of the client certificate",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::setting(
+                    format!("{setting}.tls_cert"),
+                    "required with tls_key: the client certificate the key signs for",
+                ))
+            }
+            _ => {}
+        }
+        match (config.protocol, address.https) {
+            (config::Protocol::H2, false) => {
+                return Err(ConfigError::setting(
+                    format!("{setting}.protocol"),
+                    "\"h2\" is HTTP/2 over TLS: it needs an https:// address (\"h2c\" is HTTP/2 over plain TCP)",
+                ))
+            }
+            (config::Protocol::H2c, true) => {
+                return Err(ConfigError::setting(
+                    format!("{setting}.protocol"),
+                    "\"h2c\" is HTTP/2 over plain TCP: it needs an http:// or bare address (\"h2\" is HTTP/2 over TLS)",
+                ))
+            }
+            _ => {}
+        }
+        if config.h2_ping_interval.is_zero() || config.h2_ping_timeout.is_zero() {
+            let which = if config.h2_ping_interval.is_zero() {
+                "h2_ping_interval"
+            } else {
+                "h2_ping_timeout"
+            };
             return Err(ConfigError::setting(
-                format!("{setting}.tls_ca"),
-                "only for https:// backends",
+                format!("{setting}.{which}"),
+                "must be above 0",
             ));
         }
         if let Some(p) = &config.probe {
@@ -54,29 +121,55 @@ impl BackendState {
                 ));
             }
         }
-        let tls = match (address.https, config.tls_ca.as_deref()) {
-            (false, _) => None,
-            (true, Some(ca)) => Some(
-                super::tls::client_config(Some(ca))
-                    .map_err(|e| ConfigError::setting(format!("{setting}.tls_ca"), e))?,
-            ),
-            // Missing system roots are no mistake in the file: the backend is kept, and every connection
-            // to it fails, logged.
-            (true, None) => Some(super::tls::client_config(None).unwrap_or_else(|e| {
-                tracing::error!(backend = %config.name, "TLS to the backend cannot succeed: {e}");
-                super::tls::trusting_nothing()
-            })),
+        let tls = if address.https {
+            Some(load_tls(config, setting)?)
+        } else {
+            None
         };
         Ok(Self {
             config: config.clone(),
             authority: address.authority,
             tls,
-            traffic: Traffic::default(),
-            probe: config.probe.as_ref().map(ProbeWindow::new),
+            traffic: Arc::default(),
+            probe: config.probe.as_ref().map(|p| Arc::new(ProbeWindow::new(p))),
             limit: (config.max_connections > 0)
                 .then(|| Arc::new(Semaphore::new(config.max_connections))),
             retired: watch::Sender::new(false),
         })
+    }
+
+    /// For a reload that keeps this backend's settings: its TLS files read again, and when their contents
+    /// changed (a renewed client certificate or CA under the same names), a state that uses them and goes
+    /// on with this one's health, probe window, counters and connection places, with the settings whose
+    /// files changed (`tls_cert`). `None` when nothing changed. A file that no longer loads is an error,
+    /// as at start.
+    pub fn renewed(&self, setting: &str) -> Result<Option<(Self, Vec<String>)>, ConfigError> {
+        let Some(current) = &self.tls else {
+            return Ok(None);
+        };
+        if self.config.tls_ca.is_none() && self.config.tls_cert.is_none() {
+            return Ok(None);
+        }
+        let tls = load_tls(&self.config, setting)?;
+        let changed: Vec<String> = tls
+            .files
+            .iter()
+            .filter(|file| !current.files.contains(file))
+            .map(|(name, _)| format!("{setting}.{name}"))
+            .collect();
+        if changed.is_empty() {
+            return Ok(None);
+        }
+        let state = Self {
+            config: self.config.clone(),
+            authority: self.authority.clone(),
+            tls: Some(tls),
+            traffic: self.traffic.clone(),
+            probe: self.probe.clone(),
+            limit: self.limit.clone(),
+            retired: watch::Sender::new(false),
+        };
+        Ok(Some((state, changed)))
     }
 
     /// Out of the configuration after a reload: its probe stops, workers drop their pools for it.
@@ -114,8 +207,14 @@ impl BackendState {
 
     /// Counts a failed request (no connection, a timeout, a 5xx) and keeps `message` as the last error.
     pub(crate) fn failed(&self, message: String) {
+        self.traffic.requests.fetch_add(1, Relaxed);
+        self.body_failed(message);
+    }
+
+    /// Counts a response whose body broke off (reset, closed, cut short of its length) after its head
+    /// was counted as a success: an error, not another request.
+    pub(crate) fn body_failed(&self, message: String) {
         let t = &self.traffic;
-        t.requests.fetch_add(1, Relaxed);
         t.errors.fetch_add(1, Relaxed);
         t.consecutive_failures.fetch_add(1, Relaxed);
         *t.last_error.lock().expect("health mutex") = Some(LastError {
@@ -131,7 +230,7 @@ impl BackendState {
         let requests = t.requests.load(Relaxed);
         let consecutive_failures = t.consecutive_failures.load(Relaxed);
         let last_success_ms = t.last_success_ms.load(Relaxed);
-        let probe = self.probe.as_ref().map(ProbeWindow::view);
+        let probe = self.probe.as_deref().map(ProbeWindow::view);
         let health = match (&probe, requests, consecutive_failures) {
             (Some(p), _, _) if p.healthy => wire::BackendHealth::Healthy,
             (Some(_), _, _) => wire::BackendHealth::Sick,
@@ -149,7 +248,19 @@ impl BackendState {
             last_success: (last_success_ms > 0).then_some(last_success_ms / 1000),
             last_error: t.last_error.lock().expect("health mutex").clone(),
             probe,
+            connections: t.connections.load(Relaxed),
+            streams_reset: t.streams_reset.load(Relaxed),
         }
+    }
+
+    /// Counts a connection opened to the backend (a pool's, an upgrade's; not a probe's).
+    pub(crate) fn connection_opened(&self) {
+        self.traffic.connections.fetch_add(1, Relaxed);
+    }
+
+    /// Counts an HTTP/2 stream the backend reset, or cut off by its GOAWAY.
+    pub(crate) fn stream_reset(&self) {
+        self.traffic.streams_reset.fetch_add(1, Relaxed);
     }
 }
 
@@ -157,6 +268,8 @@ impl BackendState {
 /// counts as a failure, as it does for `stale-if-error`.
 #[derive(Debug, Default)]
 struct Traffic {
+    connections: AtomicU64,
+    streams_reset: AtomicU64,
     requests: AtomicU64,
     errors: AtomicU64,
     consecutive_failures: AtomicU64,

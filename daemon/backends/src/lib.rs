@@ -1,10 +1,11 @@
-//! The backends: per-worker connection pools (HTTP/1.1 keep-alive), their shared health and probes, and
-//! the directors that spread requests over them.
+//! The backends: per-worker connection pools (HTTP/1.1 keep-alive, or one multiplexed HTTP/2 connection),
+//! their shared health and probes, and the directors that spread requests over them.
 
 #![warn(missing_docs)]
 
 pub mod body;
 mod director;
+mod http2;
 mod health;
 pub mod probe;
 pub mod protection;
@@ -12,6 +13,7 @@ pub mod routing;
 pub mod tls;
 
 use std::{
+    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -22,12 +24,12 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::LengthLimitError;
 use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
-    rt::{TokioExecutor, TokioTimer},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
 };
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::{net::TcpStream, sync::OwnedSemaphorePermit};
 use tower_service::Service;
 
 pub use self::{director::Director, health::BackendState};
@@ -138,9 +140,10 @@ pub struct ClientBodyError(#[source] pub hyper::Error);
 /// One worker's pool of connections to one backend (cloning shares the pool).
 #[derive(Clone)]
 pub struct Backend {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
-    /// What the pool connects with, for the connections [`Backend::upgrade`] opens outside it.
-    connector: HttpsConnector<HttpConnector>,
+    pool: Pool,
+    /// What [`Backend::upgrade`] connects with, outside the pool: HTTP/1.1 whatever the backend's
+    /// protocol, since an upgrade is an HTTP/1.1 mechanism.
+    upgrades: Counted,
     /// What every worker shares about the backend: settings, health, traffic, connection limit.
     pub state: Arc<BackendState>,
     connect_timeout: Duration,
@@ -149,9 +152,18 @@ pub struct Backend {
     pub between_bytes_timeout: Duration,
 }
 
+/// How a worker's requests reach the backend.
+#[derive(Clone)]
+enum Pool {
+    /// Keep-alive connections, one request at a time on each.
+    Http1(Client<Counted, Body>),
+    /// One connection carrying every request as a stream.
+    Http2(Arc<http2::Connection>),
+}
+
 impl Backend {
-    /// An empty pool for this worker, with the backend's timeouts and TLS trust; connections are opened by
-    /// requests, and kept alive per `max_idle_connections` and `idle_timeout`.
+    /// An empty pool for this worker, with the backend's protocol, timeouts and TLS; connections are
+    /// opened by requests, and (HTTP/1.1) kept alive per `max_idle_connections` and `idle_timeout`.
     pub fn new(state: Arc<BackendState>) -> Self {
         let cfg = &state.config;
         let mut tcp = HttpConnector::new();
@@ -160,24 +172,45 @@ impl Backend {
         tcp.set_keepalive(Some(Duration::from_secs(60)));
         // The scheme of each request (the backend's) decides whether TLS is spoken.
         tcp.enforce_http(false);
-        let tls = state.tls.clone().unwrap_or_else(tls::trusting_nothing);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config((*tls).clone())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(tcp);
-        let client = Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(cfg.idle_timeout)
-            .pool_max_idle_per_host(cfg.max_idle_connections)
-            .build(connector.clone());
+        let tls = state
+            .tls
+            .as_ref()
+            .map_or_else(tls::trusting_nothing, |t| t.config.clone());
+        let http1 = Counted {
+            inner: HttpsConnectorBuilder::new()
+                .with_tls_config((*tls).clone())
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(tcp.clone()),
+            state: state.clone(),
+        };
+        let pool = match cfg.protocol {
+            lacquer_config::Protocol::Http1 => Pool::Http1(
+                Client::builder(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .pool_timer(TokioTimer::new())
+                    .pool_idle_timeout(cfg.idle_timeout)
+                    .pool_max_idle_per_host(cfg.max_idle_connections)
+                    .build(http1.clone()),
+            ),
+            lacquer_config::Protocol::H2 | lacquer_config::Protocol::H2c => {
+                let connector = Counted {
+                    inner: HttpsConnectorBuilder::new()
+                        .with_tls_config((*tls).clone())
+                        .https_or_http()
+                        .enable_http2()
+                        .wrap_connector(tcp),
+                    state: state.clone(),
+                };
+                Pool::Http2(Arc::new(http2::Connection::new(connector, &state)))
+            }
+        };
         Self {
-            connector,
+            pool,
+            upgrades: http1,
             connect_timeout: cfg.connect_timeout,
             first_byte_timeout: cfg.first_byte_timeout,
             between_bytes_timeout: cfg.between_bytes_timeout,
-            client,
             state,
         }
     }
@@ -188,7 +221,13 @@ impl Backend {
         let permit = self.place().await?;
         let result = self.request(req).await;
         self.account(&result);
-        result.map(|resp| resp.map(|inner| BackendBody { inner, permit }))
+        result.map(|resp| {
+            resp.map(|inner| BackendBody {
+                inner,
+                permit,
+                state: self.state.clone(),
+            })
+        })
     }
 
     /// Sends an upgrade request (`Connection: upgrade`) on a connection of its own, opened as the pool's
@@ -196,7 +235,9 @@ impl Backend {
     /// protocol, which `hyper::upgrade::on` on the response hands over. Any other answer is an ordinary
     /// response, and the connection goes with its body. The backend's place under `max_connections` is
     /// held until the body is dropped, as [`Backend::send`] holds it: for the handshake, not for the
-    /// tunnel, so long-lived tunnels never starve its misses.
+    /// tunnel, so long-lived tunnels never starve its misses. An HTTP/2 backend gets the upgrade on an
+    /// HTTP/1.1 connection of its own too (over TLS without ALPN for `h2`, plain for `h2c`): the origin
+    /// must also speak HTTP/1.1 on its address for WebSockets to pass.
     pub async fn upgrade(&self, req: Request<Body>) -> Result<Response<BackendBody>, BackendError> {
         let permit = self.place().await?;
         let result = match tokio::time::timeout(self.first_byte_timeout, self.handshake(req)).await
@@ -208,7 +249,13 @@ impl Backend {
             }),
         };
         self.account(&result);
-        result.map(|resp| resp.map(|inner| BackendBody { inner, permit }))
+        result.map(|resp| {
+            resp.map(|inner| BackendBody {
+                inner,
+                permit,
+                state: self.state.clone(),
+            })
+        })
     }
 
     async fn handshake(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
@@ -218,7 +265,7 @@ impl Backend {
             reason: error_chain(e),
         };
         let uri = self.target("/")?;
-        let mut connector = self.connector.clone();
+        let mut connector = self.upgrades.clone();
         let connecting = async {
             std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
             connector.call(uri).await
@@ -289,36 +336,102 @@ impl Backend {
 
     async fn request(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BackendError> {
         let authority = &self.state.authority;
-        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        *req.uri_mut() = self.target(path)?;
-        match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
-            Err(_) => Err(BackendError::FirstByteTimeout {
+        let sent = match &self.pool {
+            Pool::Http1(client) => {
+                let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+                *req.uri_mut() = self.target(path)?;
+                let sending = async {
+                    client.request(req).await.map_err(|e| {
+                        if e.is_connect() {
+                            BackendError::Connect {
+                                authority: authority.clone(),
+                                reason: error_chain(&e),
+                            }
+                        } else {
+                            self.exchange_failed(&e)
+                        }
+                    })
+                };
+                tokio::time::timeout(self.first_byte_timeout, sending).await
+            }
+            Pool::Http2(connection) => {
+                let scheme = if self.state.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                http2::prepare(&mut req, scheme, authority).map_err(|e| BackendError::Failed {
+                    authority: authority.clone(),
+                    reason: format!("bad request target: {e}"),
+                })?;
+                let sending = connection.send(req, |e| self.exchange_failed(e));
+                tokio::time::timeout(self.first_byte_timeout, sending).await
+            }
+        };
+        sent.unwrap_or_else(|_| {
+            Err(BackendError::FirstByteTimeout {
                 authority: authority.clone(),
                 timeout: self.first_byte_timeout,
-            }),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) if e.is_connect() => Err(BackendError::Connect {
-                authority: authority.clone(),
-                reason: error_chain(&e),
-            }),
-            Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => {
-                Err(BackendError::RequestBodyTooLarge)
-            }
-            Ok(Err(e)) if caused_by::<ClientBodyError>(&e) => {
-                Err(BackendError::RequestBody(error_chain(&e)))
-            }
-            Ok(Err(e)) => Err(BackendError::Failed {
-                authority: authority.clone(),
-                reason: error_chain(&e),
-            }),
+            })
+        })
+    }
+
+    /// Why an exchange on an open connection failed: the client's body, else the backend (counting a
+    /// stream it reset or cut off).
+    fn exchange_failed(&self, e: &(dyn std::error::Error + 'static)) -> BackendError {
+        if caused_by::<LengthLimitError>(e) {
+            return BackendError::RequestBodyTooLarge;
+        }
+        if caused_by::<ClientBodyError>(e) {
+            return BackendError::RequestBody(error_chain(e));
+        }
+        if http2::reset_by_origin(e) {
+            self.state.stream_reset();
+        }
+        BackendError::Failed {
+            authority: self.state.authority.clone(),
+            reason: error_chain(e),
         }
     }
 }
 
-/// A backend's response body, holding the backend's connection place until it is dropped.
+/// The connector of a worker's pool, counting the connections it opens in the backend's traffic.
+#[derive(Clone)]
+struct Counted {
+    inner: HttpsConnector<HttpConnector>,
+    state: Arc<BackendState>,
+}
+
+/// A connection to a backend, TLS or not.
+type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
+
+impl Service<Uri> for Counted {
+    type Response = Stream;
+    type Error = body::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Stream, body::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let state = self.state.clone();
+        Box::pin(async move {
+            let io = connecting.await?;
+            state.connection_opened();
+            Ok(io)
+        })
+    }
+}
+
+/// A backend's response body, holding the backend's connection place until it is dropped. Dropped before
+/// its end, it closes its HTTP/1.1 connection or resets its HTTP/2 stream (`CANCEL`): the origin stops
+/// sending what nobody reads. A body that breaks off counts against the backend's health.
 pub struct BackendBody {
     inner: Incoming,
     permit: Option<OwnedSemaphorePermit>,
+    state: Arc<BackendState>,
 }
 
 impl HttpBody for BackendBody {
@@ -330,9 +443,21 @@ impl HttpBody for BackendBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let frame = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(None) = frame {
+        match &frame {
             // The response is over: the place is free for the next request.
-            self.permit = None;
+            Poll::Ready(None) => self.permit = None,
+            Poll::Ready(Some(Err(e))) => {
+                if http2::reset_by_origin(e) {
+                    self.state.stream_reset();
+                }
+                self.state.body_failed(format!(
+                    "backend {} body broke off: {}",
+                    self.state.authority,
+                    error_chain(e)
+                ));
+                self.permit = None;
+            }
+            _ => {}
         }
         frame
     }

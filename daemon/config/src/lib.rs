@@ -27,7 +27,7 @@ pub use self::{
         Bucket, CookieFilter, Example, ExampleRequest, ExampleResponse, Expect, Match, Phase,
         QueryRewrite, Respond, Rewrite, Rule, StatusPattern,
     },
-    upstream::{Backend, Director, DirectorPolicy, Probe},
+    upstream::{Backend, Director, DirectorPolicy, Probe, Protocol},
 };
 
 /// A configuration problem, rendered as one line that names the key (and the file position when known).

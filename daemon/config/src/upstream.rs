@@ -17,6 +17,28 @@ pub struct Backend {
     /// Default: the system's roots (`/etc/ssl/certs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<PathBuf>,
+    /// For `https://` backends: a PEM file of the client certificate (and its chain) presented to an origin
+    /// that asks for one (mutual TLS). Read again at every reload, so a renewed file takes effect; needs
+    /// `tls_key`. Default: none (no certificate offered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `tls_cert` (PKCS#8, PKCS#1 or SEC1). Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// What is spoken to the origin: `http1` (a keep-alive pool per worker thread), `h2` (HTTP/2 over TLS,
+    /// ALPN `h2`; an `https://` address) or `h2c` (HTTP/2 with prior knowledge over plain TCP; an
+    /// `http://` or bare address). HTTP/2 multiplexes every request of a worker thread on one connection.
+    /// Default: `http1`.
+    pub protocol: Protocol,
+    /// HTTP/2 only: a PING is sent on a connection after this long without a frame from the origin, and
+    /// the connection is dropped (its requests failing, later ones opening a new one) when the answer does
+    /// not come within `h2_ping_timeout`: a dead origin or a silently dropped connection is found in
+    /// seconds, not at the next request's `first_byte_timeout`. Default: 10 s.
+    #[serde(with = "humantime_serde")]
+    pub h2_ping_interval: Duration,
+    /// HTTP/2 only: how long a PING's answer is waited for. Default: 5 s.
+    #[serde(with = "humantime_serde")]
+    pub h2_ping_timeout: Duration,
     /// Time to open a TCP connection, and to wait for a place under `max_connections`. Default: 3 s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -29,9 +51,10 @@ pub struct Backend {
     /// Requests in flight to this backend at once, across every worker, as Varnish's `.max_connections`:
     /// one more waits up to `connect_timeout` for a place, then fails as an unreachable backend would (503,
     /// or a stale object). It keeps a flood of misses or abandoned HTTP/2 streams from opening thousands of
-    /// origin connections. 0: no limit. Default: 256.
+    /// origin connections; with `protocol = "h2"` or `"h2c"` it bounds the streams open on the workers'
+    /// connections together. 0: no limit. Default: 256.
     pub max_connections: usize,
-    /// Idle keep-alive connections kept per worker thread. Default: 128.
+    /// Idle keep-alive connections kept per worker thread (`http1` only). Default: 128.
     pub max_idle_connections: usize,
     /// How long an idle backend connection is kept. Default: 4 s, under the 5 s after which Node.js and
     /// Apache close idle connections, so a request is never sent on one the origin is closing.
@@ -48,6 +71,11 @@ impl Default for Backend {
             name: "default".into(),
             address: None,
             tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            protocol: Protocol::Http1,
+            h2_ping_interval: Duration::from_secs(10),
+            h2_ping_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),
             first_byte_timeout: Duration::from_secs(60),
             between_bytes_timeout: Duration::from_secs(60),
@@ -57,6 +85,18 @@ impl Default for Backend {
             probe: None,
         }
     }
+}
+
+/// The protocol spoken to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// HTTP/1.1, over TLS for `https://` addresses.
+    Http1,
+    /// HTTP/2 over TLS, agreed by ALPN.
+    H2,
+    /// HTTP/2 over plain TCP, with prior knowledge (RFC 9113 §3.3).
+    H2c,
 }
 
 /// Polls a backend; it is healthy while at least `threshold` of the last `window` polls succeeded. A sick

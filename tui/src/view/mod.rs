@@ -220,6 +220,8 @@ pub(crate) mod tests {
                     message: "backend 127.0.0.1:8080 answered 503 Service Unavailable".into(),
                 }),
                 probe: None,
+                connections: 2,
+                streams_reset: 0,
             }],
         };
         let mut state = State::new("127.0.0.1:6082".into());

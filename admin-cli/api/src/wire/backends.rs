@@ -25,6 +25,14 @@ pub struct BackendView {
     /// The health probe's window; none when the backend has no probe.
     #[serde(default)]
     pub probe: Option<ProbeView>,
+    /// Connections opened to the backend since start (every worker's pool and upgrade connections; not
+    /// the probe's). With `protocol = "h2"` or `"h2c"`, about one per worker thread unless the origin
+    /// closes them.
+    #[serde(default)]
+    pub connections: u64,
+    /// HTTP/2 streams the backend reset (`RST_STREAM`) or cut off with a `GOAWAY` before they ended.
+    #[serde(default)]
+    pub streams_reset: u64,
 }
 
 /// A probe's recent polls, as `varnishadm backend.list -p` shows them.
