@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod etcd;
 pub mod fake_admin;
 pub mod haproxy;
+pub mod nginx;
 pub mod origin;
 pub mod tls;
 

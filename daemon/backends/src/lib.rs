@@ -5,8 +5,8 @@
 
 pub mod body;
 mod director;
-mod http2;
 mod health;
+mod http2;
 pub mod probe;
 pub mod protection;
 pub mod routing;
@@ -156,7 +156,7 @@ pub struct Backend {
 #[derive(Clone)]
 enum Pool {
     /// Keep-alive connections, one request at a time on each.
-    Http1(Client<Counted, Body>),
+    Http1(Box<Client<Counted, Body>>),
     /// One connection carrying every request as a stream.
     Http2(Arc<http2::Connection>),
 }
@@ -185,14 +185,14 @@ impl Backend {
             state: state.clone(),
         };
         let pool = match cfg.protocol {
-            lacquer_config::Protocol::Http1 => Pool::Http1(
+            lacquer_config::Protocol::Http1 => Pool::Http1(Box::new(
                 Client::builder(TokioExecutor::new())
                     .timer(TokioTimer::new())
                     .pool_timer(TokioTimer::new())
                     .pool_idle_timeout(cfg.idle_timeout)
                     .pool_max_idle_per_host(cfg.max_idle_connections)
                     .build(http1.clone()),
-            ),
+            )),
             lacquer_config::Protocol::H2 | lacquer_config::Protocol::H2c => {
                 let connector = Counted {
                     inner: HttpsConnectorBuilder::new()

@@ -90,18 +90,12 @@ pub fn client_config(files: Files<'_>) -> Result<(Loaded, Option<String>), TlsEr
                     format!("{} holds no usable private key: {e}", key.display()),
                 )
             })?;
-            builder
-                .with_client_auth_cert(chain, private)
-                .map_err(|e| {
-                    TlsError::new(
-                        "tls_key",
-                        format!(
-                            "{} cannot sign for {}: {e}",
-                            key.display(),
-                            cert.display()
-                        ),
-                    )
-                })?
+            builder.with_client_auth_cert(chain, private).map_err(|e| {
+                TlsError::new(
+                    "tls_key",
+                    format!("{} cannot sign for {}: {e}", key.display(), cert.display()),
+                )
+            })?
         }
     };
     let loaded = Loaded {
