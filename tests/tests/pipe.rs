@@ -232,3 +232,22 @@ async fn an_upgrade_the_origin_refuses_is_answered_as_a_pass() {
     assert_eq!(proxy["pipes"], 0, "{proxy}");
     assert_eq!(proxy["passes"], 1, "{proxy}");
 }
+
+#[tokio::test]
+async fn an_h2c_backend_gets_its_upgrades_over_http1() {
+    // An upgrade is an HTTP/1.1 mechanism: a backend spoken to in HTTP/2 gets it on an HTTP/1.1
+    // connection of its own to the same address (this origin speaks nothing else).
+    let origin = WsOrigin::start(Script::Echo).await;
+    let d = daemon(
+        origin.addr,
+        &format!(
+            "[[backend]]\naddress = \"http://{}\"\nprotocol = \"h2c\"\n{PIPE_WEBSOCKETS}",
+            origin.addr
+        ),
+    );
+    let mut ws = connect(d.addr).await.expect("the upgrade goes through");
+    assert_eq!(next_text(&mut ws).await, "hello from the origin");
+    ws.send(Message::text("over http/1.1")).await.unwrap();
+    assert_eq!(next_text(&mut ws).await, "echo: over http/1.1");
+    assert_eq!(origin.seen().len(), 1);
+}

@@ -335,7 +335,127 @@ fn mask(n: u32) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    fn backend(address: &str, more: impl FnOnce(&mut config::Backend)) -> config::Backend {
+        let mut b = config::Backend {
+            address: Some(address.into()),
+            ..Default::default()
+        };
+        more(&mut b);
+        b
+    }
+
+    fn error(b: &config::Backend) -> String {
+        BackendState::new(b, "backend[1]").unwrap_err().to_string()
+    }
+
+    /// A self-signed certificate and its key in `dir` as `<stem>.pem` and `<stem>.key`.
+    fn identity(dir: &std::path::Path, stem: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["lacquer".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (c, k) = (
+            dir.join(format!("{stem}.pem")),
+            dir.join(format!("{stem}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+
+    #[test]
+    fn the_protocol_must_fit_the_scheme() {
+        let h2 = |b: &mut config::Backend| b.protocol = config::Protocol::H2;
+        let h2c = |b: &mut config::Backend| b.protocol = config::Protocol::H2c;
+        for address in ["http://origin:8080", "origin:8080"] {
+            let e = error(&backend(address, h2));
+            assert!(e.starts_with("backend[1].protocol:"), "{e}");
+            assert!(e.contains("https://"), "{e}");
+            assert!(BackendState::new(&backend(address, h2c), "backend").is_ok());
+        }
+        let e = error(&backend("https://origin", h2c));
+        assert!(e.starts_with("backend[1].protocol:"), "{e}");
+        let e = error(&backend("http://origin", |b| {
+            b.h2_ping_timeout = Duration::ZERO;
+        }));
+        assert!(e.starts_with("backend[1].h2_ping_timeout:"), "{e}");
+    }
+
+    #[test]
+    fn a_client_certificate_needs_its_key_and_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = identity(dir.path(), "client");
+        let e = error(&backend("https://origin", |b| {
+            b.tls_cert = Some(cert.clone())
+        }));
+        assert!(e.starts_with("backend[1].tls_key: required"), "{e}");
+        let e = error(&backend("https://origin", |b| {
+            b.tls_key = Some(key.clone())
+        }));
+        assert!(e.starts_with("backend[1].tls_cert: required"), "{e}");
+        let e = error(&backend("http://origin", |b| {
+            b.tls_cert = Some(cert.clone());
+            b.tls_key = Some(key.clone());
+        }));
+        assert!(
+            e.starts_with("backend[1].tls_cert: only for https://"),
+            "{e}"
+        );
+
+        let (_, other_key) = identity(dir.path(), "other");
+        let e = error(&backend("https://origin", |b| {
+            b.tls_cert = Some(cert.clone());
+            b.tls_key = Some(other_key.clone());
+        }));
+        assert!(e.starts_with("backend[1].tls_key:"), "{e}");
+        assert!(e.contains("other.key"), "{e}");
+        std::fs::write(&other_key, "not a key").unwrap();
+        let e = error(&backend("https://origin", |b| {
+            b.tls_cert = Some(cert.clone());
+            b.tls_key = Some(other_key.clone());
+        }));
+        assert!(
+            e.starts_with("backend[1].tls_key:") && e.contains("other.key"),
+            "{e}"
+        );
+        let e = error(&backend("https://origin", |b| {
+            b.tls_cert = Some(dir.path().join("missing.pem"));
+            b.tls_key = Some(key.clone());
+        }));
+        assert!(e.starts_with("backend[1].tls_cert: cannot read"), "{e}");
+        assert!(e.contains("missing.pem"), "{e}");
+    }
+
+    #[test]
+    fn a_renewed_certificate_renews_the_state_and_keeps_its_health() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = identity(dir.path(), "client");
+        let b = backend("https://origin", |b| {
+            b.tls_cert = Some(cert.clone());
+            b.tls_key = Some(key.clone());
+        });
+        let state = BackendState::new(&b, "backend").unwrap();
+        state.failed("refused".into());
+        assert!(state.renewed("backend").unwrap().is_none(), "same files");
+
+        identity(dir.path(), "client");
+        let (renewed, changed) = state.renewed("backend").unwrap().expect("new contents");
+        assert_eq!(changed, ["backend.tls_cert", "backend.tls_key"]);
+        assert_eq!(renewed.view().errors, 1, "health goes on");
+        assert!(!Arc::ptr_eq(
+            &renewed.tls.as_ref().unwrap().config,
+            &state.tls.as_ref().unwrap().config
+        ));
+
+        std::fs::write(&key, "garbage").unwrap();
+        let e = state.renewed("backend").unwrap_err().to_string();
+        assert!(e.starts_with("backend.tls_key:"), "{e}");
+    }
 
     #[test]
     fn the_window_decides_health() {
