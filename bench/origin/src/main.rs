@@ -32,7 +32,10 @@
 //!   for). Both cacheable for an hour; any other name under an ID is a 404;
 //! - `/__count/PATH[?QUERY]`: how many times PATH was requested, as a plain number; `/__total`: all requests;
 //!   `/__bytes/PREFIX`: body bytes sent (handed to the connection) for every path that starts with
-//!   `/PREFIX`, `/__bytes` alone for all.
+//!   `/PREFIX`, `/__bytes` alone for all; `/__connections`: connections accepted on PORT.
+//!
+//! PORT speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) alike, told apart by the connection's first
+//! bytes, so a proxy's `http1` and `h2c` backends can be compared against the same origin.
 //!
 //! Every body follows one pattern: byte `i` is `i % 251`, so a client can check any range of it. A live part
 //! and a VOD segment start further on in it, each at its own place (a VOD segment at the FNV-1a hash of its
@@ -59,7 +62,10 @@ use hyper::{
     service::service_fn,
     Request, Response, StatusCode,
 };
-use hyper_util::rt::TokioIo;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+};
 
 use bench_origin::{
     env_or, fnv1a,
@@ -257,6 +263,8 @@ fn page(len: usize) -> Bytes {
 }
 
 struct Origin {
+    /// Connections accepted on the main port.
+    connections: AtomicU64,
     manifest: Bytes,
     page: Bytes,
     tiny: Bytes,
@@ -443,6 +451,10 @@ async fn serve(
     req: Request<hyper::body::Incoming>,
 ) -> Result<Reply, std::io::Error> {
     let path = req.uri().path().to_owned();
+    if path == "/__connections" {
+        let n = origin.connections.load(Ordering::Relaxed);
+        return Ok(Response::new(full(Bytes::from(n.to_string()))));
+    }
     if path == "/__total" {
         let n: u64 = origin
             .counts
@@ -637,6 +649,7 @@ async fn main() {
         .next()
         .expect("usage: bench-origin PORT [CONTROL_PORT]");
     let origin = Arc::new(Origin {
+        connections: AtomicU64::new(0),
         manifest: manifest(2048),
         page: page(200 * 1024),
         tiny: body(1024),
@@ -668,10 +681,11 @@ async fn main() {
                 let _ = stream.set_zero_linger();
                 continue;
             }
+            origin.connections.fetch_add(1, Ordering::Relaxed);
             let origin = origin.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req| serve(origin.clone(), req));
-                let _ = http1::Builder::new()
+                let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
             });
