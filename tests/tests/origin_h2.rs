@@ -36,8 +36,12 @@ fn daemon(backend: &str) -> Daemon {
 }
 
 fn config(backend: &str) -> String {
+    config_with(WORKERS, backend)
+}
+
+fn config_with(workers: usize, backend: &str) -> String {
     format!(
-        "[server]\nworkers = {WORKERS}\n\n[[listen]]\naddress = \"127.0.0.1:0\"\n\n[[backend]]\n{backend}\n"
+        "[server]\nworkers = {workers}\n\n[[listen]]\naddress = \"127.0.0.1:0\"\n\n[[backend]]\n{backend}\n"
     )
 }
 
@@ -500,10 +504,11 @@ async fn serve(
     }
 }
 
+/// A daemon with one worker (so one connection to the origin) in front of `origin` over h2c.
 fn h2c(origin: &H2Origin) -> Daemon {
-    daemon(&format!(
-        "address = \"http://{}\"\nprotocol = \"h2c\"\n",
-        origin.addr
+    Daemon::with_config_only(&config_with(
+        1,
+        &format!("address = \"http://{}\"\nprotocol = \"h2c\"\n", origin.addr),
     ))
 }
 
