@@ -300,7 +300,11 @@ impl<S: Service> Connection<S> {
         let conn = &handshaken.conn;
         let config = &self.listener.config;
         let mut builder = h3::server::builder();
-        builder.max_field_section_size(self.quic.max_field_section_size);
+        // No reserved frame types after a response's last DATA frame ("grease"): aioquic 1.2 then never
+        // reports the stream's end to its application.
+        builder
+            .max_field_section_size(self.quic.max_field_section_size)
+            .send_grease(false);
         let built = tokio::time::timeout(
             config.header_read_timeout,
             builder.build::<_, Bytes>(h3_quinn::Connection::new(conn.clone())),
@@ -495,8 +499,14 @@ where
     for name in CONNECTION_FIELDS {
         parts.headers.remove(name);
     }
+    // As hyper does: a body is done once it has sent its declared length or says it is at its end; a
+    // body still being stored may only say so later.
+    let mut left = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     within(idle, send.send_response(Response::from_parts(parts, ()))).await?;
-    if !head_only {
+    if !head_only && left != Some(0) && !body.is_end_stream() {
         let mut body = std::pin::pin!(body);
         loop {
             let frame = tokio::select! {
@@ -519,6 +529,10 @@ where
                         return Err(e);
                     }
                     add(&stats.bytes_out_http3, len);
+                    left = left.map(|left| left.saturating_sub(len));
+                    if left == Some(0) || body.is_end_stream() {
+                        break;
+                    }
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
