@@ -331,7 +331,6 @@ impl<S: Service> Connection<S> {
                 secure: true,
             },
             conn: conn.clone(),
-            confirmed: handshaken.confirmed.clone(),
             header_read_timeout: config.header_read_timeout,
             idle_timeout: config.idle_timeout,
         });
@@ -340,10 +339,14 @@ impl<S: Service> Connection<S> {
             tokio::select! {
                 accepted = h3.accept() => match accepted {
                     Ok(Some(resolver)) => {
+                        // Early: the stream came before the handshake completed, in 0-RTT packets an
+                        // attacker may have replayed.
+                        let early = !handshaken.confirmed.load(Ordering::Acquire);
                         tokio::spawn(answer(
                             self.service.clone(),
                             request.clone(),
                             resolver,
+                            early,
                             watcher.clone(),
                         ));
                     }
@@ -392,7 +395,6 @@ fn ended(conn: &quinn::Connection) -> Option<Ended> {
 struct PerRequest {
     client: Client,
     conn: quinn::Connection,
-    confirmed: Arc<AtomicBool>,
     header_read_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -406,6 +408,7 @@ async fn answer<S: Service>(
     service: Arc<S>,
     shared: Arc<PerRequest>,
     resolver: Resolver,
+    early: bool,
     _watcher: Watcher,
 ) {
     let stats = service.stats();
@@ -429,7 +432,7 @@ async fn answer<S: Service>(
     };
     inc(&stats.requests_http3);
     let (mut send, recv) = stream.split();
-    if !shared.confirmed.load(Ordering::Acquire) {
+    if early {
         if !early_allowed(req.method()) {
             inc(&stats.quic_0rtt_refused);
             let mut too_early = Response::new(());
