@@ -15,7 +15,8 @@ Usage: h3client.py SPEC, SPEC being JSON:
                "data_before_headers", "decoder_flood", "encoder_flood", "over_stream_limit" (opens
                `streams` requests at once, default 300, whatever limit the server set)
 Prints JSON: {"results": [{status, headers, length, sha256, ms, error}], "early_data_accepted",
-"session_resumed", "closed": {"error_code", "reason"} or null}.
+"session_resumed", "closed": {"error_code", "reason"} or null, "flood_allowed": bytes the server let a
+flood send}.
 """
 
 import asyncio
@@ -204,10 +205,15 @@ async def attack(client, kind, count):
         # Decoder: Insert Count Increment (0b00xxxxxx) for entries never inserted. Encoder: Insert With
         # Literal Name (0b01xxxxxx) into a dynamic table the server never allowed.
         instruction = b"\x01" if kind == "decoder_flood" else b"\x41a\x01b"
+        # 4 MiB of them.
+        chunk = instruction * (65536 // len(instruction))
         for _ in range(64):
-            quic.send_stream_data(stream_id, instruction * 1024)
+            quic.send_stream_data(stream_id, chunk)
             client.transmit()
             await asyncio.sleep(0)
+        await asyncio.sleep(1)
+        # How much of it the server let come (its flow control credit on that stream).
+        client.flood_allowed = quic._streams[stream_id].max_stream_data_remote
     elif kind == "over_stream_limit":
         # Past the limit the server granted: aioquic would hold the streams back, so it is told the limit
         # is larger than it is.
@@ -274,6 +280,7 @@ async def main():
             out["early_data_accepted"] = bool(tls.early_data_accepted)
             out["session_resumed"] = bool(tls.session_resumed)
             out["closed"] = client.closed
+            out["flood_allowed"] = getattr(client, "flood_allowed", None)
     except ConnectionError:
         # Closed before the handshake completed (refused).
         out["closed"] = Client.last.closed

@@ -15,7 +15,9 @@ pub fn available() -> bool {
         .output()
         .is_ok_and(|out| out.status.success());
     if !there {
-        eprintln!("skipped: python3 cannot import aioquic (pip install aioquic==1.2.0; CI installs it)");
+        eprintln!(
+            "skipped: python3 cannot import aioquic (pip install aioquic==1.2.0; CI installs it)"
+        );
     }
     there
 }

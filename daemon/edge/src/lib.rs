@@ -98,7 +98,9 @@ impl Listener {
         let quic = match (&resolver, config.quic) {
             (_, false) => None,
             (None, true) => return Err(tls::TlsError::QuicWithoutTls),
-            (Some(_), true) if config.quic_max_streams == 0 => return Err(tls::TlsError::NoStreams),
+            (Some(_), true) if config.quic_max_streams == 0 => {
+                return Err(tls::TlsError::NoStreams)
+            }
             (Some(resolver), true) => Some(Arc::new(Quic::new(&config, resolver.clone()))),
         };
         Ok(Self {
@@ -242,7 +244,9 @@ async fn serve<S: Service>(
                         shutdown.clone(),
                     ));
                 }
-                Err(e) => tracing::error!(error = %e, "cannot serve QUIC on {}", listener.config.address),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot serve QUIC on {}", listener.config.address)
+                }
             }
         }
         let socket =
@@ -338,7 +342,10 @@ mod tests {
             ..plain.clone()
         };
         let e = Listener::new(no_streams).err().unwrap();
-        assert_eq!((e.setting(), e.to_string().as_str()), ("quic_max_streams", "must be at least 1"));
+        assert_eq!(
+            (e.setting(), e.to_string().as_str()),
+            ("quic_max_streams", "must be at least 1")
+        );
         let tls = Listen {
             tls: vec![cert],
             ..plain

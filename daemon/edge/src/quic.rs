@@ -36,6 +36,12 @@ use lacquer_config::Listen;
 /// §6.2.3), which are read and discarded.
 const UNI_STREAMS: u32 = 16;
 
+/// Bytes one connection may send before the daemon has read them, all streams together (quinn's default is
+/// no limit beyond each stream's window, 1.25 MB, times `quic_max_streams`): bounds what a client that sends
+/// bodies or QPACK instructions nobody reads makes the daemon hold, while leaving an upload the window of
+/// a 1 Gbit/s path with 100 ms of round trip.
+const RECEIVE_WINDOW: u32 = 16 << 20;
+
 /// HTTP/3's code for a close without error, used when the connection is closed here on a timeout.
 const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
 
@@ -57,6 +63,7 @@ impl Quic {
         transport
             .max_concurrent_bidi_streams(config.quic_max_streams.into())
             .max_concurrent_uni_streams(UNI_STREAMS.into())
+            .receive_window(RECEIVE_WINDOW.into())
             // Beyond QUIC's largest idle timeout (2^62 ms) is none.
             .max_idle_timeout(quinn::IdleTimeout::try_from(config.idle_timeout).ok());
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
@@ -173,12 +180,7 @@ pub async fn accept<S: Service>(
             listener: listener.clone(),
             quic: quic.clone(),
         };
-        tokio::spawn(conn.serve(
-            incoming,
-            handshaking.enter(),
-            admitted,
-            graceful.watcher(),
-        ));
+        tokio::spawn(conn.serve(incoming, handshaking.enter(), admitted, graceful.watcher()));
     }
 }
 
@@ -213,8 +215,8 @@ impl<S: Service> Connection<S> {
         inc(&stats.connections_open);
         inc(&stats.quic_handshakes);
         if let Some(conn) = self.handshake(incoming, handshake).await {
-            self.run(&conn, watcher).await;
-            if let Some(ended) = ended(&conn.conn) {
+            let failed = self.run(&conn, watcher).await;
+            if let Some(ended) = ended(&conn.conn, failed.as_ref()) {
                 inc(match ended {
                     Ended::IdleTimeout => &stats.quic_errors_idle_timeout,
                     Ended::Protocol => &stats.quic_errors_protocol,
@@ -294,8 +296,12 @@ impl<S: Service> Connection<S> {
     }
 
     /// Serves the connection's requests until it closes, or until the drain, after which it finishes those
-    /// it has (a GOAWAY tells the client which).
-    async fn run(&self, handshaken: &Handshaken, mut watcher: Watcher) {
+    /// it has (a GOAWAY tells the client which). Returns the HTTP/3 error it ended with, if any.
+    async fn run(
+        &self,
+        handshaken: &Handshaken,
+        mut watcher: Watcher,
+    ) -> Option<h3::error::ConnectionError> {
         let stats = self.service.stats();
         let conn = &handshaken.conn;
         let config = &self.listener.config;
@@ -314,12 +320,12 @@ impl<S: Service> Connection<S> {
             Ok(Ok(h3)) => h3,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "HTTP/3 connection failed");
-                return;
+                return Some(e);
             }
             Err(_) => {
                 inc(&stats.header_timeouts);
                 conn.close(H3_NO_ERROR, b"");
-                return;
+                return None;
             }
         };
         inc(&stats.connections_http3);
@@ -350,16 +356,16 @@ impl<S: Service> Connection<S> {
                             watcher.clone(),
                         ));
                     }
-                    Ok(None) => return,
+                    Ok(None) => return None,
                     Err(e) => {
                         tracing::debug!(peer = %conn.remote_address(), error = %e, "HTTP/3 connection ended");
-                        return;
+                        return Some(e);
                     }
                 },
                 _ = watcher.draining(), if !draining => {
                     draining = true;
-                    if h3.shutdown(0).await.is_err() {
-                        return;
+                    if let Err(e) = h3.shutdown(0).await {
+                        return Some(e);
                     }
                 }
             }
@@ -373,14 +379,22 @@ struct Handshaken {
     confirmed: Arc<AtomicBool>,
 }
 
-/// How `conn` ended, when that was not a clean close by either side (`None`).
-fn ended(conn: &quinn::Connection) -> Option<Ended> {
+/// How `conn` ended, when that was not a clean close by either side (`None`); `h3` is the error HTTP/3 ended
+/// with, which tells why it was closed here.
+fn ended(conn: &quinn::Connection, h3: Option<&h3::error::ConnectionError>) -> Option<Ended> {
+    use h3::error::{ConnectionError, LocalError};
     use quinn::ConnectionError as E;
     match conn.close_reason()? {
         E::TimedOut => Some(Ended::IdleTimeout),
         E::ApplicationClosed(close) if close.error_code == H3_NO_ERROR => None,
         E::ApplicationClosed(_) => Some(Ended::Protocol),
-        E::LocallyClosed => None,
+        E::LocallyClosed => match h3 {
+            Some(ConnectionError::Local {
+                error: LocalError::Application { code, .. },
+                ..
+            }) if *code != Code::H3_NO_ERROR => Some(Ended::Protocol),
+            _ => None,
+        },
         E::ConnectionClosed(close) if close.error_code == quinn::TransportErrorCode::NO_ERROR => {
             None
         }
@@ -583,7 +597,10 @@ mod tests {
         let value = alt_svc(8443, Duration::from_secs(86_400)).unwrap();
         assert_eq!(value, "h3=\":8443\"; ma=86400");
         assert!(alt_svc(443, Duration::ZERO).is_none());
-        assert!(alt_svc(443, Duration::from_millis(900)).is_none(), "under a second rounds to none");
+        assert!(
+            alt_svc(443, Duration::from_millis(900)).is_none(),
+            "under a second rounds to none"
+        );
     }
 
     #[test]
@@ -592,7 +609,13 @@ mod tests {
             assert!(early_allowed(&method), "{method}");
         }
         let purge = Method::from_bytes(b"PURGE").unwrap();
-        for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH, purge] {
+        for method in [
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::PATCH,
+            purge,
+        ] {
             assert!(!early_allowed(&method), "{method}");
         }
     }

@@ -110,7 +110,11 @@ fn too_many_connections() -> Response<Body> {
 }
 
 /// Answers one request: checks its head, routes it, then looks it up, passes it or invalidates with it.
-pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) -> Response<Body> {
+pub async fn handle(
+    worker: Arc<Worker>,
+    client: Client,
+    req: Request<RequestBody>,
+) -> Response<Body> {
     let head_only = req.method() == Method::HEAD;
     let resp = answer(worker, client, req).await;
     if head_only {
