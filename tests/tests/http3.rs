@@ -27,7 +27,7 @@ fn sha256(bytes: &[u8]) -> String {
 /// CA whose PEM file the client trusts.
 struct Quic {
     d: Daemon,
-    _certs: tempfile::TempDir,
+    certs: tempfile::TempDir,
     cafile: String,
     ca: TestCa,
 }
@@ -48,7 +48,7 @@ impl Quic {
         );
         Quic {
             d,
-            _certs: certs,
+            certs,
             cafile: cafile.display().to_string(),
             ca,
         }
@@ -396,4 +396,77 @@ async fn malformed_http3_closes_that_connection_only() {
         let fine = q.requests(vec![get("/")]).await;
         assert_eq!(fine[0]["status"], 200, "served after {attack}");
     }
+}
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+#[tokio::test]
+async fn chromium_fetches_a_page_over_http3() {
+    if !std::path::Path::new(CHROMIUM).exists() {
+        eprintln!("skipped: {CHROMIUM} is missing (Debian's chromium package)");
+        return;
+    }
+    let origin = Origin::start(|_| {
+        cacheable(b"<html><body><p id=\"x\">over quic</p></body></html>".to_vec())
+            .header("content-type", "text/html")
+    })
+    .await;
+    let q = Quic::start(&origin, "", "[access_log]\npath = \"{dir}/access.log\"\n");
+    let cert = q.certs.path().join("site.pem");
+    // Chromium trusts the test certificate by the hash of its public key.
+    let spki = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl x509 -in {} -pubkey -noout | openssl pkey -pubin -outform der \
+             | openssl dgst -sha256 -binary | base64",
+            cert.display()
+        ))
+        .output()
+        .unwrap();
+    let spki = String::from_utf8(spki.stdout).unwrap().trim().to_owned();
+    assert!(!spki.is_empty(), "openssl computed the key's hash");
+    let port = q.d.addr.port();
+    let profile = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(CHROMIUM)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-quic",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--host-resolver-rules=MAP example.test 127.0.0.1")
+        .arg(format!("--origin-to-force-quic-on=example.test:{port}"))
+        .arg(format!("--ignore-certificate-errors-spki-list={spki}"))
+        .arg("--dump-dom")
+        .arg(format!("https://example.test:{port}/page"))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("chromium ends")
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("over quic"),
+        "{dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats = q.d.stats().await;
+    assert!(
+        stats["proxy"]["requests_http3"].as_u64().unwrap() >= 1,
+        "{}",
+        stats["proxy"]
+    );
+    let log_file = q.d.dir.path().join("access.log");
+    let log = eventually(Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        async move { text.contains("GET /page HTTP/3.0").then_some(text) }
+    })
+    .await;
+    assert!(log.contains("Chrome"), "{log}");
 }

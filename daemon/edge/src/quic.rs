@@ -230,7 +230,7 @@ impl<S: Service> Connection<S> {
     }
 
     /// The connection, once it may carry requests: after the handshake, or at once with 0-RTT (whose
-    /// handshake then completes while early requests are served, [`Confirmed`]). `None` when it failed.
+    /// handshake then completes while early requests are served: `Handshaken::confirmed`). `None` when it failed.
     async fn handshake(
         &self,
         incoming: quinn::Incoming,
@@ -252,12 +252,12 @@ impl<S: Service> Connection<S> {
                     let confirmed = Arc::new(AtomicBool::new(false));
                     let watching = confirmed.clone();
                     let early = conn.clone();
-                    let stats_conn = self.service.clone();
+                    let service = self.service.clone();
                     // The handshake still has `header_read_timeout` to complete, requests or not.
                     tokio::spawn(async move {
                         let completed = tokio::time::timeout(timeout, done).await;
                         drop(handshake);
-                        let stats = stats_conn.stats();
+                        let stats = service.stats();
                         match completed {
                             Ok(_) if early.close_reason().is_none() => {
                                 watching.store(true, Ordering::Release)
@@ -465,7 +465,8 @@ async fn answer<S: Service>(
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse().ok());
-    let req: Request<RequestBody> = req.map(|()| RequestBody::H3(H3Body::new(recv, length)));
+    let req: Request<RequestBody> =
+        req.map(|()| RequestBody::H3(Box::new(H3Body::new(recv, length))));
     // Boxed: the data path's future is many kilobytes, moved otherwise at every await of this one.
     let answering = Box::pin(service.clone().call(req, shared.client));
     let resp = tokio::select! {
