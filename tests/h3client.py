@@ -11,6 +11,8 @@ Usage: h3client.py SPEC, SPEC being JSON:
   parallel     send every request at once (default: one after the other)
   zero_rtt     first fetch `prime` on a connection of its own to get a session ticket, then send
                `requests` on a resumed connection in early data, before the handshake completes
+  hold_ms      with `parallel`, send nothing else (the handshake's end included) this long after the
+               requests
   attack       instead of requests, misbehave on one connection and report how it ended:
                "data_before_headers", "decoder_flood", "encoder_flood", "over_stream_limit" (opens
                `streams` requests at once, default 300, whatever limit the server set)
@@ -177,10 +179,18 @@ def configuration(spec, ticket_store):
     return config
 
 
-async def run_requests(client, requests, parallel, timeout):
+async def run_requests(client, requests, parallel, timeout, hold_ms=0):
     results = []
     if parallel:
         streams = [client.request(r) for r in requests]
+        if hold_ms:
+            # Nothing more goes out for a while, the handshake's end included: the server has the
+            # requests in early data well before the handshake completes, whatever the machine's load.
+            send = client.transmit
+            client.transmit = lambda: None
+            await asyncio.sleep(hold_ms / 1000)
+            client.transmit = send
+            client.transmit()
         await asyncio.wait([s.done for s in streams], timeout=timeout)
         results = streams
     else:
@@ -275,7 +285,9 @@ async def main():
             if spec.get("attack"):
                 await attack(client, spec["attack"], spec.get("streams", 300))
             else:
-                out["results"] = await run_requests(client, spec.get("requests", []), spec.get("parallel"), timeout)
+                out["results"] = await run_requests(
+                    client, spec.get("requests", []), spec.get("parallel"), timeout, spec.get("hold_ms", 0)
+                )
             tls = client._quic.tls
             out["early_data_accepted"] = bool(tls.early_data_accepted)
             out["session_resumed"] = bool(tls.session_resumed)

@@ -215,8 +215,7 @@ impl<S: Service> Connection<S> {
         inc(&stats.connections_open);
         inc(&stats.quic_handshakes);
         if let Some(conn) = self.handshake(incoming, handshake).await {
-            let failed = self.run(&conn, watcher).await;
-            if let Some(ended) = ended(&conn.conn, failed.as_ref()) {
+            if let Some(ended) = self.run(&conn, watcher).await {
                 inc(match ended {
                     Ended::IdleTimeout => &stats.quic_errors_idle_timeout,
                     Ended::Protocol => &stats.quic_errors_protocol,
@@ -296,12 +295,8 @@ impl<S: Service> Connection<S> {
     }
 
     /// Serves the connection's requests until it closes, or until the drain, after which it finishes those
-    /// it has (a GOAWAY tells the client which). Returns the HTTP/3 error it ended with, if any.
-    async fn run(
-        &self,
-        handshaken: &Handshaken,
-        mut watcher: Watcher,
-    ) -> Option<h3::error::ConnectionError> {
+    /// it has (a GOAWAY tells the client which). Returns how it ended, when that was not cleanly.
+    async fn run(&self, handshaken: &Handshaken, mut watcher: Watcher) -> Option<Ended> {
         let stats = self.service.stats();
         let conn = &handshaken.conn;
         let config = &self.listener.config;
@@ -320,7 +315,7 @@ impl<S: Service> Connection<S> {
             Ok(Ok(h3)) => h3,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "HTTP/3 connection failed");
-                return Some(e);
+                return ended(conn, &e);
             }
             Err(_) => {
                 inc(&stats.header_timeouts);
@@ -341,8 +336,13 @@ impl<S: Service> Connection<S> {
             idle_timeout: config.idle_timeout,
         });
         let mut draining = false;
+        let mut closed = std::pin::pin!(conn.closed());
         loop {
             tokio::select! {
+                // First: once h3 sees the connection fail it closes it itself, after which quinn tells
+                // only of that local close, not of what failed.
+                biased;
+                reason = &mut closed => return quic_ended(&reason),
                 accepted = h3.accept() => match accepted {
                     Ok(Some(resolver)) => {
                         // Early: the stream came before the handshake completed, in 0-RTT packets an
@@ -359,13 +359,13 @@ impl<S: Service> Connection<S> {
                     Ok(None) => return None,
                     Err(e) => {
                         tracing::debug!(peer = %conn.remote_address(), error = %e, "HTTP/3 connection ended");
-                        return Some(e);
+                        return ended(conn, &e);
                     }
                 },
                 _ = watcher.draining(), if !draining => {
                     draining = true;
                     if let Err(e) = h3.shutdown(0).await {
-                        return Some(e);
+                        return ended(conn, &e);
                     }
                 }
             }
@@ -379,22 +379,27 @@ struct Handshaken {
     confirmed: Arc<AtomicBool>,
 }
 
-/// How `conn` ended, when that was not a clean close by either side (`None`); `h3` is the error HTTP/3 ended
-/// with, which tells why it was closed here.
-fn ended(conn: &quinn::Connection, h3: Option<&h3::error::ConnectionError>) -> Option<Ended> {
+/// How `conn` ended, when that was not a clean close by either side (`None`), given the error HTTP/3 ended
+/// with: one raised here (h3 closed the connection for it), or else quinn's account.
+fn ended(conn: &quinn::Connection, h3: &h3::error::ConnectionError) -> Option<Ended> {
     use h3::error::{ConnectionError, LocalError};
+    match h3 {
+        ConnectionError::Local {
+            error: LocalError::Application { code, .. },
+            ..
+        } if *code != Code::H3_NO_ERROR => Some(Ended::Protocol),
+        _ => quic_ended(&conn.close_reason()?),
+    }
+}
+
+/// How a QUIC connection ended, by quinn's account.
+fn quic_ended(e: &quinn::ConnectionError) -> Option<Ended> {
     use quinn::ConnectionError as E;
-    match conn.close_reason()? {
+    match e {
         E::TimedOut => Some(Ended::IdleTimeout),
         E::ApplicationClosed(close) if close.error_code == H3_NO_ERROR => None,
         E::ApplicationClosed(_) => Some(Ended::Protocol),
-        E::LocallyClosed => match h3 {
-            Some(ConnectionError::Local {
-                error: LocalError::Application { code, .. },
-                ..
-            }) if *code != Code::H3_NO_ERROR => Some(Ended::Protocol),
-            _ => None,
-        },
+        E::LocallyClosed => None,
         E::ConnectionClosed(close) if close.error_code == quinn::TransportErrorCode::NO_ERROR => {
             None
         }
