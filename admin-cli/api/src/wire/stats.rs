@@ -258,11 +258,11 @@ stats_section! {
         /// Requests refused with 431: head over `max_header_size` or more than `max_headers` fields.
         headers_too_large: Counter "lacquer_client_request_errors_total" { reason = "headers_too_large" },
         /// Client requests over HTTP/1.x.
-        requests_http1: Counter "lacquer_client_requests_total" { protocol = "http1" },
+        requests_http1: Counter "lacquer_client_protocol_requests_total" { protocol = "http1" },
         /// Client requests over HTTP/2.
-        requests_http2: Counter "lacquer_client_requests_total" { protocol = "http2" },
+        requests_http2: Counter "lacquer_client_protocol_requests_total" { protocol = "http2" },
         /// Client requests over HTTP/3.
-        requests_http3: Counter "lacquer_client_requests_total" { protocol = "http3" },
+        requests_http3: Counter "lacquer_client_protocol_requests_total" { protocol = "http3" },
         /// Response body bytes sent to clients over HTTP/3.
         bytes_out_http3: Counter "lacquer_client_http3_sent_bytes_total",
         /// QUIC connections that got their HTTP/3 session up.
@@ -422,6 +422,19 @@ stats_section! {
 /// Descriptions of the metric families whose members carry labels (a member's own description says what
 /// its label value counts).
 pub const FAMILY_HELP: &[(&str, &str)] = &[
+    (
+        "lacquer_client_protocol_requests_total",
+        "Client requests by protocol: HTTP/1.x, HTTP/2, HTTP/3.",
+    ),
+    (
+        "lacquer_quic_early_requests_total",
+        "HTTP/3 requests in TLS early data (0-RTT): answered (accepted), refused with 425 (refused).",
+    ),
+    (
+        "lacquer_quic_connection_errors_total",
+        "QUIC connections that ended badly, by kind: idle timeout, HTTP/3 error, QUIC transport error, \
+         stateless reset.",
+    ),
     (
         "lacquer_cluster_peer_requests_total",
         "Self-routed requests: sent to the key's owner (out), answered for a peer (in).",
