@@ -167,8 +167,7 @@ fn run(
 
     let workers = config.workers();
     let listeners: Vec<_> = listeners.into_iter().map(Arc::new).collect();
-    let addresses: Vec<SocketAddr> = listeners.iter().map(|l| l.config.address).collect();
-    let (sockets, bound) = lacquer_edge::bind(&addresses, workers)?;
+    let (sockets, bound) = lacquer_edge::bind(&listeners, workers)?;
     let admin_listener = control
         .block_on(tokio::net::TcpListener::bind(config.admin.listen))
         .with_context(|| format!("cannot listen on admin address {}", config.admin.listen))?;
@@ -262,7 +261,8 @@ fn run(
         let tls = (!c.tls.is_empty()).then_some("tls");
         let proxy = c.proxy_protocol.then_some("proxy");
         let h2 = c.http2.then_some("h2");
-        let features: Vec<&str> = [tls, proxy, h2].into_iter().flatten().collect();
+        let h3 = c.quic.then_some("h3");
+        let features: Vec<&str> = [tls, proxy, h2, h3].into_iter().flatten().collect();
         tracing::info!(%addr, features = %features.join(","), "listening");
     }
     tracing::info!(addr = %admin_addr, "admin listening");

@@ -233,7 +233,7 @@ pub fn listeners(config: &Config) -> Result<Vec<Listener>, ConfigError> {
         .enumerate()
         .map(|(n, l)| {
             Listener::new(l.clone())
-                .map_err(|e| ConfigError::setting(format!("listen[{n}].tls"), e))
+                .map_err(|e| ConfigError::setting(format!("listen[{n}].{}", e.setting()), e))
         })
         .collect()
 }
@@ -358,6 +358,7 @@ mod tests {
             ("[storage]\ndisk_size = \"1MiB\"\n", "storage: "),
             ("[[listen]]\naddress = \"127.0.0.1:0\"\ntls = [{ cert = \"/nonexistent.pem\", key = \"/nonexistent.key\" }]\n",
                 "listen[0].tls: "),
+            ("[[listen]]\naddress = \"127.0.0.1:0\"\nquic = true\n", "listen[0].quic: needs tls certificates"),
             ("[[route]]\npath_regex = \"(\"\n", "route[0].path_regex: regex parse error"),
             ("[compression]\nbrotli_level = 12\n", "compression.brotli_level: must be between 0 and 11"),
             ("[compression]\ngzip_level = 0\n", "compression.gzip_level: "),

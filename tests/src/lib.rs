@@ -6,6 +6,7 @@ pub mod client;
 pub mod daemon;
 pub mod etcd;
 pub mod fake_admin;
+pub mod h3;
 pub mod haproxy;
 pub mod nginx;
 pub mod origin;

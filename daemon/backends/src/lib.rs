@@ -135,7 +135,7 @@ impl BackendError {
 /// down to the backend.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct ClientBodyError(#[source] pub hyper::Error);
+pub struct ClientBodyError(#[source] pub body::BoxError);
 
 /// One worker's pool of connections to one backend (cloning shares the pool).
 #[derive(Clone)]

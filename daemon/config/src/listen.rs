@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
-/// One client listener: where, how (TLS, PROXY protocol, HTTP/2) and within which limits.
+/// One client listener: where, how (TLS, PROXY protocol, HTTP/2, HTTP/3) and within which limits.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Listen {
@@ -41,6 +41,28 @@ pub struct Listen {
     pub max_headers: usize,
     /// Largest request body sent on to a backend; larger gets `413`. Default: 100 MiB.
     pub max_request_body: ByteSize,
+    /// Serve HTTP/3 too: bind UDP on the same address and port, with the same `tls` certificates (required)
+    /// and ALPN `h3`. The listener's limits apply to it: `max_connections` and `max_connections_per_ip`
+    /// (a QUIC connection over them is refused before its handshake), `header_read_timeout` (the handshake,
+    /// and each request head), `idle_timeout` (QUIC's idle timeout, and a response stream the client stops
+    /// reading), `max_header_size` (the header section) and `max_request_body`. Default: false.
+    pub quic: bool,
+    /// Accept TLS 1.3 early data (0-RTT) on resumed QUIC connections: a request that arrives before the
+    /// handshake completes is served only if its method is safe (GET, HEAD, OPTIONS), others get `425 Too
+    /// Early` and the client sends them again after the handshake. Early data can be replayed by an
+    /// attacker. Default: false.
+    pub quic_0rtt: bool,
+    /// Requests one HTTP/3 connection may have open at once (QUIC's bidirectional stream limit).
+    /// Default: 100.
+    pub quic_max_streams: u32,
+    /// QUIC handshakes in progress on one worker above which a new client must first prove it owns its
+    /// address (a Retry round trip), so spoofed sources cannot make the listener work or send for them.
+    /// 0: always. Default: 64.
+    pub quic_retry_above: usize,
+    /// How long a client may remember the HTTP/3 offer this listener's TCP responses advertise with
+    /// `Alt-Svc` (its `ma`), when `quic` is on. 0: no `Alt-Svc`. Default: 24 h.
+    #[serde(with = "humantime_serde")]
+    pub alt_svc_max_age: Duration,
 }
 
 impl Default for Listen {
@@ -57,6 +79,11 @@ impl Default for Listen {
             max_header_size: ByteSize::kib(32),
             max_headers: 100,
             max_request_body: ByteSize::mib(100),
+            quic: false,
+            quic_0rtt: false,
+            quic_max_streams: 100,
+            quic_retry_above: 64,
+            alt_svc_max_age: Duration::from_secs(24 * 3600),
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
 use bytes::{Bytes, BytesMut};
+use http::{header::ALT_SVC, HeaderValue};
 use hyper::{
     server::conn::{http1, http2},
     service::service_fn,
@@ -18,11 +19,11 @@ use super::{
     drain::Watcher,
     io::{Activity, IdleTimeout, Prefixed},
     limits::Admitted,
-    proxy_protocol, Listener,
+    proxy_protocol, quic, Listener,
 };
 use crate::{
-    stats::{dec, inc, EdgeStats},
-    Client, Service,
+    stats::{self, dec, inc, EdgeStats},
+    Client, RequestBody, Service,
 };
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -33,10 +34,13 @@ const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
 pub struct Protocols {
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
+    /// The listener's HTTP/3 side, advertised on every response: with `quic` and an `alt_svc_max_age`.
+    alt_svc: Option<HeaderValue>,
 }
 
 impl Protocols {
-    pub fn new(listener: &Listener) -> Self {
+    /// `port`: the one bound, which the listener's UDP socket shares.
+    pub fn new(listener: &Listener, port: u16) -> Self {
         let c = &listener.config;
         let mut h1 = http1::Builder::new();
         // Flattening head and body into one write: 0.97x NGINX's hits per second on a 2 KiB object, against
@@ -59,6 +63,10 @@ impl Protocols {
         Self {
             http1: h1,
             http2: h2,
+            alt_svc: listener
+                .quic
+                .as_ref()
+                .and_then(|_| quic::alt_svc(port, c.alt_svc_max_age)),
         }
     }
 }
@@ -248,14 +256,25 @@ impl<S: Service> Handler<S> {
         let waiting = activity.clone();
         let Handler { service, client } = self;
         let refused = client.refused;
-        let service = service_fn(move |req| {
+        let alt_svc = protocols.alt_svc.clone();
+        let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let in_wait = waiting.enter();
+            let stats = service.stats();
+            stats::inc(if http2 {
+                &stats.requests_http2
+            } else {
+                &stats.requests_http1
+            });
             // Boxed: hyper moves the future into its dispatcher by value, and the data path's is many
             // kilobytes, one memcpy per request (5 % of a hit's CPU in perf).
-            let answer = Box::pin(service.clone().call(req, client));
+            let answer = Box::pin(service.clone().call(req.map(RequestBody::Http), client));
+            let alt_svc = alt_svc.clone();
             async move {
-                let resp = answer.await;
+                let mut resp = answer.await;
                 drop(in_wait);
+                if let Some(alt_svc) = alt_svc {
+                    resp.headers_mut().insert(ALT_SVC, alt_svc);
+                }
                 Ok::<_, Infallible>(resp)
             }
         });

@@ -9,7 +9,9 @@ use tokio::sync::watch;
 /// Tells every connection of a worker to finish, and waits until they have.
 pub struct Drain(watch::Sender<()>);
 
-/// One connection's end of a [`Drain`], held for as long as the connection is served.
+/// One connection's end of a [`Drain`], held for as long as the connection is served (by each of its
+/// requests too, when they run apart from it).
+#[derive(Clone)]
 pub struct Watcher(watch::Receiver<()>);
 
 impl Drain {
@@ -30,6 +32,12 @@ impl Drain {
 }
 
 impl Watcher {
+    /// Resolves once the drain has started.
+    pub async fn draining(&mut self) {
+        // A drain that is dropped without a shutdown ends the worker too.
+        let _ = self.0.changed().await;
+    }
+
     /// Serves `conn` to its end, starting its graceful shutdown (`finish`) once the drain starts.
     pub async fn watch<C: Future>(
         mut self,

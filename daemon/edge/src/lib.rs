@@ -1,16 +1,20 @@
 //! The client side of lacquerd: listeners and the worker threads that serve them, everything before a
-//! request reaches the data path (PROXY header, TLS, HTTP/1.1 or HTTP/2, connection limits and timeouts).
+//! request reaches the data path (PROXY header, TLS, HTTP/1.1, HTTP/2 or HTTP/3 over QUIC, connection
+//! limits and timeouts).
 //!
-//! Each worker is a current-thread runtime with its own `SO_REUSEPORT` socket per listener, so the kernel
-//! spreads connections and a request never hops threads on the hit path. The store runs on a separate
+//! Each worker is a current-thread runtime with its own `SO_REUSEPORT` socket per listener (and a UDP one
+//! for a listener with QUIC), so the kernel spreads connections and a request never hops threads on the
+//! hit path. The store runs on a separate
 //! runtime (see `lacquerd`'s `main.rs`). What answers requests is a [`Service`], one per worker thread.
 #![warn(missing_docs)]
 
+mod body;
 mod connection;
 mod drain;
 mod io;
 mod limits;
 mod proxy_protocol;
+mod quic;
 pub mod stats;
 pub mod tls;
 
@@ -18,8 +22,8 @@ use std::{future::Future, net::IpAddr};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use hyper::body::Incoming;
 
+pub use self::body::{BoxError, H3Body, RequestBody};
 pub use self::io::{Activity, IdleTimeout, WaitingGuard};
 pub use self::stats::EdgeStats;
 
@@ -42,11 +46,11 @@ pub trait Service: Send + Sync + 'static {
     /// The response body.
     type Body: http_body::Body<Data = Bytes, Error = Self::Error> + Send + 'static;
     /// The response body's error.
-    type Error: Into<Box<dyn std::error::Error + Send + Sync>>;
+    type Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send;
     /// Answers one request from `client`.
     fn call(
         self: std::sync::Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         client: Client,
     ) -> impl Future<Output = Response<Self::Body>> + Send + 'static;
     /// The counters the edge keeps.
@@ -54,7 +58,7 @@ pub trait Service: Send + Sync + 'static {
 }
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::{SocketAddr, TcpListener, UdpSocket},
     sync::Arc,
     thread::JoinHandle,
     time::Duration,
@@ -67,7 +71,9 @@ use socket2::{Domain, Socket, Type};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use self::{connection::Protocols, drain::Drain, limits::ConnectionLimits, tls::SniResolver};
+use self::{
+    connection::Protocols, drain::Drain, limits::ConnectionLimits, quic::Quic, tls::SniResolver,
+};
 use lacquer_config::Listen;
 
 /// A listener's settings and the state its connections share across workers.
@@ -78,6 +84,8 @@ pub struct Listener {
     tls: Option<TlsAcceptor>,
     /// The certificates a reload replaces.
     pub certificates: Option<Arc<SniResolver>>,
+    /// The HTTP/3 side, with `quic`.
+    quic: Option<Arc<Quic>>,
 }
 
 impl Listener {
@@ -87,7 +95,16 @@ impl Listener {
         let certificates = tls::Certificates::load(&config.tls)?;
         let resolver = (!certificates.is_empty())
             .then(|| Arc::new(SniResolver(ArcSwap::from_pointee(certificates))));
+        let quic = match (&resolver, config.quic) {
+            (_, false) => None,
+            (None, true) => return Err(tls::TlsError::QuicWithoutTls),
+            (Some(_), true) if config.quic_max_streams == 0 => {
+                return Err(tls::TlsError::NoStreams)
+            }
+            (Some(resolver), true) => Some(Arc::new(Quic::new(&config, resolver.clone()))),
+        };
         Ok(Self {
+            quic,
             limits: ConnectionLimits::new(config.max_connections, config.max_connections_per_ip),
             tls: resolver
                 .clone()
@@ -98,21 +115,35 @@ impl Listener {
     }
 }
 
-/// Binds `workers` sockets per address. A port of 0 is resolved by the first socket and reused by the rest.
-/// Returns the sockets per worker and the addresses actually bound.
+/// One worker's sockets for one listener.
+pub struct Sockets {
+    tcp: TcpListener,
+    /// With `quic`: on the same address and port.
+    udp: Option<UdpSocket>,
+}
+
+/// Binds `workers` sockets per listener (TCP, and UDP for one with `quic`). A port of 0 is resolved by
+/// the first socket and reused by the rest. Returns the sockets per worker and the addresses actually
+/// bound.
 pub fn bind(
-    addrs: &[SocketAddr],
+    listeners: &[Arc<Listener>],
     workers: usize,
-) -> anyhow::Result<(Vec<Vec<TcpListener>>, Vec<SocketAddr>)> {
-    let mut per_worker: Vec<Vec<TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
+) -> anyhow::Result<(Vec<Vec<Sockets>>, Vec<SocketAddr>)> {
+    let mut per_worker: Vec<Vec<Sockets>> = (0..workers).map(|_| Vec::new()).collect();
     let mut bound = Vec::new();
-    for &addr in addrs {
-        let mut actual = addr;
+    for listener in listeners {
+        let mut actual = listener.config.address;
         for sockets in per_worker.iter_mut() {
-            let listener =
+            let tcp =
                 reuseport_listener(actual).with_context(|| format!("cannot listen on {actual}"))?;
-            actual = listener.local_addr()?;
-            sockets.push(listener);
+            actual = tcp.local_addr()?;
+            let udp = listener
+                .quic
+                .as_ref()
+                .map(|_| quic::reuseport_socket(actual))
+                .transpose()
+                .with_context(|| format!("cannot listen on {actual} (UDP, for quic)"))?;
+            sockets.push(Sockets { tcp, udp });
         }
         bound.push(actual);
     }
@@ -162,7 +193,7 @@ pub fn spawn_workers<S: Service>(
     service: Arc<dyn Fn() -> S + Send + Sync>,
     settings: Arc<WorkerSettings>,
     listeners: Vec<Arc<Listener>>,
-    sockets: Vec<Vec<TcpListener>>,
+    sockets: Vec<Vec<Sockets>>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<JoinHandle<()>>> {
     sockets
@@ -190,23 +221,55 @@ async fn serve<S: Service>(
     service: S,
     settings: Arc<WorkerSettings>,
     listeners: Vec<Arc<Listener>>,
-    sockets: Vec<TcpListener>,
+    sockets: Vec<Sockets>,
     shutdown: watch::Receiver<bool>,
 ) {
     let service = Arc::new(service);
     let graceful = Drain::new();
-    join_all(
-        listeners
-            .into_iter()
-            .zip(sockets)
-            .map(|(listener, socket)| {
-                let socket = tokio::net::TcpListener::from_std(socket)
-                    .expect("listener registers with the runtime");
-                accept(socket, listener, &service, &graceful, shutdown.clone())
-            }),
-    )
-    .await;
-    if tokio::time::timeout(settings.shutdown_timeout, graceful.shutdown())
+    let mut endpoints = Vec::new();
+    let mut quic = Vec::new();
+    let mut tcp = Vec::new();
+    for (listener, Sockets { tcp: socket, udp }) in listeners.into_iter().zip(sockets) {
+        let port = socket.local_addr().map_or(0, |a| a.port());
+        if let (Some(udp), Some(config)) = (udp, &listener.quic) {
+            match config.endpoint(udp) {
+                Ok(endpoint) => {
+                    endpoints.push(endpoint.clone());
+                    quic.push(quic::accept(
+                        endpoint,
+                        listener.clone(),
+                        config.clone(),
+                        service.clone(),
+                        &graceful,
+                        shutdown.clone(),
+                    ));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot serve QUIC on {}", listener.config.address)
+                }
+            }
+        }
+        let socket =
+            tokio::net::TcpListener::from_std(socket).expect("listener registers with the runtime");
+        tcp.push(accept(
+            socket,
+            listener,
+            port,
+            &service,
+            &graceful,
+            shutdown.clone(),
+        ));
+    }
+    tokio::join!(join_all(tcp), join_all(quic));
+    let drained = async {
+        graceful.shutdown().await;
+        // The CONNECTION_CLOSE frames of the connections just finished go out before the sockets close.
+        for endpoint in &endpoints {
+            endpoint.close(0u32.into(), b"");
+        }
+        join_all(endpoints.iter().map(|e| e.wait_idle())).await;
+    };
+    if tokio::time::timeout(settings.shutdown_timeout, drained)
         .await
         .is_err()
     {
@@ -220,11 +283,12 @@ async fn serve<S: Service>(
 async fn accept<S: Service>(
     socket: tokio::net::TcpListener,
     listener: Arc<Listener>,
+    port: u16,
     service: &Arc<S>,
     graceful: &Drain,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let protocols = Protocols::new(&listener);
+    let protocols = Protocols::new(&listener, port);
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
@@ -255,6 +319,41 @@ async fn accept<S: Service>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quic_settings_are_checked_with_the_listener() {
+        let dir = tempfile::tempdir().unwrap();
+        let certified = rcgen::generate_simple_self_signed(vec!["a.test".to_owned()]).unwrap();
+        let cert = lacquer_config::Certificate {
+            cert: dir.path().join("a.pem"),
+            key: dir.path().join("a.key"),
+        };
+        std::fs::write(&cert.cert, certified.cert.pem()).unwrap();
+        std::fs::write(&cert.key, certified.signing_key.serialize_pem()).unwrap();
+        let plain = Listen {
+            quic: true,
+            ..Listen::default()
+        };
+        let e = Listener::new(plain.clone()).err().unwrap();
+        assert_eq!(e.setting(), "quic");
+        let no_streams = Listen {
+            tls: vec![cert.clone()],
+            quic_max_streams: 0,
+            ..plain.clone()
+        };
+        let e = Listener::new(no_streams).err().unwrap();
+        assert_eq!(
+            (e.setting(), e.to_string().as_str()),
+            ("quic_max_streams", "must be at least 1")
+        );
+        let tls = Listen {
+            tls: vec![cert],
+            ..plain
+        };
+        assert!(Listener::new(tls.clone()).unwrap().quic.is_some());
+        let off = Listen { quic: false, ..tls };
+        assert!(Listener::new(off).unwrap().quic.is_none());
+    }
 
     /// A client that reads nothing: how much of a 16 MiB write the kernel takes before it blocks.
     #[tokio::test]

@@ -1,4 +1,5 @@
-//! TLS termination: certificates from PEM files, chosen per connection by SNI, with ALPN for HTTP/2.
+//! TLS termination: certificates from PEM files, chosen per connection by SNI, with ALPN for HTTP/2; the
+//! same certificates for QUIC (HTTP/3).
 
 use std::{fmt, path::Path, sync::Arc};
 
@@ -13,7 +14,8 @@ use rustls::{
 
 use lacquer_config::Certificate;
 
-/// Why a listener's certificates cannot be used; the message names the file.
+/// Why a listener's certificates (or its QUIC settings, which depend on them) cannot be used; the message
+/// names the file, [`TlsError::setting`] the setting.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A certificate or key file is missing, unreadable or not PEM.
@@ -30,6 +32,23 @@ pub enum TlsError {
     /// The `key` file (named) is of an unsupported kind or does not match the chain's leaf.
     #[error("{0}: {1}")]
     Key(String, rustls::Error),
+    /// `quic = true` on a listener without certificates: QUIC is always TLS.
+    #[error("needs tls certificates on the listener (QUIC is always encrypted)")]
+    QuicWithoutTls,
+    /// `quic_max_streams = 0`: no request could ever be sent.
+    #[error("must be at least 1")]
+    NoStreams,
+}
+
+impl TlsError {
+    /// The `[[listen]]` key at fault: `tls`, `quic` or `quic_max_streams`.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            Self::Read { .. } | Self::NoCertificate(_) | Self::Key(..) => "tls",
+            Self::QuicWithoutTls => "quic",
+            Self::NoStreams => "quic_max_streams",
+        }
+    }
 }
 
 /// A listener's certificates in the order configured: the first is the default.
@@ -116,6 +135,26 @@ pub fn server_config(resolver: Arc<SniResolver>, http2: bool) -> Arc<ServerConfi
     } else {
         vec![b"http/1.1".to_vec()]
     };
+    Arc::new(config)
+}
+
+/// TLS resumptions remembered for QUIC clients. Stateful resumption is what rustls requires for 0-RTT, and
+/// it makes each ticket single-use across every worker (the cache is shared): an early-data flight replayed
+/// to this process is refused. An entry is a few hundred bytes: a few MiB in all.
+const QUIC_SESSIONS: usize = 16 * 1024;
+
+/// The server side of a QUIC listener: TLS 1.3 only (QUIC requires it), the same certificates as the TCP
+/// listener through the same resolver (a reload that swaps them applies to both), ALPN `h3`; early data
+/// accepted only with `zero_rtt` (QUIC allows no limit other than none or all of it).
+pub fn quic_server_config(resolver: Arc<SniResolver>, zero_rtt: bool) -> Arc<ServerConfig> {
+    let mut config = ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("ring supports TLS 1.3")
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(QUIC_SESSIONS);
+    config.alpn_protocols = vec![b"h3".to_vec()];
+    config.max_early_data_size = if zero_rtt { u32::MAX } else { 0 };
     Arc::new(config)
 }
 

@@ -102,7 +102,7 @@ impl AccessLog {
     /// Starts recording a request, when the file wants it (sampled) or someone follows the stream.
     pub fn begin(
         self: &Arc<Self>,
-        req: &Request<hyper::body::Incoming>,
+        req: &Request<lacquer_edge::RequestBody>,
         client: IpAddr,
     ) -> Option<Recording> {
         let to_file = self.file.is_some() && (self.sample >= 1.0 || fastrand::f64() < self.sample);

@@ -38,8 +38,7 @@ use std::{
 
 use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
-use lacquer_edge::{Client, EdgeStats};
+use lacquer_edge::{Client, EdgeStats, RequestBody};
 use lacquer_rules::Phase;
 use lacquer_storage::{ChunkRead, ObjectMeta, ObjectSet, Tier};
 
@@ -76,7 +75,7 @@ impl lacquer_edge::Service for Worker {
 
     fn call(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         client: Client,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         let recording = self.shared.access_log.begin(&req, client.ip);
@@ -111,7 +110,11 @@ fn too_many_connections() -> Response<Body> {
 }
 
 /// Answers one request: checks its head, routes it, then looks it up, passes it or invalidates with it.
-pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(
+    worker: Arc<Worker>,
+    client: Client,
+    req: Request<RequestBody>,
+) -> Response<Body> {
     let head_only = req.method() == Method::HEAD;
     let resp = answer(worker, client, req).await;
     if head_only {
@@ -122,7 +125,7 @@ pub async fn handle(worker: Arc<Worker>, client: Client, req: Request<Incoming>)
     resp
 }
 
-async fn answer(worker: Arc<Worker>, client: Client, req: Request<Incoming>) -> Response<Body> {
+async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) -> Response<Body> {
     let stats = &worker.shared.stats;
     inc(&stats.requests);
     let (mut parts, body) = req.into_parts();
@@ -320,7 +323,7 @@ fn own_answer(what: AnsweredHere) -> Response<Body> {
 }
 
 /// The request body to forward, cut off past `max` bytes; `None` when its declared length is over `max`.
-fn limited(body: Incoming, parts: &Parts, max: u64) -> Option<Body> {
+fn limited(body: RequestBody, parts: &Parts, max: u64) -> Option<Body> {
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)

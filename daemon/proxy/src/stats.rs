@@ -116,6 +116,20 @@ counters! {
     header_timeouts,
     idle_timeouts,
     headers_too_large,
+    requests_http1,
+    requests_http2,
+    requests_http3,
+    bytes_out_http3,
+    connections_http3,
+    quic_handshakes,
+    quic_handshake_errors,
+    quic_retries,
+    quic_0rtt_accepted,
+    quic_0rtt_refused,
+    quic_errors_idle_timeout,
+    quic_errors_protocol,
+    quic_errors_transport,
+    quic_errors_reset,
 }
 
 /// Counts one (relaxed: counters order nothing).

@@ -257,6 +257,37 @@ stats_section! {
         idle_timeouts: Counter "lacquer_client_connection_errors_total" { reason = "idle_timeout" },
         /// Requests refused with 431: head over `max_header_size` or more than `max_headers` fields.
         headers_too_large: Counter "lacquer_client_request_errors_total" { reason = "headers_too_large" },
+        /// Client requests over HTTP/1.x.
+        requests_http1: Counter "lacquer_client_protocol_requests_total" { protocol = "http1" },
+        /// Client requests over HTTP/2.
+        requests_http2: Counter "lacquer_client_protocol_requests_total" { protocol = "http2" },
+        /// Client requests over HTTP/3.
+        requests_http3: Counter "lacquer_client_protocol_requests_total" { protocol = "http3" },
+        /// Response body bytes sent to clients over HTTP/3.
+        bytes_out_http3: Counter "lacquer_client_http3_sent_bytes_total",
+        /// QUIC connections that got their HTTP/3 session up.
+        connections_http3: Counter "lacquer_client_http3_connections_total",
+        /// QUIC handshakes started: connections accepted within the listener's limits.
+        quic_handshakes: Counter "lacquer_quic_handshakes_total",
+        /// QUIC handshakes that failed (one that timed out counts in `header_timeouts`).
+        quic_handshake_errors: Counter "lacquer_client_connection_errors_total" { reason = "quic_handshake" },
+        /// New QUIC clients asked to prove their address with a Retry first (past `quic_retry_above`
+        /// handshakes in progress on a worker).
+        quic_retries: Counter "lacquer_quic_retries_total",
+        /// HTTP/3 requests answered from TLS early data (0-RTT), before the handshake completed.
+        quic_0rtt_accepted: Counter "lacquer_quic_early_requests_total" { result = "accepted" },
+        /// HTTP/3 requests in early data refused with 425 Too Early: a method that is not safe.
+        quic_0rtt_refused: Counter "lacquer_quic_early_requests_total" { result = "refused" },
+        /// QUIC connections closed after `idle_timeout` without a packet.
+        quic_errors_idle_timeout: Counter "lacquer_quic_connection_errors_total" { kind = "idle_timeout" },
+        /// QUIC connections closed for an HTTP/3 error raised by either side: malformed or unexpected
+        /// frames, QPACK errors.
+        quic_errors_protocol: Counter "lacquer_quic_connection_errors_total" { kind = "h3" },
+        /// QUIC connections closed for a QUIC transport error raised by either side: stream limits, flow
+        /// control, malformed packets.
+        quic_errors_transport: Counter "lacquer_quic_connection_errors_total" { kind = "transport" },
+        /// QUIC connections ended by a stateless reset: the client lost the connection's state.
+        quic_errors_reset: Counter "lacquer_quic_connection_errors_total" { kind = "reset" },
         /// Access log lines dropped because the writer fell behind (a slow disk).
         access_log_dropped: Counter "lacquer_access_log_dropped_total",
         /// Stored objects revalidated with the origin instead of served, because this cluster node could not
@@ -391,6 +422,19 @@ stats_section! {
 /// Descriptions of the metric families whose members carry labels (a member's own description says what
 /// its label value counts).
 pub const FAMILY_HELP: &[(&str, &str)] = &[
+    (
+        "lacquer_client_protocol_requests_total",
+        "Client requests by protocol: HTTP/1.x, HTTP/2, HTTP/3.",
+    ),
+    (
+        "lacquer_quic_early_requests_total",
+        "HTTP/3 requests in TLS early data (0-RTT): answered (accepted), refused with 425 (refused).",
+    ),
+    (
+        "lacquer_quic_connection_errors_total",
+        "QUIC connections that ended badly, by kind: idle timeout, HTTP/3 error, QUIC transport error, \
+         stateless reset.",
+    ),
     (
         "lacquer_cluster_peer_requests_total",
         "Self-routed requests: sent to the key's owner (out), answered for a peer (in).",

@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""An HTTP/3 client for the end-to-end tests, on aioquic (a QUIC and HTTP/3 stack we did not write).
+
+Usage: h3client.py SPEC, SPEC being JSON:
+  addr         "127.0.0.1:PORT"
+  server_name  SNI and :authority (default "localhost")
+  cafile       a CA to verify the server with; without it, no verification
+  requests     [{method, path, headers: {name: value}, body: str, reset_after: bytes, literal: bool}]
+               (reset_after: stop and reset the stream once that many body bytes came; 0: right after
+               the head; literal: encode the head here, as literals, with no size limit)
+  parallel     send every request at once (default: one after the other)
+  zero_rtt     first fetch `prime` on a connection of its own to get a session ticket, then send
+               `requests` on a resumed connection in early data, before the handshake completes
+  hold_ms      with `parallel`, send nothing else (the handshake's end included) this long after the
+               requests
+  attack       instead of requests, misbehave on one connection and report how it ended:
+               "data_before_headers", "decoder_flood", "encoder_flood", "over_stream_limit" (opens
+               `streams` requests at once, default 300, whatever limit the server set)
+Prints JSON: {"results": [{status, headers, length, sha256, ms, error}], "early_data_accepted",
+"session_resumed", "closed": {"error_code", "reason"} or null, "flood_allowed": bytes the server let a
+flood send}.
+"""
+
+import asyncio
+import hashlib
+import json
+import ssl
+import sys
+import time
+
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated, StreamReset
+
+H3_REQUEST_CANCELLED = 0x10C
+
+
+class Client(QuicConnectionProtocol):
+    # The connection being made, for its close when the handshake never completes.
+    last = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        Client.last = self
+        self.h3 = H3Connection(self._quic)
+        self.streams = {}
+        self.closed = None
+        self.terminated = asyncio.Event()
+
+    def quic_event_received(self, event):
+        if isinstance(event, ConnectionTerminated):
+            self.closed = {"error_code": event.error_code, "reason": event.reason_phrase}
+            self.terminated.set()
+            for stream in self.streams.values():
+                stream.finish("connection closed")
+            return
+        if isinstance(event, StreamReset) and event.stream_id in self.streams:
+            self.streams[event.stream_id].finish(f"stream reset {event.error_code}")
+            return
+        for h3_event in self.h3.handle_event(event):
+            stream = self.streams.get(getattr(h3_event, "stream_id", None))
+            if stream is not None:
+                stream.on_event(self, h3_event)
+
+    def request(self, spec):
+        stream_id = self._quic.get_next_available_stream_id()
+        authority = self.server_name
+        headers = [
+            (b":method", spec.get("method", "GET").encode()),
+            (b":scheme", b"https"),
+            (b":authority", authority.encode()),
+            (b":path", spec["path"].encode()),
+        ] + [(k.lower().encode(), v.encode()) for k, v in spec.get("headers", {}).items()]
+        body = spec.get("body")
+        if spec.get("literal"):
+            # Encoded here, field by field as literals: aioquic's encoder takes no section over 4 KiB.
+            block = b"\x00\x00" + b"".join(literal_field(k, v) for k, v in headers)
+            frame = encode_varint(1) + encode_varint(len(block)) + block
+            self._quic.send_stream_data(stream_id, frame, end_stream=body is None)
+            # aioquic learns of the stream from the answer.
+            self.h3._get_or_create_stream(stream_id)
+        else:
+            self.h3.send_headers(stream_id, headers, end_stream=body is None)
+        if body is not None:
+            self.h3.send_data(stream_id, body.encode(), end_stream=True)
+        stream = Stream(stream_id, spec.get("reset_after"))
+        self.streams[stream_id] = stream
+        self.transmit()
+        return stream
+
+
+def encode_varint(n):
+    for length, flag in ((1, 0), (2, 0x40), (4, 0x80), (8, 0xC0)):
+        if n < 1 << (8 * length - 2):
+            return (n | flag << (8 * length - 8)).to_bytes(length, "big")
+    raise ValueError(n)
+
+
+def prefixed_int(n, bits, flags):
+    # QPACK's (HPACK's) integers: `bits` in the first byte beside `flags`, then 7 bits a byte.
+    limit = (1 << bits) - 1
+    if n < limit:
+        return bytes([flags | n])
+    out = [flags | limit]
+    n -= limit
+    while n >= 128:
+        out.append(n % 128 | 128)
+        n //= 128
+    out.append(n)
+    return bytes(out)
+
+
+def literal_field(name, value):
+    # Literal Field Line with Literal Name, no Huffman (RFC 9204 §4.5.6).
+    return prefixed_int(len(name), 3, 0x20) + name + prefixed_int(len(value), 7, 0) + value
+
+
+class Stream:
+    def __init__(self, stream_id, reset_after):
+        self.stream_id = stream_id
+        self.reset_after = reset_after
+        self.started = time.monotonic()
+        self.status = None
+        self.headers = []
+        self.length = 0
+        self.digest = hashlib.sha256()
+        self.error = None
+        self.done = asyncio.get_event_loop().create_future()
+
+    def on_event(self, client, event):
+        if isinstance(event, HeadersReceived):
+            if self.status is None:
+                for k, v in event.headers:
+                    if k == b":status":
+                        self.status = int(v)
+                    else:
+                        self.headers.append([k.decode(), v.decode()])
+        elif isinstance(event, DataReceived):
+            self.length += len(event.data)
+            self.digest.update(event.data)
+        if self.reset_after is not None and self.status is not None and self.length >= self.reset_after:
+            # As a browser cancels a request: stop the server's sending, reset our own side.
+            client._quic.stop_stream(self.stream_id, H3_REQUEST_CANCELLED)
+            client._quic.reset_stream(self.stream_id, H3_REQUEST_CANCELLED)
+            client.transmit()
+            self.finish("reset by client")
+            return
+        if event.stream_ended:
+            self.finish(None)
+
+    def finish(self, error):
+        if not self.done.done():
+            self.error = error
+            self.done.set_result(None)
+
+    def result(self):
+        return {
+            "status": self.status,
+            "headers": self.headers,
+            "length": self.length,
+            "sha256": self.digest.hexdigest(),
+            "ms": round((time.monotonic() - self.started) * 1000, 3),
+            "error": self.error,
+        }
+
+
+def configuration(spec, ticket_store):
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
+    config.server_name = spec.get("server_name", "localhost")
+    if spec.get("cafile"):
+        config.load_verify_locations(spec["cafile"])
+    else:
+        config.verify_mode = ssl.CERT_NONE
+    if ticket_store.get("ticket") is not None:
+        config.session_ticket = ticket_store["ticket"]
+    return config
+
+
+async def run_requests(client, requests, parallel, timeout, hold_ms=0):
+    results = []
+    if parallel:
+        streams = [client.request(r) for r in requests]
+        if hold_ms:
+            # Nothing more goes out for a while, the handshake's end included: the server has the
+            # requests in early data well before the handshake completes, whatever the machine's load.
+            send = client.transmit
+            client.transmit = lambda: None
+            await asyncio.sleep(hold_ms / 1000)
+            client.transmit = send
+            client.transmit()
+        await asyncio.wait([s.done for s in streams], timeout=timeout)
+        results = streams
+    else:
+        for r in requests:
+            stream = client.request(r)
+            await asyncio.wait([stream.done], timeout=timeout)
+            results.append(stream)
+    for s in results:
+        if not s.done.done():
+            s.finish("timed out")
+    return [s.result() for s in results]
+
+
+async def attack(client, kind, count):
+    quic = client._quic
+    if kind == "data_before_headers":
+        stream_id = quic.get_next_available_stream_id()
+        # A DATA frame (type 0, length 3) where the request's HEADERS must come first.
+        quic.send_stream_data(stream_id, b"\x00\x03abc", end_stream=True)
+    elif kind in ("decoder_flood", "encoder_flood"):
+        stream_id = client.h3._local_decoder_stream_id if kind == "decoder_flood" else client.h3._local_encoder_stream_id
+        # Decoder: Insert Count Increment (0b00xxxxxx) for entries never inserted. Encoder: Insert With
+        # Literal Name (0b01xxxxxx) into a dynamic table the server never allowed.
+        instruction = b"\x01" if kind == "decoder_flood" else b"\x41a\x01b"
+        # 4 MiB of them.
+        chunk = instruction * (65536 // len(instruction))
+        for _ in range(64):
+            quic.send_stream_data(stream_id, chunk)
+            client.transmit()
+            await asyncio.sleep(0)
+        await asyncio.sleep(1)
+        # How much of it the server let come (its flow control credit on that stream).
+        client.flood_allowed = quic._streams[stream_id].max_stream_data_remote
+    elif kind == "over_stream_limit":
+        # Past the limit the server granted: aioquic would hold the streams back, so it is told the limit
+        # is larger than it is.
+        quic._remote_max_streams_bidi = 1 << 20
+        for _ in range(count):
+            stream_id = quic.get_next_available_stream_id()
+            client.h3.send_headers(
+                stream_id,
+                [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"), (b":path", b"/")],
+                end_stream=True,
+            )
+    else:
+        raise SystemExit(f"unknown attack {kind}")
+    client.transmit()
+    try:
+        await asyncio.wait_for(client.terminated.wait(), timeout=5)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def main():
+    spec = json.loads(sys.argv[1])
+    host, port = spec["addr"].rsplit(":", 1)
+    port = int(port)
+    timeout = spec.get("timeout", 30)
+    tickets = {}
+
+    def save_ticket(ticket):
+        tickets["ticket"] = ticket
+
+    out = {"results": [], "early_data_accepted": False, "session_resumed": False, "closed": None}
+    if spec.get("zero_rtt"):
+        async with connect(
+            host,
+            port,
+            configuration=configuration(spec, tickets),
+            create_protocol=Client,
+            session_ticket_handler=save_ticket,
+        ) as client:
+            client.server_name = spec.get("server_name", "localhost")
+            await run_requests(client, [{"path": spec.get("prime", "/")}], False, timeout)
+            # The ticket comes after the handshake, usually with the first response.
+            for _ in range(100):
+                if "ticket" in tickets:
+                    break
+                await asyncio.sleep(0.01)
+        if "ticket" not in tickets:
+            raise SystemExit("no session ticket received")
+    try:
+        async with connect(
+            host,
+            port,
+            configuration=configuration(spec, tickets),
+            create_protocol=Client,
+            session_ticket_handler=save_ticket,
+            wait_connected=not spec.get("zero_rtt"),
+        ) as client:
+            client.server_name = spec.get("server_name", "localhost")
+            if spec.get("attack"):
+                await attack(client, spec["attack"], spec.get("streams", 300))
+            else:
+                out["results"] = await run_requests(
+                    client, spec.get("requests", []), spec.get("parallel"), timeout, spec.get("hold_ms", 0)
+                )
+            tls = client._quic.tls
+            out["early_data_accepted"] = bool(tls.early_data_accepted)
+            out["session_resumed"] = bool(tls.session_resumed)
+            out["closed"] = client.closed
+            out["flood_allowed"] = getattr(client, "flood_allowed", None)
+    except ConnectionError:
+        # Closed before the handshake completed (refused).
+        out["closed"] = Client.last.closed
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

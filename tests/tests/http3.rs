@@ -1,0 +1,474 @@
+//! HTTP/3 end to end: aioquic (tests/h3client.py) and, where installed, Chromium against the real daemon,
+//! through the whole data path (hits, misses, ranges, compression, invalidation), with its limits, 0-RTT
+//! policy and counters, and malformed input.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Method;
+use lacquer_tests::{
+    eventually,
+    h3::{self, get, header},
+    pattern,
+    tls::{self, TestCa},
+    Daemon, Origin, Reply, Step,
+};
+use serde_json::{json, Value};
+
+fn sha256(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A daemon with one TLS listener serving HTTP/3 too, its certificate for `example.test` issued by a test
+/// CA whose PEM file the client trusts.
+struct Quic {
+    d: Daemon,
+    certs: tempfile::TempDir,
+    cafile: String,
+    ca: TestCa,
+}
+
+impl Quic {
+    fn start(origin: &Origin, listen: &str, rest: &str) -> Quic {
+        let ca = TestCa::new();
+        let certs = tempfile::tempdir().unwrap();
+        let (cert, key) = ca.issue(certs.path(), "site", &["example.test"]);
+        let cafile = certs.path().join("ca.pem");
+        std::fs::write(&cafile, ca.pem()).unwrap();
+        let d = Daemon::with_config(
+            origin.addr,
+            &format!(
+                "[[listen]]\naddress = \"127.0.0.1:0\"\ntls = [{{ cert = \"{cert}\", key = \"{key}\" }}]\n\
+                 quic = true\n{listen}\n{rest}\n"
+            ),
+        );
+        Quic {
+            d,
+            certs,
+            cafile: cafile.display().to_string(),
+            ca,
+        }
+    }
+
+    /// Runs the client with `spec` plus this daemon's address, name and CA.
+    async fn client(&self, mut spec: Value) -> Value {
+        spec["server_name"] = json!("example.test");
+        spec["cafile"] = json!(self.cafile);
+        h3::run(self.d.addr, spec).await
+    }
+
+    async fn requests(&self, requests: Vec<Value>) -> Vec<Value> {
+        let out = self.client(json!({ "requests": requests })).await;
+        out["results"].as_array().unwrap().clone()
+    }
+}
+
+fn cacheable(body: Vec<u8>) -> Reply {
+    Reply::ok(body).header("cache-control", "max-age=600")
+}
+
+#[tokio::test]
+async fn hits_misses_ranges_and_compression_over_http3() {
+    if !h3::available() {
+        return;
+    }
+    let small = pattern(3000);
+    let big = pattern(4 << 20);
+    let text = "<p>compress me</p>\n".repeat(500);
+    let (s, b, t) = (small.clone(), big.clone(), text.clone());
+    let origin = Origin::start(move |seen| match seen.path.as_str() {
+        "/small" => cacheable(s.clone()),
+        "/big" => cacheable(b.clone()),
+        _ => cacheable(t.clone().into_bytes()).header("content-type", "text/html"),
+    })
+    .await;
+    let q = Quic::start(&origin, "", "[access_log]\npath = \"{dir}/access.log\"\n");
+    let results = q
+        .requests(vec![
+            get("/small"),
+            get("/small"),
+            get("/big"),
+            json!({ "path": "/big", "headers": { "range": "bytes=1000-1999" } }),
+            json!({ "path": "/page", "headers": { "accept-encoding": "gzip" } }),
+        ])
+        .await;
+    let (miss, hit, whole, part, page) = (
+        &results[0],
+        &results[1],
+        &results[2],
+        &results[3],
+        &results[4],
+    );
+    assert_eq!(miss["status"], 200, "{miss}");
+    assert_eq!(header(miss, "x-cache"), Some("MISS"));
+    assert_eq!(hit["status"], 200, "{hit}");
+    assert_eq!(header(hit, "x-cache"), Some("HIT"));
+    for r in [miss, hit] {
+        assert_eq!(r["sha256"], sha256(&small), "byte-exact: {r}");
+        assert!(
+            header(r, "alt-svc").is_none(),
+            "no Alt-Svc over HTTP/3 itself"
+        );
+    }
+    assert_eq!(origin.count("/small"), 1, "the hit came from the store");
+    assert_eq!(whole["length"], big.len());
+    assert_eq!(whole["sha256"], sha256(&big));
+    assert_eq!(part["status"], 206, "{part}");
+    assert_eq!(
+        header(part, "content-range"),
+        Some("bytes 1000-1999/4194304")
+    );
+    assert_eq!(part["sha256"], sha256(&big[1000..2000]));
+    assert_eq!(page["status"], 200);
+    assert_eq!(header(page, "content-encoding"), Some("gzip"), "{page}");
+    assert!(page["length"].as_u64().unwrap() < text.len() as u64 / 4);
+
+    let stats = q.d.stats().await;
+    let proxy = &stats["proxy"];
+    assert_eq!(proxy["requests_http3"], 5, "{proxy}");
+    assert_eq!(proxy["connections_http3"], 1);
+    assert_eq!(proxy["quic_handshakes"], 1);
+    assert_eq!(proxy["requests_http1"], 0);
+    assert!(
+        proxy["bytes_out_http3"].as_u64().unwrap() >= (big.len() + small.len() * 2) as u64,
+        "{proxy}"
+    );
+    let log_file = q.d.dir.path().join("access.log");
+    let log = eventually(Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        async move { (text.lines().count() >= 5).then_some(text) }
+    })
+    .await;
+    assert!(
+        log.lines()
+            .all(|l| l.contains("\"GET /") && l.contains(" HTTP/3.0\"")),
+        "the access log names the protocol:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn purge_and_ban_over_http3() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|seen| cacheable(seen.path.clone().into_bytes())).await;
+    let q = Quic::start(&origin, "", "[purge]\nhttp_methods = true\n");
+    let results = q
+        .requests(vec![
+            get("/p"),
+            get("/p"),
+            json!({ "method": "PURGE", "path": "/p" }),
+            get("/p"),
+            get("/b"),
+        ])
+        .await;
+    let caches: Vec<_> = results.iter().map(|r| header(r, "x-cache")).collect();
+    assert_eq!(results[2]["status"], 200, "{}", results[2]);
+    assert_eq!(
+        [caches[0], caches[1], caches[3]],
+        [Some("MISS"), Some("HIT"), Some("MISS")]
+    );
+    assert_eq!(origin.count("/p"), 2);
+    let banned =
+        q.d.admin_post("/v1/bans", json!({ "expression": "req.url ~ ^/b$" }))
+            .await;
+    assert!(banned.status.is_success(), "{banned:?}");
+    let after = q.requests(vec![get("/b")]).await;
+    assert_eq!(header(&after[0], "x-cache"), Some("MISS"), "{}", after[0]);
+    assert_eq!(origin.count("/b"), 2);
+}
+
+#[tokio::test]
+async fn tcp_answers_advertise_http3_only_when_it_is_on() {
+    let origin = Origin::start(|_| cacheable(b"x".to_vec())).await;
+    let q = Quic::start(&origin, "", "");
+    let conn = tls::connect(q.d.addr, "example.test", q.ca.client(&["http/1.1"]))
+        .await
+        .unwrap();
+    let reply = tls::h1_request(conn, Method::GET, "example.test", "/", &[])
+        .await
+        .unwrap();
+    let port = q.d.addr.port();
+    assert_eq!(reply.header("alt-svc"), format!("h3=\":{port}\"; ma=86400"));
+    let silent = Quic::start(&origin, "alt_svc_max_age = \"0s\"", "");
+    let conn = tls::connect(silent.d.addr, "example.test", silent.ca.client(&["h2"]))
+        .await
+        .unwrap();
+    let reply = tls::h2_get(conn, "https://example.test/").await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert!(reply.headers.get("alt-svc").is_none());
+    let plain = Daemon::start(origin.addr, &[]);
+    assert!(lacquer_tests::get(plain.addr, "/")
+        .await
+        .headers
+        .get("alt-svc")
+        .is_none());
+    let stats = q.d.stats().await;
+    assert_eq!(stats["proxy"]["requests_http1"], 1, "{}", stats["proxy"]);
+    let stats = silent.d.stats().await;
+    assert_eq!(stats["proxy"]["requests_http2"], 1, "{}", stats["proxy"]);
+}
+
+/// Dripping bodies nobody stores: each request holds an origin fetch until its client goes.
+fn dripping() -> Reply {
+    let drip: Vec<Step> = (0..200)
+        .flat_map(|_| {
+            [
+                Step::Data(Bytes::from(vec![b'x'; 1024])),
+                Step::Sleep(Duration::from_millis(50)),
+            ]
+        })
+        .collect();
+    Reply::ok("")
+        .header("cache-control", "no-store")
+        .steps(drip, Some(200 * 1024))
+}
+
+#[tokio::test]
+async fn a_reset_stream_releases_its_origin_fetch() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|_| dripping()).await;
+    let q = Quic::start(&origin, "", "");
+    let requests: Vec<Value> = (0..20)
+        .map(|n| json!({ "path": format!("/live/{n}"), "reset_after": 2048 }))
+        .collect();
+    let out = q
+        .client(json!({ "requests": requests, "parallel": true }))
+        .await;
+    for r in out["results"].as_array().unwrap() {
+        assert_eq!(r["error"], "reset by client", "{r}");
+    }
+    assert_eq!(origin.max_in_flight(), 20);
+    // Fails the test if origin requests still run 3 s after every stream was reset.
+    eventually(Duration::from_secs(3), || async {
+        (origin.in_flight() == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn connection_stream_and_header_limits_hold() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|seen| {
+        Reply::ok(seen.path.clone())
+            .header("cache-control", "no-store")
+            .delay(Duration::from_millis(300))
+    })
+    .await;
+    let q = Quic::start(
+        &origin,
+        "max_connections_per_ip = 1\nquic_max_streams = 4",
+        "",
+    );
+    // Twenty requests at once on one connection: four at a time reach the origin, all are answered.
+    let many: Vec<Value> = (0..20).map(|n| get(&format!("/s/{n}"))).collect();
+    let first = q.client(json!({ "requests": many, "parallel": true }));
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        q.client(json!({ "requests": [get("/other")] })).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    for r in first["results"].as_array().unwrap() {
+        assert_eq!(r["status"], 200, "{r}");
+    }
+    assert!(origin.max_in_flight() <= 4, "{}", origin.max_in_flight());
+    assert_eq!(second["results"][0]["status"], Value::Null, "{second}");
+    assert_eq!(
+        second["closed"]["error_code"], 2,
+        "CONNECTION_REFUSED: {second}"
+    );
+    let stats = q.d.stats().await;
+    assert_eq!(
+        stats["proxy"]["connections_refused"], 1,
+        "{}",
+        stats["proxy"]
+    );
+
+    let refused = q
+        .requests(vec![
+            json!({ "path": "/h", "headers": { "x-big": "v".repeat(40_000) }, "literal": true }),
+            get("/after"),
+        ])
+        .await;
+    assert_eq!(refused[0]["status"], 431, "{}", refused[0]);
+    assert_eq!(refused[1]["status"], 200, "the connection goes on");
+    let stats = q.d.stats().await;
+    assert_eq!(stats["proxy"]["headers_too_large"], 1);
+}
+
+#[tokio::test]
+async fn zero_rtt_is_off_by_default_and_reads_only_when_on() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|seen| cacheable(seen.path.clone().into_bytes())).await;
+    let early = json!({
+        "zero_rtt": true,
+        "parallel": true,
+        "hold_ms": 300,
+        "prime": "/prime",
+        "requests": [get("/early"), { "method": "POST", "path": "/form", "body": "a=1" }],
+    });
+    let off = Quic::start(&origin, "", "");
+    let out = off.client(early.clone()).await;
+    assert_eq!(out["session_resumed"], true, "{out}");
+    assert_eq!(out["early_data_accepted"], false, "{out}");
+    let results = out["results"].as_array().unwrap();
+    assert_eq!(results[0]["status"], 200, "{out}");
+    assert_eq!(
+        results[1]["status"], 200,
+        "sent again after the handshake: {out}"
+    );
+    let stats = off.d.stats().await;
+    assert_eq!(stats["proxy"]["quic_0rtt_accepted"], 0);
+
+    let on = Quic::start(&origin, "quic_0rtt = true", "");
+    let out = on.client(early).await;
+    assert_eq!(out["early_data_accepted"], true, "{out}");
+    let results = out["results"].as_array().unwrap();
+    assert_eq!(results[0]["status"], 200, "{out}");
+    assert_eq!(results[1]["status"], 425, "{out}");
+    let stats = on.d.stats().await;
+    assert_eq!(
+        stats["proxy"]["quic_0rtt_accepted"], 1,
+        "{}",
+        stats["proxy"]
+    );
+    assert_eq!(stats["proxy"]["quic_0rtt_refused"], 1);
+    assert_eq!(
+        origin.seen().iter().filter(|s| s.path == "/form").count(),
+        1,
+        "the POST in early data never reached the origin"
+    );
+}
+
+#[tokio::test]
+async fn retries_validate_addresses_under_load() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|_| cacheable(b"v".to_vec())).await;
+    let q = Quic::start(&origin, "quic_retry_above = 0", "");
+    let results = q.requests(vec![get("/")]).await;
+    assert_eq!(results[0]["status"], 200);
+    let stats = q.d.stats().await;
+    assert_eq!(stats["proxy"]["quic_retries"], 1, "{}", stats["proxy"]);
+    assert_eq!(stats["proxy"]["quic_handshakes"], 1);
+}
+
+#[tokio::test]
+async fn malformed_http3_closes_that_connection_only() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|_| cacheable(b"fine".to_vec())).await;
+    let q = Quic::start(&origin, "quic_max_streams = 10", "");
+    // (attack, error code the daemon closes with, counter)
+    let cases = [
+        ("data_before_headers", 0x105, "quic_errors_protocol"),
+        ("over_stream_limit", 0x4, "quic_errors_transport"),
+    ];
+    for (attack, code, counter) in cases {
+        let out = q.client(json!({ "attack": attack, "streams": 50 })).await;
+        assert_eq!(out["closed"]["error_code"], code, "{attack}: {out}");
+        let stats = eventually(Duration::from_secs(5), || async {
+            let stats = q.d.stats().await["proxy"].clone();
+            (stats[counter].as_u64().unwrap() > 0).then_some(stats)
+        })
+        .await;
+        assert_eq!(stats[counter], 1, "{attack}: {stats}");
+        let fine = q.requests(vec![get("/")]).await;
+        assert_eq!(fine[0]["status"], 200, "served after {attack}");
+    }
+    // The QPACK streams are never read (no dynamic table is offered): 4 MiB of instructions stop at the
+    // stream's flow control window, and the connection stays up.
+    for attack in ["encoder_flood", "decoder_flood"] {
+        let out = q.client(json!({ "attack": attack })).await;
+        assert_eq!(out["closed"], Value::Null, "{attack}: {out}");
+        let allowed = out["flood_allowed"].as_u64().unwrap();
+        assert!(allowed <= 2 << 20, "{attack}: {allowed} bytes let in");
+        let fine = q.requests(vec![get("/")]).await;
+        assert_eq!(fine[0]["status"], 200, "served after {attack}");
+    }
+}
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+#[tokio::test]
+async fn chromium_fetches_a_page_over_http3() {
+    if !std::path::Path::new(CHROMIUM).exists() {
+        eprintln!("skipped: {CHROMIUM} is missing (Debian's chromium package)");
+        return;
+    }
+    let origin = Origin::start(|_| {
+        cacheable(b"<html><body><p id=\"x\">over quic</p></body></html>".to_vec())
+            .header("content-type", "text/html")
+    })
+    .await;
+    let q = Quic::start(&origin, "", "[access_log]\npath = \"{dir}/access.log\"\n");
+    let cert = q.certs.path().join("site.pem");
+    // Chromium trusts the test certificate by the hash of its public key.
+    let spki = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl x509 -in {} -pubkey -noout | openssl pkey -pubin -outform der \
+             | openssl dgst -sha256 -binary | base64",
+            cert.display()
+        ))
+        .output()
+        .unwrap();
+    let spki = String::from_utf8(spki.stdout).unwrap().trim().to_owned();
+    assert!(!spki.is_empty(), "openssl computed the key's hash");
+    let port = q.d.addr.port();
+    let profile = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(CHROMIUM)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-quic",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--host-resolver-rules=MAP example.test 127.0.0.1")
+        .arg(format!("--origin-to-force-quic-on=example.test:{port}"))
+        .arg(format!("--ignore-certificate-errors-spki-list={spki}"))
+        .arg("--dump-dom")
+        .arg(format!("https://example.test:{port}/page"))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("chromium ends")
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("over quic"),
+        "{dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats = q.d.stats().await;
+    assert!(
+        stats["proxy"]["requests_http3"].as_u64().unwrap() >= 1,
+        "{}",
+        stats["proxy"]
+    );
+    let log_file = q.d.dir.path().join("access.log");
+    let log = eventually(Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        async move { text.contains("GET /page HTTP/3.0").then_some(text) }
+    })
+    .await;
+    assert!(log.contains("Chrome"), "{log}");
+}
