@@ -1010,13 +1010,15 @@ async fn miss<S: CacheStore>(
     drop(held);
     if let (false, Ok(h)) = (owner, &head) {
         let other_variant = !phase::selects(&h.selection, parts);
-        if h.shareable && other_variant && may_wait {
+        // A finished fetch stands in for the store only while its response is fresh: a no-cache or
+        // already expired response must be validated again for this request, and with what it stores as
+        // the validator: once it is published, the lookup again finds it and asks the origin whether it
+        // changed (a fetch from here would ask whole, with nothing to validate).
+        let spent = complete && h.ttl.saturating_sub(h.received_at.elapsed()).is_zero();
+        if h.shareable && (other_variant || spent) && may_wait {
             reader.settled().await;
             return None;
         }
-        // A finished fetch stands in for the store only while its response is fresh: a no-cache or
-        // already expired response must be validated again for this request.
-        let spent = complete && h.ttl.saturating_sub(h.received_at.elapsed()).is_zero();
         if !h.shareable || other_variant || spent {
             // Uncacheable, another variant again, or spent: fetch alone at once rather than queue. An
             // unshareable answer asks whole: the stale object it confirmed may already be going from the

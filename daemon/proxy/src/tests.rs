@@ -198,6 +198,50 @@ async fn a_body_whose_last_bytes_were_sent_is_complete_before_the_store_takes_th
     assert_eq!(store.variants(&key("/a")).len(), 1);
 }
 
+/// The conformance suite's `cc-resp-no-cache-revalidate-fresh`, about once in three runs: the second request
+/// came while the first's no-cache response was complete but not yet published, and was fetched whole. It
+/// must wait for the publication and revalidate what was stored.
+#[tokio::test]
+async fn a_request_just_before_a_no_cache_object_is_published_revalidates_it() {
+    let origin = Origin::start(|seen| {
+        if seen.headers.contains_key("if-none-match") {
+            Reply::ok("").status(304).header("etag", "\"v1\"")
+        } else {
+            Reply::ok("hello")
+                .header("cache-control", "no-cache")
+                .header("etag", "\"v1\"")
+        }
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+    let held = store.hold_writes().await;
+    let first = get(&w, "/a", &[]).await;
+    assert_eq!((first.x_cache(), &first.body[..]), ("MISS", &b"hello"[..]));
+    let second = tokio::spawn({
+        let w = w.clone();
+        async move { get(&w, "/a", &[]).await }
+    });
+    // The second request is in, the object still unpublished.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(held);
+    let second = second.await.expect("second request");
+    assert_eq!(
+        (second.status, &second.body[..]),
+        (StatusCode::OK, &b"hello"[..])
+    );
+    let seen = origin.seen();
+    assert_eq!(seen.len(), 2, "one fetch, one revalidation");
+    assert_eq!(
+        seen[1]
+            .headers
+            .get("if-none-match")
+            .map(|v| v.to_str().expect("text")),
+        Some("\"v1\""),
+        "the second request validated the stored object"
+    );
+}
+
 #[tokio::test]
 async fn a_miss_is_fetched_streamed_and_stored() {
     let origin = Origin::start(|_| {
