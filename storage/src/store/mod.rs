@@ -69,19 +69,28 @@ pub struct Store {
 /// A handle that does not keep the store open: what background tasks hold, so that none of them keeps a
 /// closed store (sled, the directory lock) alive.
 #[derive(Clone)]
-pub(crate) struct WeakStore(Weak<Inner>);
+pub(crate) struct WeakStore {
+    inner: Weak<Inner>,
+    /// The store's own flag, read before upgrading: a task in the idle scheduling class that upgraded a
+    /// closed store could be the last to drop it and tear sled down (its directory lock held all the while)
+    /// whenever the scheduler lets it, long after the owner closed and dropped its handle.
+    closed: Arc<AtomicBool>,
+}
 
 impl WeakStore {
     /// The store, unless every handle was dropped or it is closing: a background task ends when this is
     /// `None`.
     pub(crate) fn open(&self) -> Option<Store> {
-        let inner = self.0.upgrade()?;
+        if self.closed.load(Relaxed) {
+            return None;
+        }
+        let inner = self.inner.upgrade()?;
         (!inner.closed.load(Relaxed)).then_some(Store { inner })
     }
 
     /// The store while any handle keeps it, closing or not: what a failure report needs.
     pub(crate) fn upgrade(&self) -> Option<Store> {
-        self.0.upgrade().map(|inner| Store { inner })
+        self.inner.upgrade().map(|inner| Store { inner })
     }
 }
 
@@ -115,7 +124,8 @@ struct Inner {
     counters: Counters,
     config: StoreBuilder,
     registry: prometheus::Registry,
-    closed: AtomicBool,
+    /// Shared with every [`WeakStore`], which reads it without upgrading.
+    closed: Arc<AtomicBool>,
     runtime: tokio::runtime::Handle,
 }
 
@@ -294,7 +304,10 @@ impl Store {
 
     /// A handle for a background task, which must not keep the store open.
     pub(crate) fn downgrade(&self) -> WeakStore {
-        WeakStore(Arc::downgrade(&self.inner))
+        WeakStore {
+            inner: Arc::downgrade(&self.inner),
+            closed: self.inner.closed.clone(),
+        }
     }
 
     /// Whether [`Store::close`] has begun: background work stops, new fills are refused.

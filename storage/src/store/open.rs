@@ -11,7 +11,7 @@
 use std::{
     fs::File,
     path::{Path, PathBuf},
-    sync::{atomic::AtomicBool, Arc, Mutex},
+    sync::{Arc, Mutex},
 };
 
 use foyer::{
@@ -338,7 +338,7 @@ impl Store {
                 counters: Counters::default(),
                 config,
                 registry,
-                closed: AtomicBool::new(false),
+                closed: Arc::default(),
                 runtime: runtime.clone(),
             }),
         };

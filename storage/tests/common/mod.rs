@@ -67,16 +67,18 @@ pub async fn reopen(store: Store, dir: &std::path::Path) -> Store {
 
 /// Opens the store in `dir` once the previous handle (closed and dropped) has let go of it: sled's own
 /// thread pool may hold the database (and its directory lock) for a moment after the last handle is
-/// dropped; a restarted process never sees this.
+/// dropped, longer on a machine busy with other tests; a restarted process never sees this.
 pub async fn open_again(dir: &std::path::Path) -> Store {
-    for _ in 0..50 {
+    let mut last = None;
+    for _ in 0..300 {
         match builder(dir).open(tokio::runtime::Handle::current()).await {
             Ok(store) => return store,
-            Err(lacquer_storage::StoreError::Locked { .. }) => {
+            Err(e @ lacquer_storage::StoreError::Locked { .. }) => {
+                last = Some(e);
                 tokio::time::sleep(Duration::from_millis(100)).await
             }
             Err(e) => panic!("reopen failed: {e}"),
         }
     }
-    panic!("sled directory lock was never released")
+    panic!("sled directory lock was never released in 30 s: {last:?}")
 }
