@@ -470,4 +470,15 @@ async fn reload_reads_renewed_certificates_and_refuses_broken_ones() {
         .await
         .unwrap();
     assert_eq!(r.status, 200);
+    // The listener's counters went on through both reloads: a reload does not rebuild listeners. (The
+    // last handshake may complete on this side before the daemon's: TLS 1.3's client speaks last.)
+    let stats = d
+        .wait_for_stats("the last handshake counted", |s| {
+            s["listeners"][0]["counters"]["connections_tls"] == 3
+        })
+        .await;
+    let c = &stats["listeners"][0]["counters"];
+    assert_eq!(c["connections"], 3, "{c}");
+    assert_eq!(c["connections_tls"], 3, "{c}");
+    assert_eq!(c["requests_http1"], 1, "{c}");
 }
