@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Method;
 use lacquer_tests::{
-    request,
+    eventually, request,
     tls::{self, TestCa},
     Daemon, Origin, Reply,
 };
@@ -67,6 +67,8 @@ async fn tls_picks_the_certificate_by_sni_and_speaks_h2_by_alpn() {
             tls = [{{ cert = "{a_cert}", key = "{a_key}" }}, {{ cert = "{s_cert}", key = "{s_key}" }}]
             [[listen]]
             address = "127.0.0.1:0"
+            [access_log]
+            path = "{{dir}}/access.log"
             "#
         ),
     );
@@ -174,6 +176,21 @@ async fn tls_picks_the_certificate_by_sni_and_speaks_h2_by_alpn() {
             "{line} missing from:\n{text}"
         );
     }
+    let log_file = d.dir.path().join("access.log");
+    let log = eventually(Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        async move { (text.lines().count() >= 3).then_some(text) }
+    })
+    .await;
+    let protocols: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split('"').nth(1)?.rsplit(' ').next())
+        .collect();
+    assert_eq!(
+        protocols,
+        ["HTTP/1.1", "HTTP/2.0", "HTTP/1.1"],
+        "the access log names each request's protocol:\n{log}"
+    );
 }
 
 #[tokio::test]
