@@ -11,7 +11,7 @@ use lacquer_admin::{
 };
 
 use crate::{
-    stats::{rules, summary_text, values},
+    stats::{listeners, rules, summary_text, values},
     table::{render as table, Align},
     Output,
 };
@@ -181,6 +181,7 @@ pub fn render_stats(
             previous.map(|(b, elapsed)| (&b.total, elapsed)),
             filter,
         )
+        + &listeners(&r.total, filter)
 }
 
 /// The main counters per member, and their sum.

@@ -99,6 +99,60 @@ fn render(
         + "\n"
         + &values(stats, filter, previous.is_some(), rate)
         + &rules(stats, previous, filter)
+        + &listeners(stats, filter)
+}
+
+/// Each listener's counters (whose `listeners.ADDRESS` contains `filter`), after a blank line; nothing from a
+/// daemon that does not report them. Totals only: the document has every value, `/metrics` their rates.
+pub fn listeners(stats: &Stats, filter: Option<&str>) -> String {
+    let rows: Vec<Vec<String>> = stats
+        .listeners
+        .iter()
+        .filter(|l| filter.is_none_or(|f| format!("listeners.{}", l.address).contains(f)))
+        .map(|l| {
+            let c = &l.counters;
+            let kind = match (l.tls, l.quic) {
+                (true, true) => "tls+quic",
+                (true, false) => "tls",
+                (false, _) => "plain",
+            };
+            let quic_errors = c.quic_errors_idle_timeout
+                + c.quic_errors_protocol
+                + c.quic_errors_transport
+                + c.quic_errors_reset;
+            vec![
+                l.address.clone(),
+                kind.to_owned(),
+                c.connections.to_string(),
+                c.requests_http1.to_string(),
+                c.requests_http2.to_string(),
+                c.requests_http3.to_string(),
+                bytes(c.bytes_out_http1 + c.bytes_out_http2 + c.bytes_out_http3),
+                (c.tls_handshake_errors + c.quic_handshake_errors).to_string(),
+                format!("{}/{}", c.quic_0rtt_accepted, c.quic_0rtt_refused),
+                quic_errors.to_string(),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    "\n".to_owned()
+        + &table(
+            &[
+                ("LISTENER", Align::Left),
+                ("KIND", Align::Left),
+                ("CONNS", Align::Right),
+                ("HTTP/1", Align::Right),
+                ("HTTP/2", Align::Right),
+                ("HTTP/3", Align::Right),
+                ("SENT", Align::Right),
+                ("HANDSHAKE ERRS", Align::Right),
+                ("0-RTT OK/425", Align::Right),
+                ("QUIC ERRS", Align::Right),
+            ],
+            &rows,
+        )
 }
 
 /// Each `[[rule]]`'s matches (whose `rules.NAME.PHASE` contains `filter`), after a blank line; nothing
@@ -247,7 +301,9 @@ fn summary(stats: &Stats) -> Vec<(&'static str, String)> {
 
 #[cfg(test)]
 mod tests {
-    use lacquer_admin::wire::{ProxyStats, RuleMatches, StoreStats};
+    use lacquer_admin::wire::{
+        ListenerCounters, ListenerStats, ProxyStats, RuleMatches, StoreStats,
+    };
 
     use super::*;
 
@@ -268,7 +324,7 @@ mod tests {
                 memory_bytes_capacity: 4 << 20,
                 ..Default::default()
             },
-            rules: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -354,6 +410,82 @@ mod tests {
         assert!(
             !render(&stats(1, 1, 1), None, None, "a").contains("RULE"),
             "no rules, no table"
+        );
+    }
+
+    #[test]
+    fn listeners_follow_in_a_table_of_their_own() {
+        let listener = |address: &str, tls, quic, counters| ListenerStats {
+            address: address.into(),
+            tls,
+            quic,
+            counters,
+        };
+        let with = Stats {
+            listeners: vec![
+                listener(
+                    "0.0.0.0:443",
+                    true,
+                    true,
+                    ListenerCounters {
+                        connections: 12,
+                        requests_http2: 30,
+                        requests_http3: 7,
+                        bytes_out_http2: 1 << 20,
+                        bytes_out_http3: 1 << 20,
+                        tls_handshake_errors: 1,
+                        quic_handshake_errors: 2,
+                        quic_0rtt_accepted: 3,
+                        quic_0rtt_refused: 1,
+                        quic_errors_reset: 1,
+                        quic_errors_idle_timeout: 4,
+                        ..Default::default()
+                    },
+                ),
+                listener(
+                    "[::]:80",
+                    false,
+                    false,
+                    ListenerCounters {
+                        connections: 2,
+                        requests_http1: 5,
+                        ..Default::default()
+                    },
+                ),
+            ],
+            ..stats(1, 1, 10)
+        };
+        let text = render(&with, None, None, "a");
+        assert_eq!(
+            row(&text, "0.0.0.0:443"),
+            [
+                "0.0.0.0:443",
+                "tls+quic",
+                "12",
+                "0",
+                "30",
+                "7",
+                "2.0",
+                "MiB",
+                "3",
+                "3/1",
+                "5"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            row(&text, "[::]:80"),
+            ["[::]:80", "plain", "2", "5", "0", "0", "0", "B", "0", "0/0", "0"],
+            "{text}"
+        );
+        let only = render(&with, None, Some("listeners.[::]"), "a");
+        assert!(
+            only.contains("[::]:80") && !only.contains("0.0.0.0:443"),
+            "{only}"
+        );
+        assert!(
+            !render(&stats(1, 1, 1), None, None, "a").contains("LISTENER"),
+            "no listeners, no table"
         );
     }
 

@@ -289,6 +289,19 @@ async fn metrics_parse_and_carry_every_value() {
             field.metric
         );
     }
+    assert_eq!(stats.listeners.len(), 1);
+    let listener = &stats.listeners[0].address;
+    for (name, field, value) in stats.listener_values() {
+        let mut labels = vec![("listener", listener.as_str())];
+        labels.extend(field.labels);
+        let got = sample(field.metric, &labels)
+            .unwrap_or_else(|| panic!("{name} ({}) missing", field.metric));
+        assert_eq!(got, value as f64, "{name}");
+    }
+    assert_eq!(
+        sample("lacquer_listener_requests_total", &[("protocol", "http1")]),
+        Some(3.0)
+    );
     assert!(
         scrape
             .samples

@@ -86,7 +86,11 @@ async fn hits_misses_ranges_and_compression_over_http3() {
         _ => cacheable(t.clone().into_bytes()).header("content-type", "text/html"),
     })
     .await;
-    let q = Quic::start(&origin, "", "[access_log]\npath = \"{dir}/access.log\"\n");
+    let q = Quic::start(
+        &origin,
+        "",
+        "[access_log]\npath = \"{dir}/access.log\"\n[[listen]]\naddress = \"127.0.0.1:0\"\n",
+    );
     let results = q
         .requests(vec![
             get("/small"),
@@ -133,20 +137,48 @@ async fn hits_misses_ranges_and_compression_over_http3() {
     assert_eq!(proxy["connections_http3"], 1);
     assert_eq!(proxy["quic_handshakes"], 1);
     assert_eq!(proxy["requests_http1"], 0);
+    let sent_h3 = (big.len() + small.len() * 2 + 1000) as u64;
     assert!(
-        proxy["bytes_out_http3"].as_u64().unwrap() >= (big.len() + small.len() * 2) as u64,
+        proxy["bytes_out_http3"].as_u64().unwrap() >= sent_h3,
         "{proxy}"
     );
+    // A request on the second listener counts there, and none of the first's do.
+    let plain = q.d.listeners[1];
+    assert_eq!(lacquer_tests::get(plain, "/small").await.status, 200);
+    let stats = q.d.stats().await;
+    let (quic, other) = (&stats["listeners"][0], &stats["listeners"][1]);
+    assert_eq!(quic["address"], q.d.addr.to_string(), "{quic}");
+    assert_eq!((&quic["tls"], &quic["quic"]), (&json!(true), &json!(true)));
+    assert_eq!(
+        (&other["tls"], &other["quic"]),
+        (&json!(false), &json!(false))
+    );
+    let (c, o) = (&quic["counters"], &other["counters"]);
+    assert_eq!(c["requests_http3"], 5, "{quic}");
+    assert_eq!(c["requests_http1"], 0, "{quic}");
+    assert_eq!(c["quic_handshakes"], 1, "{quic}");
+    assert_eq!(c["connections"], 1, "{quic}");
+    assert!(c["bytes_out_http3"].as_u64().unwrap() >= sent_h3, "{quic}");
+    assert_eq!(c["bytes_out_http1"], 0, "{quic}");
+    assert_eq!(o["requests_http3"], 0, "{other}");
+    assert_eq!(o["requests_http1"], 1, "{other}");
+    assert_eq!(o["quic_handshakes"], 0, "{other}");
+    assert_eq!(o["bytes_out_http1"], small.len(), "{other}");
+    assert_eq!(o["bytes_out_http3"], 0, "{other}");
+    assert_eq!(stats["proxy"]["requests_http1"], 1);
+    assert_eq!(stats["proxy"]["bytes_out_http1"], small.len());
     let log_file = q.d.dir.path().join("access.log");
     let log = eventually(Duration::from_secs(5), || {
         let text = std::fs::read_to_string(&log_file).unwrap_or_default();
-        async move { (text.lines().count() >= 5).then_some(text) }
+        async move { (text.lines().count() >= 6).then_some(text) }
     })
     .await;
+    let (h3, h1): (Vec<&str>, Vec<&str>) = log.lines().partition(|l| l.contains(" HTTP/3.0\""));
+    assert_eq!(h3.len(), 5, "the access log names the protocol:\n{log}");
+    assert!(h3.iter().all(|l| l.contains("\"GET /")), "{log}");
     assert!(
-        log.lines()
-            .all(|l| l.contains("\"GET /") && l.contains(" HTTP/3.0\"")),
-        "the access log names the protocol:\n{log}"
+        h1.len() == 1 && h1[0].contains("\"GET /small HTTP/1.1\""),
+        "{log}"
     );
 }
 
@@ -330,7 +362,11 @@ async fn zero_rtt_is_off_by_default_and_reads_only_when_on() {
     let stats = off.d.stats().await;
     assert_eq!(stats["proxy"]["quic_0rtt_accepted"], 0);
 
-    let on = Quic::start(&origin, "quic_0rtt = true", "");
+    let on = Quic::start(
+        &origin,
+        "quic_0rtt = true",
+        "[access_log]\npath = \"{dir}/access.log\"\n",
+    );
     let out = on.client(early).await;
     assert_eq!(out["early_data_accepted"], true, "{out}");
     let results = out["results"].as_array().unwrap();
@@ -343,6 +379,25 @@ async fn zero_rtt_is_off_by_default_and_reads_only_when_on() {
         stats["proxy"]
     );
     assert_eq!(stats["proxy"]["quic_0rtt_refused"], 1);
+    let listener = &stats["listeners"][0]["counters"];
+    assert_eq!(listener["quic_0rtt_accepted"], 1, "{listener}");
+    assert_eq!(listener["quic_0rtt_refused"], 1, "{listener}");
+    assert_eq!(
+        stats["proxy"]["requests"], 3,
+        "the prime, the early GET and the refused POST: {}",
+        stats["proxy"]
+    );
+    let log_file = on.d.dir.path().join("access.log");
+    let log = eventually(Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        async move { (text.lines().count() >= 3).then_some(text) }
+    })
+    .await;
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"POST /form HTTP/3.0\" 425 ")),
+        "the refusal is logged:\n{log}"
+    );
     assert_eq!(
         origin.seen().iter().filter(|s| s.path == "/form").count(),
         1,

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Method;
 use lacquer_tests::{
-    request,
+    eventually, request,
     tls::{self, TestCa},
     Daemon, Origin, Reply,
 };
 use ppp::v2;
+use serde_json::json;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -64,10 +65,17 @@ async fn tls_picks_the_certificate_by_sni_and_speaks_h2_by_alpn() {
             [[listen]]
             address = "127.0.0.1:0"
             tls = [{{ cert = "{a_cert}", key = "{a_key}" }}, {{ cert = "{s_cert}", key = "{s_key}" }}]
+            [[listen]]
+            address = "127.0.0.1:0"
+            [access_log]
+            path = "{{dir}}/access.log"
             "#
         ),
     );
     let addr = d.addr;
+    let plain = d.listeners[1];
+    let cleartext = lacquer_tests::get(plain, "/page").await;
+    assert_eq!(cleartext.status, 200);
 
     let h2 = tls::connect(addr, "a.test", ca.client(&["h2", "http/1.1"]))
         .await
@@ -95,8 +103,8 @@ async fn tls_picks_the_certificate_by_sni_and_speaks_h2_by_alpn() {
         "HIT",
         "HTTP/2 and HTTP/1.1 share the cache key"
     );
-    assert_eq!(origin.count("/page"), 1);
-    let seen = &origin.seen()[0];
+    assert_eq!(origin.count("/page"), 2);
+    let seen = &origin.seen()[1];
     assert_eq!(seen.headers["host"], "a.test", ":authority became Host");
 
     // A name we have no certificate for gets the first one, which the client rightly refuses.
@@ -115,6 +123,74 @@ async fn tls_picks_the_certificate_by_sni_and_speaks_h2_by_alpn() {
         .await;
     assert_eq!(stats["proxy"]["connections_tls"], 2);
     assert_eq!(stats["proxy"]["connections_http2"], 1);
+    // Per listener, in configuration order, named by the address bound; each counts its own only.
+    let (tls, clear) = (&stats["listeners"][0], &stats["listeners"][1]);
+    assert_eq!(tls["address"], addr.to_string(), "{tls}");
+    assert_eq!((&tls["tls"], &tls["quic"]), (&json!(true), &json!(false)));
+    let c = &tls["counters"];
+    assert_eq!(c["connections"], 4, "{tls}");
+    assert_eq!(c["connections_tls"], 2, "{tls}");
+    assert_eq!(c["tls_handshake_errors"], 2, "{tls}");
+    assert_eq!(
+        (&c["requests_http1"], &c["requests_http2"]),
+        (&json!(1), &json!(1))
+    );
+    let body = b"cached body".len() as u64;
+    assert_eq!(c["bytes_out_http1"], body, "{tls}");
+    assert_eq!(c["bytes_out_http2"], body, "{tls}");
+    assert_eq!(clear["address"], plain.to_string());
+    assert_eq!(clear["tls"], false);
+    let c = &clear["counters"];
+    assert_eq!(c["connections"], 1, "{clear}");
+    assert_eq!(
+        (&c["requests_http1"], &c["requests_http2"]),
+        (&json!(1), &json!(0))
+    );
+    assert_eq!(c["bytes_out_http1"], body, "{clear}");
+    assert_eq!(
+        (&c["connections_tls"], &c["tls_handshake_errors"]),
+        (&json!(0), &json!(0))
+    );
+    let proxy = &stats["proxy"];
+    assert_eq!(
+        proxy["requests_http1"], 2,
+        "the totals are the listeners' sums"
+    );
+    assert_eq!(proxy["bytes_out_http1"], 2 * body);
+    assert_eq!(proxy["bytes_out_http2"], body);
+    let metrics = d.admin_get("/metrics", Some(&d.secret())).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        format!("lacquer_listener_requests_total{{listener=\"{addr}\",protocol=\"http2\"}} 1"),
+        format!("lacquer_listener_requests_total{{listener=\"{plain}\",protocol=\"http2\"}} 0"),
+        format!(
+            "lacquer_listener_handshake_errors_total{{listener=\"{addr}\",protocol=\"tls\"}} 2"
+        ),
+        format!(
+            "lacquer_listener_sent_bytes_total{{listener=\"{plain}\",protocol=\"http1\"}} {body}"
+        ),
+        "lacquer_client_protocol_requests_total{protocol=\"http1\"} 2".to_owned(),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing from:\n{text}"
+        );
+    }
+    let log_file = d.dir.path().join("access.log");
+    let log = eventually(Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        async move { (text.lines().count() >= 3).then_some(text) }
+    })
+    .await;
+    let protocols: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split('"').nth(1)?.rsplit(' ').next())
+        .collect();
+    assert_eq!(
+        protocols,
+        ["HTTP/1.1", "HTTP/2.0", "HTTP/1.1"],
+        "the access log names each request's protocol:\n{log}"
+    );
 }
 
 #[tokio::test]
@@ -411,4 +487,15 @@ async fn reload_reads_renewed_certificates_and_refuses_broken_ones() {
         .await
         .unwrap();
     assert_eq!(r.status, 200);
+    // The listener's counters went on through both reloads: a reload does not rebuild listeners. (The
+    // last handshake may complete on this side before the daemon's: TLS 1.3's client speaks last.)
+    let stats = d
+        .wait_for_stats("the last handshake counted", |s| {
+            s["listeners"][0]["counters"]["connections_tls"] == 3
+        })
+        .await;
+    let c = &stats["listeners"][0]["counters"];
+    assert_eq!(c["connections"], 3, "{c}");
+    assert_eq!(c["connections_tls"], 3, "{c}");
+    assert_eq!(c["requests_http1"], 1, "{c}");
 }

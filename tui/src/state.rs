@@ -312,6 +312,7 @@ impl State {
         };
         stats
             .values()
+            .chain(stats.listener_values())
             .filter(|(name, _, _)| name.contains(self.filter.as_str()))
             .map(|(name, field, value)| CounterRow {
                 rate: self.rate(&name),

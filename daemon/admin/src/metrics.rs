@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use lacquer_admin::wire::{
-    ClusterState, ClusterView, Field, Kind, Stats, FAMILY_HELP, RULE_MATCHES_HELP,
-    RULE_MATCHES_METRIC,
+    ClusterState, ClusterView, Field, Kind, Stats, FAMILY_HELP, LISTENER_FAMILY_HELP,
+    LISTENER_LABEL, RULE_MATCHES_HELP, RULE_MATCHES_METRIC,
 };
 use prometheus::{
     core::Collector, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -54,6 +54,9 @@ pub fn render(stats: &Stats, cluster: Option<&ClusterView>, foyer: &Registry) ->
         Box::new(info),
         Box::new(rules),
     ] {
+        registry.register(extra).expect("unique names");
+    }
+    for extra in listener_families(stats) {
         registry.register(extra).expect("unique names");
     }
     if let Some(view) = cluster {
@@ -106,6 +109,34 @@ fn cluster_gauges(view: &ClusterView) -> Vec<Box<dyn Collector>> {
     ]
 }
 
+/// The per-listener families: each of [`lacquer_admin::wire::ListenerCounters`]' series once per listener, labelled with its
+/// address. None without listeners.
+fn listener_families(stats: &Stats) -> Vec<Box<dyn Collector>> {
+    let mut families: BTreeMap<&str, IntCounterVec> = BTreeMap::new();
+    for listener in &stats.listeners {
+        for (field, value) in listener.counters.values() {
+            let family = families.entry(field.metric).or_insert_with(|| {
+                let help = LISTENER_FAMILY_HELP
+                    .iter()
+                    .find(|(n, _)| *n == field.metric)
+                    .map_or_else(|| field.help(), |(_, h)| (*h).to_owned());
+                let labels: Vec<&str> = std::iter::once(LISTENER_LABEL)
+                    .chain(field.labels.iter().map(|(k, _)| *k))
+                    .collect();
+                IntCounterVec::new(Opts::new(field.metric, help), &labels).expect("valid metric")
+            });
+            let labels: Vec<&str> = std::iter::once(listener.address.as_str())
+                .chain(field.labels.iter().map(|(_, v)| *v))
+                .collect();
+            family.with_label_values(&labels).inc_by(value);
+        }
+    }
+    families
+        .into_values()
+        .map(|f| Box::new(f) as Box<dyn Collector>)
+        .collect()
+}
+
 /// One metric family: a plain counter or gauge, or a vector of them when its members carry labels.
 fn family(name: &str, members: &[(&Field, u64)]) -> Box<dyn Collector> {
     let (first, value) = members[0];
@@ -146,7 +177,9 @@ fn family(name: &str, members: &[(&Field, u64)]) -> Box<dyn Collector> {
 
 #[cfg(test)]
 mod tests {
-    use lacquer_admin::wire::{ProxyStats, RuleMatches, StoreStats};
+    use lacquer_admin::wire::{
+        ListenerCounters, ListenerStats, ProxyStats, RuleMatches, StoreStats,
+    };
 
     use super::*;
 
@@ -177,6 +210,26 @@ mod tests {
                     matched: 0,
                 },
             ],
+            listeners: vec![
+                ListenerStats {
+                    address: "0.0.0.0:443".into(),
+                    tls: true,
+                    quic: true,
+                    counters: ListenerCounters {
+                        requests_http3: 5,
+                        quic_errors_reset: 1,
+                        ..Default::default()
+                    },
+                },
+                ListenerStats {
+                    address: "[::]:80".into(),
+                    counters: ListenerCounters {
+                        bytes_out_http1: 900,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            ],
         };
         let text = render(&stats, None, &Registry::new());
         for line in [
@@ -192,6 +245,12 @@ mod tests {
             "# TYPE lacquer_rule_matches_total counter",
             "lacquer_rule_matches_total{phase=\"request\",rule=\"static\"} 4",
             "lacquer_rule_matches_total{phase=\"deliver\",rule=\"rule[1]\"} 0",
+            "# TYPE lacquer_listener_requests_total counter",
+            "lacquer_listener_requests_total{listener=\"0.0.0.0:443\",protocol=\"http3\"} 5",
+            "lacquer_listener_requests_total{listener=\"[::]:80\",protocol=\"http3\"} 0",
+            "lacquer_listener_sent_bytes_total{listener=\"[::]:80\",protocol=\"http1\"} 900",
+            "lacquer_listener_quic_connection_errors_total{kind=\"reset\",listener=\"0.0.0.0:443\"} 1",
+            "lacquer_listener_connections_total{listener=\"[::]:80\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -199,12 +258,17 @@ mod tests {
             );
         }
         let samples = text.lines().filter(|l| !l.starts_with('#')).count();
-        assert_eq!(samples, stats.values().count() + 2 + stats.rules.len());
+        let per_listener = ListenerCounters::FIELDS.len() * stats.listeners.len();
+        assert_eq!(
+            samples,
+            stats.values().count() + 2 + stats.rules.len() + per_listener
+        );
     }
 
     #[test]
     fn no_rules_no_rule_family() {
         let text = render(&Stats::default(), None, &Registry::new());
         assert!(!text.contains(RULE_MATCHES_METRIC), "{text}");
+        assert!(!text.contains("lacquer_listener_"), "{text}");
     }
 }

@@ -148,10 +148,12 @@ pub fn snapshot(shared: &Shared) -> Stats {
         .filter(|b| !b.is_healthy())
         .count();
     shared.stats.backends_sick.store(sick as u64, Relaxed);
+    let (proxy, listeners) = shared.stats.snapshot();
     Stats {
         version: VERSION.into(),
         uptime_seconds: shared.started.elapsed().as_secs(),
-        proxy: shared.stats.snapshot(),
+        proxy,
+        listeners,
         store: store_stats(shared.store.stats()),
         rules: live
             .rules

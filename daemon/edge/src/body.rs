@@ -3,12 +3,15 @@
 
 use std::{
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+
+use crate::stats::{add, ListenerStats};
 
 /// The error a request body fails with (the client's side failed: a reset stream, a broken connection,
 /// bad framing).
@@ -129,5 +132,54 @@ impl H3Body {
                 }
             }
         }
+    }
+}
+
+/// A response body over HTTP/1.x or HTTP/2 that counts the bytes it hands to hyper, on its listener (whose
+/// sums are the daemon's totals): hyper writes the body itself, so this is where its bytes can be seen.
+pub(crate) struct Counted<B> {
+    body: B,
+    listener: Arc<ListenerStats>,
+    http2: bool,
+}
+
+impl<B> Counted<B> {
+    pub(crate) fn new(body: B, listener: Arc<ListenerStats>, http2: bool) -> Self {
+        Self {
+            body,
+            listener,
+            http2,
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let frame = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
+        if let Some(data) = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
+            let l = &this.listener;
+            let counter = if this.http2 {
+                &l.bytes_out_http2
+            } else {
+                &l.bytes_out_http1
+            };
+            add(counter, data.len() as u64);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }

@@ -16,13 +16,14 @@ use tokio::{
 };
 
 use super::{
+    body::Counted,
     drain::Watcher,
     io::{Activity, IdleTimeout, Prefixed},
     limits::Admitted,
     proxy_protocol, quic, Listener,
 };
 use crate::{
-    stats::{self, dec, inc, EdgeStats},
+    stats::{dec, inc, EdgeStats, ListenerStats},
     Client, RequestBody, Service,
 };
 
@@ -83,7 +84,7 @@ pub async fn serve<S: Service>(
     watcher: Watcher,
 ) {
     let stats = service.stats();
-    inc(&stats.connections);
+    inc(&listener.stats.connections);
     inc(&stats.connections_open);
     let timeout = listener.config.header_read_timeout;
     let opened = tokio::time::timeout(timeout, open(&listener, stream, peer, admitted, stats));
@@ -105,9 +106,11 @@ pub async fn serve<S: Service>(
             max_request_body: listener.config.max_request_body.as_u64(),
             refused,
             secure: matches!(io, Stream::Tls(_)),
+            too_early: false,
         };
         let handler = Handler {
             service: service.clone(),
+            listener: listener.stats.clone(),
             client,
         };
         let idle = listener.config.idle_timeout;
@@ -187,12 +190,12 @@ async fn open(
     let (io, http2) = match &listener.tls {
         Some(tls) => match tls.accept(Prefixed::new(read_ahead, stream)).await {
             Ok(io) => {
-                inc(&stats.connections_tls);
+                inc(&listener.stats.connections_tls);
                 let h2 = io.get_ref().1.alpn_protocol() == Some(b"h2");
                 (Stream::Tls(Box::new(io)), h2)
             }
             Err(e) => {
-                inc(&stats.tls_handshake_errors);
+                inc(&listener.stats.tls_handshake_errors);
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
                 return None;
             }
@@ -236,6 +239,7 @@ async fn sniff_preface(stream: &mut TcpStream, read_ahead: Bytes) -> Option<(Byt
 
 struct Handler<S> {
     service: Arc<S>,
+    listener: Arc<ListenerStats>,
     client: Client,
 }
 
@@ -254,23 +258,27 @@ impl<S: Service> Handler<S> {
     {
         let io = TokioIo::new(IdleTimeout::new(io, idle_timeout, activity.clone()));
         let waiting = activity.clone();
-        let Handler { service, client } = self;
+        let Handler {
+            service,
+            listener,
+            client,
+        } = self;
         let refused = client.refused;
         let alt_svc = protocols.alt_svc.clone();
         let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let in_wait = waiting.enter();
-            let stats = service.stats();
-            stats::inc(if http2 {
-                &stats.requests_http2
+            inc(if http2 {
+                &listener.requests_http2
             } else {
-                &stats.requests_http1
+                &listener.requests_http1
             });
             // Boxed: hyper moves the future into its dispatcher by value, and the data path's is many
             // kilobytes, one memcpy per request (5 % of a hit's CPU in perf).
             let answer = Box::pin(service.clone().call(req.map(RequestBody::Http), client));
             let alt_svc = alt_svc.clone();
+            let listener = listener.clone();
             async move {
-                let mut resp = answer.await;
+                let mut resp = answer.await.map(|body| Counted::new(body, listener, http2));
                 drop(in_wait);
                 if let Some(alt_svc) = alt_svc {
                     resp.headers_mut().insert(ALT_SVC, alt_svc);

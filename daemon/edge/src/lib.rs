@@ -25,7 +25,7 @@ use http::{Request, Response};
 
 pub use self::body::{BoxError, H3Body, RequestBody};
 pub use self::io::{Activity, IdleTimeout, WaitingGuard};
-pub use self::stats::EdgeStats;
+pub use self::stats::{EdgeStats, ListenerStats};
 
 /// Who sent a request, and what its listener allows.
 #[derive(Debug, Clone, Copy)]
@@ -39,12 +39,15 @@ pub struct Client {
     pub refused: bool,
     /// The connection is TLS: the request's scheme is `https`.
     pub secure: bool,
+    /// The request came in TLS early data (0-RTT), which an attacker may replay, and its method is not one
+    /// that may be answered before the handshake completes: it is to be refused with `425 Too Early`.
+    pub too_early: bool,
 }
 
 /// What answers the requests of one worker thread (made on that thread).
 pub trait Service: Send + Sync + 'static {
-    /// The response body.
-    type Body: http_body::Body<Data = Bytes, Error = Self::Error> + Send + 'static;
+    /// The response body (`Unpin`: the edge wraps it to count its bytes).
+    type Body: http_body::Body<Data = Bytes, Error = Self::Error> + Send + Unpin + 'static;
     /// The response body's error.
     type Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send;
     /// Answers one request from `client`.
@@ -86,6 +89,7 @@ pub struct Listener {
     pub certificates: Option<Arc<SniResolver>>,
     /// The HTTP/3 side, with `quic`.
     quic: Option<Arc<Quic>>,
+    stats: Arc<ListenerStats>,
 }
 
 impl Listener {
@@ -103,7 +107,9 @@ impl Listener {
             }
             (Some(resolver), true) => Some(Arc::new(Quic::new(&config, resolver.clone()))),
         };
+        let stats = ListenerStats::new(config.address, resolver.is_some(), quic.is_some());
         Ok(Self {
+            stats: Arc::new(stats),
             quic,
             limits: ConnectionLimits::new(config.max_connections, config.max_connections_per_ip),
             tls: resolver
@@ -145,6 +151,7 @@ pub fn bind(
                 .with_context(|| format!("cannot listen on {actual} (UDP, for quic)"))?;
             sockets.push(Sockets { tcp, udp });
         }
+        listener.stats.bound(actual);
         bound.push(actual);
     }
     Ok((per_worker, bound))
@@ -230,6 +237,7 @@ async fn serve<S: Service>(
     let mut quic = Vec::new();
     let mut tcp = Vec::new();
     for (listener, Sockets { tcp: socket, udp }) in listeners.into_iter().zip(sockets) {
+        service.stats().register(&listener.stats);
         let port = socket.local_addr().map_or(0, |a| a.port());
         if let (Some(udp), Some(config)) = (udp, &listener.quic) {
             match config.endpoint(udp) {

@@ -18,14 +18,14 @@ use std::{
 
 use bytes::Bytes;
 use h3::{error::Code, server::RequestStream};
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Method, Request, Response};
 use http_body_util::BodyExt;
 use tokio::sync::watch;
 
 use crate::{
     body::{H3Body, RequestBody},
     drain::{Drain, Watcher},
-    stats::{add, dec, inc, EdgeStats},
+    stats::{add, dec, inc, ListenerStats},
     tls::{self, SniResolver},
     Client, Listener, Service,
 };
@@ -211,16 +211,17 @@ impl<S: Service> Connection<S> {
         watcher: Watcher,
     ) {
         let stats = self.service.stats();
-        inc(&stats.connections);
+        let counters = &self.listener.stats;
+        inc(&counters.connections);
         inc(&stats.connections_open);
-        inc(&stats.quic_handshakes);
+        inc(&counters.quic_handshakes);
         if let Some(conn) = self.handshake(incoming, handshake).await {
             if let Some(ended) = self.run(&conn, watcher).await {
                 inc(match ended {
-                    Ended::IdleTimeout => &stats.quic_errors_idle_timeout,
-                    Ended::Protocol => &stats.quic_errors_protocol,
-                    Ended::Transport => &stats.quic_errors_transport,
-                    Ended::Reset => &stats.quic_errors_reset,
+                    Ended::IdleTimeout => &counters.quic_errors_idle_timeout,
+                    Ended::Protocol => &counters.quic_errors_protocol,
+                    Ended::Transport => &counters.quic_errors_transport,
+                    Ended::Reset => &counters.quic_errors_reset,
                 });
             }
         }
@@ -236,11 +237,12 @@ impl<S: Service> Connection<S> {
         handshake: InHandshake,
     ) -> Option<Handshaken> {
         let stats = self.service.stats();
+        let counters = &self.listener.stats;
         let timeout = self.listener.config.header_read_timeout;
         let connecting = match incoming.accept() {
             Ok(connecting) => connecting,
             Err(e) => {
-                inc(&stats.quic_handshake_errors);
+                inc(&counters.quic_handshake_errors);
                 tracing::debug!(error = %e, "QUIC connection refused");
                 return None;
             }
@@ -252,6 +254,7 @@ impl<S: Service> Connection<S> {
                     let watching = confirmed.clone();
                     let early = conn.clone();
                     let service = self.service.clone();
+                    let counters = counters.clone();
                     // The handshake still has `header_read_timeout` to complete, requests or not.
                     tokio::spawn(async move {
                         let completed = tokio::time::timeout(timeout, done).await;
@@ -261,7 +264,7 @@ impl<S: Service> Connection<S> {
                             Ok(_) if early.close_reason().is_none() => {
                                 watching.store(true, Ordering::Release)
                             }
-                            Ok(_) => inc(&stats.quic_handshake_errors),
+                            Ok(_) => inc(&counters.quic_handshake_errors),
                             Err(_) => {
                                 inc(&stats.header_timeouts);
                                 early.close(H3_NO_ERROR, b"");
@@ -278,7 +281,7 @@ impl<S: Service> Connection<S> {
         let conn = match tokio::time::timeout(timeout, connecting).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
-                inc(&stats.quic_handshake_errors);
+                inc(&counters.quic_handshake_errors);
                 tracing::debug!(error = %e, "QUIC handshake failed");
                 return None;
             }
@@ -330,7 +333,9 @@ impl<S: Service> Connection<S> {
                 max_request_body: config.max_request_body.as_u64(),
                 refused: false,
                 secure: true,
+                too_early: false,
             },
+            listener: self.listener.stats.clone(),
             conn: conn.clone(),
             header_read_timeout: config.header_read_timeout,
             idle_timeout: config.idle_timeout,
@@ -413,6 +418,7 @@ fn quic_ended(e: &quinn::ConnectionError) -> Option<Ended> {
 /// What every request of a connection shares.
 struct PerRequest {
     client: Client,
+    listener: Arc<ListenerStats>,
     conn: quinn::Connection,
     header_read_timeout: Duration,
     idle_timeout: Duration,
@@ -449,21 +455,18 @@ async fn answer<S: Service>(
             return;
         }
     };
-    inc(&stats.requests_http3);
+    let counters = &shared.listener;
+    inc(&counters.requests_http3);
     let (mut send, recv) = stream.split();
+    let mut client = shared.client;
     if early {
-        if !early_allowed(req.method()) {
-            inc(&stats.quic_0rtt_refused);
-            let mut too_early = Response::new(());
-            *too_early.status_mut() = StatusCode::TOO_EARLY;
-            let sent = tokio::time::timeout(shared.idle_timeout, async {
-                send.send_response(too_early).await?;
-                send.finish().await
-            });
-            let _ = sent.await;
-            return;
+        if early_allowed(req.method()) {
+            inc(&counters.quic_0rtt_accepted);
+        } else {
+            // Answered by the service, so that the refusal is logged and counted as any request.
+            inc(&counters.quic_0rtt_refused);
+            client.too_early = true;
         }
-        inc(&stats.quic_0rtt_accepted);
     }
     let head_only = req.method() == Method::HEAD;
     let length = req
@@ -473,12 +476,12 @@ async fn answer<S: Service>(
     let req: Request<RequestBody> =
         req.map(|()| RequestBody::H3(Box::new(H3Body::new(recv, length))));
     // Boxed: the data path's future is many kilobytes, moved otherwise at every await of this one.
-    let answering = Box::pin(service.clone().call(req, shared.client));
+    let answering = Box::pin(service.clone().call(req, client));
     let resp = tokio::select! {
         resp = answering => resp,
         _ = shared.conn.closed() => return,
     };
-    if let Err(e) = respond(&mut send, resp, head_only, &shared, stats).await {
+    if let Err(e) = respond(&mut send, resp, head_only, &shared).await {
         tracing::debug!(error = %e, "HTTP/3 response not completed");
     }
 }
@@ -511,7 +514,6 @@ async fn respond<B>(
     resp: Response<B>,
     head_only: bool,
     shared: &PerRequest,
-    stats: &EdgeStats,
 ) -> Result<(), Unsent>
 where
     B: http_body::Body<Data = Bytes>,
@@ -551,7 +553,7 @@ where
                         send.stop_stream(Code::H3_REQUEST_CANCELLED);
                         return Err(e);
                     }
-                    add(&stats.bytes_out_http3, len);
+                    add(&shared.listener.bytes_out_http3, len);
                     left = left.map(|left| left.saturating_sub(len));
                     if left == Some(0) || body.is_end_stream() {
                         break;

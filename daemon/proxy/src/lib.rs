@@ -82,6 +82,9 @@ impl lacquer_edge::Service for Worker {
         async move {
             let resp = if client.refused {
                 too_many_connections()
+            } else if client.too_early {
+                inc(&self.shared.stats.requests);
+                too_early()
             } else {
                 handle(self, client, req).await
             };
@@ -106,6 +109,14 @@ fn too_many_connections() -> Response<Body> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    resp
+}
+
+/// The answer to a request in TLS early data that may not be answered before the handshake completes: the
+/// client sends it again once it has (RFC 8470).
+fn too_early() -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() = StatusCode::TOO_EARLY;
     resp
 }
 

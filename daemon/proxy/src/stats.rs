@@ -3,11 +3,15 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use lacquer_admin::wire::ProxyStats;
+use lacquer_admin::wire::{ListenerCounters, ListenerStats, ProxyStats};
 use lacquer_edge::EdgeStats;
 
 macro_rules! counters {
-    ($($name:ident),* $(,)?; edge: $($edge:ident),* $(,)?) => {
+    (
+        $($name:ident),* $(,)?;
+        edge: $($edge:ident),* $(,)?;
+        listeners: $($listener:ident),* $(,)?
+    ) => {
         /// Counters and gauges of the proxy; see [`ProxyStats`] for what each counts.
         #[derive(Debug, Default)]
         pub struct Stats {
@@ -17,13 +21,35 @@ macro_rules! counters {
         }
 
         impl Stats {
-            /// Naming every field of [`ProxyStats`] here keeps the two in step: a counter missing on either
-            /// side does not compile.
-            pub fn snapshot(&self) -> ProxyStats {
-                ProxyStats {
+            /// The counters, and every listener's. The listeners' are read once: the totals of
+            /// [`ProxyStats`] that are theirs are their sums.
+            ///
+            /// Naming every field of [`ProxyStats`] and [`ListenerCounters`] here keeps the types in step:
+            /// a counter missing on either side does not compile.
+            pub fn snapshot(&self) -> (ProxyStats, Vec<ListenerStats>) {
+                let listeners: Vec<ListenerStats> = self
+                    .edge
+                    .listeners()
+                    .iter()
+                    .map(|l| ListenerStats {
+                        address: l.address().to_string(),
+                        tls: l.tls,
+                        quic: l.quic,
+                        counters: ListenerCounters {
+                            $($listener: l.$listener.load(Relaxed),)*
+                        },
+                    })
+                    .collect();
+                let mut sum = ListenerCounters::default();
+                for l in &listeners {
+                    sum.add(&l.counters);
+                }
+                let proxy = ProxyStats {
                     $($name: self.$name.load(Relaxed),)*
                     $($edge: self.edge.$edge.load(Relaxed),)*
-                }
+                    $($listener: sum.$listener,)*
+                };
+                (proxy, listeners)
             }
         }
     };
@@ -106,24 +132,27 @@ counters! {
     peer_requests_unproven,
     peer_failures;
     edge:
-    connections,
     connections_open,
-    connections_tls,
     connections_http2,
     connections_refused,
     proxy_protocol_errors,
-    tls_handshake_errors,
     header_timeouts,
     idle_timeouts,
     headers_too_large,
+    connections_http3,
+    quic_retries;
+    listeners:
+    connections,
+    connections_tls,
+    tls_handshake_errors,
     requests_http1,
     requests_http2,
     requests_http3,
+    bytes_out_http1,
+    bytes_out_http2,
     bytes_out_http3,
-    connections_http3,
     quic_handshakes,
     quic_handshake_errors,
-    quic_retries,
     quic_0rtt_accepted,
     quic_0rtt_refused,
     quic_errors_idle_timeout,

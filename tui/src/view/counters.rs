@@ -13,7 +13,10 @@ use crate::state::State;
 
 pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
     let rows = state.counters();
-    let total = state.latest.as_ref().map_or(0, |s| s.values().count());
+    let total = state
+        .latest
+        .as_ref()
+        .map_or(0, |s| s.values().count() + s.listener_values().count());
     let [filter, table] = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
     let filter_line = if state.filter.is_empty() && !state.editing {
         Line::from(format!("{total} values; / to filter"))
@@ -26,6 +29,17 @@ pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
     frame.render_widget(Paragraph::new(filter_line), filter);
     let visible = usize::from(table.height.saturating_sub(3));
     let scroll = state.scroll.min(rows.len().saturating_sub(visible));
+    // Wide enough for the names shown, a listener's too (`listeners.[2001:db8::1]:443.quic_0rtt_accepted`):
+    // set by every row instead, the daemon's own would have their descriptions cut for the listeners'
+    // sake even when no listener is in view.
+    let name_width = rows
+        .iter()
+        .skip(scroll)
+        .take(visible)
+        .map(|r| r.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(28, 56) as u16;
     let body = rows.iter().skip(scroll).take(visible).map(|r| {
         Row::new(vec![
             Line::from(r.name.clone()),
@@ -48,7 +62,7 @@ pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
         Table::new(
             body,
             [
-                Constraint::Length(28),
+                Constraint::Length(name_width),
                 Constraint::Length(12),
                 Constraint::Length(9),
                 Constraint::Min(10),
@@ -71,14 +85,14 @@ pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
 
 #[cfg(test)]
 mod tests {
-    use lacquer_admin::wire::{ProxyStats, StoreStats};
+    use lacquer_admin::wire::{ListenerCounters, ProxyStats, StoreStats};
 
     use super::super::tests::{busy, screen};
     use crate::state::View;
 
     /// Every value the daemon reports: the list shows them all.
     fn total() -> usize {
-        ProxyStats::FIELDS.len() + StoreStats::FIELDS.len()
+        ProxyStats::FIELDS.len() + StoreStats::FIELDS.len() + ListenerCounters::FIELDS.len()
     }
 
     #[test]
@@ -132,8 +146,32 @@ mod tests {
         state.scroll = 10_000;
         let s = screen(&state, 100, 24);
         assert!(
-            s.contains("│store.publishes_cancelled"),
+            s.contains("│listeners.0.0.0.0:443.quic_errors_reset"),
             "scrolling stops at the end: {s}"
+        );
+    }
+
+    #[test]
+    fn listeners_are_listed_with_their_rates() {
+        let mut state = busy();
+        state.view = View::Counters;
+        state.filter = "listeners.".into();
+        let s = screen(&state, 120, 30);
+        let row: Vec<&str> = s
+            .lines()
+            .find(|l| l.starts_with("│listeners.0.0.0.0:443.requests_http2 "))
+            .unwrap_or_else(|| panic!("no listener row in\n{s}"))
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            row[..4],
+            [
+                "│listeners.0.0.0.0:443.requests_http2",
+                "8300",
+                "150/s",
+                "Requests"
+            ],
+            "{s}"
         );
     }
 }

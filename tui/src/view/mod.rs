@@ -151,8 +151,8 @@ pub(crate) mod tests {
     use std::time::{Duration, Instant};
 
     use lacquer_admin::wire::{
-        BackendHealth, BackendList, BackendView, LastError, ProxyStats, RuleMatches, Stats,
-        StoreStats,
+        BackendHealth, BackendList, BackendView, LastError, ListenerCounters, ListenerStats,
+        ProxyStats, RuleMatches, Stats, StoreStats,
     };
 
     use super::*;
@@ -205,6 +205,19 @@ pub(crate) mod tests {
                 matched,
             })
             .collect(),
+            listeners: vec![ListenerStats {
+                address: "0.0.0.0:443".into(),
+                tls: true,
+                quic: true,
+                counters: ListenerCounters {
+                    connections: 900 + 2 * n,
+                    requests_http2: 8_000 + 150 * n,
+                    requests_http3: 2_000 + 50 * n,
+                    bytes_out_http2: 40_000_000 + 300_000 * n,
+                    bytes_out_http3: 10_000_000 + 100_000 * n,
+                    ..Default::default()
+                },
+            }],
         };
         let backends = |n: u64| BackendList {
             backends: vec![BackendView {

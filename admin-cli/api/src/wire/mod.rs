@@ -23,8 +23,8 @@ pub use objects::{
 };
 pub use reload::{NotApplied, Reloaded};
 pub use stats::{
-    Field, Kind, ProxyStats, RuleMatches, Stats, StoreStats, FAMILY_HELP, RULE_MATCHES_HELP,
-    RULE_MATCHES_METRIC,
+    Field, Kind, ListenerCounters, ListenerStats, ProxyStats, RuleMatches, Stats, StoreStats,
+    FAMILY_HELP, LISTENER_FAMILY_HELP, LISTENER_LABEL, RULE_MATCHES_HELP, RULE_MATCHES_METRIC,
 };
 
 /// `GET /v1/health`: answered without the secret.

@@ -49,7 +49,10 @@ macro_rules! stats_section {
         }
     ) => {
         $(#[doc = $sdoc])*
+        ///
+        /// A value missing from a document (one from an older daemon) reads as 0.
         #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+        #[serde(default)]
         pub struct $ty {
             $($(#[doc = $doc])+ pub $name: u64,)*
         }
@@ -263,8 +266,12 @@ stats_section! {
         requests_http2: Counter "lacquer_client_protocol_requests_total" { protocol = "http2" },
         /// Client requests over HTTP/3.
         requests_http3: Counter "lacquer_client_protocol_requests_total" { protocol = "http3" },
+        /// Response body bytes sent to clients over HTTP/1.x.
+        bytes_out_http1: Counter "lacquer_client_protocol_sent_bytes_total" { protocol = "http1" },
+        /// Response body bytes sent to clients over HTTP/2.
+        bytes_out_http2: Counter "lacquer_client_protocol_sent_bytes_total" { protocol = "http2" },
         /// Response body bytes sent to clients over HTTP/3.
-        bytes_out_http3: Counter "lacquer_client_http3_sent_bytes_total",
+        bytes_out_http3: Counter "lacquer_client_protocol_sent_bytes_total" { protocol = "http3" },
         /// QUIC connections that got their HTTP/3 session up.
         connections_http3: Counter "lacquer_client_http3_connections_total",
         /// QUIC handshakes started: connections accepted within the listener's limits.
@@ -419,12 +426,103 @@ stats_section! {
     }
 }
 
+stats_section! {
+    /// The counters of one client listener (`[[listen]]`). The daemon's totals of the same names in
+    /// [`ProxyStats`] are their sums.
+    pub struct ListenerCounters {
+        /// Connections accepted, TCP and QUIC.
+        connections: Counter "lacquer_listener_connections_total",
+        /// TCP connections that completed a TLS handshake.
+        connections_tls: Counter "lacquer_listener_tls_handshakes_total",
+        /// TLS handshakes over TCP that failed.
+        tls_handshake_errors: Counter "lacquer_listener_handshake_errors_total" { protocol = "tls" },
+        /// Requests over HTTP/1.x.
+        requests_http1: Counter "lacquer_listener_requests_total" { protocol = "http1" },
+        /// Requests over HTTP/2.
+        requests_http2: Counter "lacquer_listener_requests_total" { protocol = "http2" },
+        /// Requests over HTTP/3.
+        requests_http3: Counter "lacquer_listener_requests_total" { protocol = "http3" },
+        /// Response body bytes sent over HTTP/1.x.
+        bytes_out_http1: Counter "lacquer_listener_sent_bytes_total" { protocol = "http1" },
+        /// Response body bytes sent over HTTP/2.
+        bytes_out_http2: Counter "lacquer_listener_sent_bytes_total" { protocol = "http2" },
+        /// Response body bytes sent over HTTP/3.
+        bytes_out_http3: Counter "lacquer_listener_sent_bytes_total" { protocol = "http3" },
+        /// QUIC handshakes started: connections accepted within the listener's limits.
+        quic_handshakes: Counter "lacquer_listener_quic_handshakes_total",
+        /// QUIC handshakes that failed (one that timed out is not counted here).
+        quic_handshake_errors: Counter "lacquer_listener_handshake_errors_total" { protocol = "quic" },
+        /// HTTP/3 requests answered from TLS early data (0-RTT).
+        quic_0rtt_accepted: Counter "lacquer_listener_quic_early_requests_total" { result = "accepted" },
+        /// HTTP/3 requests in early data refused with 425 Too Early.
+        quic_0rtt_refused: Counter "lacquer_listener_quic_early_requests_total" { result = "refused" },
+        /// QUIC connections closed after `idle_timeout` without a packet.
+        quic_errors_idle_timeout: Counter "lacquer_listener_quic_connection_errors_total" { kind = "idle_timeout" },
+        /// QUIC connections closed for an HTTP/3 error raised by either side.
+        quic_errors_protocol: Counter "lacquer_listener_quic_connection_errors_total" { kind = "h3" },
+        /// QUIC connections closed for a QUIC transport error raised by either side.
+        quic_errors_transport: Counter "lacquer_listener_quic_connection_errors_total" { kind = "transport" },
+        /// QUIC connections ended by a stateless reset.
+        quic_errors_reset: Counter "lacquer_listener_quic_connection_errors_total" { kind = "reset" },
+    }
+}
+
+/// The label `/metrics` adds to every [`ListenerCounters`] series: the listener's address.
+pub const LISTENER_LABEL: &str = "listener";
+
+/// Descriptions of the per-listener metric families whose members carry labels besides [`LISTENER_LABEL`].
+pub const LISTENER_FAMILY_HELP: &[(&str, &str)] = &[
+    (
+        "lacquer_listener_requests_total",
+        "Client requests by listener and protocol: HTTP/1.x, HTTP/2, HTTP/3.",
+    ),
+    (
+        "lacquer_listener_sent_bytes_total",
+        "Response body bytes sent to clients, by listener and protocol.",
+    ),
+    (
+        "lacquer_listener_handshake_errors_total",
+        "Handshakes that failed, by listener and protocol: TLS over TCP, QUIC.",
+    ),
+    (
+        "lacquer_listener_quic_early_requests_total",
+        "HTTP/3 requests in TLS early data (0-RTT), by listener: answered (accepted), refused with 425 \
+         (refused).",
+    ),
+    (
+        "lacquer_listener_quic_connection_errors_total",
+        "QUIC connections that ended badly, by listener and kind: idle timeout, HTTP/3 error, QUIC \
+         transport error, stateless reset.",
+    ),
+];
+
+/// One client listener and its counters. A listener is there for as long as the daemon runs: a reload
+/// does not add or remove listeners (`listen` changes take effect on restart), so its counters go on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ListenerStats {
+    /// The address it listens on: the configured one, with the port bound when that asked for port 0.
+    pub address: String,
+    /// It terminates TLS.
+    #[serde(default)]
+    pub tls: bool,
+    /// It serves HTTP/3 over QUIC too.
+    #[serde(default)]
+    pub quic: bool,
+    /// What it counted.
+    #[serde(default)]
+    pub counters: ListenerCounters,
+}
+
 /// Descriptions of the metric families whose members carry labels (a member's own description says what
 /// its label value counts).
 pub const FAMILY_HELP: &[(&str, &str)] = &[
     (
         "lacquer_client_protocol_requests_total",
         "Client requests by protocol: HTTP/1.x, HTTP/2, HTTP/3.",
+    ),
+    (
+        "lacquer_client_protocol_sent_bytes_total",
+        "Response body bytes sent to clients, by protocol: HTTP/1.x, HTTP/2, HTTP/3.",
     ),
     (
         "lacquer_quic_early_requests_total",
@@ -537,6 +635,10 @@ pub struct Stats {
     /// Every `[[rule]]` in file order, with its matches. Absent from daemons without rules support.
     #[serde(default)]
     pub rules: Vec<RuleMatches>,
+    /// Every client listener in configuration order, with its counters. Absent from daemons without
+    /// per-listener counters.
+    #[serde(default)]
+    pub listeners: Vec<ListenerStats>,
 }
 
 impl Stats {
@@ -553,8 +655,23 @@ impl Stats {
         proxy.chain(store)
     }
 
-    /// The value called `section.name`, e.g. `proxy.hits`.
+    /// Every listener's values, named `listeners.ADDRESS.name` (`listeners.0.0.0.0:443.requests_http1`).
+    pub fn listener_values(&self) -> impl Iterator<Item = (String, &'static Field, u64)> + '_ {
+        self.listeners.iter().flat_map(|l| {
+            l.counters
+                .values()
+                .map(move |(f, v)| (format!("listeners.{}.{}", l.address, f.name), f, v))
+        })
+    }
+
+    /// The value called `section.name`, e.g. `proxy.hits`, or `listeners.ADDRESS.name`.
     pub fn get(&self, name: &str) -> Option<u64> {
+        if let Some(listener) = name.strip_prefix("listeners.") {
+            // The address has dots of its own; the field's name has none.
+            let (address, field) = listener.rsplit_once('.')?;
+            let l = self.listeners.iter().find(|l| l.address == address)?;
+            return l.counters.get(field);
+        }
         match name.split_once('.')? {
             ("proxy", field) => self.proxy.get(field),
             ("store", field) => self.store.get(field),
@@ -584,6 +701,15 @@ impl Stats {
         for stats in documents {
             total.proxy.add(&stats.proxy);
             total.store.add(&stats.store);
+            for listener in &stats.listeners {
+                let same = |l: &&mut ListenerStats| {
+                    (&l.address, l.tls, l.quic) == (&listener.address, listener.tls, listener.quic)
+                };
+                match total.listeners.iter_mut().find(same) {
+                    Some(l) => l.counters.add(&listener.counters),
+                    None => total.listeners.push(listener.clone()),
+                }
+            }
             for rule in &stats.rules {
                 match total
                     .rules
@@ -780,8 +906,13 @@ mod tests {
         assert!(old.rules.is_empty(), "a document without rules reads");
     }
 
-    #[test]
-    fn metric_names_follow_prometheus_conventions() {
+    /// The families `fields` make, checked against Prometheus' conventions, with the label names of each:
+    /// `described` must describe exactly those with labels (beside `extra_labels`, which every series
+    /// gets).
+    fn families_of<'a>(
+        fields: impl Iterator<Item = &'a Field>,
+        described: &[(&str, &str)],
+    ) -> HashMap<&'a str, (Kind, Vec<&'a str>)> {
         let name = |s: &str| {
             s.starts_with("lacquer_")
                 && s.bytes()
@@ -789,7 +920,7 @@ mod tests {
         };
         let mut families: HashMap<&str, (Kind, Vec<&str>)> = HashMap::new();
         let mut series = HashSet::new();
-        for f in every_field() {
+        for f in fields {
             assert!(name(f.metric), "{}", f.metric);
             assert_eq!(
                 f.metric.ends_with("_total"),
@@ -819,17 +950,81 @@ mod tests {
             );
         }
         for (family, (_, labels)) in &families {
-            let described = FAMILY_HELP.iter().any(|(n, _)| n == family);
-            assert_eq!(described, !labels.is_empty(), "{family}");
+            let is_described = described.iter().any(|(n, _)| n == family);
+            assert_eq!(is_described, !labels.is_empty(), "{family}");
         }
         assert_eq!(
-            FAMILY_HELP.len(),
+            described.len(),
             families.values().filter(|(_, l)| !l.is_empty()).count()
         );
-        assert!(name(RULE_MATCHES_METRIC) && RULE_MATCHES_METRIC.ends_with("_total"));
+        families
+    }
+
+    #[test]
+    fn metric_names_follow_prometheus_conventions() {
+        let families = families_of(every_field(), FAMILY_HELP);
+        let listeners = families_of(ListenerCounters::FIELDS.iter(), LISTENER_FAMILY_HELP);
+        for (family, (_, labels)) in &listeners {
+            assert!(family.starts_with("lacquer_listener_"), "{family}");
+            assert!(
+                !families.contains_key(family),
+                "{family} is the listeners' alone"
+            );
+            assert!(!labels.contains(&LISTENER_LABEL), "{family}");
+        }
+        let name = |s: &str| s.starts_with("lacquer_") && s.ends_with("_total");
+        assert!(name(RULE_MATCHES_METRIC));
         assert!(
             !families.contains_key(RULE_MATCHES_METRIC),
             "the rules' family is theirs alone"
         );
+    }
+
+    #[test]
+    fn listeners_sum_by_address_and_an_older_document_reads() {
+        let listener = |address: &str, quic: bool, requests: u64| ListenerStats {
+            address: address.into(),
+            tls: true,
+            quic,
+            counters: ListenerCounters {
+                requests_http1: requests,
+                ..Default::default()
+            },
+        };
+        let a = Stats {
+            listeners: vec![
+                listener("0.0.0.0:443", true, 5),
+                listener("0.0.0.0:80", false, 1),
+            ],
+            ..Default::default()
+        };
+        let b = Stats {
+            listeners: vec![
+                listener("0.0.0.0:443", true, 7),
+                listener("0.0.0.0:8443", false, 2),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            Stats::sum([&a, &b]).listeners,
+            vec![
+                listener("0.0.0.0:443", true, 12),
+                listener("0.0.0.0:80", false, 1),
+                listener("0.0.0.0:8443", false, 2)
+            ]
+        );
+        let mut old = serde_json::to_value(&a).unwrap();
+        old.as_object_mut().unwrap().remove("listeners");
+        let old: Stats = serde_json::from_value(old).unwrap();
+        assert!(old.listeners.is_empty());
+        assert_eq!(a.get("listeners.0.0.0.0:443.requests_http1"), Some(5));
+        assert_eq!(a.get("listeners.0.0.0.0:80.requests_http1"), Some(1));
+        assert_eq!(a.get("listeners.0.0.0.0:81.requests_http1"), None);
+        let named: Vec<_> = a.listener_values().map(|(n, _, v)| (n, v)).collect();
+        assert_eq!(named.len(), 2 * ListenerCounters::FIELDS.len());
+        assert!(named.contains(&("listeners.0.0.0.0:80.requests_http1".into(), 1)));
+        let sparse: ListenerStats =
+            serde_json::from_value(serde_json::json!({ "address": "[::]:80" })).unwrap();
+        assert_eq!(sparse.counters, ListenerCounters::default());
     }
 }
