@@ -108,6 +108,15 @@ enum Command {
     },
     /// The backends and how their requests have been going.
     Backends,
+    /// Force a backend sick (drain it) or healthy whatever its probe says, or hand it back to the probe
+    /// (`auto`), like `varnishadm backend.set_health`. Kept until set again or lacquerd restarts.
+    Backend {
+        /// The backend's `name`, as `cachectl backends` lists it.
+        name: String,
+        /// `sick`, `healthy` or `auto`.
+        #[arg(value_parser = operations::admin_state)]
+        health: lacquer_admin::wire::BackendAdmin,
+    },
     /// Follow requests as they complete, as access log lines (like `varnishncsa`), until interrupted.
     Log {
         /// Only URLs (path and query) containing TEXT.
@@ -208,6 +217,9 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             secure,
         } => explain::explain(client, out, url, method, headers, from, secure).await,
         Command::Backends => operations::backends(client, out).await,
+        Command::Backend { name, health } => {
+            operations::set_backend_health(client, out, &name, health).await
+        }
         Command::Log { url, status } => log::follow(client, out, LogFilter { url, status }).await,
         Command::Reload => operations::reload(client, out).await,
         Command::Completions { .. } => unreachable!("handled before connecting"),

@@ -374,11 +374,12 @@ async fn backends_show_health_from_real_traffic() {
     let (_, out, _) = ctl(&d, &["backends"]);
     let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        row[..7],
+        row[..8],
         [
             "default",
             &origin.addr.to_string(),
             "healthy",
+            "auto",
             "-",
             "1",
             "0",
@@ -397,6 +398,45 @@ async fn backends_show_health_from_real_traffic() {
     assert!((1..=2).contains(&failures), "{backend}");
     let message = backend["last_error"]["message"].as_str().unwrap();
     assert!(message.contains("unreachable"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn backend_forces_health_and_backends_shows_it() {
+    let origin = Origin::start(|_| Reply::ok("x")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    let (code, out, err) = ctl(&d, &["backend", "default", "sick"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "backend default: forced sick (it has no probe; `cachectl backend default auto` hands it back)\n"
+    );
+    let (_, out, _) = ctl(&d, &["backends"]);
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[2..4], ["sick", "sick"], "{out}");
+    let r = get(d.addr, "/a").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(origin.total(), 0, "a drained backend gets nothing");
+
+    let (code, out, _) = ctl(&d, &["--json", "backend", "default", "auto"]);
+    assert_eq!(code, 0);
+    let view = json(&out);
+    assert_eq!(
+        (&view["admin"], &view["health"]),
+        (&"auto".into(), &"unknown".into()),
+        "{view}"
+    );
+    assert_eq!(get(d.addr, "/a").await.status, 200);
+    assert_eq!(origin.total(), 1);
+
+    let (code, out, err) = ctl(&d, &["backend", "nope", "sick"]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!(
+        err,
+        "cachectl: refused: no backend is named \"nope\" (the backends are default)\n"
+    );
+    let (code, _, err) = ctl(&d, &["backend", "default", "drain"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("give sick, healthy or auto"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

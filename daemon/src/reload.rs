@@ -169,7 +169,8 @@ impl Reloader {
 
     /// The states for `config`'s backends: a backend whose settings did not change keeps its state (health,
     /// probe history, connection pools) unless its TLS files changed (a renewed client certificate: the
-    /// state is renewed, new connections use the new files, health goes on), the others get new ones, whose
+    /// state is renewed, new connections use the new files, health goes on), the others get new ones (with
+    /// the operator's forced health of a backend of the same name), whose
     /// probes start when the reload is applied; the states no longer configured are to be retired then
     /// (their probes stop; workers drop their pools).
     fn backends_for(&self, config: &Config) -> Result<NextBackends, ConfigError> {
@@ -190,7 +191,16 @@ impl Reloader {
                             }
                             None => Ok(kept.clone()),
                         },
-                        None => BackendState::new(b, &setting).map(Arc::new),
+                        None => {
+                            let state = BackendState::new(b, &setting)?;
+                            // The name is the operator's handle on a drain: it outlives new settings.
+                            Ok(Arc::new(
+                                match running.iter().find(|s| s.name() == b.name) {
+                                    Some(previous) => state.keep_admin_of(previous),
+                                    None => state,
+                                },
+                            ))
+                        }
                     }
                 })
                 .collect::<Result<_, ConfigError>>()?,

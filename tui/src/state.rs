@@ -379,6 +379,7 @@ pub(crate) mod tests {
                 name: "default".into(),
                 address: "127.0.0.1:8080".into(),
                 health: BackendHealth::Healthy,
+                admin: Default::default(),
                 requests,
                 errors,
                 consecutive_failures: 0,

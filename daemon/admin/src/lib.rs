@@ -153,6 +153,7 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .routes(routes!(objects::inspect))
         .routes(routes!(explain::explain))
         .routes(routes!(operations::backends))
+        .routes(routes!(operations::set_backend_health))
         .routes(routes!(operations::reload))
         .route_layer(guard());
     let metrics = OpenApiRouter::new().routes(routes!(status::metrics));
