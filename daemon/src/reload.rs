@@ -15,7 +15,10 @@ use lacquer_edge::{
     tls::{Certificates, SniResolver},
     Listener,
 };
-use lacquer_proxy::worker::{Live, Shared};
+use lacquer_proxy::{
+    log_format::LogFormat,
+    worker::{Live, Shared},
+};
 
 use crate::settings;
 
@@ -37,6 +40,7 @@ fn is_live(setting: &str) -> bool {
     ];
     live.iter().any(|prefix| setting.starts_with(prefix))
         || setting == "log.level"
+        || setting == "access_log.format"
         || setting == "server.forwarding_headers"
 }
 
@@ -97,6 +101,7 @@ impl Reloader {
     fn apply(&self) -> Result<Reloaded, ConfigError> {
         let next = Config::load(self.path.as_deref(), self.overrides.clone())?;
         settings::log_filter(&next.log.level)?;
+        let access_format = LogFormat::compile(&next.access_log.format)?;
         settings::store(&next)?;
         let built = settings::listeners(&next)?;
         let mut running = self.running.lock().expect("reload mutex");
@@ -154,6 +159,10 @@ impl Reloader {
         }
         if outcome.applied.iter().any(|s| s == "log.level") {
             candidate.log = next.log.clone();
+        }
+        if outcome.applied.iter().any(|s| s == "access_log.format") {
+            candidate.access_log.format = next.access_log.format.clone();
+            self.shared.access_log.set_format(access_format);
         }
         self.probes.start(&backends.fresh);
         for gone in &backends.gone {
