@@ -4,7 +4,7 @@ use std::{collections::VecDeque, time::Instant};
 
 use lacquer_admin::{
     cluster::ClusterReport,
-    wire::{BackendList, BackendView, Field, Stats},
+    wire::{BackendList, BackendView, Field, Kind, Stats},
 };
 
 /// Per-second samples kept for the sparklines: ten minutes.
@@ -46,6 +46,8 @@ pub struct CounterRow {
     pub name: String,
     pub field: &'static Field,
     pub value: u64,
+    /// Per second between the last two samples; `None` before there are two, and always for a gauge (a
+    /// level, not a count, has no rate).
     pub rate: Option<f64>,
 }
 
@@ -314,7 +316,10 @@ impl State {
             .values()
             .filter(|(name, _, _)| name.contains(self.filter.as_str()))
             .map(|(name, field, value)| CounterRow {
-                rate: self.rate(&name),
+                rate: match field.kind {
+                    Kind::Counter => self.rate(&name),
+                    Kind::Gauge => None,
+                },
                 name,
                 field,
                 value,
