@@ -184,14 +184,78 @@ async fn refused_operations_exit_1_with_the_reason() {
         err.trim(),
         "cachectl: refused: invalid regex at 11: unclosed group"
     );
-    let (code, _, err) = ctl(&d, &["purge", "/no-host"]);
-    assert_eq!(code, 1);
-    assert_eq!(
-        err.trim(),
-        "cachectl: refused: \"/no-host\" has no host: give an absolute url or a host"
-    );
     let (code, _, err) = ctl(&d, &["purge", "--tag", "has space"]);
     assert_eq!(code, 1, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_path_without_a_host_is_bad_usage() {
+    let (_origin, d) = catalog().await;
+    for args in [
+        &["purge", "/no-host"][..],
+        &["inspect", "/no-host"],
+        &["explain", "/no-host"],
+    ] {
+        let (code, out, err) = ctl(&d, args);
+        assert_eq!((code, out.as_str()), (2, ""), "{args:?}: {err}");
+        assert!(
+            err.starts_with("cachectl: /no-host has no host: give http://host/path or "),
+            "{err}"
+        );
+    }
+    let (code, _, err) = ctl(&d, &["inspect", "/no-host", "--host", "www.example.com"]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_json_errors_are_json_on_stderr() {
+    let (_origin, d) = catalog().await;
+    let error = |err: &str| -> serde_json::Value {
+        assert_eq!(err.lines().count(), 1, "{err}");
+        json(err)["error"].clone()
+    };
+    let (code, out, err) = ctl(&d, &["--json", "ban", "req.url ~ \"(^/x\""]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    let e = error(&err);
+    assert_eq!(
+        (e["code"].as_str(), e["exit_status"].as_u64()),
+        (Some("invalid_ban"), Some(1))
+    );
+    assert_eq!(e["message"], "refused: invalid regex at 11: unclosed group");
+
+    let (code, _, err) = ctl(&d, &["--json", "purge", "/no-host"]);
+    assert_eq!((code, error(&err)["code"].as_str()), (2, Some("usage")));
+    let (code, _, err) = ctl(&d, &["--json", "backend", "default", "drain"]);
+    let e = error(&err);
+    assert_eq!((code, e["code"].as_str()), (2, Some("usage")), "{err}");
+    assert!(e["message"].as_str().unwrap().contains("drain"), "{err}");
+
+    let free = unused_addr().to_string();
+    let (code, out, err) = cachectl(&[
+        "--json",
+        "--admin",
+        &free,
+        "--secret",
+        "/nonexistent",
+        "stats",
+    ]);
+    assert_eq!((code, out.as_str()), (3, ""));
+    assert_eq!(error(&err)["code"], "secret", "{err}");
+}
+
+#[test]
+fn disk_finds_the_secret_of_a_daemon_started_with_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secret"), "s3cret\n").unwrap();
+    let free = unused_addr().to_string();
+    let disk = dir.path().to_str().unwrap();
+    // Unreachable, so the secret was read: without it the error is about the secret file.
+    let (code, _, err) = cachectl(&["--admin", &free, "--disk", disk, "stats"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("cannot reach lacquerd"), "{err}");
+    let (code, _, err) = cachectl(&["--admin", &free, "--disk", "/nonexistent", "stats"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("/nonexistent/secret"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -565,7 +629,7 @@ async fn explain_reads_like_a_report_and_asks_nothing_of_the_origin() {
     );
 
     let (code, _, err) = ctl(&d, &["explain", "/page"]);
-    assert_eq!(code, 1, "refused: {err}");
+    assert_eq!(code, 2, "bad usage: {err}");
     assert!(err.contains("has no host"), "{err}");
     let (code, _, err) = ctl(&d, &["explain", &url, "-H", "no colon"]);
     assert_eq!(code, 2, "bad usage: {err}");
