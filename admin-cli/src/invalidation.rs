@@ -34,7 +34,11 @@ fn render_bans(list: &BanList) -> String {
             vec![
                 b.id.to_string(),
                 duration(b.age_seconds),
-                b.tested.to_string(),
+                match b.to_test {
+                    Some(total) => format!("{} of {total}", b.tested),
+                    None => b.tested.to_string(),
+                },
+                b.percent().map_or_else(|| "-".into(), |p| format!("{p} %")),
                 b.removed.to_string(),
                 if b.completed { "completed" } else { "pending" }.into(),
                 b.expression.clone(),
@@ -46,6 +50,7 @@ fn render_bans(list: &BanList) -> String {
             ("ID", Align::Right),
             ("AGE", Align::Right),
             ("TESTED", Align::Right),
+            ("DONE", Align::Right),
             ("REMOVED", Align::Right),
             ("STATE", Align::Left),
             ("EXPRESSION", Align::Left),
@@ -102,12 +107,36 @@ mod tests {
                 age_seconds: 65,
                 tested: 100,
                 removed: 4,
+                to_test: Some(100),
                 completed: true,
             }],
         };
         assert_eq!(
             render_bans(&list),
-            "ID    AGE  TESTED  REMOVED  STATE      EXPRESSION\n 7  1m 5s     100        4  completed  req.url ~ \"^/a\"\n"
+            "ID    AGE      TESTED   DONE  REMOVED  STATE      EXPRESSION\n 7  1m 5s  100 of 100  100 %        4  completed  req.url ~ \"^/a\"\n"
+        );
+        let walking = |tested, to_test| BanView {
+            tested,
+            to_test,
+            completed: false,
+            ..list.bans[0].clone()
+        };
+        assert_eq!(walking(250, Some(1000)).percent(), Some(25));
+        assert_eq!(
+            walking(1200, Some(1000)).percent(),
+            Some(99),
+            "only the walk completes a ban"
+        );
+        assert_eq!(walking(5, None).percent(), None);
+        assert_eq!(walking(0, Some(0)).percent(), None);
+        let pending = render_bans(&BanList {
+            bans: vec![walking(250, Some(1000)), walking(3, None)],
+        });
+        assert_eq!(
+            pending,
+            "ID    AGE       TESTED  DONE  REMOVED  STATE    EXPRESSION\n \
+             7  1m 5s  250 of 1000  25 %        4  pending  req.url ~ \"^/a\"\n \
+             7  1m 5s            3     -        4  pending  req.url ~ \"^/a\"\n"
         );
         assert_eq!(render_bans(&BanList { bans: vec![] }), "no bans\n");
         let p = Purged {

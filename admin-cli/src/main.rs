@@ -108,6 +108,15 @@ enum Command {
     },
     /// The backends and how their requests have been going.
     Backends,
+    /// Force a backend sick (drain it) or healthy whatever its probe says, or hand it back to the probe
+    /// (`auto`), like `varnishadm backend.set_health`. Kept until set again or lacquerd restarts.
+    Backend {
+        /// The backend's `name`, as `cachectl backends` lists it.
+        name: String,
+        /// `sick`, `healthy` or `auto`.
+        #[arg(value_parser = operations::admin_state)]
+        health: lacquer_admin::wire::BackendAdmin,
+    },
     /// Follow requests as they complete, as access log lines (like `varnishncsa`), until interrupted.
     Log {
         /// Only URLs (path and query) containing TEXT.
@@ -150,8 +159,67 @@ fn positive_seconds(text: &str) -> Result<f64, String> {
     }
 }
 
+/// A failure as the operator sees it: one line on stderr, or with `--json` one JSON document on stderr
+/// (stdout carries only results), and the exit status.
+fn fail(json: bool, code: &str, message: &str, status: u8) -> ExitCode {
+    if json {
+        let error = serde_json::json!({
+            "error": {"code": code, "message": message, "exit_status": status}
+        });
+        eprintln!("{error}");
+    } else {
+        eprintln!("cachectl: {message}");
+    }
+    ExitCode::from(status)
+}
+
+/// What `AdminError` stands for, as `--json` errors name it.
+fn error_code(e: &AdminError) -> &str {
+    match e {
+        AdminError::Refused { error, .. } => &error.code,
+        AdminError::Unreachable { .. } => "unreachable",
+        AdminError::Unauthorized { .. } => "unauthorized",
+        AdminError::Secret { .. } => "secret",
+        AdminError::NotAdminApi { .. } => "not_admin_api",
+        AdminError::NotClustered { .. } => "not_clustered",
+    }
+}
+
+/// A URL given as a path with no `--host` names no object: a usage error, found before asking the daemon.
+fn missing_host(command: &Command) -> Option<String> {
+    let (url, host) = match command {
+        Command::Purge {
+            url: Some(url),
+            host,
+            ..
+        }
+        | Command::Inspect { url, host } => (url, host),
+        Command::Explain { url, headers, .. } => {
+            let has_host = headers.iter().any(|h| h.name.eq_ignore_ascii_case("host"));
+            return (url.starts_with('/') && !has_host)
+                .then(|| format!("{url} has no host: give http://host/path or -H 'Host: HOST'"));
+        }
+        _ => return None,
+    };
+    (url.starts_with('/') && host.is_none())
+        .then(|| format!("{url} has no host: give http://host/path or --host HOST"))
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `--json` is known before clap has parsed, so that its own usage errors can be JSON too.
+    let json = std::env::args_os().any(|a| a == "--json");
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !json || !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let rendered = e.to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            return fail(true, "usage", first.trim_start_matches("error: "), 2);
+        }
+    };
+    if let Some(message) = missing_host(&cli.command) {
+        return fail(cli.json, "usage", &message, 2);
+    }
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(
             shell,
@@ -163,10 +231,7 @@ fn main() -> ExitCode {
     }
     let target = match cli.connect.target() {
         Ok(target) => target,
-        Err(e) => {
-            eprintln!("cachectl: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail(cli.json, "config", &e.to_string(), 2),
     };
     let client = AdminClient::new(target);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -175,10 +240,7 @@ fn main() -> ExitCode {
         .expect("a current-thread runtime starts");
     match runtime.block_on(run(&client, cli.command, Output { json: cli.json })) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cachectl: {e}");
-            ExitCode::from(e.exit_code())
-        }
+        Err(e) => fail(cli.json, error_code(&e), &e.to_string(), e.exit_code()),
     }
 }
 
@@ -208,6 +270,9 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             secure,
         } => explain::explain(client, out, url, method, headers, from, secure).await,
         Command::Backends => operations::backends(client, out).await,
+        Command::Backend { name, health } => {
+            operations::set_backend_health(client, out, &name, health).await
+        }
         Command::Log { url, status } => log::follow(client, out, LogFilter { url, status }).await,
         Command::Reload => operations::reload(client, out).await,
         Command::Completions { .. } => unreachable!("handled before connecting"),

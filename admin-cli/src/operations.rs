@@ -2,7 +2,7 @@
 
 use lacquer_admin::{
     format::duration,
-    wire::{BackendList, Health, Reloaded},
+    wire::{BackendAdmin, BackendList, BackendView, Health, Reloaded},
     AdminClient, AdminError,
 };
 
@@ -35,6 +35,46 @@ pub async fn backends(client: &AdminClient, out: Output) -> Result<(), AdminErro
     Ok(())
 }
 
+/// `sick`, `healthy` or `auto`, as the API spells them.
+pub fn admin_state(text: &str) -> Result<BackendAdmin, String> {
+    [
+        BackendAdmin::Sick,
+        BackendAdmin::Healthy,
+        BackendAdmin::Auto,
+    ]
+    .into_iter()
+    .find(|a| a.as_str() == text)
+    .ok_or_else(|| format!("give sick, healthy or auto, not {text:?}"))
+}
+
+pub async fn set_backend_health(
+    client: &AdminClient,
+    out: Output,
+    name: &str,
+    health: BackendAdmin,
+) -> Result<(), AdminError> {
+    let view = client.set_backend_health(name, health).await?;
+    out.show(&view, render_set_health);
+    Ok(())
+}
+
+fn render_set_health(b: &BackendView) -> String {
+    let verdict = match &b.probe {
+        Some(p) if p.healthy => "its probe says healthy",
+        Some(_) => "its probe says sick",
+        None => "it has no probe",
+    };
+    match b.admin {
+        BackendAdmin::Auto => format!("backend {}: {} ({verdict})\n", b.name, b.health.as_str()),
+        forced => format!(
+            "backend {}: forced {} ({verdict}; `cachectl backend {} auto` hands it back)\n",
+            b.name,
+            forced.as_str(),
+            b.name
+        ),
+    }
+}
+
 fn render_backends(list: &BackendList) -> String {
     let rows: Vec<Vec<String>> = list
         .backends
@@ -44,6 +84,7 @@ fn render_backends(list: &BackendList) -> String {
                 b.name.clone(),
                 b.address.clone(),
                 b.health.as_str().into(),
+                b.admin.as_str().into(),
                 b.probe.as_ref().map_or_else(
                     || "-".into(),
                     |p| format!("{} {}/{}", p.history, p.good, p.window),
@@ -64,6 +105,7 @@ fn render_backends(list: &BackendList) -> String {
             ("NAME", Align::Left),
             ("ADDRESS", Align::Left),
             ("HEALTH", Align::Left),
+            ("ADMIN", Align::Left),
             ("PROBE", Align::Left),
             ("REQUESTS", Align::Right),
             ("ERRORS", Align::Right),

@@ -184,14 +184,78 @@ async fn refused_operations_exit_1_with_the_reason() {
         err.trim(),
         "cachectl: refused: invalid regex at 11: unclosed group"
     );
-    let (code, _, err) = ctl(&d, &["purge", "/no-host"]);
-    assert_eq!(code, 1);
-    assert_eq!(
-        err.trim(),
-        "cachectl: refused: \"/no-host\" has no host: give an absolute url or a host"
-    );
     let (code, _, err) = ctl(&d, &["purge", "--tag", "has space"]);
     assert_eq!(code, 1, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_path_without_a_host_is_bad_usage() {
+    let (_origin, d) = catalog().await;
+    for args in [
+        &["purge", "/no-host"][..],
+        &["inspect", "/no-host"],
+        &["explain", "/no-host"],
+    ] {
+        let (code, out, err) = ctl(&d, args);
+        assert_eq!((code, out.as_str()), (2, ""), "{args:?}: {err}");
+        assert!(
+            err.starts_with("cachectl: /no-host has no host: give http://host/path or "),
+            "{err}"
+        );
+    }
+    let (code, _, err) = ctl(&d, &["inspect", "/no-host", "--host", "www.example.com"]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_json_errors_are_json_on_stderr() {
+    let (_origin, d) = catalog().await;
+    let error = |err: &str| -> serde_json::Value {
+        assert_eq!(err.lines().count(), 1, "{err}");
+        json(err)["error"].clone()
+    };
+    let (code, out, err) = ctl(&d, &["--json", "ban", "req.url ~ \"(^/x\""]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    let e = error(&err);
+    assert_eq!(
+        (e["code"].as_str(), e["exit_status"].as_u64()),
+        (Some("invalid_ban"), Some(1))
+    );
+    assert_eq!(e["message"], "refused: invalid regex at 11: unclosed group");
+
+    let (code, _, err) = ctl(&d, &["--json", "purge", "/no-host"]);
+    assert_eq!((code, error(&err)["code"].as_str()), (2, Some("usage")));
+    let (code, _, err) = ctl(&d, &["--json", "backend", "default", "drain"]);
+    let e = error(&err);
+    assert_eq!((code, e["code"].as_str()), (2, Some("usage")), "{err}");
+    assert!(e["message"].as_str().unwrap().contains("drain"), "{err}");
+
+    let free = unused_addr().to_string();
+    let (code, out, err) = cachectl(&[
+        "--json",
+        "--admin",
+        &free,
+        "--secret",
+        "/nonexistent",
+        "stats",
+    ]);
+    assert_eq!((code, out.as_str()), (3, ""));
+    assert_eq!(error(&err)["code"], "secret", "{err}");
+}
+
+#[test]
+fn disk_finds_the_secret_of_a_daemon_started_with_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secret"), "s3cret\n").unwrap();
+    let free = unused_addr().to_string();
+    let disk = dir.path().to_str().unwrap();
+    // Unreachable, so the secret was read: without it the error is about the secret file.
+    let (code, _, err) = cachectl(&["--admin", &free, "--disk", disk, "stats"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("cannot reach lacquerd"), "{err}");
+    let (code, _, err) = cachectl(&["--admin", &free, "--disk", "/nonexistent", "stats"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("/nonexistent/secret"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -346,7 +410,7 @@ async fn log_follows_requests_as_access_log_lines() {
     }
     let line = line.unwrap();
     assert!(
-        line.starts_with("127.0.0.1 - - [") && line.contains("\"GET /missing HTTP/1.1\" 404 "),
+        line.starts_with("127.0.0.1 - - [") && line.contains("/missing HTTP/1.1\" 404 "),
         "{line}"
     );
     let record = json(&record.unwrap());
@@ -374,11 +438,12 @@ async fn backends_show_health_from_real_traffic() {
     let (_, out, _) = ctl(&d, &["backends"]);
     let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        row[..7],
+        row[..8],
         [
             "default",
             &origin.addr.to_string(),
             "healthy",
+            "auto",
             "-",
             "1",
             "0",
@@ -397,6 +462,45 @@ async fn backends_show_health_from_real_traffic() {
     assert!((1..=2).contains(&failures), "{backend}");
     let message = backend["last_error"]["message"].as_str().unwrap();
     assert!(message.contains("unreachable"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn backend_forces_health_and_backends_shows_it() {
+    let origin = Origin::start(|_| Reply::ok("x")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    let (code, out, err) = ctl(&d, &["backend", "default", "sick"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "backend default: forced sick (it has no probe; `cachectl backend default auto` hands it back)\n"
+    );
+    let (_, out, _) = ctl(&d, &["backends"]);
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[2..4], ["sick", "sick"], "{out}");
+    let r = get(d.addr, "/a").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(origin.total(), 0, "a drained backend gets nothing");
+
+    let (code, out, _) = ctl(&d, &["--json", "backend", "default", "auto"]);
+    assert_eq!(code, 0);
+    let view = json(&out);
+    assert_eq!(
+        (&view["admin"], &view["health"]),
+        (&"auto".into(), &"unknown".into()),
+        "{view}"
+    );
+    assert_eq!(get(d.addr, "/a").await.status, 200);
+    assert_eq!(origin.total(), 1);
+
+    let (code, out, err) = ctl(&d, &["backend", "nope", "sick"]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!(
+        err,
+        "cachectl: refused: no backend is named \"nope\" (the backends are default)\n"
+    );
+    let (code, _, err) = ctl(&d, &["backend", "default", "drain"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("give sick, healthy or auto"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -525,7 +629,7 @@ async fn explain_reads_like_a_report_and_asks_nothing_of_the_origin() {
     );
 
     let (code, _, err) = ctl(&d, &["explain", "/page"]);
-    assert_eq!(code, 1, "refused: {err}");
+    assert_eq!(code, 2, "bad usage: {err}");
     assert!(err.contains("has no host"), "{err}");
     let (code, _, err) = ctl(&d, &["explain", &url, "-H", "no colon"]);
     assert_eq!(code, 2, "bad usage: {err}");

@@ -146,6 +146,7 @@ fn run(
         live,
         store,
         log_filter: _,
+        access_format,
         cluster,
     } = settings;
     let store = control
@@ -163,7 +164,8 @@ fn run(
         secret_file == config.storage_dir().join("secret"),
     )?;
     let stats = Arc::new(Stats::default());
-    let (access_log, access_log_writer) = AccessLog::start(&config.access_log, stats.clone())?;
+    let (access_log, access_log_writer) =
+        AccessLog::start(&config.access_log, access_format, stats.clone())?;
 
     let workers = config.workers();
     let listeners: Vec<_> = listeners.into_iter().map(Arc::new).collect();

@@ -15,7 +15,10 @@ use lacquer_edge::{
     tls::{Certificates, SniResolver},
     Listener,
 };
-use lacquer_proxy::worker::{Live, Shared};
+use lacquer_proxy::{
+    log_format::LogFormat,
+    worker::{Live, Shared},
+};
 
 use crate::settings;
 
@@ -37,6 +40,7 @@ fn is_live(setting: &str) -> bool {
     ];
     live.iter().any(|prefix| setting.starts_with(prefix))
         || setting == "log.level"
+        || setting == "access_log.format"
         || setting == "server.forwarding_headers"
 }
 
@@ -97,6 +101,7 @@ impl Reloader {
     fn apply(&self) -> Result<Reloaded, ConfigError> {
         let next = Config::load(self.path.as_deref(), self.overrides.clone())?;
         settings::log_filter(&next.log.level)?;
+        let access_format = LogFormat::compile(&next.access_log.format)?;
         settings::store(&next)?;
         let built = settings::listeners(&next)?;
         let mut running = self.running.lock().expect("reload mutex");
@@ -155,6 +160,10 @@ impl Reloader {
         if outcome.applied.iter().any(|s| s == "log.level") {
             candidate.log = next.log.clone();
         }
+        if outcome.applied.iter().any(|s| s == "access_log.format") {
+            candidate.access_log.format = next.access_log.format.clone();
+            self.shared.access_log.set_format(access_format);
+        }
         self.probes.start(&backends.fresh);
         for gone in &backends.gone {
             gone.retire();
@@ -169,7 +178,8 @@ impl Reloader {
 
     /// The states for `config`'s backends: a backend whose settings did not change keeps its state (health,
     /// probe history, connection pools) unless its TLS files changed (a renewed client certificate: the
-    /// state is renewed, new connections use the new files, health goes on), the others get new ones, whose
+    /// state is renewed, new connections use the new files, health goes on), the others get new ones (with
+    /// the operator's forced health of a backend of the same name), whose
     /// probes start when the reload is applied; the states no longer configured are to be retired then
     /// (their probes stop; workers drop their pools).
     fn backends_for(&self, config: &Config) -> Result<NextBackends, ConfigError> {
@@ -190,7 +200,16 @@ impl Reloader {
                             }
                             None => Ok(kept.clone()),
                         },
-                        None => BackendState::new(b, &setting).map(Arc::new),
+                        None => {
+                            let state = BackendState::new(b, &setting)?;
+                            // The name is the operator's handle on a drain: it outlives new settings.
+                            Ok(Arc::new(
+                                match running.iter().find(|s| s.name() == b.name) {
+                                    Some(previous) => state.keep_admin_of(previous),
+                                    None => state,
+                                },
+                            ))
+                        }
                     }
                 })
                 .collect::<Result<_, ConfigError>>()?,

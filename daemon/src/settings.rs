@@ -9,7 +9,7 @@ use lacquer_backends::{backend_set, BackendSet};
 use lacquer_cluster::{EtcdTls, Secret, Settings as ClusterSettings};
 use lacquer_config::{Config, ConfigError};
 use lacquer_edge::Listener;
-use lacquer_proxy::worker::Live;
+use lacquer_proxy::{log_format::LogFormat, worker::Live};
 use lacquer_storage::StoreBuilder;
 use tracing_subscriber::EnvFilter;
 
@@ -27,6 +27,8 @@ pub struct Settings {
     pub store: StoreBuilder,
     /// The log filter of `log.level`.
     pub log_filter: EnvFilter,
+    /// `access_log.format`, compiled.
+    pub access_format: LogFormat,
     /// `[cluster]`, when there is one; an advertised port 0 is the bound one, filled in at start.
     pub cluster: Option<ClusterSettings>,
 }
@@ -37,6 +39,7 @@ pub fn compile(config: &Config) -> Result<Settings, ConfigError> {
     let live = Live::new(config, &backends)?;
     let listeners = listeners(config)?;
     let log_filter = log_filter(&config.log.level)?;
+    let access_format = LogFormat::compile(&config.access_log.format)?;
     let store = store(config)?;
     let cluster = cluster(config)?;
     Ok(Settings {
@@ -45,6 +48,7 @@ pub fn compile(config: &Config) -> Result<Settings, ConfigError> {
         live,
         store,
         log_filter,
+        access_format,
         cluster,
     })
 }

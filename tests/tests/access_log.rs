@@ -1,5 +1,5 @@
-//! The access log end to end: the line format, the PROXY client in it, reopening on SIGUSR1, sampling, and
-//! the live stream on the admin API.
+//! The access log end to end: the line formats (default, JSON lines, a format string, set by a reload), the
+//! PROXY client in it, reopening on SIGUSR1, sampling, and the live stream on the admin API.
 
 use std::{
     path::Path,
@@ -80,7 +80,7 @@ async fn every_request_gets_a_combined_line_with_cache_fields_and_logrotate_work
 
     let got = lines(&file, 4).await;
     let line = Regex::new(
-        r#"^(\S+) - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "GET (\S+) HTTP/1\.1" (\d{3}) (\d+|-) "([^"]*)" "([^"]*)" (HIT|MISS|PASS|STALE|-) (\d+\.\d{6}) (\d+\.\d{6})$"#,
+        r#"^(\S+) - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "GET http://[^/\s]+(\S+) HTTP/1\.1" (\d{3}) (\d+|-) "([^"]*)" "([^"]*)" (HIT|MISS|PASS|STALE|-) (\d+\.\d{6}) (\d+\.\d{6})$"#,
     )
     .unwrap();
     let fields: Vec<Vec<String>> = got
@@ -144,6 +144,143 @@ async fn every_request_gets_a_combined_line_with_cache_fields_and_logrotate_work
     let old = std::fs::read_to_string(&rotated).unwrap();
     assert!(old.starts_with(&got.join("\n")), "{old}");
     assert!(!old.contains("/fresh"), "{old}");
+}
+
+#[tokio::test]
+async fn the_default_line_has_the_host_and_json_lines_escape_hostile_heads() {
+    let origin = origin().await;
+    let d = start(&origin, "path = \"{dir}/access.log\"\nformat = \"json\"\n");
+    let file = d.dir.path().join("access.log");
+    // A head no well-behaved client sends: quotes, a backslash, braces, a tab, bytes that are not UTF-8,
+    // in fields the log writes (hyper refuses other control bytes before any line is written).
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(
+        b"GET /a?q=%22x HTTP/1.1\r\nHost: shop.test\r\nUser-Agent: \"},{\"status\":1 \\ \xff\xfe\r\n\
+          Referer: \"\tx\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    s.read_to_end(&mut Vec::new()).await.unwrap();
+    request(
+        d.addr,
+        Method::GET,
+        "/a?q=%22x",
+        &[("host", "shop.test")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    let got = lines(&file, 2).await;
+    let records: Vec<serde_json::Value> = got
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let first = &records[0];
+    assert_eq!(first["host"], "shop.test");
+    assert_eq!(first["url"], "/a?q=%22x");
+    assert_eq!(first["status"], 200);
+    assert_eq!(first["cache"], "MISS");
+    assert_eq!(first["backend"], "default");
+    assert_eq!(first["route"], "default");
+    assert_eq!(first["user_agent"], "\"},{\"status\":1 \\ \u{fffd}\u{fffd}");
+    assert_eq!(first["referer"], "\"\tx");
+    assert!(
+        !got[0].contains('\t'),
+        "control bytes are escaped: {}",
+        got[0]
+    );
+    assert_eq!(records[1]["cache"], "HIT");
+    assert_eq!(
+        records[1]["backend"],
+        serde_json::Value::Null,
+        "a hit is sent nowhere"
+    );
+}
+
+#[tokio::test]
+async fn a_format_string_is_compiled_at_start_and_replaced_by_a_reload() {
+    let origin = origin().await;
+    let d = start(
+        &origin,
+        "path = \"{dir}/access.log\"\nformat = \"%{host}x %m %U%q %s %{Varnish:hitmiss}x %{backend}x %{route}x %{Content-Length}o %{X-Trace}i %%\"\n",
+    );
+    let file = d.dir.path().join("access.log");
+    request(
+        d.addr,
+        Method::GET,
+        "/f?x=1",
+        &[("host", "f.test"), ("x-trace", "t\"1")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    request(
+        d.addr,
+        Method::GET,
+        "/f?x=1",
+        &[("host", "f.test")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    let got = lines(&file, 2).await;
+    assert_eq!(
+        got[0],
+        "f.test GET /f?x=1 200 miss default default 5 t\\x221 %"
+    );
+    assert_eq!(got[1], "f.test GET /f?x=1 200 hit - default 5 - %");
+
+    // A reload with an unknown field changes nothing and names the setting and the field.
+    let config = d.config_file();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let (head, _) = text.split_once("format = ").unwrap();
+    std::fs::write(&config, format!("{head}format = \"%h %{{nope}}x\"\n")).unwrap();
+    let r = d.admin_post("/v1/reload", serde_json::json!({})).await;
+    assert_eq!(r.status, 400);
+    let error: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("access_log.format: unknown field %{nope}x"),
+        "{message}"
+    );
+
+    std::fs::write(&config, format!("{head}format = \"combined\"\n")).unwrap();
+    let r = d.admin_post("/v1/reload", serde_json::json!({})).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let reloaded: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        reloaded["applied"],
+        serde_json::json!(["access_log.format"]),
+        "{reloaded}"
+    );
+    get(d.addr, "/after-reload").await;
+    let got = lines(&file, 3).await;
+    assert!(
+        got[2].starts_with("127.0.0.1 - - [")
+            && got[2].contains("] \"GET /after-reload HTTP/1.1\" 200 5 \"-\" \"-\""),
+        "{}",
+        got[2]
+    );
+}
+
+#[test]
+fn an_unknown_field_stops_the_start_naming_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lacquer.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[backend]\naddress = \"127.0.0.1:1\"\n[storage]\ndir = \"{}\"\n[access_log]\nformat = \"%h %Z\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = lacquer_tests::run_tool(
+        lacquer_tests::daemon::binary("lacquerd").to_str().unwrap(),
+        &["--check", "--config", config.to_str().unwrap()],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("access_log.format: unknown field %Z"), "{err}");
 }
 
 #[tokio::test]

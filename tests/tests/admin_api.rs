@@ -172,6 +172,7 @@ async fn the_openapi_document_matches_the_routes_and_the_answers() {
         }
         let target = match path.as_str() {
             "/v1/objects" => format!("/v1/objects?url=http://{host}/a"),
+            "/v1/backends/{name}/health" => "/v1/backends/default/health".to_owned(),
             other => other.to_owned(),
         };
         let body = if path == "/v1/purge" {
@@ -180,6 +181,8 @@ async fn the_openapi_document_matches_the_routes_and_the_answers() {
             r#"{"tags": ["none"]}"#.to_owned()
         } else if path == "/v1/explain" {
             format!(r#"{{"url": "http://{host}/a"}}"#)
+        } else if path == "/v1/backends/{name}/health" {
+            r#"{"health": "auto"}"#.to_owned()
         } else if path == "/v1/bans" && method == Method::POST {
             r#"{"expression": "obj.status == 599"}"#.to_owned()
         } else {
@@ -368,7 +371,7 @@ async fn errors_are_json_with_stable_codes() {
         let v: Value = serde_json::from_slice(&reply.body).unwrap_or_else(|_| panic!("{reply:?}"));
         v["code"].as_str().unwrap().to_owned()
     };
-    let cases: [(Method, &str, &str, u16, &str); 8] = [
+    let cases: [(Method, &str, &str, u16, &str); 10] = [
         (Method::GET, "/v1/nope", "", 404, "not_found"),
         (Method::DELETE, "/v1/stats", "", 405, "method_not_allowed"),
         (Method::GET, "/v1/objects", "", 400, "invalid_query"),
@@ -389,6 +392,20 @@ async fn errors_are_json_with_stable_codes() {
             "invalid_body",
         ),
         (Method::POST, "/v1/reload", "", 200, ""),
+        (
+            Method::PUT,
+            "/v1/backends/nope/health",
+            r#"{"health": "sick"}"#,
+            404,
+            "unknown_backend",
+        ),
+        (
+            Method::PUT,
+            "/v1/backends/default/health",
+            r#"{"health": "drained"}"#,
+            422,
+            "invalid_body",
+        ),
     ];
     for (method, path, body, status, want) in cases {
         let reply = call(&d, method.clone(), path, body).await;

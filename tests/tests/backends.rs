@@ -163,6 +163,145 @@ async fn a_probe_takes_a_sick_backend_out_and_brings_it_back() {
     assert_eq!(d.stats().await["proxy"]["backends_sick"], 0);
 }
 
+/// How many requests `origin` saw whose path starts with `prefix`.
+fn requests_under(origin: &Origin, prefix: &str) -> usize {
+    origin
+        .seen()
+        .iter()
+        .filter(|s| s.path.starts_with(prefix))
+        .count()
+}
+
+/// `PUT /v1/backends/{name}/health` with the daemon's secret: the status and the JSON answer.
+async fn set_health(d: &Daemon, name: &str, health: &str) -> (u16, serde_json::Value) {
+    let auth = format!("Bearer {}", d.secret());
+    let r = request(
+        d.admin,
+        Method::PUT,
+        &format!("/v1/backends/{name}/health"),
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        Bytes::from(format!(r#"{{"health": "{health}"}}"#)),
+    )
+    .await
+    .unwrap();
+    (r.status.as_u16(), serde_json::from_slice(&r.body).unwrap())
+}
+
+#[tokio::test]
+async fn the_operator_drains_a_backend_and_hands_it_back_to_its_probe() {
+    let a_up = up();
+    let (a, b) = (origin("a", a_up.clone()).await, origin("b", up()).await);
+    let d = start(&format!(
+        "{}{}[[director]]\nname = \"rr\"\npolicy = \"round_robin\"\nbackends = [\"a\", \"b\"]\n\
+         [[route]]\nhost = \"only-a.test\"\nbackend = \"a\"\n\
+         [[route]]\nbackend = \"rr\"\n",
+        backend("a", &a, true),
+        backend("b", &b, true)
+    ));
+    wait_for_health(&d, "a", "healthy").await;
+    wait_for_health(&d, "b", "healthy").await;
+
+    let (status, view) = set_health(&d, "a", "sick").await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(
+        (&view["health"], &view["admin"]),
+        (&"sick".into(), &"sick".into())
+    );
+    assert_eq!(
+        view["probe"]["healthy"], true,
+        "the probe's own verdict: {view}"
+    );
+    for i in 0..6 {
+        assert_eq!(body_of(&d, "t", &format!("/drained/{i}")).await, "b");
+    }
+    let r = get_for(&d, "only-a.test", "/direct").await;
+    assert_eq!(r.status, 503, "as when its probe says sick");
+    assert!(String::from_utf8_lossy(&r.body).contains("backend a unavailable: sick"));
+    assert_eq!(
+        requests_under(&a, "/drained") + a.count("/direct"),
+        0,
+        "a drained backend gets nothing"
+    );
+    assert_eq!(requests_under(&b, "/drained"), 6);
+    assert_eq!(d.stats().await["proxy"]["backends_sick"], 1);
+
+    // Forced healthy: a failing probe no longer takes it out.
+    let (status, _) = set_health(&d, "a", "healthy").await;
+    assert_eq!(status, 200);
+    a_up.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = wait_for_health(&d, "a", "healthy").await;
+        if view["probe"]["healthy"] == false {
+            assert_eq!(view["admin"], "healthy", "{view}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the probe never failed: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..4 {
+        body_of(&d, "t", &format!("/forced/{i}")).await;
+    }
+    assert_eq!(
+        requests_under(&a, "/forced"),
+        2,
+        "round robin over both again"
+    );
+
+    // `auto`: the probe's verdict (sick) decides again.
+    let (_, view) = set_health(&d, "a", "auto").await;
+    assert_eq!(
+        (&view["health"], &view["admin"]),
+        (&"sick".into(), &"auto".into())
+    );
+    for i in 0..4 {
+        assert_eq!(body_of(&d, "t", &format!("/auto/{i}")).await, "b");
+    }
+    assert_eq!(requests_under(&a, "/auto"), 0);
+
+    // A drain outlives a reload that changes the backend's settings, and a backend the reload keeps.
+    a_up.store(true, Ordering::SeqCst);
+    wait_for_health(&d, "a", "healthy").await;
+    set_health(&d, "a", "sick").await;
+    set_health(&d, "b", "healthy").await;
+    let file = d.config_file();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let changed = text.replacen("window = 3", "window = 4", 1);
+    assert_ne!(text, changed);
+    std::fs::write(&file, changed).unwrap();
+    let r = d.admin_post("/v1/reload", serde_json::json!({})).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let list = d.admin_get("/v1/backends", Some(&d.secret())).await;
+    let list: serde_json::Value = serde_json::from_slice(&list.body).unwrap();
+    assert_eq!(
+        list["backends"][0]["probe"]["window"], 4,
+        "a was rebuilt: {list}"
+    );
+    assert_eq!(list["backends"][0]["admin"], "sick", "{list}");
+    assert_eq!(list["backends"][1]["admin"], "healthy", "{list}");
+    for i in 0..4 {
+        assert_eq!(body_of(&d, "t", &format!("/reloaded/{i}")).await, "b");
+    }
+    assert_eq!(requests_under(&a, "/reloaded"), 0);
+
+    let (status, error) = set_health(&d, "nope", "sick").await;
+    assert_eq!(status, 404);
+    assert_eq!(error["code"], "unknown_backend");
+    assert_eq!(
+        error["message"],
+        "no backend is named \"nope\" (the backends are a, b)"
+    );
+    let (status, error) = set_health(&d, "a", "drained").await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (422, Some("invalid_body")),
+        "{error}"
+    );
+}
+
 #[tokio::test]
 async fn a_sick_backends_objects_are_served_stale_and_the_rest_get_503() {
     let a_up = up();

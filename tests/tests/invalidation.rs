@@ -97,6 +97,10 @@ async fn a_regex_ban_removes_exactly_the_matching_objects() {
         ban["expression"],
         r#"req.http.host == "a.test" && req.url ~ "^/news/""#
     );
+    assert_eq!(
+        ban["to_test"], 11,
+        "its progress is measured against what was stored"
+    );
 
     for p in &paths {
         let r = get(d.addr, "a.test", p, &[]).await;
@@ -124,6 +128,7 @@ async fn a_regex_ban_removes_exactly_the_matching_objects() {
     assert_eq!(ban["completed"], true);
     assert_eq!(ban["removed"], 5);
     assert!(ban["tested"].as_u64().unwrap() >= 5, "{ban}");
+    assert_eq!(ban["to_test"], 11, "{ban}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

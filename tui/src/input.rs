@@ -41,6 +41,11 @@ pub fn handle(state: &mut State, key: KeyEvent) -> Action {
         return Action::Continue;
     }
     match key.code {
+        // A kept filter is cleared first: one Esc too many must not end the session.
+        KeyCode::Esc if !state.filter.is_empty() => {
+            state.filter.clear();
+            state.scroll = 0;
+        }
         KeyCode::Char('q') | KeyCode::Esc => return Action::Quit,
         KeyCode::Tab | KeyCode::BackTab => {
             state.view = match state.view {
@@ -158,6 +163,31 @@ mod tests {
         );
         key(&mut s, KeyCode::Esc);
         assert_eq!((s.editing, s.filter.as_str()), (false, ""));
+    }
+
+    #[test]
+    fn esc_clears_a_kept_filter_before_it_quits() {
+        let mut s = State::default();
+        press(&mut s, "/ban");
+        key(&mut s, KeyCode::Enter);
+        press(&mut s, "j");
+        assert_eq!(key(&mut s, KeyCode::Esc), Action::Continue);
+        assert_eq!(
+            (s.filter.as_str(), s.scroll, s.view),
+            ("", 0, View::Counters)
+        );
+        assert_eq!(
+            key(&mut s, KeyCode::Esc),
+            Action::Quit,
+            "no filter left: Esc quits"
+        );
+        press(&mut s, "/ban");
+        key(&mut s, KeyCode::Enter);
+        assert_eq!(
+            press(&mut s, "q"),
+            Action::Quit,
+            "q quits whatever the filter"
+        );
     }
 
     #[test]

@@ -57,6 +57,9 @@ enum Update {
 /// How often the screen checks that its terminal is still there when nothing else happens.
 const IDLE: Duration = Duration::from_secs(1);
 
+/// Between `--once`'s two samples.
+const ONCE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How often backend health and the cluster are asked for (the stats stream carries neither).
 const BACKENDS_EVERY: Duration = Duration::from_secs(2);
 
@@ -79,16 +82,26 @@ fn main() -> ExitCode {
         color: !cli.no_color && std::env::var_os("NO_COLOR").is_none(),
     };
     if cli.once {
-        return match runtime.block_on(async { (client.stats().await, client.backends().await) }) {
-            (Ok(stats), backends) => {
+        // Rates are differences: two samples a second apart, as the live screen has after its first second.
+        let sampled = runtime.block_on(async {
+            for n in 0..2 {
+                if n > 0 {
+                    tokio::time::sleep(ONCE_INTERVAL).await;
+                }
+                let (stats, backends) = (client.stats().await?, client.backends().await);
                 state.update(stats, Instant::now());
                 if let Ok(list) = backends {
                     state.update_backends(list, Instant::now());
                 }
+            }
+            Ok::<_, AdminError>(())
+        });
+        return match sampled {
+            Ok(()) => {
                 print!("{}", view::to_text(&state, &theme, 100, 30));
                 ExitCode::SUCCESS
             }
-            (Err(e), _) => {
+            Err(e) => {
                 eprintln!("cachetop: {e}");
                 ExitCode::from(e.exit_code())
             }

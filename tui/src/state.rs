@@ -4,7 +4,7 @@ use std::{collections::VecDeque, time::Instant};
 
 use lacquer_admin::{
     cluster::ClusterReport,
-    wire::{BackendList, BackendView, Field, Stats},
+    wire::{BackendList, BackendView, Field, Kind, Stats},
 };
 
 /// Per-second samples kept for the sparklines: ten minutes.
@@ -46,6 +46,8 @@ pub struct CounterRow {
     pub name: String,
     pub field: &'static Field,
     pub value: u64,
+    /// Per second between the last two samples; `None` before there are two, and always for a gauge (a
+    /// level, not a count, has no rate).
     pub rate: Option<f64>,
 }
 
@@ -315,7 +317,10 @@ impl State {
             .chain(stats.listener_values())
             .filter(|(name, _, _)| name.contains(self.filter.as_str()))
             .map(|(name, field, value)| CounterRow {
-                rate: self.rate(&name),
+                rate: match field.kind {
+                    Kind::Counter => self.rate(&name),
+                    Kind::Gauge => None,
+                },
                 name,
                 field,
                 value,
@@ -380,6 +385,7 @@ pub(crate) mod tests {
                 name: "default".into(),
                 address: "127.0.0.1:8080".into(),
                 health: BackendHealth::Healthy,
+                admin: Default::default(),
                 requests,
                 errors,
                 consecutive_failures: 0,

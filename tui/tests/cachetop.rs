@@ -54,6 +54,21 @@ async fn once_prints_the_request_and_hit_counts() {
     assert_eq!(total(&out, "hits").as_deref(), Some("2"), "{out}");
     assert!(out.contains("hit ratio 66.7 %"), "{out}");
     assert!(out.contains("default 127.0.0.1:"), "backends shown: {out}");
+    let rate = |label: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("│{label} ")))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        rate("requests").as_deref(),
+        Some("0.0/s"),
+        "two samples make a rate: {out}"
+    );
+    assert!(
+        out.contains("0.0/s fetches"),
+        "the backends' rates too: {out}"
+    );
 
     let free = unused_addr().to_string();
     let (code, _, err) = cachetop(&["--admin", &free, "--secret", secret, "--once"]);

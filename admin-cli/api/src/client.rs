@@ -16,9 +16,9 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::{
     target::{io_reason, plain, Target},
     wire::{
-        ApiError, BackendList, BanList, BanView, ClusterView, ExplainRequest, Explanation, Health,
-        Inspection, LogEntry, LogFilter, NewBan, ObjectQuery, PurgeTags, PurgeUrl, Purged,
-        Reloaded, Stats,
+        ApiError, BackendAdmin, BackendList, BackendView, BanList, BanView, ClusterView,
+        ExplainRequest, Explanation, Health, Inspection, LogEntry, LogFilter, NewBan, ObjectQuery,
+        PurgeTags, PurgeUrl, Purged, Reloaded, SetBackendHealth, Stats,
     },
 };
 
@@ -152,6 +152,17 @@ impl AdminClient {
 
     pub async fn backends(&self) -> Result<BackendList, AdminError> {
         self.call(Method::GET, "/v1/backends", None::<&()>, true)
+            .await
+    }
+
+    /// `PUT /v1/backends/{name}/health`: forces the backend sick or healthy, or back to its probe.
+    pub async fn set_backend_health(
+        &self,
+        name: &str,
+        health: BackendAdmin,
+    ) -> Result<BackendView, AdminError> {
+        let path = format!("/v1/backends/{}/health", path_segment(name));
+        self.call(Method::PUT, &path, Some(&SetBackendHealth { health }), true)
             .await
     }
 
@@ -342,6 +353,20 @@ impl LogStream {
     }
 }
 
+/// `text` as one path segment: every byte but RFC 3986's unreserved ones percent-encoded, so a backend
+/// named with a `/` or a space still names one route.
+fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 /// The innermost error: "connection refused" rather than hyper's "client error (Connect)".
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur = e;
@@ -349,4 +374,13 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
         cur = next;
     }
     plain(&cur.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_name_is_one_path_segment() {
+        assert_eq!(super::path_segment("app-1.x_y~"), "app-1.x_y~");
+        assert_eq!(super::path_segment("a/b c%"), "a%2Fb%20c%25");
+    }
 }

@@ -32,6 +32,10 @@ pub struct ConnectArgs {
     /// when it exists]
     #[arg(long, global = true, env = "LACQUER_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// The store directory lacquerd was started with (its --disk DIR): the secret is DIR/secret, as
+    /// lacquerd generates it there, unless --secret or the config file's [admin] secret_file says otherwise
+    #[arg(long, global = true, env = "LACQUER_DISK", value_name = "DIR")]
+    pub disk: Option<PathBuf>,
 }
 
 impl ConnectArgs {
@@ -52,7 +56,13 @@ impl ConnectArgs {
             .secret
             .clone()
             .or(file.admin.secret_file)
-            .or_else(|| file.storage.dir.map(|dir| dir.join("secret")))
+            // lacquerd's --disk wins over the file's storage.dir, so it does here too.
+            .or_else(|| {
+                self.disk
+                    .clone()
+                    .or(file.storage.dir)
+                    .map(|dir| dir.join("secret"))
+            })
             .unwrap_or_else(default_secret);
         Ok(Target { addr, secret_file })
     }
@@ -171,6 +181,7 @@ mod tests {
             admin: Some("127.0.0.1:9".parse().unwrap()),
             secret: Some("/tmp/s".into()),
             config: Some(config.clone()),
+            disk: Some("/srv/other".into()),
         }
         .target()
         .unwrap();
@@ -190,6 +201,15 @@ mod tests {
         let t = args(Some(&config)).target().unwrap();
         assert_eq!(t.addr.to_string(), "127.0.0.1:6090");
         assert_eq!(t.secret_file, PathBuf::from("/srv/cache/secret"));
+        let with_disk = ConnectArgs {
+            disk: Some("/mnt/fast".into()),
+            ..args(Some(&config))
+        };
+        assert_eq!(
+            with_disk.target().unwrap().secret_file,
+            PathBuf::from("/mnt/fast/secret"),
+            "--disk wins over storage.dir, as it does for lacquerd"
+        );
     }
 
     #[test]

@@ -68,6 +68,15 @@ pub enum AdminError {
     /// parse): `400 invalid_request`, saying what.
     #[error("{0}")]
     Unexplainable(String),
+    /// `PUT /v1/backends/{name}/health` naming no configured backend: `404 unknown_backend`, listing those
+    /// there are.
+    #[error("no backend is named {name:?} (the backends are {})", .known.join(", "))]
+    UnknownBackend {
+        /// The name asked for.
+        name: String,
+        /// The configured backends' names.
+        known: Vec<String>,
+    },
     /// `GET /v1/cluster` on a node without a `[cluster]` section: `404 cluster_disabled`.
     #[error("this node is not in a cluster: its configuration has no [cluster] section")]
     ClusterDisabled,
@@ -100,7 +109,7 @@ impl AdminError {
             | Self::Unexplainable(_) => StatusCode::BAD_REQUEST,
             Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::ClusterUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::ClusterDisabled => StatusCode::NOT_FOUND,
+            Self::ClusterDisabled | Self::UnknownBackend { .. } => StatusCode::NOT_FOUND,
         }
     }
 
@@ -120,6 +129,7 @@ impl AdminError {
             Self::Store(_) => "store_error",
             Self::ClusterUnavailable(_) => "cluster_unavailable",
             Self::ClusterDisabled => "cluster_disabled",
+            Self::UnknownBackend { .. } => "unknown_backend",
         }
     }
 }
@@ -286,6 +296,15 @@ mod tests {
                 400,
                 "invalid_request",
                 "invalid method \"G T\"".into(),
+            ),
+            (
+                AdminError::UnknownBackend {
+                    name: "app3".into(),
+                    known: vec!["app1".into(), "app2".into()],
+                },
+                404,
+                "unknown_backend",
+                "no backend is named \"app3\" (the backends are app1, app2)".into(),
             ),
             (
                 StoreError::DiskFull.into(),

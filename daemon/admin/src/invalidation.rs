@@ -15,6 +15,7 @@ fn ban_view(info: BanInfo, now_ms: u64) -> BanView {
         age_seconds: now_ms.saturating_sub(info.created_ms) / 1000,
         tested: info.tested,
         removed: info.removed,
+        to_test: info.to_test,
         completed: info.completed,
     }
 }

@@ -153,6 +153,7 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .routes(routes!(objects::inspect))
         .routes(routes!(explain::explain))
         .routes(routes!(operations::backends))
+        .routes(routes!(operations::set_backend_health))
         .routes(routes!(operations::reload))
         .route_layer(guard());
     let metrics = OpenApiRouter::new().routes(routes!(status::metrics));
@@ -218,7 +219,10 @@ mod tests {
         http::{Method, StatusCode},
     };
     use lacquer_config::{Config, Overrides};
-    use lacquer_proxy::{access_log::AccessLog, coalesce::Coalescer, stats::Stats, worker::Live};
+    use lacquer_proxy::{
+        access_log::AccessLog, coalesce::Coalescer, log_format::LogFormat, stats::Stats,
+        worker::Live,
+    };
     use lacquer_storage::StoreBuilder;
     use serde_json::Value;
     use tower::ServiceExt;
@@ -259,7 +263,8 @@ mod tests {
             .await
             .unwrap();
         let stats = Arc::new(Stats::default());
-        let (access_log, _) = AccessLog::start(&config.access_log, stats.clone()).unwrap();
+        let format = LogFormat::compile(&config.access_log.format).unwrap();
+        let (access_log, _) = AccessLog::start(&config.access_log, format, stats.clone()).unwrap();
         let shared = Arc::new(Shared {
             live: ArcSwap::from_pointee(Live::new(&config, &backends).unwrap()),
             access_log,

@@ -1,9 +1,12 @@
-//! `GET /v1/backends` and `POST /v1/reload`.
+//! `GET /v1/backends`, `PUT /v1/backends/{name}/health` and `POST /v1/reload`.
 
-use axum::{extract::State, Json};
-use lacquer_admin::wire::{ApiError, BackendList, Reloaded};
+use axum::{
+    extract::{Path, State},
+    Json,
+};
+use lacquer_admin::wire::{ApiError, BackendList, BackendView, Reloaded, SetBackendHealth};
 
-use super::{AdminError, AdminState};
+use super::{AdminError, AdminState, ApiJson};
 
 /// The backends: their probes' verdicts, and how their requests have been going.
 #[utoipa::path(get, path = "/v1/backends", tag = "operations", security(("secret" = [])),
@@ -23,6 +26,42 @@ pub async fn backends(State(state): State<AdminState>) -> Json<BackendList> {
             .map(|b| b.view())
             .collect(),
     })
+}
+
+/// Forces a backend sick (drained: no requests, whatever its probe says) or healthy (requests whatever its
+/// probe says), or hands its health back to the probe (`auto`), as Varnish's `backend.set_health` does. Kept
+/// until set again or until lacquerd restarts, and through reloads that keep a backend of that name.
+#[utoipa::path(put, path = "/v1/backends/{name}/health", tag = "operations", security(("secret" = [])),
+    params(("name" = String, Path, description = "The backend's `name`")),
+    request_body = SetBackendHealth,
+    responses(
+        (status = 200, description = "The backend with its new state", body = BackendView),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 404, description = "`unknown_backend`: no backend has that name", body = ApiError),
+        (status = 422, description = "`invalid_body`: `health` is not `sick`, `healthy` or `auto`", body = ApiError),
+    ))]
+pub async fn set_backend_health(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<SetBackendHealth>,
+) -> Result<Json<BackendView>, AdminError> {
+    let live = state.shared.live.load();
+    let backends = &live.router.backends;
+    let backend =
+        backends
+            .iter()
+            .find(|b| b.name() == name)
+            .ok_or_else(|| AdminError::UnknownBackend {
+                name,
+                known: backends.iter().map(|b| b.name().to_owned()).collect(),
+            })?;
+    backend.set_admin(body.health);
+    tracing::info!(
+        backend = backend.name(),
+        health = body.health.as_str(),
+        "backend health set by the operator"
+    );
+    Ok(Json(backend.view()))
 }
 
 /// Reads the configuration file again, as `SIGHUP` does. The cache policy, purge access and log level change

@@ -2,11 +2,11 @@
 //! limit.
 
 use std::sync::{
-    atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+    atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed},
     Arc, Mutex,
 };
 
-use lacquer_admin::wire::{self, BackendView, LastError, ProbeView};
+use lacquer_admin::wire::{self, BackendAdmin, BackendView, LastError, ProbeView};
 use tokio::sync::{watch, Semaphore};
 
 use lacquer_config::{self as config, ConfigError};
@@ -41,6 +41,9 @@ pub struct BackendState {
     pub tls: Option<tls::Loaded>,
     traffic: Arc<Traffic>,
     pub(crate) probe: Option<Arc<ProbeWindow>>,
+    /// The operator's [`BackendAdmin`] as its discriminant; shared with the states that carry the same
+    /// backend on through reloads, so a drain outlives them.
+    admin: Arc<AtomicU8>,
     /// Places for requests in flight, when `max_connections` is set.
     pub limit: Option<Arc<Semaphore>>,
     retired: watch::Sender<bool>,
@@ -132,6 +135,7 @@ impl BackendState {
             tls,
             traffic: Arc::default(),
             probe: config.probe.as_ref().map(|p| Arc::new(ProbeWindow::new(p))),
+            admin: Arc::default(),
             limit: (config.max_connections > 0)
                 .then(|| Arc::new(Semaphore::new(config.max_connections))),
             retired: watch::Sender::new(false),
@@ -166,6 +170,7 @@ impl BackendState {
             tls: Some(tls),
             traffic: self.traffic.clone(),
             probe: self.probe.clone(),
+            admin: self.admin.clone(),
             limit: self.limit.clone(),
             retired: watch::Sender::new(false),
         };
@@ -192,9 +197,36 @@ impl BackendState {
         &self.config.name
     }
 
-    /// False only while a probe says the backend is sick.
+    /// Whether requests may go to the backend: as the operator forced it, else false only while a probe
+    /// says the backend is sick.
     pub fn is_healthy(&self) -> bool {
-        self.probe.as_ref().is_none_or(|p| p.healthy.load(Relaxed))
+        match self.admin() {
+            BackendAdmin::Sick => false,
+            BackendAdmin::Healthy => true,
+            BackendAdmin::Auto => self.probe.as_ref().is_none_or(|p| p.healthy.load(Relaxed)),
+        }
+    }
+
+    /// Forces the backend sick or healthy whatever its probe says, or (`Auto`) hands its health back to
+    /// the probe. The probe keeps polling meanwhile, so `Auto` goes back to a current verdict.
+    pub fn set_admin(&self, admin: BackendAdmin) {
+        self.admin.store(admin as u8, Relaxed);
+    }
+
+    /// What the operator forced, or `Auto`.
+    pub fn admin(&self) -> BackendAdmin {
+        match self.admin.load(Relaxed) {
+            x if x == BackendAdmin::Sick as u8 => BackendAdmin::Sick,
+            x if x == BackendAdmin::Healthy as u8 => BackendAdmin::Healthy,
+            _ => BackendAdmin::Auto,
+        }
+    }
+
+    /// For a reload that rebuilds a backend of the same name with other settings: the operator's forced
+    /// state goes on in the new state (shared, so setting either sets both).
+    pub fn keep_admin_of(mut self, previous: &BackendState) -> Self {
+        self.admin = previous.admin.clone();
+        self
     }
 
     /// Counts a request answered below 500.
@@ -231,7 +263,10 @@ impl BackendState {
         let consecutive_failures = t.consecutive_failures.load(Relaxed);
         let last_success_ms = t.last_success_ms.load(Relaxed);
         let probe = self.probe.as_deref().map(ProbeWindow::view);
+        let admin = self.admin();
         let health = match (&probe, requests, consecutive_failures) {
+            _ if admin == BackendAdmin::Sick => wire::BackendHealth::Sick,
+            _ if admin == BackendAdmin::Healthy => wire::BackendHealth::Healthy,
             (Some(p), _, _) if p.healthy => wire::BackendHealth::Healthy,
             (Some(_), _, _) => wire::BackendHealth::Sick,
             (None, 0, _) => wire::BackendHealth::Unknown,
@@ -242,6 +277,7 @@ impl BackendState {
             name: self.name().to_owned(),
             address: self.authority.clone(),
             health,
+            admin,
             requests,
             errors: t.errors.load(Relaxed),
             consecutive_failures,
@@ -455,6 +491,50 @@ mod tests {
         std::fs::write(&key, "garbage").unwrap();
         let e = state.renewed("backend").unwrap_err().to_string();
         assert!(e.starts_with("backend.tls_key:"), "{e}");
+    }
+
+    #[test]
+    fn the_operator_overrides_the_probe_until_auto() {
+        let b = backend("origin:80", |b| {
+            b.probe = Some(config::Probe {
+                window: 2,
+                threshold: 2,
+                initial: Some(2),
+                ..Default::default()
+            })
+        });
+        let state = BackendState::new(&b, "backend").unwrap();
+        assert!(state.is_healthy());
+        state.set_admin(BackendAdmin::Sick);
+        assert!(!state.is_healthy());
+        let view = state.view();
+        assert_eq!(
+            (view.health, view.admin),
+            (wire::BackendHealth::Sick, BackendAdmin::Sick)
+        );
+        assert!(
+            view.probe.unwrap().healthy,
+            "the probe's own verdict is still shown"
+        );
+
+        let probe = state.probe.as_ref().unwrap();
+        probe.record(false, "503".into());
+        state.set_admin(BackendAdmin::Healthy);
+        assert!(state.is_healthy(), "forced healthy ignores the probe");
+        assert_eq!(state.view().health, wire::BackendHealth::Healthy);
+        state.set_admin(BackendAdmin::Auto);
+        assert!(!state.is_healthy(), "auto is the probe's verdict again");
+
+        state.set_admin(BackendAdmin::Sick);
+        let rebuilt = BackendState::new(&backend("origin:81", |_| {}), "backend")
+            .unwrap()
+            .keep_admin_of(&state);
+        assert_eq!(
+            rebuilt.admin(),
+            BackendAdmin::Sick,
+            "a drain outlives a reload"
+        );
+        assert!(!rebuilt.is_healthy());
     }
 
     #[test]

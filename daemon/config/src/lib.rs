@@ -479,7 +479,7 @@ impl Default for Log {
     }
 }
 
-/// One NCSA combined line per request, with the cache result and timings appended.
+/// One line per request, in a format of `varnishncsa -F`'s fields.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessLog {
@@ -489,6 +489,11 @@ pub struct AccessLog {
     pub path: Option<PathBuf>,
     /// Share of requests written, from 0 to 1. Default: 1.
     pub sample: f64,
+    /// `default` (NCSA combined as varnishncsa writes it, the host in the request line, then the cache
+    /// result, time to first byte and total time), `combined` (NCSA combined as NGINX writes it), `json`
+    /// (one JSON document per line), or a format string of `%` fields (docs/configuration.md lists them).
+    /// Default: `default`.
+    pub format: String,
 }
 
 impl Default for AccessLog {
@@ -496,6 +501,7 @@ impl Default for AccessLog {
         Self {
             path: None,
             sample: 1.0,
+            format: "default".into(),
         }
     }
 }

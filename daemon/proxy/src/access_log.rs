@@ -1,6 +1,6 @@
-//! The access log: one NCSA combined line per request with the cache result and timings appended (the line
-//! `varnishncsa` and NGINX write), to a file reopened on `SIGUSR1` or to standard output; and the same
-//! records, as JSON, to whoever follows `GET /v1/log/stream`.
+//! The access log: one line per request in `access_log.format` ([`LogFormat`]: by default the NCSA combined
+//! line `varnishncsa` writes, with the cache result and timings appended), to a file reopened on `SIGUSR1`
+//! or to standard output; and the same records, as JSON, to whoever follows `GET /v1/log/stream`.
 //!
 //! Workers format the line and hand it to a writer thread through a bounded queue: a slow disk drops lines
 //! (counted) rather than slowing requests down.
@@ -13,15 +13,16 @@ use std::{
     pin::Pin,
     sync::{
         mpsc::{self, RecvTimeoutError, SyncSender, TrySendError},
-        Arc,
+        Arc, OnceLock,
     },
     task::{Context, Poll},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{header, Request, Response};
+use http::{header, request::Parts, Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use lacquer_admin::wire::LogEntry;
@@ -30,7 +31,10 @@ use tokio::sync::broadcast;
 use lacquer_backends::body::{Body, BoxError};
 use lacquer_config as config;
 
-use crate::stats::{inc, Stats};
+use crate::{
+    log_format::{Captured, LogFormat},
+    stats::{inc, Stats},
+};
 
 /// Lines waiting for the writer; past it, lines are dropped and counted.
 const QUEUE: usize = 65_536;
@@ -47,15 +51,19 @@ enum Message {
 /// `GET /v1/log/stream`.
 pub struct AccessLog {
     file: Option<SyncSender<Message>>,
+    /// Replaced whole by a reload; a request keeps the one it started with.
+    format: ArcSwap<LogFormat>,
     sample: f64,
     tail: broadcast::Sender<Arc<LogEntry>>,
     stats: Arc<Stats>,
 }
 
 impl AccessLog {
-    /// Opens the file (an error here stops the start) and starts its writer thread.
+    /// Opens the file (an error here stops the start) and starts its writer thread; lines are written in
+    /// `format`, compiled from `config.format`.
     pub fn start(
         config: &config::AccessLog,
+        format: LogFormat,
         stats: Arc<Stats>,
     ) -> io::Result<(Arc<Self>, Option<JoinHandle<()>>)> {
         let (file, writer) = match &config.path {
@@ -72,6 +80,7 @@ impl AccessLog {
         let (tail, _) = broadcast::channel(TAIL_BUFFER);
         let log = Arc::new(Self {
             file,
+            format: ArcSwap::from_pointee(format),
             sample: config.sample,
             tail,
             stats,
@@ -84,6 +93,11 @@ impl AccessLog {
         if let Some(file) = &self.file {
             let _ = file.send(Message::Close);
         }
+    }
+
+    /// Writes the lines of requests that arrive from now on in `format` (a reload).
+    pub fn set_format(&self, format: LogFormat) {
+        self.format.store(Arc::new(format));
     }
 
     /// Closes and opens the file again, for logrotate (`SIGUSR1`).
@@ -99,10 +113,11 @@ impl AccessLog {
         self.tail.subscribe()
     }
 
-    /// Starts recording a request, when the file wants it (sampled) or someone follows the stream.
+    /// Starts recording a request, when the file wants it (sampled) or someone follows the stream; the
+    /// request then carries a [`Note`] for the data path to fill in.
     pub fn begin(
         self: &Arc<Self>,
-        req: &Request<lacquer_edge::RequestBody>,
+        req: &mut Request<lacquer_edge::RequestBody>,
         client: IpAddr,
     ) -> Option<Recording> {
         let to_file = self.file.is_some() && (self.sample >= 1.0 || fastrand::f64() < self.sample);
@@ -114,9 +129,15 @@ impl AccessLog {
                 .get(name)
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         };
-        Some(Recording {
+        let format = self.format.load_full();
+        let request = LogFormat::capture(&format.request_fields, req.headers());
+        let recording = Recording {
             log: self.clone(),
             to_file,
+            format,
+            request,
+            response: Vec::new(),
+            note: Arc::default(),
             started: lacquer_clock::monotonic(),
             entry: LogEntry {
                 time_ms: lacquer_clock::now_ms(),
@@ -136,14 +157,26 @@ impl AccessLog {
                 cache: "-".into(),
                 ttfb: 0.0,
                 duration: 0.0,
+                backend: None,
+                route: None,
             },
-        })
+        };
+        req.extensions_mut().insert(recording.note.clone());
+        Some(recording)
     }
 
-    fn emit(&self, entry: LogEntry, to_file: bool) {
+    fn emit(&self, r: Recording) {
+        let Recording {
+            to_file,
+            format,
+            request,
+            response,
+            entry,
+            ..
+        } = r;
         if to_file {
             if let Some(file) = &self.file {
-                match file.try_send(Message::Line(entry.ncsa_line())) {
+                match file.try_send(Message::Line(format.line(&entry, &request, &response))) {
                     Ok(()) => {}
                     Err(TrySendError::Full(_)) => inc(&self.stats.access_log_dropped),
                     Err(TrySendError::Disconnected(_)) => {}
@@ -160,14 +193,43 @@ impl AccessLog {
 pub struct Recording {
     log: Arc<AccessLog>,
     to_file: bool,
+    format: Arc<LogFormat>,
+    /// The request and response fields `format` asks for.
+    request: Captured,
+    response: Captured,
+    note: Arc<Note>,
     started: Instant,
     entry: LogEntry,
+}
+
+/// What the data path learns of a recorded request after it arrived, for its log line: its route and
+/// the backend it was sent to. It travels in the request's extensions, so it reaches every path a request
+/// can take without a parameter on each; a request not recorded carries none and pays nothing.
+#[derive(Debug, Default)]
+pub struct Note {
+    route: OnceLock<String>,
+    backend: OnceLock<String>,
+}
+
+/// Notes the route of a recorded request; `describe` runs only when the request is recorded.
+pub fn note_route(parts: &Parts, describe: impl FnOnce() -> String) {
+    if let Some(note) = parts.extensions.get::<Arc<Note>>() {
+        note.route.get_or_init(describe);
+    }
+}
+
+/// Notes the backend a recorded request is sent to (the first, when it is sent more than once).
+pub fn note_backend(parts: &Parts, name: &str) {
+    if let Some(note) = parts.extensions.get::<Arc<Note>>() {
+        note.backend.get_or_init(|| name.to_owned());
+    }
 }
 
 impl Recording {
     /// Takes the response head's fields and follows the body to count its bytes.
     pub fn respond(mut self, resp: Response<Body>) -> Response<Body> {
         self.entry.status = resp.status().as_u16();
+        self.response = LogFormat::capture(&self.format.response_fields, resp.headers());
         if let Some(cache) = resp.headers().get("x-cache").and_then(|v| v.to_str().ok()) {
             self.entry.cache = cache.to_owned();
         }
@@ -217,7 +279,9 @@ impl Drop for Logged {
     fn drop(&mut self) {
         if let Some(mut r) = self.recording.take() {
             r.entry.duration = r.started.elapsed().as_secs_f64();
-            r.log.emit(r.entry, r.to_file);
+            r.entry.route = r.note.route.get().cloned();
+            r.entry.backend = r.note.backend.get().cloned();
+            r.log.clone().emit(r);
         }
     }
 }

@@ -435,7 +435,13 @@ async fn fill<S: CacheStore>(
     let rules = &live.rules;
     let decided = &request.decided;
     let backend = match route.pick_from(decided.target.as_ref(), key) {
-        Ok(state) => worker.pool(state),
+        Ok(state) => {
+            // A refresh nobody waits for is logged by no one: the request it came from is answered.
+            if !request.background {
+                crate::access_log::note_backend(parts, state.name());
+            }
+            worker.pool(state)
+        }
         Err(e) => return failed(worker, fetch, key, e),
     };
     let request_time = lacquer_clock::wall();

@@ -11,6 +11,7 @@ mod fetch;
 mod forward;
 pub mod hls;
 pub mod invalidation;
+pub mod log_format;
 #[cfg(test)]
 mod memory;
 mod peer;
@@ -78,7 +79,8 @@ impl lacquer_edge::Service for Worker {
         req: Request<RequestBody>,
         client: Client,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
-        let recording = self.shared.access_log.begin(&req, client.ip);
+        let mut req = req;
+        let recording = self.shared.access_log.begin(&mut req, client.ip);
         async move {
             let resp = if client.refused {
                 too_many_connections()
@@ -188,6 +190,7 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
         }
         Err(Answered::Synthetic(made)) => return phase::synthetic(*made),
     };
+    access_log::note_route(&parts, || worker.shared.live().router.describe(&route));
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
@@ -215,7 +218,10 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
     if let Some(upgrade) = upgrade.filter(|_| pipe) {
         let kept = delivers.then(|| parts.clone());
         let resp = match route.pick_from(decided.target.as_ref(), &primary_key(&parts)) {
-            Ok(backend) => pipe::tunnel(&worker, client, backend, &decided, parts, upgrade).await,
+            Ok(backend) => {
+                access_log::note_backend(&parts, backend.name());
+                pipe::tunnel(&worker, client, backend, &decided, parts, upgrade).await
+            }
             Err(e) => {
                 inc(&stats.backend_unavailable);
                 let outcome = Outcome::Pass {
@@ -1177,6 +1183,7 @@ async fn pass<S: CacheStore>(
         .then(|| parts.clone());
     let sent = match route.pick_from(decided.target.as_ref(), &primary_key(&parts)) {
         Ok(backend) => {
+            access_log::note_backend(&parts, backend.name());
             inc(&shared.stats.backend_requests);
             let mut req =
                 forward::origin_request(parts.method, parts.uri, parts.headers, client, body);

@@ -61,7 +61,9 @@ fn worker_of(
     let backends = backend_set(&config).expect("backends");
     let live = Live::new(&config, &backends).expect("live settings");
     let stats = Arc::new(Stats::default());
-    let (access_log, _) = AccessLog::start(&config.access_log, stats.clone()).expect("no file");
+    let format = crate::log_format::LogFormat::compile(&config.access_log.format).expect("format");
+    let (access_log, _) =
+        AccessLog::start(&config.access_log, format, stats.clone()).expect("no file");
     Arc::new(Worker::new(Arc::new(Shared {
         live: ArcSwap::from_pointee(live),
         access_log,

@@ -12,7 +12,8 @@ use crate::{error::StoreError, journal::Entry, meta::ObjectMeta, store::Store};
 
 /// Completed bans still listed (for `GET /v1/bans`); older completed ones are retired.
 const COMPLETED_KEPT: usize = 100;
-const RECORD_VERSION: u8 = 1;
+/// Version 2 added `to_test`; version 1 records are still read (their `to_test` is unknown).
+const RECORD_VERSION: u8 = 2;
 
 /// One ban. Its id orders it against objects: it applies to objects whose `ban_checked` is below it.
 #[derive(Debug)]
@@ -22,6 +23,9 @@ pub struct Ban {
     pub expr: BanExpr,
     tested: AtomicU64,
     removed: AtomicU64,
+    /// Objects stored when the ban was added: what it has to be tested against, the measure of its
+    /// progress. `None` for a ban written before it was recorded.
+    to_test: Option<u64>,
     /// Every stored object has been tested against this ban (and that is durable): it can never match again.
     completed: AtomicBool,
 }
@@ -39,8 +43,20 @@ pub struct BanInfo {
     pub tested: u64,
     /// Objects the ban removed.
     pub removed: u64,
+    /// Objects stored when the ban was added, which it has to be tested against; `None` for a ban added by
+    /// a lacquerd that did not record it. `tested` may pass it: bodies fetched meanwhile are tested too.
+    pub to_test: Option<u64>,
     /// The lurker has tested every object stored before the ban.
     pub completed: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct BanRecordV1 {
+    created_ms: u64,
+    expression: String,
+    tested: u64,
+    removed: u64,
+    completed: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -50,6 +66,7 @@ struct BanRecord {
     tested: u64,
     removed: u64,
     completed: bool,
+    to_test: Option<u64>,
 }
 
 impl Ban {
@@ -60,6 +77,7 @@ impl Ban {
             created_ms: self.created_ms,
             tested: self.tested.load(SeqCst),
             removed: self.removed.load(SeqCst),
+            to_test: self.to_test,
             completed: self.completed.load(SeqCst),
         }
     }
@@ -72,6 +90,7 @@ impl Ban {
             tested: info.tested,
             removed: info.removed,
             completed: info.completed,
+            to_test: info.to_test,
         };
         let mut out = vec![RECORD_VERSION];
         bincode::serde::encode_into_std_write(&record, &mut out, bincode::config::standard())
@@ -80,12 +99,27 @@ impl Ban {
     }
 
     fn decode(id: u64, bytes: &[u8]) -> Result<Self, String> {
-        let Some((&RECORD_VERSION, rest)) = bytes.split_first() else {
-            return Err("unknown ban record version".into());
+        let config = bincode::config::standard();
+        let record = match bytes.split_first() {
+            Some((&RECORD_VERSION, rest)) => {
+                bincode::serde::decode_from_slice::<BanRecord, _>(rest, config)
+                    .map_err(|e| e.to_string())?
+                    .0
+            }
+            Some((1, rest)) => {
+                let (v1, _): (BanRecordV1, _) =
+                    bincode::serde::decode_from_slice(rest, config).map_err(|e| e.to_string())?;
+                BanRecord {
+                    created_ms: v1.created_ms,
+                    expression: v1.expression,
+                    tested: v1.tested,
+                    removed: v1.removed,
+                    completed: v1.completed,
+                    to_test: None,
+                }
+            }
+            _ => return Err("unknown ban record version".into()),
         };
-        let (record, _): (BanRecord, _) =
-            bincode::serde::decode_from_slice(rest, bincode::config::standard())
-                .map_err(|e| e.to_string())?;
         let expr = BanExpr::parse(&record.expression).map_err(|e| e.to_string())?;
         Ok(Self {
             id,
@@ -93,6 +127,7 @@ impl Ban {
             expr,
             tested: AtomicU64::new(record.tested),
             removed: AtomicU64::new(record.removed),
+            to_test: record.to_test,
             completed: AtomicBool::new(record.completed),
         })
     }
@@ -205,6 +240,7 @@ impl Bans {
             expr,
             tested: AtomicU64::new(0),
             removed: AtomicU64::new(0),
+            to_test: Some(store.counted().0),
             completed: AtomicBool::new(false),
         });
         let canonical = ban.expr.to_string();
@@ -323,5 +359,42 @@ impl Bans {
             self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_1_record_is_read_with_its_total_unknown() {
+        let v1 = BanRecordV1 {
+            created_ms: 5,
+            expression: "req.url ~ \"^/a\"".into(),
+            tested: 3,
+            removed: 1,
+            completed: false,
+        };
+        let mut bytes = vec![1];
+        bincode::serde::encode_into_std_write(&v1, &mut bytes, bincode::config::standard())
+            .unwrap();
+        let ban = Ban::decode(7, &bytes).unwrap();
+        let info = ban.info();
+        assert_eq!(
+            (info.id, info.tested, info.removed, info.to_test),
+            (7, 3, 1, None)
+        );
+
+        let again = Ban::decode(
+            7,
+            &Ban {
+                to_test: Some(40),
+                ..ban
+            }
+            .encode(),
+        )
+        .unwrap();
+        assert_eq!(again.info().to_test, Some(40), "version 2 keeps the total");
+        assert!(Ban::decode(7, &[9, 0]).is_err());
     }
 }

@@ -8,6 +8,8 @@ use ratatui::{
     Frame,
 };
 
+use lacquer_admin::wire::Kind;
+
 use super::{rate, Theme};
 use crate::state::State;
 
@@ -44,7 +46,12 @@ pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
         Row::new(vec![
             Line::from(r.name.clone()),
             Line::from(r.value.to_string()).right_aligned(),
-            Line::from(rate(r.rate)).right_aligned(),
+            // A gauge's cell stays empty, as in `cachectl stats`: `-` would read as "no rate yet".
+            Line::from(match r.field.kind {
+                Kind::Counter => rate(r.rate),
+                Kind::Gauge => String::new(),
+            })
+            .right_aligned(),
             Line::from(r.field.help()),
         ])
     });
@@ -117,6 +124,19 @@ mod tests {
         let large = screen(&state, 160, 48);
         insta::assert_snapshot!("counters_160x48", large);
         assert!(large.contains("Client requests received."), "{large}");
+    }
+
+    #[test]
+    fn a_gauge_has_no_rate() {
+        let mut state = busy();
+        state.view = View::Counters;
+        state.filter = "store.objects".into();
+        let s = screen(&state, 160, 24);
+        let row = s
+            .lines()
+            .find(|l| l.starts_with("│store.objects "))
+            .unwrap_or_else(|| panic!("a store.objects row: {s}"));
+        assert!(!row.contains("/s") && !row.contains(" - "), "{row}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use ratatui::{
 use super::Theme;
 
 const TEXT: [&str; 20] = [
-    "q, esc    quit (ctrl-c too)",
+    "q, esc    quit (ctrl-c too); esc clears a kept filter first",
     "tab       overview / every counter",
     "c         cluster: every member, and the totals (c again leaves)",
     "r         rules: matches of each [[rule]] (r again leaves)",

@@ -224,6 +224,7 @@ pub(crate) mod tests {
                 name: "default".into(),
                 address: "127.0.0.1:8080".into(),
                 health: BackendHealth::Failing,
+                admin: Default::default(),
                 requests: 4_000 + 50 * n,
                 errors: 3 + n,
                 consecutive_failures: 1,

@@ -13,8 +13,12 @@ pub struct BackendView {
     pub name: String,
     /// `host:port`.
     pub address: String,
-    /// From the probe when there is one, else judged from real traffic.
+    /// What routing goes by: the operator's `admin` state when it is forced, else the probe's verdict
+    /// when there is a probe, else judged from real traffic.
     pub health: BackendHealth,
+    /// Forced by the operator (`PUT /v1/backends/{name}/health`), or `auto`.
+    #[serde(default)]
+    pub admin: BackendAdmin,
     pub requests: u64,
     pub errors: u64,
     /// Failed requests since the last success.
@@ -75,6 +79,38 @@ impl BackendHealth {
     }
 }
 
+/// Who decides a backend's health, as Varnish's `backend.set_health` sets it: kept until set again or
+/// until lacquerd restarts, and across a reload that keeps a backend of the same name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendAdmin {
+    /// The probe, or real traffic when there is no probe.
+    #[default]
+    Auto,
+    /// Drained: no requests, whatever the probe says.
+    Sick,
+    /// Requests, whatever the probe says.
+    Healthy,
+}
+
+impl BackendAdmin {
+    /// As in JSON and on `cachectl backend`'s command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendAdmin::Auto => "auto",
+            BackendAdmin::Sick => "sick",
+            BackendAdmin::Healthy => "healthy",
+        }
+    }
+}
+
+/// `PUT /v1/backends/{name}/health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetBackendHealth {
+    pub health: BackendAdmin,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct LastError {
     /// Unix seconds.
@@ -95,6 +131,13 @@ mod tests {
             BackendHealth::Sick,
         ] {
             assert_eq!(serde_json::to_value(h).unwrap(), h.as_str());
+        }
+        for a in [
+            BackendAdmin::Auto,
+            BackendAdmin::Sick,
+            BackendAdmin::Healthy,
+        ] {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
         }
     }
 }

@@ -25,8 +25,25 @@ pub struct BanView {
     pub tested: u64,
     /// Objects it removed.
     pub removed: u64,
+    /// Objects stored when it was added: what it has to be tested against, so `tested` of `to_test` is its
+    /// progress (`tested` may pass it: bodies fetched meanwhile are tested too). `null` for a ban added by
+    /// a lacquerd that did not record it.
+    #[serde(default)]
+    pub to_test: Option<u64>,
     /// The lurker has tested every object stored before the ban: it can no longer match anything.
     pub completed: bool,
+}
+
+impl BanView {
+    /// Percent done: 100 once completed; while pending, `tested` of `to_test`, held below 100 (only the
+    /// lurker's walk completes a ban). `None` while pending with no total.
+    pub fn percent(&self) -> Option<u64> {
+        if self.completed {
+            return Some(100);
+        }
+        let total = self.to_test.filter(|&t| t > 0)?;
+        Some((self.tested.saturating_mul(100) / total).min(99))
+    }
 }
 
 /// `GET /v1/bans`: oldest first; the newest 100 completed bans stay listed.

@@ -29,11 +29,19 @@ pub struct LogEntry {
     pub ttfb: f64,
     /// Seconds from the request's arrival to its last body byte (or to the client going away).
     pub duration: f64,
+    /// The backend the request was sent to (a director's member); none for a hit, a request that waited
+    /// on another's fetch, or one answered at the edge.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// The route taken, `route[N]` or `default`; none for a request refused before routing.
+    #[serde(default)]
+    pub route: Option<String>,
 }
 
 impl LogEntry {
-    /// `%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-agent}i"` (NCSA combined, local time as NGINX and
-    /// varnishncsa write it), then the cache result, time to first byte and total time in seconds.
+    /// `%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-agent}i"` (NCSA combined, local time, the request
+    /// line with the full URL as varnishncsa writes it), then the cache result, time to first byte and total
+    /// time in seconds: `access_log.format = "default"`, which lacquerd's own tests hold to this line.
     pub fn ncsa_line(&self) -> String {
         let e = self;
         let time = Local
@@ -49,16 +57,19 @@ impl LogEntry {
             e.bytes.to_string()
         };
         let quoted = |v: &Option<String>| v.as_deref().map_or_else(|| "-".into(), escape);
+        let url = match &e.host {
+            Some(host) => format!("http://{}{}", escape(host), escape(&e.url)),
+            None => escape(&e.url),
+        };
         format!(
-            "{} - - [{time}] \"{} {} {}\" {} {bytes} \"{}\" \"{}\" {} {:.6} {:.6}\n",
-            e.client,
+            "{} - - [{time}] \"{} {url} {}\" {} {bytes} \"{}\" \"{}\" {} {:.6} {:.6}\n",
+            escape(&e.client),
             escape(&e.method),
-            escape(&e.url),
-            e.protocol,
+            escape(&e.protocol),
             e.status,
             quoted(&e.referer),
             quoted(&e.user_agent),
-            e.cache,
+            escape(&e.cache),
             e.ttfb,
             e.duration,
         )
@@ -110,6 +121,8 @@ mod tests {
             cache: "HIT".into(),
             ttfb: 0.000123,
             duration: 0.0045,
+            backend: Some("app1".into()),
+            route: None,
         };
         let line = entry.ncsa_line();
         let time = Local
@@ -119,7 +132,7 @@ mod tests {
         assert_eq!(
             line,
             format!(
-                "203.0.113.7 - - [{time}] \"GET /a?b=1 HTTP/1.1\" 200 2048 \"-\" \
+                "203.0.113.7 - - [{time}] \"GET http://example.com/a?b=1 HTTP/1.1\" 200 2048 \"-\" \
                  \"evil\\x22 \\x22injected\\x0A203.0.113.9 - - [\" HIT 0.000123 0.004500\n"
             )
         );
@@ -127,8 +140,11 @@ mod tests {
         let empty = LogEntry {
             bytes: 0,
             status: 304,
+            host: None,
             ..entry
         };
-        assert!(empty.ncsa_line().contains("\" 304 - \""));
+        assert!(empty
+            .ncsa_line()
+            .contains("\"GET /a?b=1 HTTP/1.1\" 304 - \""));
     }
 }

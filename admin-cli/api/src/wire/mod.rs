@@ -13,7 +13,9 @@ mod stats;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-pub use backends::{BackendHealth, BackendList, BackendView, LastError, ProbeView};
+pub use backends::{
+    BackendAdmin, BackendHealth, BackendList, BackendView, LastError, ProbeView, SetBackendHealth,
+};
 pub use cluster::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
 pub use explain::{ExplainRequest, ExplainedObject, ExplainedResponse, Explanation, RuleStep};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
@@ -46,7 +48,7 @@ pub struct ApiError {
     /// Stable, for scripts: `unauthorized`, `not_found`, `method_not_allowed`, `invalid_body`,
     /// `body_too_large`, `invalid_query`, `invalid_ban`, `invalid_url`, `missing_host`, `invalid_host`, `no_tags`,
     /// `invalid_tag`, `too_many_tags`, `invalid_config`, `invalid_request` (`POST /v1/explain` of a request no
-    /// client could send), `store_error`, `cluster_disabled` (`GET /v1/cluster` on a single node).
+    /// client could send), `store_error`, `cluster_disabled` (`GET /v1/cluster` on a single node), `unknown_backend`.
     pub code: String,
     /// One line for a person.
     pub message: String,
