@@ -6,6 +6,7 @@ pub mod access_log;
 pub mod cluster;
 pub mod coalesce;
 mod coding;
+pub mod error_page;
 pub mod explain;
 mod fetch;
 mod forward;
@@ -79,11 +80,18 @@ impl lacquer_edge::Service for Worker {
         client: Client,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         let recording = self.shared.access_log.begin(&req, client.ip);
+        let html = error_page::wants_html(req.headers());
         async move {
             let resp = if client.refused {
                 too_many_connections()
             } else {
-                handle(self, client, req).await
+                handle(self.clone(), client, req).await
+            };
+            let resp = if resp.extensions().get::<error_page::Failure>().is_some() {
+                let page = self.shared.live.load().error_pages.apply(html, resp);
+                counted(page, self.shared.stats.clone())
+            } else {
+                resp
             };
             match recording {
                 Some(r) => r.respond(resp),
@@ -98,14 +106,11 @@ impl lacquer_edge::Service for Worker {
 }
 
 fn too_many_connections() -> Response<Body> {
-    let mut resp = Response::new(body::full("too many connections\n"));
+    let mut resp = Response::new(body::empty());
     *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let h = resp.headers_mut();
-    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    resp.extensions_mut().insert(error_page::Failure);
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp
 }
 
@@ -207,10 +212,11 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
             Ok(backend) => pipe::tunnel(&worker, client, backend, &decided, parts, upgrade).await,
             Err(e) => {
                 inc(&stats.backend_unavailable);
+                tracing::debug!(error = %e, "nothing to tunnel to");
                 let outcome = Outcome::Pass {
                     unsafe_method: false,
                 };
-                phase::own_error(respond::error(e.status(), outcome, &e.to_string()))
+                phase::own_error(respond::failure(e.status(), outcome))
             }
         };
         // A tunnel's `101` is no response the deliver rules could edit or replace: the connection is
@@ -352,6 +358,19 @@ fn refused(status: StatusCode, message: &str, retry: Option<Duration>) -> Respon
         resp.headers_mut()
             .insert(header::RETRY_AFTER, seconds.max(1).into());
     }
+    resp
+}
+
+/// A 503 the client may retry in a second: lacquerd holds back a request the origin is already busy with.
+fn busy_briefly() -> Response<Body> {
+    let mut resp = respond::failure(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::Pass {
+            unsafe_method: false,
+        },
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp
 }
 
@@ -949,11 +968,10 @@ async fn miss<S: CacheStore>(
                         fetch.settle();
                     }
                     inc(&shared.stats.hls_reloads_refused);
-                    return Some(refused(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "too many blocking reloads of this playlist at the origin",
-                        Some(Duration::from_secs(1)),
-                    ));
+                    tracing::debug!(
+                        "more than cache.blocking_reloads_per_playlist blocking reloads of a playlist: 503"
+                    );
+                    return Some(busy_briefly());
                 }
             }
         }
@@ -997,11 +1015,10 @@ async fn miss<S: CacheStore>(
                 Ok(head) => head,
                 Err(_) => {
                     inc(&shared.stats.hls_reloads_timed_out);
-                    return Some(refused(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "the origin held the blocking reload past cache.blocking_reload_hold",
-                        Some(Duration::from_secs(1)),
-                    ));
+                    tracing::debug!(
+                        "the origin held a blocking reload past cache.blocking_reload_hold: 503"
+                    );
+                    return Some(busy_briefly());
                 }
             }
         }
@@ -1098,7 +1115,7 @@ async fn miss<S: CacheStore>(
                 collapsed: !owner,
                 detail: Some("backend-error"),
             };
-            phase::own_error(respond::error(e.status, outcome, &e.error.to_string()))
+            phase::own_error(respond::failure(e.status, outcome))
         }
     };
     let growing = resp.status() == StatusCode::PARTIAL_CONTENT
@@ -1187,12 +1204,13 @@ async fn pass<S: CacheStore>(
         }
         Err(e @ BackendError::Unavailable { .. }) => {
             inc(&shared.stats.backend_unavailable);
-            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
+            tracing::debug!(error = %e, "nothing to pass to");
+            return phase::own_error(respond::failure(e.status(), outcome));
         }
         Err(e) => {
             inc(&shared.stats.backend_errors);
             tracing::warn!(error = %e, "pass failed");
-            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
+            return phase::own_error(respond::failure(e.status(), outcome));
         }
     };
     let (mut head, body) = resp.into_parts();

@@ -129,7 +129,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
                 inc(&stats.backend_errors);
                 tracing::warn!(error = %e, "pipe failed");
             }
-            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
+            return phase::own_error(respond::failure(e.status(), outcome));
         }
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
@@ -163,8 +163,8 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let protocol = head.headers.get(header::UPGRADE).cloned();
     let (Some(protocol), Ok(origin)) = (protocol, origin.await) else {
         inc(&stats.backend_errors);
-        let e = "backend switched protocols without a usable Upgrade";
-        return phase::own_error(respond::error(StatusCode::BAD_GATEWAY, outcome, e));
+        tracing::warn!("backend switched protocols without a usable Upgrade");
+        return phase::own_error(respond::failure(StatusCode::BAD_GATEWAY, outcome));
     };
     strip_hop_by_hop(&mut head.headers);
     head.headers
