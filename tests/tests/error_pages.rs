@@ -1,8 +1,9 @@
 //! What a client gets when no backend answers: a generic page (HTML for browsers, plain text for the
 //! rest) that names no backend and no error, or the operator's `[error_pages]` file; the cause goes to the
-//! log.
+//! log, once per cause every 10 s with the count of the failures like it.
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::Method;
 use lacquer_tests::{
     client::{request, Reply},
@@ -75,6 +76,40 @@ async fn a_backend_down_gets_a_generic_page_in_html_or_text_as_accept_prefers() 
 
     // The cause is the operator's: in the log.
     d.wait_for_log(&down.to_string()).await;
+}
+
+/// 200 requests to a backend that is down: a handful of `WARN` lines, which count all 200.
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_like_one_logged_are_counted_not_logged_each() {
+    let down = unused_addr();
+    let d = Daemon::start(down, &[]);
+    let sent = futures_util::stream::iter(0..200)
+        .map(|i| {
+            let addr = d.addr;
+            async move { lacquer_tests::client::get(addr, &format!("/down/{i}")).await }
+        })
+        .buffer_unordered(20)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(sent.iter().all(|r| r.status == 503));
+    // The count is written when the 10 s window of the first line ends.
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+    let log = d.wait_for_log("more like it in the last 10 s").await;
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("fetch failed")).collect();
+    assert!(lines.len() <= 3, "{lines:#?}");
+    let counted: u64 = lines
+        .iter()
+        .map(|l| {
+            l.split_once("(and ")
+                .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+                .unwrap_or(1)
+        })
+        .sum();
+    assert_eq!(counted, 200, "{lines:#?}");
+    assert!(
+        lines.iter().all(|l| l.contains(&down.to_string())),
+        "{lines:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

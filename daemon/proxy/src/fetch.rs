@@ -364,9 +364,9 @@ fn failed<S: CacheStore>(
 ) -> Ending {
     if let BackendError::Unavailable { .. } = e {
         inc(&worker.shared.stats.backend_unavailable);
-        tracing::debug!(key, error = %e, "nothing to fetch from");
+        crate::repeats::WARNINGS.warn("nothing to fetch from", key, &e);
     } else {
-        tracing::warn!(key, error = %e, "fetch failed");
+        crate::repeats::WARNINGS.warn("fetch failed", key, &e);
     }
     fetch.set_head(Err(HeadError {
         status: e.status(),

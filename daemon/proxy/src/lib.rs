@@ -20,6 +20,7 @@ mod pipe;
 pub mod prefetch;
 mod prepared;
 mod purge_method;
+mod repeats;
 mod respond;
 pub mod siblings;
 mod slice;
@@ -212,7 +213,7 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
             Ok(backend) => pipe::tunnel(&worker, client, backend, &decided, parts, upgrade).await,
             Err(e) => {
                 inc(&stats.backend_unavailable);
-                tracing::debug!(error = %e, "nothing to tunnel to");
+                repeats::WARNINGS.warn("nothing to tunnel to", &primary_key(&parts), &e);
                 let outcome = Outcome::Pass {
                     unsafe_method: false,
                 };
@@ -1179,7 +1180,8 @@ async fn pass<S: CacheStore>(
     // The head is handed to the origin request; the backend phases' rules match on a copy.
     let client_head = (rules.has(Phase::BackendRequest) || rules.has(Phase::BackendResponse))
         .then(|| parts.clone());
-    let sent = match route.pick_from(decided.target.as_ref(), &primary_key(&parts)) {
+    let key = primary_key(&parts);
+    let sent = match route.pick_from(decided.target.as_ref(), &key) {
         Ok(backend) => {
             inc(&shared.stats.backend_requests);
             let mut req =
@@ -1204,12 +1206,12 @@ async fn pass<S: CacheStore>(
         }
         Err(e @ BackendError::Unavailable { .. }) => {
             inc(&shared.stats.backend_unavailable);
-            tracing::debug!(error = %e, "nothing to pass to");
+            repeats::WARNINGS.warn("nothing to pass to", &key, &e);
             return phase::own_error(respond::failure(e.status(), outcome));
         }
         Err(e) => {
             inc(&shared.stats.backend_errors);
-            tracing::warn!(error = %e, "pass failed");
+            repeats::WARNINGS.warn("pass failed", &key, &e);
             return phase::own_error(respond::failure(e.status(), outcome));
         }
     };

@@ -107,6 +107,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let client_head = (rules.has(Phase::BackendRequest) || rules.has(Phase::BackendResponse))
         .then(|| parts.clone());
     inc(&stats.backend_requests);
+    let key = lacquer_policy::key::primary_key(&parts);
     let mut req = forward::origin_request(
         parts.method,
         parts.uri,
@@ -127,8 +128,8 @@ pub(crate) async fn tunnel<S: CacheStore>(
                 inc(&stats.backend_unavailable);
             } else {
                 inc(&stats.backend_errors);
-                tracing::warn!(error = %e, "pipe failed");
             }
+            crate::repeats::WARNINGS.warn("pipe failed", &key, &e);
             return phase::own_error(respond::failure(e.status(), outcome));
         }
     };
