@@ -310,6 +310,11 @@ pub struct Cache {
     /// `surrogate-key`, `xkey`, `cache-tag` (Fastly, Varnish's xkey, Cloudflare).
     #[serde(deserialize_with = "lower_case")]
     pub surrogate_key_headers: Vec<String>,
+    /// The `surrogate_key_headers` are sent on to clients (as Varnish's xkey leaves them). Default: false,
+    /// removed from every response to a client as Fastly does with `Surrogate-Key`: the tags are the
+    /// operator's, for purging, and tell the public how the site is organised. They are stored and purged by
+    /// all the same; a cache in front of this one that purges by tag needs `true`.
+    pub expose_surrogate_keys: bool,
     /// How long an LL-HLS blocking playlist reload (a request carrying `_HLS_msn`) waits for the origin's
     /// answer, which the origin holds until the playlist version exists; past it the client gets `503`
     /// and the origin request is dropped. Longer than the origin's own hold (RFC 8216bis has servers hold
@@ -343,6 +348,7 @@ impl Default for Cache {
             transit_buffer: ByteSize::mib(4),
             targeted_cache_control: vec!["cdn-cache-control".into()],
             surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],
+            expose_surrogate_keys: false,
             blocking_reload_hold: Duration::from_secs(20),
             blocking_reloads_per_playlist: 8,
         }

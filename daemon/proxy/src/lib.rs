@@ -222,13 +222,14 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
         };
         // A tunnel's `101` is no response the deliver rules could edit or replace: the connection is
         // the origin's from here on.
-        let resp = match kept.filter(|_| resp.status() != StatusCode::SWITCHING_PROTOCOLS) {
+        let mut resp = match kept.filter(|_| resp.status() != StatusCode::SWITCHING_PROTOCOLS) {
             Some(parts) => {
                 let live = worker.shared.live.load();
                 phase::deliver(&live.rules, &parts, client, secure, resp)
             }
             None => resp,
         };
+        respond::withhold_tags(resp.headers_mut(), &route.policy.cache);
         return counted(resp, worker.shared.stats.clone());
     }
     if let (RequestClass::Lookup | RequestClass::Miss(_), Some(cluster)) =
@@ -301,13 +302,16 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
             (resp, kept)
         }
     };
-    let resp = match parts.filter(|_| delivers) {
+    let mut resp = match parts.filter(|_| delivers) {
         Some(parts) => {
             let live = worker.shared.live.load();
             phase::deliver(&live.rules, &parts, client, secure, resp)
         }
         None => resp,
     };
+    // After the deliver rules, which see the response as the origin sent it (a hit's head prepared
+    // ahead of them holds its tags).
+    respond::withhold_tags(resp.headers_mut(), &route.policy.cache);
     counted(resp, worker.shared.stats.clone())
 }
 

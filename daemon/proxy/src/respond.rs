@@ -160,6 +160,16 @@ pub fn failure(status: StatusCode, outcome: Outcome) -> Response<Body> {
     resp
 }
 
+/// Removes the response's surrogate keys (`cache.surrogate_key_headers`) unless the cache exposes them:
+/// they are for purging, and the store has read them already.
+pub(crate) fn withhold_tags(headers: &mut HeaderMap, cache: &lacquer_config::Cache) {
+    if !cache.expose_surrogate_keys {
+        for name in &cache.surrogate_key_headers {
+            headers.remove(name.as_str());
+        }
+    }
+}
+
 /// A request refused (4xx): `message` says what was wrong with it, for its sender to read.
 pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Body> {
     let mut resp = Response::new(body::full(format!("{message}\n")));
