@@ -132,11 +132,23 @@ async fn uncacheable_responses_and_requests_pass() {
     })
     .await;
     let d = Daemon::start(origin.addr, &[]);
-    for path in ["/nostore", "/private", "/cookie", "/nofresh", "/varystar"] {
+    // Cache-Status says why each was not stored (RFC 9211 `detail`).
+    for (path, why) in [
+        ("/nostore", "no-store"),
+        ("/private", "private"),
+        ("/cookie", "set-cookie"),
+        ("/nofresh", "not-fresh"),
+        ("/varystar", "vary-star"),
+    ] {
         for _ in 0..3 {
             let r = get(d.addr, path).await;
             assert_eq!(r.status, 200, "{path}");
             assert_eq!(r.x_cache(), "MISS", "{path}");
+            assert_eq!(
+                r.header("cache-status"),
+                format!("lacquer; fwd=miss; detail=\"{why}\""),
+                "{path}"
+            );
         }
         assert_eq!(
             origin.count(path),
@@ -148,7 +160,12 @@ async fn uncacheable_responses_and_requests_pass() {
     // stored unless it says it may be shared (below).
     for (name, value, x_cache, status) in [
         ("cookie", "a=b", "PASS", "lacquer; fwd=bypass"),
-        ("authorization", "Bearer t", "MISS", "lacquer; fwd=miss"),
+        (
+            "authorization",
+            "Bearer t",
+            "MISS",
+            "lacquer; fwd=miss; detail=\"authorization\"",
+        ),
     ] {
         let path = format!("/req-{name}");
         for _ in 0..2 {

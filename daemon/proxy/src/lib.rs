@@ -58,6 +58,7 @@ use lacquer_policy::{
     range,
     request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
+    storable::NotStored,
 };
 
 use crate::{
@@ -1109,7 +1110,7 @@ async fn miss<S: CacheStore>(
             let outcome = Outcome::Miss {
                 stored: head.shareable,
                 collapsed: !owner,
-                detail: None,
+                detail: head.not_stored.map(NotStored::token),
             };
             respond::fetched(&head, reader, outcome, parts, &conversion).await
         }
