@@ -159,7 +159,12 @@ async fn uncacheable_responses_and_requests_pass() {
     // A request with Cookie passes; one with Authorization is a miss of its own, whose response is not
     // stored unless it says it may be shared (below).
     for (name, value, x_cache, status) in [
-        ("cookie", "a=b", "PASS", "lacquer; fwd=bypass"),
+        (
+            "cookie",
+            "a=b",
+            "PASS",
+            "lacquer; fwd=bypass; detail=\"cookie\"",
+        ),
         (
             "authorization",
             "Bearer t",

@@ -217,6 +217,7 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
                 repeats::WARNINGS.warn("nothing to tunnel to", &primary_key(&parts), &e);
                 let outcome = Outcome::Pass {
                     unsafe_method: false,
+                    detail: None,
                 };
                 phase::own_error(respond::failure(e.status(), outcome))
             }
@@ -279,22 +280,20 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
         }
         RequestClass::Pass(_) | RequestClass::Invalidate => {
             let body = body.expect("only a looked-up POST has its body read");
-            let unsafe_method = class == RequestClass::Invalidate;
+            let outcome = match class {
+                RequestClass::Pass(why) => Outcome::Pass {
+                    unsafe_method: false,
+                    detail: Some(why),
+                },
+                _ => Outcome::Pass {
+                    unsafe_method: true,
+                    detail: None,
+                },
+            };
             // A pass hands its head to the origin request; the deliver phase needs a copy to match on.
             let kept = delivers.then(|| Arc::new(parts.clone()));
             let resp = match limited(body, &parts, max_request_body) {
-                Some(body) => {
-                    pass(
-                        &worker,
-                        client,
-                        &route,
-                        &decided,
-                        parts,
-                        body,
-                        unsafe_method,
-                    )
-                    .await
-                }
+                Some(body) => pass(&worker, client, &route, &decided, parts, body, outcome).await,
                 None => {
                     inc(&stats.bodies_too_large);
                     body_too_large()
@@ -356,6 +355,7 @@ fn refused(status: StatusCode, message: &str, retry: Option<Duration>) -> Respon
         status,
         Outcome::Pass {
             unsafe_method: false,
+            detail: None,
         },
         message,
     );
@@ -373,6 +373,7 @@ fn busy_briefly() -> Response<Body> {
         StatusCode::SERVICE_UNAVAILABLE,
         Outcome::Pass {
             unsafe_method: false,
+            detail: None,
         },
     );
     resp.headers_mut()
@@ -605,7 +606,10 @@ impl Ctx<'_> {
             self.decided,
             parts,
             body::empty(),
-            false,
+            Outcome::Pass {
+                unsafe_method: false,
+                detail: None,
+            },
         )
         .await
     }
@@ -1174,11 +1178,17 @@ async fn pass<S: CacheStore>(
     decided: &Decided,
     parts: Parts,
     body: Body,
-    unsafe_method: bool,
+    outcome: Outcome,
 ) -> Response<Body> {
     let shared = &worker.shared;
     inc(&shared.stats.passes);
-    let outcome = Outcome::Pass { unsafe_method };
+    let unsafe_method = matches!(
+        outcome,
+        Outcome::Pass {
+            unsafe_method: true,
+            ..
+        }
+    );
     let invalidation_target = unsafe_method.then(|| parts.clone());
     let live = shared.live();
     let rules = &live.rules;

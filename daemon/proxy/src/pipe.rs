@@ -100,6 +100,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let stats = &worker.shared.stats;
     let outcome = Outcome::Pass {
         unsafe_method: false,
+        detail: None,
     };
     let live = worker.shared.live();
     let rules = &live.rules;

@@ -50,8 +50,11 @@ pub enum Outcome {
         collapsed: bool,
         detail: Option<&'static str>,
     },
+    /// Sent to the origin without a lookup: an unsafe method (`fwd=method`), or passed for `detail`'s
+    /// reason (`cookie`, `authorization`, `route`, …).
     Pass {
         unsafe_method: bool,
+        detail: Option<&'static str>,
     },
 }
 
@@ -111,11 +114,19 @@ impl Outcome {
                 }
             }
             Outcome::Pass {
-                unsafe_method: true,
-            } => write!(s, "fwd=method"),
-            Outcome::Pass {
-                unsafe_method: false,
-            } => write!(s, "fwd=bypass"),
+                unsafe_method,
+                detail,
+            } => {
+                s.extend_from_slice(if unsafe_method {
+                    b"fwd=method"
+                } else {
+                    b"fwd=bypass"
+                });
+                match detail {
+                    Some(d) => write!(s, "; detail=\"{d}\""),
+                    None => Ok(()),
+                }
+            }
         };
         HeaderValue::from_maybe_shared(s.freeze()).expect("Cache-Status is visible ASCII")
     }

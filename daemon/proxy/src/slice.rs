@@ -753,7 +753,10 @@ impl<S: CacheStore> Asker<S> {
             &self.decided,
             parts,
             body::empty(),
-            false,
+            Outcome::Pass {
+                unsafe_method: false,
+                detail: None,
+            },
         )
         .await
     }
