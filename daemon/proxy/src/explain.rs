@@ -268,6 +268,8 @@ fn answer(
         &lacquer_rules::Debug::default,
         Some(&mut sim.trace),
     );
+    // As the data path leaves them: the tags withheld after the deliver rules.
+    crate::respond::withhold_tags(&mut out, &admitted.route.policy.cache);
     let response = match made {
         Some(m) => ExplainedResponse {
             status: m.status.as_u16(),
