@@ -74,8 +74,14 @@ async fn a_backend_down_gets_a_generic_page_in_html_or_text_as_accept_prefers() 
     assert_eq!(pass.header("content-type"), "text/plain; charset=utf-8");
     tells_nothing(&pass, down);
 
-    // The cause is the operator's: in the log.
+    // The cause is the operator's: in the log, and the backend's last error (`cachectl backends`).
     d.wait_for_log(&down.to_string()).await;
+    let backends = d.admin_get("/v1/backends", Some(&d.secret())).await;
+    let backends: serde_json::Value = serde_json::from_slice(&backends.body).unwrap();
+    let last = backends["backends"][0]["last_error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(last.contains("unreachable"), "{backends}");
 }
 
 /// 200 requests to a backend that is down: a handful of `WARN` lines, which count all 200.
