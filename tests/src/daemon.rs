@@ -163,6 +163,20 @@ impl Daemon {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// The log once it holds `needle` (its lines are read from the daemon's stderr by another thread, a
+    /// moment after they are written); panics, showing the log, when it does not within 5 s.
+    pub async fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "{needle:?} not logged:\n{log}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The admin secret's file, as the daemon's ready line names it (in its store directory unless that
     /// could not hold it).
     pub fn secret_file(&self) -> PathBuf {

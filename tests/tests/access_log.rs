@@ -80,7 +80,7 @@ async fn every_request_gets_a_combined_line_with_cache_fields_and_logrotate_work
 
     let got = lines(&file, 4).await;
     let line = Regex::new(
-        r#"^(\S+) - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "GET http://[^/\s]+(\S+) HTTP/1\.1" (\d{3}) (\d+|-) "([^"]*)" "([^"]*)" (HIT|MISS|PASS|STALE|-) (\d+\.\d{6}) (\d+\.\d{6})$"#,
+        r#"^(\S+) - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "GET http://[^/\s]+(\S+) HTTP/1\.1" (\d{3}) (\d+|-) "([^"]*)" "([^"]*)" (HIT|MISS|PASS|STALE|-) (\d+\.\d{6}) (\d+\.\d{6}) (\S+)$"#,
     )
     .unwrap();
     let fields: Vec<Vec<String>> = got
@@ -89,7 +89,7 @@ async fn every_request_gets_a_combined_line_with_cache_fields_and_logrotate_work
             let c = line
                 .captures(l)
                 .unwrap_or_else(|| panic!("not a combined line: {l}"));
-            (1..=9).map(|i| c[i].to_owned()).collect()
+            (1..=10).map(|i| c[i].to_owned()).collect()
         })
         .collect();
     fn short(f: &[String]) -> Vec<&str> {
@@ -106,6 +106,11 @@ async fn every_request_gets_a_combined_line_with_cache_fields_and_logrotate_work
         ["127.0.0.1", "/a?x=1", "200", "5", "HIT"]
     );
     assert_eq!(short(&fields[2])[1..3], ["/missing", "404"]);
+    // Why it was not stored: Cache-Status's detail, last; `-` for the others.
+    assert_eq!(
+        [&fields[0][9], &fields[1][9], &fields[2][9]],
+        ["-", "-", "not-fresh"]
+    );
     assert_eq!(fields[2][4], "https://example.test/");
     assert_eq!(
         fields[2][5], "curl/8.0 \\x22quoted\\x22",
@@ -334,6 +339,7 @@ async fn the_stream_follows_requests_filtered_without_a_log_file() {
     );
     assert_eq!(entry["client"], "127.0.0.1");
     assert_eq!(entry["cache"], "MISS");
+    assert_eq!(entry["detail"], "not-fresh");
     assert!(entry["duration"].as_f64().unwrap() >= entry["ttfb"].as_f64().unwrap());
     let entry = next(by_url.next().await.unwrap());
     assert_eq!(entry["url"], "/b?1");

@@ -322,7 +322,7 @@ async fn a_sick_backends_objects_are_served_stale_and_the_rest_get_503() {
     );
     let r = get(d.addr, "/never-cached").await;
     assert_eq!(r.status, 503);
-    assert!(String::from_utf8_lossy(&r.body).contains("backend a unavailable: sick"));
+    assert!(!String::from_utf8_lossy(&r.body).contains("sick"), "{r:?}");
     assert_eq!(a.count("/never-cached"), 0);
     let stats = d.stats().await;
     assert_eq!(stats["proxy"]["backend_unavailable"], 2, "{stats}");
@@ -509,7 +509,9 @@ async fn https_backends_are_checked_against_the_configured_ca() {
     // The same origin, its certificate checked against the system's roots: refused, nothing sent.
     let refused = get(d.addr, "/untrusted").await;
     assert_eq!(refused.status, 503, "{:?}", refused.body);
-    let message = String::from_utf8_lossy(&refused.body);
-    assert!(message.contains("certificate"), "{message}");
+    // Why is the operator's to read (the log), not the client's.
+    let page = String::from_utf8_lossy(&refused.body);
+    assert!(!page.contains("certificate"), "{page}");
+    d.wait_for_log("certificate").await;
     assert_eq!(origin.count("/untrusted"), 0);
 }

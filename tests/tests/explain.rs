@@ -64,7 +64,12 @@ fn matched(e: &Explanation) -> Vec<(&str, &str)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn explain_shows_a_pass_a_redirect_and_a_stored_object_without_the_origin() {
-    let origin = Origin::start(|_| Reply::ok("page").header("cache-control", "max-age=60")).await;
+    let origin = Origin::start(|_| {
+        Reply::ok("page")
+            .header("cache-control", "max-age=60")
+            .header("surrogate-key", "pages")
+    })
+    .await;
     let d = Daemon::with_config(origin.addr, RULES);
     let stored = get(d.addr, "/page").await;
     assert_eq!(stored.header("strict-transport-security"), "max-age=300");
@@ -125,6 +130,14 @@ async fn explain_shows_a_pass_a_redirect_and_a_stored_object_without_the_origin(
             .any(|h| h.name.eq_ignore_ascii_case("strict-transport-security")
                 && h.value == "max-age=300"),
         "the deliver rule's field is in the response: {object:?}"
+    );
+    assert!(
+        !object
+            .response
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case("surrogate-key")),
+        "the tags are withheld from clients, as the data path does: {object:?}"
     );
     assert!(
         matched(&lookup).contains(&("hsts", "deliver")),

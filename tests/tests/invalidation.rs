@@ -293,6 +293,54 @@ async fn a_tag_purge_reaches_across_hosts() {
     );
 }
 
+/// Tags are the operator's: clients get no `Surrogate-Key`, `xkey` or `Cache-Tag` (miss, hit or pass), and
+/// the store keeps them for purging; `cache.expose_surrogate_keys` sends them on.
+#[tokio::test(flavor = "multi_thread")]
+async fn surrogate_keys_are_withheld_from_clients_unless_exposed() {
+    fn tagged(_: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("cache-control", "max-age=3600".into()),
+            ("surrogate-key", "product-1 all".into()),
+            ("xkey", "shelf-1".into()),
+            ("cache-tag", "cf-1".into()),
+        ]
+    }
+    let tags = ["surrogate-key", "xkey", "cache-tag"];
+    let origin = origin(tagged).await;
+    let d = Daemon::start(origin.addr, &[]);
+    let miss = get(d.addr, "t.test", "/p", &[]).await;
+    published(&d, 1).await;
+    let hit = get(d.addr, "t.test", "/p", &[]).await;
+    let pass = get(d.addr, "t.test", "/p", &[("cookie", "s=1")]).await;
+    for (what, r, x_cache) in [
+        ("miss", &miss, "MISS"),
+        ("hit", &hit, "HIT"),
+        ("pass", &pass, "PASS"),
+    ] {
+        assert_eq!(r.x_cache(), x_cache, "{what}");
+        for name in tags {
+            assert!(r.headers.get(name).is_none(), "{what}: {name} sent");
+        }
+    }
+    let r = d
+        .admin_post("/v1/purge/tags", json!({"tags": ["product-1"]}))
+        .await;
+    assert_eq!(json_body(&r)["purged"], 1, "stored with its tags");
+    assert_eq!(get(d.addr, "t.test", "/p", &[]).await.x_cache(), "MISS");
+
+    let exposed = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n[cache]\nexpose_surrogate_keys = true\n",
+    );
+    let miss = get(exposed.addr, "t.test", "/p", &[]).await;
+    published(&exposed, 1).await;
+    let hit = get(exposed.addr, "t.test", "/p", &[]).await;
+    for r in [&miss, &hit] {
+        assert_eq!(r.header("surrogate-key"), "product-1 all");
+        assert_eq!(r.header("xkey"), "shelf-1");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_invalidation_errors_are_clear_json() {
     let origin = origin(cacheable).await;

@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
     time::Duration,
@@ -42,6 +43,9 @@ impl ConfigError {
     }
 }
 
+/// The statuses lacquerd answers itself when no backend answered, which `[error_pages]` may replace.
+const ERROR_PAGE_STATUSES: [&str; 3] = ["502", "503", "504"];
+
 /// The whole file, as plain data: every section defaults to what lacquerd runs on without a file. Building
 /// the live settings from it is what validates the rest (routes, directors, deny rules, certificates).
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -80,6 +84,10 @@ pub struct Config {
     pub log: Log,
     /// `[access_log]`: one line per request. Default: none written.
     pub access_log: AccessLog,
+    /// `[error_pages]`: the page sent, by status (`503 = "/etc/lacquer/errors/503.html"`), when lacquerd
+    /// answers itself for want of a backend's answer (502, 503, 504), as NGINX's `error_page`. Default:
+    /// none, a generic page in HTML or plain text as the client's `Accept` prefers.
+    pub error_pages: BTreeMap<String, PathBuf>,
     /// `[cluster]`: this node's membership of a cluster coordinated through etcd. Default: none (a single
     /// node, no etcd).
     pub cluster: Option<Cluster>,
@@ -104,6 +112,7 @@ impl Default for Config {
             prefetch: Prefetch::default(),
             log: Log::default(),
             access_log: AccessLog::default(),
+            error_pages: BTreeMap::new(),
             cluster: None,
         }
     }
@@ -301,6 +310,11 @@ pub struct Cache {
     /// `surrogate-key`, `xkey`, `cache-tag` (Fastly, Varnish's xkey, Cloudflare).
     #[serde(deserialize_with = "lower_case")]
     pub surrogate_key_headers: Vec<String>,
+    /// The `surrogate_key_headers` are sent on to clients (as Varnish's xkey leaves them). Default: false,
+    /// removed from every response to a client as Fastly does with `Surrogate-Key`: the tags are the
+    /// operator's, for purging, and tell the public how the site is organised. They are stored and purged by
+    /// all the same; a cache in front of this one that purges by tag needs `true`.
+    pub expose_surrogate_keys: bool,
     /// How long an LL-HLS blocking playlist reload (a request carrying `_HLS_msn`) waits for the origin's
     /// answer, which the origin holds until the playlist version exists; past it the client gets `503`
     /// and the origin request is dropped. Longer than the origin's own hold (RFC 8216bis has servers hold
@@ -334,6 +348,7 @@ impl Default for Cache {
             transit_buffer: ByteSize::mib(4),
             targeted_cache_control: vec!["cdn-cache-control".into()],
             surrogate_key_headers: vec!["surrogate-key".into(), "xkey".into(), "cache-tag".into()],
+            expose_surrogate_keys: false,
             blocking_reload_hold: Duration::from_secs(20),
             blocking_reloads_per_playlist: 8,
         }
@@ -598,6 +613,17 @@ impl Config {
         if self.listen.is_empty() {
             return bad("listen", "at least one listener is required".into());
         }
+        if let Some(status) = self
+            .error_pages
+            .keys()
+            .find(|s| !ERROR_PAGE_STATUSES.contains(&s.as_str()))
+        {
+            return bad(
+                &format!("error_pages.{status}"),
+                "lacquerd answers only 502, 503 and 504 itself (an origin's own errors: a deliver rule)"
+                    .into(),
+            );
+        }
         for (n, listen) in self.listen.iter().enumerate() {
             let key = format!("listen[{n}]");
             let earlier = &self.listen[..n];
@@ -813,6 +839,30 @@ mod tests {
             );
             assert!(!got.contains('\n'), "one line: {got:?}");
         }
+    }
+
+    #[test]
+    fn error_pages_are_for_the_statuses_lacquerd_makes() {
+        let c = Config::parse(
+            "[error_pages]\n503 = \"/etc/lacquer/errors/503.html\"\n504 = \"/e/504.txt\"",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.error_pages["503"],
+            Path::new("/etc/lacquer/errors/503.html")
+        );
+        let invalid = |status: &str| {
+            let mut c =
+                Config::parse(&format!("[error_pages]\n{status} = \"/e/x.html\""), "t").unwrap();
+            c.validate().unwrap_err().to_string()
+        };
+        let got = invalid("500");
+        assert!(
+            got.starts_with("error_pages.500: lacquerd answers only 502, 503 and 504"),
+            "{got}"
+        );
+        assert!(invalid("five").starts_with("error_pages.five:"));
     }
 
     #[test]

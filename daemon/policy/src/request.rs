@@ -67,7 +67,7 @@ pub fn classify(
         return RequestClass::Pass("cookie");
     }
     if CacheControl::from_headers(headers).no_store {
-        return RequestClass::Pass("request no-store");
+        return RequestClass::Pass("request-no-store");
     }
     if headers.contains_key(header::AUTHORIZATION) && !policy.cache.cache_authorized {
         // The answer may be meant for this client alone, so nothing stored answers it; but what the
@@ -212,7 +212,7 @@ mod tests {
                 &p,
                 "GET",
                 &[("authorization", "Bearer x"), ("cache-control", "no-store")],
-                RequestClass::Pass("request no-store"),
+                RequestClass::Pass("request-no-store"),
             ),
             (
                 &p,
@@ -230,7 +230,7 @@ mod tests {
                 &p,
                 "GET",
                 &[("cache-control", "no-store")],
-                RequestClass::Pass("request no-store"),
+                RequestClass::Pass("request-no-store"),
             ),
             (
                 &p,

@@ -37,7 +37,84 @@ pub enum Decision {
     /// Store it, with these lifetimes and variant fields.
     Store(Storable),
     /// Deliver but do not store, with the reason (for logs and `Cache-Status`).
-    DontStore(&'static str),
+    DontStore(NotStored),
+}
+
+/// Why a response was delivered but not stored. Its [`token`](NotStored::token) is `Cache-Status`'s
+/// `detail` (RFC 9211 §2.8) and the access log's: stable, so dashboards and scripts can count by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotStored {
+    /// A `backend_response` rule said `store = false`.
+    Rule,
+    /// A status never stored whole: 1xx, 206, 304.
+    Status,
+    /// A server error under a route's TTL, which is meant for the good answers.
+    ServerError,
+    /// `Cache-Control: no-store`.
+    NoStore,
+    /// `Cache-Control: private`.
+    Private,
+    /// The request had `Authorization` and the response is not marked shareable.
+    Authorization,
+    /// `Set-Cookie`, without `cache.cache_set_cookie`.
+    SetCookie,
+    /// `Vary: *`.
+    VaryAny,
+    /// No freshness given, and a status that may not be given one heuristically.
+    NoFreshness,
+    /// `no-cache` with neither `ETag` nor `Last-Modified` to revalidate with.
+    NoCacheWithoutValidator,
+    /// No freshness left (`max-age=0`, an `Expires` in the past, `default_ttl` 0).
+    NotFresh,
+    /// Larger than `cache.max_object_size`.
+    TooLarge,
+    /// A part of an object larger than `cache.max_sliced_object_size`.
+    TooLargeSliced,
+    /// A part that cannot be joined with the next: no strong validator, or a content coding.
+    PartUnjoinable,
+    /// An answer to a part's range that is neither the part nor the whole.
+    PartAnswer,
+    /// A `POST`'s response without explicit freshness (RFC 9111 §3).
+    PostWithoutFreshness,
+    /// A server error while a stale object stands in for the failing origin.
+    StandIn,
+    /// It varies on a field a `backend_request` rule changed.
+    VariesOnRewritten,
+    /// The request was never looked up (passed), so nothing it gets is stored.
+    NotLookedUp,
+}
+
+impl NotStored {
+    /// The `Cache-Status` `detail` token.
+    pub fn token(self) -> &'static str {
+        match self {
+            Self::Rule => "rule-no-store",
+            Self::Status => "uncacheable-status",
+            Self::ServerError => "server-error",
+            Self::NoStore => "no-store",
+            Self::Private => "private",
+            Self::Authorization => "authorization",
+            Self::SetCookie => "set-cookie",
+            Self::VaryAny => "vary-star",
+            Self::NoFreshness => "no-freshness",
+            Self::NoCacheWithoutValidator => "no-cache-without-validator",
+            Self::NotFresh => "not-fresh",
+            Self::TooLarge => "too-large",
+            Self::TooLargeSliced => "too-large-sliced",
+            Self::PartUnjoinable => "part-unjoinable",
+            Self::PartAnswer => "part-answer",
+            Self::PostWithoutFreshness => "post-without-freshness",
+            Self::StandIn => "server-error-stand-in",
+            Self::VariesOnRewritten => "varies-on-rewritten",
+            Self::NotLookedUp => "not-looked-up",
+        }
+    }
+}
+
+impl std::fmt::Display for NotStored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.token())
+    }
 }
 
 /// Statuses whose caching requirements this cache knows, for `must-understand`: the registered final
@@ -125,7 +202,7 @@ pub fn decide_adjusted(
 ) -> Decision {
     use Decision::DontStore;
     if adjust.store == Some(false) {
-        return DontStore("rule");
+        return DontStore(NotStored::Rule);
     }
     if status.is_informational()
         || matches!(
@@ -133,22 +210,22 @@ pub fn decide_adjusted(
             StatusCode::PARTIAL_CONTENT | StatusCode::NOT_MODIFIED
         )
     {
-        return DontStore("status");
+        return DontStore(NotStored::Status);
     }
     // A server error is stored only for the freshness its own headers give it (RFC 9111 §3), never for a
     // route's TTL, which is meant for the good answers.
     let server_error = failure(status);
     if server_error && policy.ttl_override.is_some() && adjust.ttl.is_none() {
-        return DontStore("server error");
+        return DontStore(NotStored::ServerError);
     }
     let ttl_override = adjust.ttl.or(policy.ttl_override);
     let cc = CacheControl::governing(headers, &policy.cache.targeted_cache_control);
     // must-understand lets a cache that understands the status ignore no-store (RFC 9111 §5.2.2.3).
     if cc.no_store && !(cc.must_understand && understood(status)) {
-        return DontStore("no-store");
+        return DontStore(NotStored::NoStore);
     }
     if cc.private {
-        return DontStore("private");
+        return DontStore(NotStored::Private);
     }
     // RFC 9111 §3.5 lets `must-revalidate` share an authorized response too, but personal pages carry it
     // (`max-age=0, must-revalidate`) more often than they carry `private`: only an operator who looks up
@@ -156,13 +233,13 @@ pub fn decide_adjusted(
     let shareable =
         cc.public || cc.s_maxage.is_some() || (cc.must_revalidate && policy.cache.cache_authorized);
     if request_authorized && !shareable {
-        return DontStore("authorization");
+        return DontStore(NotStored::Authorization);
     }
     if headers.contains_key(header::SET_COOKIE) && !policy.cache.cache_set_cookie {
-        return DontStore("set-cookie");
+        return DontStore(NotStored::SetCookie);
     }
     let mut vary = match vary::parse(headers) {
-        Vary::Any => return DontStore("vary *"),
+        Vary::Any => return DontStore(NotStored::VaryAny),
         Vary::None => Vec::new(),
         Vary::Headers(names) => names,
     };
@@ -177,7 +254,7 @@ pub fn decide_adjusted(
     };
     if let (Lifetime::Default(_), None) = (&lifetime, ttl_override) {
         if !freshness::heuristically_cacheable(status) {
-            return DontStore("status without freshness");
+            return DontStore(NotStored::NoFreshness);
         }
     }
     // A route's TTL replaces every freshness directive, `no-cache` included; only storing is still
@@ -194,9 +271,9 @@ pub fn decide_adjusted(
     };
     if ttl.is_zero() && !(no_cache && has_validator(headers)) {
         return DontStore(if no_cache {
-            "no-cache without validator"
+            NotStored::NoCacheWithoutValidator
         } else {
-            "not fresh"
+            NotStored::NotFresh
         });
     }
     let (grace, stale_if_error) = if no_stale {
@@ -298,6 +375,87 @@ mod tests {
         }
     }
 
+    /// Real responses and the `Cache-Status` detail their refusal gives: the tokens are an interface.
+    #[test]
+    fn refusals_carry_stable_tokens() {
+        let policy = Policy::default();
+        let cases: &[(bool, u16, Lines<'_>, &str)] = &[
+            (
+                false,
+                200,
+                &[("cache-control", "no-store, max-age=60")],
+                "no-store",
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "private, max-age=60")],
+                "private",
+            ),
+            (
+                true,
+                200,
+                &[("cache-control", "max-age=60")],
+                "authorization",
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60"), ("set-cookie", "s=1")],
+                "set-cookie",
+            ),
+            (
+                false,
+                200,
+                &[("cache-control", "max-age=60"), ("vary", "*")],
+                "vary-star",
+            ),
+            (false, 200, &[("cache-control", "max-age=0")], "not-fresh"),
+            (false, 200, &[], "not-fresh"),
+            (
+                false,
+                200,
+                &[("cache-control", "no-cache")],
+                "no-cache-without-validator",
+            ),
+            (false, 201, &[], "no-freshness"),
+            (
+                false,
+                206,
+                &[("cache-control", "max-age=60")],
+                "uncacheable-status",
+            ),
+        ];
+        for &(authorized, status, lines, token) in cases {
+            let status = StatusCode::from_u16(status).unwrap();
+            let got = decide(
+                authorized,
+                status,
+                &headers(lines),
+                &policy,
+                SystemTime::now(),
+            );
+            match got {
+                Decision::DontStore(why) => assert_eq!(why.token(), token, "{lines:?}"),
+                Decision::Store(_) => panic!("{lines:?} stored"),
+            }
+        }
+        let ruled = Adjust {
+            store: Some(false),
+            ..Adjust::default()
+        };
+        let got = decide_adjusted(
+            false,
+            StatusCode::OK,
+            &HeaderMap::new(),
+            &policy,
+            &ruled,
+            SystemTime::now(),
+        );
+        assert_eq!(got, Decision::DontStore(NotStored::Rule));
+        assert_eq!(NotStored::Rule.token(), "rule-no-store");
+    }
+
     #[test]
     fn table() {
         let d = Decision::DontStore;
@@ -340,7 +498,7 @@ mod tests {
                 false,
                 200,
                 &[("cache-control", "no-store, max-age=60")],
-                d("no-store"),
+                d(NotStored::NoStore),
             ),
             (
                 false,
@@ -352,7 +510,7 @@ mod tests {
                 false,
                 200,
                 &[("cache-control", "private, max-age=60")],
-                d("private"),
+                d(NotStored::Private),
             ),
             (
                 false,
@@ -364,16 +522,16 @@ mod tests {
                 false,
                 200,
                 &[("cache-control", "no-cache, max-age=60")],
-                d("no-cache without validator"),
+                d(NotStored::NoCacheWithoutValidator),
             ),
-            (false, 200, &[], d("not fresh")),
+            (false, 200, &[], d(NotStored::NotFresh)),
             (
                 false,
                 200,
                 &[("cache-control", "max-age=0")],
-                d("not fresh"),
+                d(NotStored::NotFresh),
             ),
-            (false, 200, &[("expires", "0")], d("not fresh")),
+            (false, 200, &[("expires", "0")], d(NotStored::NotFresh)),
             (
                 false,
                 200,
@@ -390,7 +548,7 @@ mod tests {
                     ("date", date),
                     ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
                 ],
-                d("status without freshness"),
+                d(NotStored::NoFreshness),
             ),
             (
                 false,
@@ -398,7 +556,12 @@ mod tests {
                 &[("cache-control", "max-age=5")],
                 store(5, 0, false, &[]),
             ),
-            (false, 206, &[("cache-control", "max-age=60")], d("status")),
+            (
+                false,
+                206,
+                &[("cache-control", "max-age=60")],
+                d(NotStored::Status),
+            ),
             (
                 false,
                 503,
@@ -430,9 +593,9 @@ mod tests {
                     ("date", date),
                     ("last-modified", "Sun, 06 Nov 1994 07:49:37 GMT"),
                 ],
-                d("status without freshness"),
+                d(NotStored::NoFreshness),
             ),
-            (false, 503, &[], d("status without freshness")),
+            (false, 503, &[], d(NotStored::NoFreshness)),
             (
                 false,
                 599,
@@ -447,13 +610,13 @@ mod tests {
                 false,
                 599,
                 &[("cache-control", "max-age=60, no-store, must-understand")],
-                d("no-store"),
+                d(NotStored::NoStore),
             ),
             (
                 false,
                 299,
                 &[("cache-control", "max-age=60, no-store, must-understand")],
-                d("no-store"),
+                d(NotStored::NoStore),
             ),
             (
                 false,
@@ -467,18 +630,23 @@ mod tests {
                 &[("cache-control", "max-age=60")],
                 store(60, 0, false, &[]),
             ),
-            (false, 304, &[("cache-control", "max-age=60")], d("status")),
+            (
+                false,
+                304,
+                &[("cache-control", "max-age=60")],
+                d(NotStored::Status),
+            ),
             (
                 false,
                 200,
                 &[("cache-control", "max-age=60"), ("set-cookie", "a=b")],
-                d("set-cookie"),
+                d(NotStored::SetCookie),
             ),
             (
                 false,
                 200,
                 &[("cache-control", "max-age=60"), ("vary", "*")],
-                d("vary *"),
+                d(NotStored::VaryAny),
             ),
             (
                 false,
@@ -490,7 +658,7 @@ mod tests {
                 true,
                 200,
                 &[("cache-control", "max-age=60")],
-                d("authorization"),
+                d(NotStored::Authorization),
             ),
             (
                 true,
@@ -508,7 +676,7 @@ mod tests {
                 true,
                 200,
                 &[("cache-control", "max-age=60, must-revalidate")],
-                d("authorization"),
+                d(NotStored::Authorization),
             ),
         ];
         for (auth, status, h, want) in cases {
@@ -587,7 +755,7 @@ mod tests {
         });
         assert_eq!(
             decide(false, StatusCode::OK, &h, &off, SystemTime::now()),
-            Decision::DontStore("no-store")
+            Decision::DontStore(NotStored::NoStore)
         );
     }
 
@@ -656,19 +824,19 @@ mod tests {
             (
                 200,
                 &[("cache-control", "no-store")],
-                Decision::DontStore("no-store"),
+                Decision::DontStore(NotStored::NoStore),
             ),
             (
                 200,
                 &[("cache-control", "private")],
-                Decision::DontStore("private"),
+                Decision::DontStore(NotStored::Private),
             ),
             (
                 200,
                 &[("set-cookie", "a=b")],
-                Decision::DontStore("set-cookie"),
+                Decision::DontStore(NotStored::SetCookie),
             ),
-            (503, &[], Decision::DontStore("server error")),
+            (503, &[], Decision::DontStore(NotStored::ServerError)),
         ];
         for (status, h, want) in cases {
             let status = StatusCode::from_u16(*status).unwrap();

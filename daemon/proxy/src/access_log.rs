@@ -155,6 +155,7 @@ impl AccessLog {
                 referer: text(header::REFERER),
                 user_agent: text(header::USER_AGENT),
                 cache: "-".into(),
+                detail: None,
                 ttfb: 0.0,
                 duration: 0.0,
                 backend: None,
@@ -233,6 +234,12 @@ impl Recording {
         if let Some(cache) = resp.headers().get("x-cache").and_then(|v| v.to_str().ok()) {
             self.entry.cache = cache.to_owned();
         }
+        self.entry.detail = resp
+            .headers()
+            .get("cache-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(detail)
+            .map(str::to_owned);
         self.entry.ttfb = self.started.elapsed().as_secs_f64();
         resp.map(|inner| {
             Logged {
@@ -242,6 +249,14 @@ impl Recording {
             .boxed_unsync()
         })
     }
+}
+
+/// The `detail` parameter of a `Cache-Status` entry (RFC 9211 §2.8), unquoted.
+fn detail(status: &str) -> Option<&str> {
+    status.split(';').find_map(|p| {
+        let value = p.trim().strip_prefix("detail=")?;
+        Some(value.trim_matches('"'))
+    })
 }
 
 struct Logged {

@@ -24,6 +24,7 @@ use lacquer_storage::{InvalidationMark, ObjectMeta, Store, StoreError};
 use tokio::sync::{watch, Notify};
 
 use lacquer_backends::body::{self, Body, BoxError};
+use lacquer_policy::storable::NotStored;
 
 use crate::store::{BodyWriter, CacheStore, PartialRead};
 
@@ -36,6 +37,9 @@ pub struct FetchedHead {
     pub headers: HeaderMap,
     /// Whether the response is being stored; when not, only the reader that started the fetch may use it.
     pub shareable: bool,
+    /// Why the response is not stored, when the policy refused it (a store that refused a writer gives
+    /// none): `Cache-Status`'s `detail`.
+    pub not_stored: Option<NotStored>,
     /// The variant selection the response was fetched under (empty without `Vary`).
     pub selection: Vec<(String, String)>,
     /// Corrected initial age in seconds, at `received_at`.
@@ -809,6 +813,7 @@ mod tests {
             status: StatusCode::OK,
             headers: HeaderMap::new(),
             shareable,
+            not_stored: None,
             selection: vec![],
             initial_age: 0,
             received_at: lacquer_clock::monotonic(),

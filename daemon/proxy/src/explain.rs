@@ -17,7 +17,7 @@ use lacquer_policy::{
     key::primary_key,
     request::{host_from_authority, RequestClass},
     stale::{usability, Usability},
-    storable::{self, Decision},
+    storable::{self, Decision, NotStored},
 };
 use lacquer_rules::{Facts, Phase, Trace};
 use lacquer_storage::ObjectMeta;
@@ -258,7 +258,7 @@ fn answer(
         SystemTime::now(),
     );
     if !matches!(admitted.class, RequestClass::Lookup | RequestClass::Miss(_)) {
-        decision = Decision::DontStore("not looked up");
+        decision = Decision::DontStore(NotStored::NotLookedUp);
     }
     let mut out = delivered(&headers);
     let made = live.rules.deliver(
@@ -268,6 +268,8 @@ fn answer(
         &lacquer_rules::Debug::default,
         Some(&mut sim.trace),
     );
+    // As the data path leaves them: the tags withheld after the deliver rules.
+    crate::respond::withhold_tags(&mut out, &admitted.route.policy.cache);
     let response = match made {
         Some(m) => ExplainedResponse {
             status: m.status.as_u16(),
@@ -321,7 +323,7 @@ pub async fn explain<S: CacheStore>(
         if let Some(a) = answer(&live, &mut sim, status, stored, |_| prepared) {
             let (storable, because, ttl) = match &a.decision {
                 Decision::Store(s) => (true, None, Some(s.ttl.as_secs())),
-                Decision::DontStore(why) => (false, Some((*why).to_owned()), None),
+                Decision::DontStore(why) => (false, Some(why.token().to_owned()), None),
             };
             sim.explanation.stored = Some(ExplainedObject {
                 state: state.into(),

@@ -23,7 +23,7 @@ use lacquer_policy::{
     age::corrected_initial_age,
     encoding::{self, Coded},
     range,
-    storable::{self, Decision, Storable},
+    storable::{self, Decision, NotStored, Storable},
     surrogate, vary, Policy,
 };
 
@@ -227,6 +227,10 @@ async fn revalidated<S: CacheStore>(
         headers: headers.clone(),
         // What may not be stored (a `Set-Cookie`, `private`, ...) is this request's answer alone.
         shareable: matches!(decision, Decision::Store(_)),
+        not_stored: match decision {
+            Decision::DontStore(why) => Some(why),
+            Decision::Store(_) => None,
+        },
         selection: old.variant.clone(),
         initial_age,
         received_at: lacquer_clock::monotonic(),
@@ -364,9 +368,9 @@ fn failed<S: CacheStore>(
 ) -> Ending {
     if let BackendError::Unavailable { .. } = e {
         inc(&worker.shared.stats.backend_unavailable);
-        tracing::debug!(key, error = %e, "nothing to fetch from");
+        crate::repeats::WARNINGS.warn("nothing to fetch from", key, &e);
     } else {
-        tracing::warn!(key, error = %e, "fetch failed");
+        crate::repeats::WARNINGS.warn("fetch failed", key, &e);
     }
     fetch.set_head(Err(HeadError {
         status: e.status(),
@@ -588,15 +592,15 @@ async fn fill<S: CacheStore>(
         .is_some_and(|len| len > policy.cache.max_object_size.as_u64());
     let part_refused = placed.and_then(|(_, _, total)| {
         if total > policy.cache.max_sliced_object_size.as_u64() {
-            Some("larger than max_sliced_object_size")
+            Some(NotStored::TooLargeSliced)
         } else if route.slice.is_some() && !has_strong_validator(&head.headers) {
             // Nothing would prove that the next slice is of the same version of the object. Elsewhere
             // such a part is kept alone: it answers ranges within it, and is never joined with another.
-            Some("a part without an entity-tag or Last-Modified")
+            Some(NotStored::PartUnjoinable)
         } else if encoding::coded(&head.headers) != Coded::Identity {
             // Bytes of a coding the origin chose for one request: joined with the next part, or sent to a
             // client that did not ask for that coding, they would be wrong.
-            Some("a part in a content coding")
+            Some(NotStored::PartUnjoinable)
         } else {
             None
         }
@@ -615,7 +619,7 @@ async fn fill<S: CacheStore>(
         &adjust,
         response_time,
     ) {
-        Decision::Store(_) if too_large => Decision::DontStore("too large"),
+        Decision::Store(_) if too_large => Decision::DontStore(NotStored::TooLarge),
         Decision::Store(_) if part_refused.is_some() => {
             Decision::DontStore(part_refused.expect("checked"))
         }
@@ -627,22 +631,20 @@ async fn fill<S: CacheStore>(
                 && placed.is_none()
                 && !matches!(head.status.as_u16(), 200 | 404 | 410) =>
         {
-            Decision::DontStore(
-                "an answer to a part's range that is neither the part nor the whole",
-            )
+            Decision::DontStore(NotStored::PartAnswer)
         }
         // RFC 9111 §3: a POST's response is stored only when it says how long it is fresh.
         Decision::Store(_)
             if decided.body.is_some() && !storable::explicitly_fresh(&head.headers, policy) =>
         {
-            Decision::DontStore("POST without explicit freshness")
+            Decision::DontStore(NotStored::PostWithoutFreshness)
         }
         Decision::Store(_) if request.stand_in && !storable::replaces_stand_in(head.status) => {
-            Decision::DontStore("server error while a stale object stands in")
+            Decision::DontStore(NotStored::StandIn)
         }
         d => d,
     };
-    let (storable, selection) = match &decision {
+    let (storable, selection, not_stored) = match &decision {
         Decision::Store(s) => {
             // Under `[compression]` every stored response varies on the shared `Accept-Encoding`: with
             // compression turned off, clients' own values no longer select what was stored for it.
@@ -663,14 +665,14 @@ async fn fill<S: CacheStore>(
                     key,
                     "varies on a field a backend_request rule changed; not storing"
                 );
-                (None, Vec::new())
+                (None, Vec::new(), Some(NotStored::VariesOnRewritten))
             } else {
-                (Some(s.clone()), selection)
+                (Some(s.clone()), selection, None)
             }
         }
         Decision::DontStore(reason) => {
-            tracing::debug!(key, reason, "not storing");
-            (None, Vec::new())
+            tracing::debug!(key, %reason, "not storing");
+            (None, Vec::new(), Some(*reason))
         }
     };
     let mut writer = match &storable {
@@ -710,6 +712,7 @@ async fn fill<S: CacheStore>(
         status: head.status,
         headers: head.headers.clone(),
         shareable: writer.is_some(),
+        not_stored,
         selection: selection.clone(),
         initial_age,
         received_at,

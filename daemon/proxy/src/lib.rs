@@ -6,6 +6,7 @@ pub mod access_log;
 pub mod cluster;
 pub mod coalesce;
 mod coding;
+pub mod error_page;
 pub mod explain;
 mod fetch;
 mod forward;
@@ -20,6 +21,7 @@ mod pipe;
 pub mod prefetch;
 mod prepared;
 mod purge_method;
+mod repeats;
 mod respond;
 pub mod siblings;
 mod slice;
@@ -57,6 +59,7 @@ use lacquer_policy::{
     range,
     request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
     stale::{usability, Usability},
+    storable::NotStored,
 };
 
 use crate::{
@@ -81,6 +84,7 @@ impl lacquer_edge::Service for Worker {
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         let mut req = req;
         let recording = self.shared.access_log.begin(&mut req, client.ip);
+        let html = error_page::wants_html(req.headers());
         async move {
             let resp = if client.refused {
                 too_many_connections()
@@ -88,7 +92,13 @@ impl lacquer_edge::Service for Worker {
                 inc(&self.shared.stats.requests);
                 too_early()
             } else {
-                handle(self, client, req).await
+                handle(self.clone(), client, req).await
+            };
+            let resp = if resp.extensions().get::<error_page::Failure>().is_some() {
+                let page = self.shared.live.load().error_pages.apply(html, resp);
+                counted(page, self.shared.stats.clone())
+            } else {
+                resp
             };
             match recording {
                 Some(r) => r.respond(resp),
@@ -103,14 +113,11 @@ impl lacquer_edge::Service for Worker {
 }
 
 fn too_many_connections() -> Response<Body> {
-    let mut resp = Response::new(body::full("too many connections\n"));
+    let mut resp = Response::new(body::empty());
     *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let h = resp.headers_mut();
-    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    resp.extensions_mut().insert(error_page::Failure);
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp
 }
 
@@ -224,21 +231,24 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
             }
             Err(e) => {
                 inc(&stats.backend_unavailable);
+                repeats::WARNINGS.warn("nothing to tunnel to", &primary_key(&parts), &e);
                 let outcome = Outcome::Pass {
                     unsafe_method: false,
+                    detail: None,
                 };
-                phase::own_error(respond::error(e.status(), outcome, &e.to_string()))
+                phase::own_error(respond::failure(e.status(), outcome))
             }
         };
         // A tunnel's `101` is no response the deliver rules could edit or replace: the connection is
         // the origin's from here on.
-        let resp = match kept.filter(|_| resp.status() != StatusCode::SWITCHING_PROTOCOLS) {
+        let mut resp = match kept.filter(|_| resp.status() != StatusCode::SWITCHING_PROTOCOLS) {
             Some(parts) => {
                 let live = worker.shared.live.load();
                 phase::deliver(&live.rules, &parts, client, secure, resp)
             }
             None => resp,
         };
+        respond::withhold_tags(resp.headers_mut(), &route.policy.cache);
         return counted(resp, worker.shared.stats.clone());
     }
     if let (RequestClass::Lookup | RequestClass::Miss(_), Some(cluster)) =
@@ -287,22 +297,20 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
         }
         RequestClass::Pass(_) | RequestClass::Invalidate => {
             let body = body.expect("only a looked-up POST has its body read");
-            let unsafe_method = class == RequestClass::Invalidate;
+            let outcome = match class {
+                RequestClass::Pass(why) => Outcome::Pass {
+                    unsafe_method: false,
+                    detail: Some(why),
+                },
+                _ => Outcome::Pass {
+                    unsafe_method: true,
+                    detail: None,
+                },
+            };
             // A pass hands its head to the origin request; the deliver phase needs a copy to match on.
             let kept = delivers.then(|| Arc::new(parts.clone()));
             let resp = match limited(body, &parts, max_request_body) {
-                Some(body) => {
-                    pass(
-                        &worker,
-                        client,
-                        &route,
-                        &decided,
-                        parts,
-                        body,
-                        unsafe_method,
-                    )
-                    .await
-                }
+                Some(body) => pass(&worker, client, &route, &decided, parts, body, outcome).await,
                 None => {
                     inc(&stats.bodies_too_large);
                     body_too_large()
@@ -311,13 +319,16 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
             (resp, kept)
         }
     };
-    let resp = match parts.filter(|_| delivers) {
+    let mut resp = match parts.filter(|_| delivers) {
         Some(parts) => {
             let live = worker.shared.live.load();
             phase::deliver(&live.rules, &parts, client, secure, resp)
         }
         None => resp,
     };
+    // After the deliver rules, which see the response as the origin sent it (a hit's head prepared
+    // ahead of them holds its tags).
+    respond::withhold_tags(resp.headers_mut(), &route.policy.cache);
     counted(resp, worker.shared.stats.clone())
 }
 
@@ -361,6 +372,7 @@ fn refused(status: StatusCode, message: &str, retry: Option<Duration>) -> Respon
         status,
         Outcome::Pass {
             unsafe_method: false,
+            detail: None,
         },
         message,
     );
@@ -369,6 +381,20 @@ fn refused(status: StatusCode, message: &str, retry: Option<Duration>) -> Respon
         resp.headers_mut()
             .insert(header::RETRY_AFTER, seconds.max(1).into());
     }
+    resp
+}
+
+/// A 503 the client may retry in a second: lacquerd holds back a request the origin is already busy with.
+fn busy_briefly() -> Response<Body> {
+    let mut resp = respond::failure(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::Pass {
+            unsafe_method: false,
+            detail: None,
+        },
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp
 }
 
@@ -597,7 +623,10 @@ impl Ctx<'_> {
             self.decided,
             parts,
             body::empty(),
-            false,
+            Outcome::Pass {
+                unsafe_method: false,
+                detail: None,
+            },
         )
         .await
     }
@@ -966,11 +995,10 @@ async fn miss<S: CacheStore>(
                         fetch.settle();
                     }
                     inc(&shared.stats.hls_reloads_refused);
-                    return Some(refused(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "too many blocking reloads of this playlist at the origin",
-                        Some(Duration::from_secs(1)),
-                    ));
+                    tracing::debug!(
+                        "more than cache.blocking_reloads_per_playlist blocking reloads of a playlist: 503"
+                    );
+                    return Some(busy_briefly());
                 }
             }
         }
@@ -1014,11 +1042,10 @@ async fn miss<S: CacheStore>(
                 Ok(head) => head,
                 Err(_) => {
                     inc(&shared.stats.hls_reloads_timed_out);
-                    return Some(refused(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "the origin held the blocking reload past cache.blocking_reload_hold",
-                        Some(Duration::from_secs(1)),
-                    ));
+                    tracing::debug!(
+                        "the origin held a blocking reload past cache.blocking_reload_hold: 503"
+                    );
+                    return Some(busy_briefly());
                 }
             }
         }
@@ -1106,7 +1133,7 @@ async fn miss<S: CacheStore>(
             let outcome = Outcome::Miss {
                 stored: head.shareable,
                 collapsed: !owner,
-                detail: None,
+                detail: head.not_stored.map(NotStored::token),
             };
             respond::fetched(&head, reader, outcome, parts, &conversion).await
         }
@@ -1117,7 +1144,7 @@ async fn miss<S: CacheStore>(
                 collapsed: !owner,
                 detail: Some("backend-error"),
             };
-            phase::own_error(respond::error(e.status, outcome, &e.error.to_string()))
+            phase::own_error(respond::failure(e.status, outcome))
         }
     };
     let growing = resp.status() == StatusCode::PARTIAL_CONTENT
@@ -1170,18 +1197,25 @@ async fn pass<S: CacheStore>(
     decided: &Decided,
     parts: Parts,
     body: Body,
-    unsafe_method: bool,
+    outcome: Outcome,
 ) -> Response<Body> {
     let shared = &worker.shared;
     inc(&shared.stats.passes);
-    let outcome = Outcome::Pass { unsafe_method };
+    let unsafe_method = matches!(
+        outcome,
+        Outcome::Pass {
+            unsafe_method: true,
+            ..
+        }
+    );
     let invalidation_target = unsafe_method.then(|| parts.clone());
     let live = shared.live();
     let rules = &live.rules;
     // The head is handed to the origin request; the backend phases' rules match on a copy.
     let client_head = (rules.has(Phase::BackendRequest) || rules.has(Phase::BackendResponse))
         .then(|| parts.clone());
-    let sent = match route.pick_from(decided.target.as_ref(), &primary_key(&parts)) {
+    let key = primary_key(&parts);
+    let sent = match route.pick_from(decided.target.as_ref(), &key) {
         Ok(backend) => {
             access_log::note_backend(&parts, backend.name());
             inc(&shared.stats.backend_requests);
@@ -1207,12 +1241,13 @@ async fn pass<S: CacheStore>(
         }
         Err(e @ BackendError::Unavailable { .. }) => {
             inc(&shared.stats.backend_unavailable);
-            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
+            repeats::WARNINGS.warn("nothing to pass to", &key, &e);
+            return phase::own_error(respond::failure(e.status(), outcome));
         }
         Err(e) => {
             inc(&shared.stats.backend_errors);
-            tracing::warn!(error = %e, "pass failed");
-            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
+            repeats::WARNINGS.warn("pass failed", &key, &e);
+            return phase::own_error(respond::failure(e.status(), outcome));
         }
     };
     let (mut head, body) = resp.into_parts();

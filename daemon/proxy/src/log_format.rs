@@ -16,7 +16,7 @@ const SETTING: &str = "access_log.format";
 /// then the cache result, time to first byte and total time. `LogEntry::ncsa_line`, which `cachectl log`
 /// prints, is the same line (a test holds them together).
 pub const DEFAULT: &str =
-    "%h %l %u %t \"%r\" %s %b \"%{Referer}i\" \"%{User-agent}i\" %{cache}x %{ttfb}x %{duration}x";
+    "%h %l %u %t \"%r\" %s %b \"%{Referer}i\" \"%{User-agent}i\" %{cache}x %{ttfb}x %{duration}x %{detail}x";
 
 /// NCSA combined exactly as NGINX and Apache write it (the request line with the path only), for tools
 /// that parse nothing else.
@@ -86,6 +86,8 @@ enum Piece {
     Backend,
     /// `%{route}x`: `route[N]` or `default`.
     Route,
+    /// `%{detail}x`: the `Cache-Status` detail (why a miss was not stored, why a request passed), `-` when none.
+    Detail,
     /// `%{host}x`: the request's host.
     Host,
     /// `%{url}x`: `http://host/path?query`.
@@ -215,6 +217,7 @@ impl LogFormat {
                 }
                 Piece::Backend => dash_or(&mut out, e.backend.as_deref()),
                 Piece::Route => dash_or(&mut out, e.route.as_deref()),
+                Piece::Detail => dash_or(&mut out, e.detail.as_deref()),
                 Piece::Host => dash_or(&mut out, e.host.as_deref()),
                 Piece::Url => url_into(&mut out, e),
             }
@@ -298,11 +301,12 @@ fn parse(
                 "duration" => Piece::Duration,
                 "backend" => Piece::Backend,
                 "route" => Piece::Route,
+                "detail" => Piece::Detail,
                 "host" => Piece::Host,
                 "url" => Piece::Url,
                 _ => {
                     return Err(error(format!(
-                        "unknown field %{{{name}}}x (known: cache, ttfb, duration, backend, route, host, url, \
+                        "unknown field %{{{name}}}x (known: cache, ttfb, duration, backend, route, detail, host, url, \
                          Varnish:hitmiss, Varnish:handling, Varnish:time_firstbyte)"
                     )))
                 }
@@ -393,6 +397,7 @@ mod tests {
             // What a header can carry (no CR, LF or other control byte but a tab), all of it hostile.
             user_agent: Some("evil\" \"\t\\ \u{fffd}".into()),
             cache: "HIT".into(),
+            detail: None,
             ttfb: 0.000123,
             duration: 1.0045,
             backend: Some("app1".into()),

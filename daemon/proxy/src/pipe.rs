@@ -100,6 +100,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let stats = &worker.shared.stats;
     let outcome = Outcome::Pass {
         unsafe_method: false,
+        detail: None,
     };
     let live = worker.shared.live();
     let rules = &live.rules;
@@ -107,6 +108,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let client_head = (rules.has(Phase::BackendRequest) || rules.has(Phase::BackendResponse))
         .then(|| parts.clone());
     inc(&stats.backend_requests);
+    let key = lacquer_policy::key::primary_key(&parts);
     let mut req = forward::origin_request(
         parts.method,
         parts.uri,
@@ -127,9 +129,9 @@ pub(crate) async fn tunnel<S: CacheStore>(
                 inc(&stats.backend_unavailable);
             } else {
                 inc(&stats.backend_errors);
-                tracing::warn!(error = %e, "pipe failed");
             }
-            return phase::own_error(respond::error(e.status(), outcome, &e.to_string()));
+            crate::repeats::WARNINGS.warn("pipe failed", &key, &e);
+            return phase::own_error(respond::failure(e.status(), outcome));
         }
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
@@ -163,8 +165,8 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let protocol = head.headers.get(header::UPGRADE).cloned();
     let (Some(protocol), Ok(origin)) = (protocol, origin.await) else {
         inc(&stats.backend_errors);
-        let e = "backend switched protocols without a usable Upgrade";
-        return phase::own_error(respond::error(StatusCode::BAD_GATEWAY, outcome, e));
+        tracing::warn!("backend switched protocols without a usable Upgrade");
+        return phase::own_error(respond::failure(StatusCode::BAD_GATEWAY, outcome));
     };
     strip_hop_by_hop(&mut head.headers);
     head.headers

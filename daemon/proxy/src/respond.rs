@@ -50,8 +50,11 @@ pub enum Outcome {
         collapsed: bool,
         detail: Option<&'static str>,
     },
+    /// Sent to the origin without a lookup: an unsafe method (`fwd=method`), or passed for `detail`'s
+    /// reason (`cookie`, `authorization`, `route`, …).
     Pass {
         unsafe_method: bool,
+        detail: Option<&'static str>,
     },
 }
 
@@ -111,11 +114,19 @@ impl Outcome {
                 }
             }
             Outcome::Pass {
-                unsafe_method: true,
-            } => write!(s, "fwd=method"),
-            Outcome::Pass {
-                unsafe_method: false,
-            } => write!(s, "fwd=bypass"),
+                unsafe_method,
+                detail,
+            } => {
+                s.extend_from_slice(if unsafe_method {
+                    b"fwd=method"
+                } else {
+                    b"fwd=bypass"
+                });
+                match detail {
+                    Some(d) => write!(s, "; detail=\"{d}\""),
+                    None => Ok(()),
+                }
+            }
         };
         HeaderValue::from_maybe_shared(s.freeze()).expect("Cache-Status is visible ASCII")
     }
@@ -147,6 +158,30 @@ fn mark(headers: &mut HeaderMap, outcome: Outcome, age: u64) {
     headers.insert(CACHE_STATUS, outcome.cache_status());
 }
 
+/// A 5xx lacquerd answers itself (no backend answered, or it cannot serve the request now): its page is
+/// chosen as it leaves ([`ErrorPages::apply`](crate::error_page::ErrorPages::apply)), and never says why;
+/// the caller logs that.
+pub fn failure(status: StatusCode, outcome: Outcome) -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() = status;
+    resp.extensions_mut().insert(crate::error_page::Failure);
+    let h = resp.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    decorate(h, outcome, Some(0));
+    resp
+}
+
+/// Removes the response's surrogate keys (`cache.surrogate_key_headers`) unless the cache exposes them:
+/// they are for purging, and the store has read them already.
+pub(crate) fn withhold_tags(headers: &mut HeaderMap, cache: &lacquer_config::Cache) {
+    if !cache.expose_surrogate_keys {
+        for name in &cache.surrogate_key_headers {
+            headers.remove(name.as_str());
+        }
+    }
+}
+
+/// A request refused (4xx): `message` says what was wrong with it, for its sender to read.
 pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Body> {
     let mut resp = Response::new(body::full(format!("{message}\n")));
     *resp.status_mut() = status;
@@ -450,11 +485,8 @@ fn represent<S: CacheStore>(
 /// The answer to a request that needs a decoder when `decode_memory` has no room for one: the decoders
 /// held now end as their clients read, so the client may try again shortly.
 fn busy(outcome: Outcome) -> Response<Body> {
-    let mut resp = error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        outcome,
-        "too many responses being decompressed; try again",
-    );
+    tracing::debug!("no room in compression.decode_memory for a decoder: 503");
+    let mut resp = failure(StatusCode::SERVICE_UNAVAILABLE, outcome);
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp

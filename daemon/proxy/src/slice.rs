@@ -130,11 +130,8 @@ pub(crate) async fn serve<S: CacheStore>(
         collapsed: false,
         detail: Some("object-changing"),
     };
-    Some(respond::error(
-        StatusCode::BAD_GATEWAY,
-        outcome,
-        "the object kept changing at the origin",
-    ))
+    tracing::warn!(key = %asker.key, "the object kept changing at the origin while sliced: 502");
+    Some(respond::failure(StatusCode::BAD_GATEWAY, outcome))
 }
 
 /// Answers a request on a route without `slice` for an object stored in parts (`found`: ranges forwarded
@@ -257,7 +254,7 @@ async fn fetch_first<S: CacheStore>(
                 collapsed: !owner,
                 detail: Some("backend-error"),
             };
-            return Answered::Sent(respond::error(e.status, outcome, &e.error.to_string()));
+            return Answered::Sent(respond::failure(e.status, outcome));
         }
     };
     if head.revalidated {
@@ -545,7 +542,8 @@ async fn stopped<S: CacheStore>(asker: &Asker<S>, stop: Stop<S>) -> Answered {
                 collapsed: false,
                 detail: Some("backend-error"),
             };
-            Answered::Sent(respond::error(StatusCode::BAD_GATEWAY, outcome, &e))
+            tracing::warn!(key = %asker.key, error = %e, "a slice fetch failed: 502");
+            Answered::Sent(respond::failure(StatusCode::BAD_GATEWAY, outcome))
         }
     }
 }
@@ -755,7 +753,10 @@ impl<S: CacheStore> Asker<S> {
             &self.decided,
             parts,
             body::empty(),
-            false,
+            Outcome::Pass {
+                unsafe_method: false,
+                detail: None,
+            },
         )
         .await
     }

@@ -16,6 +16,7 @@ use crate::{
     access_log::AccessLog,
     cluster::{self, Applied, Cluster, InvalidateError, Invalidation},
     coalesce::Coalescer,
+    error_page::ErrorPages,
     hls::BlockingReloads,
     invalidation::PurgeTarget,
     peer::Peers,
@@ -42,6 +43,8 @@ pub struct Live {
     pub prefetch: Prefetch,
     /// Some route prefetches: the head of every request is kept as sent, before the request phase.
     pub prefetching: bool,
+    /// `[error_pages]`, read: what a client gets when lacquerd answers a 5xx itself.
+    pub error_pages: ErrorPages,
 }
 
 impl Live {
@@ -60,6 +63,7 @@ impl Live {
                 })
                 .collect::<Result<_, _>>()?,
             normalize: config.normalize.clone(),
+            error_pages: ErrorPages::compile(&config.error_pages)?,
             prefetch: config.prefetch.clone(),
             prefetching: config
                 .route

@@ -1,7 +1,7 @@
 //! A `[[rule]]` as plain data made into what runs: patterns parsed, regular expressions built, templates
 //! parsed, files read, and every action checked against the phase it is written for.
 
-use std::{sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::{header::HeaderName, HeaderValue, Method, StatusCode};
@@ -267,6 +267,34 @@ fn allowed(phase: Phase, field: &str, phases: &[Phase]) -> Result<(), (String, S
 }
 
 use Phase::{BackendRequest, BackendResponse, Deliver, Error, Request};
+
+/// The body of a page read from `path` (a rule's `respond.file`, an `error_pages` entry): read once, when
+/// the configuration is compiled, so a missing or oversized file stops a start or reload instead of a
+/// request. The error names the path and why, for the caller to put after the setting.
+pub fn read_page(path: &Path) -> Result<Bytes, String> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len();
+    if len > MAX_FILE {
+        return Err(format!(
+            "{}: {len} bytes, more than {} MiB",
+            path.display(),
+            MAX_FILE / (1024 * 1024)
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(bytes.into())
+}
+
+/// The `Content-Type` a page read from `path` is sent with when none is given: HTML for `.html` and
+/// `.htm`, JSON for `.json`, else plain text.
+pub fn page_type(path: &Path) -> HeaderValue {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("html" | "htm") => HeaderValue::from_static("text/html; charset=utf-8"),
+        Some("json") => HeaderValue::from_static("application/json"),
+        _ => HeaderValue::from_static("text/plain; charset=utf-8"),
+    }
+}
 
 /// Compiles `rule`; the error is the field (as the file names it, `match.path_regex`) and why.
 pub(crate) fn compile(
@@ -722,31 +750,13 @@ fn synthesis(r: &Respond, phase: Phase, groups: usize) -> Result<Synthesis, (Str
             }
             Body::Template(Template::parse(b, groups).map_err(at("body"))?)
         }
-        (None, Some(path)) => {
-            let len = std::fs::metadata(path)
-                .map_err(|e| at("file")(format!("{}: {e}", path.display())))?
-                .len();
-            if len > MAX_FILE {
-                return Err(at("file")(format!(
-                    "{}: {len} bytes, more than {} MiB",
-                    path.display(),
-                    MAX_FILE / (1024 * 1024)
-                )));
-            }
-            let bytes =
-                std::fs::read(path).map_err(|e| at("file")(format!("{}: {e}", path.display())))?;
-            Body::File(bytes.into())
-        }
+        (None, Some(path)) => Body::File(read_page(path).map_err(at("file"))?),
         (None, None) => Body::Template(Template::parse("", 0).expect("empty template")),
     };
-    let html = r
-        .file
-        .as_ref()
-        .is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
-    let content_type = match &r.content_type {
-        Some(t) => header_value(t).map_err(at("content_type"))?,
-        None if html => HeaderValue::from_static("text/html; charset=utf-8"),
-        None => HeaderValue::from_static("text/plain; charset=utf-8"),
+    let content_type = match (&r.content_type, &r.file) {
+        (Some(t), _) => header_value(t).map_err(at("content_type"))?,
+        (None, Some(path)) => page_type(path),
+        (None, None) => HeaderValue::from_static("text/plain; charset=utf-8"),
     };
     let mut headers = Vec::new();
     for (name, value) in &r.headers {

@@ -30,8 +30,8 @@ pub use lacquer_config::Phase;
 use lacquer_config::Rule;
 use lacquer_policy::{head::valid_host, host::request_host, normalize, storable::Adjust};
 
+pub use compile::{page_type, read_page, MAX_BODY, MAX_FILE};
 use compile::{Body, Compiled, Line, Synthesis};
-pub use compile::{MAX_BODY, MAX_FILE};
 use template::Values;
 
 /// A rule that cannot be compiled, named as the file names it.

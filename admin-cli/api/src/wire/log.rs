@@ -25,6 +25,10 @@ pub struct LogEntry {
     /// `HIT`, `MISS`, `PASS`, `STALE`, or `-` when the request went no further than the edge (refused,
     /// denied, rate limited).
     pub cache: String,
+    /// Why, beside `cache`: the `detail` of the response's `Cache-Status` (`no-store`, `private`,
+    /// `backend-error`, `stale-while-revalidate`…; docs/configuration.md, "What every response carries").
+    #[serde(default)]
+    pub detail: Option<String>,
     /// Seconds from the request's arrival to its response head.
     pub ttfb: f64,
     /// Seconds from the request's arrival to its last body byte (or to the client going away).
@@ -41,7 +45,8 @@ pub struct LogEntry {
 impl LogEntry {
     /// `%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-agent}i"` (NCSA combined, local time, the request
     /// line with the full URL as varnishncsa writes it), then the cache result, time to first byte and total
-    /// time in seconds: `access_log.format = "default"`, which lacquerd's own tests hold to this line.
+    /// time in seconds, and the cache result's detail (`-` when none): `access_log.format = "default"`, which
+    /// lacquerd's own tests hold to this line.
     pub fn ncsa_line(&self) -> String {
         let e = self;
         let time = Local
@@ -62,7 +67,7 @@ impl LogEntry {
             None => escape(&e.url),
         };
         format!(
-            "{} - - [{time}] \"{} {url} {}\" {} {bytes} \"{}\" \"{}\" {} {:.6} {:.6}\n",
+            "{} - - [{time}] \"{} {url} {}\" {} {bytes} \"{}\" \"{}\" {} {:.6} {:.6} {}\n",
             escape(&e.client),
             escape(&e.method),
             escape(&e.protocol),
@@ -72,6 +77,7 @@ impl LogEntry {
             escape(&e.cache),
             e.ttfb,
             e.duration,
+            e.detail.as_deref().map_or_else(|| "-".into(), escape),
         )
     }
 }
@@ -118,7 +124,8 @@ mod tests {
             bytes: 2048,
             referer: None,
             user_agent: Some("evil\" \"injected\n203.0.113.9 - - [".into()),
-            cache: "HIT".into(),
+            cache: "MISS".into(),
+            detail: Some("no-store".into()),
             ttfb: 0.000123,
             duration: 0.0045,
             backend: Some("app1".into()),
@@ -133,7 +140,7 @@ mod tests {
             line,
             format!(
                 "203.0.113.7 - - [{time}] \"GET http://example.com/a?b=1 HTTP/1.1\" 200 2048 \"-\" \
-                 \"evil\\x22 \\x22injected\\x0A203.0.113.9 - - [\" HIT 0.000123 0.004500\n"
+                 \"evil\\x22 \\x22injected\\x0A203.0.113.9 - - [\" MISS 0.000123 0.004500 no-store\n"
             )
         );
         assert_eq!(line.matches('\n').count(), 1);
