@@ -85,6 +85,7 @@ impl lacquer_edge::Service for Worker {
         let mut req = req;
         let recording = self.shared.access_log.begin(&mut req, client.ip);
         let html = error_page::wants_html(req.headers());
+        let head_only = req.method() == Method::HEAD;
         async move {
             let resp = if client.refused {
                 too_many_connections()
@@ -96,7 +97,13 @@ impl lacquer_edge::Service for Worker {
             };
             let resp = if resp.extensions().get::<error_page::Failure>().is_some() {
                 let page = self.shared.live.load().error_pages.apply(html, resp);
-                counted(page, self.shared.stats.clone())
+                // The page's length stays in the head; its bytes must not follow a HEAD (see `handle`), nor an
+                // empty DATA frame, which a counting body that cannot say it is empty would make HTTP/2 send.
+                if head_only {
+                    page.map(|_| body::empty())
+                } else {
+                    counted(page, self.shared.stats.clone())
+                }
             } else {
                 resp
             };
