@@ -276,7 +276,14 @@ async fn nginx_h2_over_tls_checks_the_client_certificate_and_a_reload_rotates_it
     // And `--check` says the same.
     let (code, _, err) = run_tool(
         lacquer_tests::daemon::binary("lacquerd").to_str().unwrap(),
-        &["--check", "--config", d.config_file().to_str().unwrap()],
+        &[
+            "--check",
+            "--config",
+            d.config_file().to_str().unwrap(),
+            // Not the default store directory: as root, checking would create /var/lib/lacquer.
+            "--disk",
+            d.dir.path().join("check").to_str().unwrap(),
+        ],
     );
     assert_ne!(code, 0, "{err}");
     assert!(
@@ -293,7 +300,13 @@ fn check_refuses_h2_without_tls_and_a_certificate_without_its_key() {
         std::fs::write(&file, config(backend)).unwrap();
         run_tool(
             lacquer_tests::daemon::binary("lacquerd").to_str().unwrap(),
-            &["--check", "--config", file.to_str().unwrap()],
+            &[
+                "--check",
+                "--config",
+                file.to_str().unwrap(),
+                "--disk",
+                dir.path().join("store").to_str().unwrap(),
+            ],
         )
     };
     let (code, _, err) = check("address = \"http://127.0.0.1:8080\"\nprotocol = \"h2\"\n");
