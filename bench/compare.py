@@ -54,6 +54,19 @@ def varnish(work, port, admin_port, origin_port, params=(), stderr=None):
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
+def cpu_seconds(pid):
+    """CPU seconds (user and system) that `pid` and its descendants have spent."""
+    ticks = 0
+    for p in tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
 

@@ -49,7 +49,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
-from compare import ROOT, stop, tree, wait_port  # noqa: E402
+from compare import ROOT, cpu_seconds, stop, tree, wait_port  # noqa: E402
 from hotpath import log, print_table  # noqa: E402
 
 # Ports of their own, so that it can run beside the other benchmarks.
@@ -90,18 +90,6 @@ def part_path(k):
 
 def reload_path(k):
     return f"/live/index.m3u8?_HLS_msn={k // 4}&_HLS_part={k % 4}"
-
-
-def cpu_seconds(pid):
-    ticks = 0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid):

@@ -29,7 +29,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import CONTROL_PORT, ORIGIN_PORT, ROOT, nginx_conf, sh, stop, tree  # noqa: E402
+from compare import (  # noqa: E402
+    CONTROL_PORT, ORIGIN_PORT, ROOT, cpu_seconds, nginx_conf, sh, stop, tree, wait_port)
 from edge import certificate  # noqa: E402
 from hotpath import SCRIPTS, per_round_ratio  # noqa: E402
 
@@ -45,18 +46,6 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def cpu_seconds(pid):
-    ticks = 0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def wait_tls(port, timeout=20):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -64,17 +53,6 @@ def wait_tls(port, timeout=20):
             return
         time.sleep(0.2)
     raise SystemExit(f"nothing answers TLS on port {port}")
-
-
-def wait_plain(port, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/obj/2k", timeout=2).read()
-            return
-        except Exception:
-            time.sleep(0.2)
-    raise SystemExit(f"nothing answers on port {port}")
 
 
 def lacquerd(args, work, name, config, listen_flags=()):
@@ -247,7 +225,7 @@ address = "127.0.0.1:{port}"
             stdout=subprocess.DEVNULL)
         targets = {"lacquer-h2c": (H2C_PORT, "h2c"), "lacquer-h1": (H1_PORT, "h1"), "nginx": (NGINX_PORT, "nginx")}
         for port, _ in targets.values():
-            wait_plain(port)
+            wait_port(port)
         names = list(targets)
         raw = {t: {} for t in names}
         for r in range(args.rounds):
