@@ -427,6 +427,66 @@ async fn log_follows_requests_as_access_log_lines() {
     assert!(err.contains("status"), "{err}");
 }
 
+/// varnishlog goes on through a restart of varnishd; `cachectl log` went away with exit status 3.
+#[tokio::test(flavor = "multi_thread")]
+async fn log_goes_on_through_a_restart_of_the_daemon() {
+    let origin = Origin::start(|_| Reply::ok("x")).await;
+    let admin = unused_addr().to_string();
+    let mut d = Daemon::start(origin.addr, &["--admin", &admin]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cachectl"))
+        .args(["--admin", &admin, "--secret"])
+        .arg(d.secret_file())
+        .arg("log")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = |pipe: Box<dyn std::io::Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    };
+    let out = lines(Box::new(child.stdout.take().unwrap()));
+    let err = lines(Box::new(child.stderr.take().unwrap()));
+    // Requests until the follower shows one whose path says which daemon answered it.
+    async fn seen(d: &Daemon, path: &str, out: &std::sync::mpsc::Receiver<String>) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {path} line in 20 s"
+            );
+            get(d.addr, path).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if out.try_iter().any(|l| l.contains(path)) {
+                return;
+            }
+        }
+    }
+    seen(&d, "/before", &out).await;
+    d.stop();
+    let d = d.restart();
+    seen(&d, "/after", &out).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "cachectl log still follows"
+    );
+    let said: Vec<String> = err.try_iter().collect();
+    assert!(
+        said.iter().any(|l| l.contains("reconnecting"))
+            && said.iter().any(|l| l.contains("reconnected")),
+        "{said:?}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn backends_show_health_from_real_traffic() {
     let origin = Origin::start(|_| Reply::ok("x")).await;

@@ -92,8 +92,11 @@ impl Daemon {
         extra: Vec<String>,
     ) -> Daemon {
         let backend_flag = backend.map(|b| vec!["--backend".to_owned(), b.to_string()]);
+        // A test that needs the admin port to stay across a restart names it in `extra`.
+        let admin_flag =
+            (!extra.iter().any(|a| a == "--admin")).then_some(["--admin", "127.0.0.1:0"]);
         let mut child = Command::new(binary("lacquerd"))
-            .args(["--admin", "127.0.0.1:0"])
+            .args(admin_flag.into_iter().flatten())
             .args(backend_flag.unwrap_or_default())
             .arg("--disk")
             .arg(dir.path().join("store"))
