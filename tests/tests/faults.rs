@@ -608,7 +608,7 @@ async fn a_dead_store_task_is_reported_not_silent() {
         refused >= 1,
         "fills are refused, not queued for a dead task"
     );
-    assert!(d.log().contains("store task died"), "{}", d.log());
+    d.wait_for_log("store task died").await;
     let status = d.terminate();
     assert!(
         status.success(),

@@ -145,11 +145,7 @@ async fn an_origin_stalled_past_between_bytes_timeout_fails_and_is_not_stored() 
     let origin = failing_once(first, body.clone()).await;
     let d = daemon(&origin, "1s");
     broken_fetch_fails_its_readers(&origin, &d, None, &body).await;
-    assert!(
-        d.log().contains("no body bytes for 1s"),
-        "the log says why: {}",
-        d.log()
-    );
+    d.wait_for_log("no body bytes for 1s").await;
 }
 
 /// An origin that drips its body, each gap well within the 1 s `between_bytes_timeout` and the whole
