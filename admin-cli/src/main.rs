@@ -8,6 +8,7 @@ mod objects;
 mod operations;
 mod stats;
 mod table;
+mod top;
 
 use std::process::ExitCode;
 
@@ -125,6 +126,22 @@ enum Command {
         /// Only this status, or a class such as `5xx`.
         #[arg(long, value_name = "STATUS")]
         status: Option<String>,
+    },
+    /// The most frequent URLs, hosts, misses, origin fetches, statuses or backends over a sliding window,
+    /// live, like `varnishtop`.
+    Top {
+        /// What to count requests by.
+        #[arg(long, value_enum, default_value = "url")]
+        by: top::By,
+        /// The window, in seconds.
+        #[arg(long, value_name = "SECONDS", value_parser = positive_seconds, default_value = "60")]
+        window: f64,
+        /// How many rows.
+        #[arg(long, value_name = "N", default_value = "20")]
+        limit: usize,
+        /// Count for SECONDS, print the table once and exit (instead of refreshing every second).
+        #[arg(long = "for", value_name = "SECONDS", value_parser = positive_seconds)]
+        duration: Option<f64>,
     },
     /// Read the configuration file again, as `systemctl reload lacquer` does.
     Reload,
@@ -274,6 +291,23 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             operations::set_backend_health(client, out, &name, health).await
         }
         Command::Log { url, status } => log::follow(client, out, LogFilter { url, status }).await,
+        Command::Top {
+            by,
+            window,
+            limit,
+            duration,
+        } => {
+            let duration = duration.map(std::time::Duration::from_secs_f64);
+            top::run(
+                client,
+                out,
+                by,
+                std::time::Duration::from_secs_f64(window),
+                limit,
+                duration,
+            )
+            .await
+        }
         Command::Reload => operations::reload(client, out).await,
         Command::Completions { .. } => unreachable!("handled before connecting"),
     }

@@ -427,6 +427,60 @@ async fn log_follows_requests_as_access_log_lines() {
     assert!(err.contains("status"), "{err}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn top_counts_requests_by_url_and_by_status_over_its_window() {
+    let origin = Origin::start(|s| match s.path.as_str() {
+        "/gone" => Reply::ok("no").status(404),
+        _ => Reply::ok("x").header("cache-control", "max-age=60"),
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let top = |by: &str| {
+        Command::new(env!("CARGO_BIN_EXE_cachectl"))
+            .args(["--admin", &d.admin.to_string(), "--secret"])
+            .arg(d.secret_file())
+            .args(["--json", "top", "--by", by, "--for", "3", "--window", "60"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (by_url, by_status) = (top("url"), top("status"));
+    // Twice as many for /a as for /gone, for as long as the followers count.
+    let until = std::time::Instant::now() + Duration::from_millis(2500);
+    while std::time::Instant::now() < until {
+        get(d.addr, "/a").await;
+        get(d.addr, "/a").await;
+        get(d.addr, "/gone").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let table = |child: std::process::Child| {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        json(&String::from_utf8(out.stdout).unwrap())
+    };
+    let urls = table(by_url);
+    let rows = urls["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{urls}");
+    assert!(rows[0]["key"].as_str().unwrap().ends_with("/a"), "{urls}");
+    assert!(
+        rows[1]["key"].as_str().unwrap().ends_with("/gone"),
+        "{urls}"
+    );
+    let (a, gone) = (
+        rows[0]["count"].as_u64().unwrap(),
+        rows[1]["count"].as_u64().unwrap(),
+    );
+    assert!(gone >= 5 && a >= 2 * gone - 2, "{urls}");
+    let statuses = table(by_status);
+    let keys: Vec<&str> = statuses["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["200", "404"], "{statuses}");
+}
+
 /// varnishlog goes on through a restart of varnishd; `cachectl log` went away with exit status 3.
 #[tokio::test(flavor = "multi_thread")]
 async fn log_goes_on_through_a_restart_of_the_daemon() {
