@@ -517,3 +517,111 @@ async fn the_admin_listener_closes_partial_heads_and_caps_its_connections() {
     let health = d.admin_get("/v1/health", None).await;
     assert_eq!(health.status.as_u16(), 200, "the API answers again");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn latency_histograms_tell_hits_from_slow_misses_and_count_status_codes() {
+    let origin = Origin::start(|seen| match seen.path.as_str() {
+        "/slow" => Reply::ok("slow body")
+            .header("cache-control", "max-age=60")
+            .delay(Duration::from_millis(120)),
+        _ => Reply::ok("gone").status(404),
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    for path in ["/slow", "/slow", "/missing"] {
+        get(d.addr, path).await;
+    }
+    let stats: lacquer_admin::wire::Stats = serde_json::from_value(
+        d.wait_for_stats("three responses timed to their end", |s| {
+            s["latency"].as_array().map(|l| {
+                l.iter()
+                    .map(|o| o["latency"]["total"]["counts"].as_array().unwrap().iter())
+                    .flatten()
+                    .map(|c| c.as_u64().unwrap())
+                    .sum::<u64>()
+            }) == Some(3)
+        })
+        .await,
+    )
+    .unwrap();
+    let outcome = |name: &str| {
+        &stats
+            .latency
+            .iter()
+            .find(|l| l.outcome == name)
+            .unwrap_or_else(|| panic!("{name} in {:?}", stats.latency))
+            .latency
+    };
+    let (hit, miss) = (outcome("hit"), outcome("miss"));
+    assert_eq!((hit.ttfb.count(), miss.ttfb.count()), (1, 2));
+    // The slow miss waited 120 ms for the origin: its bucket's bound is at least 250 ms.
+    assert!(
+        miss.ttfb.quantile_bound_us(1.0) >= Some(250_000),
+        "{miss:?}"
+    );
+    assert!(
+        hit.ttfb.sum_us < 120_000,
+        "a hit never waits for the origin: {hit:?}"
+    );
+    for other in ["pass", "stale", "synth"] {
+        assert_eq!(outcome(other).ttfb.count(), 0, "{other}");
+    }
+    assert_eq!(stats.responses, [(200, 2), (404, 1)].into());
+
+    let backends: lacquer_admin::wire::BackendList =
+        serde_json::from_slice(&d.admin_get("/v1/backends", Some(&d.secret())).await.body).unwrap();
+    let backend = &backends.backends[0];
+    assert_eq!(backend.responses, [(200, 1), (404, 1)].into());
+    assert_eq!(backend.latency.ttfb.count(), 2);
+    assert!(backend.latency.ttfb.sum_us >= 120_000, "{backend:?}");
+    assert_eq!(backend.latency.total.count(), 2);
+
+    let text =
+        String::from_utf8(call(&d, Method::GET, "/metrics", "").await.body.to_vec()).unwrap();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("Prometheus text parses");
+    let histogram = |metric: &str, label: (&str, &str)| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == metric && s.labels.get(label.0) == Some(label.1))
+            .map(|s| match &s.value {
+                prometheus_parse::Value::Histogram(buckets) => {
+                    buckets.last().map(|b| b.count).unwrap_or_default()
+                }
+                other => panic!("{metric}: {other:?}"),
+            })
+    };
+    assert_eq!(
+        histogram("lacquer_client_ttfb_seconds", ("outcome", "miss")),
+        Some(2.0)
+    );
+    assert_eq!(
+        histogram(
+            "lacquer_backend_duration_seconds",
+            ("backend", &backend.name)
+        ),
+        Some(2.0)
+    );
+    let counter = |metric: &str, labels: &[(&str, &str)]| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) => v,
+                ref other => panic!("{metric}: {other:?}"),
+            })
+    };
+    assert_eq!(
+        counter("lacquer_client_responses_total", &[("code", "404")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        counter(
+            "lacquer_backend_responses_total",
+            &[("backend", &backend.name), ("code", "200")]
+        ),
+        Some(1.0)
+    );
+}

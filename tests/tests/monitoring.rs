@@ -118,10 +118,15 @@ async fn dashboard_and_alerts_ask_only_for_exposed_metrics() {
         get(d.addr, path).await;
     }
     let exposed = exposed_names(&d).await;
-    assert!(
-        exposed.contains("lacquer_cache_requests_total"),
-        "{exposed:?}"
-    );
+    for name in [
+        "lacquer_cache_requests_total",
+        "lacquer_client_ttfb_seconds_bucket",
+        "lacquer_backend_ttfb_seconds_bucket",
+        "lacquer_backend_responses_total",
+        "lacquer_client_responses_total",
+    ] {
+        assert!(exposed.contains(name), "{name} not in {exposed:?}");
+    }
     let mut problems = Vec::new();
 
     let dashboard: Value = serde_json::from_str(

@@ -4,19 +4,27 @@
 use std::collections::BTreeMap;
 
 use lacquer_admin::wire::{
-    ClusterState, ClusterView, Field, Kind, Stats, FAMILY_HELP, LISTENER_FAMILY_HELP,
-    LISTENER_LABEL, RULE_MATCHES_HELP, RULE_MATCHES_METRIC,
+    BackendHealth, BackendView, ClusterState, ClusterView, Field, Histogram, Kind, Stats,
+    FAMILY_HELP, LATENCY_BOUNDS_US, LISTENER_FAMILY_HELP, LISTENER_LABEL, RULE_MATCHES_HELP,
+    RULE_MATCHES_METRIC,
 };
 use prometheus::{
-    core::Collector, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    core::Collector,
+    proto::{self, MetricFamily, MetricType},
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The media type of Prometheus' text exposition format, the version `render` writes.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Renders `stats`, the cluster's gauges when this node is in one, and the metrics in `foyer`.
-pub fn render(stats: &Stats, cluster: Option<&ClusterView>, foyer: &Registry) -> String {
+/// Renders `stats`, every backend's series, the cluster's gauges when this node is in one, and the metrics
+/// in `foyer`.
+pub fn render(
+    stats: &Stats,
+    backends: &[BackendView],
+    cluster: Option<&ClusterView>,
+    foyer: &Registry,
+) -> String {
     let mut families: BTreeMap<&str, Vec<(&Field, u64)>> = BTreeMap::new();
     for (_, field, value) in stats.values() {
         families
@@ -64,7 +72,12 @@ pub fn render(stats: &Stats, cluster: Option<&ClusterView>, foyer: &Registry) ->
             registry.register(extra).expect("unique names");
         }
     }
+    for extra in backend_families(backends) {
+        registry.register(extra).expect("unique names");
+    }
     let mut gathered = registry.gather();
+    gathered.extend(latency_families(stats, backends));
+    gathered.sort_by(|a, b| a.name().cmp(b.name()));
     gathered.extend(foyer.gather());
     let mut out = Vec::new();
     TextEncoder::new()
@@ -107,6 +120,163 @@ fn cluster_gauges(view: &ClusterView) -> Vec<Box<dyn Collector>> {
             u64::from(lagging),
         ),
     ]
+}
+
+/// Client responses by status code, and each backend's traffic: what a per-backend panel or a 5xx alert
+/// needs. None without backends (the client responses' family is always there).
+fn backend_families(backends: &[BackendView]) -> Vec<Box<dyn Collector>> {
+    let counter = |name: &str, help: &str, labels: &[&str]| {
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+    };
+    let responses = counter(
+        "lacquer_backend_responses_total",
+        "Response heads from each backend, by status code.",
+        &["backend", "code"],
+    );
+    let failures = counter(
+        "lacquer_backend_failures_total",
+        "Failed exchanges with each backend: no connection, a timeout, a 5xx answer, a body that broke off.",
+        &["backend"],
+    );
+    let connections = counter(
+        "lacquer_backend_connections_opened_total",
+        "Connections opened to each backend (not the probe's).",
+        &["backend"],
+    );
+    let up = IntGaugeVec::new(
+        Opts::new(
+            "lacquer_backend_up",
+            "1 while requests may go to the backend (healthy, or not known to fail), 0 while it is sick or failing.",
+        ),
+        &["backend"],
+    )
+    .expect("valid metric");
+    for b in backends {
+        let name = b.name.as_str();
+        for (code, n) in &b.responses {
+            responses
+                .with_label_values(&[name, &code.to_string()])
+                .inc_by(*n);
+        }
+        failures.with_label_values(&[name]).inc_by(b.errors);
+        connections.with_label_values(&[name]).inc_by(b.connections);
+        let healthy = matches!(b.health, BackendHealth::Healthy | BackendHealth::Unknown);
+        up.with_label_values(&[name]).set(i64::from(healthy));
+    }
+    if backends.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        Box::new(responses),
+        Box::new(failures),
+        Box::new(connections),
+        Box::new(up),
+    ]
+}
+
+/// The latency histograms: the client side's by cache outcome, each backend's, and client responses by
+/// status code. Built as families, not collectors: the prometheus crate's histograms only observe, and
+/// these are counted by the data path.
+fn latency_families(stats: &Stats, backends: &[BackendView]) -> Vec<MetricFamily> {
+    let client = |name: &str, help: &str, pick: fn(&lacquer_admin::wire::Latency) -> &Histogram| {
+        histogram_family(
+            name,
+            help,
+            stats
+                .latency
+                .iter()
+                .map(|l| (vec![("outcome", l.outcome.as_str())], pick(&l.latency))),
+        )
+    };
+    let backend =
+        |name: &str, help: &str, pick: fn(&lacquer_admin::wire::Latency) -> &Histogram| {
+            histogram_family(
+                name,
+                help,
+                backends
+                    .iter()
+                    .map(|b| (vec![("backend", b.name.as_str())], pick(&b.latency))),
+            )
+        };
+    let mut responses = MetricFamily::default();
+    responses.set_name("lacquer_client_responses_total".into());
+    responses.set_help("Responses sent to clients, by status code.".into());
+    responses.set_field_type(MetricType::COUNTER);
+    for (code, n) in &stats.responses {
+        let mut counter = proto::Counter::default();
+        counter.set_value(*n as f64);
+        let mut metric = proto::Metric::from_label(vec![label("code", &code.to_string())]);
+        metric.set_counter(counter);
+        responses.mut_metric().push(metric);
+    }
+    [
+        client(
+            "lacquer_client_ttfb_seconds",
+            "Time from a client request's arrival to its response head, by cache outcome.",
+            |l| &l.ttfb,
+        ),
+        client(
+            "lacquer_client_duration_seconds",
+            "Time from a client request's arrival to the end of its response body, by cache outcome.",
+            |l| &l.total,
+        ),
+        backend(
+            "lacquer_backend_ttfb_seconds",
+            "Time from sending a request to a backend to its response head.",
+            |l| &l.ttfb,
+        ),
+        backend(
+            "lacquer_backend_duration_seconds",
+            "Time from sending a request to a backend to the end of its response body (bodies read to the end).",
+            |l| &l.total,
+        ),
+        responses,
+    ]
+    .into_iter()
+    .filter(|f| !f.get_metric().is_empty())
+    .collect()
+}
+
+/// One histogram family, a series per label set.
+fn histogram_family<'a>(
+    name: &str,
+    help: &str,
+    series: impl Iterator<Item = (Vec<(&'a str, &'a str)>, &'a Histogram)>,
+) -> MetricFamily {
+    let mut family = MetricFamily::default();
+    family.set_name(name.into());
+    family.set_help(help.into());
+    family.set_field_type(MetricType::HISTOGRAM);
+    for (labels, h) in series {
+        let mut cumulative = 0;
+        let buckets = LATENCY_BOUNDS_US
+            .iter()
+            .zip(&h.counts)
+            .map(|(bound, n)| {
+                cumulative += n;
+                let mut b = proto::Bucket::default();
+                b.set_upper_bound(*bound as f64 / 1e6);
+                b.set_cumulative_count(cumulative);
+                b
+            })
+            .collect();
+        let mut histogram = proto::Histogram::default();
+        histogram.set_bucket(buckets);
+        histogram.set_sample_count(h.count());
+        histogram.set_sample_sum(h.sum_us as f64 / 1e6);
+        let mut metric =
+            proto::Metric::from_label(labels.into_iter().map(|(k, v)| label(k, v)).collect());
+        metric.set_histogram(histogram);
+        family.mut_metric().push(metric);
+    }
+    family
+}
+
+fn label(name: &str, value: &str) -> proto::LabelPair {
+    let mut pair = proto::LabelPair::default();
+    pair.set_name(name.into());
+    pair.set_value(value.into());
+    pair
 }
 
 /// The per-listener families: each of [`lacquer_admin::wire::ListenerCounters`]' series once per listener, labelled with its
@@ -230,8 +400,9 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            ..Default::default()
         };
-        let text = render(&stats, None, &Registry::new());
+        let text = render(&stats, &[], None, &Registry::new());
         for line in [
             "# TYPE lacquer_cache_requests_total counter",
             "lacquer_cache_requests_total{result=\"hit\"} 7",
@@ -266,8 +437,77 @@ mod tests {
     }
 
     #[test]
+    fn latency_is_a_histogram_per_outcome_and_per_backend() {
+        let mut counts = vec![0; lacquer_admin::wire::LATENCY_BUCKETS];
+        counts[0] = 3;
+        counts[5] = 2;
+        counts[lacquer_admin::wire::LATENCY_BUCKETS - 1] = 1;
+        let h = Histogram {
+            counts,
+            sum_us: 31_500_000,
+        };
+        let latency = lacquer_admin::wire::Latency {
+            ttfb: h.clone(),
+            total: Histogram::default(),
+        };
+        let stats = Stats {
+            latency: vec![lacquer_admin::wire::OutcomeLatency {
+                outcome: "hit".into(),
+                latency: latency.clone(),
+            }],
+            responses: [(200, 5), (503, 1)].into(),
+            ..Default::default()
+        };
+        let backend = BackendView {
+            name: "api \"v2\"".into(),
+            address: "127.0.0.1:8080".into(),
+            health: BackendHealth::Sick,
+            admin: Default::default(),
+            requests: 6,
+            errors: 1,
+            consecutive_failures: 1,
+            last_success: None,
+            last_error: None,
+            probe: None,
+            connections: 2,
+            streams_reset: 0,
+            responses: [(200, 5), (502, 1)].into(),
+            latency,
+        };
+        let text = render(&stats, &[backend], None, &Registry::new());
+        for line in [
+            "# TYPE lacquer_client_ttfb_seconds histogram",
+            "lacquer_client_ttfb_seconds_bucket{outcome=\"hit\",le=\"0.000025\"} 3",
+            "lacquer_client_ttfb_seconds_bucket{outcome=\"hit\",le=\"0.0005\"} 3",
+            "lacquer_client_ttfb_seconds_bucket{outcome=\"hit\",le=\"0.001\"} 5",
+            "lacquer_client_ttfb_seconds_bucket{outcome=\"hit\",le=\"30\"} 5",
+            "lacquer_client_ttfb_seconds_bucket{outcome=\"hit\",le=\"+Inf\"} 6",
+            "lacquer_client_ttfb_seconds_sum{outcome=\"hit\"} 31.5",
+            "lacquer_client_ttfb_seconds_count{outcome=\"hit\"} 6",
+            "lacquer_client_duration_seconds_count{outcome=\"hit\"} 0",
+            "lacquer_client_responses_total{code=\"503\"} 1",
+            "lacquer_backend_ttfb_seconds_count{backend=\"api \\\"v2\\\"\"} 6",
+            "lacquer_backend_responses_total{backend=\"api \\\"v2\\\"\",code=\"502\"} 1",
+            "lacquer_backend_failures_total{backend=\"api \\\"v2\\\"\"} 1",
+            "lacquer_backend_up{backend=\"api \\\"v2\\\"\"} 0",
+            "lacquer_backend_connections_opened_total{backend=\"api \\\"v2\\\"\"} 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from:\n{text}"
+            );
+        }
+        let parsed = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+            .expect("the text format parses");
+        assert!(parsed
+            .samples
+            .iter()
+            .any(|s| s.metric == "lacquer_backend_duration_seconds_count"));
+    }
+
+    #[test]
     fn no_rules_no_rule_family() {
-        let text = render(&Stats::default(), None, &Registry::new());
+        let text = render(&Stats::default(), &[], None, &Registry::new());
         assert!(!text.contains(RULE_MATCHES_METRIC), "{text}");
         assert!(!text.contains("lacquer_listener_"), "{text}");
     }

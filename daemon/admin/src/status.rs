@@ -107,8 +107,18 @@ pub async fn stats_stream(
         (status = 401, description = "Missing or wrong secret (unless `admin.open_metrics`)", body = ApiError),
     ))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
+    let backends: Vec<_> = state
+        .shared
+        .live
+        .load()
+        .router
+        .backends
+        .iter()
+        .map(|b| b.view())
+        .collect();
     let text = metrics::render(
         &snapshot(&state.shared),
+        &backends,
         cluster_view(&state.shared).as_ref(),
         state.shared.store.metrics_registry(),
     );
@@ -155,6 +165,8 @@ pub fn snapshot(shared: &Shared) -> Stats {
         proxy,
         listeners,
         store: store_stats(shared.store.stats()),
+        latency: shared.stats.latency(),
+        responses: shared.stats.responses(),
         rules: live
             .rules
             .counters()

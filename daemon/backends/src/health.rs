@@ -1,9 +1,12 @@
 //! What every worker and the probe know about one backend: its traffic, its probe window, its connection
 //! limit.
 
-use std::sync::{
-    atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed},
-    Arc, Mutex,
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed},
+        Arc, Mutex,
+    },
+    time::Duration,
 };
 
 use lacquer_admin::wire::{self, BackendAdmin, BackendView, LastError, ProbeView};
@@ -11,7 +14,7 @@ use tokio::sync::{watch, Semaphore};
 
 use lacquer_config::{self as config, ConfigError};
 
-use crate::tls;
+use crate::{tally, tls};
 
 /// The backend's TLS configuration from its files; an error names the setting and the file. Missing system
 /// roots are no mistake in the file: the backend is kept, and every connection to it fails, logged.
@@ -27,6 +30,10 @@ fn load_tls(config: &config::Backend, setting: &str) -> Result<tls::Loaded, Conf
     }
     Ok(loaded)
 }
+
+/// The most places `max_connections` may give: a bound far above any origin's, and below what a
+/// semaphore can hold.
+const MAX_CONNECTIONS: usize = 1_000_000;
 
 /// One backend, shared by every worker and its probe. A reload keeps the state of a backend whose settings
 /// did not change (its health and probe history go on) and retires the others; one whose TLS files changed
@@ -123,6 +130,12 @@ impl BackendState {
                     format!("{:?} is not a path", p.url),
                 ));
             }
+        }
+        if config.max_connections > MAX_CONNECTIONS {
+            return Err(ConfigError::setting(
+                format!("{setting}.max_connections"),
+                format!("at most {MAX_CONNECTIONS} (0: no limit)"),
+            ));
         }
         let tls = if address.https {
             Some(load_tls(config, setting)?)
@@ -286,7 +299,20 @@ impl BackendState {
             probe,
             connections: t.connections.load(Relaxed),
             streams_reset: t.streams_reset.load(Relaxed),
+            responses: t.responses.view(),
+            latency: t.latency.view(),
         }
+    }
+
+    /// Counts a response head from the backend, `took` after the request was sent.
+    pub(crate) fn answered(&self, status: http::StatusCode, took: Duration) {
+        self.traffic.responses.count(status);
+        self.traffic.latency.ttfb.observe(took);
+    }
+
+    /// Counts a response body read to its end, `took` after the request was sent.
+    pub(crate) fn body_ended(&self, took: Duration) {
+        self.traffic.latency.total.observe(took);
     }
 
     /// Counts a connection opened to the backend (a pool's, an upgrade's; not a probe's).
@@ -304,6 +330,8 @@ impl BackendState {
 /// counts as a failure, as it does for `stale-if-error`.
 #[derive(Debug, Default)]
 struct Traffic {
+    responses: tally::StatusCounts,
+    latency: tally::Latency,
     connections: AtomicU64,
     streams_reset: AtomicU64,
     requests: AtomicU64,

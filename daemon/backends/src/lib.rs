@@ -10,6 +10,7 @@ mod http2;
 pub mod probe;
 pub mod protection;
 pub mod routing;
+pub mod tally;
 pub mod tls;
 
 use std::{
@@ -17,7 +18,7 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use http::{Request, Response, StatusCode, Uri};
@@ -219,13 +220,15 @@ impl Backend {
     /// The response body holds the backend's connection place (`max_connections`) until it is dropped.
     pub async fn send(&self, req: Request<Body>) -> Result<Response<BackendBody>, BackendError> {
         let permit = self.place().await?;
+        let sent = lacquer_clock::monotonic();
         let result = self.request(req).await;
-        self.account(&result);
+        self.account(&result, sent);
         result.map(|resp| {
             resp.map(|inner| BackendBody {
                 inner,
                 permit,
                 state: self.state.clone(),
+                sent: Some(sent),
             })
         })
     }
@@ -240,6 +243,7 @@ impl Backend {
     /// must also speak HTTP/1.1 on its address for WebSockets to pass.
     pub async fn upgrade(&self, req: Request<Body>) -> Result<Response<BackendBody>, BackendError> {
         let permit = self.place().await?;
+        let sent = lacquer_clock::monotonic();
         let result = match tokio::time::timeout(self.first_byte_timeout, self.handshake(req)).await
         {
             Ok(result) => result,
@@ -248,12 +252,14 @@ impl Backend {
                 timeout: self.first_byte_timeout,
             }),
         };
-        self.account(&result);
+        self.account(&result, sent);
         result.map(|resp| {
             resp.map(|inner| BackendBody {
                 inner,
                 permit,
                 state: self.state.clone(),
+                // A tunnel's length is the client's doing, no measure of the backend.
+                sent: None,
             })
         })
     }
@@ -320,8 +326,11 @@ impl Backend {
     }
 
     /// Counts an exchange in the backend's health: the client's faults never count against it.
-    fn account<B>(&self, result: &Result<Response<B>, BackendError>) {
+    fn account<B>(&self, result: &Result<Response<B>, BackendError>, sent: Instant) {
         let state = &self.state;
+        if let Ok(resp) = result {
+            state.answered(resp.status(), sent.elapsed());
+        }
         match &result {
             Ok(resp) if resp.status().is_server_error() => state.failed(format!(
                 "backend {} answered {}",
@@ -432,6 +441,8 @@ pub struct BackendBody {
     inner: Incoming,
     permit: Option<OwnedSemaphorePermit>,
     state: Arc<BackendState>,
+    /// When the request went out, for the backend's latency; none for an upgrade's.
+    sent: Option<Instant>,
 }
 
 impl HttpBody for BackendBody {
@@ -445,7 +456,12 @@ impl HttpBody for BackendBody {
         let frame = Pin::new(&mut self.inner).poll_frame(cx);
         match &frame {
             // The response is over: the place is free for the next request.
-            Poll::Ready(None) => self.permit = None,
+            Poll::Ready(None) => {
+                self.permit = None;
+                if let Some(sent) = self.sent.take() {
+                    self.state.body_ended(sent.elapsed());
+                }
+            }
             Poll::Ready(Some(Err(e))) => {
                 if http2::reset_by_origin(e) {
                     self.state.stream_reset();
@@ -468,6 +484,16 @@ impl HttpBody for BackendBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl Drop for BackendBody {
+    fn drop(&mut self) {
+        // Readers stop at the last frame of a body whose length says it is complete, without polling for
+        // its end.
+        if let Some(sent) = self.sent.filter(|_| self.inner.is_end_stream()) {
+            self.state.body_ended(sent.elapsed());
+        }
     }
 }
 

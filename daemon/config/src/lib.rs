@@ -640,6 +640,9 @@ impl Config {
         if self.admin.header_read_timeout.is_zero() {
             return bad("admin.header_read_timeout", "must be above zero".into());
         }
+        if self.admin.max_connections > 1_000_000 {
+            return bad("admin.max_connections", "at most 1000000".into());
+        }
         if self.admin.idle_timeout.is_zero() {
             return bad("admin.idle_timeout", "must be above zero".into());
         }

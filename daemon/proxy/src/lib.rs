@@ -29,6 +29,7 @@ pub mod stats;
 pub mod store;
 #[cfg(test)]
 mod tests;
+mod timing;
 pub mod worker;
 
 use std::{
@@ -82,6 +83,7 @@ impl lacquer_edge::Service for Worker {
         req: Request<RequestBody>,
         client: Client,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
+        let started = lacquer_clock::monotonic();
         let mut req = req;
         let recording = self.shared.access_log.begin(&mut req, client.ip);
         let html = error_page::wants_html(req.headers());
@@ -107,6 +109,7 @@ impl lacquer_edge::Service for Worker {
             } else {
                 resp
             };
+            let resp = timing::timed(resp, self.shared.stats.clone(), started);
             match recording {
                 Some(r) => r.respond(resp),
                 None => resp,
@@ -250,8 +253,11 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
         // the origin's from here on.
         let mut resp = match kept.filter(|_| resp.status() != StatusCode::SWITCHING_PROTOCOLS) {
             Some(parts) => {
+                let keep = timing::Outcome::keep(&resp);
                 let live = worker.shared.live.load();
-                phase::deliver(&live.rules, &parts, client, secure, resp)
+                let mut resp = phase::deliver(&live.rules, &parts, client, secure, resp);
+                keep(&mut resp);
+                resp
             }
             None => resp,
         };
@@ -328,8 +334,11 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
     };
     let mut resp = match parts.filter(|_| delivers) {
         Some(parts) => {
+            let keep = timing::Outcome::keep(&resp);
             let live = worker.shared.live.load();
-            phase::deliver(&live.rules, &parts, client, secure, resp)
+            let mut resp = phase::deliver(&live.rules, &parts, client, secure, resp);
+            keep(&mut resp);
+            resp
         }
         None => resp,
     };
@@ -383,6 +392,7 @@ fn refused(status: StatusCode, message: &str, retry: Option<Duration>) -> Respon
         },
         message,
     );
+    resp.extensions_mut().insert(timing::Made);
     if let Some(wait) = retry {
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         resp.headers_mut()

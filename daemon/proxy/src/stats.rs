@@ -3,7 +3,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use lacquer_admin::wire::{ListenerCounters, ListenerStats, ProxyStats};
+use lacquer_admin::wire::{
+    ListenerCounters, ListenerStats, OutcomeLatency, ProxyStats, StatusCounts as StatusView,
+    OUTCOMES,
+};
+use lacquer_backends::tally::{Latency, StatusCounts};
 use lacquer_edge::EdgeStats;
 
 macro_rules! counters {
@@ -18,6 +22,10 @@ macro_rules! counters {
             $(#[allow(missing_docs)] pub $name: AtomicU64,)*
             /// The connection counters, kept by the edge.
             pub edge: EdgeStats,
+            /// Client requests' latency, by cache outcome in the order of [`OUTCOMES`].
+            pub latency: [Latency; OUTCOMES.len()],
+            /// Client responses by status code.
+            pub responses: StatusCounts,
         }
 
         impl Stats {
@@ -159,6 +167,25 @@ counters! {
     quic_errors_protocol,
     quic_errors_transport,
     quic_errors_reset,
+}
+
+impl Stats {
+    /// Client requests' latency by outcome, every outcome of [`OUTCOMES`] in that order.
+    pub fn latency(&self) -> Vec<OutcomeLatency> {
+        OUTCOMES
+            .iter()
+            .zip(&self.latency)
+            .map(|(outcome, l)| OutcomeLatency {
+                outcome: (*outcome).to_owned(),
+                latency: l.view(),
+            })
+            .collect()
+    }
+
+    /// Client responses by status code.
+    pub fn responses(&self) -> StatusView {
+        self.responses.view()
+    }
 }
 
 /// Counts one (relaxed: counters order nothing).

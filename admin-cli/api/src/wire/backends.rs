@@ -37,6 +37,13 @@ pub struct BackendView {
     /// HTTP/2 streams the backend reset (`RST_STREAM`) or cut off with a `GOAWAY` before they ended.
     #[serde(default)]
     pub streams_reset: u64,
+    /// The backend's answers by status code (its response heads; failures without one are `errors`).
+    #[serde(default)]
+    pub responses: super::StatusCounts,
+    /// From sending a request to the backend's response head (`ttfb`) and to the end of its body
+    /// (`total`; bodies nobody read to the end are left out).
+    #[serde(default)]
+    pub latency: super::Latency,
 }
 
 /// A probe's recent polls, as `varnishadm backend.list -p` shows them.

@@ -5,6 +5,7 @@ mod backends;
 mod cluster;
 mod explain;
 mod invalidation;
+mod latency;
 mod log;
 mod objects;
 mod reload;
@@ -19,6 +20,9 @@ pub use backends::{
 pub use cluster::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
 pub use explain::{ExplainRequest, ExplainedObject, ExplainedResponse, Explanation, RuleStep};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
+pub use latency::{
+    Histogram, Latency, OutcomeLatency, StatusCounts, LATENCY_BOUNDS_US, LATENCY_BUCKETS, OUTCOMES,
+};
 pub use log::{LogEntry, LogFilter};
 pub use objects::{
     HeaderField, Inspection, ObjectQuery, Representation, StoredPart, StoredVariant, Tiers,

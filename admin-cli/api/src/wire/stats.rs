@@ -639,6 +639,13 @@ pub struct Stats {
     /// per-listener counters.
     #[serde(default)]
     pub listeners: Vec<ListenerStats>,
+    /// Client requests' time to the response head and to its end, by cache outcome (every outcome of
+    /// [`OUTCOMES`](super::OUTCOMES), in that order). Absent from daemons without latency histograms.
+    #[serde(default)]
+    pub latency: Vec<super::OutcomeLatency>,
+    /// Client responses by status code. Absent from daemons without them.
+    #[serde(default)]
+    pub responses: super::StatusCounts,
 }
 
 impl Stats {
@@ -719,6 +726,15 @@ impl Stats {
                     Some(r) => r.matched = r.matched.saturating_add(rule.matched),
                     None => total.rules.push(rule.clone()),
                 }
+            }
+            for l in &stats.latency {
+                match total.latency.iter_mut().find(|t| t.outcome == l.outcome) {
+                    Some(t) => t.latency.add(&l.latency),
+                    None => total.latency.push(l.clone()),
+                }
+            }
+            for (code, n) in &stats.responses {
+                *total.responses.entry(*code).or_default() += n;
             }
             if !versions.contains(&stats.version.as_str()) {
                 versions.push(&stats.version);
