@@ -535,8 +535,7 @@ async fn latency_histograms_tell_hits_from_slow_misses_and_count_status_codes() 
         d.wait_for_stats("three responses timed to their end", |s| {
             s["latency"].as_array().map(|l| {
                 l.iter()
-                    .map(|o| o["latency"]["total"]["counts"].as_array().unwrap().iter())
-                    .flatten()
+                    .flat_map(|o| o["latency"]["total"]["counts"].as_array().unwrap().iter())
                     .map(|c| c.as_u64().unwrap())
                     .sum::<u64>()
             }) == Some(3)
