@@ -50,20 +50,29 @@ pub fn handle(state: &mut State, key: KeyEvent) -> Action {
         KeyCode::Tab | KeyCode::BackTab => {
             state.view = match state.view {
                 View::Overview => View::Counters,
-                View::Counters | View::Cluster | View::Rules => View::Overview,
+                View::Counters | View::Cluster | View::Rules | View::Latency => View::Overview,
             }
         }
         KeyCode::Char('c') => {
             state.view = match state.view {
                 View::Cluster => View::Overview,
-                View::Overview | View::Counters | View::Rules => View::Cluster,
+                View::Overview | View::Counters | View::Rules | View::Latency => View::Cluster,
             }
         }
         KeyCode::Char('r') => {
             state.view = match state.view {
                 View::Rules => View::Overview,
-                View::Overview | View::Counters | View::Cluster => View::Rules,
+                View::Overview | View::Counters | View::Cluster | View::Latency => View::Rules,
             }
+        }
+        KeyCode::Char('l') => {
+            state.view = match state.view {
+                View::Latency => View::Overview,
+                View::Overview | View::Counters | View::Cluster | View::Rules => View::Latency,
+            }
+        }
+        KeyCode::Char('d') if state.view == View::Latency => {
+            state.latency_total = !state.latency_total;
         }
         KeyCode::Char('p') | KeyCode::Char(' ') => state.paused = !state.paused,
         KeyCode::Char('/') => {
@@ -116,6 +125,14 @@ mod tests {
         assert_eq!(s.view, View::Rules, "from the cluster to the rules");
         press(&mut s, "r");
         assert_eq!(s.view, View::Overview, "r again leaves the rules");
+        press(&mut s, "d");
+        assert!(!s.latency_total, "d only switches in the latency view");
+        press(&mut s, "l");
+        assert_eq!(s.view, View::Latency);
+        press(&mut s, "d");
+        assert!(s.latency_total, "d switches to the time to the end");
+        press(&mut s, "dl");
+        assert_eq!((s.view, s.latency_total), (View::Overview, false));
         press(&mut s, "r");
         key(&mut s, KeyCode::Tab);
         assert_eq!(s.view, View::Overview, "tab leaves the rules view");

@@ -4,7 +4,7 @@ use std::{collections::VecDeque, time::Instant};
 
 use lacquer_admin::{
     cluster::ClusterReport,
-    wire::{BackendList, BackendView, Field, Kind, Stats},
+    wire::{BackendList, BackendView, Field, Histogram, Kind, OutcomeLatency, Stats},
 };
 
 /// Per-second samples kept for the sparklines: ten minutes.
@@ -29,7 +29,11 @@ pub enum View {
     Counters,
     Cluster,
     Rules,
+    Latency,
 }
+
+/// Samples the latency view spans: its histograms count the requests of the last ten seconds.
+pub const LATENCY_WINDOW: usize = 10;
 
 /// A backend with the rates between its last two samples.
 #[derive(Debug, Clone)]
@@ -129,6 +133,10 @@ pub struct State {
     pub editing: bool,
     /// First counter row shown.
     pub scroll: usize,
+    /// The latency histograms of the last [`LATENCY_WINDOW`] samples and the one before, oldest first.
+    latency_window: VecDeque<Vec<OutcomeLatency>>,
+    /// The latency view shows the time to the end of responses, not to their head.
+    pub latency_total: bool,
 }
 
 impl State {
@@ -143,6 +151,10 @@ impl State {
         if let (Some(latest), Some(taken)) = (self.latest.take(), self.taken) {
             self.previous = Some((latest, taken));
         }
+        if self.latency_window.len() > LATENCY_WINDOW {
+            self.latency_window.pop_front();
+        }
+        self.latency_window.push_back(stats.latency.clone());
         self.latest = Some(stats);
         self.taken = Some(at);
         self.error = None;
@@ -283,6 +295,38 @@ impl State {
         })
     }
 
+    /// Each outcome's histogram (time to the head, or with [`State::latency_total`] to the end) over the
+    /// window, and how many samples back the window reaches: `None` before there are two samples, when the
+    /// histograms count every request since the daemon started.
+    pub fn latency(&self) -> (Vec<(String, Histogram)>, Option<usize>) {
+        let pick = |l: &OutcomeLatency| {
+            if self.latency_total {
+                l.latency.total.clone()
+            } else {
+                l.latency.ttfb.clone()
+            }
+        };
+        let (Some(newest), Some(oldest)) =
+            (self.latency_window.back(), self.latency_window.front())
+        else {
+            return (Vec::new(), None);
+        };
+        let span = self.latency_window.len() - 1;
+        let rows = newest
+            .iter()
+            .map(|now| {
+                let h = pick(now);
+                let earlier = oldest.iter().find(|o| o.outcome == now.outcome);
+                let h = match earlier.filter(|_| span > 0) {
+                    Some(e) => h.since(&pick(e)),
+                    None => h,
+                };
+                (now.outcome.clone(), h)
+            })
+            .collect();
+        (rows, (span > 0).then_some(span))
+    }
+
     pub fn uptime(&self) -> Option<u64> {
         Some(self.latest.as_ref()?.uptime_seconds)
     }
@@ -394,6 +438,8 @@ pub(crate) mod tests {
                 probe: None,
                 connections: 2,
                 streams_reset: 0,
+                responses: Default::default(),
+                latency: Default::default(),
             }],
         };
         let mut s = State::new("a".into());

@@ -9,11 +9,13 @@ use ratatui::{
 
 use super::Theme;
 
-const TEXT: [&str; 20] = [
+const TEXT: [&str; 22] = [
     "q, esc    quit (ctrl-c too); esc clears a kept filter first",
     "tab       overview / every counter",
     "c         cluster: every member, and the totals (c again leaves)",
     "r         rules: matches of each [[rule]] (r again leaves)",
+    "l         latency histogram by cache outcome (l again leaves);",
+    "          d switches time to head / to end",
     "p, space  pause: keep this screen",
     "/         filter counters by name; enter keeps, esc clears",
     "↑ ↓ pgup pgdn home   scroll the counters and the rules",

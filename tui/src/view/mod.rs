@@ -3,6 +3,7 @@
 mod cluster;
 mod counters;
 mod help;
+mod latency;
 mod overview;
 mod rules;
 
@@ -88,6 +89,7 @@ pub fn render(frame: &mut Frame, state: &State, theme: &Theme) {
         View::Counters => counters::render(frame, body, state, theme),
         View::Cluster => cluster::render(frame, body, state, theme),
         View::Rules => rules::render(frame, body, state, theme),
+        View::Latency => latency::render(frame, body, state, theme),
     }
     render_footer(frame, footer, state, theme);
     if state.help {
@@ -122,7 +124,8 @@ fn render_footer(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
             Span::raw("  enter keep  esc clear"),
         ])
     } else {
-        let mut keys = "q quit  tab view  c cluster  r rules  p pause  / filter  ? help".to_owned();
+        let mut keys =
+            "q quit  tab view  c cluster  r rules  l latency  p pause  / filter  ? help".to_owned();
         if matches!(state.view, View::Counters | View::Rules) {
             keys += "  ↑↓ scroll";
         }
@@ -218,6 +221,7 @@ pub(crate) mod tests {
                     ..Default::default()
                 },
             }],
+            ..Default::default()
         };
         let backends = |n: u64| BackendList {
             backends: vec![BackendView {
@@ -236,6 +240,8 @@ pub(crate) mod tests {
                 probe: None,
                 connections: 2,
                 streams_reset: 0,
+                responses: Default::default(),
+                latency: Default::default(),
             }],
         };
         let mut state = State::new("127.0.0.1:6082".into());
@@ -260,7 +266,9 @@ pub(crate) mod tests {
             "{s}"
         );
         assert!(
-            s.ends_with("q quit  tab view  c cluster  r rules  p pause  / filter  ? help\n"),
+            s.ends_with(
+                "q quit  tab view  c cluster  r rules  l latency  p pause  / filter  ? help\n"
+            ),
             "{s}"
         );
         state.paused = true;
@@ -276,7 +284,13 @@ pub(crate) mod tests {
             crate::state::tests::report(&[("n1", Some((10, 5, 0))), ("n2", None)]),
             Instant::now(),
         );
-        for view in [View::Overview, View::Counters, View::Cluster, View::Rules] {
+        for view in [
+            View::Overview,
+            View::Counters,
+            View::Cluster,
+            View::Rules,
+            View::Latency,
+        ] {
             state.view = view;
             for help in [false, true] {
                 state.help = help;
