@@ -1,8 +1,12 @@
-//! `cachectl log`: requests as they complete, as access log lines or JSON records, until interrupted.
+//! `cachectl log` and `cachectl trace`: requests as they complete, as access log lines or every step the
+//! daemon took (or JSON records), until interrupted.
 
 use std::time::Duration;
 
-use lacquer_admin::{wire::LogFilter, AdminClient, AdminError, LogEvent, LogStream};
+use lacquer_admin::{
+    wire::{LogEntry, LogFilter},
+    AdminClient, AdminError, LogEvent, LogStream,
+};
 
 use crate::Output;
 
@@ -15,8 +19,10 @@ pub async fn follow(
     filter: LogFilter,
 ) -> Result<(), AdminError> {
     let mut stream = client.log_stream(&filter).await?;
+    let traced = filter.trace == Some(true);
     loop {
         match stream.next().await {
+            Ok(LogEvent::Entry(entry)) if traced => out.show(&*entry, trace_lines),
             Ok(LogEvent::Entry(entry)) => out.show(&*entry, |e| e.ncsa_line()),
             Ok(LogEvent::Lagged(missed)) => {
                 eprintln!("cachectl: {missed} requests went by unshown (reading too slowly)")
@@ -43,5 +49,83 @@ async fn reconnect(client: &AdminClient, filter: &LogFilter) -> Result<LogStream
             Err(AdminError::Unreachable { .. }) => wait = (wait * 2).min(MOST_BETWEEN_ATTEMPTS),
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// A traced request as `varnishlog` groups one: a line saying which request, a line per step with the
+/// time since its arrival, then how it was answered.
+fn trace_lines(e: &LogEntry) -> String {
+    let url = match &e.host {
+        Some(host) => format!("http://{host}{}", e.url),
+        None => e.url.clone(),
+    };
+    let mut out = format!("* {} {url} {} from {}\n", e.method, e.protocol, e.client);
+    let step = |out: &mut String, at_us: u64, tag: &str, detail: &str| {
+        out.push_str(&format!(
+            "- {:>9.3} ms  {tag:<9} {detail}\n",
+            at_us as f64 / 1e3
+        ));
+    };
+    for s in &e.steps {
+        step(&mut out, s.at_us, &s.tag, &s.detail);
+    }
+    let detail = e
+        .detail
+        .as_deref()
+        .map_or_else(String::new, |d| format!(" ({d})"));
+    step(
+        &mut out,
+        (e.ttfb * 1e6) as u64,
+        "Response",
+        &format!("{} {}{detail}", e.status, e.cache),
+    );
+    step(
+        &mut out,
+        (e.duration * 1e6) as u64,
+        "End",
+        &format!("{} body bytes", e.bytes),
+    );
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use lacquer_admin::wire::TraceStep;
+
+    use super::*;
+
+    #[test]
+    fn a_trace_reads_as_steps_in_time_order() {
+        let entry = LogEntry {
+            time_ms: 0,
+            client: "127.0.0.1".into(),
+            method: "GET".into(),
+            url: "/a".into(),
+            host: Some("example.com".into()),
+            protocol: "HTTP/1.1".into(),
+            status: 200,
+            bytes: 4,
+            referer: None,
+            user_agent: None,
+            cache: "MISS".into(),
+            detail: Some("stored".into()),
+            ttfb: 0.0021,
+            duration: 0.0025,
+            backend: Some("default".into()),
+            route: Some("default".into()),
+            steps: vec![TraceStep {
+                at_us: 120,
+                tag: "Lookup".into(),
+                detail: "nothing stored for this variant".into(),
+            }],
+        };
+        assert_eq!(
+            trace_lines(&entry),
+            "* GET http://example.com/a HTTP/1.1 from 127.0.0.1\n\
+             -     0.120 ms  Lookup    nothing stored for this variant\n\
+             -     2.100 ms  Response  200 MISS (stored)\n\
+             -     2.500 ms  End       4 body bytes\n\n"
+        );
     }
 }

@@ -120,12 +120,15 @@ enum Command {
     },
     /// Follow requests as they complete, as access log lines (like `varnishncsa`), until interrupted.
     Log {
-        /// Only URLs (path and query) containing TEXT.
-        #[arg(long, value_name = "TEXT")]
-        url: Option<String>,
-        /// Only this status, or a class such as `5xx`.
-        #[arg(long, value_name = "STATUS")]
-        status: Option<String>,
+        #[command(flatten)]
+        filter: Filter,
+    },
+    /// Follow requests as they complete with every step the daemon took for each (route, cache key,
+    /// lookup, fetch, backend, origin status, storing or why not, response), like `varnishlog`, until
+    /// interrupted.
+    Trace {
+        #[command(flatten)]
+        filter: Filter,
     },
     /// The most frequent URLs, hosts, misses, origin fetches, statuses or backends over a sliding window,
     /// live, like `varnishtop`.
@@ -153,6 +156,35 @@ enum Command {
 #[derive(Debug, Clone, Copy)]
 struct Output {
     json: bool,
+}
+
+/// Which requests `log` and `trace` show: all given conditions must hold.
+#[derive(Debug, clap::Args)]
+struct Filter {
+    /// Only URLs (path and query) containing TEXT.
+    #[arg(long, value_name = "TEXT")]
+    url: Option<String>,
+    /// Only hosts containing TEXT.
+    #[arg(long, value_name = "TEXT")]
+    host: Option<String>,
+    /// Only this status, or a class such as `5xx`.
+    #[arg(long, value_name = "STATUS")]
+    status: Option<String>,
+    /// Only requests from this client address.
+    #[arg(long, value_name = "ADDRESS")]
+    client: Option<std::net::IpAddr>,
+}
+
+impl Filter {
+    fn wire(self, trace: bool) -> LogFilter {
+        LogFilter {
+            url: self.url,
+            host: self.host,
+            status: self.status,
+            client: self.client.map(|c| c.to_string()),
+            trace: trace.then_some(true),
+        }
+    }
 }
 
 impl Output {
@@ -290,7 +322,8 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
         Command::Backend { name, health } => {
             operations::set_backend_health(client, out, &name, health).await
         }
-        Command::Log { url, status } => log::follow(client, out, LogFilter { url, status }).await,
+        Command::Log { filter } => log::follow(client, out, filter.wire(false)).await,
+        Command::Trace { filter } => log::follow(client, out, filter.wire(true)).await,
         Command::Top {
             by,
             window,

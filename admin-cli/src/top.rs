@@ -198,6 +198,7 @@ mod tests {
             duration: 0.0,
             backend: backend.map(Into::into),
             route: None,
+            steps: Vec::new(),
         }
     }
 

@@ -481,6 +481,66 @@ async fn top_counts_requests_by_url_and_by_status_over_its_window() {
     assert_eq!(keys, ["200", "404"], "{statuses}");
 }
 
+/// `cachectl trace` shows each matching request as varnishlog groups one: a request line, a line per step,
+/// then the response.
+#[tokio::test(flavor = "multi_thread")]
+async fn trace_shows_the_steps_of_matching_requests() {
+    let origin = Origin::start(|_| Reply::ok("x").header("cache-control", "max-age=60")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cachectl"))
+        .args(["--admin", &d.admin.to_string(), "--secret"])
+        .arg(d.secret_file())
+        .args(["trace", "--url", "/traced", "--client", "127.0.0.1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut lines = Vec::new();
+    // Until one whole request has been shown: its block ends with an empty line.
+    while !lines.iter().any(|l: &String| l.is_empty()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no trace in 10 s: {lines:?}"
+        );
+        get(d.addr, "/other").await;
+        get(d.addr, "/traced").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        lines.extend(rx.try_iter());
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let block: Vec<&String> = lines.iter().take_while(|l| !l.is_empty()).collect();
+    assert!(
+        block[0].starts_with("* GET http://127.0.0.1:")
+            && block[0].ends_with("/traced HTTP/1.1 from 127.0.0.1"),
+        "{block:#?}"
+    );
+    let tags: Vec<&str> = block[1..]
+        .iter()
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            assert_eq!((words.next(), words.nth(1)), (Some("-"), Some("ms")), "{l}");
+            words.next().unwrap()
+        })
+        .collect();
+    for tag in ["Route", "Class", "Key", "Lookup", "Response", "End"] {
+        assert!(tags.contains(&tag), "{tag} missing: {block:#?}");
+    }
+    assert!(
+        !lines.iter().any(|l| l.contains("/other")),
+        "only the matching requests: {lines:#?}"
+    );
+}
+
 /// varnishlog goes on through a restart of varnishd; `cachectl log` went away with exit status 3.
 #[tokio::test(flavor = "multi_thread")]
 async fn log_goes_on_through_a_restart_of_the_daemon() {

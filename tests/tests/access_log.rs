@@ -322,6 +322,7 @@ async fn the_stream_follows_requests_filtered_without_a_log_file() {
     let filter = |url: Option<&str>, status: Option<&str>| LogFilter {
         url: url.map(str::to_owned),
         status: status.map(str::to_owned),
+        ..Default::default()
     };
     let mut errors = client.log_stream(&filter(None, Some("4xx"))).await.unwrap();
     let mut by_url = client.log_stream(&filter(Some("/b"), None)).await.unwrap();
@@ -346,6 +347,128 @@ async fn the_stream_follows_requests_filtered_without_a_log_file() {
 
     let bad = d
         .admin_get("/v1/log/stream?status=9xx", Some(&d.secret()))
+        .await;
+    assert_eq!(bad.status, 400);
+}
+
+/// Every step of the requests a `trace=true` stream follows, in order, and none in anyone else's records.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trace_shows_every_step_and_only_to_those_who_asked() {
+    let origin = Origin::start(|seen| match seen.path.as_str() {
+        "/private" => Reply::ok("mine").header("cache-control", "private"),
+        _ => Reply::ok("hello").header("cache-control", "max-age=60"),
+    })
+    .await;
+    let d = start(&origin, "");
+    let client = AdminClient::new(Target {
+        addr: d.admin,
+        secret_file: d.secret_file(),
+    });
+    let mut plain = client.log_stream(&LogFilter::default()).await.unwrap();
+    let mut traced = client
+        .log_stream(&LogFilter {
+            trace: Some(true),
+            client: Some("127.0.0.1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut other_host = client
+        .log_stream(&LogFilter {
+            host: Some("EXAMPLE.org".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    get(d.addr, "/a").await;
+    get(d.addr, "/a").await;
+    get(d.addr, "/private").await;
+    request(
+        d.addr,
+        Method::GET,
+        "/a",
+        &[("host", "www.example.org")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    let next = |event| match event {
+        LogEvent::Entry(entry) => *entry,
+        LogEvent::Lagged(n) => panic!("{n} records missed"),
+    };
+    let steps = |entry: &lacquer_admin::wire::LogEntry| {
+        entry
+            .steps
+            .iter()
+            .map(|s| format!("{} {}", s.tag, s.detail))
+            .collect::<Vec<_>>()
+    };
+    let has = |steps: &[String], prefix: &str| steps.iter().any(|s| s.starts_with(prefix));
+
+    let miss = next(traced.next().await.unwrap());
+    let miss_steps = steps(&miss);
+    for expected in [
+        "Route default",
+        "Class lookup",
+        "Key ",
+        "Lookup nothing stored",
+        "Fetch started",
+        "Backend default",
+        "Origin 200 OK",
+        "Store storing: ttl 60 s",
+    ] {
+        assert!(
+            has(&miss_steps, expected),
+            "{expected} not in {miss_steps:#?}"
+        );
+    }
+    let order: Vec<&str> = miss.steps.iter().map(|s| s.tag.as_str()).collect();
+    let position = |tag| order.iter().position(|t| *t == tag).unwrap();
+    assert!(
+        position("Route") < position("Lookup")
+            && position("Lookup") < position("Origin")
+            && position("Origin") < position("Store"),
+        "{order:?}"
+    );
+    assert!(
+        miss.steps.windows(2).all(|w| w[0].at_us <= w[1].at_us),
+        "{miss_steps:#?}"
+    );
+
+    let hit = next(traced.next().await.unwrap());
+    let hit_steps = steps(&hit);
+    assert!(
+        has(&hit_steps, "Lookup variant 1 of 1, fresh"),
+        "{hit_steps:#?}"
+    );
+    assert!(
+        has(&hit_steps, "Body stored, Memory tier"),
+        "{hit_steps:#?}"
+    );
+    assert!(
+        !has(&hit_steps, "Fetch"),
+        "a hit fetches nothing: {hit_steps:#?}"
+    );
+
+    let private = next(traced.next().await.unwrap());
+    let private_steps = steps(&private);
+    assert!(
+        has(&private_steps, "Store not stored: private"),
+        "{private_steps:#?}"
+    );
+
+    for _ in 0..4 {
+        let entry = next(plain.next().await.unwrap());
+        assert!(
+            entry.steps.is_empty(),
+            "an untraced follower got steps: {entry:?}"
+        );
+    }
+    let entry = next(other_host.next().await.unwrap());
+    assert_eq!(entry.host.as_deref(), Some("www.example.org"));
+
+    let bad = d
+        .admin_get("/v1/log/stream?trace=maybe", Some(&d.secret()))
         .await;
     assert_eq!(bad.status, 400);
 }

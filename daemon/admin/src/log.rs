@@ -13,7 +13,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::{AdminError, AdminState, ApiQuery};
 
 /// Every request as it completes, as server-sent events named `log` whose data is a log record, filtered
-/// by URL and status; `lagged` (with the number of records missed) when the client reads too slowly to
+/// by URL, host, client and status, with every step the data path took when `trace=true`; `lagged` (with the number of records missed) when the client reads too slowly to
 /// keep up. Works whether or not the access log file is on; ends when the daemon stops.
 #[utoipa::path(get, path = "/v1/log/stream", tag = "status", security(("secret" = [])),
     params(LogFilter),
@@ -36,12 +36,23 @@ pub async fn stream(
                 "status: a status such as 404, or a class such as 5xx".to_owned(),
             )
         })?;
-    let url = filter.url;
-    let records = state.shared.access_log.follow();
+    let tracing = filter.trace == Some(true);
+    let (records, guard) = if tracing {
+        let (records, guard) = state.shared.access_log.follow_traced();
+        (records, Some(guard))
+    } else {
+        (state.shared.access_log.follow(), None)
+    };
+    let wanted = Arc::new(Wanted {
+        url: filter.url,
+        host: filter.host,
+        client: filter.client,
+        status,
+    });
     let events = stream::unfold(
-        (records, state.stopping.clone()),
-        move |(mut records, mut stopping)| {
-            let url = url.clone();
+        (records, state.stopping.clone(), guard),
+        move |(mut records, mut stopping, guard)| {
+            let wanted = wanted.clone();
             async move {
                 loop {
                     let record = tokio::select! {
@@ -49,17 +60,27 @@ pub async fn stream(
                         _ = stopping.wait_for(|s| *s) => return None,
                     };
                     let event = match record {
-                        Ok(entry) if wanted(&entry, url.as_deref(), status) => Event::default()
-                            .event("log")
-                            .json_data(&*entry)
-                            .expect("records serialize"),
+                        Ok(entry) if wanted.matches(&entry) => {
+                            let event = Event::default().event("log");
+                            // Another follower's trace is not this one's to carry.
+                            if !tracing && !entry.steps.is_empty() {
+                                let plain = LogEntry {
+                                    steps: Vec::new(),
+                                    ..(*entry).clone()
+                                };
+                                event.json_data(&plain)
+                            } else {
+                                event.json_data(&*entry)
+                            }
+                            .expect("records serialize")
+                        }
                         Ok(_) => continue,
                         Err(RecvError::Lagged(missed)) => Event::default()
                             .event("lagged")
                             .data(format!("{{\"missed\":{missed}}}")),
                         Err(RecvError::Closed) => return None,
                     };
-                    return Some((Ok::<_, Infallible>(event), (records, stopping)));
+                    return Some((Ok::<_, Infallible>(event), (records, stopping, guard)));
                 }
             }
         },
@@ -87,12 +108,29 @@ impl StatusFilter {
     }
 }
 
-fn wanted(entry: &Arc<LogEntry>, url: Option<&str>, status: Option<StatusFilter>) -> bool {
-    url.is_none_or(|u| entry.url.contains(u))
-        && status.is_none_or(|s| match s {
-            StatusFilter::Exact(n) => entry.status == n,
-            StatusFilter::Class(c) => entry.status / 100 == c,
-        })
+/// Which records a stream sends ([`LogFilter`]).
+struct Wanted {
+    url: Option<String>,
+    host: Option<String>,
+    client: Option<String>,
+    status: Option<StatusFilter>,
+}
+
+impl Wanted {
+    fn matches(&self, entry: &LogEntry) -> bool {
+        self.url.as_deref().is_none_or(|u| entry.url.contains(u))
+            && self.host.as_deref().is_none_or(|h| {
+                entry
+                    .host
+                    .as_deref()
+                    .is_some_and(|host| host.to_ascii_lowercase().contains(&h.to_ascii_lowercase()))
+            })
+            && self.client.as_deref().is_none_or(|c| entry.client == c)
+            && self.status.is_none_or(|s| match s {
+                StatusFilter::Exact(n) => entry.status == n,
+                StatusFilter::Class(c) => entry.status / 100 == c,
+            })
+    }
 }
 
 #[cfg(test)]

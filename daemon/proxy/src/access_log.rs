@@ -12,8 +12,9 @@ use std::{
     path::{Path, PathBuf},
     pin::Pin,
     sync::{
+        atomic::{AtomicUsize, Ordering::Relaxed},
         mpsc::{self, RecvTimeoutError, SyncSender, TrySendError},
-        Arc, OnceLock,
+        Arc, Mutex, OnceLock,
     },
     task::{Context, Poll},
     thread::JoinHandle,
@@ -25,7 +26,7 @@ use bytes::Bytes;
 use http::{header, request::Parts, Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
-use lacquer_admin::wire::LogEntry;
+use lacquer_admin::wire::{LogEntry, TraceStep};
 use tokio::sync::broadcast;
 
 use lacquer_backends::body::{Body, BoxError};
@@ -55,6 +56,8 @@ pub struct AccessLog {
     format: ArcSwap<LogFormat>,
     sample: f64,
     tail: broadcast::Sender<Arc<LogEntry>>,
+    /// Followers that asked for every step of each request: while there is one, requests are traced.
+    tracers: AtomicUsize,
     stats: Arc<Stats>,
 }
 
@@ -83,6 +86,7 @@ impl AccessLog {
             format: ArcSwap::from_pointee(format),
             sample: config.sample,
             tail,
+            tracers: AtomicUsize::new(0),
             stats,
         });
         Ok((log, writer))
@@ -113,6 +117,13 @@ impl AccessLog {
         self.tail.subscribe()
     }
 
+    /// Every request recorded from now on with the steps the data path took, until the guard is dropped.
+    pub fn follow_traced(self: &Arc<Self>) -> (broadcast::Receiver<Arc<LogEntry>>, Tracing) {
+        self.tracers.fetch_add(1, Relaxed);
+        let guard = Tracing(self.clone());
+        (self.tail.subscribe(), guard)
+    }
+
     /// Starts recording a request, when the file wants it (sampled) or someone follows the stream; the
     /// request then carries a [`Note`] for the data path to fill in.
     pub fn begin(
@@ -131,14 +142,19 @@ impl AccessLog {
         };
         let format = self.format.load_full();
         let request = LogFormat::capture(&format.request_fields, req.headers());
+        let started = lacquer_clock::monotonic();
+        let note = Note {
+            steps: (self.tracers.load(Relaxed) > 0).then(|| (started, Mutex::default())),
+            ..Note::default()
+        };
         let recording = Recording {
             log: self.clone(),
             to_file,
             format,
             request,
             response: Vec::new(),
-            note: Arc::default(),
-            started: lacquer_clock::monotonic(),
+            note: Arc::new(note),
+            started,
             entry: LogEntry {
                 time_ms: lacquer_clock::now_ms(),
                 client: client.to_string(),
@@ -160,6 +176,7 @@ impl AccessLog {
                 duration: 0.0,
                 backend: None,
                 route: None,
+                steps: Vec::new(),
             },
         };
         req.extensions_mut().insert(recording.note.clone());
@@ -210,12 +227,35 @@ pub struct Recording {
 pub struct Note {
     route: OnceLock<String>,
     backend: OnceLock<String>,
+    /// When the request is traced: its arrival, and the steps taken so far.
+    steps: Option<(Instant, Mutex<Vec<TraceStep>>)>,
+}
+
+impl Note {
+    /// The note a recorded request carries, for a step after its head is handed on.
+    pub fn of(parts: &Parts) -> Option<Arc<Note>> {
+        parts.extensions.get::<Arc<Note>>().cloned()
+    }
+
+    /// Notes a step when the request is traced; `detail` runs only then.
+    pub fn step(&self, tag: &'static str, detail: impl FnOnce() -> String) {
+        if let Some((started, steps)) = &self.steps {
+            let at_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let step = TraceStep {
+                at_us,
+                tag: tag.to_owned(),
+                detail: detail(),
+            };
+            steps.lock().expect("trace lock").push(step);
+        }
+    }
 }
 
 /// Notes the route of a recorded request; `describe` runs only when the request is recorded.
 pub fn note_route(parts: &Parts, describe: impl FnOnce() -> String) {
     if let Some(note) = parts.extensions.get::<Arc<Note>>() {
-        note.route.get_or_init(describe);
+        let route = note.route.get_or_init(describe);
+        note.step("Route", || route.clone());
     }
 }
 
@@ -223,6 +263,23 @@ pub fn note_route(parts: &Parts, describe: impl FnOnce() -> String) {
 pub fn note_backend(parts: &Parts, name: &str) {
     if let Some(note) = parts.extensions.get::<Arc<Note>>() {
         note.backend.get_or_init(|| name.to_owned());
+        note.step("Backend", || name.to_owned());
+    }
+}
+
+/// Notes a step of a traced request (`cachectl trace`); `detail` runs only when the request is traced.
+pub fn step(parts: &Parts, tag: &'static str, detail: impl FnOnce() -> String) {
+    if let Some(note) = parts.extensions.get::<Arc<Note>>() {
+        note.step(tag, detail);
+    }
+}
+
+/// Keeps requests traced while held ([`AccessLog::follow_traced`]).
+pub struct Tracing(Arc<AccessLog>);
+
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        self.0.tracers.fetch_sub(1, Relaxed);
     }
 }
 
@@ -296,6 +353,9 @@ impl Drop for Logged {
             r.entry.duration = r.started.elapsed().as_secs_f64();
             r.entry.route = r.note.route.get().cloned();
             r.entry.backend = r.note.backend.get().cloned();
+            if let Some((_, steps)) = &r.note.steps {
+                r.entry.steps = std::mem::take(&mut *steps.lock().expect("trace lock"));
+            }
             r.log.clone().emit(r);
         }
     }

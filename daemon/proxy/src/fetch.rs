@@ -517,10 +517,14 @@ async fn fill<S: CacheStore>(
     };
     let resp = match sent {
         Ok(resp) => resp,
-        Err(e) => return failed(worker, fetch, key, e),
+        Err(e) => {
+            crate::access_log::step(parts, "Error", || e.to_string());
+            return failed(worker, fetch, key, e);
+        }
     };
     let response_time = lacquer_clock::wall();
     let received_at = lacquer_clock::monotonic();
+    crate::access_log::step(parts, "Origin", || resp.status().to_string());
     let (mut head, mut body) = resp.into_parts();
     phase::origin_fields(decided, &mut head.headers);
     if !head.headers.contains_key(header::DATE) {
@@ -675,6 +679,25 @@ async fn fill<S: CacheStore>(
             (None, Vec::new(), Some(*reason))
         }
     };
+    crate::access_log::step(parts, "Store", || match (&storable, not_stored) {
+        (Some(s), _) => format!(
+            "storing: ttl {} s, grace {} s, keep {} s, varies on [{}]",
+            s.ttl.as_secs(),
+            s.grace.as_secs(),
+            s.keep.as_secs(),
+            selection
+                .iter()
+                // Each field line of the value follows a newline; none: the field was absent.
+                .map(|(name, value)| match value.strip_prefix('\n') {
+                    Some(lines) => format!("{name}: {:?}", lines.replace('\n', ", ")),
+                    None => format!("{name} absent"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        (None, Some(reason)) => format!("not stored: {reason}"),
+        (None, None) => "not stored".into(),
+    });
     let mut writer = match &storable {
         Some(_) => match shared.store.writer(key, &selection, fetch.since()) {
             Ok(w) => Some(w),

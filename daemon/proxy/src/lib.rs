@@ -208,6 +208,12 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
         Err(Answered::Synthetic(made)) => return phase::synthetic(*made),
     };
     access_log::note_route(&parts, || worker.shared.live().router.describe(&route));
+    access_log::step(&parts, "Class", || match class {
+        RequestClass::Lookup => "lookup".to_owned(),
+        RequestClass::Miss(why) => format!("miss without lookup: {why}"),
+        RequestClass::Pass(why) => format!("pass: {why}"),
+        RequestClass::Invalidate => format!("pass: {} invalidates on success", parts.method),
+    });
     if purge_method::is_invalidation(&parts.method) {
         return purge_method::handle(&worker, client, &parts).await;
     }
@@ -450,6 +456,7 @@ async fn lookup<S: CacheStore>(
     let parts_back = |resp: Response<Body>, parts: &Arc<Parts>| (resp, Some(parts.clone()));
     let shared = &worker.shared;
     let key = primary_key(&parts);
+    access_log::step(&parts, "Key", || key.clone());
     shared.prefetch.claim(&key, &shared.stats);
     // From here on the request carries the `Accept-Encoding` the origin is sent and the variant is made
     // from; the client's own decides only how the body leaves.
@@ -515,14 +522,35 @@ async fn lookup<S: CacheStore>(
             }
             found => found,
         };
+        if found.is_none() {
+            access_log::step(&parts, "Lookup", || {
+                "nothing stored for this variant".into()
+            });
+        }
         if let Some(found) = found {
             let ttl_s = found.meta().remaining_ttl_ms(now) / 1000;
-            match within_request_grace(
+            let usable = within_request_grace(
                 usability(found.meta().lifetime(now)),
                 found.meta(),
                 now,
                 decided,
-            ) {
+            );
+            access_log::step(&parts, "Lookup", || {
+                let (variant, of) = (found.index + 1, found.set.variants.len());
+                let state = match usable {
+                    Usability::Fresh => format!("fresh, {ttl_s} s left"),
+                    Usability::Grace => "stale, within grace: served while it is refetched".into(),
+                    Usability::OnError => "stale, kept for origin errors only".into(),
+                    Usability::Unusable => "stale, past grace".into(),
+                };
+                let unvouched = if vouched {
+                    ""
+                } else {
+                    "; this node may have missed an invalidation: the origin confirms it"
+                };
+                format!("variant {variant} of {of}, {state}{unvouched}")
+            });
+            match usable {
                 // An invalidation this node has not seen may cover what it stores: the origin confirms
                 // the object (a 304 to its validators) or sends it again.
                 Usability::Fresh | Usability::Grace if !vouched => {
@@ -708,6 +736,9 @@ async fn serve_stored<S: CacheStore>(
     if let Delivery::Decode(coding) = delivery {
         if let Some((sibling, conversion, first)) = sibling(worker, ctx, key, found, coding).await {
             record_hit(&shared.stats, first.tier);
+            access_log::step(parts, "Body", || {
+                format!("stored, {:?} tier, its {coding:?} sibling", first.tier)
+            });
             let body = &found.set.siblings[sibling].body;
             let Conversion::Sibling { coding, .. } = conversion else {
                 unreachable!("a sibling is sent as one");
@@ -755,10 +786,9 @@ async fn serve_stored<S: CacheStore>(
             }
         }
     };
-    record_hit(
-        &shared.stats,
-        first.as_ref().map_or(Tier::Memory, |c| c.tier),
-    );
+    let tier = first.as_ref().map_or(Tier::Memory, |c| c.tier);
+    record_hit(&shared.stats, tier);
+    access_log::step(parts, "Body", || format!("stored, {tier:?} tier"));
     let data = first.map(|c| c.data);
     let resp = respond::stored(
         shared.store.clone(),
@@ -1038,6 +1068,14 @@ async fn miss<S: CacheStore>(
             (start(None, true), true)
         }
     };
+    access_log::step(parts, "Fetch", || {
+        let revalidating = stale.as_ref().is_some_and(Found::revalidatable);
+        match (owner, revalidating) {
+            (true, true) => "started, asking the origin to confirm the stored object".into(),
+            (true, false) => "started".into(),
+            (false, _) => "joined the fetch in flight for this key".into(),
+        }
+    });
     if let Some(slot) = slot {
         // The place is the origin request's: kept until the origin answers it or it is given up, however
         // many of the clients waiting on it leave before.
@@ -1232,6 +1270,7 @@ async fn pass<S: CacheStore>(
     let client_head = (rules.has(Phase::BackendRequest) || rules.has(Phase::BackendResponse))
         .then(|| parts.clone());
     let key = primary_key(&parts);
+    let note = access_log::Note::of(&parts);
     let sent = match route.pick_from(decided.target.as_ref(), &key) {
         Ok(backend) => {
             access_log::note_backend(&parts, backend.name());
@@ -1268,6 +1307,9 @@ async fn pass<S: CacheStore>(
         }
     };
     let (mut head, body) = resp.into_parts();
+    if let Some(note) = &note {
+        note.step("Origin", || head.status.to_string());
+    }
     let invalidated =
         invalidation_target.filter(|_| head.status.is_success() || head.status.is_redirection());
     if let Some(target) = invalidated {

@@ -402,6 +402,7 @@ mod tests {
             duration: 1.0045,
             backend: Some("app1".into()),
             route: Some("route[0]".into()),
+            steps: Vec::new(),
         }
     }
 

@@ -40,6 +40,22 @@ pub struct LogEntry {
     /// The route taken, `route[N]` or `default`; none for a request refused before routing.
     #[serde(default)]
     pub route: Option<String>,
+    /// Every step the data path took for the request, in order: only in the records of a stream that asked
+    /// for them (`trace=true`, what `cachectl trace` shows), empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<TraceStep>,
+}
+
+/// One step of a traced request, as `varnishlog` shows a tag and its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TraceStep {
+    /// Microseconds from the request's arrival.
+    pub at_us: u64,
+    /// What happened: `Route`, `Class`, `Key`, `Lookup`, `Join`, `Backend`, `Fetch`, `Store`, `Stale`,
+    /// `Revalidate`, `Error`.
+    pub tag: String,
+    /// Its particulars, one line for a person.
+    pub detail: String,
 }
 
 impl LogEntry {
@@ -105,6 +121,13 @@ pub struct LogFilter {
     pub url: Option<String>,
     /// Only this status, or a class such as `5xx`.
     pub status: Option<String>,
+    /// Only hosts containing this.
+    pub host: Option<String>,
+    /// Only this client address.
+    pub client: Option<String>,
+    /// Each record with the steps the data path took (`steps`). Tracing costs the traced requests a
+    /// little; it stops when the last tracing stream closes.
+    pub trace: Option<bool>,
 }
 
 #[cfg(test)]
@@ -130,6 +153,7 @@ mod tests {
             duration: 0.0045,
             backend: Some("app1".into()),
             route: None,
+            steps: Vec::new(),
         };
         let line = entry.ncsa_line();
         let time = Local

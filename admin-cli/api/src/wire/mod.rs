@@ -23,7 +23,7 @@ pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};
 pub use latency::{
     Histogram, Latency, OutcomeLatency, StatusCounts, LATENCY_BOUNDS_US, LATENCY_BUCKETS, OUTCOMES,
 };
-pub use log::{LogEntry, LogFilter};
+pub use log::{LogEntry, LogFilter, TraceStep};
 pub use objects::{
     HeaderField, Inspection, ObjectQuery, Representation, StoredPart, StoredVariant, Tiers,
 };
