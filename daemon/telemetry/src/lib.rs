@@ -500,3 +500,37 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         self.inner.set_resource(resource);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_a_request_carries_nothing() {
+        let mut req = Request::new(());
+        assert!(Telemetry::off()
+            .begin(&mut req, IpAddr::from([127, 0, 0, 1]))
+            .is_none());
+        assert!(Trace::of(req.extensions()).is_none());
+    }
+
+    #[test]
+    fn a_client_cannot_name_spans_at_will() {
+        assert_eq!(name(&Method::GET), "GET");
+        assert_eq!(name(&Method::from_bytes(b"BREW").unwrap()), "HTTP");
+    }
+
+    #[test]
+    fn the_server_address_is_the_host_asked_for() {
+        let mut req = Request::builder()
+            .uri("http://origin.test:8080/a")
+            .body(())
+            .unwrap();
+        assert_eq!(host(&req).as_deref(), Some("origin.test"));
+        req.headers_mut().insert(
+            header::HOST,
+            HeaderValue::from_static("www.example.com:6081"),
+        );
+        assert_eq!(host(&req).as_deref(), Some("www.example.com"));
+    }
+}
