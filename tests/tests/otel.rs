@@ -449,3 +449,41 @@ async fn a_request_that_waits_for_anothers_fetch_does_not_claim_it() {
     assert_eq!(attr(waiter, "lacquer.collapsed").as_deref(), Some("true"));
     assert_eq!(attr(leader, "lacquer.collapsed"), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_is_traced_to_the_origin_too() {
+    let collector = Collector::start().await;
+    let origin = origin().await;
+    let mut d = start(
+        &origin,
+        &format!(
+            "[telemetry]\nendpoint = \"http://{}/v1/traces\"\n",
+            collector.addr
+        ),
+    );
+    let reply = request(d.addr, Method::POST, "/p", &[], Bytes::from("form"))
+        .await
+        .unwrap();
+    assert_eq!(reply.x_cache(), "PASS");
+    stop(&mut d);
+
+    let spans = collector.spans();
+    let server = spans
+        .iter()
+        .map(|r| &r.span)
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .unwrap_or_else(|| panic!("no server span: {spans:#?}"));
+    assert_eq!(server.name, "POST");
+    assert_eq!(attr(server, "lacquer.cache").as_deref(), Some("pass"));
+    let kids = children(&spans, server);
+    assert_eq!(kids.len(), 1, "a pass looks nothing up: {kids:#?}");
+    assert_eq!(kids[0].name, "fetch");
+    assert_eq!(
+        traceparents(&origin),
+        [Some(format!(
+            "00-{}-{}-01",
+            hex(&server.trace_id),
+            hex(&kids[0].span_id)
+        ))]
+    );
+}

@@ -142,11 +142,6 @@ impl Telemetry {
         })
     }
 
-    /// Whether spans are made and exported at all.
-    pub fn is_on(&self) -> bool {
-        self.on.is_some()
-    }
-
     /// Exports the spans still queued, for at most the export timeout (at shutdown). Call it outside the
     /// runtime [`Telemetry::start`] ran in, while that runtime still runs: the export is its task.
     pub fn shutdown(&self) {
@@ -271,14 +266,6 @@ impl Drop for RequestSpan {
 pub struct Trace {
     tracer: SdkTracer,
     cx: Context,
-}
-
-impl std::fmt::Debug for Trace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Trace")
-            .field(self.cx.span().span_context())
-            .finish()
-    }
 }
 
 impl Trace {
