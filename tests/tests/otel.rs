@@ -487,3 +487,85 @@ async fn a_pass_is_traced_to_the_origin_too() {
         ))]
     );
 }
+
+/// Waits until the node serves in a cluster of `members`.
+async fn serving(d: &Daemon, members: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = d.admin_get("/v1/cluster", Some(&d.secret())).await;
+        let view: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if view["state"] == "serving" && view["members"].as_array().map_or(0, Vec::len) == members {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not serving: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_routed_to_the_owning_peer_is_one_trace_across_both_nodes() {
+    let Some(etcd) = lacquer_tests::etcd::Etcd::start() else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let origin = origin().await;
+    let secret = lacquer_tests::secret_file(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("otel-cluster-secret"),
+        "the cluster secret of the otel test, long enough",
+    );
+    let mut nodes: Vec<Daemon> = (1..=2)
+        .map(|n| {
+            Daemon::with_config(
+                origin.addr,
+                &format!(
+                    "[[listen]]\naddress = \"127.0.0.{n}:0\"\n\
+                     [cluster]\nnode = \"n{n}\"\netcd = [\"{}\"]\nprefix = \"/otel\"\n\
+                     self_routing = true\nsecret_file = \"{}\"\n\
+                     [telemetry]\nendpoint = \"http://{}/v1/traces\"\nservice_name = \"n{n}\"\n",
+                    etcd.url(),
+                    secret.display(),
+                    collector.addr
+                ),
+            )
+        })
+        .collect();
+    for d in &nodes {
+        serving(d, 2).await;
+    }
+    // Enough keys that some are the other node's.
+    for n in 0..16 {
+        assert_eq!(get(nodes[0].addr, &format!("/k{n}")).await.status, 200);
+    }
+    for d in &mut nodes {
+        stop(d);
+    }
+
+    let spans = collector.spans();
+    let peer_fetches: Vec<&Received> = spans
+        .iter()
+        .filter(|r| r.service == "n1" && attr(&r.span, "lacquer.peer").as_deref() == Some("n2"))
+        .collect();
+    assert!(!peer_fetches.is_empty(), "no key went to n2: {spans:#?}");
+    for fetch in peer_fetches {
+        assert_eq!(fetch.span.name, "fetch");
+        assert_eq!(
+            attr(&fetch.span, "http.response.status_code").as_deref(),
+            Some("200")
+        );
+        // n2's server span is the child of n1's fetch, and n2 fetched from the origin in the same trace.
+        let owner = spans
+            .iter()
+            .find(|r| {
+                r.service == "n2"
+                    && r.span.kind == SpanKind::Server as i32
+                    && r.span.parent_span_id == fetch.span.span_id
+            })
+            .unwrap_or_else(|| panic!("n2 did not continue {fetch:#?}"));
+        assert_eq!(owner.span.trace_id, fetch.span.trace_id);
+        let origin_fetch = children(&spans, &owner.span)
+            .into_iter()
+            .find(|c| c.name == "fetch")
+            .expect("the owner fetched from the origin");
+        assert_eq!(attr(origin_fetch, "lacquer.peer"), None);
+    }
+}
