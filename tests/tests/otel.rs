@@ -341,7 +341,7 @@ async fn sample_ratio_zero_exports_nothing_and_sends_no_traceparent_of_its_own()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn off_by_default_a_clients_traceparent_passes_unchanged() {
+async fn off_by_default_a_clients_traceparent_passes_unchanged_and_turning_it_on_needs_a_restart() {
     let origin = origin().await;
     let mut d = start(&origin, "");
     let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -355,8 +355,21 @@ async fn off_by_default_a_clients_traceparent_passes_unchanged() {
     )
     .await
     .unwrap();
+    // Turned on in the file, it waits for a restart: a reload says so.
+    let file = d.config_file();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let on = format!("{text}\n[telemetry]\nendpoint = \"http://127.0.0.1:4318/v1/traces\"\n");
+    std::fs::write(&file, on).unwrap();
+    let reload = d.admin_post("/v1/reload", serde_json::json!({})).await;
+    assert_eq!(reload.status, 200, "{:?}", reload.body);
+    let body: serde_json::Value = serde_json::from_slice(&reload.body).unwrap();
+    assert_eq!(
+        body["not_applied"],
+        serde_json::json!([{ "setting": "telemetry.endpoint", "reason": "takes effect on restart" }])
+    );
+    get(d.addr, "/e-again").await;
     stop(&mut d);
-    assert_eq!(traceparents(&origin), [None, Some(caller.to_owned())]);
+    assert_eq!(traceparents(&origin), [None, Some(caller.to_owned()), None]);
     assert!(!d.log().contains("exporting traces"), "{}", d.log());
 }
 
