@@ -75,6 +75,7 @@ impl Telemetry {
             return Ok(Self::off());
         };
         let mut tcp = HttpConnector::new();
+        // The endpoint's scheme decides whether TLS is spoken, as for backends.
         tcp.enforce_http(false);
         let tls = if endpoint.starts_with("https:") {
             let (loaded, roots_missing) = lacquer_backends::tls::client_config(Default::default())
@@ -86,6 +87,7 @@ impl Telemetry {
             }
             loaded.config
         } else {
+            // Never used (http:// makes no handshake): the system's roots are not worth reading for it.
             lacquer_backends::tls::trusting_nothing()
         };
         let connector = HttpsConnectorBuilder::new()
