@@ -166,6 +166,17 @@ fn run(
     let stats = Arc::new(Stats::default());
     let (access_log, access_log_writer) =
         AccessLog::start(&config.access_log, access_format, stats.clone())?;
+    let telemetry = {
+        // The exports are tasks of this runtime, beside the admin API: never on a worker's.
+        let _control = control.enter();
+        let counting = stats.clone();
+        let dropped = Box::new(move |n| {
+            counting
+                .trace_spans_dropped
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        });
+        lacquer_telemetry::Telemetry::start(&config.telemetry, dropped)?
+    };
 
     let workers = config.workers();
     let listeners: Vec<_> = listeners.into_iter().map(Arc::new).collect();
@@ -210,6 +221,7 @@ fn run(
         making: Arc::default(),
         prefetch: Default::default(),
         blocking: Default::default(),
+        telemetry,
     });
     let (stop, stopped) = watch::channel(false);
     let settings = Arc::new(WorkerSettings {
@@ -268,6 +280,9 @@ fn run(
         tracing::info!(%addr, features = %features.join(","), "listening");
     }
     tracing::info!(addr = %admin_addr, "admin listening");
+    if let Some(endpoint) = &config.telemetry.endpoint {
+        tracing::info!(%endpoint, sample_ratio = config.telemetry.sample_ratio, "exporting traces");
+    }
     tracing::info!(
         backend = %config.first_backend(),
         backends = config.backend.len(),
@@ -298,6 +313,8 @@ fn run(
     if let Some(writer) = access_log_writer {
         let _ = writer.join();
     }
+    // While the control runtime, which runs the exports, still runs.
+    shared.telemetry.shutdown();
     tracing::info!("flushing the store");
     control
         .block_on(store.close(config.server.shutdown_timeout))

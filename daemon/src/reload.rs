@@ -286,13 +286,19 @@ fn changed_settings(a: &Config, b: &Config) -> Vec<String> {
     fn walk(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
         match (a, b) {
             (Value::Object(a), Value::Object(b)) => {
-                for (key, av) in a {
-                    let name = if prefix.is_empty() {
-                        key.clone()
+                let name = |key: &str| {
+                    if prefix.is_empty() {
+                        key.to_owned()
                     } else {
                         format!("{prefix}.{key}")
-                    };
-                    walk(&name, av, b.get(key).unwrap_or(&Value::Null), out);
+                    }
+                };
+                for (key, av) in a {
+                    walk(&name(key), av, b.get(key).unwrap_or(&Value::Null), out);
+                }
+                // Settings left out when unset (`telemetry.endpoint`, `access_log.path`) and set now.
+                for key in b.keys().filter(|key| !a.contains_key(*key)) {
+                    out.push(name(key));
                 }
             }
             (Value::Array(a), Value::Array(b))
@@ -343,5 +349,9 @@ mod tests {
         );
         c.listen.push(c.listen[0].clone());
         assert_eq!(changed_settings(&a, &c), ["listen"]);
+        let mut d = a.clone();
+        d.telemetry.endpoint = Some("http://127.0.0.1:4318/v1/traces".into());
+        assert_eq!(changed_settings(&a, &d), ["telemetry.endpoint"]);
+        assert_eq!(changed_settings(&d, &a), ["telemetry.endpoint"]);
     }
 }

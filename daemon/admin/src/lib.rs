@@ -276,6 +276,7 @@ mod tests {
             making: Arc::default(),
             prefetch: Default::default(),
             blocking: Default::default(),
+            telemetry: Default::default(),
         });
         let (_, stopping) = watch::channel(false);
         router(AdminState {

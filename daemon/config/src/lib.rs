@@ -91,6 +91,8 @@ pub struct Config {
     /// `[cluster]`: this node's membership of a cluster coordinated through etcd. Default: none (a single
     /// node, no etcd).
     pub cluster: Option<Cluster>,
+    /// `[telemetry]`: OpenTelemetry traces exported over OTLP/HTTP. Default: off (no `endpoint`).
+    pub telemetry: Telemetry,
 }
 
 impl Default for Config {
@@ -114,6 +116,7 @@ impl Default for Config {
             access_log: AccessLog::default(),
             error_pages: BTreeMap::new(),
             cluster: None,
+            telemetry: Telemetry::default(),
         }
     }
 }
@@ -521,6 +524,73 @@ impl Default for AccessLog {
     }
 }
 
+/// `[telemetry]`: a trace per request (a server span, with `lookup`, `fetch` and `store` children), sent to
+/// an OpenTelemetry collector over OTLP/HTTP (protobuf). Read at start only: a reload reports a change as
+/// taking effect on restart.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Telemetry {
+    /// The collector's OTLP/HTTP traces URL, `http://127.0.0.1:4318/v1/traces` (or `https://`). Default:
+    /// none, and tracing is off: requests pay one branch, and a client's `traceparent` goes to the origin
+    /// unchanged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Share of requests traced, from 0 to 1, by trace id. A request whose `traceparent` says its caller
+    /// sampled it is traced whatever this says, one whose caller did not is not. Default: 1.
+    pub sample_ratio: f64,
+    /// `service.name` of the spans. Default: `lacquerd`.
+    pub service_name: String,
+    /// Finished spans held for export at most; past it, while the collector is slow or down, spans are
+    /// dropped and counted (`lacquer_trace_spans_dropped_total`). Default: 2048.
+    pub max_queue: usize,
+    /// How long one export to the collector may take before its spans are given up. Default: 10s.
+    #[serde(with = "humantime_serde")]
+    pub export_timeout: Duration,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            sample_ratio: 1.0,
+            service_name: "lacquerd".into(),
+            max_queue: 2048,
+            export_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Telemetry {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, why: &str| Err(ConfigError::setting(format!("telemetry.{key}"), why));
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return bad("sample_ratio", "must be between 0 and 1");
+        }
+        if self.service_name.is_empty() {
+            return bad("service_name", "must not be empty");
+        }
+        if self.max_queue == 0 {
+            return bad("max_queue", "must be at least 1");
+        }
+        if self.export_timeout.is_zero() {
+            return bad("export_timeout", "must be above zero");
+        }
+        if let Some(endpoint) = &self.endpoint {
+            let uri = endpoint.parse::<http::Uri>().ok();
+            let usable = uri.as_ref().is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+            });
+            if !usable {
+                return bad(
+                    "endpoint",
+                    "must be an http:// or https:// URL, as http://127.0.0.1:4318/v1/traces",
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Command-line values that override the file; `None` (or empty) leaves the file's value.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -649,6 +719,7 @@ impl Config {
         if !(0.0..=1.0).contains(&self.access_log.sample) {
             return bad("access_log.sample", "must be between 0 and 1".into());
         }
+        self.telemetry.validate()?;
         if !(0.0..=1.0).contains(&self.cache.heuristic_fraction) {
             return bad("cache.heuristic_fraction", "must be between 0 and 1".into());
         }
@@ -866,6 +937,36 @@ mod tests {
             "{got}"
         );
         assert!(invalid("five").starts_with("error_pages.five:"));
+    }
+
+    #[test]
+    fn telemetry_is_off_by_default_and_checked_when_on() {
+        let c = Config::parse("", "t").unwrap();
+        assert_eq!(c.telemetry.endpoint, None);
+        assert_eq!(c.telemetry.sample_ratio, 1.0);
+        assert_eq!(c.telemetry.service_name, "lacquerd");
+        let on = Config::parse(
+            "[telemetry]\nendpoint = \"http://127.0.0.1:4318/v1/traces\"\nsample_ratio = 0.25",
+            "t",
+        )
+        .unwrap();
+        on.telemetry.validate().unwrap();
+        assert_eq!(on.telemetry.sample_ratio, 0.25);
+        let invalid = |text: &str| {
+            let c = Config::parse(&format!("[telemetry]\n{text}"), "t").unwrap();
+            c.telemetry.validate().unwrap_err().to_string()
+        };
+        assert_eq!(
+            invalid("sample_ratio = 1.5"),
+            "telemetry.sample_ratio: must be between 0 and 1"
+        );
+        assert!(invalid("endpoint = \"127.0.0.1:4318\"").starts_with("telemetry.endpoint: must be"));
+        assert!(
+            invalid("endpoint = \"ftp://collector/v1/traces\"").starts_with("telemetry.endpoint:")
+        );
+        assert!(invalid("max_queue = 0").starts_with("telemetry.max_queue:"));
+        assert!(invalid("export_timeout = \"0s\"").starts_with("telemetry.export_timeout:"));
+        assert!(invalid("service_name = \"\"").starts_with("telemetry.service_name:"));
     }
 
     #[test]

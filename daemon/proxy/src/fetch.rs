@@ -16,6 +16,7 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use lacquer_rules::Phase;
 use lacquer_storage::{ObjectMeta, PartKept};
+use lacquer_telemetry::Trace;
 
 use super::{forward, Found};
 use lacquer_backends::{error_chain, routing::Route, BackendError};
@@ -438,6 +439,7 @@ async fn fill<S: CacheStore>(
     let live = shared.live();
     let rules = &live.rules;
     let decided = &request.decided;
+    let trace = Trace::of(&parts.extensions);
     let backend = match route.pick_from(decided.target.as_ref(), key) {
         Ok(state) => {
             // A refresh nobody waits for is logged by no one: the request it came from is answered.
@@ -448,6 +450,18 @@ async fn fill<S: CacheStore>(
         }
         Err(e) => return failed(worker, fetch, key, e),
     };
+    // The fill's span, of the request that started it (a request that joins it has its own span only);
+    // it lasts until the body is in, stored or not.
+    let fetching = trace.map(|t| {
+        t.fetch(
+            &parts.method,
+            backend.state.name(),
+            &backend.state.authority,
+        )
+    });
+    if let (Some(span), true) = (&fetching, request.background) {
+        span.set("lacquer.background", true);
+    }
     let request_time = lacquer_clock::wall();
     // With nothing stored to validate with, the client's own validators may go: a 304 is not shareable,
     // so any request coalesced on this fill fetches again for itself rather than take it.
@@ -468,6 +482,9 @@ async fn fill<S: CacheStore>(
             client_validators,
             decided.body.as_ref(),
         );
+        if let Some(span) = &fetching {
+            span.inject(req.headers_mut());
+        }
         forward::count_interim(&mut req, &shared.stats);
         if let Some(ask) = request.part {
             let headers = req.headers_mut();
@@ -519,9 +536,15 @@ async fn fill<S: CacheStore>(
         Ok(resp) => resp,
         Err(e) => {
             crate::access_log::step(parts, "Error", || e.to_string());
+            if let Some(span) = &fetching {
+                span.fail("backend_error");
+            }
             return failed(worker, fetch, key, e);
         }
     };
+    if let Some(span) = &fetching {
+        span.status(resp.status());
+    }
     let response_time = lacquer_clock::wall();
     let received_at = lacquer_clock::monotonic();
     crate::access_log::step(parts, "Origin", || resp.status().to_string());
@@ -713,6 +736,8 @@ async fn fill<S: CacheStore>(
     if let Some(w) = &writer {
         fetch.store_into(w);
     }
+    // From the first byte written to the object's publication (or its abandonment).
+    let storing = trace.filter(|_| writer.is_some()).map(Trace::store);
     let max_object_size = policy.cache.max_object_size.as_u64();
     // A media playlist on a route that prefetches from playlists is read for what it lists, as the origin
     // sent it (a compressed one is not: decoding it again is not worth a prefetch).
@@ -844,6 +869,9 @@ async fn fill<S: CacheStore>(
     }
     coding.record(&mut head.headers, &shared.stats);
 
+    if let (Some(span), None) = (&storing, &writer) {
+        span.fail("not_stored");
+    }
     let (Some(writer), Some(storable)) = (writer, storable) else {
         // A server error is a failure of the origin, not a sign that the URL is uncacheable: no hit-for-miss.
         return if head.status.is_server_error() {
@@ -898,7 +926,11 @@ async fn fill<S: CacheStore>(
             }
         };
     }
-    match writer.finish(key.to_owned(), meta).await {
+    let finished = writer.finish(key.to_owned(), meta).await;
+    if let (Some(span), Err(_)) = (&storing, &finished) {
+        span.fail("store_error");
+    }
+    match finished {
         Ok(()) => Ending::Stored,
         Err(e) if e.is_refusal() => Ending::NotStored,
         Err(e) => {

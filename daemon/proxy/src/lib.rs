@@ -30,6 +30,7 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 mod timing;
+mod trace;
 pub mod worker;
 
 use std::{
@@ -45,6 +46,7 @@ use http_body_util::{BodyExt, Limited};
 use lacquer_edge::{Client, EdgeStats, RequestBody};
 use lacquer_rules::Phase;
 use lacquer_storage::{ChunkRead, ObjectMeta, ObjectSet, Tier};
+use lacquer_telemetry::Trace;
 
 use self::respond::Outcome;
 use lacquer_backends::{
@@ -86,6 +88,7 @@ impl lacquer_edge::Service for Worker {
         let started = lacquer_clock::monotonic();
         let mut req = req;
         let recording = self.shared.access_log.begin(&mut req, client.ip);
+        let traced = self.shared.telemetry.begin(&mut req, client.ip);
         let html = error_page::wants_html(req.headers());
         let head_only = req.method() == Method::HEAD;
         async move {
@@ -110,8 +113,12 @@ impl lacquer_edge::Service for Worker {
                 resp
             };
             let resp = timing::timed(resp, self.shared.stats.clone(), started);
-            match recording {
+            let resp = match recording {
                 Some(r) => r.respond(resp),
+                None => resp,
+            };
+            match traced {
+                Some(span) => trace::respond(span, resp),
                 None => resp,
             }
         }
@@ -502,7 +509,12 @@ async fn lookup<S: CacheStore>(
         let vouched = vouched(shared);
         let now = lacquer_clock::now_ms();
         let mut stale = None;
-        let found = match find_variant(worker, &key, &parts).await {
+        let looking = Trace::of(&parts.extensions).map(Trace::lookup);
+        let found = find_variant(worker, &key, &parts).await;
+        if let Some(span) = looking {
+            span.set("lacquer.found", found.is_some());
+        }
+        let found = match found {
             // An object stored in parts (ranges forwarded to the origin) answers while it is fresh; the
             // ordinary way fetches the whole, or forwards the range, otherwise.
             Some(found) if found.set.partial(found.meta().generation).is_some() => {
@@ -1271,20 +1283,32 @@ async fn pass<S: CacheStore>(
         .then(|| parts.clone());
     let key = primary_key(&parts);
     let note = access_log::Note::of(&parts);
+    let mut fetching = None;
     let sent = match route.pick_from(decided.target.as_ref(), &key) {
         Ok(backend) => {
             access_log::note_backend(&parts, backend.name());
             inc(&shared.stats.backend_requests);
+            fetching = Trace::of(&parts.extensions)
+                .map(|t| t.fetch(&parts.method, backend.name(), &backend.authority));
             let mut req =
                 forward::origin_request(parts.method, parts.uri, parts.headers, client, body);
             if let Some(head) = &client_head {
                 phase::backend_request(rules, head, client, decided, req.headers_mut());
+            }
+            if let Some(span) = &fetching {
+                span.inject(req.headers_mut());
             }
             forward::count_interim(&mut req, &shared.stats);
             worker.pool(backend).send(req).await
         }
         Err(e) => Err(e),
     };
+    if let Some(span) = &fetching {
+        match &sent {
+            Ok(resp) => span.status(resp.status()),
+            Err(_) => span.fail("backend_error"),
+        }
+    }
     let resp = match sent {
         Ok(resp) => resp,
         Err(BackendError::RequestBodyTooLarge) => {

@@ -9,6 +9,7 @@ use lacquer_backends::{
     Backend, BackendState,
 };
 use lacquer_policy::headers::strip_hop_by_hop;
+use lacquer_telemetry::Trace;
 
 use crate::{
     cluster::{Peer, FORWARDED_BY, FORWARD_PROOF},
@@ -68,7 +69,21 @@ pub async fn ask(
     req.headers_mut()
         .insert(FORWARDED_BY.clone(), HeaderValue::from_str(node).ok()?);
     req.headers_mut().insert(FORWARD_PROOF.clone(), proof);
-    match pool.send(req).await {
+    // The owner's spans, when it traces, continue this request's trace: the proof covers no header of it.
+    let fetching = Trace::of(&parts.extensions).map(|t| {
+        let span = t.fetch(&parts.method, pool.state.name(), &pool.state.authority);
+        span.set("lacquer.peer", peer.node.clone());
+        span.inject(req.headers_mut());
+        span
+    });
+    let sent = pool.send(req).await;
+    if let Some(span) = &fetching {
+        match &sent {
+            Ok(resp) => span.status(resp.status()),
+            Err(_) => span.fail("peer_error"),
+        }
+    }
+    match sent {
         Ok(resp) => {
             let (mut head, body) = resp.into_parts();
             strip_hop_by_hop(&mut head.headers);

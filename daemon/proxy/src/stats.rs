@@ -134,6 +134,7 @@ counters! {
     denied,
     rate_limited,
     access_log_dropped,
+    trace_spans_dropped,
     cluster_revalidations,
     peer_requests,
     peer_requests_in,

@@ -75,6 +75,7 @@ fn worker_of(
         making: Arc::default(),
         prefetch: Default::default(),
         blocking: Default::default(),
+        telemetry: Default::default(),
     })))
 }
 

@@ -42,6 +42,11 @@ impl Outcome {
         Self::from_x_cache(resp.headers())
     }
 
+    /// `hit`, `miss`, `pass`, `stale` or `synth`.
+    pub(crate) fn name(self) -> &'static str {
+        lacquer_admin::wire::OUTCOMES[self.0]
+    }
+
     fn from_x_cache(headers: &HeaderMap) -> Self {
         match headers.get(X_CACHE).map(|v| v.as_bytes()) {
             Some(b"HIT") => Self::HIT,

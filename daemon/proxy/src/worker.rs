@@ -104,6 +104,8 @@ pub struct Shared<S: CacheStore = Store> {
     pub prefetch: Prefetcher,
     /// LL-HLS blocking reloads at the origin, by playlist.
     pub blocking: BlockingReloads,
+    /// `[telemetry]`: the tracer requests' spans are made with, or nothing.
+    pub telemetry: lacquer_telemetry::Telemetry,
 }
 
 impl Shared<Store> {

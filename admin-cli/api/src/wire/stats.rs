@@ -297,6 +297,9 @@ stats_section! {
         quic_errors_reset: Counter "lacquer_quic_connection_errors_total" { kind = "reset" },
         /// Access log lines dropped because the writer fell behind (a slow disk).
         access_log_dropped: Counter "lacquer_access_log_dropped_total",
+        /// Trace spans lost (`[telemetry]`): dropped while `telemetry.max_queue` were waiting for export, or
+        /// in an export that failed or timed out (the collector down or slow).
+        trace_spans_dropped: Counter "lacquer_trace_spans_dropped_total",
         /// Stored objects revalidated with the origin instead of served, because this cluster node could not
         /// vouch for having every invalidation (catching up, or cut off from etcd past `max_invalidation_lag`).
         cluster_revalidations: Counter "lacquer_cluster_unvouched_lookups_total",
