@@ -100,6 +100,14 @@ fn expire(meta: &mut ObjectMeta, now: u64) -> bool {
 }
 
 impl Store {
+    /// Removes every variant of one cache key, as an unsafe method's success does (RFC 9111 §4.4), and
+    /// keeps fetches for it that started before from publishing; returns how many variants it removed.
+    /// Not journaled: it is this cache's own bookkeeping, not an operator's purge to replay or to share.
+    pub fn invalidate(&self, primary: &str) -> Result<usize, StoreError> {
+        self.invalidations().purged(Target::Key(primary.to_owned()));
+        self.remove(primary)
+    }
+
     /// Purges every variant of one cache key; returns how many variants were affected.
     pub async fn purge(&self, primary: &str, mode: PurgeMode) -> Result<usize, StoreError> {
         let target = Target::Key(primary.to_owned());

@@ -1338,7 +1338,7 @@ async fn pass<S: CacheStore>(
         invalidation_target.filter(|_| head.status.is_success() || head.status.is_redirection());
     if let Some(target) = invalidated {
         for key in forward::invalidation_keys(&target, &head.headers) {
-            match shared.store.remove(&key) {
+            match shared.store.invalidate(&key) {
                 Ok(n) => add(&shared.stats.invalidations, n as u64),
                 Err(e) => tracing::warn!(key, error = %e, "invalidation failed"),
             }

@@ -456,10 +456,13 @@ impl CacheStore for MemoryStore {
         Ok(true)
     }
 
-    fn remove(&self, primary: &str) -> Result<usize, StoreError> {
-        let mut s = self.lock();
-        let n = s.sets.get(primary).map_or(0, |set| set.variants.len());
-        s.save(primary, Vec::new());
+    fn invalidate(&self, primary: &str) -> Result<usize, StoreError> {
+        let n = self
+            .lock()
+            .sets
+            .get(primary)
+            .map_or(0, |set| set.variants.len());
+        self.purge(primary);
         Ok(n)
     }
 

@@ -82,8 +82,10 @@ pub trait CacheStore: Clone + Send + Sync + 'static {
     /// when that body is no longer stored.
     fn refresh(&self, primary: &str, meta: ObjectMeta) -> Result<bool, StoreError>;
 
-    /// Removes every variant of `primary`; returns how many there were.
-    fn remove(&self, primary: &str) -> Result<usize, StoreError>;
+    /// Removes every variant of `primary`, and keeps fetches for it that started before from storing what
+    /// they bring (RFC 9111 §4.4: what an unsafe method changed must not come back from a fetch made before
+    /// it); returns how many variants there were.
+    fn invalidate(&self, primary: &str) -> Result<usize, StoreError>;
 
     /// Removes one stored body if it is still the current one (a body found lost, or no longer storable).
     fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError>;
@@ -213,8 +215,8 @@ impl CacheStore for Store {
         Store::refresh(self, primary, meta)
     }
 
-    fn remove(&self, primary: &str) -> Result<usize, StoreError> {
-        Store::remove(self, primary)
+    fn invalidate(&self, primary: &str) -> Result<usize, StoreError> {
+        Store::invalidate(self, primary)
     }
 
     fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {

@@ -941,6 +941,58 @@ async fn a_purge_during_a_fill_is_not_undone_by_it() {
     assert_eq!(store.published(), 1, "the fill from after it");
 }
 
+/// An unsafe method that succeeds while a fill for its URL waits for the origin: the fill's body, fetched
+/// before the change, is not stored after the invalidation (seen under load: the fill published after the
+/// POST had removed nothing, and the next GET was a hit on the old body).
+#[tokio::test]
+async fn a_post_during_a_fill_is_not_undone_by_it() {
+    let gate = Arc::new(Notify::new());
+    let held = gate.clone();
+    let origin = Origin::raw(move |seen| match seen.method.as_str() {
+        "POST" => vec![Raw::write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")],
+        _ => vec![
+            Raw::Gate(held.clone()),
+            Raw::write(
+                "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 3\r\n\r\nold",
+            ),
+        ],
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+    let before = tokio::spawn({
+        let w = w.clone();
+        async move { get(&w, "/p", &[]).await }
+    });
+    origin_saw(&origin, 1).await;
+    let mut post = parts("/p", &[]);
+    post.method = http::Method::POST;
+    let route = w.shared.live.load().router.route(&post).clone();
+    let outcome = crate::respond::Outcome::Pass {
+        unsafe_method: true,
+        detail: None,
+    };
+    let resp = crate::pass(
+        &w,
+        CLIENT,
+        &route,
+        &Decided::default(),
+        post,
+        lacquer_backends::body::empty(),
+        outcome,
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    gate.notify_waiters();
+    assert_eq!(before.await.unwrap().body, "old");
+    fills_done(&w).await;
+    assert_eq!(
+        (store.published(), store.publishes_cancelled()),
+        (0, 1),
+        "the fill from before the POST is not stored"
+    );
+}
+
 /// A stored body missing a chunk is never served short: the request is a miss, the origin sends the body
 /// again, and the damaged copy is replaced.
 #[tokio::test]
