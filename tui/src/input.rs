@@ -50,27 +50,44 @@ pub fn handle(state: &mut State, key: KeyEvent) -> Action {
         KeyCode::Tab | KeyCode::BackTab => {
             state.view = match state.view {
                 View::Overview => View::Counters,
-                View::Counters | View::Cluster | View::Rules | View::Latency => View::Overview,
+                View::Counters | View::Cluster | View::Rules | View::Latency | View::Top => {
+                    View::Overview
+                }
             }
         }
         KeyCode::Char('c') => {
             state.view = match state.view {
                 View::Cluster => View::Overview,
-                View::Overview | View::Counters | View::Rules | View::Latency => View::Cluster,
+                View::Overview | View::Counters | View::Rules | View::Latency | View::Top => {
+                    View::Cluster
+                }
             }
         }
         KeyCode::Char('r') => {
             state.view = match state.view {
                 View::Rules => View::Overview,
-                View::Overview | View::Counters | View::Cluster | View::Latency => View::Rules,
+                View::Overview | View::Counters | View::Cluster | View::Latency | View::Top => {
+                    View::Rules
+                }
             }
         }
         KeyCode::Char('l') => {
             state.view = match state.view {
                 View::Latency => View::Overview,
-                View::Overview | View::Counters | View::Cluster | View::Rules => View::Latency,
+                View::Overview | View::Counters | View::Cluster | View::Rules | View::Top => {
+                    View::Latency
+                }
             }
         }
+        KeyCode::Char('t') => {
+            state.view = match state.view {
+                View::Top => View::Overview,
+                View::Overview | View::Counters | View::Cluster | View::Rules | View::Latency => {
+                    View::Top
+                }
+            }
+        }
+        KeyCode::Char('b') if state.view == View::Top => state.next_top_by(),
         KeyCode::Char('d') if state.view == View::Latency => {
             state.latency_total = !state.latency_total;
         }

@@ -6,7 +6,10 @@ mod view;
 
 use std::{
     process::ExitCode,
-    sync::mpsc,
+    sync::{
+        atomic::{AtomicBool, Ordering::Relaxed},
+        mpsc, Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -14,13 +17,13 @@ use clap::Parser;
 use crossterm::event::{self, Event, KeyEventKind};
 use lacquer_admin::{
     cluster::ClusterReport,
-    wire::{BackendList, Stats},
-    AdminClient, AdminError, ConnectArgs,
+    wire::{BackendList, LogEntry, LogFilter, Stats},
+    AdminClient, AdminError, ConnectArgs, LogEvent,
 };
 
 use crate::{
     input::Action,
-    state::{Cluster, State},
+    state::{Cluster, State, View},
     view::Theme,
 };
 
@@ -45,6 +48,8 @@ enum Update {
     Stats(Box<Stats>),
     Backends(BackendList),
     Cluster(Box<ClusterReport>),
+    /// Requests completed since the last batch (the top view).
+    Log(Vec<LogEntry>),
     /// A single node, or a cluster that could not be read.
     NoCluster(Cluster),
     Lost(String),
@@ -116,7 +121,9 @@ fn main() -> ExitCode {
     };
     let (updates, received) = mpsc::channel();
     let keys = updates.clone();
-    std::thread::spawn(move || runtime.block_on(follow(client, updates)));
+    let wants_log = Arc::new(AtomicBool::new(false));
+    let following = wants_log.clone();
+    std::thread::spawn(move || runtime.block_on(follow(client, updates, following)));
     // ratatui::init restores the terminal on panic as well.
     let mut terminal = ratatui::init();
     // A blocking read sleeps until a key arrives; polling crossterm with a timeout instead costs about 1 % of
@@ -151,12 +158,14 @@ fn main() -> ExitCode {
                     if input::handle(&mut state, key) == Action::Quit {
                         return Ok(());
                     }
+                    wants_log.store(state.view == View::Top, Relaxed);
                 }
                 Update::Terminal(_) => {}
                 _ if state.paused => {}
                 Update::Stats(stats) => state.update(*stats, Instant::now()),
                 Update::Backends(list) => state.update_backends(list, Instant::now()),
                 Update::Cluster(report) => state.update_cluster(*report, Instant::now()),
+                Update::Log(entries) => state.update_log(entries, Instant::now()),
                 Update::NoCluster(cluster) => state.no_cluster(cluster),
                 Update::Lost(e) => state.disconnected(e),
             }
@@ -187,7 +196,7 @@ fn hung_up(tty: &std::fs::File) -> bool {
 
 /// Feeds the screen until it goes: the statistics stream (1 Hz polling when the daemon has no stream),
 /// backend health and the cluster every two seconds, and the signals that should end the program cleanly.
-async fn follow(client: AdminClient, updates: mpsc::Sender<Update>) {
+async fn follow(client: AdminClient, updates: mpsc::Sender<Update>, wants_log: Arc<AtomicBool>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -199,6 +208,7 @@ async fn follow(client: AdminClient, updates: mpsc::Sender<Update>) {
         _ = stats(&client, &updates) => {}
         _ = backends(&client, &updates) => {}
         _ = cluster(&client, &updates) => {}
+        _ = log(&client, &updates, &wants_log) => {}
         _ = term.recv() => drop(updates.send(Update::Quit)),
         _ = hup.recv() => drop(updates.send(Update::Quit)),
     }
@@ -247,6 +257,39 @@ async fn backends(client: &AdminClient, updates: &mpsc::Sender<Update>) {
             }
         }
         tokio::time::sleep(BACKENDS_EVERY).await;
+    }
+}
+
+/// How often the top view's requests are handed to the screen: each batch redraws it.
+const LOG_BATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// Follows the log stream while the top view is shown, and only then: a follower makes the daemon record
+/// every request. Hands the requests to the screen in batches, so a busy daemon does not redraw it for each.
+async fn log(client: &AdminClient, updates: &mpsc::Sender<Update>, wanted: &AtomicBool) {
+    let mut tick = tokio::time::interval(LOG_BATCH_EVERY);
+    loop {
+        tick.tick().await;
+        if !wanted.load(Relaxed) {
+            continue;
+        }
+        let Ok(mut stream) = client.log_stream(&LogFilter::default()).await else {
+            continue;
+        };
+        let mut batch = Vec::new();
+        while wanted.load(Relaxed) {
+            tokio::select! {
+                event = stream.next() => match event {
+                    Ok(LogEvent::Entry(entry)) => batch.push(*entry),
+                    Ok(LogEvent::Lagged(_)) => {}
+                    Err(_) => break,
+                },
+                _ = tick.tick() => {
+                    if !batch.is_empty() && updates.send(Update::Log(std::mem::take(&mut batch))).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -4,7 +4,8 @@ use std::{collections::VecDeque, time::Instant};
 
 use lacquer_admin::{
     cluster::ClusterReport,
-    wire::{BackendList, BackendView, Field, Histogram, Kind, OutcomeLatency, Stats},
+    top::{By, Window},
+    wire::{BackendList, BackendView, Field, Histogram, Kind, LogEntry, OutcomeLatency, Stats},
 };
 
 /// Per-second samples kept for the sparklines: ten minutes.
@@ -30,6 +31,27 @@ pub enum View {
     Cluster,
     Rules,
     Latency,
+    Top,
+}
+
+/// The span of the top view's counts, as `cachectl top`'s default.
+pub const TOP_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The top view's counts: requests of the last [`TOP_WINDOW`], from the log stream, which cachetop follows
+/// only while the view is shown (a follower makes the daemon record every request).
+#[derive(Debug)]
+pub struct Top {
+    pub by: By,
+    pub window: Window,
+}
+
+impl Default for Top {
+    fn default() -> Self {
+        Self {
+            by: By::Url,
+            window: Window::new(TOP_WINDOW),
+        }
+    }
 }
 
 /// Samples the latency view spans: its histograms count the requests of the last ten seconds.
@@ -137,6 +159,7 @@ pub struct State {
     latency_window: VecDeque<Vec<OutcomeLatency>>,
     /// The latency view shows the time to the end of responses, not to their head.
     pub latency_total: bool,
+    pub top: Top,
 }
 
 impl State {
@@ -293,6 +316,29 @@ impl State {
             miss: p.misses as f64 / total,
             pass: p.passes as f64 / total,
         })
+    }
+
+    /// Requests that completed, from the log stream (the top view).
+    pub fn update_log(&mut self, entries: Vec<LogEntry>, at: Instant) {
+        let by = self.top.by;
+        for entry in &entries {
+            if let Some(key) = by.key(entry) {
+                self.top.window.add(at, key);
+            }
+        }
+        self.top.window.expire(at);
+    }
+
+    /// Counts by the next way of [`By::ALL`], from now on.
+    pub fn next_top_by(&mut self) {
+        let next = By::ALL
+            .iter()
+            .position(|b| *b == self.top.by)
+            .map_or(By::Url, |i| By::ALL[(i + 1) % By::ALL.len()]);
+        self.top = Top {
+            by: next,
+            window: Window::new(TOP_WINDOW),
+        };
     }
 
     /// Each outcome's histogram (time to the head, or with [`State::latency_total`] to the end) over the

@@ -215,6 +215,44 @@ async fn the_live_screen_follows_the_daemon_and_restores_the_terminal() {
 }
 
 /// The process `script` runs on the pseudo-terminal: after the shell's `exec`, cachetop itself.
+/// The top view follows the log stream while it is shown, and the latency view draws the daemon's
+/// histograms.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_top_and_latency_views_show_live_requests() {
+    let (_origin, d) = daemon_with_traffic().await;
+    let mut live = Live::start(&d);
+    live.wait_for("the first frame", |s| s.contains("traffic"));
+    live.keys(b"l");
+    let screen = live.wait_for("the latency view", |s| {
+        s.contains(" latency to the response head")
+    });
+    assert!(
+        screen.contains("| hit ") && screen.contains("# miss "),
+        "{screen}"
+    );
+    live.keys(b"t");
+    live.wait_for("the top view", |s| {
+        s.contains(" top url over the last 60 s")
+    });
+    // Requests until the stream, opened when the view showed, has carried some to the screen.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        lacquer_tests::get(d.addr, "/top-of-the-list").await;
+        let (screen, _) = live.screen();
+        if screen.contains("/top-of-the-list") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no top row in 20 s: {screen}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    live.keys(b"b");
+    live.wait_for("the top hosts", |s| {
+        s.contains(" top host over the last 60 s")
+    });
+    live.keys(b"q");
+    assert_eq!(live.exit_code(), 0);
+}
+
 fn cachetop_pid(script: &Child) -> Option<i32> {
     let script = script.id();
     let children =

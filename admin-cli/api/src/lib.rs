@@ -6,6 +6,7 @@ mod client;
 pub mod cluster;
 pub mod format;
 mod target;
+pub mod top;
 pub mod wire;
 
 pub use client::{AdminClient, AdminError, LogEvent, LogStream, StatsStream};

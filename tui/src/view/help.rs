@@ -9,13 +9,15 @@ use ratatui::{
 
 use super::Theme;
 
-const TEXT: [&str; 22] = [
+const TEXT: [&str; 24] = [
     "q, esc    quit (ctrl-c too); esc clears a kept filter first",
     "tab       overview / every counter",
     "c         cluster: every member, and the totals (c again leaves)",
     "r         rules: matches of each [[rule]] (r again leaves)",
     "l         latency histogram by cache outcome (l again leaves);",
     "          d switches time to head / to end",
+    "t         top URLs of the last minute, like varnishtop (t leaves);",
+    "          b counts by host, misses, fetches, status, backend",
     "p, space  pause: keep this screen",
     "/         filter counters by name; enter keeps, esc clears",
     "↑ ↓ pgup pgdn home   scroll the counters and the rules",

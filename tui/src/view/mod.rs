@@ -6,6 +6,7 @@ mod help;
 mod latency;
 mod overview;
 mod rules;
+mod top;
 
 use ratatui::{
     backend::TestBackend,
@@ -90,6 +91,7 @@ pub fn render(frame: &mut Frame, state: &State, theme: &Theme) {
         View::Cluster => cluster::render(frame, body, state, theme),
         View::Rules => rules::render(frame, body, state, theme),
         View::Latency => latency::render(frame, body, state, theme),
+        View::Top => top::render(frame, body, state, theme),
     }
     render_footer(frame, footer, state, theme);
     if state.help {
@@ -124,8 +126,7 @@ fn render_footer(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
             Span::raw("  enter keep  esc clear"),
         ])
     } else {
-        let mut keys =
-            "q quit  tab view  c cluster  r rules  l latency  p pause  / filter  ? help".to_owned();
+        let mut keys = "q quit  tab view  c cluster  r rules  l latency  t top  ? help".to_owned();
         if matches!(state.view, View::Counters | View::Rules) {
             keys += "  ↑↓ scroll";
         }
@@ -266,9 +267,7 @@ pub(crate) mod tests {
             "{s}"
         );
         assert!(
-            s.ends_with(
-                "q quit  tab view  c cluster  r rules  l latency  p pause  / filter  ? help\n"
-            ),
+            s.ends_with("q quit  tab view  c cluster  r rules  l latency  t top  ? help\n"),
             "{s}"
         );
         state.paused = true;
@@ -290,6 +289,7 @@ pub(crate) mod tests {
             View::Cluster,
             View::Rules,
             View::Latency,
+            View::Top,
         ] {
             state.view = view;
             for help in [false, true] {
