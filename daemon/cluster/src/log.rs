@@ -23,10 +23,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Pause before following again after the watch broke.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// Entries written in one revision at most: a node catching up applies a revision at once.
-pub(crate) const MAX_BATCH: usize = 256;
+const MAX_BATCH: usize = 256;
 /// Bytes of entries written in one revision at most, well under etcd's request limit (1.5 MiB by
 /// default); an entry longer than this alone still goes, alone.
-pub(crate) const MAX_BATCH_BYTES: usize = 256 << 10;
+const MAX_BATCH_BYTES: usize = 256 << 10;
 /// Entries waiting for the writer at most; past it, submitters wait for room (up to [`PUT_TIMEOUT`]).
 pub(crate) const QUEUE: usize = 4 * MAX_BATCH;
 
@@ -160,7 +160,7 @@ where
             .await
             .map_err(|e| match batch.len() {
                 1 => e,
-                n => format!("{e} (one write of {n} invalidations: none was taken)"),
+                n => format!("{e} (the same for the {n} invalidations written together)"),
             });
         for q in batch {
             let _ = q.written.send(result.clone());
@@ -522,7 +522,8 @@ mod tests {
         for revision in failing {
             let error = revision.await.unwrap().unwrap_err();
             assert!(
-                error.contains("no leader") && error.contains("one write of 5 invalidations"),
+                error.contains("no leader")
+                    && error.contains("the 5 invalidations written together"),
                 "{error}"
             );
         }
