@@ -4,6 +4,7 @@
 use std::{future::Future, sync::atomic::Ordering::Relaxed, time::Duration};
 
 use etcd_client::{EventType, WatchOptions};
+use futures_util::FutureExt;
 use lacquer_proxy::cluster::{self, Applied, InvalidateError, Invalidation};
 use tokio::sync::{mpsc, oneshot};
 
@@ -22,6 +23,8 @@ const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Pause before following again after the watch broke.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
+/// Watch responses applied together at most (each is bounded by etcd's response size).
+const GATHER: usize = 64;
 /// Entries written in one revision at most: a node catching up applies a revision at once.
 const MAX_BATCH: usize = 256;
 /// Bytes of entries written in one revision at most, well under etcd's request limit (1.5 MiB by
@@ -250,29 +253,64 @@ async fn follow_once(cluster: &Cluster) -> Result<(), String> {
             stream.request_progress().await.map_err(|e| e.to_string())?;
             continue;
         };
-        let resp = message
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "the watch ended".to_string())?;
-        if resp.compact_revision() > 0 {
-            compacted(cluster, resp.compact_revision() as u64).await?;
-            return Ok(());
+        // What arrived while the last batch was being applied goes with this one: one journal sync and
+        // one flush for all of it, so that applying keeps up with every node's writes.
+        let mut messages = vec![message];
+        while messages.len() < GATHER {
+            let Some(more) = stream.message().now_or_never() else {
+                break;
+            };
+            messages.push(more);
         }
-        if resp.canceled() {
-            return Err(format!("the watch was cancelled: {}", resp.cancel_reason()));
+        let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut seen = 0;
+        let mut stop = None;
+        for message in messages {
+            let resp = match message.map_err(|e| e.to_string()) {
+                Ok(Some(resp)) => resp,
+                Ok(None) => {
+                    stop = Some(Err("the watch ended".to_string()));
+                    break;
+                }
+                Err(e) => {
+                    stop = Some(Err(e));
+                    break;
+                }
+            };
+            if resp.compact_revision() > 0 {
+                stop = Some(Ok(resp.compact_revision() as u64));
+                break;
+            }
+            if resp.canceled() {
+                stop = Some(Err(format!(
+                    "the watch was cancelled: {}",
+                    resp.cancel_reason()
+                )));
+                break;
+            }
+            entries.extend(
+                resp.events()
+                    .iter()
+                    .filter(|e| e.event_type() == EventType::Put)
+                    .filter_map(|e| e.kv())
+                    .map(|kv| (kv.mod_revision() as u64, kv.value().to_vec())),
+            );
+            if let Some(h) = resp.header() {
+                seen = seen.max(h.revision() as u64);
+            }
         }
-        let entries: Vec<(u64, Vec<u8>)> = resp
-            .events()
-            .iter()
-            .filter(|e| e.event_type() == EventType::Put)
-            .filter_map(|e| e.kv())
-            .map(|kv| (kv.mod_revision() as u64, kv.value().to_vec()))
-            .collect();
         if let Some((revision, _)) = entries.last() {
             inner.log_head.fetch_max(*revision, Relaxed);
         }
         apply(cluster, entries).await?;
-        if let Some(h) = resp.header() {
-            inner.seen.fetch_max(h.revision() as u64, Relaxed);
+        inner.seen.fetch_max(seen, Relaxed);
+        match stop {
+            Some(Ok(compact_revision)) => {
+                compacted(cluster, compact_revision).await?;
+                return Ok(());
+            }
+            Some(Err(e)) => return Err(e),
+            None => {}
         }
         if *inner.applied.borrow() >= target {
             cluster.mark_current();
