@@ -3,8 +3,8 @@
 //! - **Invalidations**: every ban and purge any node takes is put to one etcd key
 //!   (`<prefix>/invalidations`), and acknowledged once this node has applied it. Those a node takes while
 //!   its previous put is in flight go together in the next: one revision of the key, holding them in order.
-//!   Every node watches the key and applies each revision once, in revision order, whatever a watch
-//!   response brings in one store batch (one journal sync, one flush that also persists the last revision
+//!   Every node watches the key and applies each revision once, in revision order, whatever the watch
+//!   delivered meanwhile in one store batch (one journal sync, one flush that also persists the last revision
 //!   applied); after a stop or a crash it replays the history from there before it vouches for its stored
 //!   objects again. History etcd compacted away is not guessed at: everything stored before is banned.
 //! - **The lag bound**: a node that cannot show it is current (its watch broken, or silent to progress
