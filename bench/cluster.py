@@ -436,13 +436,17 @@ def run_bans(args, work):
     load = os.getloadavg()[0]
     stack = Stack()
     origin = subprocess.Popen([f"{ROOT}/target/release/bench-origin", str(ORIGIN_PORT), str(CONTROL_PORT)])
+    # The cluster secret every node must share since the entries are signed (docs/cluster.md, "Trust").
+    secret = f"{work}/cluster-secret"
+    with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write("the cluster secret of the benchmark\n")
     try:
         etcd = start_etcd(stack, work)
         admins = []
         for i in range(3):
             toml = (f'[cluster]\nnode = "n{i + 1}"\netcd = ["{etcd}"]\nprefix = "{PREFIX}"\n'
                     f'advertise = "127.0.0.1:{NODE_PORTS[i]}"\nadvertise_admin = "127.0.0.1:{HEALTH_PORTS[i]}"\n'
-                    f'self_routing = false\n')
+                    f'self_routing = false\nsecret_file = "{secret}"\n')
             store = lacquer_node(stack, work, i, args, toml)
             wait_for(f"node {i + 1}", lambda: get(f"http://127.0.0.1:{HEALTH_PORTS[i]}/v1/health")[0] == 200)
             admins.append(Admin(HEALTH_PORTS[i], open(f"{store}/secret").read().strip()))
@@ -469,6 +473,9 @@ def run_bans(args, work):
         newest = log_revision(PREFIX)
         wait_for("every node caught up", lambda: all(a.cluster()["applied_revision"] >= newest for a in admins), 120)
         drain = time.perf_counter() - t0
+    except BaseException:
+        origin.terminate()
+        raise
     finally:
         stack.stop()
     # The reference: the same senders against one node without [cluster].

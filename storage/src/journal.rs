@@ -258,16 +258,18 @@ impl Journal {
         self.next_id.fetch_add(1, SeqCst)
     }
 
-    /// Appends `entry` and syncs it: once this returns, a crash cannot lose it.
-    /// Appends and syncs in a group: entries written while a sync runs are covered by the next one, so a
-    /// stampede of purges costs one `fsync` per batch, not per purge.
-    pub(crate) fn append(&self, entry: Entry) -> Result<(), StoreError> {
+    /// Appends `entries`, in order, and syncs them: once this returns, a crash cannot lose any of them.
+    /// One write and one sync for all of them, and syncs are grouped across callers too: entries written
+    /// while a sync runs are covered by the next one, so a stampede of purges costs one `fsync` per batch,
+    /// not per purge.
+    pub(crate) fn append(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
         let (ticket, handle) = {
             let mut file = self.file.lock().expect("journal file");
             let handle = match file.as_mut() {
                 Some(file) => {
                     let at = file.metadata().map_err(|e| io(&self.path, e))?.len();
-                    if let Err(e) = file.write_all(&frame(&entry)) {
+                    let bytes: Vec<u8> = entries.iter().flat_map(frame).collect();
+                    if let Err(e) = file.write_all(&bytes) {
                         // A partial record in the middle of the file would read as damage at the next start.
                         let _ = file.set_len(at);
                         return Err(io(&self.path, e));
@@ -277,8 +279,8 @@ impl Journal {
                 None => None,
             };
             let mut state = self.state.lock().expect("journal state");
-            state.last = state.last.max(entry.id());
-            state.entries.push(entry);
+            state.last = entries.iter().map(Entry::id).fold(state.last, u64::max);
+            state.entries.extend(entries);
             (self.written.fetch_add(1, SeqCst) + 1, handle)
         };
         let Some(handle) = handle else {
@@ -408,11 +410,11 @@ mod tests {
         let (j, readback) = Journal::read(dir.path()).unwrap();
         assert_eq!(readback, Readback::Missing);
         j.start(10, Some(0)).unwrap();
-        j.append(purge(10, "a")).unwrap();
-        j.append(Entry::Ban {
+        j.append(vec![purge(10, "a")]).unwrap();
+        j.append(vec![Entry::Ban {
             id: 11,
             expression: "req.url ~ x".into(),
-        })
+        }])
         .unwrap();
         drop(j);
         let path = dir.path().join(FILE);
@@ -440,7 +442,7 @@ mod tests {
                 let j = j.clone();
                 std::thread::spawn(move || {
                     for n in 0..50 {
-                        j.append(purge(1 + t * 50 + n, "k")).unwrap();
+                        j.append(vec![purge(1 + t * 50 + n, "k")]).unwrap();
                     }
                 })
             })
@@ -459,8 +461,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (j, _) = Journal::read(dir.path()).unwrap();
         j.start(1, Some(0)).unwrap();
-        j.append(purge(1, "a")).unwrap();
-        j.append(purge(2, "b")).unwrap();
+        j.append(vec![purge(1, "a")]).unwrap();
+        j.append(vec![purge(2, "b")]).unwrap();
         drop(j);
         let path = dir.path().join(FILE);
         let mut bytes = std::fs::read(&path).unwrap();
@@ -480,11 +482,11 @@ mod tests {
         let (j, _) = Journal::read(dir.path()).unwrap();
         j.start(1, Some(0)).unwrap();
         for id in 1..=5 {
-            j.append(purge(id, "k")).unwrap();
+            j.append(vec![purge(id, "k")]).unwrap();
         }
         j.compact(4, &[1, 2, 3].into_iter().collect(), vec![2])
             .unwrap();
-        j.append(purge(6, "k")).unwrap();
+        j.append(vec![purge(6, "k")]).unwrap();
         let (entries, readback) = Journal::read_file(&dir.path().join(FILE));
         assert_eq!(readback, Readback::Intact);
         assert_eq!(

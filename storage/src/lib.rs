@@ -30,7 +30,7 @@ pub use error::StoreError;
 pub use meta::{
     same_representation, ObjectMeta, ObjectSet, Part, PartFate, Partial, Prepared, Sibling,
 };
-pub use purge::{InvalidationMark, PurgeMode};
+pub use purge::{Invalidated, Invalidation, InvalidationMark, PurgeMode};
 pub use store::{
     ChunkRead, ChunkTiers, Inspected, PartKept, Store, StoreStatsSnapshot, Tier, VERIFY_AHEAD,
 };

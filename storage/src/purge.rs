@@ -1,20 +1,22 @@
 //! Purges: by cache key or by surrogate key, hard (removed for good) or soft (expired, kept for grace).
 //! Each is durable before it is acknowledged, and a fetch that started before a purge does not publish
-//! what it fetched when the purge covers it.
+//! what it fetched when the purge covers it. Purges and bans also go in batches ([`Store::invalidate`]):
+//! one journal sync and one metadata flush for the whole batch (a cluster's log applies that way).
 
 use std::{
     collections::{BTreeMap, HashSet, VecDeque},
     sync::{
         atomic::{AtomicU64, Ordering::SeqCst},
-        Mutex,
+        Arc, Mutex,
     },
 };
 
 use crate::{
+    ban::{Ban, BanExpr, BanInfo},
     error::StoreError,
     journal::{Entry, Target},
     meta::{ObjectMeta, ObjectSet},
-    store::Store,
+    store::{Store, Tagged},
 };
 
 /// Purges remembered for fetches in flight; a fetch older than all of them is not published.
@@ -99,6 +101,42 @@ fn expire(meta: &mut ObjectMeta, now: u64) -> bool {
     true
 }
 
+/// One invalidation of a batch given to [`Store::invalidate`].
+#[derive(Debug, Clone)]
+pub enum Invalidation {
+    /// A ban; see [`Store::add_ban`].
+    Ban(BanExpr),
+    /// Every variant of one cache key; see [`Store::purge`].
+    Purge {
+        /// The cache key.
+        primary: String,
+        /// Removed, or made stale.
+        mode: PurgeMode,
+    },
+    /// Every object carrying one of the tags, whatever its host; see [`Store::purge_tags`].
+    PurgeTags {
+        /// The surrogate keys.
+        tags: Vec<String>,
+        /// Removed, or made stale.
+        mode: PurgeMode,
+    },
+}
+
+/// What one invalidation of a batch did.
+#[derive(Debug, Clone)]
+pub enum Invalidated {
+    /// The ban, as the ban list holds it.
+    Ban(BanInfo),
+    /// How many variants the purge removed (or made stale).
+    Purged(usize),
+}
+
+/// One invalidation of a batch between its journal entry and its effect.
+enum Step {
+    Ban(Arc<Ban>),
+    Purge(Target, PurgeMode),
+}
+
 impl Store {
     /// Removes every variant of one cache key, as an unsafe method's success does (RFC 9111 §4.4), and
     /// keeps fetches for it that started before from publishing; returns how many variants it removed.
@@ -110,31 +148,129 @@ impl Store {
 
     /// Purges every variant of one cache key; returns how many variants were affected.
     pub async fn purge(&self, primary: &str, mode: PurgeMode) -> Result<usize, StoreError> {
-        let target = Target::Key(primary.to_owned());
-        let applying = self.journal_purge(&target, mode).await?;
-        self.invalidations().purged(target);
-        let n = match mode {
-            PurgeMode::Hard => self.remove(primary)?,
-            PurgeMode::Soft => self.soft_expire(primary, |_| true)?,
-        };
-        drop(applying);
-        self.count_purge(mode, n);
-        self.flush_metadata().await?;
-        Ok(n)
+        let primary = primary.to_owned();
+        self.purged(Invalidation::Purge { primary, mode }).await
     }
 
     /// Purges every object carrying one of `tags`, whatever its host; returns how many were affected.
-    pub async fn purge_tags(
+    pub async fn purge_tags(&self, tags: &[String], mode: PurgeMode) -> Result<usize, StoreError> {
+        let tags = tags.to_vec();
+        self.purged(Invalidation::PurgeTags { tags, mode }).await
+    }
+
+    async fn purged(&self, purge: Invalidation) -> Result<usize, StoreError> {
+        match self.invalidate(vec![purge], None).await?.pop() {
+            Some(Invalidated::Purged(n)) => Ok(n),
+            other => unreachable!("a purge applied as {other:?}"),
+        }
+    }
+
+    /// Applies `batch` in order, as calling [`Store::add_ban`], [`Store::purge`] and
+    /// [`Store::purge_tags`] for each in turn would, at the cost of one call: one journal write and sync,
+    /// one metadata flush. With `cluster_revision`, the same flush records it as the newest revision of a
+    /// cluster's log applied here ([`Store::cluster_revision`]). Returns, once all of it is durable, what
+    /// each did. On an error, part of the batch may be applied (and journaled): applying it again is
+    /// harmless.
+    pub async fn invalidate(
         &self,
-        purged: &[String],
+        batch: Vec<Invalidation>,
+        cluster_revision: Option<u64>,
+    ) -> Result<Vec<Invalidated>, StoreError> {
+        let bans = self.ban_list();
+        // Only a batch with a ban waits for other ban additions: purges alone run side by side, and their
+        // journal syncs and flushes group (a single node's stampede of purges).
+        let adding = match batch.iter().any(|i| matches!(i, Invalidation::Ban(_))) {
+            true => Some(bans.adding().await),
+            false => None,
+        };
+        // Held until the batch is applied to the metadata (see `Journal::applying`).
+        let applying = self.journal().applying().await;
+        let mut entries = Vec::with_capacity(batch.len());
+        let mut steps = Vec::with_capacity(batch.len());
+        for inv in batch {
+            let (target, mode) = match inv {
+                Invalidation::Ban(expr) => {
+                    let ban = bans.new_ban(self, expr);
+                    entries.push(Entry::Ban {
+                        id: ban.id,
+                        expression: ban.expr.to_string(),
+                    });
+                    steps.push(Step::Ban(ban));
+                    continue;
+                }
+                Invalidation::Purge { primary, mode } => (Target::Key(primary), mode),
+                Invalidation::PurgeTags { tags, mode } => (Target::Tags(tags), mode),
+            };
+            entries.push(Entry::Purge {
+                id: self.next_id(),
+                target: target.clone(),
+                soft: mode == PurgeMode::Soft,
+            });
+            steps.push(Step::Purge(target, mode));
+        }
+        self.append_journal(entries).await?;
+        let added: Vec<Arc<Ban>> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Ban(ban) => Some(ban.clone()),
+                Step::Purge(..) => None,
+            })
+            .collect();
+        let listed = bans.record(&added)?;
+        let mut done = Vec::with_capacity(steps.len());
+        let mut prune = Vec::new();
+        for step in steps {
+            let (target, mode) = match step {
+                Step::Ban(ban) => {
+                    done.push(Invalidated::Ban(ban.info()));
+                    continue;
+                }
+                Step::Purge(target, mode) => (target, mode),
+            };
+            self.invalidations().purged(target.clone());
+            let n = match &target {
+                Target::Key(primary) => match mode {
+                    PurgeMode::Hard => self.remove(primary)?,
+                    PurgeMode::Soft => self.soft_expire(primary, |_| true)?,
+                },
+                Target::Tags(tags) => {
+                    let found = self.tagged(tags)?;
+                    let n = self.purge_found(&found, mode)?;
+                    prune.extend(found);
+                    n
+                }
+            };
+            self.count_purge(mode, n);
+            done.push(Invalidated::Purged(n));
+        }
+        drop(applying);
+        // Entries whose object was already gone (after a crash, say) go now.
+        for (key, tagged) in prune {
+            self.prune_tag_entry(&key, &tagged)?;
+        }
+        if let Some(revision) = cluster_revision {
+            self.note_cluster_revision(revision)?;
+        }
+        self.flush_metadata().await?;
+        if let Some(newest) = added.last() {
+            bans.publish(listed, newest.id);
+            for _ in &added {
+                self.invalidations().banned();
+                self.counters().bans_added.add(1);
+            }
+        }
+        drop(adding);
+        Ok(done)
+    }
+
+    /// Removes (or expires) the variants `found` in the tag index points at; returns how many.
+    fn purge_found(
+        &self,
+        found: &[(Vec<u8>, Tagged)],
         mode: PurgeMode,
     ) -> Result<usize, StoreError> {
-        let target = Target::Tags(purged.to_vec());
-        let applying = self.journal_purge(&target, mode).await?;
-        self.invalidations().purged(target);
-        let found = self.tagged(purged)?;
         let mut by_key: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
-        for (_, tagged) in &found {
+        for (_, tagged) in found {
             by_key
                 .entry(tagged.primary.clone())
                 .or_default()
@@ -151,31 +287,7 @@ impl Store {
                 }
             };
         }
-        drop(applying);
-        // Entries whose object was already gone (after a crash, say) go now.
-        for (key, tagged) in found {
-            self.prune_tag_entry(&key, &tagged)?;
-        }
-        self.count_purge(mode, n);
-        self.flush_metadata().await?;
         Ok(n)
-    }
-
-    /// Appends a purge to the invalidation journal (synced) before anything else happens to it; the guard
-    /// returned is held until the purge is applied to the metadata (see `Journal::applying`).
-    async fn journal_purge(
-        &self,
-        target: &Target,
-        mode: PurgeMode,
-    ) -> Result<tokio::sync::RwLockReadGuard<'_, ()>, StoreError> {
-        let applying = self.journal().applying().await;
-        let entry = Entry::Purge {
-            id: self.next_id(),
-            target: target.clone(),
-            soft: mode == PurgeMode::Soft,
-        };
-        self.append_journal(entry).await?;
-        Ok(applying)
     }
 
     fn count_purge(&self, mode: PurgeMode, n: usize) {

@@ -302,3 +302,50 @@ async fn a_burst_of_concurrent_purges_and_bans_completes() {
         .expect("every purge and ban completes");
     assert_eq!(store.stats().objects, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_applies_in_order_records_the_cluster_revision_and_survives_a_reopen() {
+    use lacquer_storage::{Invalidated, Invalidation};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    write(&store, "h/a", b"a").await;
+    write(&store, "h/b", b"b").await;
+    write_with(&store, "h/t", &[], tagged(&["shelf"])).await;
+    write(&store, "h/kept", b"k").await;
+    let batch = vec![
+        Invalidation::Ban(ban("req.url == /a")),
+        Invalidation::Purge {
+            primary: "h/b".into(),
+            mode: PurgeMode::Hard,
+        },
+        Invalidation::PurgeTags {
+            tags: vec!["shelf".into()],
+            mode: PurgeMode::Hard,
+        },
+        // The same ban again: the newer covers what the older did, and only it stays listed.
+        Invalidation::Ban(ban("req.url == /a")),
+    ];
+    let done = store.invalidate(batch, Some(42)).await.unwrap();
+    let [Invalidated::Ban(first), Invalidated::Purged(1), Invalidated::Purged(1), Invalidated::Ban(second)] =
+        &done[..]
+    else {
+        panic!("{done:?}")
+    };
+    assert!(first.id < second.id, "ids follow the batch's order");
+    assert_eq!(store.bans().len(), 1);
+    assert_eq!(store.bans()[0].id, second.id);
+    assert_eq!(store.cluster_revision().unwrap(), 42);
+    assert!(!present(&store, "h/a"));
+    assert!(!present(&store, "h/b"));
+    assert!(!present(&store, "h/t"));
+    assert!(present(&store, "h/kept"));
+
+    let store = reopen(store, dir.path()).await;
+    assert_eq!(store.cluster_revision().unwrap(), 42);
+    assert_eq!(store.bans().len(), 1);
+    for key in ["h/a", "h/b", "h/t"] {
+        assert!(!present(&store, key), "{key}");
+    }
+    assert!(present(&store, "h/kept"));
+}

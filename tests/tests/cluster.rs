@@ -248,6 +248,82 @@ async fn bans_and_tag_purges_sent_to_one_node_reach_every_node() {
     }
 }
 
+/// Invalidations sent all at once to every node go to etcd in batches (fewer revisions than
+/// invalidations), and still: each is acknowledged only once applied on the node that took it, and every
+/// node applies every one.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_invalidations_are_batched_and_every_node_applies_every_one() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(etcd) = Etcd::start() else { return };
+    let o = Versioned::start().await;
+    let nodes: Vec<Daemon> = (1..=3)
+        .map(|n| node(&o.origin, n, &etcd.url(), false))
+        .collect();
+    for d in &nodes {
+        serving_with(d, 3).await;
+    }
+    const N: usize = 90;
+    let (m, kept) = (paths("/m/", N), paths("/k/", 3));
+    for d in &nodes {
+        fill(d, &[m.clone(), kept.clone()].concat()).await;
+    }
+    assert_eq!(o.origin.total(), 3 * (N + 3));
+    let before = etcd.revision_of_log();
+
+    o.bump();
+    // Bans and purges alternating, each path's invalidation sent to one node, all at once.
+    let sent = m.iter().enumerate().map(|(i, p)| {
+        let d = &nodes[i % 3];
+        async move {
+            let r = if i % 2 == 0 {
+                let expression = format!("req.url ~ ^{p}$");
+                d.admin_post("/v1/bans", json!({ "expression": expression }))
+                    .await
+            } else {
+                let url = format!("http://{HOST}{p}");
+                d.admin_post("/v1/purge", json!({ "url": url })).await
+            };
+            assert!(r.status.is_success(), "{p}: {:?}", r.body);
+            // Acknowledged means applied on the node that took it.
+            let r = get(d.addr, p).await;
+            assert_ne!(r.x_cache(), "HIT", "{p} on the node that took it");
+            assert_eq!(version_of(&r), 2, "{p}");
+        }
+    });
+    futures_util::future::join_all(sent).await;
+    let head = etcd.revision_of_log();
+    assert!(
+        head - before < N as u64,
+        "{N} invalidations sent together took {} revisions: none was batched",
+        head - before
+    );
+    for (i, d) in nodes.iter().enumerate() {
+        let view = applied(d, head).await;
+        assert_eq!(view["counters"]["invalidations_applied"], N, "{view}");
+        assert_eq!(view["counters"]["invalidations_sent"], N / 3, "{view}");
+        assert_eq!(view["lag_revisions"], 0, "{view}");
+        for p in &m {
+            let r = get(d.addr, p).await;
+            assert_eq!(version_of(&r), 2, "n{}: {p} was invalidated", i + 1);
+        }
+        for p in &kept {
+            let r = get(d.addr, p).await;
+            assert_eq!(r.x_cache(), "HIT", "n{}: {p} was not invalidated", i + 1);
+            assert_eq!(version_of(&r), 1);
+        }
+    }
+    for p in &m {
+        assert_eq!(
+            o.origin.count(p),
+            6,
+            "{p}: once per node before, once after"
+        );
+    }
+    for p in &kept {
+        assert_eq!(o.origin.count(p), 3, "{p}: once per node");
+    }
+}
+
 /// A node stopped while 100 bans and purges go to the others serves none of what they covered once it
 /// is back, not even to requests racing its start: until it has caught up it revalidates what it stores.
 async fn stopped_node_misses_nothing(kill: bool) {

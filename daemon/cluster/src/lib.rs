@@ -1,11 +1,12 @@
 //! A cluster of lacquerd nodes that act as one cache, built on etcd rather than a consensus of our own.
 //!
 //! - **Invalidations**: every ban and purge any node takes is put to one etcd key
-//!   (`<prefix>/invalidations`), so each is a new revision of it, and acknowledged once this node has
-//!   applied it. Every node watches the key and applies each revision once, in revision order, persisting
-//!   the last one applied in its store; after a stop or a crash it replays the history from there before it
-//!   vouches for its stored objects again. History etcd compacted away is not guessed at: everything stored
-//!   before is banned.
+//!   (`<prefix>/invalidations`), and acknowledged once this node has applied it. Those a node takes while
+//!   its previous put is in flight go together in the next: one revision of the key, holding them in order.
+//!   Every node watches the key and applies each revision once, in revision order, whatever the watch
+//!   delivered meanwhile in one store batch (one journal sync, one flush that also persists the last revision
+//!   applied); after a stop or a crash it replays the history from there before it vouches for its stored
+//!   objects again. History etcd compacted away is not guessed at: everything stored before is banned.
 //! - **The lag bound**: a node that cannot show it is current (its watch broken, or silent to progress
 //!   requests) for longer than `max_invalidation_lag` stops vouching: the data path then revalidates stored
 //!   objects with the origin before serving them.
@@ -36,10 +37,10 @@ use std::{
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use http::{request::Parts, HeaderValue};
 use lacquer_admin::wire::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
-use lacquer_proxy::cluster::{Applied, Cluster as DataPath, InvalidateFuture, Invalidation, Peer};
+use lacquer_proxy::cluster::{Cluster as DataPath, InvalidateFuture, Invalidation, Peer};
 use lacquer_storage::Store;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 pub use auth::Secret;
 pub use entry::Entry;
@@ -202,8 +203,10 @@ struct Inner {
     currency: Currency,
     members: RwLock<Arc<Vec<Member>>>,
     counters: Counters,
+    /// Entries on their way to the log (`log::write` takes them).
+    outbox: mpsc::Sender<log::Queued>,
     /// Acknowledgements waiting for their entry to be applied here, by entry id.
-    pending: Mutex<HashMap<String, oneshot::Sender<Applied>>>,
+    pending: Mutex<HashMap<String, log::Waiter>>,
     /// Entry ids are `<node>-<incarnation>-<n>`: unique across restarts.
     incarnation: u64,
     next_entry: AtomicU64,
@@ -269,6 +272,7 @@ impl Cluster {
             .await
             .map_err(|e| ClusterError::Endpoint(e.to_string()))?;
         let applied = store.cluster_revision()?;
+        let (outbox, queue) = mpsc::channel(log::QUEUE);
         let cluster = Cluster {
             inner: Arc::new(Inner {
                 settings,
@@ -280,6 +284,7 @@ impl Cluster {
                 currency: Currency::new(),
                 members: RwLock::default(),
                 counters: Counters::default(),
+                outbox,
                 pending: Mutex::default(),
                 incarnation: lacquer_clock::now_ms(),
                 next_entry: AtomicU64::new(0),
@@ -292,6 +297,7 @@ impl Cluster {
             "cluster: catching up with the invalidation log before serving stored objects"
         );
         runtime.spawn(log::follow(cluster.clone()));
+        runtime.spawn(log::write(cluster.clone(), queue));
         runtime.spawn(members::register(cluster.clone()));
         runtime.spawn(members::follow(cluster.clone()));
         Ok(cluster)

@@ -6,7 +6,7 @@ use std::{future::Future, net::SocketAddr, pin::Pin};
 
 use http::{request::Parts, HeaderName, HeaderValue};
 use lacquer_admin::wire::ClusterView;
-use lacquer_storage::{BanExpr, BanInfo, Store, StoreError};
+use lacquer_storage::{self as store, BanExpr, BanInfo, PurgeMode, Store, StoreError};
 
 use crate::invalidation::{self, PurgeTarget};
 
@@ -105,4 +105,47 @@ pub async fn apply(store: &Store, inv: Invalidation) -> Result<Applied, StoreErr
             .await
             .map(Applied::Purged),
     }
+}
+
+/// Applies `batch` to this node's store in order, with one journal sync and one metadata flush for all of
+/// it, and records `revision` as the newest revision of the cluster's log applied here in that same flush:
+/// what every node of a cluster does with the entries of the log it receives together. Returns what each
+/// did, in order.
+pub async fn apply_all(
+    store: &Store,
+    batch: Vec<Invalidation>,
+    revision: u64,
+) -> Result<Vec<Applied>, StoreError> {
+    let mode = |soft| match soft {
+        true => PurgeMode::Soft,
+        false => PurgeMode::Hard,
+    };
+    let batch = batch
+        .into_iter()
+        .map(|inv| match inv {
+            Invalidation::Ban(expr) => store::Invalidation::Ban(expr),
+            Invalidation::Purge {
+                target: PurgeTarget::Key(primary),
+                soft,
+            } => store::Invalidation::Purge {
+                primary,
+                mode: mode(soft),
+            },
+            Invalidation::Purge {
+                target: PurgeTarget::Tags(tags),
+                soft,
+            } => store::Invalidation::PurgeTags {
+                tags,
+                mode: mode(soft),
+            },
+        })
+        .collect();
+    let done = store.invalidate(batch, Some(revision)).await?;
+    Ok(done
+        .into_iter()
+        .map(|d| match d {
+            store::Invalidated::Ban(info) => Applied::Ban(info),
+            store::Invalidated::Purged(n) => Applied::Purged(n),
+        })
+        .collect())
 }

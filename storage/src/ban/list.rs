@@ -1,14 +1,17 @@
 //! The ban list: in memory for lookups, in sled so that a restart (or a crash) never forgets a ban.
 
-use std::sync::{
-    atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
-    Arc, RwLock,
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+        Arc, RwLock,
+    },
 };
 
 use serde::{Deserialize, Serialize};
 
 use super::expr::{BanExpr, Subject};
-use crate::{error::StoreError, journal::Entry, meta::ObjectMeta, store::Store};
+use crate::{error::StoreError, meta::ObjectMeta, store::Store};
 
 /// Completed bans still listed (for `GET /v1/bans`); older completed ones are retired.
 const COMPLETED_KEPT: usize = 100;
@@ -70,7 +73,7 @@ struct BanRecord {
 }
 
 impl Ban {
-    fn info(&self) -> BanInfo {
+    pub(crate) fn info(&self) -> BanInfo {
         BanInfo {
             id: self.id,
             expression: self.expr.to_string(),
@@ -227,14 +230,16 @@ impl Bans {
         self.snapshot().iter().map(|b| b.info()).collect()
     }
 
-    /// Adds a ban and returns once it is durable. Older identical bans are dropped: the new one covers
-    /// everything they covered.
-    pub(crate) async fn add(&self, store: &Store, expr: BanExpr) -> Result<BanInfo, StoreError> {
-        let _adding = self.adding.lock().await;
-        // Held until the ban is listed, so a journal compaction never sees it unlisted (and retirable).
-        let _applying = store.journal().applying().await;
-        // Ids never go back, even across crashes, so a new ban is always newer than every checked object.
-        let ban = Arc::new(Ban {
+    /// Held from taking a ban's id until the ban is listed, so that ids enter the list in order (and the
+    /// lurker's completions wait for it).
+    pub(crate) async fn adding(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.adding.lock().await
+    }
+
+    /// A new ban of `expr`, for the caller (holding [`Bans::adding`]) to journal, [`Bans::record`] and
+    /// [`Bans::publish`]. Ids never go back, even across crashes, so it is newer than every checked object.
+    pub(crate) fn new_ban(&self, store: &Store, expr: BanExpr) -> Arc<Ban> {
+        Arc::new(Ban {
             id: store.next_id(),
             created_ms: lacquer_clock::now_ms(),
             expr,
@@ -242,30 +247,42 @@ impl Bans {
             removed: AtomicU64::new(0),
             to_test: Some(store.counted().0),
             completed: AtomicBool::new(false),
-        });
-        let canonical = ban.expr.to_string();
-        store
-            .append_journal(Entry::Ban {
-                id: ban.id,
-                expression: canonical.clone(),
-            })
-            .await?;
+        })
+    }
+
+    /// Writes `added` (new bans, oldest first) to sled, dropping every older identical ban, those of
+    /// `added` included: the newest covers everything they covered. Returns the list to
+    /// [`Bans::publish`] once sled is flushed.
+    pub(crate) fn record(&self, added: &[Arc<Ban>]) -> Result<Vec<Arc<Ban>>, StoreError> {
+        let canonical: Vec<String> = added.iter().map(|b| b.expr.to_string()).collect();
+        let newest: HashMap<&str, u64> = canonical
+            .iter()
+            .zip(added)
+            .map(|(c, b)| (c.as_str(), b.id))
+            .collect();
         let current = self.snapshot();
-        let mut next = Vec::with_capacity(current.len() + 1);
+        let mut next = Vec::with_capacity(current.len() + added.len());
         for old in current.iter() {
-            if old.expr.to_string() == canonical {
+            if newest.contains_key(old.expr.to_string().as_str()) {
                 self.tree.remove(old.id.to_be_bytes())?;
             } else {
                 next.push(old.clone());
             }
         }
-        self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
-        store.flush_metadata().await?;
-        next.push(ban.clone());
-        *self.list.write().expect("ban list lock") = Arc::new(next);
-        self.newest.store(ban.id, SeqCst);
+        for (c, ban) in canonical.iter().zip(added) {
+            if newest[c.as_str()] == ban.id {
+                self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
+                next.push(ban.clone());
+            }
+        }
+        Ok(next)
+    }
+
+    /// Lists the bans [`Bans::record`] wrote, once they are durable; `newest` is the newest of them.
+    pub(crate) fn publish(&self, list: Vec<Arc<Ban>>, newest: u64) {
+        *self.list.write().expect("ban list lock") = Arc::new(list);
+        self.newest.store(newest, SeqCst);
         self.lurker.notify();
-        Ok(ban.info())
     }
 
     /// Tests an object checked up to `checked` against the bans after it, up to `upto`.

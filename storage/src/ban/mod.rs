@@ -7,4 +7,4 @@ pub(crate) mod lurker;
 pub(crate) use expr::Subject;
 pub use expr::{BanExpr, BanSyntaxError};
 pub use list::BanInfo;
-pub(crate) use list::{Bans, Verdict};
+pub(crate) use list::{Ban, Bans, Verdict};

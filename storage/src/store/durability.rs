@@ -75,16 +75,19 @@ impl Store {
         Ok(())
     }
 
-    /// Appends `entry` to the invalidation journal and syncs it (on a blocking thread), then notes in sled
-    /// that the journal reaches it: a journal found shorter at start has lost entries. Once this returns,
-    /// a crash cannot lose the entry. The caller holds [`crate::journal::Journal::applying`] until what the
-    /// entry invalidates is applied to the metadata.
-    pub(crate) async fn append_journal(&self, entry: Entry) -> Result<(), StoreError> {
+    /// Appends `entries` to the invalidation journal and syncs them (on a blocking thread, one sync for
+    /// all), then notes in sled that the journal reaches them: a journal found shorter at start has lost
+    /// entries. Once this returns, a crash cannot lose them. The caller holds
+    /// [`crate::journal::Journal::applying`] until what they invalidate is applied to the metadata.
+    pub(crate) async fn append_journal(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
         let store = self.clone();
         tokio::task::spawn_blocking(move || {
-            let id = entry.id();
-            store.inner.journal.append(entry)?;
-            store.inner.state.insert(JOURNAL_LAST, &id.to_be_bytes())?;
+            let last = entries.iter().map(Entry::id).max().unwrap_or(0);
+            store.inner.journal.append(entries)?;
+            store
+                .inner
+                .state
+                .insert(JOURNAL_LAST, &last.to_be_bytes())?;
             Ok(())
         })
         .await

@@ -43,6 +43,7 @@ use open::JOURNAL_LAST;
 pub use records::{Inspected, PartKept};
 use stats::Counters;
 pub use stats::StoreStatsSnapshot;
+pub(crate) use tags::Tagged;
 
 use crate::{
     ban::{BanExpr, BanInfo, Bans},
@@ -51,7 +52,7 @@ use crate::{
     error::StoreError,
     health::Health,
     journal::Journal,
-    purge::{InvalidationMark, Invalidations},
+    purge::{Invalidated, Invalidation, InvalidationMark, Invalidations},
     space::DiskGuard,
     writer::{Job, ObjectWriter},
 };
@@ -191,12 +192,17 @@ impl Store {
     }
 
     /// Adds a ban (see [`BanExpr`]); it applies to every object stored before this call returns, and it is
-    /// durable when it returns.
+    /// durable when it returns. Older identical bans are dropped: the new one covers everything they
+    /// covered.
     pub async fn add_ban(&self, expr: BanExpr) -> Result<BanInfo, StoreError> {
-        let info = self.inner.bans.add(self, expr).await?;
-        self.inner.invalidations.banned();
-        self.counters().bans_added.add(1);
-        Ok(info)
+        match self
+            .invalidate(vec![Invalidation::Ban(expr)], None)
+            .await?
+            .pop()
+        {
+            Some(Invalidated::Ban(info)) => Ok(info),
+            other => unreachable!("a ban applied as {other:?}"),
+        }
     }
 
     /// The ban list, oldest first: pending bans and the most recent completed ones.
@@ -289,10 +295,16 @@ impl Store {
     /// flushed before it returns. A crash that loses it only makes entries apply again: more removed,
     /// never an invalidated body served.
     pub async fn set_cluster_revision(&self, revision: u64) -> Result<(), StoreError> {
+        self.note_cluster_revision(revision)?;
+        self.inner.db.flush_async().await?;
+        Ok(())
+    }
+
+    /// Writes `revision` as the cluster's applied revision, for the caller's next flush to make durable.
+    pub(crate) fn note_cluster_revision(&self, revision: u64) -> Result<(), StoreError> {
         self.inner
             .state
             .insert(CLUSTER_REVISION, &revision.to_be_bytes())?;
-        self.inner.db.flush_async().await?;
         Ok(())
     }
 
