@@ -141,7 +141,7 @@ impl Store {
     /// Removes every variant of one cache key, as an unsafe method's success does (RFC 9111 §4.4), and
     /// keeps fetches for it that started before from publishing; returns how many variants it removed.
     /// Not journaled: it is this cache's own bookkeeping, not an operator's purge to replay or to share.
-    pub fn invalidate(&self, primary: &str) -> Result<usize, StoreError> {
+    pub fn invalidate_key(&self, primary: &str) -> Result<usize, StoreError> {
         self.invalidations().purged(Target::Key(primary.to_owned()));
         self.remove(primary)
     }

@@ -216,7 +216,7 @@ impl CacheStore for Store {
     }
 
     fn invalidate(&self, primary: &str) -> Result<usize, StoreError> {
-        Store::invalidate(self, primary)
+        Store::invalidate_key(self, primary)
     }
 
     fn remove_generation(&self, primary: &str, generation: u64) -> Result<(), StoreError> {
