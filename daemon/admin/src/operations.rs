@@ -5,6 +5,7 @@ use axum::{
     Json,
 };
 use lacquer_admin::wire::{ApiError, BackendList, BackendView, Reloaded, SetBackendHealth};
+use lacquer_proxy::worker::Shared;
 
 use super::{AdminError, AdminState, ApiJson};
 
@@ -16,16 +17,20 @@ use super::{AdminError, AdminState, ApiJson};
     ))]
 pub async fn backends(State(state): State<AdminState>) -> Json<BackendList> {
     Json(BackendList {
-        backends: state
-            .shared
-            .live
-            .load()
-            .router
-            .backends
-            .iter()
-            .map(|b| b.view())
-            .collect(),
+        backends: backend_views(&state.shared),
     })
+}
+
+/// Every backend of the live configuration, as `/v1/backends` and `/metrics` show them.
+pub(crate) fn backend_views(shared: &Shared) -> Vec<BackendView> {
+    shared
+        .live
+        .load()
+        .router
+        .backends
+        .iter()
+        .map(|b| b.view())
+        .collect()
 }
 
 /// Forces a backend sick (drained: no requests, whatever its probe says) or healthy (requests whatever its

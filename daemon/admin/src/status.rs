@@ -107,18 +107,9 @@ pub async fn stats_stream(
         (status = 401, description = "Missing or wrong secret (unless `admin.open_metrics`)", body = ApiError),
     ))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
-    let backends: Vec<_> = state
-        .shared
-        .live
-        .load()
-        .router
-        .backends
-        .iter()
-        .map(|b| b.view())
-        .collect();
     let text = metrics::render(
         &snapshot(&state.shared),
-        &backends,
+        &super::operations::backend_views(&state.shared),
         cluster_view(&state.shared).as_ref(),
         state.shared.store.metrics_registry(),
     );
