@@ -349,6 +349,9 @@ enum Act {
     Echo,
     /// Sends 16 KiB every 20 ms, uncacheable, until the stream is reset.
     Endless,
+    /// Neither this stream nor anything else on its connection is read or answered again, PINGs
+    /// included: an origin that froze with the connection open.
+    Freeze,
 }
 
 /// An origin on the `h2` crate, counting connections and recording the resets it saw.
@@ -388,17 +391,23 @@ impl H2Origin {
                         return;
                     };
                     let (goaway, mut goaways) = mpsc::unbounded_channel();
-                    loop {
+                    let frozen = loop {
                         tokio::select! {
                             next = conn.accept() => {
                                 let Some(Ok((req, respond))) = next else { return };
                                 requests.fetch_add(1, Ordering::SeqCst);
                                 let todo = act(req.uri().path());
+                                if let Act::Freeze = todo {
+                                    break respond;
+                                }
                                 tokio::spawn(serve(todo, req.into_body(), respond, goaway.clone(), resets.clone()));
                             }
                             Some(()) = goaways.recv() => conn.abrupt_shutdown(Reason::INTERNAL_ERROR),
                         }
-                    }
+                    };
+                    // Held, never polled again.
+                    let _held = (conn, frozen);
+                    std::future::pending::<()>().await;
                 });
             }
         });
@@ -434,6 +443,7 @@ async fn serve(
         }
     };
     match act {
+        Act::Freeze => unreachable!("a frozen connection serves nothing"),
         Act::Body(len) | Act::Short(len) => {
             let cache_control = match act {
                 Act::Short(_) => "max-age=1, stale-if-error=60",
@@ -548,6 +558,10 @@ async fn a_goaway_mid_response_fails_the_client_and_stores_nothing() {
         "{view}"
     );
     assert_eq!(
+        view["streams_reset"], 2,
+        "each stream the GOAWAY cut off counts: {view}"
+    );
+    assert_eq!(
         origin.connections.load(Ordering::SeqCst),
         2,
         "a connection the origin went away from is not used again"
@@ -605,6 +619,53 @@ async fn a_stale_object_stands_in_for_a_reset_stream() {
     // The refetch was refused, and sent once more (as any failed fill is), refused again.
     assert_eq!(origin.requests.load(Ordering::SeqCst), 3);
     assert_eq!(backend_view(&d).await["streams_reset"], 2);
+}
+
+#[tokio::test]
+async fn an_origin_that_stops_answering_pings_is_dropped_and_the_fill_goes_to_a_new_connection() {
+    static FROZEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let origin = H2Origin::start(65_535, |path| match path {
+        "/freeze" if !FROZEN.swap(true, Ordering::SeqCst) => Act::Freeze,
+        _ => Act::Body(1000),
+    })
+    .await;
+    let d = Daemon::with_config_only(&config_with(
+        1,
+        &format!(
+            "address = \"http://{}\"\nprotocol = \"h2c\"\nh2_ping_interval = \"500ms\"\n\
+             h2_ping_timeout = \"500ms\"\nfirst_byte_timeout = \"120s\"\n",
+            origin.addr
+        ),
+    ));
+    let warm = get_host(&d, "www.example.com", "/warm").await.unwrap();
+    assert_eq!(warm.status, 200);
+    let started = std::time::Instant::now();
+    let answered = get_host(&d, "www.example.com", "/freeze").await.unwrap();
+    // The frozen connection is given up on its unanswered PING, not after first_byte_timeout (120 s);
+    // the fill then goes once more, on a new connection, which answers.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(answered.status, 200, "{answered:?}");
+    assert!(answered.body == pattern(1000));
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 3);
+    let view = backend_view(&d).await;
+    assert_eq!(view["errors"], 1, "the dead connection counts: {view}");
+    assert_eq!(
+        view["streams_reset"], 0,
+        "the origin cut nothing off: {view}"
+    );
+    assert_eq!(view["health"], "healthy", "{view}");
+    let after = get_host(&d, "www.example.com", "/after").await.unwrap();
+    assert_eq!(after.status, 200);
+    assert_eq!(
+        origin.connections.load(Ordering::SeqCst),
+        2,
+        "the new connection stays in use"
+    );
 }
 
 #[tokio::test]

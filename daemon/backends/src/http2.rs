@@ -168,12 +168,14 @@ pub(crate) fn prepare(
     Ok(())
 }
 
-/// Whether `e` comes from the origin resetting an HTTP/2 stream, or from its `GOAWAY` cutting one off.
+/// Whether `e` comes from the origin resetting an HTTP/2 stream, or from its `GOAWAY` or the end of its
+/// connection cutting one off. An origin that sends `GOAWAY` with an error and closes leaves the streams
+/// it had begun with the connection's I/O error (a broken pipe), not with the `GOAWAY`'s code.
 pub(crate) fn reset_by_origin(e: &(dyn Error + 'static)) -> bool {
     let mut next = Some(e);
     while let Some(e) = next {
         if let Some(h2) = e.downcast_ref::<h2::Error>() {
-            return h2.is_remote() && (h2.is_reset() || h2.is_go_away());
+            return h2.is_io() || h2.is_remote() && (h2.is_reset() || h2.is_go_away());
         }
         next = e.source();
     }
