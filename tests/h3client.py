@@ -5,9 +5,13 @@ Usage: h3client.py SPEC, SPEC being JSON:
   addr         "127.0.0.1:PORT"
   server_name  SNI and :authority (default "localhost")
   cafile       a CA to verify the server with; without it, no verification
-  requests     [{method, path, headers: {name: value}, body: str, reset_after: bytes, literal: bool}]
+  requests     [{method, path, headers: {name: value}, body: str, reset_after: bytes, stall_after: bytes,
+               literal: bool}]
                (reset_after: stop and reset the stream once that many body bytes came; 0: right after
-               the head; literal: encode the head here, as literals, with no size limit)
+               the head; stall_after: once that many body bytes came, go deaf and mute for `stall_ms`:
+               read no datagram, acknowledge nothing, send nothing, as a client that stopped reading;
+               literal: encode the head here, as literals, with no size limit)
+  stall_ms     how long a stalled client stays deaf and mute (default 5000)
   parallel     send every request at once (default: one after the other)
   zero_rtt     first fetch `prime` on a connection of its own to get a session ticket, then send
                `requests` on a resumed connection in early data, before the handshake completes
@@ -15,7 +19,8 @@ Usage: h3client.py SPEC, SPEC being JSON:
                requests
   attack       instead of requests, misbehave on one connection and report how it ended:
                "data_before_headers", "decoder_flood", "encoder_flood", "over_stream_limit" (opens
-               `streams` requests at once, default 300, whatever limit the server set)
+               `streams` requests at once, default 300, whatever limit the server set),
+               "stall_handshake" (sends its first Initial, then stays deaf and mute for `stall_ms`)
 Prints JSON: {"results": [{status, headers, length, sha256, ms, error}], "early_data_accepted",
 "session_resumed", "closed": {"error_code", "reason"} or null, "flood_allowed": bytes the server let a
 flood send}.
@@ -38,6 +43,19 @@ from aioquic.quic.events import ConnectionTerminated, StreamReset
 H3_REQUEST_CANCELLED = 0x10C
 
 
+class H3(H3Connection):
+    """aioquic's HTTP/3, but for HEAD: aioquic 1.2 checks a response's Content-Length against the DATA that
+    came even for a HEAD request, whose response has none (RFC 9110 §9.3.2), and closes the connection."""
+
+    def __init__(self, quic):
+        super().__init__(quic)
+        self.heads = set()
+
+    def _check_content_length(self, stream):
+        if stream.stream_id not in self.heads:
+            super()._check_content_length(stream)
+
+
 class Client(QuicConnectionProtocol):
     # The connection being made, for its close when the handshake never completes.
     last = None
@@ -45,10 +63,25 @@ class Client(QuicConnectionProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         Client.last = self
-        self.h3 = H3Connection(self._quic)
+        self.h3 = H3(self._quic)
         self.streams = {}
         self.closed = None
         self.terminated = asyncio.Event()
+        # Deaf and mute: datagrams are neither read nor sent.
+        self.mute = False
+
+    def datagram_received(self, data, addr):
+        if not self.mute:
+            super().datagram_received(data, addr)
+
+    def transmit(self):
+        if not self.mute:
+            super().transmit()
+
+    async def stall(self, ms):
+        self.mute = True
+        await asyncio.sleep(ms / 1000)
+        self.mute = False
 
     def quic_event_received(self, event):
         if isinstance(event, ConnectionTerminated):
@@ -67,6 +100,8 @@ class Client(QuicConnectionProtocol):
 
     def request(self, spec):
         stream_id = self._quic.get_next_available_stream_id()
+        if spec.get("method") == "HEAD":
+            self.h3.heads.add(stream_id)
         authority = self.server_name
         headers = [
             (b":method", spec.get("method", "GET").encode()),
@@ -86,7 +121,7 @@ class Client(QuicConnectionProtocol):
             self.h3.send_headers(stream_id, headers, end_stream=body is None)
         if body is not None:
             self.h3.send_data(stream_id, body.encode(), end_stream=True)
-        stream = Stream(stream_id, spec.get("reset_after"))
+        stream = Stream(stream_id, spec.get("reset_after"), spec.get("stall_after"))
         self.streams[stream_id] = stream
         self.transmit()
         return stream
@@ -119,9 +154,10 @@ def literal_field(name, value):
 
 
 class Stream:
-    def __init__(self, stream_id, reset_after):
+    def __init__(self, stream_id, reset_after, stall_after):
         self.stream_id = stream_id
         self.reset_after = reset_after
+        self.stall_after = stall_after
         self.started = time.monotonic()
         self.status = None
         self.headers = []
@@ -147,6 +183,10 @@ class Stream:
             client._quic.reset_stream(self.stream_id, H3_REQUEST_CANCELLED)
             client.transmit()
             self.finish("reset by client")
+            return
+        if self.stall_after is not None and self.status is not None and self.length >= self.stall_after:
+            client.mute = True
+            self.finish("stalled")
             return
         if event.stream_ended:
             self.finish(None)
@@ -179,7 +219,7 @@ def configuration(spec, ticket_store):
     return config
 
 
-async def run_requests(client, requests, parallel, timeout, hold_ms=0):
+async def run_requests(client, requests, parallel, timeout, hold_ms=0, stall_ms=5000):
     results = []
     if parallel:
         streams = [client.request(r) for r in requests]
@@ -201,11 +241,19 @@ async def run_requests(client, requests, parallel, timeout, hold_ms=0):
     for s in results:
         if not s.done.done():
             s.finish("timed out")
+    if client.mute:
+        # A request stalled the client: it stays so for the rest of `stall_ms`.
+        await client.stall(stall_ms)
     return [s.result() for s in results]
 
 
-async def attack(client, kind, count):
+async def attack(client, kind, count, stall_ms):
     quic = client._quic
+    if kind == "stall_handshake":
+        # The Initial with the ClientHello goes out, and nothing after it: the handshake never completes.
+        client.transmit()
+        await client.stall(stall_ms)
+        return
     if kind == "data_before_headers":
         stream_id = quic.get_next_available_stream_id()
         # A DATA frame (type 0, length 3) where the request's HEADERS must come first.
@@ -279,14 +327,19 @@ async def main():
             configuration=configuration(spec, tickets),
             create_protocol=Client,
             session_ticket_handler=save_ticket,
-            wait_connected=not spec.get("zero_rtt"),
+            wait_connected=not spec.get("zero_rtt") and spec.get("attack") != "stall_handshake",
         ) as client:
             client.server_name = spec.get("server_name", "localhost")
             if spec.get("attack"):
-                await attack(client, spec["attack"], spec.get("streams", 300))
+                await attack(client, spec["attack"], spec.get("streams", 300), spec.get("stall_ms", 5000))
             else:
                 out["results"] = await run_requests(
-                    client, spec.get("requests", []), spec.get("parallel"), timeout, spec.get("hold_ms", 0)
+                    client,
+                    spec.get("requests", []),
+                    spec.get("parallel"),
+                    timeout,
+                    spec.get("hold_ms", 0),
+                    spec.get("stall_ms", 5000),
                 )
             tls = client._quic.tls
             out["early_data_accepted"] = bool(tls.early_data_accepted)

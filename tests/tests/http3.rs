@@ -98,14 +98,17 @@ async fn hits_misses_ranges_and_compression_over_http3() {
             get("/big"),
             json!({ "path": "/big", "headers": { "range": "bytes=1000-1999" } }),
             json!({ "path": "/page", "headers": { "accept-encoding": "gzip" } }),
+            json!({ "method": "HEAD", "path": "/small" }),
         ])
         .await;
-    let (miss, hit, whole, part, page) = (
+
+    let (miss, hit, whole, part, page, head) = (
         &results[0],
         &results[1],
         &results[2],
         &results[3],
         &results[4],
+        &results[5],
     );
     assert_eq!(miss["status"], 200, "{miss}");
     assert_eq!(header(miss, "x-cache"), Some("MISS"));
@@ -130,10 +133,15 @@ async fn hits_misses_ranges_and_compression_over_http3() {
     assert_eq!(page["status"], 200);
     assert_eq!(header(page, "content-encoding"), Some("gzip"), "{page}");
     assert!(page["length"].as_u64().unwrap() < text.len() as u64 / 4);
+    assert_eq!(head["status"], 200, "{head}");
+    assert_eq!(header(head, "x-cache"), Some("HIT"), "{head}");
+    assert_eq!(header(head, "content-length"), Some("3000"), "{head}");
+    assert_eq!(head["length"], 0, "no body for a HEAD: {head}");
+    assert_eq!(head["error"], Value::Null, "{head}");
 
     let stats = q.d.stats().await;
     let proxy = &stats["proxy"];
-    assert_eq!(proxy["requests_http3"], 5, "{proxy}");
+    assert_eq!(proxy["requests_http3"], 6, "{proxy}");
     assert_eq!(proxy["connections_http3"], 1);
     assert_eq!(proxy["quic_handshakes"], 1);
     assert_eq!(proxy["requests_http1"], 0);
@@ -154,7 +162,7 @@ async fn hits_misses_ranges_and_compression_over_http3() {
         (&json!(false), &json!(false))
     );
     let (c, o) = (&quic["counters"], &other["counters"]);
-    assert_eq!(c["requests_http3"], 5, "{quic}");
+    assert_eq!(c["requests_http3"], 6, "{quic}");
     assert_eq!(c["requests_http1"], 0, "{quic}");
     assert_eq!(c["quic_handshakes"], 1, "{quic}");
     assert_eq!(c["connections"], 1, "{quic}");
@@ -170,12 +178,16 @@ async fn hits_misses_ranges_and_compression_over_http3() {
     let log_file = q.d.dir.path().join("access.log");
     let log = eventually(Duration::from_secs(5), || {
         let text = std::fs::read_to_string(&log_file).unwrap_or_default();
-        async move { (text.lines().count() >= 6).then_some(text) }
+        async move { (text.lines().count() >= 7).then_some(text) }
     })
     .await;
     let (h3, h1): (Vec<&str>, Vec<&str>) = log.lines().partition(|l| l.contains(" HTTP/3.0\""));
-    assert_eq!(h3.len(), 5, "the access log names the protocol:\n{log}");
-    assert!(h3.iter().all(|l| l.contains("\"GET http://")), "{log}");
+    assert_eq!(h3.len(), 6, "the access log names the protocol:\n{log}");
+    assert!(
+        h3.iter()
+            .all(|l| l.contains("\"GET http://") || l.contains("\"HEAD http://")),
+        "{log}"
+    );
     assert!(
         h1.len() == 1 && h1[0].contains("/small HTTP/1.1\""),
         "{log}"
@@ -452,6 +464,128 @@ async fn malformed_http3_closes_that_connection_only() {
         let fine = q.requests(vec![get("/")]).await;
         assert_eq!(fine[0]["status"], 200, "served after {attack}");
     }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_let_go_with_its_origin_fetch() {
+    if !h3::available() {
+        return;
+    }
+    // 64 MiB nobody stores: more than the origin's socket, the fetch's transit buffer and the client's
+    // flow-control window hold together, so the origin is still sending when the client goes quiet.
+    let origin =
+        Origin::start(|_| Reply::large(64 << 20).header("cache-control", "no-store")).await;
+    let q = Quic::start(&origin, "idle_timeout = \"2s\"", "");
+    let out = q
+        .client(json!({
+            "requests": [{ "path": "/big", "stall_after": 256 * 1024 }],
+            "stall_ms": 6000,
+        }))
+        .await;
+    let r = &out["results"][0];
+    assert_eq!(r["status"], 200, "{out}");
+    assert_eq!(r["error"], "stalled", "{out}");
+    // Six seconds of a client that reads, acknowledges and sends nothing: idle_timeout (2 s) let it go,
+    // and the origin fetch with it, long before the body's end.
+    assert_eq!(origin.in_flight(), 0, "the origin fetch was released");
+    let stats = q.d.stats().await["proxy"].clone();
+    assert_eq!(stats["connections_open"], 0, "{stats}");
+    assert_eq!(stats["quic_errors_idle_timeout"], 1, "{stats}");
+    let fine = q.requests(vec![get("/next")]).await;
+    assert_eq!(fine[0]["status"], 200, "served after it");
+}
+
+#[tokio::test]
+async fn a_handshake_that_never_completes_is_dropped_at_header_read_timeout() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|_| cacheable(b"fine".to_vec())).await;
+    let q = Quic::start(
+        &origin,
+        "header_read_timeout = \"1s\"\nidle_timeout = \"60s\"",
+        "",
+    );
+    let stalled = q.client(json!({ "attack": "stall_handshake", "stall_ms": 2500 }));
+    let watched = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let during = q.d.stats().await["proxy"].clone();
+        assert_eq!(
+            during["connections_open"], 1,
+            "the handshake holds a place: {during}"
+        );
+    };
+    tokio::join!(stalled, watched);
+    // Dropped at header_read_timeout (1 s), not at idle_timeout (60 s).
+    let stats = q.d.stats().await["proxy"].clone();
+    assert_eq!(stats["header_timeouts"], 1, "{stats}");
+    assert_eq!(stats["connections_open"], 0, "{stats}");
+    assert_eq!(stats["connections_http3"], 0, "{stats}");
+    let fine = q.requests(vec![get("/")]).await;
+    assert_eq!(fine[0]["status"], 200);
+}
+
+#[tokio::test]
+async fn renewed_certificates_reach_http3_on_reload() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|_| cacheable(b"fine".to_vec())).await;
+    let q = Quic::start(&origin, "", "");
+    let fetch = |name: &str| {
+        let spec = json!({ "server_name": name, "cafile": q.cafile, "requests": [get("/")] });
+        h3::run(q.d.addr, spec)
+    };
+    assert_eq!(fetch("example.test").await["results"][0]["status"], 200);
+    // Renewed in place, as certbot does, for another name: the old certificate fails a client that
+    // asks for the new name until the reload.
+    q.ca.issue(q.certs.path(), "site", &["renewed.test"]);
+    let before = fetch("renewed.test").await;
+    assert!(before["results"].as_array().unwrap().is_empty(), "{before}");
+    assert!(
+        before["closed"].is_object(),
+        "the client refused the old certificate: {before}"
+    );
+    let reload = q.d.admin_post("/v1/reload", json!({})).await;
+    assert_eq!(reload.status, 200, "{:?}", reload.body);
+    let after = fetch("renewed.test").await;
+    assert_eq!(after["results"][0]["status"], 200, "{after}");
+    let old = fetch("example.test").await;
+    assert!(old["results"].as_array().unwrap().is_empty(), "{old}");
+}
+
+#[tokio::test]
+async fn a_stop_finishes_the_requests_in_flight_over_http3() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|seen| {
+        Reply::ok(seen.path.clone())
+            .header("cache-control", "no-store")
+            .delay(Duration::from_millis(1500))
+    })
+    .await;
+    let mut q = Quic::start(&origin, "", "");
+    let slow = q.client(json!({ "requests": [get("/slow/1"), get("/slow/2")], "parallel": true }));
+    let stop = async {
+        eventually(Duration::from_secs(5), || async {
+            (origin.in_flight() == 2).then_some(())
+        })
+        .await;
+        q.d.notify(libc::SIGTERM);
+    };
+    let (out, ()) = tokio::join!(slow, stop);
+    for (r, path) in out["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(["/slow/1", "/slow/2"])
+    {
+        assert_eq!(r["status"], 200, "{out}");
+        assert_eq!(r["sha256"], sha256(path.as_bytes()), "{out}");
+        assert_eq!(r["error"], Value::Null, "{out}");
+    }
+    q.d.stop();
 }
 
 const CHROMIUM: &str = "/usr/bin/chromium";
