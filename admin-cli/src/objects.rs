@@ -7,7 +7,7 @@ use std::{
 
 use lacquer_admin::{
     format::{bytes, duration},
-    wire::{Inspection, ObjectQuery, StoredVariant},
+    wire::{Inspection, NotStoredNote, ObjectQuery, StoredVariant},
     AdminClient, AdminError,
 };
 
@@ -25,19 +25,31 @@ pub async fn inspect(
 }
 
 fn render(i: &Inspection) -> String {
-    if !i.cached {
-        return format!("not cached: {}\n", i.key);
+    let mut out = match i.cached {
+        false => format!("not cached: {}\n", i.key),
+        true => format!(
+            "{}: {} variant{}\n",
+            i.key,
+            i.variants.len(),
+            if i.variants.len() == 1 { "" } else { "s" }
+        ),
+    };
+    if let Some(note) = &i.not_stored {
+        out += &not_stored(note);
     }
-    let mut out = format!(
-        "{}: {} variant{}\n",
-        i.key,
-        i.variants.len(),
-        if i.variants.len() == 1 { "" } else { "s" }
-    );
     for (n, v) in i.variants.iter().enumerate() {
         out += &variant(n + 1, v);
     }
     out
+}
+
+fn not_stored(note: &NotStoredNote) -> String {
+    let at = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(note.at));
+    format!(
+        "not stored {} ({at}); requests bypass the cache for {} more\n",
+        note.reason,
+        duration(note.bypass_seconds)
+    )
 }
 
 fn variant(n: usize, v: &StoredVariant) -> String {
@@ -200,6 +212,7 @@ mod tests {
                 total: None,
                 parts: Vec::new(),
             }],
+            not_stored: None,
         };
         let text = render(&i);
         for want in [
@@ -251,7 +264,20 @@ mod tests {
             key: "k".into(),
             cached: false,
             variants: vec![],
+            not_stored: None,
         };
         assert_eq!(render(&none), "not cached: k\n");
+        let private = Inspection {
+            not_stored: Some(NotStoredNote {
+                reason: "private".into(),
+                at: 1_700_000_000,
+                bypass_seconds: 95,
+            }),
+            ..none
+        };
+        assert_eq!(
+            render(&private),
+            "not cached: k\nnot stored private (Tue, 14 Nov 2023 22:13:20 GMT); requests bypass the cache for 1m 35s more\n"
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use lacquer_tests::{daemon_with_traffic, get, run_tool, unused_addr, Daemon, Origin, Reply};
+use lacquer_tests::{daemon_with_traffic, get, run_tool, unused_addr, Daemon, Origin, Reply, Step};
 
 fn cachectl(args: &[&str]) -> (i32, String, String) {
     run_tool(env!("CARGO_BIN_EXE_cachectl"), args)
@@ -95,6 +95,47 @@ async fn watch_prints_a_document_per_interval() {
 
     let (code, _, err) = ctl(&d, &["stats", "--watch", "0"]);
     assert_eq!(code, 2, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_says_why_the_last_response_was_not_stored() {
+    let origin = Origin::start(|seen| match seen.path.as_str() {
+        "/account" => Reply::ok("mine").header("cache-control", "private, max-age=60"),
+        // No Content-Length: found too large only as the body comes.
+        _ => Reply::ok("")
+            .header("cache-control", "max-age=60")
+            .steps(vec![Step::Data(vec![b'x'; 4096].into()); 4], None),
+    })
+    .await;
+    let d = Daemon::with_config(origin.addr, "[cache]\nmax_object_size = \"8KiB\"\n");
+    assert_eq!(get(d.addr, "/account").await.status, 200);
+    assert_eq!(get(d.addr, "/grows").await.status, 200);
+    let host = d.addr.to_string();
+    let (code, out, err) = ctl(&d, &["inspect", &format!("http://{host}/account")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("not cached: {host}/account\nnot stored private (")),
+        "{out}"
+    );
+    assert!(out.contains("; requests bypass the cache for "), "{out}");
+    let (code, out, _) = ctl(&d, &["--json", "inspect", "/account", "--host", &host]);
+    assert_eq!(code, 0);
+    let bypass = json(&out)["not_stored"]["bypass_seconds"].as_u64().unwrap();
+    assert!(
+        (100..=120).contains(&bypass),
+        "hit-for-miss, 120 s by default: {out}"
+    );
+    let (code, out, _) = ctl(&d, &["--json", "inspect", "/grows", "--host", &host]);
+    assert_eq!(code, 0);
+    let inspection = json(&out);
+    assert_eq!(inspection["cached"], false);
+    assert_eq!(
+        inspection["not_stored"]["reason"], "too-large",
+        "{inspection}"
+    );
+    let (code, out, _) = ctl(&d, &["--json", "inspect", "/never", "--host", &host]);
+    assert_eq!(code, 0);
+    assert!(json(&out).get("not_stored").is_none(), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -2,8 +2,8 @@
 
 use axum::{extract::State, Json};
 use lacquer_admin::wire::{
-    ApiError, HeaderField, Inspection, ObjectQuery, Representation, StoredPart, StoredVariant,
-    Tiers,
+    ApiError, HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation, StoredPart,
+    StoredVariant, Tiers,
 };
 use lacquer_storage::{ChunkTiers, Inspected};
 
@@ -15,7 +15,8 @@ use lacquer_policy::{
 use lacquer_proxy::invalidation;
 
 /// Every stored variant of a URL's cache key: status, size, tiers, freshness, tags and headers. Objects a
-/// ban covers are removed first, as a lookup would.
+/// ban covers are removed first, as a lookup would. While the key's last response, not stored, keeps
+/// requests bypassing the cache (hit-for-miss), why it was not stored.
 #[utoipa::path(get, path = "/v1/objects", tag = "objects", security(("secret" = [])),
     params(ObjectQuery),
     responses(
@@ -38,10 +39,23 @@ pub async fn inspect(
         .into_iter()
         .map(|found| stored_variant(found, now))
         .collect();
+    let not_stored = state
+        .shared
+        .coalescer
+        .uncacheable(&key)
+        .map(|u| NotStoredNote {
+            reason: u.why.token().into(),
+            at: u.at_ms / 1000,
+            bypass_seconds: u
+                .until
+                .saturating_duration_since(lacquer_clock::monotonic())
+                .as_secs(),
+        });
     Ok(Json(Inspection {
         key,
         cached: !variants.is_empty(),
         variants,
+        not_stored,
     }))
 }
 

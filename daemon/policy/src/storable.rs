@@ -82,6 +82,9 @@ pub enum NotStored {
     VariesOnRewritten,
     /// The request was never looked up (passed), so nothing it gets is stored.
     NotLookedUp,
+    /// Storable, but the store did not take it: a full or failing disk, a store shutting down, a write
+    /// that failed (the store logs and counts which).
+    StoreRefused,
 }
 
 impl NotStored {
@@ -107,6 +110,7 @@ impl NotStored {
             Self::StandIn => "server-error-stand-in",
             Self::VariesOnRewritten => "varies-on-rewritten",
             Self::NotLookedUp => "not-looked-up",
+            Self::StoreRefused => "store-refused",
         }
     }
 }

@@ -688,15 +688,40 @@ pub enum Joined<S: CacheStore = Store> {
 /// Fetches in flight by key, and the keys that recently proved uncacheable.
 pub struct Coalescer<S: CacheStore = Store> {
     fetching: Mutex<HashMap<String, Arc<Fetch<S>>>>,
-    /// Until when each key bypasses coalescing; bounded in bytes, the oldest entries leave first, so
-    /// endless unique uncacheable URLs cannot grow it.
-    hit_for_miss: Cache<String, Instant>,
+    /// The keys that bypass coalescing for a while, and why; bounded in bytes, the oldest entries leave
+    /// first, so endless unique uncacheable URLs cannot grow it.
+    hit_for_miss: Cache<String, Uncacheable>,
     /// Fetches finished so far (any key); see [`Coalescer::finished`].
     finished: AtomicU64,
 }
 
-/// What one hit-for-miss entry costs besides its key (the entry, the instant, the table's slot).
-const HIT_FOR_MISS_OVERHEAD: usize = 96;
+/// What one hit-for-miss entry costs besides its key (the entry, its value, the table's slot).
+const HIT_FOR_MISS_OVERHEAD: usize = 128;
+
+/// A key whose response recently proved uncacheable (hit-for-miss).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uncacheable {
+    /// Until when requests for the key go straight to the backend (monotonic).
+    pub until: Instant,
+    /// When the response was found so, in Unix milliseconds.
+    pub at_ms: u64,
+    /// Why it was not stored.
+    pub why: NotStored,
+}
+
+impl Uncacheable {
+    fn new(how_long: Duration, why: NotStored) -> Self {
+        Self {
+            until: lacquer_clock::monotonic() + how_long,
+            at_ms: lacquer_clock::now_ms(),
+            why,
+        }
+    }
+
+    fn in_force(&self) -> bool {
+        self.until > lacquer_clock::monotonic()
+    }
+}
 
 impl<S: CacheStore> Coalescer<S> {
     /// A coalescer whose hit-for-miss table holds at most `hit_for_miss_memory` bytes.
@@ -706,7 +731,7 @@ impl<S: CacheStore> Coalescer<S> {
             hit_for_miss: CacheBuilder::new(hit_for_miss_memory)
                 .with_shards(4)
                 .with_eviction_config(FifoConfig::default())
-                .with_weighter(|key: &String, _: &Instant| key.len() + HIT_FOR_MISS_OVERHEAD)
+                .with_weighter(|key: &String, _: &Uncacheable| key.len() + HIT_FOR_MISS_OVERHEAD)
                 .build(),
             finished: AtomicU64::new(0),
         }
@@ -741,10 +766,8 @@ impl<S: CacheStore> Coalescer<S> {
         if looked_up_at.is_some_and(|n| n != self.finished.load(SeqCst)) {
             return Joined::LookAgain;
         }
-        if let Some(until) = self.hit_for_miss.get(key) {
-            if *until.value() > lacquer_clock::monotonic() {
-                return Joined::HitForMiss;
-            }
+        if self.is_hit_for_miss(key) {
+            return Joined::HitForMiss;
         }
         let fetch = Fetch::new(now, transit_buffer);
         fetching.insert(key.to_owned(), fetch.clone());
@@ -759,18 +782,23 @@ impl<S: CacheStore> Coalescer<S> {
             .contains_key(key)
     }
 
-    /// Unregisters `fetch` so later requests look the key up again; with `hit_for_miss`, they bypass
-    /// coalescing for that long.
-    pub fn finish(&self, key: &str, fetch: &Arc<Fetch<S>>, hit_for_miss: Option<Duration>) {
+    /// Unregisters `fetch` so later requests look the key up again; with `uncacheable` (how long, and why
+    /// its response was not stored), they bypass coalescing for that long.
+    pub fn finish(
+        &self,
+        key: &str,
+        fetch: &Arc<Fetch<S>>,
+        uncacheable: Option<(Duration, NotStored)>,
+    ) {
         let mut fetching = self.fetching.lock().expect("coalescer mutex");
         if !fetching.get(key).is_some_and(|f| Arc::ptr_eq(f, fetch)) {
             return;
         }
         fetching.remove(key);
         self.finished.fetch_add(1, SeqCst);
-        if let Some(d) = hit_for_miss.filter(|d| !d.is_zero()) {
+        if let Some((how_long, why)) = uncacheable.filter(|(d, _)| !d.is_zero()) {
             self.hit_for_miss
-                .insert(key.to_owned(), lacquer_clock::monotonic() + d);
+                .insert(key.to_owned(), Uncacheable::new(how_long, why));
         }
     }
 
@@ -781,18 +809,24 @@ impl<S: CacheStore> Coalescer<S> {
 
     /// Marks `key` uncacheable for `how_long` (when not zero) without a fetch of it finishing: a sliced
     /// object that nothing could prove one version across its slices.
-    pub fn mark_hit_for_miss(&self, key: &str, how_long: Duration) {
+    pub fn mark_hit_for_miss(&self, key: &str, how_long: Duration, why: NotStored) {
         if !how_long.is_zero() {
             self.hit_for_miss
-                .insert(key.to_owned(), lacquer_clock::monotonic() + how_long);
+                .insert(key.to_owned(), Uncacheable::new(how_long, why));
         }
     }
 
     /// Whether `key` proved uncacheable recently.
     pub fn is_hit_for_miss(&self, key: &str) -> bool {
+        self.uncacheable(key).is_some()
+    }
+
+    /// When and why `key` proved uncacheable, while requests for it still bypass coalescing.
+    pub fn uncacheable(&self, key: &str) -> Option<Uncacheable> {
         self.hit_for_miss
             .get(key)
-            .is_some_and(|until| *until.value() > lacquer_clock::monotonic())
+            .map(|entry| *entry.value())
+            .filter(Uncacheable::in_force)
     }
 }
 
@@ -1160,17 +1194,27 @@ mod tests {
         let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
             panic!()
         };
-        c.finish("k", &fetch, Some(Duration::from_secs(60)));
+        c.finish(
+            "k",
+            &fetch,
+            Some((Duration::from_secs(60), NotStored::Private)),
+        );
         assert!(matches!(
             c.join("k", mark(0), WINDOW, None),
             Joined::HitForMiss
         ));
+        assert_eq!(c.uncacheable("k").unwrap().why, NotStored::Private);
         c.clear_hit_for_miss("k");
         let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
             panic!()
         };
-        c.finish("k", &fetch, Some(Duration::from_nanos(1)));
+        c.finish(
+            "k",
+            &fetch,
+            Some((Duration::from_nanos(1), NotStored::NoStore)),
+        );
         std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(c.uncacheable("k"), None, "told only while in force");
         assert!(matches!(
             c.join("k", mark(0), WINDOW, None),
             Joined::Leader(_)
@@ -1185,7 +1229,11 @@ mod tests {
             let Joined::Leader(fetch) = c.join(&key, mark(0), WINDOW, None) else {
                 panic!()
             };
-            c.finish(&key, &fetch, Some(Duration::from_secs(60)));
+            c.finish(
+                &key,
+                &fetch,
+                Some((Duration::from_secs(60), NotStored::NoStore)),
+            );
         }
         assert!(c.hit_for_miss.usage() <= 64 * 1024);
         assert!(

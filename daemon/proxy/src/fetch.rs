@@ -43,7 +43,7 @@ enum Ending {
     Stored,
     /// The origin confirmed the stored object (304); its headers and freshness were refreshed.
     Revalidated,
-    NotStored,
+    NotStored(NotStored),
     /// The origin answered the client's own conditional with 304: an answer for that client alone, which
     /// says nothing about whether the URL is cacheable.
     NotModified,
@@ -152,14 +152,16 @@ pub async fn run<S: CacheStore>(worker: Arc<Worker<S>>, fetch: Arc<Fetch<S>>, re
             coalescer.clear_hit_for_miss(&key);
         }
         Ending::Failed => inc(&stats.backend_errors),
-        Ending::NotStored => inc(&stats.uncacheable),
+        Ending::NotStored(_) => inc(&stats.uncacheable),
         Ending::NotModified => {}
         Ending::Cancelled => inc(&stats.fetches_cancelled),
     }
     if registered {
-        let hit_for_miss =
-            matches!(ending, Ending::NotStored).then_some(route.policy.cache.hit_for_miss);
-        coalescer.finish(&key, &fetch, hit_for_miss);
+        let uncacheable = match ending {
+            Ending::NotStored(why) => Some((route.policy.cache.hit_for_miss, why)),
+            _ => None,
+        };
+        coalescer.finish(&key, &fetch, uncacheable);
     }
     fetch.settle();
 }
@@ -381,7 +383,8 @@ fn failed<S: CacheStore>(
 }
 
 /// Sends one piece of the body to the fetch's readers and, while storing, to the store; the `last` piece
-/// of a body ends it as it reaches the readers.
+/// of a body ends it as it reaches the readers. Returns whether the piece took the body past
+/// `max_object_size`, which stopped storing it.
 async fn forward_piece<S: CacheStore>(
     fetch: &Fetch<S>,
     writer: &mut Option<S::Writer>,
@@ -389,7 +392,7 @@ async fn forward_piece<S: CacheStore>(
     max_object_size: u64,
     key: &str,
     last: bool,
-) {
+) -> bool {
     if last {
         fetch.push_last(piece.clone());
     } else {
@@ -403,7 +406,9 @@ async fn forward_piece<S: CacheStore>(
         if over || w.push(&piece).await.is_err() {
             fetch.stop_storing(writer.take());
         }
+        return over;
     }
+    false
 }
 
 /// A compressed body from the origin that does not decode: nothing is stored and the readers' responses
@@ -736,6 +741,10 @@ async fn fill<S: CacheStore>(
     if let Some(w) = &writer {
         fetch.store_into(w);
     }
+    let not_stored = match (&storable, &writer) {
+        (Some(_), None) => Some(NotStored::StoreRefused),
+        _ => not_stored,
+    };
     // From the first byte written to the object's publication (or its abandonment).
     let storing = trace.filter(|_| writer.is_some()).map(Trace::store);
     let max_object_size = policy.cache.max_object_size.as_u64();
@@ -776,6 +785,8 @@ async fn fill<S: CacheStore>(
     // hand are kept as a part (an open range of a huge object is mostly asked for, then left).
     let left_part = matches!(request.part, Some(Ask::Client(_))) && placed.is_some();
     let mut left = false;
+    // A body without a declared length found larger than `max_object_size` as it came.
+    let mut grew_too_large = false;
     loop {
         fetch.room().await;
         if writer.is_some() && !unattended && fetch.unattended() {
@@ -844,7 +855,8 @@ async fn fill<S: CacheStore>(
         let count = pieces.len();
         for (i, piece) in pieces.into_iter().enumerate() {
             let last = whole && i + 1 == count;
-            forward_piece(fetch, &mut writer, piece, max_object_size, key, last).await;
+            grew_too_large |=
+                forward_piece(fetch, &mut writer, piece, max_object_size, key, last).await;
         }
     }
     if !left {
@@ -853,7 +865,8 @@ async fn fill<S: CacheStore>(
             Err(e) => return corrupt(worker, fetch, key, e),
         };
         for piece in last {
-            forward_piece(fetch, &mut writer, piece, max_object_size, key, false).await;
+            grew_too_large |=
+                forward_piece(fetch, &mut writer, piece, max_object_size, key, false).await;
         }
         fetch.end(Ok(()));
         if let (Some(text), Some(asked)) = (playlist, &request.asked) {
@@ -879,7 +892,10 @@ async fn fill<S: CacheStore>(
         } else if head.status == StatusCode::NOT_MODIFIED {
             Ending::NotModified
         } else {
-            Ending::NotStored
+            Ending::NotStored(not_stored.unwrap_or(match grew_too_large {
+                true => NotStored::TooLarge,
+                false => NotStored::StoreRefused,
+            }))
         };
     };
     if placed.is_some() {
@@ -912,7 +928,7 @@ async fn fill<S: CacheStore>(
                 sent = kept,
                 "a part's body is not the length its Content-Range gives; not storing"
             );
-            return Ending::NotStored;
+            return Ending::NotStored(NotStored::PartAnswer);
         }
         return match writer.finish_part(key.to_owned(), meta, first, total).await {
             // A part a purge came after is as cacheable as ever: the next request must not bypass
@@ -922,7 +938,7 @@ async fn fill<S: CacheStore>(
                 if !e.is_refusal() {
                     tracing::warn!(key, error = %e, "storing a part failed");
                 }
-                Ending::NotStored
+                Ending::NotStored(NotStored::StoreRefused)
             }
         };
     }
@@ -932,10 +948,10 @@ async fn fill<S: CacheStore>(
     }
     match finished {
         Ok(()) => Ending::Stored,
-        Err(e) if e.is_refusal() => Ending::NotStored,
+        Err(e) if e.is_refusal() => Ending::NotStored(NotStored::StoreRefused),
         Err(e) => {
             tracing::warn!(key, error = %e, "storing failed");
-            Ending::NotStored
+            Ending::NotStored(NotStored::StoreRefused)
         }
     }
 }

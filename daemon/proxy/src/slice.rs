@@ -25,6 +25,7 @@ use lacquer_policy::{
     encoding::{self, Coded, Delivery},
     range::{self, Ranges},
     stale::{usability, Usability},
+    storable::NotStored,
 };
 use lacquer_storage::{ObjectMeta, ObjectSet, Part};
 use tokio::sync::mpsc;
@@ -283,7 +284,9 @@ async fn fetch_first<S: CacheStore>(
         drop(reader);
         inc(&shared.stats.uncacheable);
         let hit_for_miss = asker.route.policy.cache.hit_for_miss;
-        shared.coalescer.mark_hit_for_miss(&asker.key, hit_for_miss);
+        shared
+            .coalescer
+            .mark_hit_for_miss(&asker.key, hit_for_miss, NotStored::PartUnjoinable);
         return Answered::Sent(asker.pass().await);
     }
     let object = Object::fetched(&head, total, found.as_ref(), looked_up_at);

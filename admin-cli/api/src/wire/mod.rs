@@ -25,7 +25,8 @@ pub use latency::{
 };
 pub use log::{LogEntry, LogFilter, TraceStep};
 pub use objects::{
-    HeaderField, Inspection, ObjectQuery, Representation, StoredPart, StoredVariant, Tiers,
+    HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation, StoredPart, StoredVariant,
+    Tiers,
 };
 pub use reload::{NotApplied, Reloaded};
 pub use stats::{

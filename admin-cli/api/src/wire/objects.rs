@@ -24,6 +24,21 @@ pub struct Inspection {
     pub cached: bool,
     /// Newest first.
     pub variants: Vec<StoredVariant>,
+    /// The key's last response was not stored, and requests for it go straight to the backend for a
+    /// while (`cache.hit_for_miss`): why and when. Absent otherwise, and from older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_stored: Option<NotStoredNote>,
+}
+
+/// Why a key's last response was not stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NotStoredNote {
+    /// The `Cache-Status` `detail` token: `private`, `no-store`, `too-large`, `store-refused`…
+    pub reason: String,
+    /// Unix seconds when the response came.
+    pub at: u64,
+    /// How much longer requests for the key bypass the cache (hit-for-miss).
+    pub bypass_seconds: u64,
 }
 
 /// One stored response.
