@@ -17,6 +17,9 @@ pub(crate) const WINDOW: Duration = Duration::from_secs(10);
 /// Causes remembered at most; past it, those whose window has ended are forgotten first.
 const MAX_CAUSES: usize = 1024;
 
+/// What the failures of causes past [`MAX_CAUSES`] are counted as, together.
+const OTHER: &str = "failures of other causes, past 1024 causes in one window";
+
 /// The process's warnings: what the log rate-limits is the journal's flood, whichever worker writes it.
 pub(crate) static WARNINGS: LazyLock<Repeats> = LazyLock::new(Repeats::default);
 
@@ -49,39 +52,56 @@ impl Repeats {
     }
 
     /// Whether a line saying `cause` is written now; when it is held back and is the first of its
-    /// window to be, a task writes the window's count when it ends.
+    /// window to be, a task writes the window's count when it ends. Past [`MAX_CAUSES`] causes seen
+    /// within one window, the others share one count ([`OTHER`]): a flood of distinct causes is held back
+    /// as one.
     fn admit(&'static self, cause: &str, now: Instant) -> bool {
         let mut causes = self.causes.lock().expect("repeats mutex");
-        if let Some(w) = causes.get_mut(cause) {
-            if w.held == 0 && now.duration_since(w.started) >= WINDOW {
-                // Quiet for a whole window: this one starts the next.
-                w.started = now;
+        if !causes.contains_key(cause) {
+            if causes.len() >= MAX_CAUSES {
+                causes.retain(|_, w| now.duration_since(w.started) < WINDOW || w.held > 0);
+            }
+            let room = causes.len() < MAX_CAUSES;
+            let cause = if room { cause } else { OTHER };
+            if !causes.contains_key(cause) {
+                causes.insert(
+                    cause.to_owned(),
+                    Window {
+                        started: now,
+                        held: 0,
+                    },
+                );
                 return true;
             }
-            w.held += 1;
-            if w.held == 1 {
-                let ends = w.started + WINDOW;
-                let cause = cause.to_owned();
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(ends).await;
-                    self.window_ended(&cause);
-                });
-            }
-            return false;
+            return self.held_back(&mut causes, cause, now);
         }
-        if causes.len() >= MAX_CAUSES {
-            causes.retain(|_, w| now.duration_since(w.started) < WINDOW || w.held > 0);
+        self.held_back(&mut causes, cause, now)
+    }
+
+    /// For a `cause` already seen: whether its line is written now (a whole window went by without
+    /// one), or else counted.
+    fn held_back(
+        &'static self,
+        causes: &mut HashMap<String, Window>,
+        cause: &str,
+        now: Instant,
+    ) -> bool {
+        let w = causes.get_mut(cause).expect("a cause seen before");
+        if w.held == 0 && now.duration_since(w.started) >= WINDOW {
+            // Quiet for a whole window: this one starts the next.
+            w.started = now;
+            return true;
         }
-        if causes.len() < MAX_CAUSES {
-            causes.insert(
-                cause.to_owned(),
-                Window {
-                    started: now,
-                    held: 0,
-                },
-            );
+        w.held += 1;
+        if w.held == 1 {
+            let ends = w.started + WINDOW;
+            let cause = cause.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(ends).await;
+                self.window_ended(&cause);
+            });
         }
-        true
+        false
     }
 
     /// Writes the count of `cause`'s lines held back in the window that just ended, and opens the next
@@ -126,5 +146,19 @@ mod tests {
         assert_eq!(held("fetch failed: backend a unreachable"), 0);
         assert!(!repeats.admit("fetch failed: backend a unreachable", Instant::now()));
         assert!(repeats.admit("fetch failed: backend b unreachable", Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_distinct_causes_is_held_back_as_one() {
+        let repeats: &'static Repeats = Box::leak(Box::default());
+        let t0 = Instant::now();
+        let written = (0..10_000)
+            .filter(|n| repeats.admit(&format!("fetch failed: error {n}"), t0))
+            .count();
+        // One line per cause that found room, one for the rest; the rest counted.
+        assert_eq!(written, MAX_CAUSES + 1);
+        let causes = repeats.causes.lock().unwrap();
+        assert_eq!(causes.len(), MAX_CAUSES + 1);
+        assert_eq!(causes[OTHER].held, 10_000 - MAX_CAUSES as u64 - 1);
     }
 }
