@@ -727,7 +727,7 @@ impl Config {
             self.storage.dir = Some(default_dir());
         }
         let dir = &self.storage_dir();
-        match std::fs::create_dir_all(dir).and_then(|_| tempfile_probe(dir)) {
+        match probe_dir(dir) {
             Ok(()) => {}
             // A directory that exists but cannot be written (a filesystem remounted read-only after errors,
             // say) is a failing disk, not a mistake: the store runs memory-only and says so.
@@ -829,15 +829,28 @@ fn tempfile_probe(dir: &Path) -> std::io::Result<()> {
     std::fs::remove_file(&probe)
 }
 
+/// Whether the store could use `dir`: written to when it exists, else created and written to, then
+/// removed again with every parent created for it. Checking a configuration (`--check`, a reload) leaves
+/// nothing behind; the store creates the directory when it opens.
+fn probe_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return tempfile_probe(dir);
+    }
+    // Innermost first, the order they are removed in.
+    let missing: Vec<&Path> = dir.ancestors().take_while(|a| !a.exists()).collect();
+    let probed = std::fs::create_dir_all(dir).and_then(|()| tempfile_probe(dir));
+    for created in missing {
+        let _ = std::fs::remove_dir(created);
+    }
+    probed
+}
+
 fn default_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("STATE_DIRECTORY") {
         return PathBuf::from(dir);
     }
     let system = PathBuf::from("/var/lib/lacquer");
-    if std::fs::create_dir_all(&system)
-        .and_then(|_| tempfile_probe(&system))
-        .is_ok()
-    {
+    if probe_dir(&system).is_ok() {
         return system;
     }
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
@@ -1028,10 +1041,38 @@ mod tests {
         .unwrap();
         assert_eq!(c.storage.disk_size, ByteSize::mib(512));
         assert_eq!(c.secret_file(), dir.path().join("store/secret"));
+        assert!(
+            !dir.path().join("store").exists(),
+            "loading the configuration creates no store directory"
+        );
         assert_eq!(
             c.listen,
             vec![Listen::plain("127.0.0.1:0".parse().unwrap())]
         );
+    }
+
+    #[test]
+    fn a_store_directory_that_cannot_be_made_is_refused_and_nothing_is_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let load = |disk: PathBuf| {
+            Config::load(
+                None,
+                Overrides {
+                    backend: Some("127.0.0.1:9".into()),
+                    disk: Some(disk),
+                    ..Default::default()
+                },
+            )
+        };
+        let e = load(file.join("store")).unwrap_err().to_string();
+        assert!(
+            e.contains("storage.dir") && e.contains("not a writable directory"),
+            "{e}"
+        );
+        load(dir.path().join("a/b/c")).unwrap();
+        assert!(!dir.path().join("a").exists());
     }
 
     /// The configuration the Debian package installs: it loads, and it lists every setting, commented out
