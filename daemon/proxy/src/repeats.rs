@@ -55,14 +55,15 @@ impl Repeats {
     /// window to be, a task writes the window's count when it ends. Past [`MAX_CAUSES`] causes seen
     /// within one window, the others share one count ([`OTHER`]): a flood of distinct causes is held back
     /// as one.
-    fn admit(&'static self, cause: &str, now: Instant) -> bool {
+    fn admit(&'static self, mut cause: &str, now: Instant) -> bool {
         let mut causes = self.causes.lock().expect("repeats mutex");
         if !causes.contains_key(cause) {
             if causes.len() >= MAX_CAUSES {
                 causes.retain(|_, w| now.duration_since(w.started) < WINDOW || w.held > 0);
             }
-            let room = causes.len() < MAX_CAUSES;
-            let cause = if room { cause } else { OTHER };
+            if causes.len() >= MAX_CAUSES {
+                cause = OTHER;
+            }
             if !causes.contains_key(cause) {
                 causes.insert(
                     cause.to_owned(),
@@ -73,7 +74,6 @@ impl Repeats {
                 );
                 return true;
             }
-            return self.held_back(&mut causes, cause, now);
         }
         self.held_back(&mut causes, cause, now)
     }
