@@ -32,7 +32,8 @@ pub enum PurgeMode {
 }
 
 /// A point in the invalidation history, taken when a fetch starts: what it fetched is tested against the
-/// bans and purges added after it before it is stored, and nobody joins a fetch from an older epoch.
+/// bans and purges added after it before it is stored, and nobody joins a fetch that one of them may cover
+/// ([`Store::invalidated_after`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InvalidationMark {
     /// The newest ban id.
@@ -69,6 +70,26 @@ impl Invalidations {
                 self.forgotten.store(old, SeqCst);
             }
         }
+    }
+
+    /// Whether a purge after `since` may cover what a fetch of `primary` brings, its tags unknown yet: a
+    /// purge of that key, or of any tag.
+    fn may_cover(&self, since: u64, primary: &str) -> bool {
+        if self.epoch() == since {
+            return false;
+        }
+        let recent = self.recent.lock().expect("purge ring");
+        if since < self.forgotten.load(SeqCst) {
+            return true;
+        }
+        recent
+            .iter()
+            .rev()
+            .take_while(|(epoch, _)| *epoch > since)
+            .any(|(_, target)| match target {
+                Target::Key(key) => key == primary,
+                Target::Tags(_) => true,
+            })
     }
 
     /// Whether a purge after `since` covers a body about to be published under `primary` with `tags`.
@@ -138,6 +159,13 @@ enum Step {
 }
 
 impl Store {
+    /// Whether a ban, or a purge that may cover `primary` (of that key, or of any tag), came after `since`:
+    /// what a fetch of `primary` that started at `since` brings may then be what was invalidated.
+    pub fn invalidated_after(&self, since: InvalidationMark, primary: &str) -> bool {
+        self.ban_list().newest() != since.ban
+            || self.invalidations().may_cover(since.epoch, primary)
+    }
+
     /// Removes every variant of one cache key, as an unsafe method's success does (RFC 9111 §4.4), and
     /// keeps fetches for it that started before from publishing; returns how many variants it removed.
     /// Not journaled: it is this cache's own bookkeeping, not an operator's purge to replay or to share.

@@ -304,8 +304,10 @@ impl PartialBody {
 }
 
 /// The single task that inserts chunks into foyer. It asks foyer to finish its disk writes (`wait`) whenever
-/// `budget` bytes were inserted since the last time, or when it has nothing else to do, so foyer's flush queue
-/// never overflows; objects published before a completed wait are counted durable.
+/// `budget` bytes were inserted since the last time, so foyer's flush queue never overflows, and in the
+/// background whenever it has nothing else to do; objects published before a completed wait are counted
+/// durable. The background wait (a sync of the disk, seconds on a busy one) holds up no publication: an
+/// object is served from when its body is in, not from when it is durable.
 ///
 /// Before each chunk it asks the disk guard whether there is room: when there is not, the chunk is not given
 /// to foyer (whose flusher panics on ENOSPC) and the body it belongs to is spoiled: it is not published.
@@ -313,15 +315,28 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
     // Bodies that lost a chunk to a full disk, by (object, generation); each leaves with its publish or
     // discard, so the set holds at most the fills in flight.
     let mut spoiled: HashSet<(u64, u64)> = HashSet::new();
-    let mut unflushed = 0usize;
-    let mut undurable = 0u64;
+    let mut written = Written::default();
+    let mut settling: Option<Settling> = None;
     let mut closing = None;
     loop {
-        let job = if unflushed > 0 || undurable > 0 {
+        let job = if let Some(background) = settling.as_mut() {
+            tokio::select! {
+                biased;
+                settled = &mut background.task => {
+                    written.settled(background.covers, settled.unwrap_or(false));
+                    settling = None;
+                    continue;
+                }
+                job = rx.recv() => match job {
+                    Some(job) => job,
+                    None => break,
+                },
+            }
+        } else if written.pending() {
             match rx.try_recv() {
                 Ok(job) => job,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    settle(&store, &mut unflushed, &mut undurable).await;
+                    settling = Some(Settling::start(&store, written));
                     continue;
                 }
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
@@ -346,13 +361,13 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                     continue;
                 }
                 let len = data.len() as u64;
-                unflushed += data.len();
+                written.unflushed += data.len();
                 store.counters().chunks_written.add(1);
                 store.counters().chunk_bytes_written.add(len);
                 store.insert_chunk(key, data);
                 stored.send_modify(|p| p.bytes += len);
-                if unflushed >= budget {
-                    settle(&store, &mut unflushed, &mut undurable).await;
+                if written.unflushed >= budget {
+                    settle(&store, &mut settling, &mut written).await;
                 }
             }
             Job::Publish {
@@ -369,7 +384,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 meta.stored_at_ms = meta.stored_at_ms.min(lacquer_clock::now_ms());
                 let result = store.publish(&primary, *meta, epoch);
                 if result.is_ok() {
-                    undurable += 1;
+                    written.undurable += 1;
                 }
                 let _ = done.send(result);
             }
@@ -402,7 +417,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 }
                 let result = store.add_part(&primary, *head, total, *part, epoch);
                 if matches!(result, Ok(PartKept::Started | PartKept::Added)) {
-                    undurable += 1;
+                    written.undurable += 1;
                 }
                 let _ = done.send(result);
             }
@@ -415,7 +430,7 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
                 store.discard_chunks(object, generation, chunks);
             }
             Job::Drain(done) => {
-                settle(&store, &mut unflushed, &mut undurable).await;
+                settle(&store, &mut settling, &mut written).await;
                 if store.is_closed() {
                     closing = Some(done);
                     break;
@@ -424,18 +439,68 @@ pub(crate) async fn run(store: Store, mut rx: mpsc::Receiver<Job>, budget: usize
             }
         }
     }
-    // Acknowledge the close only once this task no longer holds the store, so the caller can reopen it.
+    // Acknowledge the close only once neither this task nor its background wait holds the store, so the
+    // caller can reopen it.
+    if let Some(background) = settling.take() {
+        let _ = background.task.await;
+    }
     drop(store);
     if let Some(done) = closing {
         let _ = done.send(());
     }
 }
 
-/// Makes what was written so far durable (see [`Store::settle_writes`]); the counts start again only once
-/// it succeeded.
-async fn settle(store: &Store, unflushed: &mut usize, undurable: &mut u64) {
-    if store.settle_writes(*undurable).await {
-        *undurable = 0;
-        *unflushed = 0;
+/// What the writer task inserted and published since foyer's last completed wait.
+#[derive(Debug, Default, Clone, Copy)]
+struct Written {
+    /// Chunk bytes inserted.
+    unflushed: usize,
+    /// Objects published, not yet counted durable.
+    undurable: u64,
+}
+
+impl Written {
+    fn pending(&self) -> bool {
+        self.unflushed > 0 || self.undurable > 0
+    }
+
+    /// A wait that covered `covered` ended; what was written while it ran is still pending, and so is all
+    /// of it when the wait failed.
+    fn settled(&mut self, covered: Written, succeeded: bool) {
+        if succeeded {
+            self.unflushed = self.unflushed.saturating_sub(covered.unflushed);
+            self.undurable = self.undurable.saturating_sub(covered.undurable);
+        }
+    }
+}
+
+/// A wait for foyer's disk writes and sled's flush running beside the writer task.
+struct Settling {
+    task: tokio::task::JoinHandle<bool>,
+    /// What was written when it started: what it makes durable.
+    covers: Written,
+}
+
+impl Settling {
+    fn start(store: &Store, covers: Written) -> Self {
+        let store = store.clone();
+        Self {
+            task: tokio::spawn(async move { store.settle_writes(covers.undurable).await }),
+            covers,
+        }
+    }
+}
+
+/// Makes everything written so far durable (see [`Store::settle_writes`]) before the writer task goes on:
+/// the wait in the background, if any, then one for the rest.
+async fn settle(store: &Store, settling: &mut Option<Settling>, written: &mut Written) {
+    if let Some(background) = settling.take() {
+        let settled = background.task.await.unwrap_or(false);
+        written.settled(background.covers, settled);
+    }
+    if written.pending() {
+        let covers = *written;
+        let settled = store.settle_writes(covers.undurable).await;
+        written.settled(covers, settled);
     }
 }

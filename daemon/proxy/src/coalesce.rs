@@ -744,21 +744,26 @@ impl<S: CacheStore> Coalescer<S> {
         self.finished.load(SeqCst)
     }
 
-    /// Joins the fetch in flight for `key`, unless a ban or purge came after it started (`now` is later):
-    /// what it brings may be what was invalidated, so a new fetch replaces it for everyone who comes later.
-    /// The same goes for a fetch that was cancelled or stopped storing. `looked_up_at` is
-    /// [`Coalescer::finished`] as it was before the caller's lookup: when a fetch finished since,
-    /// [`Joined::LookAgain`] (it may have just published the key).
+    /// Joins the fetch in flight for `key`, unless `invalidated` says a ban, or a purge that may cover the
+    /// key, came after the fetch started (given the mark it started at): what it brings may be what was
+    /// invalidated, so a new fetch, starting at `now`, replaces it for everyone who comes later. An
+    /// invalidation of other keys (a `POST` elsewhere on the site) leaves it joinable. The same goes for a
+    /// fetch that was cancelled or stopped storing. `looked_up_at` is [`Coalescer::finished`] as it was
+    /// before the caller's lookup: when a fetch finished since, [`Joined::LookAgain`] (it may have just
+    /// published the key).
     pub fn join(
         &self,
         key: &str,
         now: InvalidationMark,
         transit_buffer: u64,
         looked_up_at: Option<u64>,
+        invalidated: impl FnOnce(InvalidationMark) -> bool,
     ) -> Joined<S> {
         let mut fetching = self.fetching.lock().expect("coalescer mutex");
         match fetching.get(key) {
-            Some(fetch) if fetch.since.epoch == now.epoch && fetch.joinable() => {
+            Some(fetch)
+                if (fetch.since == now || !invalidated(fetch.since)) && fetch.joinable() =>
+            {
                 return Joined::Waiter(fetch.clone())
             }
             _ => {}
@@ -842,6 +847,11 @@ mod tests {
         InvalidationMark { ban: 0, epoch }
     }
 
+    /// Every invalidation covers the key: what is joinable then depends on the epoch alone.
+    fn moved(epoch: u64) -> impl FnOnce(InvalidationMark) -> bool {
+        move |since| since.epoch != epoch
+    }
+
     fn head(shareable: bool) -> Arc<FetchedHead> {
         Arc::new(FetchedHead {
             status: StatusCode::OK,
@@ -880,10 +890,10 @@ mod tests {
     #[tokio::test]
     async fn waiters_stream_bytes_as_they_arrive() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!("first is leader")
         };
-        let Joined::Waiter(same) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Waiter(same) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!("second waits")
         };
         assert!(Arc::ptr_eq(&fetch, &same));
@@ -899,7 +909,7 @@ mod tests {
         assert_eq!(body.collect().await.unwrap().to_bytes(), "second");
         c.finish("k", &fetch, None);
         assert!(matches!(
-            c.join("k", mark(0), WINDOW, None),
+            c.join("k", mark(0), WINDOW, None, moved(0)),
             Joined::Leader(_)
         ));
     }
@@ -907,7 +917,7 @@ mod tests {
     #[tokio::test]
     async fn readers_of_held_bytes_take_turns_on_their_thread() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), 1 << 20, None) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), 1 << 20, None, moved(0)) else {
             panic!("first is leader")
         };
         let readers: Vec<_> = (0..2).map(|_| fetch.reader()).collect();
@@ -1015,7 +1025,7 @@ mod tests {
     #[tokio::test]
     async fn a_fetch_whose_readers_all_left_is_cancelled_and_not_joined() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!()
         };
         let reader = fetch.reader();
@@ -1026,7 +1036,7 @@ mod tests {
         let late = fetch.reader();
         assert!(late.cancelled(), "a reader arriving now must fetch alone");
         assert!(
-            matches!(c.join("k", mark(0), WINDOW, None), Joined::Leader(f) if !Arc::ptr_eq(&f, &fetch)),
+            matches!(c.join("k", mark(0), WINDOW, None, moved(0)), Joined::Leader(f) if !Arc::ptr_eq(&f, &fetch)),
             "a cancelled fetch is replaced"
         );
     }
@@ -1044,7 +1054,9 @@ mod tests {
             .await
             .unwrap();
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", store.mark(), WINDOW, None) else {
+        let Joined::Leader(fetch) = c.join("k", store.mark(), WINDOW, None, |since| {
+            store.invalidated_after(since, "k")
+        }) else {
             panic!()
         };
         let slow = fetch.reader();
@@ -1075,7 +1087,9 @@ mod tests {
             .unwrap();
         fetch.end(Ok(()));
 
-        let Joined::Waiter(joined) = c.join("k", store.mark(), WINDOW, None) else {
+        let Joined::Waiter(joined) = c.join("k", store.mark(), WINDOW, None, |since| {
+            store.invalidated_after(since, "k")
+        }) else {
             panic!("a storing fetch can be joined late")
         };
         let late = joined.reader();
@@ -1095,7 +1109,7 @@ mod tests {
         const CHUNK: u64 = 16 * 1024;
         let store = MemoryStore::new(CHUNK);
         let c = Coalescer::<MemoryStore>::new(1024 * 1024);
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!()
         };
         let mut first = fetch.reader().into_body();
@@ -1116,7 +1130,7 @@ mod tests {
         }
         assert!(got == body, "the first reader kept up");
 
-        let Joined::Waiter(joined) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Waiter(joined) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!("the fetch is still in flight")
         };
         let late = joined.reader().into_body();
@@ -1142,7 +1156,7 @@ mod tests {
         for (window, piece) in [(4 * CHUNK, CHUNK), (2 * CHUNK, 2 * CHUNK + CHUNK / 2)] {
             let store = MemoryStore::new(CHUNK);
             let c = Coalescer::<MemoryStore>::new(1024 * 1024);
-            let Joined::Leader(fetch) = c.join("k", mark(0), window, None) else {
+            let Joined::Leader(fetch) = c.join("k", mark(0), window, None, moved(0)) else {
                 panic!()
             };
             let _stalled = fetch.reader();
@@ -1174,16 +1188,16 @@ mod tests {
     fn a_miss_after_a_fetch_finished_since_its_lookup_looks_again() {
         let c = coalescer();
         let looked_up_at = c.finished();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!()
         };
         c.finish("k", &fetch, None);
         assert!(matches!(
-            c.join("k", mark(0), WINDOW, Some(looked_up_at)),
+            c.join("k", mark(0), WINDOW, Some(looked_up_at), moved(0)),
             Joined::LookAgain
         ));
         assert!(matches!(
-            c.join("k", mark(0), WINDOW, Some(c.finished())),
+            c.join("k", mark(0), WINDOW, Some(c.finished()), moved(0)),
             Joined::Leader(_)
         ));
     }
@@ -1191,7 +1205,7 @@ mod tests {
     #[test]
     fn hit_for_miss_bypasses_and_expires() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!()
         };
         c.finish(
@@ -1200,12 +1214,12 @@ mod tests {
             Some((Duration::from_secs(60), NotStored::Private)),
         );
         assert!(matches!(
-            c.join("k", mark(0), WINDOW, None),
+            c.join("k", mark(0), WINDOW, None, moved(0)),
             Joined::HitForMiss
         ));
         assert_eq!(c.uncacheable("k").unwrap().why, NotStored::Private);
         c.clear_hit_for_miss("k");
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!()
         };
         c.finish(
@@ -1216,7 +1230,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         assert_eq!(c.uncacheable("k"), None, "told only while in force");
         assert!(matches!(
-            c.join("k", mark(0), WINDOW, None),
+            c.join("k", mark(0), WINDOW, None, moved(0)),
             Joined::Leader(_)
         ));
     }
@@ -1226,7 +1240,7 @@ mod tests {
         let c: Coalescer = Coalescer::new(64 * 1024);
         for i in 0..20_000 {
             let key = format!("example.test/unique/{i}");
-            let Joined::Leader(fetch) = c.join(&key, mark(0), WINDOW, None) else {
+            let Joined::Leader(fetch) = c.join(&key, mark(0), WINDOW, None, moved(0)) else {
                 panic!()
             };
             c.finish(
@@ -1238,14 +1252,14 @@ mod tests {
         assert!(c.hit_for_miss.usage() <= 64 * 1024);
         assert!(
             matches!(
-                c.join("example.test/unique/19999", mark(0), WINDOW, None),
+                c.join("example.test/unique/19999", mark(0), WINDOW, None, moved(0)),
                 Joined::HitForMiss
             ),
             "the newest are kept"
         );
         assert!(
             matches!(
-                c.join("example.test/unique/0", mark(0), WINDOW, None),
+                c.join("example.test/unique/0", mark(0), WINDOW, None, moved(0)),
                 Joined::Leader(_)
             ),
             "the oldest left first"
@@ -1256,30 +1270,30 @@ mod tests {
     #[test]
     fn an_invalidation_replaces_the_fetch_in_flight_for_newcomers() {
         let c = coalescer();
-        let Joined::Leader(old) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Leader(old) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!()
         };
-        let Joined::Leader(new) = c.join("k", mark(1), WINDOW, None) else {
+        let Joined::Leader(new) = c.join("k", mark(1), WINDOW, None, moved(1)) else {
             panic!("a fetch from before the invalidation is not joined")
         };
         assert!(
-            matches!(c.join("k", mark(1), WINDOW, None), Joined::Waiter(f) if Arc::ptr_eq(&f, &new))
+            matches!(c.join("k", mark(1), WINDOW, None, moved(1)), Joined::Waiter(f) if Arc::ptr_eq(&f, &new))
         );
         c.finish("k", &old, None);
         assert!(
-            matches!(c.join("k", mark(1), WINDOW, None), Joined::Waiter(f) if Arc::ptr_eq(&f, &new))
+            matches!(c.join("k", mark(1), WINDOW, None, moved(1)), Joined::Waiter(f) if Arc::ptr_eq(&f, &new))
         );
     }
 
     #[test]
     fn finishing_someone_elses_fetch_changes_nothing() {
         let c = coalescer();
-        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None) else {
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
             panic!()
         };
         c.finish("k", &Fetch::<Store>::new(mark(0), WINDOW), None);
         assert!(
-            matches!(c.join("k", mark(0), WINDOW, None), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch))
+            matches!(c.join("k", mark(0), WINDOW, None, moved(0)), Joined::Waiter(f) if Arc::ptr_eq(&f, &fetch))
         );
     }
 }

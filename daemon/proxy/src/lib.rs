@@ -924,7 +924,13 @@ fn refresh<S: CacheStore>(
     let Ctx { client, route, .. } = *ctx;
     let now = worker.shared.store.mark();
     let transit_buffer = route.policy.cache.transit_buffer.as_u64();
-    if let Joined::Leader(fetch) = worker.shared.coalescer.join(key, now, transit_buffer, None) {
+    let invalidated = |since| worker.shared.store.invalidated_after(since, key);
+    if let Joined::Leader(fetch) =
+        worker
+            .shared
+            .coalescer
+            .join(key, now, transit_buffer, None, invalidated)
+    {
         let fill = Fill {
             key: key.to_owned(),
             registered: true,
@@ -1031,9 +1037,10 @@ async fn miss<S: CacheStore>(
     };
     let now = shared.store.mark();
     let joined = (joining != Joining::Never).then(|| {
+        let invalidated = |since| shared.store.invalidated_after(since, key);
         shared
             .coalescer
-            .join(&fetch_key, now, transit_buffer, looked_up_at)
+            .join(&fetch_key, now, transit_buffer, looked_up_at, invalidated)
     });
     // A blocking reload that would go to the origin takes a place among its playlist's there, or is
     // refused before it is sent; it keeps the place until the origin answers.

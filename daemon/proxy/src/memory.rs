@@ -376,6 +376,14 @@ impl CacheStore for MemoryStore {
         }
     }
 
+    fn invalidated_after(&self, since: InvalidationMark, primary: &str) -> bool {
+        let s = self.lock();
+        s.newest_ban() != since.ban
+            || s.purges
+                .iter()
+                .any(|(epoch, key)| *epoch > since.epoch && key == primary)
+    }
+
     fn has_body(&self, meta: &ObjectMeta) -> bool {
         let s = self.lock();
         (0..meta.chunk_count()).all(|i| s.chunks.contains_key(&(meta.generation, i)))

@@ -483,9 +483,12 @@ fn start<S: CacheStore>(
         };
         let transit_buffer = route.policy.cache.transit_buffer.as_u64();
         let mark = shared.store.mark();
-        let Joined::Leader(fetch) = shared
-            .coalescer
-            .join(&fetch_key, mark, transit_buffer, None)
+        let Joined::Leader(fetch) =
+            shared
+                .coalescer
+                .join(&fetch_key, mark, transit_buffer, None, |since| {
+                    shared.store.invalidated_after(since, &key)
+                })
         else {
             return;
         };

@@ -666,8 +666,9 @@ impl<S: CacheStore> Asker<S> {
         Some(
             match shared
                 .coalescer
-                .join(&key, now, transit_buffer, looked_up_at)
-            {
+                .join(&key, now, transit_buffer, looked_up_at, |since| {
+                    shared.store.invalidated_after(since, &self.key)
+                }) {
                 Joined::Leader(fetch) => self.start(fetch, ask, how(true)),
                 Joined::Waiter(fetch) => {
                     let reader = fetch.reader();
@@ -777,9 +778,12 @@ impl<S: CacheStore> Asker<S> {
         let key = ask.key(&self.key);
         let shared = &self.worker.shared;
         let now = shared.store.mark();
-        if let Joined::Leader(fetch) = shared
-            .coalescer
-            .join(&key, now, self.transit_buffer(), None)
+        if let Joined::Leader(fetch) =
+            shared
+                .coalescer
+                .join(&key, now, self.transit_buffer(), None, |since| {
+                    shared.store.invalidated_after(since, &self.key)
+                })
         {
             let how = Asked {
                 registered: true,

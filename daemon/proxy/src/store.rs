@@ -41,6 +41,10 @@ pub trait CacheStore: Clone + Send + Sync + 'static {
     /// tested against the bans and purges that came later before it is stored.
     fn mark(&self) -> InvalidationMark;
 
+    /// Whether a ban, or a purge that may cover `primary`, came after `since`: a fetch of `primary` that
+    /// started then is joined by nobody after.
+    fn invalidated_after(&self, since: InvalidationMark, primary: &str) -> bool;
+
     /// Whether every chunk of the body is still held: a revalidation confirms only a body that is there.
     fn has_body(&self, meta: &ObjectMeta) -> bool;
 
@@ -172,6 +176,10 @@ impl CacheStore for Store {
 
     fn mark(&self) -> InvalidationMark {
         Store::mark(self)
+    }
+
+    fn invalidated_after(&self, since: InvalidationMark, primary: &str) -> bool {
+        Store::invalidated_after(self, since, primary)
     }
 
     fn has_body(&self, meta: &ObjectMeta) -> bool {

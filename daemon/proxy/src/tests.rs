@@ -944,6 +944,47 @@ async fn a_purge_during_a_fill_is_not_undone_by_it() {
 /// An unsafe method that succeeds while a fill for its URL waits for the origin: the fill's body, fetched
 /// before the change, is not stored after the invalidation (seen under load: the fill published after the
 /// POST had removed nothing, and the next GET was a hit on the old body).
+/// An invalidation of another key (a `POST` elsewhere on the site invalidates its own URL) leaves a fill in
+/// flight joinable: coalescing holds. A purge of the key itself does not: later requests fetch again.
+#[tokio::test]
+async fn only_an_invalidation_that_may_cover_the_key_stops_newcomers_joining_its_fill() {
+    let gate = Arc::new(Notify::new());
+    let held = gate.clone();
+    let origin = Origin::raw(move |_| {
+        vec![
+            Raw::Gate(held.clone()),
+            Raw::write(
+                "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 3\r\n\r\nold",
+            ),
+        ]
+    })
+    .await;
+    let store = MemoryStore::new(4);
+    let w = worker(&origin, &store);
+    let request = |w: &Arc<Worker<MemoryStore>>| {
+        let w = w.clone();
+        tokio::spawn(async move { get(&w, "/p", &[]).await })
+    };
+    let first = request(&w);
+    origin_saw(&origin, 1).await;
+    store.purge(&key("/elsewhere"));
+    let second = request(&w);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(origin.count("/p"), 1, "the second request joined the fill");
+    store.purge(&key("/p"));
+    let third = request(&w);
+    origin_saw(&origin, 2).await;
+    gate.notify_waiters();
+    for r in [first, second, third] {
+        assert_eq!(r.await.unwrap().body, "old");
+    }
+    assert_eq!(
+        origin.count("/p"),
+        2,
+        "after a purge of /p, a fetch of its own"
+    );
+}
+
 #[tokio::test]
 async fn a_post_during_a_fill_is_not_undone_by_it() {
     let gate = Arc::new(Notify::new());
