@@ -1,5 +1,6 @@
 //! The invalidation journal: every purge and ban, appended to a file of its own and synced before it is
-//! acknowledged, and replayed over the metadata at every start. sled's records can be rolled back by a
+//! acknowledged (a cluster's log: before its revision is recorded as applied, see `store::durability`),
+//! and replayed over the metadata at every start. sled's records can be rolled back by a
 //! crash or damaged on disk; the journal is what keeps an invalidated body from coming back.
 //!
 //! Every stored body and every invalidation takes its id from one increasing sequence, so an entry applies
@@ -263,29 +264,66 @@ impl Journal {
     /// while a sync runs are covered by the next one, so a stampede of purges costs one `fsync` per batch,
     /// not per purge.
     pub(crate) fn append(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
-        let (ticket, handle) = {
-            let mut file = self.file.lock().expect("journal file");
-            let handle = match file.as_mut() {
-                Some(file) => {
-                    let at = file.metadata().map_err(|e| io(&self.path, e))?.len();
-                    let bytes: Vec<u8> = entries.iter().flat_map(frame).collect();
-                    if let Err(e) = file.write_all(&bytes) {
-                        // A partial record in the middle of the file would read as damage at the next start.
-                        let _ = file.set_len(at);
-                        return Err(io(&self.path, e));
-                    }
-                    Some(file.try_clone().map_err(|e| io(&self.path, e))?)
-                }
-                None => None,
-            };
-            let mut state = self.state.lock().expect("journal state");
-            state.last = entries.iter().map(Entry::id).fold(state.last, u64::max);
-            state.entries.extend(entries);
-            (self.written.fetch_add(1, SeqCst) + 1, handle)
-        };
+        let (ticket, handle) = self.write(entries)?;
         let Some(handle) = handle else {
             return Ok(());
         };
+        self.sync_upto(ticket, &handle)
+    }
+
+    /// Appends `entries`, in order, without syncing them: a killed process does not lose them (they are
+    /// in the kernel's cache), a crash of the machine may, until the next [`Journal::sync`] or
+    /// [`Journal::append`]. Only for entries something else keeps durably (a cluster's log), which must
+    /// be replayed after a crash that lost them.
+    pub(crate) fn append_unsynced(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
+        self.write(entries).map(drop)
+    }
+
+    /// Syncs every entry appended so far; returns the newest id among them, which a crash can no longer
+    /// take from the file.
+    pub(crate) fn sync(&self) -> Result<u64, StoreError> {
+        let (ticket, last, handle) = {
+            let file = self.file.lock().expect("journal file");
+            let handle = match file.as_ref() {
+                Some(file) => Some(file.try_clone().map_err(|e| io(&self.path, e))?),
+                None => None,
+            };
+            // Read under the file lock: every entry up to `last` is written, since appends update the
+            // state under it after their write.
+            (self.written.load(SeqCst), self.last(), handle)
+        };
+        if let Some(handle) = handle {
+            self.sync_upto(ticket, &handle)?;
+        }
+        Ok(last)
+    }
+
+    /// Writes `entries` to the file (not synced); returns their ticket for [`Journal::sync_upto`] and a
+    /// handle to sync with (`None` for a volatile journal).
+    fn write(&self, entries: Vec<Entry>) -> Result<(u64, Option<File>), StoreError> {
+        let mut file = self.file.lock().expect("journal file");
+        let handle = match file.as_mut() {
+            Some(file) => {
+                let at = file.metadata().map_err(|e| io(&self.path, e))?.len();
+                let bytes: Vec<u8> = entries.iter().flat_map(frame).collect();
+                if let Err(e) = file.write_all(&bytes) {
+                    // A partial record in the middle of the file would read as damage at the next start.
+                    let _ = file.set_len(at);
+                    return Err(io(&self.path, e));
+                }
+                Some(file.try_clone().map_err(|e| io(&self.path, e))?)
+            }
+            None => None,
+        };
+        let mut state = self.state.lock().expect("journal state");
+        state.last = entries.iter().map(Entry::id).fold(state.last, u64::max);
+        state.entries.extend(entries);
+        Ok((self.written.fetch_add(1, SeqCst) + 1, handle))
+    }
+
+    /// Returns once a sync covered every write up to `ticket`, running one unless a sync that started
+    /// after that write already did.
+    fn sync_upto(&self, ticket: u64, handle: &File) -> Result<(), StoreError> {
         let _one = self.syncing.lock().expect("journal sync");
         if self.synced.load(SeqCst) >= ticket {
             return Ok(());
@@ -454,6 +492,22 @@ mod tests {
         assert_eq!(readback, Readback::Intact);
         assert_eq!(entries.len(), 1 + 400);
         assert!(j.synced.load(SeqCst) >= 400, "every append was synced");
+    }
+
+    #[test]
+    fn unsynced_appends_are_kept_in_order_and_covered_by_the_next_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (j, _) = Journal::read(dir.path()).unwrap();
+        j.start(1, Some(0)).unwrap();
+        j.append_unsynced(vec![purge(1, "a")]).unwrap();
+        j.append_unsynced(vec![purge(2, "b")]).unwrap();
+        assert_eq!(j.synced.load(SeqCst), 0, "not synced by the appends");
+        assert_eq!(j.sync().unwrap(), 2, "the newest id the sync covered");
+        assert!(j.synced.load(SeqCst) >= 2);
+        j.append(vec![purge(3, "c")]).unwrap();
+        let (entries, readback) = Journal::read_file(&dir.path().join(FILE));
+        assert_eq!(readback, Readback::Intact);
+        assert_eq!(entries[1..], [purge(1, "a"), purge(2, "b"), purge(3, "c")]);
     }
 
     #[test]

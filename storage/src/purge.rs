@@ -1,7 +1,9 @@
 //! Purges: by cache key or by surrogate key, hard (removed for good) or soft (expired, kept for grace).
 //! Each is durable before it is acknowledged, and a fetch that started before a purge does not publish
 //! what it fetched when the purge covers it. Purges and bans also go in batches ([`Store::invalidate`]):
-//! one journal sync and one metadata flush for the whole batch (a cluster's log applies that way).
+//! one journal sync and one metadata flush for the whole batch. A cluster's log applies in batches that
+//! wait for neither ([`Store::invalidate_deferred`]): etcd holds it durably, and a checkpoint makes it
+//! durable here later.
 
 use std::{
     collections::{BTreeMap, HashSet, VecDeque},
@@ -152,6 +154,38 @@ pub enum Invalidated {
     Purged(usize),
 }
 
+/// How durable a batch's journal entries are once [`Store::apply_batch`] returns.
+enum Durability {
+    /// Synced, and noted in sled (`JOURNAL_LAST`).
+    Now,
+    /// Written only: a [`Store::checkpoint`] syncs them.
+    Deferred,
+}
+
+/// A batch applied, with the bans it added waiting to be listed; holds the ban additions back meanwhile,
+/// so that bans are listed in id order.
+struct Applied<'a> {
+    done: Vec<Invalidated>,
+    added: Vec<Arc<Ban>>,
+    listed: Vec<Arc<Ban>>,
+    _adding: Option<tokio::sync::MutexGuard<'a, ()>>,
+}
+
+impl Applied<'_> {
+    /// Lists the added bans (lookups and the lurker test them from now on); returns what each
+    /// invalidation did.
+    fn published(self, store: &Store) -> Vec<Invalidated> {
+        if let Some(newest) = self.added.last() {
+            store.ban_list().publish(self.listed, newest.id);
+            for _ in &self.added {
+                store.invalidations().banned();
+                store.counters().bans_added.add(1);
+            }
+        }
+        self.done
+    }
+}
+
 /// One invalidation of a batch between its journal entry and its effect.
 enum Step {
     Ban(Arc<Ban>),
@@ -196,14 +230,57 @@ impl Store {
     /// Applies `batch` in order, as calling [`Store::add_ban`], [`Store::purge`] and
     /// [`Store::purge_tags`] for each in turn would, at the cost of one call: one journal write and sync,
     /// one metadata flush. With `cluster_revision`, the same flush records it as the newest revision of a
-    /// cluster's log applied here ([`Store::cluster_revision`]). Returns, once all of it is durable, what
-    /// each did. On an error, part of the batch may be applied (and journaled): applying it again is
-    /// harmless.
+    /// cluster's log applied here ([`Store::cluster_revision`]), replacing any a deferred batch applied
+    /// (batches of one log come from one caller, in order). Returns, once all of it is durable, what each
+    /// did. On an error, part of the batch may be applied (and journaled): applying it again is harmless.
     pub async fn invalidate(
         &self,
         batch: Vec<Invalidation>,
         cluster_revision: Option<u64>,
     ) -> Result<Vec<Invalidated>, StoreError> {
+        let recording = match cluster_revision {
+            Some(_) => Some(self.recording_revision().await),
+            None => None,
+        };
+        let done = self.apply_batch(batch, Durability::Now).await?;
+        if let Some(revision) = cluster_revision {
+            // Deferred batches applied before this one are behind the revision: their entries too.
+            self.sync_journal().await?;
+            self.note_cluster_revision(revision)?;
+        }
+        self.flush_metadata().await?;
+        if recording.is_some() {
+            self.recorded_revision();
+        }
+        Ok(done.published(self))
+    }
+
+    /// Applies `batch` of a cluster's log, up to `revision`, as [`Store::invalidate`] does, but returns
+    /// once it is applied (in effect for every lookup, fetch and ban test here) without waiting for the
+    /// journal sync or the metadata flush: etcd already holds the log durably, and the node replays it from
+    /// [`Store::cluster_revision`] after a crash. That revision moves to `revision` only at the next
+    /// [`Store::checkpoint`], once the journal holding the batch is synced (see `durability`). A crash
+    /// before it makes the node apply the batch again: purges remove what they match again, bans get new
+    /// ids and cover every body older than those (more than before, never less). Revisions come from one
+    /// caller, in order; an empty batch only moves the revision.
+    pub async fn invalidate_deferred(
+        &self,
+        batch: Vec<Invalidation>,
+        revision: u64,
+    ) -> Result<Vec<Invalidated>, StoreError> {
+        let done = self.apply_batch(batch, Durability::Deferred).await?;
+        let done = done.published(self);
+        self.defer_revision(revision);
+        Ok(done)
+    }
+
+    /// Journals and applies `batch`; the bans it added are listed once the caller made the batch as
+    /// durable as it needs ([`Applied::published`]).
+    async fn apply_batch(
+        &self,
+        batch: Vec<Invalidation>,
+        durability: Durability,
+    ) -> Result<Applied<'_>, StoreError> {
         let bans = self.ban_list();
         // Only a batch with a ban waits for other ban additions: purges alone run side by side, and their
         // journal syncs and flushes group (a single node's stampede of purges).
@@ -236,7 +313,12 @@ impl Store {
             });
             steps.push(Step::Purge(target, mode));
         }
-        self.append_journal(entries).await?;
+        if !entries.is_empty() {
+            match durability {
+                Durability::Now => self.append_journal(entries).await?,
+                Durability::Deferred => self.append_journal_unsynced(entries).await?,
+            }
+        }
         let added: Vec<Arc<Ban>> = steps
             .iter()
             .filter_map(|s| match s {
@@ -276,19 +358,12 @@ impl Store {
         for (key, tagged) in prune {
             self.prune_tag_entry(&key, &tagged)?;
         }
-        if let Some(revision) = cluster_revision {
-            self.note_cluster_revision(revision)?;
-        }
-        self.flush_metadata().await?;
-        if let Some(newest) = added.last() {
-            bans.publish(listed, newest.id);
-            for _ in &added {
-                self.invalidations().banned();
-                self.counters().bans_added.add(1);
-            }
-        }
-        drop(adding);
-        Ok(done)
+        Ok(Applied {
+            done,
+            added,
+            listed,
+            _adding: adding,
+        })
     }
 
     /// Removes (or expires) the variants `found` in the tag index points at; returns how many.

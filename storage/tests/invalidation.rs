@@ -349,3 +349,76 @@ async fn a_batch_applies_in_order_records_the_cluster_revision_and_survives_a_re
     }
     assert!(present(&store, "h/kept"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_batch_is_in_effect_at_once_and_moves_the_revision_only_at_the_checkpoint() {
+    use lacquer_storage::Invalidation;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    for key in ["h/a", "h/b", "h/kept"] {
+        write(&store, key, key.as_bytes()).await;
+    }
+    store.invalidate(Vec::new(), Some(10)).await.unwrap();
+    assert_eq!(store.checkpoint().await.unwrap(), None, "nothing deferred");
+    let batch = vec![
+        Invalidation::Purge {
+            primary: "h/a".into(),
+            mode: PurgeMode::Hard,
+        },
+        Invalidation::Ban(ban("req.url == /b")),
+    ];
+    store.invalidate_deferred(batch, 11).await.unwrap();
+    assert!(!present(&store, "h/a"), "purged before the checkpoint");
+    assert!(!present(&store, "h/b"), "banned before the checkpoint");
+    assert_eq!(store.bans().len(), 1, "the ban is listed at once");
+    assert_eq!(
+        store.cluster_revision().unwrap(),
+        10,
+        "not durable yet: a restart must replay revision 11"
+    );
+    store.invalidate_deferred(Vec::new(), 12).await.unwrap();
+    assert_eq!(store.cluster_revision().unwrap(), 10);
+    assert_eq!(store.checkpoint().await.unwrap(), Some(12));
+    assert_eq!(store.cluster_revision().unwrap(), 12);
+    assert_eq!(store.checkpoint().await.unwrap(), None, "nothing new");
+
+    store
+        .invalidate_deferred(
+            vec![Invalidation::Purge {
+                primary: "h/kept".into(),
+                mode: PurgeMode::Soft,
+            }],
+            13,
+        )
+        .await
+        .unwrap();
+    // A clean stop makes what was applied durable: the next start resumes after it.
+    let store = reopen(store, dir.path()).await;
+    assert_eq!(store.cluster_revision().unwrap(), 13);
+    assert!(!present(&store, "h/a"));
+    assert!(!present(&store, "h/b"));
+    assert!(store.problems().is_empty(), "{:?}", store.problems());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_revision_replaces_a_deferred_one() {
+    use lacquer_storage::Invalidation;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    write(&store, "h/a", b"a").await;
+    store.invalidate_deferred(Vec::new(), 50).await.unwrap();
+    // A rewound etcd: everything banned, the log taken as applied up to a revision below the deferred one.
+    store
+        .invalidate(vec![Invalidation::Ban(ban("req.url ~ ."))], Some(20))
+        .await
+        .unwrap();
+    assert_eq!(store.cluster_revision().unwrap(), 20);
+    assert_eq!(
+        store.checkpoint().await.unwrap(),
+        None,
+        "the deferred revision must not come back over the one recorded after it"
+    );
+    assert_eq!(store.cluster_revision().unwrap(), 20);
+}

@@ -4,9 +4,11 @@
 //!   (`<prefix>/invalidations`), and acknowledged once this node has applied it. Those a node takes while
 //!   its previous put is in flight go together in the next: one revision of the key, holding them in order.
 //!   Every node watches the key and applies each revision once, in revision order, whatever the watch
-//!   delivered meanwhile in one store batch (one journal sync, one flush that also persists the last revision
-//!   applied); after a stop or a crash it replays the history from there before it vouches for its stored
-//!   objects again. History etcd compacted away is not guessed at: everything stored before is banned.
+//!   delivered meanwhile in one store batch, without waiting for its local journal sync or metadata flush:
+//!   etcd's commit is the durability point. A background checkpoint (every 100 ms at most) syncs the
+//!   journal, then persists the last revision applied; after a stop or a crash the node replays the history
+//!   from there before it vouches for its stored objects again, so whatever a crash lost here is applied
+//!   again. History etcd compacted away is not guessed at: everything stored before is banned.
 //! - **The lag bound**: a node that cannot show it is current (its watch broken, or silent to progress
 //!   requests) for longer than `max_invalidation_lag` stops vouching: the data path then revalidates stored
 //!   objects with the origin before serving them.
@@ -297,6 +299,7 @@ impl Cluster {
             "cluster: catching up with the invalidation log before serving stored objects"
         );
         runtime.spawn(log::follow(cluster.clone()));
+        runtime.spawn(log::checkpoints(cluster.clone()));
         runtime.spawn(log::write(cluster.clone(), queue));
         runtime.spawn(members::register(cluster.clone()));
         runtime.spawn(members::follow(cluster.clone()));

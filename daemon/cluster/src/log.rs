@@ -1,5 +1,7 @@
 //! The invalidation log: appending invalidations, written together when they arrive together, and
-//! following the log from the revision this node applied last, in revision order, persisting each step.
+//! following the log from the revision this node applied last, in revision order. Applying does not wait
+//! for the local journal sync or the metadata flush (etcd holds every entry durably); a checkpoint makes
+//! them durable in the background and only then persists the revision a restart resumes from.
 
 use std::{future::Future, sync::atomic::Ordering::Relaxed, time::Duration};
 
@@ -21,6 +23,9 @@ const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a following node asks etcd to confirm where the log stands, so that silence (a partition)
 /// shows as lag.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Checkpoints of the store while the log is applied: at most one per this, so a node replays at most
+/// about this much of the log after a crash (the first after a quiet spell runs at once).
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 /// Pause before following again after the watch broke.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// Watch responses applied together at most (each is bounded by etcd's response size).
@@ -253,8 +258,8 @@ async fn follow_once(cluster: &Cluster) -> Result<(), String> {
             stream.request_progress().await.map_err(|e| e.to_string())?;
             continue;
         };
-        // What arrived while the last batch was being applied goes with this one: one journal sync and
-        // one flush for all of it, so that applying keeps up with every node's writes.
+        // What arrived while the last batch was being applied goes with this one: one store batch for all
+        // of it, so that applying keeps up with every node's writes.
         let mut messages = vec![message];
         while messages.len() < GATHER {
             let Some(more) = stream.message().now_or_never() else {
@@ -318,9 +323,9 @@ async fn follow_once(cluster: &Cluster) -> Result<(), String> {
     }
 }
 
-/// Applies the entries of `revisions` in order, skipping revisions applied already, as one batch of the
-/// store (one journal sync, one flush that also persists the newest revision), then answers this node's
-/// waiters among them: with what applying did, or with why it failed.
+/// Applies the entries of `revisions` in order, skipping revisions applied already, as one deferred batch
+/// of the store (in effect at once; durable, with the newest revision, at the next [`checkpoints`] run),
+/// then answers this node's waiters among them: with what applying did, or with why it failed.
 async fn apply(cluster: &Cluster, revisions: Vec<(u64, Vec<u8>)>) -> Result<(), String> {
     let inner = &cluster.inner;
     let key = inner.settings.log_key();
@@ -368,14 +373,7 @@ async fn apply(cluster: &Cluster, revisions: Vec<(u64, Vec<u8>)>) -> Result<(), 
         return Ok(());
     }
     let count = batch.len() as u64;
-    let outcome = match batch.is_empty() {
-        true => inner
-            .store
-            .set_cluster_revision(newest)
-            .await
-            .map(|()| Vec::new()),
-        false => cluster::apply_all(&inner.store, batch, newest).await,
-    };
+    let outcome = cluster::apply_deferred(&inner.store, batch, newest).await;
     let outcome = outcome.map_err(|e| format!("revisions {}..={newest}: {e}", applied + 1));
     let mut pending = inner.pending.lock().expect("pending lock");
     match outcome {
@@ -400,6 +398,19 @@ async fn apply(cluster: &Cluster, revisions: Vec<(u64, Vec<u8>)>) -> Result<(), 
             }
             Err(e)
         }
+    }
+}
+
+/// Makes what [`apply`] applied durable, for as long as the daemon runs: a store checkpoint after each
+/// revision applied, at most one per [`CHECKPOINT_EVERY`]. A failed one leaves the persisted revision where
+/// it was (a crash then replays more) and is tried again at the next revision.
+pub(crate) async fn checkpoints(cluster: Cluster) {
+    let mut applied = cluster.inner.applied.subscribe();
+    while applied.changed().await.is_ok() {
+        if let Err(e) = cluster.inner.store.checkpoint().await {
+            tracing::warn!(error = %e, "cluster: making the applied invalidations durable failed");
+        }
+        tokio::time::sleep(CHECKPOINT_EVERY).await;
     }
 }
 
@@ -433,7 +444,9 @@ async fn compacted(cluster: &Cluster, compact_revision: u64) -> Result<(), Strin
 }
 
 /// History this node cannot replay: everything stored before now is banned, since an invalidation it never
-/// saw may cover any of it, and the log is taken as applied up to `resume`.
+/// saw may cover any of it, and the log is taken as applied up to `resume`. Durable before it returns: no
+/// log could apply that ban again after a crash (a rewound etcd's history from `resume` on is not the one
+/// this node applied).
 async fn start_over(cluster: &Cluster, resume: u64) -> Result<(), String> {
     let inner = &cluster.inner;
     inner.counters.compactions.fetch_add(1, Relaxed);

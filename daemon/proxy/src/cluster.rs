@@ -109,18 +109,37 @@ pub async fn apply(store: &Store, inv: Invalidation) -> Result<Applied, StoreErr
 
 /// Applies `batch` to this node's store in order, with one journal sync and one metadata flush for all of
 /// it, and records `revision` as the newest revision of the cluster's log applied here in that same flush:
-/// what every node of a cluster does with the entries of the log it receives together. Returns what each
-/// did, in order.
+/// what a node does with what it cannot replay (history etcd lost), which must be durable here before the
+/// log moves on. Returns what each did, in order.
 pub async fn apply_all(
     store: &Store,
     batch: Vec<Invalidation>,
     revision: u64,
 ) -> Result<Vec<Applied>, StoreError> {
+    let done = store.invalidate(to_store(batch), Some(revision)).await?;
+    Ok(from_store(done))
+}
+
+/// Applies `batch`, the entries of the cluster's log up to `revision`, to this node's store in order,
+/// returning once they are in effect here, without waiting for a journal sync or a flush (see
+/// [`Store::invalidate_deferred`]): etcd holds them durably, and the store records `revision` at its next
+/// [`Store::checkpoint`]. What every node of a cluster does with the entries of the log it receives together.
+/// Returns what each did, in order.
+pub async fn apply_deferred(
+    store: &Store,
+    batch: Vec<Invalidation>,
+    revision: u64,
+) -> Result<Vec<Applied>, StoreError> {
+    let done = store.invalidate_deferred(to_store(batch), revision).await?;
+    Ok(from_store(done))
+}
+
+fn to_store(batch: Vec<Invalidation>) -> Vec<store::Invalidation> {
     let mode = |soft| match soft {
         true => PurgeMode::Soft,
         false => PurgeMode::Hard,
     };
-    let batch = batch
+    batch
         .into_iter()
         .map(|inv| match inv {
             Invalidation::Ban(expr) => store::Invalidation::Ban(expr),
@@ -139,13 +158,14 @@ pub async fn apply_all(
                 mode: mode(soft),
             },
         })
-        .collect();
-    let done = store.invalidate(batch, Some(revision)).await?;
-    Ok(done
-        .into_iter()
+        .collect()
+}
+
+fn from_store(done: Vec<store::Invalidated>) -> Vec<Applied> {
+    done.into_iter()
         .map(|d| match d {
             store::Invalidated::Ban(info) => Applied::Ban(info),
             store::Invalidated::Purged(n) => Applied::Purged(n),
         })
-        .collect())
+        .collect()
 }

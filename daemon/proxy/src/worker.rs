@@ -110,7 +110,8 @@ pub struct Shared<S: CacheStore = Store> {
 
 impl Shared<Store> {
     /// Runs an invalidation: on a single node, on its store; in a cluster, through the cluster's log,
-    /// acknowledged once this node has applied it. Durable when it returns.
+    /// acknowledged once this node has applied it. Durable when it returns: in the store's journal on a
+    /// single node, in etcd in a cluster (this node's journal follows at its next checkpoint).
     async fn invalidate(&self, inv: Invalidation) -> Result<Applied, InvalidateError> {
         match &self.cluster {
             Some(cluster) => cluster.invalidate(inv).await,

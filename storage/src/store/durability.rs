@@ -2,6 +2,9 @@
 //!
 //! - a purge or ban is appended to the invalidation journal and synced before it is acknowledged
 //!   ([`Store::append_journal`]), and the metadata it changed is flushed before the call returns;
+//! - except a cluster's log, applied without waiting for either ([`Store::invalidate_deferred`]): etcd
+//!   already holds it durably and the node replays it from its persisted revision after a crash, so that
+//!   revision is the one thing that must not run ahead of what is durable here ([`Deferred`]);
 //! - a published object is counted durable (`objects_durable`) only once foyer has written its chunks and
 //!   sled has flushed its record ([`Store::settle_writes`]);
 //! - sled flushes are grouped: one flush covers every caller that arrived before it started
@@ -9,12 +12,49 @@
 
 use std::{
     future::Future,
-    sync::atomic::{AtomicU64, Ordering::SeqCst},
+    sync::{
+        atomic::{AtomicU64, Ordering::SeqCst},
+        Mutex,
+    },
 };
 
 use crate::{error::StoreError, journal::Entry};
 
 use super::{Store, JOURNAL_LAST};
+
+/// A cluster's log applied without a journal sync or a metadata flush, until a [`Store::checkpoint`].
+///
+/// The persisted revision (`CLUSTER_REVISION`) tells the node where to resume the log after a crash; it
+/// may lag behind what was applied (entries then apply twice: harmless, see [`Store::invalidate_deferred`])
+/// but never run ahead of what is durable here, or a crash would skip entries nothing here kept. So it, and
+/// `JOURNAL_LAST`, are written to sled only after the journal sync that covers them: sled flushes on its own
+/// every 200 ms, and anything written to it may reach the disk at any moment after.
+///
+/// What a crash does at each point of a deferred batch and of a checkpoint:
+///
+/// - before or during the journal write, or after it (unsynced, or lost with the machine): the persisted
+///   revision is older than the batch, so the node replays it from etcd before it vouches again. A torn
+///   last record is dropped at start; sled may hold the batch's removals (more removed) or not (the
+///   replay removes them again). `JOURNAL_LAST` was not moved, so a journal shorter than what sled saw is
+///   not mistaken for damage. Ids never go back (`recover` starts them above every generation, ban check,
+///   journal id and the wall clock), so a ban applied again gets a newer id: it covers more, never less.
+/// - after the sync, before or during the flush: the markers may or may not have reached sled; either is
+///   true of the journal, and an older revision only means a longer replay.
+/// - after the flush: the revision is durable and so is everything it stands for.
+#[derive(Default)]
+pub(super) struct Deferred {
+    /// The newest revision applied and not yet made durable by a checkpoint.
+    revision: Mutex<Option<u64>>,
+    /// One checkpoint at a time, and none while a synchronous batch records its own revision (which
+    /// replaces the one pending: a log that was rewound starts over below it).
+    checkpoints: tokio::sync::Mutex<()>,
+}
+
+impl Deferred {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+        self.revision.lock().expect("deferred revision")
+    }
+}
 
 /// Group commit: one flush at a time, and a flush covers every caller that arrived before it started, so
 /// callers that pile up behind a running flush share the next one instead of flushing once each.
@@ -92,6 +132,73 @@ impl Store {
         })
         .await
         .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
+    }
+
+    /// Makes the revision a synchronous batch records replace any deferred one; held through the batch.
+    pub(crate) async fn recording_revision(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.inner.deferred.checkpoints.lock().await
+    }
+
+    /// Called by a synchronous batch that recorded its revision and flushed, holding
+    /// [`Store::recording_revision`]: its journal sync covered every deferred batch applied before it.
+    pub(crate) fn recorded_revision(&self) {
+        *self.inner.deferred.pending() = None;
+    }
+
+    /// Appends `entries` to the invalidation journal without syncing them, and without noting them in sled
+    /// (see [`Deferred`]); the caller holds [`crate::journal::Journal::applying`] as for
+    /// [`Store::append_journal`].
+    pub(crate) async fn append_journal_unsynced(
+        &self,
+        entries: Vec<Entry>,
+    ) -> Result<(), StoreError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.inner.journal.append_unsynced(entries))
+            .await
+            .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
+    }
+
+    /// Syncs every journal entry written so far, then notes in sled how far the journal reaches (never
+    /// before: see [`Deferred`]).
+    pub(crate) async fn sync_journal(&self) -> Result<(), StoreError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let synced = store.inner.journal.sync()?;
+            store
+                .inner
+                .state
+                .insert(JOURNAL_LAST, &synced.to_be_bytes())?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
+    }
+
+    /// Notes that a deferred batch applied the log up to `revision`, for the next checkpoint.
+    pub(crate) fn defer_revision(&self, revision: u64) {
+        let mut pending = self.inner.deferred.pending();
+        *pending = Some(pending.map_or(revision, |r| r.max(revision)));
+    }
+
+    /// Makes every batch applied by [`Store::invalidate_deferred`] so far durable (one journal sync, one
+    /// metadata flush), then records the newest revision among them as [`Store::cluster_revision`]; returns
+    /// it, or `None` when nothing was waiting. Run it every so often while a cluster's log is applied: until
+    /// it runs, a crash makes the node replay those batches from the log. [`Store::close`] runs it too.
+    pub async fn checkpoint(&self) -> Result<Option<u64>, StoreError> {
+        let _one = self.inner.deferred.checkpoints.lock().await;
+        let Some(revision) = *self.inner.deferred.pending() else {
+            return Ok(None);
+        };
+        // The batch that applied `revision` wrote its entries before noting it: this sync covers them.
+        self.sync_journal().await?;
+        self.note_cluster_revision(revision)?;
+        self.flush_metadata().await?;
+        let mut pending = self.inner.deferred.pending();
+        // Revisions only grow between checkpoints: an equal one was applied before the sync.
+        if *pending == Some(revision) {
+            *pending = None;
+        }
+        Ok(Some(revision))
     }
 
     /// Waits for foyer to finish the disk writes of every chunk inserted so far, then (when `published`

@@ -38,7 +38,7 @@ use foyer::HybridCache;
 use tokio::sync::mpsc;
 
 pub use bodies::{ChunkRead, ChunkTiers, Tier, VERIFY_AHEAD};
-use durability::GroupCommit;
+use durability::{Deferred, GroupCommit};
 use open::JOURNAL_LAST;
 pub use records::{Inspected, PartKept};
 use stats::Counters;
@@ -57,7 +57,7 @@ use crate::{
     writer::{Job, ObjectWriter},
 };
 
-/// Where [`Store::set_cluster_revision`] keeps its revision in the `state` tree.
+/// Where [`Store::cluster_revision`] is kept in the `state` tree.
 const CLUSTER_REVISION: &[u8] = b"cluster-revision";
 
 /// Handle on the store; cheap to clone. The writer task holds one until [`Store::close`], which finishes
@@ -114,6 +114,8 @@ struct Inner {
     lock: Mutex<Option<std::fs::File>>,
     /// Group commit of sled flushes.
     flushes: GroupCommit,
+    /// A cluster's log applied and not yet durable here.
+    deferred: Deferred,
     hot: hot::HotCopy,
     /// The edited copies of prepared heads the hot copy weighs ([`Store::weigh_edited_heads`]).
     edited_heads: hot::EditedHeads,
@@ -260,6 +262,8 @@ impl Store {
             Ok(Err(e)) => tracing::warn!(error = %e, "closing the body cache failed"),
             Err(_) => tracing::warn!("the body cache did not close before the shutdown timeout"),
         }
+        // A cluster's log applied since the last checkpoint: durable now, so the next start resumes after it.
+        self.checkpoint().await?;
         // Not `flush_async`: it runs on sled's thread pool, which keeps the database (and its directory lock)
         // alive for a moment after the future resolves.
         self.inner.db.flush()?;
@@ -280,8 +284,9 @@ impl Store {
         Ok(())
     }
 
-    /// The newest revision of a cluster's invalidation log applied to this store; 0 when none. It lives
-    /// with the metadata, so a store moved aside or started empty starts the log over.
+    /// The newest revision of a cluster's invalidation log applied to this store and durable here (a
+    /// deferred batch counts from the [`Store::checkpoint`] after it); 0 when none. It lives with the
+    /// metadata, so a store moved aside or started empty starts the log over.
     pub fn cluster_revision(&self) -> Result<u64, StoreError> {
         Ok(self
             .inner
@@ -291,16 +296,8 @@ impl Store {
             .map_or(0, u64::from_be_bytes))
     }
 
-    /// Records that the cluster's log is applied up to `revision` (each entry was durable when applied),
-    /// flushed before it returns. A crash that loses it only makes entries apply again: more removed,
-    /// never an invalidated body served.
-    pub async fn set_cluster_revision(&self, revision: u64) -> Result<(), StoreError> {
-        self.note_cluster_revision(revision)?;
-        self.inner.db.flush_async().await?;
-        Ok(())
-    }
-
-    /// Writes `revision` as the cluster's applied revision, for the caller's next flush to make durable.
+    /// Writes `revision` as the cluster's applied revision, for the caller's next flush to make durable;
+    /// only once every entry up to it is durable here (sled may flush it any moment).
     pub(crate) fn note_cluster_revision(&self, revision: u64) -> Result<(), StoreError> {
         self.inner
             .state

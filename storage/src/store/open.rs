@@ -330,6 +330,7 @@ impl Store {
                 health,
                 lock: Mutex::new(None),
                 flushes: GroupCommit::default(),
+                deferred: Default::default(),
                 edited_heads,
                 hot,
                 records: super::records::Records::default(),
