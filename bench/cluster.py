@@ -426,6 +426,23 @@ def senders(admins, count, seconds, tag):
     return acks[0], fails[0], lat
 
 
+def cpu_seconds(pids):
+    """User and system CPU time so far: of the processes `pids` (the target), and of this one (the
+    senders' threads)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    target = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        target += (int(fields[11]) + int(fields[12])) / tick
+    return target, sum(os.times()[:2])
+
+
+def cpu_since(pids, before):
+    """What cpu_seconds counted since `before`."""
+    return tuple(now - then for now, then in zip(cpu_seconds(pids), before))
+
+
 def pct(values, p):
     """Nearest-rank percentile: the 99th of 100 values is the second largest, not the largest."""
     values = sorted(values)
@@ -468,7 +485,10 @@ def run_bans(args, work):
                     raise SystemExit(f"ban {i} not applied everywhere after 30 s")
             applied.append((time.perf_counter() - t0) * 1000)
 
+        pids = [p.pid for p in stack.procs]
+        cpu0 = cpu_seconds(pids)
         acks, fails, lat = senders(admins, args.senders, args.throughput_seconds, "cluster")
+        cpu = cpu_since(pids, cpu0)
         t0 = time.perf_counter()
         newest = log_revision(PREFIX)
         wait_for("every node caught up", lambda: all(a.cluster()["applied_revision"] >= newest for a in admins), 120)
@@ -487,7 +507,10 @@ def run_bans(args, work):
         store = lacquer_node(stack, work, 0, args)
         wait_for("single node", lambda: get(f"http://127.0.0.1:{HEALTH_PORTS[0]}/v1/health")[0] == 200)
         single = [Admin(HEALTH_PORTS[0], open(f"{store}/secret").read().strip())]
+        s_pids = [p.pid for p in stack.procs]
+        s_cpu0 = cpu_seconds(s_pids)
         s_acks, s_fails, s_lat = senders(single, args.senders, args.throughput_seconds, "single")
+        s_cpu = cpu_since(s_pids, s_cpu0)
     finally:
         stack.stop()
         origin.terminate()
@@ -502,12 +525,17 @@ def run_bans(args, work):
     print(f"| {args.bans} bans, POST to applied on all 3 nodes (ms) | {statistics.median(applied):.1f} | "
           f"{pct(applied, 99):.1f} | {max(applied):.1f} |")
     print(f"\n| invalidations (bans and purges alternating), {args.senders} senders, {args.throughput_seconds} s "
-          f"| acknowledged/s | failed | ack p50 (ms) | ack p99 (ms) |")
-    print("|---|---|---|---|---|")
+          f"| acknowledged/s | failed | ack p50 (ms) | ack p99 (ms) | cores busy (target + senders) "
+          f"| target CPU per ack (ms) |")
+    print("|---|---|---|---|---|---|---|")
+    # CPU: every process of the target and the senders, over the senders' run; on 2 cores, near 2 busy
+    # cores means the machine, not the target, sets the rate.
     print(f"| 3 nodes + etcd | {acks / args.throughput_seconds:.0f} | {fails} | {statistics.median(lat):.1f} | "
-          f"{pct(lat, 99):.1f} |")
+          f"{pct(lat, 99):.1f} | {sum(cpu) / args.throughput_seconds:.2f} | "
+          f"{1000 * cpu[0] / max(acks, 1):.2f} |")
     print(f"| 1 node, no [cluster] | {s_acks / args.throughput_seconds:.0f} | {s_fails} | "
-          f"{statistics.median(s_lat):.1f} | {pct(s_lat, 99):.1f} |")
+          f"{statistics.median(s_lat):.1f} | {pct(s_lat, 99):.1f} | {sum(s_cpu) / args.throughput_seconds:.2f} | "
+          f"{1000 * s_cpu[0] / max(s_acks, 1):.2f} |")
     print(f"\nevery node had applied every acknowledged invalidation {drain:.2f} s after the senders stopped")
 
 

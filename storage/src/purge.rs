@@ -77,25 +77,23 @@ impl Invalidations {
     /// Whether a purge after `since` may cover what a fetch of `primary` brings, its tags unknown yet: a
     /// purge of that key, or of any tag.
     fn may_cover(&self, since: u64, primary: &str) -> bool {
-        if self.epoch() == since {
-            return false;
-        }
-        let recent = self.recent.lock().expect("purge ring");
-        if since < self.forgotten.load(SeqCst) {
-            return true;
-        }
-        recent
-            .iter()
-            .rev()
-            .take_while(|(epoch, _)| *epoch > since)
-            .any(|(_, target)| match target {
-                Target::Key(key) => key == primary,
-                Target::Tags(_) => true,
-            })
+        self.any_since(since, |target| match target {
+            Target::Key(key) => key == primary,
+            Target::Tags(_) => true,
+        })
     }
 
     /// Whether a purge after `since` covers a body about to be published under `primary` with `tags`.
     pub(crate) fn covers(&self, since: u64, primary: &str, object_tags: &[String]) -> bool {
+        self.any_since(since, |target| match target {
+            Target::Key(key) => key == primary,
+            Target::Tags(purged) => purged.iter().any(|t| object_tags.contains(t)),
+        })
+    }
+
+    /// Whether a purge after `since` has a target `matches` takes; any purge does once the ring has
+    /// forgotten some of those after `since`, since what they covered is unknown.
+    fn any_since(&self, since: u64, matches: impl Fn(&Target) -> bool) -> bool {
         if self.epoch() == since {
             return false;
         }
@@ -107,10 +105,7 @@ impl Invalidations {
             .iter()
             .rev()
             .take_while(|(epoch, _)| *epoch > since)
-            .any(|(_, target)| match target {
-                Target::Key(key) => key == primary,
-                Target::Tags(purged) => purged.iter().any(|t| object_tags.contains(t)),
-            })
+            .any(|(_, target)| matches(target))
     }
 }
 

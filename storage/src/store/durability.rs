@@ -120,8 +120,7 @@ impl Store {
     /// entries. Once this returns, a crash cannot lose them. The caller holds
     /// [`crate::journal::Journal::applying`] until what they invalidate is applied to the metadata.
     pub(crate) async fn append_journal(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || {
+        self.journal_task(move |store| {
             let last = entries.iter().map(Entry::id).max().unwrap_or(0);
             store.inner.journal.append(entries)?;
             store
@@ -131,7 +130,17 @@ impl Store {
             Ok(())
         })
         .await
-        .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
+    }
+
+    /// Runs `work` on the blocking pool: journal writes wait for the disk.
+    async fn journal_task<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || work(store))
+            .await
+            .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
     }
 
     /// Makes the revision a synchronous batch records replace any deferred one; held through the batch.
@@ -152,17 +161,14 @@ impl Store {
         &self,
         entries: Vec<Entry>,
     ) -> Result<(), StoreError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.inner.journal.append_unsynced(entries))
+        self.journal_task(move |store| store.inner.journal.append_unsynced(entries))
             .await
-            .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
     }
 
     /// Syncs every journal entry written so far, then notes in sled how far the journal reaches (never
     /// before: see [`Deferred`]).
     pub(crate) async fn sync_journal(&self) -> Result<(), StoreError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || {
+        self.journal_task(|store| {
             let synced = store.inner.journal.sync()?;
             store
                 .inner
@@ -171,7 +177,6 @@ impl Store {
             Ok(())
         })
         .await
-        .map_err(|e| sled::Error::ReportableBug(format!("journal task: {e}")))?
     }
 
     /// Notes that a deferred batch applied the log up to `revision`, for the next checkpoint.
