@@ -21,7 +21,9 @@ POST to its acknowledgement, and to every node's GET /v1/cluster showing an appl
 ban's (the invalidation log's revision in etcd once the ban is acknowledged), p50/p99. Then invalidation throughput: N
 senders (keep-alive connections spread over the nodes) alternating bans and URL purges for a few seconds:
 acknowledged per second, and how long until every node had applied them all; the same senders against one
-lacquerd without [cluster] for reference."""
+lacquerd without [cluster] for reference. For both, the cores kept busy (the target's processes and the senders)
+and the target's CPU per acknowledged invalidation: on one small machine the cluster's four processes share
+the CPU the single node has to itself."""
 
 import argparse
 import base64
