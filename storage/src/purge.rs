@@ -293,7 +293,7 @@ impl Store {
                     let ban = bans.new_ban(self, expr);
                     entries.push(Entry::Ban {
                         id: ban.id,
-                        expression: ban.expr.to_string(),
+                        expression: ban.canonical().to_owned(),
                     });
                     steps.push(Step::Ban(ban));
                     continue;

@@ -95,9 +95,13 @@ async fn live_origin(t0: Instant) -> Origin {
         } else {
             (Reply::ok("no such thing").status(404), Duration::ZERO)
         };
+        // An answer to a blocking reload is one version of the playlist, kept longer than the plain
+        // playlist (as LL-HLS origins do): a player that starts late and asks for an early version a
+        // second after the others is then still answered from the cache, and a second origin request for
+        // a version can only be a fill that was not shared.
         let mut reply = reply.header(
             "cache-control",
-            if path.ends_with(".m3u8") {
+            if path.ends_with(".m3u8") && blocking(query).is_none() {
                 "max-age=1"
             } else {
                 "max-age=60"

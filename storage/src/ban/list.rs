@@ -24,6 +24,9 @@ pub struct Ban {
     pub id: u64,
     pub created_ms: u64,
     pub expr: BanExpr,
+    /// `expr` in its canonical text, written once: adding bans compares every listed ban's text, and
+    /// formatting each again per addition made that walk dominate a busy ban log.
+    canonical: String,
     tested: AtomicU64,
     removed: AtomicU64,
     /// Objects stored when the ban was added: what it has to be tested against, the measure of its
@@ -73,10 +76,15 @@ struct BanRecord {
 }
 
 impl Ban {
+    /// The expression's canonical text.
+    pub(crate) fn canonical(&self) -> &str {
+        &self.canonical
+    }
+
     pub(crate) fn info(&self) -> BanInfo {
         BanInfo {
             id: self.id,
-            expression: self.expr.to_string(),
+            expression: self.canonical.clone(),
             created_ms: self.created_ms,
             tested: self.tested.load(SeqCst),
             removed: self.removed.load(SeqCst),
@@ -127,6 +135,7 @@ impl Ban {
         Ok(Self {
             id,
             created_ms: record.created_ms,
+            canonical: expr.to_string(),
             expr,
             tested: AtomicU64::new(record.tested),
             removed: AtomicU64::new(record.removed),
@@ -242,6 +251,7 @@ impl Bans {
         Arc::new(Ban {
             id: store.next_id(),
             created_ms: lacquer_clock::now_ms(),
+            canonical: expr.to_string(),
             expr,
             tested: AtomicU64::new(0),
             removed: AtomicU64::new(0),
@@ -254,23 +264,19 @@ impl Bans {
     /// `added` included: the newest covers everything they covered. Returns the list to
     /// [`Bans::publish`] once sled is flushed.
     pub(crate) fn record(&self, added: &[Arc<Ban>]) -> Result<Vec<Arc<Ban>>, StoreError> {
-        let canonical: Vec<String> = added.iter().map(|b| b.expr.to_string()).collect();
-        let newest: HashMap<&str, u64> = canonical
-            .iter()
-            .zip(added)
-            .map(|(c, b)| (c.as_str(), b.id))
-            .collect();
+        let newest: HashMap<&str, u64> =
+            added.iter().map(|b| (b.canonical.as_str(), b.id)).collect();
         let current = self.snapshot();
         let mut next = Vec::with_capacity(current.len() + added.len());
         for old in current.iter() {
-            if newest.contains_key(old.expr.to_string().as_str()) {
+            if newest.contains_key(old.canonical.as_str()) {
                 self.tree.remove(old.id.to_be_bytes())?;
             } else {
                 next.push(old.clone());
             }
         }
-        for (c, ban) in canonical.iter().zip(added) {
-            if newest[c.as_str()] == ban.id {
+        for ban in added {
+            if newest[ban.canonical.as_str()] == ban.id {
                 self.tree.insert(ban.id.to_be_bytes(), ban.encode())?;
                 next.push(ban.clone());
             }
