@@ -123,11 +123,7 @@ impl Store {
         self.journal_task(move |store| {
             let last = entries.iter().map(Entry::id).max().unwrap_or(0);
             store.inner.journal.append(entries)?;
-            store
-                .inner
-                .state
-                .insert(JOURNAL_LAST, &last.to_be_bytes())?;
-            Ok(())
+            store.note_journal_last(last)
         })
         .await
     }
@@ -170,13 +166,16 @@ impl Store {
     pub(crate) async fn sync_journal(&self) -> Result<(), StoreError> {
         self.journal_task(|store| {
             let synced = store.inner.journal.sync()?;
-            store
-                .inner
-                .state
-                .insert(JOURNAL_LAST, &synced.to_be_bytes())?;
-            Ok(())
+            store.note_journal_last(synced)
         })
         .await
+    }
+
+    /// Notes in sled that the journal reaches entry `last`, once the entries up to it are synced: a
+    /// journal found shorter at start has lost entries.
+    fn note_journal_last(&self, last: u64) -> Result<(), StoreError> {
+        self.inner.state.insert(JOURNAL_LAST, &last.to_be_bytes())?;
+        Ok(())
     }
 
     /// Notes that a deferred batch applied the log up to `revision`, for the next checkpoint.
