@@ -1,6 +1,6 @@
 //! `cachectl explain`: what the running daemon would do with a request, and why, without the origin.
 
-use std::{fmt::Write, net::IpAddr};
+use std::fmt::Write;
 
 use lacquer_admin::{
     format::duration,
@@ -13,19 +13,8 @@ use crate::Output;
 pub async fn explain(
     client: &AdminClient,
     out: Output,
-    url: String,
-    method: Option<String>,
-    headers: Vec<HeaderField>,
-    from: Option<IpAddr>,
-    secure: bool,
+    request: ExplainRequest,
 ) -> Result<(), AdminError> {
-    let request = ExplainRequest {
-        url,
-        method,
-        headers,
-        client: from,
-        secure,
-    };
     let explanation = client.explain(&request).await?;
     out.show(&explanation, render);
     Ok(())

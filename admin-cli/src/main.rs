@@ -106,6 +106,9 @@ enum Command {
         /// As if the request came over TLS (`${scheme}` is https).
         #[arg(long)]
         secure: bool,
+        /// The request's body, as curl's `-d` (a POST a `cache_body` rule keys by it).
+        #[arg(short = 'd', long = "data", value_name = "BODY")]
+        body: Option<String>,
     },
     /// The backends and how their requests have been going.
     Backends,
@@ -317,7 +320,18 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             method,
             from,
             secure,
-        } => explain::explain(client, out, url, method, headers, from, secure).await,
+            body,
+        } => {
+            let request = lacquer_admin::wire::ExplainRequest {
+                url,
+                method,
+                headers,
+                client: from,
+                secure,
+                body,
+            };
+            explain::explain(client, out, request).await
+        }
         Command::Backends => operations::backends(client, out).await,
         Command::Backend { name, health } => {
             operations::set_backend_health(client, out, &name, health).await

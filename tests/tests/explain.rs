@@ -47,6 +47,7 @@ async fn explain(d: &Daemon, url: &str, headers: &[(&str, &str)]) -> Explanation
             .collect(),
         client: None,
         secure: false,
+        body: None,
     };
     client(d)
         .explain(&request)
@@ -157,6 +158,7 @@ async fn explain_shows_a_pass_a_redirect_and_a_stored_object_without_the_origin(
             headers: vec![],
             client: None,
             secure: false,
+            body: None,
         })
         .await
     {

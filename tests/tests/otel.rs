@@ -273,7 +273,8 @@ async fn a_clients_trace_is_continued_to_the_origin() {
     let mut d = start(
         &origin,
         &format!(
-            "[telemetry]\nendpoint = \"http://{}/v1/traces\"\nsample_ratio = 0.0\nservice_name = \"edge-cache\"\n",
+            "[telemetry]\nendpoint = \"http://{}/v1/traces\"\nsample_ratio = 0.0\nservice_name = \"edge-cache\"\n\
+             trust_client_trace = [\"127.0.0.0/8\"]\n",
             collector.addr
         ),
     );
@@ -337,6 +338,36 @@ async fn sample_ratio_zero_exports_nothing_and_sends_no_traceparent_of_its_own()
     assert_eq!(reply.x_cache(), "MISS");
     stop(&mut d);
     assert_eq!(traceparents(&origin), [None, Some(unsampled.to_owned())]);
+    assert!(collector.spans().is_empty(), "{:#?}", collector.spans());
+}
+
+/// A client outside `trust_client_trace` (by default, every client) cannot force tracing: its sampled
+/// `traceparent` at `sample_ratio = 0` exports nothing and is not followed under the trace id it chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_clients_sampled_traceparent_forces_no_trace() {
+    let collector = Collector::start().await;
+    let origin = origin().await;
+    let mut d = start(
+        &origin,
+        &format!(
+            "[telemetry]\nendpoint = \"http://{}/v1/traces\"\nsample_ratio = 0\n",
+            collector.addr
+        ),
+    );
+    let forced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    for path in ["/f1", "/f2", "/f3"] {
+        let reply = request(
+            d.addr,
+            Method::GET,
+            path,
+            &[("traceparent", forced)],
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.x_cache(), "MISS");
+    }
+    stop(&mut d);
     assert!(collector.spans().is_empty(), "{:#?}", collector.spans());
 }
 
@@ -534,7 +565,8 @@ async fn a_request_routed_to_the_owning_peer_is_one_trace_across_both_nodes() {
                     "[[listen]]\naddress = \"127.0.0.{n}:0\"\n\
                      [cluster]\nnode = \"n{n}\"\netcd = [\"{}\"]\nprefix = \"/otel\"\n\
                      self_routing = true\nsecret_file = \"{}\"\n\
-                     [telemetry]\nendpoint = \"http://{}/v1/traces\"\nservice_name = \"n{n}\"\n",
+                     [telemetry]\nendpoint = \"http://{}/v1/traces\"\nservice_name = \"n{n}\"\n\
+                     trust_client_trace = [\"127.0.0.0/8\"]\n",
                     etcd.url(),
                     secret.display(),
                     collector.addr

@@ -73,6 +73,7 @@ mod tests {
                 headers,
                 client: None,
                 secure: false,
+                body: None,
             };
             let got = check_url(&request).err().map(|e| e.code());
             assert_eq!(got, want, "{url}");

@@ -411,6 +411,11 @@ struct Counted {
     state: Arc<BackendState>,
 }
 
+/// No connection, TLS handshake included, within `connect_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("no connection (TCP and TLS handshakes) within connect_timeout ({0:?})")]
+struct ConnectTimedOut(Duration);
+
 /// A connection to a backend, TLS or not.
 type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
 
@@ -426,8 +431,15 @@ impl Service<Uri> for Counted {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let connecting = self.inner.call(uri);
         let state = self.state.clone();
+        // The TCP connector's own timeout ends at the TCP handshake: a backend that accepts and never
+        // answers the ClientHello would hold each request until `first_byte_timeout` (60 s), reported as
+        // "no response head". The TLS handshake is part of connecting, as NGINX's
+        // `proxy_connect_timeout` has it.
+        let within = state.config.connect_timeout;
         Box::pin(async move {
-            let io = connecting.await?;
+            let io = tokio::time::timeout(within, connecting)
+                .await
+                .map_err(|_| ConnectTimedOut(within))??;
             state.connection_opened();
             Ok(io)
         })

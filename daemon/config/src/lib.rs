@@ -535,9 +535,15 @@ pub struct Telemetry {
     /// unchanged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
-    /// Share of requests traced, from 0 to 1, by trace id. A request whose `traceparent` says its caller
-    /// sampled it is traced whatever this says, one whose caller did not is not. Default: 1.
+    /// Share of requests traced, from 0 to 1, by trace id. A request from a trusted client
+    /// (`trust_client_trace`) whose `traceparent` says its caller sampled it is traced whatever this says,
+    /// one whose caller did not is not. Default: 1.
     pub sample_ratio: f64,
+    /// Clients whose `traceparent` is followed (their sampling decision, their trace id): the networks of
+    /// a load balancer or of this cluster's nodes. Anyone else's is ignored and the request is sampled
+    /// by `sample_ratio` under a trace id of lacquerd's own: a client that could choose would force every
+    /// request traced (filling `max_queue`, so real spans are dropped) under ids it picked. Default: none.
+    pub trust_client_trace: Vec<ipnet::IpNet>,
     /// `service.name` of the spans. Default: `lacquerd`.
     pub service_name: String,
     /// Finished spans held for export at most; past it, while the collector is slow or down, spans are
@@ -553,6 +559,7 @@ impl Default for Telemetry {
         Self {
             endpoint: None,
             sample_ratio: 1.0,
+            trust_client_trace: Vec::new(),
             service_name: "lacquerd".into(),
             max_queue: 2048,
             export_timeout: Duration::from_secs(10),

@@ -156,8 +156,49 @@ fn has_validator(headers: &HeaderMap) -> bool {
     headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED)
 }
 
-/// Decides on a response to a request that was eligible for lookup. `request_authorized` is whether the
-/// request carried `Authorization` (only reachable when the policy caches such requests).
+/// Whether a request carried `Authorization`, and if so whether the origin itself let its answer be
+/// shared (RFC 9111 §3.5).
+///
+/// Sharing an authorized answer loosens caching, so it is decided on what the origin sent, read before
+/// any `backend_response` rule edited the head: a rule that rewrites `Cache-Control` to `public` (as
+/// Varnish recipes do for an API) must not turn Alice's `private` answer into everybody's. The store then
+/// asks the edited head too ([`decide_adjusted`]), so both readings must agree to share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credentials {
+    /// No `Authorization`.
+    None,
+    /// `Authorization` was sent; `origin_shares`: the origin's own directives share the answer.
+    Authorized {
+        /// The origin's own head (before rules) marks the answer shareable.
+        origin_shares: bool,
+    },
+}
+
+impl Credentials {
+    /// Whether the request was `authorized`, read with the response head `origin` as the origin sent it
+    /// (before rules).
+    pub fn of(authorized: bool, origin: &HeaderMap, policy: &Policy) -> Self {
+        if !authorized {
+            return Self::None;
+        }
+        let cc = CacheControl::governing(origin, &policy.cache.targeted_cache_control);
+        Self::Authorized {
+            origin_shares: shares_authorized(&cc, policy),
+        }
+    }
+}
+
+/// Whether directives let a shared cache store an answer to an authorized request. RFC 9111 §3.5 lets
+/// `must-revalidate` share it too, but personal pages carry it (`max-age=0, must-revalidate`) more often
+/// than they carry `private`: only an operator who looks up authorized requests (`cache_authorized`)
+/// takes it as leave to share.
+fn shares_authorized(cc: &CacheControl, policy: &Policy) -> bool {
+    cc.public || cc.s_maxage.is_some() || (cc.must_revalidate && policy.cache.cache_authorized)
+}
+
+/// Decides on a response, as the origin sent it, to a request that was eligible for lookup.
+/// `request_authorized` is whether the request carried `Authorization` (only reachable when the policy
+/// caches such requests).
 pub fn decide(
     request_authorized: bool,
     status: StatusCode,
@@ -166,7 +207,7 @@ pub fn decide(
     response_time: SystemTime,
 ) -> Decision {
     decide_adjusted(
-        request_authorized,
+        Credentials::of(request_authorized, headers, policy),
         status,
         headers,
         policy,
@@ -195,9 +236,10 @@ pub struct Adjust {
     pub store: Option<bool>,
 }
 
-/// [`decide`], with what rules change applied.
+/// [`decide`], with what rules change applied: `headers` is the head as the rules left it, and
+/// `credentials` was read from the one the origin sent ([`Credentials::of`]).
 pub fn decide_adjusted(
-    request_authorized: bool,
+    credentials: Credentials,
     status: StatusCode,
     headers: &HeaderMap,
     policy: &Policy,
@@ -231,13 +273,11 @@ pub fn decide_adjusted(
     if cc.private {
         return DontStore(NotStored::Private);
     }
-    // RFC 9111 §3.5 lets `must-revalidate` share an authorized response too, but personal pages carry it
-    // (`max-age=0, must-revalidate`) more often than they carry `private`: only an operator who looks up
-    // authorized requests (`cache_authorized`) takes it as leave to share.
-    let shareable =
-        cc.public || cc.s_maxage.is_some() || (cc.must_revalidate && policy.cache.cache_authorized);
-    if request_authorized && !shareable {
-        return DontStore(NotStored::Authorization);
+    // Both the origin's head and the one rules left must share an authorized answer.
+    if let Credentials::Authorized { origin_shares } = credentials {
+        if !(origin_shares && shares_authorized(&cc, policy)) {
+            return DontStore(NotStored::Authorization);
+        }
     }
     if headers.contains_key(header::SET_COOKIE) && !policy.cache.cache_set_cookie {
         return DontStore(NotStored::SetCookie);
@@ -449,7 +489,7 @@ mod tests {
             ..Adjust::default()
         };
         let got = decide_adjusted(
-            false,
+            Credentials::None,
             StatusCode::OK,
             &HeaderMap::new(),
             &policy,
@@ -707,6 +747,65 @@ mod tests {
             SystemTime::now(),
         );
         assert!(matches!(got, Decision::Store(_)), "{got:?}");
+    }
+
+    /// A rule that rewrites `Cache-Control` in `backend_response` may make an anonymous answer shared,
+    /// never an authorized one the origin kept private: both the origin's head and the edited one must
+    /// share it.
+    #[test]
+    fn an_authorized_answer_is_shared_only_when_the_origin_itself_shares_it() {
+        let p = Policy::default();
+        // (origin's own fields, the fields after rules, authorized, stored)
+        let cases: &[(Lines, Lines, bool, bool)] = &[
+            (
+                &[("cache-control", "private, no-store")],
+                &[("cache-control", "public, max-age=300")],
+                true,
+                false,
+            ),
+            (
+                &[("cache-control", "max-age=60")],
+                &[("cache-control", "public, max-age=300")],
+                true,
+                false,
+            ),
+            (&[], &[("cache-control", "s-maxage=300")], true, false),
+            (
+                &[("cache-control", "public, max-age=60")],
+                &[("cache-control", "public, max-age=300")],
+                true,
+                true,
+            ),
+            // The origin shares, a rule takes it back: tightening acts on either head.
+            (
+                &[("cache-control", "public, max-age=60")],
+                &[("cache-control", "max-age=60")],
+                true,
+                false,
+            ),
+            // Without credentials, the rule's head is what the store reads (recipe 11).
+            (
+                &[("cache-control", "private, no-store")],
+                &[("cache-control", "public, max-age=300")],
+                false,
+                true,
+            ),
+        ];
+        for &(origin, ruled, authorized, stored) in cases {
+            let got = decide_adjusted(
+                Credentials::of(authorized, &headers(origin), &p),
+                StatusCode::OK,
+                &headers(ruled),
+                &p,
+                &Adjust::default(),
+                SystemTime::now(),
+            );
+            assert_eq!(
+                matches!(got, Decision::Store(_)),
+                stored,
+                "{origin:?} -> {ruled:?} authorized={authorized}: {got:?}"
+            );
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use lacquer_policy::{
     key::primary_key,
     request::{host_from_authority, RequestClass},
     stale::{usability, Usability},
-    storable::{self, Decision, NotStored},
+    storable::{self, Credentials, Decision, NotStored},
 };
 use lacquer_rules::{Facts, Phase, Trace};
 use lacquer_storage::ObjectMeta;
@@ -107,6 +107,12 @@ fn steps(trace: &Trace) -> Vec<RuleStep> {
 /// Takes `req` through the request phase and the backend-request rules, as `answer` and `lookup` do.
 fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
     let mut parts = request_head(req)?;
+    if let Some(body) = &req.body {
+        parts
+            .headers
+            .entry(header::CONTENT_LENGTH)
+            .or_insert_with(|| HeaderValue::from(body.len()));
+    }
     let client = req.client.unwrap_or(SOMEONE);
     let secure = req.secure;
     let mut trace = Trace::default();
@@ -162,7 +168,14 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
                 headers: fields(&made.headers),
             });
         }
-        Ok(admitted) => {
+        Ok(mut admitted) => {
+            // Keyed by its body as the data path keys it, when the body fits the rule's cap.
+            if let (Some(cap), Some(body)) = (admitted.body_cap, &req.body) {
+                if body.len() as u64 <= cap {
+                    let body = bytes::Bytes::copy_from_slice(body.as_bytes());
+                    phase::key_body(&mut parts, &mut admitted.decided, body);
+                }
+            }
             let route = &admitted.route;
             explanation.route = live.router.describe(route);
             let target = admitted.decided.target.as_ref();
@@ -196,6 +209,8 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
                 explanation.key_fields = key_fields;
             }
             let mut sent = parts.headers.clone();
+            // The digest a body is keyed by is never sent (forward.rs).
+            sent.remove(phase::BODY_DIGEST);
             if live.rules.has(Phase::BackendRequest) {
                 let facts = Facts {
                     parts: &parts,
@@ -232,11 +247,18 @@ struct Answer {
     response: ExplainedResponse,
 }
 
+/// `Origin`: `headers` are the origin's own (an example's response), or a stored head standing in for them.
+#[derive(Clone, Copy, PartialEq)]
+enum Origin {
+    Sent,
+    Stored,
+}
+
 fn answer(
     live: &Live,
     sim: &mut Simulated,
     status: StatusCode,
-    mut headers: HeaderMap,
+    (mut headers, origin): (HeaderMap, Origin),
     delivered: impl FnOnce(&HeaderMap) -> HeaderMap,
 ) -> Option<Answer> {
     let (parts, admitted) = sim.looked_up.as_ref()?;
@@ -245,12 +267,21 @@ fn answer(
         client: sim.client,
         secure: sim.secure,
     };
+    let authorized = parts.headers.contains_key(header::AUTHORIZATION);
+    // A stored head carries what `backend_response` rules wrote when it was filled: what the origin
+    // itself would say of sharing an authorized answer cannot be read from it, and is not assumed.
+    let unknown = origin == Origin::Stored && live.rules.has(Phase::BackendResponse);
+    let credentials = match Credentials::of(authorized, &headers, &admitted.route.policy) {
+        Credentials::Authorized { .. } if unknown => Credentials::Authorized {
+            origin_shares: false,
+        },
+        credentials => credentials,
+    };
     let adjust = live
         .rules
         .backend_response(facts, status, &mut headers, Some(&mut sim.trace));
-    let authorized = parts.headers.contains_key(header::AUTHORIZATION);
     let mut decision = storable::decide_adjusted(
-        authorized,
+        credentials,
         status,
         &headers,
         &admitted.route.policy,
@@ -320,7 +351,9 @@ pub async fn explain<S: CacheStore>(
         let stored = stored_head(&meta);
         let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
         let prepared = Prepared::of(&meta).head;
-        if let Some(a) = answer(&live, &mut sim, status, stored, |_| prepared) {
+        if let Some(a) = answer(&live, &mut sim, status, (stored, Origin::Stored), |_| {
+            prepared
+        }) {
             let (storable, because, ttl) = match &a.decision {
                 Decision::Store(s) => (true, None, Some(s.ttl.as_secs())),
                 Decision::DontStore(why) => (false, Some(why.token().to_owned()), None),
@@ -376,6 +409,7 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
             .collect(),
         client: Some(r.client),
         secure: false,
+        body: None,
     };
     let mut sim = simulate(live, &req)?;
     let expect = &example.expect;
@@ -453,7 +487,13 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
                 .map_err(|_| format!("response header {n:?} has no valid value"))?;
             headers.append(name, value);
         }
-        let answered = answer(live, &mut sim, status, headers, HeaderMap::clone);
+        let answered = answer(
+            live,
+            &mut sim,
+            status,
+            (headers, Origin::Sent),
+            HeaderMap::clone,
+        );
         match answered {
             None => {
                 wrong.push("the request is not sent to the origin, so nothing is stored".into())

@@ -24,7 +24,7 @@ use lacquer_policy::{
     age::corrected_initial_age,
     encoding::{self, Coded},
     range,
-    storable::{self, Decision, NotStored, Storable},
+    storable::{self, Credentials, Decision, NotStored, Storable},
     surrogate, vary, Policy,
 };
 
@@ -200,8 +200,14 @@ async fn revalidated<S: CacheStore>(
         }
     }
     let status = StatusCode::from_u16(old.status).unwrap_or(StatusCode::OK);
-    let authorized = request.parts.headers.contains_key(header::AUTHORIZATION);
     let policy = &request.route.policy;
+    // The stored head may carry what rules wrote when it was filled: whether an authorized answer is
+    // shared is read from what the origin says now, in its 304.
+    let credentials = Credentials::of(
+        request.parts.headers.contains_key(header::AUTHORIZATION),
+        &update,
+        policy,
+    );
     let live = worker.shared.live();
     let adjust = phase::backend_response(
         &live.rules,
@@ -211,8 +217,14 @@ async fn revalidated<S: CacheStore>(
         status,
         &mut headers,
     );
-    let decision =
-        storable::decide_adjusted(authorized, status, &headers, policy, &adjust, response_time);
+    let decision = storable::decide_adjusted(
+        credentials,
+        status,
+        &headers,
+        policy,
+        &adjust,
+        response_time,
+    );
     let ttl = match &decision {
         Decision::Store(s) => s.ttl.saturating_sub(Duration::from_secs(initial_age)),
         Decision::DontStore(_) => Duration::ZERO,
@@ -576,6 +588,12 @@ async fn fill<S: CacheStore>(
         .await;
     }
 
+    // Read before the rules edit the head: whether the origin itself shares an authorized answer.
+    let credentials = Credentials::of(
+        parts.headers.contains_key(header::AUTHORIZATION),
+        &head.headers,
+        policy,
+    );
     let adjust = phase::backend_response(
         rules,
         parts,
@@ -616,7 +634,6 @@ async fn fill<S: CacheStore>(
         },
         _ => None,
     };
-    let authorized = parts.headers.contains_key(header::AUTHORIZATION);
     let too_large = head
         .headers
         .get(header::CONTENT_LENGTH)
@@ -644,7 +661,7 @@ async fn fill<S: CacheStore>(
         head.status
     };
     let decision = match storable::decide_adjusted(
-        authorized,
+        credentials,
         judged,
         &head.headers,
         policy,

@@ -4,7 +4,7 @@
 //! [`deliver`] (every response leaving for the client) and [`error`] (what lacquerd answers itself when
 //! no backend answered). Each runs its built-in steps and then the live rules of its phase.
 
-use std::{net::IpAddr, sync::Arc, time::Duration};
+use std::{fmt::Write, net::IpAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 
@@ -92,9 +92,18 @@ fn keyed_post(parts: &Parts, cap: Option<u64>) -> bool {
 
 /// Keys a POST by its `body` (read whole, within the rule's cap): the digest goes into the head as a
 /// field the variant is made of, and the body into what every fill sends.
+///
+/// Sharing one client's answer with every client that sends the same body loosens caching, so the digest
+/// must be one nobody can collide: SHA-256. A fast non-cryptographic hash (xxh3 with its public secret)
+/// let an attacker build, in microseconds, a body of their own text with a victim's body's digest, and
+/// have their answer stored for the victim's query.
 pub(crate) fn key_body(parts: &mut Parts, decided: &mut Decided, body: Bytes) {
-    let digest = xxhash_rust::xxh3::xxh3_128(&body);
-    let value = HeaderValue::from_str(&format!("{digest:032x}")).expect("hex is a field value");
+    let digest = ring::digest::digest(&ring::digest::SHA256, &body);
+    let mut hex = String::with_capacity(64);
+    for b in digest.as_ref() {
+        let _ = write!(hex, "{b:02x}");
+    }
+    let value = HeaderValue::from_str(&hex).expect("hex is a field value");
     parts.headers.insert(BODY_DIGEST, value);
     decided.key.push(BODY_DIGEST);
     decided.body = Some(body);
@@ -170,6 +179,14 @@ pub(crate) fn request(
         RequestClass::Lookup | RequestClass::Miss(_) if route.pass => RequestClass::Pass("route"),
         RequestClass::Lookup | RequestClass::Miss(_) if verdict.pass => RequestClass::Pass("rule"),
         RequestClass::Lookup | RequestClass::Miss(_) if verdict.pipe => RequestClass::Pass("pipe"),
+        // A route or rule chose by one reading of the path alone (`/static/..;/account/me` is
+        // `/account/me` to a lenient origin): what it loosens must not apply, so nothing is stored or
+        // served from the cache (docs/rules.md, "Tightening and loosening").
+        RequestClass::Lookup | RequestClass::Miss(_)
+            if !(live.router.readings_agree(parts) && live.rules.readings_agree(parts)) =>
+        {
+            RequestClass::Pass("ambiguous-path")
+        }
         class => class,
     };
     let target = verdict

@@ -310,6 +310,30 @@ impl Rules {
             })
     }
 
+    /// Whether every rule with a path condition, in every phase, reads the request's path the same way as
+    /// sent and as a lenient origin reads it ([`normalize::lenient`]: `;` parameters dropped, `%2F` and `\`
+    /// as separators). A rule matches when either reading does, which is right for what it tightens
+    /// (`pass`, a `[[deny]]`-like `respond`), but an action that loosens caching (`cache_cookies`, a
+    /// longer `ttl`, a `Cache-Control` rewritten to share) must hold for every reading: the data path
+    /// passes a request whose readings disagree, so that `/account/me;x.css` is never stored under a rule
+    /// for `.css`.
+    pub fn readings_agree(&self, parts: &Parts) -> bool {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let Some(lenient) = normalize::lenient(target) else {
+            return true;
+        };
+        let lenient_path = lenient.split_once('?').map_or(lenient.as_str(), |(p, _)| p);
+        let mut groups = Vec::new();
+        self.rules.iter().all(|r| {
+            let w = &r.when;
+            let on_path =
+                !w.path_prefix.is_empty() || !w.extensions.is_empty() || w.path_regex.is_some();
+            !on_path
+                || path_matches(r, target, parts.uri.path(), &mut groups)
+                    == path_matches(r, &lenient, lenient_path, &mut groups)
+        })
+    }
+
     /// Every rule with its phase and how many requests it matched since it was compiled.
     pub fn counters(&self) -> impl Iterator<Item = (&str, Phase, u64)> + '_ {
         self.rules.iter().enumerate().map(|(i, r)| {
@@ -1000,6 +1024,12 @@ fn path_matches(rule: &Compiled, target: &str, path: &str, groups: &mut Vec<Stri
     }
     if !w.extensions.is_empty() {
         let last = path.rsplit('/').next().unwrap_or("");
+        // `/account/me;x.css` is `/account/me` to Tomcat, Spring and many others: a last segment with
+        // parameters is no file of any extension (an extension test is how static files are told from
+        // pages, to store them whatever their cookies).
+        if last.contains(';') {
+            return false;
+        }
         let ext = last.rsplit_once('.').map(|(_, e)| e);
         if !ext.is_some_and(|e| w.extensions.iter().any(|x| x.eq_ignore_ascii_case(e))) {
             return false;
@@ -1022,12 +1052,29 @@ fn path_matches(rule: &Compiled, target: &str, path: &str, groups: &mut Vec<Stri
     true
 }
 
+/// A rendered `Location` that starts with `/` kept a path on this site: browsers read `//evil.example`,
+/// `/\evil.example` and `/<tab>/evil.example` as another host, so a client's bytes put into the template
+/// (`location = "/$1"` from `^/go/(.*)$`) would make an open redirect. Backslashes and tabs are
+/// percent-encoded, and a second leading `/` too.
+fn same_origin(location: String) -> String {
+    if !location.starts_with('/')
+        || (!location.contains(['\\', '\t']) && !location.starts_with("//"))
+    {
+        return location;
+    }
+    let escaped = location.replace('\\', "%5C").replace('\t', "%09");
+    match escaped.strip_prefix("//") {
+        Some(rest) => format!("/%2F{rest}"),
+        None => escaped,
+    }
+}
+
 /// A rule's response, rendered; `status` is the one it keeps when the rule names none.
 fn synthesize(s: &Synthesis, status: StatusCode, values: &Values<'_>) -> Synthetic {
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, s.content_type.clone());
     if let Some(l) = &s.location {
-        if let Ok(v) = HeaderValue::from_str(&l.render(values)) {
+        if let Ok(v) = HeaderValue::from_str(&same_origin(l.render(values))) {
             headers.insert(header::LOCATION, v);
         }
     }

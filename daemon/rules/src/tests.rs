@@ -783,3 +783,72 @@ fn a_rewritten_target_is_read_leniently_anew() {
     let mut p = request("/%2Faccount/cart", &[]);
     assert!(run(&r, &mut p).pass, "a lenient spelling of /account/ is");
 }
+
+/// What loosens caching must hold for every reading of the path (docs/rules.md, "Tightening and
+/// loosening"): the rules tell the data path whether the readings as sent and as a lenient origin reads
+/// it agree on every rule's path condition, and an extension test never holds for a segment with `;`.
+#[test]
+fn path_readings_agree_or_not_for_every_rule_with_a_path_condition() {
+    let r = rules(
+        r#"
+        [[rule]]
+        name = "static"
+        match = { extensions = ["css", "js"] }
+        cache_cookies = true
+        [[rule]]
+        name = "assets"
+        match = { path_prefix = ["/assets/"] }
+        cache_cookies = true
+        "#,
+    )
+    .unwrap();
+    // (target, agree, `static` matches as sent)
+    let cases = [
+        ("/a/site.css", true, true),
+        ("/a/site.css?v=1;2", true, true),
+        // No reading is a `.css` file: the rule holds for neither.
+        ("/account/me;x.css", true, false),
+        ("/a/site.css;jsessionid=1", false, false),
+        ("/assets/..;/account/me", false, false),
+        ("/assets/a;v=1/b", true, false),
+        ("/assets/%2e%2e;/account/me", false, false),
+        ("/plain/page", true, false),
+    ];
+    for (target, agree, css) in cases {
+        let p = request(target, &[]);
+        assert_eq!(r.readings_agree(&p), agree, "{target}");
+        let mut p = request(target, &[("cookie", "s=1")]);
+        let v = run(&r, &mut p);
+        if css {
+            assert!(v.cache_cookies, "{target}");
+        }
+    }
+    let none = rules("[[rule]]\nname = \"h\"\nset_headers = { x-a = \"1\" }\n").unwrap();
+    assert!(none.readings_agree(&request("/assets/..;/account/me", &[])));
+}
+
+/// A `location` template that puts the client's bytes after a `/` never sends a browser to another host
+/// (`//evil.example`, `/\evil.example`, `/<tab>/evil.example` are read as one).
+#[test]
+fn a_rendered_location_never_leaves_the_site() {
+    let r = rules(
+        r#"
+        [[rule]]
+        name = "go"
+        match = { path_regex = "^/go/(.*)$" }
+        respond = { location = "/$1" }
+        "#,
+    )
+    .unwrap();
+    let cases = [
+        ("/go/\\evil.example", "/%5Cevil.example"),
+        ("/go//evil.example", "/%2Fevil.example"),
+        ("/go/%2F%2Fevil.example", "/%2F%2Fevil.example"),
+        ("/go/shop/cart?x=1", "/shop/cart?x=1"),
+    ];
+    for (target, want) in cases {
+        let mut p = request(target, &[]);
+        let made = run(&r, &mut p).respond.expect("answered");
+        assert_eq!(made.headers[http::header::LOCATION], want, "{target}");
+    }
+}

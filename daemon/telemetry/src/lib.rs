@@ -60,6 +60,8 @@ struct On {
     tracer: SdkTracer,
     provider: SdkTracerProvider,
     export_timeout: Duration,
+    /// `trust_client_trace`: the clients whose `traceparent` is followed.
+    trusted: Vec<ipnet::IpNet>,
 }
 
 impl Telemetry {
@@ -140,6 +142,7 @@ impl Telemetry {
                 tracer: provider.tracer("lacquerd"),
                 provider,
                 export_timeout: settings.export_timeout,
+                trusted: settings.trust_client_trace.clone(),
             }),
         })
     }
@@ -159,7 +162,13 @@ impl Telemetry {
     /// nothing is recorded and the request is left as it came.
     pub fn begin<B>(&self, req: &mut Request<B>, client: IpAddr) -> Option<RequestSpan> {
         let on = self.on.as_ref()?;
-        let caller = TraceContextPropagator::new().extract(&Fields(req.headers()));
+        // An untrusted client's `traceparent` would choose both the sampling (forcing every request
+        // traced at any `sample_ratio`) and the trace id: ignored, the span is a root of our own.
+        let caller = if on.trusted.iter().any(|net| net.contains(&client)) {
+            TraceContextPropagator::new().extract(&Fields(req.headers()))
+        } else {
+            Context::new()
+        };
         let mut attributes = vec![
             KeyValue::new("http.request.method", req.method().as_str().to_owned()),
             KeyValue::new("url.path", req.uri().path().to_owned()),

@@ -26,6 +26,10 @@ pub struct ExplainRequest {
     /// As if it came over TLS (`${scheme}` is `https`). Default: false.
     #[serde(default)]
     pub secure: bool,
+    /// The request's body (`Content-Length` is set from it unless given): for a `POST` a `cache_body`
+    /// rule keys, whose variant is the body's SHA-256 as for the real request. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
 }
 
 /// One rule tried at one phase.
