@@ -20,10 +20,14 @@ Usage: h3client.py SPEC, SPEC being JSON:
   attack       instead of requests, misbehave on one connection and report how it ended:
                "data_before_headers", "decoder_flood", "encoder_flood", "over_stream_limit" (opens
                `streams` requests at once, default 300, whatever limit the server set),
-               "stall_handshake" (sends its first Initial, then stays deaf and mute for `stall_ms`)
+               "stall_handshake" (sends its first Initial, then stays deaf and mute for `stall_ms`),
+               "huge_reserved_frame" (a reserved frame announcing 2^40 bytes on the control stream, then
+               `streams` MiB of it), "huge_headers" (a request whose HEADERS announces 2^40 bytes, then
+               64 KiB of it; its answer waited for at most `streams` seconds); `requests` given with an
+               attack are sent on the same connection after it, if it is still open
 Prints JSON: {"results": [{status, headers, length, sha256, ms, error}], "early_data_accepted",
 "session_resumed", "closed": {"error_code", "reason"} or null, "flood_allowed": bytes the server let a
-flood send}.
+flood send, "attack_sent": bytes an attack sent, "attack_result": the answer to an attack's request}.
 """
 
 import asyncio
@@ -247,6 +251,25 @@ async def run_requests(client, requests, parallel, timeout, hold_ms=0, stall_ms=
     return [s.result() for s in results]
 
 
+async def send_paced(client, stream_id, mib):
+    """Sends `mib` MiB of zeros on a stream as fast as the peer's flow control lets them go, holding at most
+    a few MiB in aioquic's send buffer; returns once all of it left or the connection closed."""
+    quic = client._quic
+    chunk = bytes(1 << 20)
+    for _ in range(mib):
+        quic.send_stream_data(stream_id, chunk)
+        client.transmit()
+        while not client.terminated.is_set() and quic._streams[stream_id].sender._buffer_stop - quic._streams[stream_id].sender.highest_offset > 4 << 20:
+            await asyncio.sleep(0.002)
+            client.transmit()
+    deadline = asyncio.get_running_loop().time() + 30
+    while not client.terminated.is_set() and not quic._streams[stream_id].sender.buffer_is_empty:
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.01)
+        client.transmit()
+
+
 async def attack(client, kind, count, stall_ms):
     quic = client._quic
     if kind == "stall_handshake":
@@ -283,6 +306,28 @@ async def attack(client, kind, count, stall_ms):
                 [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"), (b":path", b"/")],
                 end_stream=True,
             )
+    elif kind == "huge_reserved_frame":
+        # A reserved frame type (0x21, RFC 9114 §7.2.8) on the control stream announcing 2^40 bytes, then
+        # `count` MiB of its payload: a server must skip it as it streams, not buffer it.
+        stream_id = client.h3._local_control_stream_id
+        quic.send_stream_data(stream_id, encode_varint(0x21) + encode_varint(1 << 40))
+        await send_paced(client, stream_id, count)
+        client.attack_sent = count << 20
+        return
+    elif kind == "huge_headers":
+        # A request whose HEADERS frame announces 2^40 bytes, then 64 KiB of it: refused from the length.
+        stream_id = quic.get_next_available_stream_id()
+        client.h3._get_or_create_stream(stream_id)
+        stream = Stream(stream_id, None, None)
+        client.streams[stream_id] = stream
+        quic.send_stream_data(stream_id, encode_varint(1) + encode_varint(1 << 40) + bytes(65536))
+        client.transmit()
+        try:
+            await asyncio.wait_for(stream.done, timeout=count)
+        except asyncio.TimeoutError:
+            stream.finish("timed out")
+        client.attack_result = stream.result()
+        return
     else:
         raise SystemExit(f"unknown attack {kind}")
     client.transmit()
@@ -332,7 +377,12 @@ async def main():
             client.server_name = spec.get("server_name", "localhost")
             if spec.get("attack"):
                 await attack(client, spec["attack"], spec.get("streams", 300), spec.get("stall_ms", 5000))
-            else:
+                out["attack_result"] = getattr(client, "attack_result", None)
+                out["attack_sent"] = getattr(client, "attack_sent", None)
+            if spec.get("attack") and client.closed is None and spec.get("requests"):
+                # The same connection, after the attack.
+                out["results"] = await run_requests(client, spec["requests"], False, timeout)
+            elif not spec.get("attack"):
                 out["results"] = await run_requests(
                     client,
                     spec.get("requests", []),

@@ -260,6 +260,14 @@ impl Daemon {
         child.wait().expect("lacquerd exits")
     }
 
+    /// The daemon's resident memory, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let child = self.child.as_ref().expect("running");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
     /// SIGHUP: the daemon reads its configuration file again and keeps running.
     pub fn sighup(&self) {
         self.notify(libc::SIGHUP);

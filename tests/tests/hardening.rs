@@ -305,3 +305,61 @@ async fn explain_keys_a_post_by_its_body_as_the_data_path_does() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("lacquer-body-digest"), "{out}");
 }
+
+/// Finding 10: a reload that adds `key = ["cookie"]` (how an operator stops one cookie's object being
+/// served for another) applies to objects stored before it: they no longer answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_that_keys_on_more_fields_reaches_objects_stored_before_it() {
+    let origin = Origin::start(|seen| {
+        let cookie = seen
+            .headers
+            .get("cookie")
+            .map_or("-", |c| c.to_str().unwrap());
+        Reply::ok(format!("page for {cookie}")).header("cache-control", "max-age=300")
+    })
+    .await;
+    let rules = "[[rule]]\nname = \"lang\"\ncache_cookies = true\n";
+    let d = daemon(&origin, rules);
+    let fr = send(&d, Method::GET, "/home", &[("cookie", "lang=fr")]).await;
+    assert_eq!(text(&fr), "page for lang=fr");
+    let leak = send(&d, Method::GET, "/home", &[("cookie", "lang=de")]).await;
+    assert_eq!(
+        leak.x_cache(),
+        "HIT",
+        "the leak the operator sets out to stop"
+    );
+
+    let config = std::fs::read_to_string(d.config_file()).unwrap();
+    std::fs::write(
+        d.config_file(),
+        config.replace(
+            "cache_cookies = true\n",
+            "cache_cookies = true\nkey = [\"cookie\"]\n",
+        ),
+    )
+    .unwrap();
+    let reloaded = d.admin_post("/v1/reload", serde_json::Value::Null).await;
+    assert_eq!(reloaded.status, 200, "{:?}", reloaded.body);
+    let de = send(&d, Method::GET, "/home", &[("cookie", "lang=de")]).await;
+    assert_eq!(text(&de), "page for lang=de", "{}", de.x_cache());
+    let fr = send(&d, Method::GET, "/home", &[("cookie", "lang=fr")]).await;
+    assert_eq!(text(&fr), "page for lang=fr", "{}", fr.x_cache());
+    let de_again = send(&d, Method::GET, "/home", &[("cookie", "lang=de")]).await;
+    assert_eq!(
+        (de_again.x_cache(), text(&de_again).as_str()),
+        ("HIT", "page for lang=de")
+    );
+    // A client cannot send the field that carries the keying.
+    let forged = send(
+        &d,
+        Method::GET,
+        "/home",
+        &[("cookie", "lang=fr"), ("lacquer-key-rules", "0")],
+    )
+    .await;
+    assert_eq!(text(&forged), "page for lang=fr");
+    assert!(origin
+        .seen()
+        .iter()
+        .all(|s| !s.headers.contains_key("lacquer-key-rules")));
+}

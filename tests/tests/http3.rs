@@ -2,7 +2,7 @@
 //! through the whole data path (hits, misses, ranges, compression, invalidation), with its limits, 0-RTT
 //! policy and counters, and malformed input.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
@@ -656,4 +656,44 @@ async fn chromium_fetches_a_page_over_http3() {
     })
     .await;
     assert!(log.contains("Chrome"), "{log}");
+}
+
+/// Hardening III, finding 4: h3 buffered a frame whole before parsing it, without bound (a reserved frame
+/// announcing 2^40 bytes on the control stream grew RSS by 187 MiB for 160 MiB sent; a HEADERS frame of
+/// 2^40 bytes buffered 40 MiB before `header_read_timeout`). With the vendored patch a reserved frame is
+/// skipped as it streams and a HEADERS frame over `max_header_size` is refused from its length.
+#[tokio::test]
+async fn a_frame_announcing_terabytes_is_skipped_or_refused_not_buffered() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::start(|_| cacheable(b"fine".to_vec())).await;
+    let q = Quic::start(&origin, "header_read_timeout = \"20s\"", "");
+    assert_eq!(q.requests(vec![get("/")]).await[0]["status"], 200);
+    let before = q.d.rss_kib();
+    let out = q
+        .client(json!({ "attack": "huge_reserved_frame", "streams": 48, "requests": [get("/")] }))
+        .await;
+    let grown = q.d.rss_kib().saturating_sub(before);
+    assert_eq!(out["closed"], Value::Null, "{out}");
+    assert_eq!(out["attack_sent"], 48 << 20, "{out}");
+    assert!(
+        grown < 16 << 10,
+        "RSS grew {grown} KiB for 48 MiB of a skipped frame"
+    );
+    assert_eq!(
+        out["results"][0]["status"], 200,
+        "the connection still serves: {out}"
+    );
+
+    let started = Instant::now();
+    let out = q
+        .client(json!({ "attack": "huge_headers", "streams": 10, "requests": [get("/")] }))
+        .await;
+    assert_eq!(out["attack_result"]["status"], 431, "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "refused from its length, not at header_read_timeout"
+    );
+    assert_eq!(out["results"][0]["status"], 200, "{out}");
 }

@@ -54,23 +54,6 @@ async fn growing_origin(gate: Arc<tokio::sync::Notify>) -> Origin {
     .await
 }
 
-/// The resident memory of the lacquerd whose store directory is `dir`, in KiB.
-fn rss_kib(d: &Daemon) -> u64 {
-    let marker = d.dir.path().display().to_string();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        if cmdline.contains("lacquerd") && cmdline.contains(&marker) {
-            let status = std::fs::read_to_string(entry.path().join("status")).unwrap();
-            let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-            return line.split_whitespace().nth(1).unwrap().parse().unwrap();
-        }
-    }
-    panic!("no lacquerd process for {marker}");
-}
-
 /// Memory is bounded by configuration whatever clients and origins do: what prefetch remembers of the
 /// playlists it reads is bounded in bytes, and hosts are kept by their hash. One request with a long `Host`
 /// (valid: a reg-name has no length limit, and a route without `host` takes any) for a playlist of 16 000
@@ -99,7 +82,7 @@ async fn a_long_host_asking_for_a_long_playlist_costs_no_memory_to_speak_of() {
     // Warm up, then measure.
     assert_eq!(get(d.addr, "/tv/warm/index.m3u8").await.status, 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = rss_kib(&d);
+    let before = d.rss_kib();
     let host = "a".repeat(12_000);
     let r = lacquer_tests::request(
         d.addr,
@@ -112,7 +95,7 @@ async fn a_long_host_asking_for_a_long_playlist_costs_no_memory_to_speak_of() {
     .unwrap();
     assert_eq!(r.status, 200);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = rss_kib(&d);
+    let after = d.rss_kib();
     let grown_mib = after.saturating_sub(before) / 1024;
     eprintln!("RSS before {before} KiB, after {after} KiB: +{grown_mib} MiB for one request");
     assert!(
@@ -510,4 +493,112 @@ async fn a_range_beyond_the_transit_buffer_of_an_unstored_body_is_answered() {
     assert_eq!(r.status, 206);
     assert_eq!(r.header("content-range"), "bytes 0-6291455/*");
     assert_eq!(r.body.len(), 6 * MIB);
+}
+
+/// Hardening III, finding 7: CMCD prefetch neither skips rate limits nor reaches routes that do not
+/// prefetch. `nor="/search?q=N"` on segment requests made the origin see every `/search` where direct
+/// requests got 429; a prefetch now follows `nor` only to a route that prefetches CMCD's next requests
+/// itself, and is charged to the rate limit of the client that set it off.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cmcd_prefetch_is_charged_to_its_client_and_stays_on_prefetching_routes() {
+    let origin = Origin::start(|_| Reply::ok("x").header("cache-control", "max-age=60")).await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+         [[route]]\npath_prefix = \"/search\"\nrate_limit = { requests = 1, per = \"60s\", burst = 1 }\n\
+         [[route]]\npath_prefix = \"/w/\"\nprefetch = { cmcd = true }\n\
+         rate_limit = { requests = 1, per = \"60s\", burst = 2 }\n\
+         [[route]]\npath_prefix = \"/v/\"\nprefetch = { cmcd = true }\n",
+    );
+    let ask = |path: String, cmcd: String| {
+        let addr = d.addr;
+        async move {
+            lacquer_tests::request(
+                addr,
+                http::Method::GET,
+                &path,
+                &[("cmcd-request", &cmcd)],
+                Bytes::new(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    for n in 0..20 {
+        let r = ask(format!("/v/seg{n}.ts"), format!(r#"nor="/search?q={n}""#)).await;
+        assert_eq!(r.status, 200);
+    }
+    // The client's own request, and its prefetch of the next segment on the same rate-limited route:
+    // two of the burst of two, so its next request is refused.
+    let first = ask("/w/seg1.ts".into(), r#"nor="seg2.ts""#.into()).await;
+    assert_eq!(first.status, 200);
+    lacquer_tests::eventually(Duration::from_secs(5), || async {
+        (origin.count("/w/seg2.ts") == 1).then_some(())
+    })
+    .await;
+    let next = ask("/w/seg3.ts".into(), r#"nor="seg4.ts""#.into()).await;
+    assert_eq!(
+        next.status, 429,
+        "the prefetch was not charged to its client"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let searches = origin
+        .seen()
+        .iter()
+        .filter(|s| s.path.starts_with("/search"))
+        .count();
+    assert_eq!(searches, 0, "nor reached a route that does not prefetch");
+    assert_eq!(origin.count("/w/seg4.ts"), 0);
+}
+
+/// Hardening III, finding 8: held blocking reloads are bounded per client address
+/// (`blocking_reloads_per_client`), and together take at most half of a backend's `max_connections`, so
+/// an unrelated miss still gets a connection. One held reload of each of 40 playlists took all 16 places
+/// and the miss got 503 after `connect_timeout`.
+#[tokio::test(flavor = "multi_thread")]
+async fn held_reloads_are_bounded_per_client_and_leave_the_backend_connections() {
+    let origin = holding_origin().await;
+    for (per_client, at_origin) in [(4, 4), (100, 8)] {
+        let d = Daemon::with_config_only(&format!(
+            "[[listen]]\naddress = \"127.0.0.1:0\"\n\
+             [[backend]]\nname = \"live\"\naddress = \"{}\"\nmax_connections = 16\nconnect_timeout = \"1s\"\n\
+             [cache]\nblocking_reloads_per_client = {per_client}\nblocking_reload_hold = \"3s\"\n",
+            origin.addr
+        ));
+        let reloads: Vec<_> = (0..40)
+            .map(|n| {
+                let addr = d.addr;
+                tokio::spawn(
+                    async move { get(addr, &format!("/p{n}/index.m3u8?_HLS_msn=5")).await },
+                )
+            })
+            .collect();
+        eventually(Duration::from_secs(5), || async {
+            (origin.in_flight() == at_origin).then_some(())
+        })
+        .await;
+        let asked = Instant::now();
+        let other = get(d.addr, &format!("/plain/{per_client}.m3u8")).await;
+        assert_eq!(
+            other.status, 200,
+            "an unrelated miss while reloads are held"
+        );
+        assert!(asked.elapsed() < Duration::from_millis(900));
+        let mut refused = 0;
+        for r in reloads {
+            if r.await.unwrap().status == 503 {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 40, "the held ones at the hold, the others at once");
+        assert!(
+            origin.max_in_flight() <= at_origin + 1,
+            "{} at the origin at once; bound {at_origin}",
+            origin.max_in_flight()
+        );
+        eventually(Duration::from_secs(5), || async {
+            (origin.in_flight() == 0).then_some(())
+        })
+        .await;
+    }
 }

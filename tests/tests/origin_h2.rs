@@ -344,6 +344,8 @@ enum Act {
     ResetHead,
     /// 200 with a header block of about this many bytes.
     HugeHead(usize),
+    /// 200 with `pattern(len)` in 1 KiB frames, one every 20 ms, cacheable.
+    Slow(usize),
     /// Reads the request body (releasing window as it goes, 1 KiB at a time) and answers its length and
     /// checksum.
     Echo,
@@ -471,6 +473,23 @@ async fn serve(
             }
         }
         Act::ResetHead => respond.send_reset(Reason::REFUSED_STREAM),
+        Act::Slow(len) => {
+            let mut send = respond
+                .send_response(head(Some(len), CACHEABLE), false)
+                .unwrap();
+            let body = pattern(len);
+            let n = body.chunks(1024).count();
+            for (i, c) in body.chunks(1024).enumerate() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if send
+                    .send_data(Bytes::copy_from_slice(c), i + 1 == n)
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            let _ = poll_fn(|cx| send.poll_reset(cx)).await;
+        }
         Act::HugeHead(size) => {
             let mut r = head(Some(2), CACHEABLE);
             let value = "v".repeat(1000);
@@ -719,6 +738,45 @@ async fn an_oversized_header_block_is_refused() {
     assert_eq!(view["errors"], 2, "{view}");
     let again = get_host(&d, "www.example.com", "/huge").await.unwrap();
     assert_eq!(again.status, 502, "nothing stored");
+}
+
+/// Hardening III, finding 6: one response's header bomb (over four times the h2 crate's limit, where it
+/// sends `GOAWAY`) fails that fill alone; fills sharing the connection finish, byte for byte.
+#[tokio::test]
+async fn a_header_bomb_fails_its_own_fill_not_the_others_on_the_connection() {
+    let origin = H2Origin::start(65_535, |path| match path {
+        "/bomb" => Act::HugeHead(300 * 1024),
+        _ => Act::Slow(30 * 1024),
+    })
+    .await;
+    let d = h2c(&origin);
+    let slow: Vec<_> = (0..3)
+        .map(|n| {
+            let addr = d.addr;
+            tokio::spawn(async move {
+                lacquer_tests::request(
+                    addr,
+                    Method::GET,
+                    &format!("/slow/{n}"),
+                    &[("host", "www.example.com")],
+                    Bytes::new(),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let bomb = get_host(&d, "www.example.com", "/bomb").await.unwrap();
+    assert_eq!(bomb.status, 502, "{bomb:?}");
+    for s in slow {
+        let r = s
+            .await
+            .unwrap()
+            .expect("a fill sharing the connection finished");
+        assert_eq!(r.status, 200);
+        assert_eq!(&r.body[..], &pattern(30 * 1024)[..], "cut off by the bomb");
+    }
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 1);
 }
 
 /// Opens `method path` on a raw connection, reads some of the body, and leaves.

@@ -863,3 +863,40 @@ async fn clients_resuming_an_object_not_stored_share_one_fetch_of_the_whole() {
     }
     assert_eq!(origin.ranges(), vec!["whole".to_owned()]);
 }
+
+/// Hardening III, finding 9: once a sliced object is known not to be stored (`no-store` here, or past
+/// `max_sliced_object_size`), a one-byte range costs the origin that byte, not a whole slice each time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_range_of_an_object_that_is_not_stored_is_forwarded_as_asked() {
+    let len = 20 << 20;
+    let origin = Origin::start(move |seen| {
+        let reply = ranged(seen, len, 0, "\"v0\"");
+        if seen.path.contains("nostore") {
+            reply.header("cache-control", "no-store")
+        } else {
+            reply
+        }
+    })
+    .await;
+    let d = Daemon::with_config(origin.addr, &config("max_sliced_object_size = \"16MiB\"\n"));
+    for path in ["/big/nostore.bin", "/big/huge.bin"] {
+        for _ in 0..3 {
+            let got = fetch(d.addr, path, Some("bytes=100-100")).await;
+            assert_eq!(
+                (got.status, got.len, got.wrong_at),
+                (206, 1, None),
+                "{path}"
+            );
+        }
+    }
+    let once: [String; 3] = [
+        slice_range(0),
+        "bytes=100-100".into(),
+        "bytes=100-100".into(),
+    ];
+    assert_eq!(
+        origin.ranges(),
+        [once.clone(), once].concat(),
+        "the first request learns the object is not stored; the next go as asked"
+    );
+}

@@ -29,9 +29,13 @@ const STREAM_WINDOW: u32 = 4 << 20;
 /// readers have not taken yet stays bounded per connection (hyper hands window back as bodies are read).
 const CONNECTION_WINDOW: u32 = 16 << 20;
 /// The largest response header block taken from an origin (decoded, as RFC 9113 counts it: each field's
-/// name and value plus 32 bytes). A larger one fails the request (`502`): it is no answer a cache stores,
-/// and the limit keeps an origin from making a worker buffer megabytes of headers.
+/// name and value plus 32 bytes). A larger one fails the request (`502`): it is no answer a cache stores.
 pub const MAX_RESPONSE_HEADERS: u32 = 64 << 10;
+/// The limit the h2 crate is given, far above [`MAX_RESPONSE_HEADERS`], which is checked on each decoded
+/// head instead: the h2 crate answers a block over four times its own limit (an HPACK bomb, a flood of
+/// CONTINUATION frames) with `GOAWAY`, which cuts every fill sharing the connection; one hostile or
+/// reflecting response must fail alone. It still bounds what one block can make a worker buffer.
+const H2_HEADER_LIST_LIMIT: u32 = 1 << 20;
 
 /// A worker's connection to one HTTP/2 backend.
 pub(crate) struct Connection {
@@ -58,7 +62,7 @@ impl Connection {
             .timer(TokioTimer::new())
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
-            .max_header_list_size(MAX_RESPONSE_HEADERS)
+            .max_header_list_size(H2_HEADER_LIST_LIMIT)
             .keep_alive_interval(cfg.h2_ping_interval)
             .keep_alive_timeout(cfg.h2_ping_timeout)
             // An idle connection is the one the next miss uses: it is checked before then, not by that
@@ -83,16 +87,27 @@ impl Connection {
         failed: impl Fn(&(dyn Error + 'static)) -> BackendError,
     ) -> Result<Response<Incoming>, BackendError> {
         let (number, mut sender) = self.sender(None).await?;
-        match sender.try_send_request(req).await {
-            Ok(resp) => Ok(resp),
+        let resp = match sender.try_send_request(req).await {
+            Ok(resp) => resp,
             Err(mut e) => match e.take_message() {
                 Some(req) => {
                     let (_, mut sender) = self.sender(Some(number)).await?;
-                    sender.send_request(req).await.map_err(|e| failed(&e))
+                    sender.send_request(req).await.map_err(|e| failed(&e))?
                 }
-                None => Err(failed(&e.into_error())),
+                None => return Err(failed(&e.into_error())),
             },
+        };
+        // Dropped, the response resets its stream alone (`CANCEL`); the connection carries on.
+        let size = header_list_size(resp.headers());
+        if size > MAX_RESPONSE_HEADERS as usize {
+            return Err(BackendError::Failed {
+                authority: self.authority.clone(),
+                reason: format!(
+                    "a response header block of {size} bytes, over the {MAX_RESPONSE_HEADERS} taken"
+                ),
+            });
         }
+        Ok(resp)
     }
 
     /// The connection in use, or a new one when there is none, it closed, or it is `stale` (a request
@@ -138,6 +153,14 @@ impl Connection {
         *open = Some(sender.clone());
         Ok((*number, sender))
     }
+}
+
+/// A header block's size as RFC 9113 §6.5.2 counts it: each field's name and value, plus 32 bytes.
+fn header_list_size(headers: &http::HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 32)
+        .sum()
 }
 
 /// Makes a request bound for a backend ready for HTTP/2: the client's `Host` becomes its `:authority` (the

@@ -329,6 +329,11 @@ pub struct Cache {
     /// next one or two versions; thousands of distinct `_HLS_msn` values are an attack on the origin's
     /// connections. Default: 8.
     pub blocking_reloads_per_playlist: usize,
+    /// Blocking reloads one client address has at the origin at once, whatever the playlists; one more is
+    /// answered `503` at once. A player waits on one or two; one client holding a reload of each of many
+    /// playlists would otherwise take the backend's every connection (`max_connections`), of which
+    /// blocking reloads together may hold half at most. Default: 4.
+    pub blocking_reloads_per_client: usize,
 }
 
 impl Default for Cache {
@@ -354,6 +359,7 @@ impl Default for Cache {
             expose_surrogate_keys: false,
             blocking_reload_hold: Duration::from_secs(20),
             blocking_reloads_per_playlist: 8,
+            blocking_reloads_per_client: 4,
         }
     }
 }

@@ -146,7 +146,9 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(&cluster::FORWARDED_BY);
     parts.headers.remove(&cluster::FORWARD_PROOF);
-    parts.headers.remove(phase::BODY_DIGEST);
+    for field in &phase::PSEUDO_FIELDS {
+        parts.headers.remove(field);
+    }
     let admitted = phase::request(
         live,
         &mut parts,
@@ -201,7 +203,11 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
                     Negotiated::take(&mut parts.headers, negotiation);
                 }
                 let mut key_fields: Vec<String> = policy.key_headers.clone();
-                key_fields.extend(admitted.decided.key.iter().map(|k| k.as_str().to_owned()));
+                key_fields.extend(
+                    (admitted.decided.key.iter())
+                        .filter(|k| **k != phase::KEY_RULES)
+                        .map(|k| k.as_str().to_owned()),
+                );
                 if policy.compression.is_some() {
                     key_fields.push("accept-encoding".into());
                 }
@@ -209,8 +215,10 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
                 explanation.key_fields = key_fields;
             }
             let mut sent = parts.headers.clone();
-            // The digest a body is keyed by is never sent (forward.rs).
-            sent.remove(phase::BODY_DIGEST);
+            // The fields made for the variant are never sent (forward.rs).
+            for field in &phase::PSEUDO_FIELDS {
+                sent.remove(field);
+            }
             if live.rules.has(Phase::BackendRequest) {
                 let facts = Facts {
                     parts: &parts,

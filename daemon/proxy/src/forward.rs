@@ -29,7 +29,9 @@ pub fn append(headers: &mut HeaderMap, name: header::HeaderName, value: &str) {
 /// normalised as it is keyed, see `lacquer_policy::request::host_from_authority`).
 fn prepare_headers(headers: &mut HeaderMap, client: IpAddr) {
     strip_hop_by_hop(headers);
-    headers.remove(crate::phase::BODY_DIGEST);
+    for field in &crate::phase::PSEUDO_FIELDS {
+        headers.remove(field);
+    }
     append(
         headers,
         header::HeaderName::from_static("x-forwarded-for"),

@@ -1,10 +1,12 @@
 //! LL-HLS blocking playlist reloads (RFC 8216bis §6.2.5.2): requests carrying `_HLS_msn`, which the
 //! origin holds until the playlist version they name exists. Each distinct one costs an origin connection
 //! for as long as it is held, so the distinct ones of one playlist at the origin at once are bounded
-//! (`cache.blocking_reloads_per_playlist`), and each waiting client is counted ([`Held`]).
+//! (`cache.blocking_reloads_per_playlist`), and so are those of one client (`blocking_reloads_per_client`)
+//! and those on one backend (half its `max_connections`); each waiting client is counted ([`Held`]).
 
 use std::{
     collections::HashMap,
+    net::IpAddr,
     sync::{Arc, Mutex},
 };
 
@@ -13,18 +15,37 @@ use lacquer_policy::{hls::blocking_reload, key::primary_key};
 
 use crate::stats::{add, dec, inc, Stats};
 
-/// The blocking reloads at the origin now, by playlist.
+/// The blocking reloads at the origin now: by playlist, by the client that sent each, by backend.
 #[derive(Default)]
 pub struct BlockingReloads {
-    at_origin: Arc<Mutex<HashMap<String, usize>>>,
+    at_origin: Arc<Mutex<AtOrigin>>,
+}
+
+#[derive(Default)]
+struct AtOrigin {
+    playlists: HashMap<String, usize>,
+    clients: HashMap<IpAddr, usize>,
+    backends: HashMap<String, usize>,
+}
+
+/// How many blocking reloads may be at the origin at once.
+pub(crate) struct Limits {
+    /// Of one playlist (`cache.blocking_reloads_per_playlist`).
+    pub per_playlist: usize,
+    /// Sent by one client address (`cache.blocking_reloads_per_client`).
+    pub per_client: usize,
+    /// On the backend they go to, named, at most: half its `max_connections` (none without a limit).
+    pub per_backend: Option<(String, usize)>,
 }
 
 /// One blocking reload's place at the origin, given back when dropped: once the origin has answered it,
 /// or the request was given up (held by the fetch, not by the client that started it, which may leave
 /// while others wait on the same request).
 pub(crate) struct Slot {
-    at_origin: Arc<Mutex<HashMap<String, usize>>>,
+    at_origin: Arc<Mutex<AtOrigin>>,
     playlist: String,
+    client: IpAddr,
+    backend: Option<String>,
 }
 
 /// The playlist a blocking reload asks for a version of: its key without the query, so that every
@@ -41,29 +62,56 @@ pub(crate) fn playlist(parts: &Parts) -> Option<String> {
 }
 
 impl BlockingReloads {
-    /// A place at the origin for a blocking reload of `playlist`; `None` when `limit` are there already.
-    pub(crate) fn take(&self, playlist: String, limit: usize) -> Option<Slot> {
-        let mut at_origin = self.at_origin.lock().expect("blocking reloads");
-        let n = at_origin.entry(playlist.clone()).or_default();
-        if *n >= limit {
-            return None;
+    /// A place at the origin for a blocking reload of `playlist` sent by `client`; `Err` with the bound
+    /// that is reached when one is.
+    pub(crate) fn take(
+        &self,
+        playlist: String,
+        client: IpAddr,
+        limits: Limits,
+    ) -> Result<Slot, &'static str> {
+        let mut guard = self.at_origin.lock().expect("blocking reloads");
+        let at = &mut *guard;
+        if at.playlists.get(&playlist).copied().unwrap_or(0) >= limits.per_playlist {
+            return Err("cache.blocking_reloads_per_playlist");
         }
-        *n += 1;
-        Some(Slot {
+        if at.clients.get(&client).copied().unwrap_or(0) >= limits.per_client {
+            return Err("cache.blocking_reloads_per_client");
+        }
+        if let Some((name, limit)) = &limits.per_backend {
+            if at.backends.get(name).copied().unwrap_or(0) >= *limit {
+                return Err("half the backend's max_connections");
+            }
+            *at.backends.entry(name.clone()).or_default() += 1;
+        }
+        *at.playlists.entry(playlist.clone()).or_default() += 1;
+        *at.clients.entry(client).or_default() += 1;
+        Ok(Slot {
             at_origin: self.at_origin.clone(),
             playlist,
+            client,
+            backend: limits.per_backend.map(|(name, _)| name),
         })
+    }
+}
+
+/// One less of `key` in `counts`, forgetting it at none.
+fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
+        }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut at_origin = self.at_origin.lock().expect("blocking reloads");
-        if let Some(n) = at_origin.get_mut(&self.playlist) {
-            *n -= 1;
-            if *n == 0 {
-                at_origin.remove(&self.playlist);
-            }
+        let mut at = self.at_origin.lock().expect("blocking reloads");
+        release(&mut at.playlists, &self.playlist);
+        release(&mut at.clients, &self.client);
+        if let Some(backend) = &self.backend {
+            release(&mut at.backends, backend);
         }
     }
 }
@@ -126,14 +174,41 @@ mod tests {
         );
         let a = name("/live/index.m3u8?_HLS_msn=5&_HLS_part=1").unwrap();
         assert_eq!(Some(a.clone()), name("/live/index.m3u8?_HLS_msn=900"));
-        let first = reloads.take(a.clone(), 2).expect("one");
-        let second = reloads.take(a.clone(), 2).expect("two");
-        assert!(reloads.take(a.clone(), 2).is_none(), "a third");
+        let limits = |per_client| Limits {
+            per_playlist: 2,
+            per_client,
+            per_backend: Some(("origin".to_owned(), 3)),
+        };
+        let (alice, bob) = (IpAddr::from([192, 0, 2, 1]), IpAddr::from([192, 0, 2, 2]));
+        let first = reloads.take(a.clone(), alice, limits(8)).expect("one");
+        let second = reloads.take(a.clone(), bob, limits(8)).expect("two");
+        assert_eq!(
+            reloads.take(a.clone(), alice, limits(8)).err(),
+            Some("cache.blocking_reloads_per_playlist"),
+            "a third"
+        );
         let other = name("/other/index.m3u8?_HLS_msn=5").unwrap();
-        assert!(reloads.take(other, 2).is_some(), "another playlist's own");
+        let fourth = reloads.take(other.clone(), alice, limits(1));
+        assert_eq!(
+            fourth.err(),
+            Some("cache.blocking_reloads_per_client"),
+            "alice has one at the origin already"
+        );
+        let others = reloads
+            .take(other.clone(), bob, limits(8))
+            .expect("another playlist's own");
+        assert_eq!(
+            reloads
+                .take(name("/third/i.m3u8?_HLS_msn=1").unwrap(), bob, limits(8))
+                .err(),
+            Some("half the backend's max_connections"),
+        );
         drop(first);
-        let third = reloads.take(a.clone(), 2).expect("a place given back");
-        drop((second, third));
-        assert!(reloads.at_origin.lock().unwrap().is_empty());
+        let third = reloads
+            .take(a.clone(), alice, limits(8))
+            .expect("a place given back");
+        drop((second, third, others));
+        let at = reloads.at_origin.lock().unwrap();
+        assert!(at.playlists.is_empty() && at.clients.is_empty() && at.backends.is_empty());
     }
 }

@@ -182,7 +182,9 @@ async fn answer(worker: Arc<Worker>, client: Client, req: Request<RequestBody>) 
     // Only a cluster's members mark requests as forwarded, and prove it; neither header reaches the origin.
     let forwarded_by = parts.headers.remove(&cluster::FORWARDED_BY);
     let forward_proof = parts.headers.remove(&cluster::FORWARD_PROOF);
-    parts.headers.remove(phase::BODY_DIGEST);
+    for field in &phase::PSEUDO_FIELDS {
+        parts.headers.remove(field);
+    }
     let Client {
         ip: client,
         max_request_body,
@@ -1048,10 +1050,22 @@ async fn miss<S: CacheStore>(
     let slot = match (&blocking, &joined) {
         (Some(_), Some(Joined::Waiter(_) | Joined::LookAgain)) | (None, _) => None,
         (Some(playlist), _) => {
-            let limit = route.policy.cache.blocking_reloads_per_playlist;
-            match shared.blocking.take(playlist.clone(), limit) {
-                Some(slot) => Some(slot),
-                None => {
+            let cache = &route.policy.cache;
+            let per_backend = route
+                .pick_from(ctx.decided.target.as_ref(), key)
+                .ok()
+                .and_then(|b| {
+                    let max = b.config.max_connections;
+                    (max > 0).then(|| (b.name().to_owned(), (max / 2).max(1)))
+                });
+            let limits = hls::Limits {
+                per_playlist: cache.blocking_reloads_per_playlist,
+                per_client: cache.blocking_reloads_per_client,
+                per_backend,
+            };
+            match shared.blocking.take(playlist.clone(), client, limits) {
+                Ok(slot) => Some(slot),
+                Err(bound) => {
                     if let Some(Joined::Leader(fetch)) = &joined {
                         fetch.abandon(HeadError {
                             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -1061,9 +1075,7 @@ async fn miss<S: CacheStore>(
                         fetch.settle();
                     }
                     inc(&shared.stats.hls_reloads_refused);
-                    tracing::debug!(
-                        "more than cache.blocking_reloads_per_playlist blocking reloads of a playlist: 503"
-                    );
+                    tracing::debug!(bound, "too many blocking reloads at the origin: 503");
                     return Some(busy_briefly());
                 }
             }

@@ -69,15 +69,47 @@ pub(crate) struct Decided {
 /// Never sent to the origin, and removed from what clients send.
 pub(crate) const BODY_DIGEST: HeaderName = HeaderName::from_static("lacquer-body-digest");
 
+/// The request field that carries which fields the configuration keys this request on beyond `Vary`
+/// (rules' `key`, a route's key headers): a digest of their names, part of every variant stored for such a
+/// request. A reload that adds `key = ["cookie"]` is how an operator stops one cookie's object being served
+/// for another; objects stored before it do not vary on the cookie, and without this field they would
+/// still be served to every cookie (as Varnish's `vcl_hash` makes a changed hash reach new objects).
+/// Never sent to the origin, and removed from what clients send.
+pub(crate) const KEY_RULES: HeaderName = HeaderName::from_static("lacquer-key-rules");
+
+/// Fields lacquerd puts in a request head for the variant alone: removed from what clients send, never
+/// forwarded.
+pub(crate) const PSEUDO_FIELDS: [HeaderName; 2] = [BODY_DIGEST, KEY_RULES];
+
 /// Whether a stored variant (its Vary `selection`) answers the request `parts`: the Vary match, and for a
-/// POST keyed by its body only a variant keyed by a body too. A GET's object does not vary on the digest,
-/// so the Vary match alone would give it to every POST.
+/// request that carries a pseudo-field (a POST keyed by its body, a request keyed by rules) only a variant
+/// made with it too. Stored without it (a GET's object, or one stored before a rule keyed on more), the
+/// Vary match alone would give that object to every such request.
 pub(crate) fn selects(selection: &[(String, String)], parts: &Parts) -> bool {
     vary::matches(selection, &parts.headers)
-        && (!parts.headers.contains_key(BODY_DIGEST)
-            || selection
-                .iter()
-                .any(|(name, _)| name == BODY_DIGEST.as_str()))
+        && PSEUDO_FIELDS.iter().all(|field| {
+            !parts.headers.contains_key(field)
+                || selection.iter().any(|(name, _)| name == field.as_str())
+        })
+}
+
+/// Marks a request the configuration keys on `names` beyond `Vary`, with a digest of those names
+/// ([`KEY_RULES`]). The names come from the configuration, never from the client.
+fn key_rules(parts: &mut Parts, decided: &mut Decided, names: &[String]) {
+    let mut all: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .chain(decided.key.iter().map(HeaderName::as_str))
+        .collect();
+    if all.is_empty() {
+        return;
+    }
+    all.sort_unstable();
+    all.dedup();
+    let digest = xxhash_rust::xxh3::xxh3_64(all.join(",").as_bytes());
+    let value = HeaderValue::from_str(&format!("{digest:016x}")).expect("hex is a field value");
+    parts.headers.insert(KEY_RULES, value);
+    decided.key.push(KEY_RULES);
 }
 
 /// Whether `parts` is a POST a `cache_body` rule keys: its declared length within `cap`.
@@ -194,17 +226,21 @@ pub(crate) fn request(
         .as_deref()
         .and_then(|name| live.router.target(name))
         .cloned();
+    let mut decided = Decided {
+        secure,
+        strip_set_cookie: verdict.strip_set_cookie || route.strip_cookies,
+        key: verdict.key,
+        target,
+        request_grace: verdict.request_grace,
+        counts_hits: live.rules.counts_hits(),
+        wants_debug: live.rules.wants_debug(parts, client),
+        body: None,
+    };
+    if matches!(class, RequestClass::Lookup | RequestClass::Miss(_)) {
+        key_rules(parts, &mut decided, &route.policy.key_headers);
+    }
     Ok(Admitted {
-        decided: Decided {
-            secure,
-            strip_set_cookie: verdict.strip_set_cookie || route.strip_cookies,
-            key: verdict.key,
-            target,
-            request_grace: verdict.request_grace,
-            counts_hits: live.rules.counts_hits(),
-            wants_debug: live.rules.wants_debug(parts, client),
-            body: None,
-        },
+        decided,
         body_cap,
         class,
         route: route.clone(),

@@ -341,7 +341,15 @@ pub(crate) fn on_request<S: CacheStore>(
     let here = target(asked);
     if playlist > 0 {
         for next in shared.prefetch.asked(host(asked), here, playlist) {
-            start(worker, asked, client, secure, next.to_string(), None);
+            start(
+                worker,
+                asked,
+                client,
+                secure,
+                next.to_string(),
+                None,
+                Named::Playlist,
+            );
         }
     }
     if !cmcd {
@@ -362,8 +370,17 @@ pub(crate) fn on_request<S: CacheStore>(
         None => range.map(|_| here.to_owned()),
     };
     if let Some(next) = next {
-        start(worker, asked, client, secure, next, range);
+        start(worker, asked, client, secure, next, range, Named::Client);
     }
+}
+
+/// Who named the object a prefetch fetches.
+#[derive(Clone, Copy, PartialEq)]
+enum Named {
+    /// A media playlist the origin sent.
+    Playlist,
+    /// The client, in its CMCD data: any path of the site it chooses.
+    Client,
 }
 
 /// A new version of a media playlist arrived from the origin (`text`, asked for by a client with `asked`,
@@ -390,14 +407,23 @@ pub(crate) fn on_playlist<S: CacheStore>(
         .prefetch
         .listed(host(asked), asked.uri.path(), objects, n);
     for next in next {
-        start(worker, asked, client, secure, next.to_string(), None);
+        start(
+            worker,
+            asked,
+            client,
+            secure,
+            next.to_string(),
+            None,
+            Named::Playlist,
+        );
     }
 }
 
 /// Prefetches `target` (a path and query on the host `base` was sent to), or its byte `range`, as the
 /// request a player would send with `base`'s fields (as it sent them, before the request phase); nothing
 /// when it is stored and fresh, being fetched, not a cacheable GET after the request phase, a blocking
-/// playlist reload, or beyond the budget.
+/// playlist reload, beyond the budget, beyond the rate limit of the client that set it off on the
+/// target's route, or (`named` by the client) on a route that does not prefetch CMCD's next requests.
 fn start<S: CacheStore>(
     worker: &Arc<Worker<S>>,
     base: &Parts,
@@ -405,6 +431,7 @@ fn start<S: CacheStore>(
     secure: bool,
     target: String,
     range: Option<Single>,
+    named: Named,
 ) {
     let shared = &worker.shared;
     let Ok(uri) = target.parse::<Uri>() else {
@@ -452,8 +479,11 @@ fn start<S: CacheStore>(
             inc(&shared.stats.prefetch_refused);
             return;
         };
-        // The origin holds a blocking reload; only a player's own is bounded and timed (`miss`).
-        if crate::hls::playlist(&parts).is_some() {
+        // The origin holds a blocking reload; only a player's own is bounded and timed (`miss`). A
+        // client's CMCD names any path of the site: only one whose route prefetches CMCD's next requests
+        // itself (a `/search` is no segment), so `nor` reaches no further than the client's own request.
+        if crate::hls::playlist(&parts).is_some() || named == Named::Client && !route.prefetch.cmcd
+        {
             inc(&shared.stats.prefetch_refused);
             return;
         }
@@ -475,6 +505,13 @@ fn start<S: CacheStore>(
         // What is stored and fresh, or on its way, takes nothing from the budget: every request at the
         // live edge proposes the same next objects again.
         if usable == Some(Usability::Fresh) || shared.coalescer.in_flight(&fetch_key) {
+            return;
+        }
+        // A prefetch is a request the client made happen: charged to its rate limit on the target's
+        // route as its own request would be, so that one request cannot make the origin see many a limit
+        // would have refused.
+        if let Some(Err(_)) = route.rate_limit.as_ref().map(|l| l.check(client)) {
+            inc(&shared.stats.prefetch_refused);
             return;
         }
         let Some(_permit) = shared.prefetch.admit(&live.prefetch, Instant::now()) else {

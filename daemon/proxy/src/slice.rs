@@ -55,6 +55,24 @@ const MAX_GAPS: usize = 4;
 /// sent; then it is answered 502.
 const RESTARTS: usize = 3;
 
+/// Whether a slice's answer not being stored says the object's other slices would not be either: what
+/// its head or its size forbid, not what passes (a failing store, a server error, a stand-in).
+fn never_stored(why: NotStored) -> bool {
+    matches!(
+        why,
+        NotStored::Rule
+            | NotStored::NoStore
+            | NotStored::Private
+            | NotStored::Authorization
+            | NotStored::SetCookie
+            | NotStored::VaryAny
+            | NotStored::NoFreshness
+            | NotStored::NoCacheWithoutValidator
+            | NotStored::NotFresh
+            | NotStored::TooLargeSliced
+    )
+}
+
 /// Bytes `first..=last` of an object asked of the origin in one range request (`None`: to the end).
 type Span = (u64, Option<u64>);
 
@@ -277,6 +295,15 @@ async fn fetch_first<S: CacheStore>(
         // would send it.
         return Answered::Sent(asker.as_fetched(&head, reader, outcome).await);
     };
+    if let Some(why) = head.not_stored.filter(|why| never_stored(*why)) {
+        // The object will not be stored whatever slice is asked (`no-store`, past
+        // `max_sliced_object_size`, ...): for `hit_for_miss`, later requests go to the origin as they
+        // were sent, rather than each costing it a whole slice for one byte.
+        let hit_for_miss = asker.route.policy.cache.hit_for_miss;
+        shared
+            .coalescer
+            .mark_hit_for_miss(&asker.key, hit_for_miss, why);
+    }
     let (etag, last_modified) = validators(&head.headers);
     if etag.is_none_or(|e| e.starts_with(b"W/")) && (etag.is_some() || last_modified.is_none()) {
         // Nothing proves the next slice is of this version: the client's request goes as it was sent,

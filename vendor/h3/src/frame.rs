@@ -447,6 +447,13 @@ mod tests {
         buf.freeze()
     }
 
+    fn decoder_limited(max_field_section_size: u64) -> FrameDecoder {
+        FrameDecoder {
+            max_field_section_size,
+            ..FrameDecoder::default()
+        }
+    }
+
     #[test]
     fn unknown_frame_skipped_as_it_arrives() {
         let mut decoder = FrameDecoder::default();
@@ -485,8 +492,7 @@ mod tests {
 
     #[test]
     fn headers_over_limit_refused_from_length() {
-        let mut decoder = FrameDecoder::default();
-        decoder.max_field_section_size = 1024;
+        let mut decoder = decoder_limited(1024);
         let mut buf = BufList::new();
         // Only the frame's type and length have arrived.
         buf.push_bytes(&mut frame_header(FrameType::HEADERS, 1 << 40));
@@ -509,14 +515,12 @@ mod tests {
         Frame::headers(&b"salut"[..]).encode_with_payload(&mut wire);
         let wire = wire.freeze();
 
-        let mut decoder = FrameDecoder::default();
-        decoder.max_field_section_size = 5;
+        let mut decoder = decoder_limited(5);
         let mut buf = BufList::new();
         buf.push_bytes(&mut wire.clone());
         assert_matches!(decoder.decode(&mut buf), Ok(Some(Frame::Headers(_))));
 
-        let mut decoder = FrameDecoder::default();
-        decoder.max_field_section_size = 4;
+        let mut decoder = decoder_limited(4);
         let mut buf = BufList::new();
         buf.push_bytes(&mut wire.clone());
         assert_matches!(
@@ -537,9 +541,8 @@ mod tests {
             FrameType::MAX_PUSH_ID,
             FrameType::CANCEL_PUSH,
         ] {
-            let mut decoder = FrameDecoder::default();
             // The header-block limit does not apply to these.
-            decoder.max_field_section_size = u64::MAX;
+            let mut decoder = decoder_limited(u64::MAX);
             let mut buf = BufList::new();
             buf.push_bytes(&mut frame_header(ty, frame::MAX_BUFFERED_FRAME_LEN + 1));
             assert_matches!(
