@@ -363,3 +363,54 @@ async fn a_reload_that_keys_on_more_fields_reaches_objects_stored_before_it() {
         .iter()
         .all(|s| !s.headers.contains_key("lacquer-key-rules")));
 }
+
+/// Finding 5: an idle HTTP/1.1 connection keeps little after a large hit (774 KiB each before: hyper's
+/// flattened write buffer kept its largest size). 100 connections each read a 4 MiB hit, one after the
+/// other, and stay open: what the daemon grew by is what they keep.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_connection_gives_back_what_a_large_hit_took() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const LEN: usize = 4 << 20;
+    let origin = Origin::start(|_| Reply::large(LEN).header("cache-control", "max-age=600")).await;
+    let d = daemon(&origin, "");
+    let get = async |s: &mut tokio::net::TcpStream| {
+        s.write_all(b"GET /segment HTTP/1.1\r\nHost: shop.test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = Vec::new();
+        let head_end = loop {
+            let n = s.read(&mut buf).await.unwrap();
+            assert_ne!(n, 0, "closed");
+            got.extend_from_slice(&buf[..n]);
+            if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+        };
+        let mut body = got.len() - head_end;
+        while body < LEN {
+            let n = s.read(&mut buf).await.unwrap();
+            assert_ne!(n, 0, "closed mid-body");
+            body += n;
+        }
+    };
+    // Warm: stored, and the daemon's own buffers made.
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(d.addr).await.unwrap();
+        get(&mut s).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let before = d.rss_kib();
+    let mut open = Vec::new();
+    for _ in 0..100 {
+        let mut s = tokio::net::TcpStream::connect(d.addr).await.unwrap();
+        get(&mut s).await;
+        open.push(s);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let per_connection = d.rss_kib().saturating_sub(before) / 100;
+    assert!(
+        per_connection <= 128,
+        "{per_connection} KiB kept per idle connection after a 4 MiB hit"
+    );
+}

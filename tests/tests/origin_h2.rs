@@ -346,6 +346,8 @@ enum Act {
     HugeHead(usize),
     /// 200 with `pattern(len)` in 1 KiB frames, one every 20 ms, cacheable.
     Slow(usize),
+    /// 200, cacheable, announcing `Content-Length` of the first number and sending the second's bytes.
+    Lying(usize, usize),
     /// Reads the request body (releasing window as it goes, 1 KiB at a time) and answers its length and
     /// checksum.
     Echo,
@@ -473,6 +475,13 @@ async fn serve(
             }
         }
         Act::ResetHead => respond.send_reset(Reason::REFUSED_STREAM),
+        Act::Lying(announced, sent) => {
+            let mut send = respond
+                .send_response(head(Some(announced), CACHEABLE), false)
+                .unwrap();
+            let _ = send.send_data(Bytes::from(pattern(sent)), true);
+            let _ = poll_fn(|cx| send.poll_reset(cx)).await;
+        }
         Act::Slow(len) => {
             let mut send = respond
                 .send_response(head(Some(len), CACHEABLE), false)
@@ -777,6 +786,39 @@ async fn a_header_bomb_fails_its_own_fill_not_the_others_on_the_connection() {
         assert_eq!(&r.body[..], &pattern(30 * 1024)[..], "cut off by the bomb");
     }
     assert_eq!(origin.connections.load(Ordering::SeqCst), 1);
+}
+
+/// What held in the hardening III audit: an h2 origin whose body is shorter or longer than its
+/// `Content-Length` fails the client's response, stores nothing, and leaves the connection to the others.
+#[tokio::test]
+async fn a_body_that_belies_its_content_length_fails_and_is_not_stored() {
+    let origin = H2Origin::start(65_535, |path| match path {
+        "/short" => Act::Lying(2000, 1000),
+        "/long" => Act::Lying(1000, 2000),
+        _ => Act::Body(1000),
+    })
+    .await;
+    let d = h2c(&origin);
+    for path in ["/short", "/long"] {
+        for _ in 0..2 {
+            match get_host(&d, "www.example.com", path).await {
+                Ok(r) => assert!(
+                    r.status == 502 || r.body.len() != 1000 && r.body.len() != 2000,
+                    "{path}: {} with {} bytes",
+                    r.status,
+                    r.body.len()
+                ),
+                Err(_) => {}
+            }
+        }
+    }
+    assert_eq!(
+        origin.requests.load(Ordering::SeqCst),
+        4,
+        "nothing stored: each request went to the origin"
+    );
+    let fine = get_host(&d, "www.example.com", "/fine").await.unwrap();
+    assert_eq!((fine.status.as_u16(), fine.body.len()), (200, 1000));
 }
 
 /// Opens `method path` on a raw connection, reads some of the body, and leaves.

@@ -900,3 +900,45 @@ async fn a_range_of_an_object_that_is_not_stored_is_forwarded_as_asked() {
         "the first request learns the object is not stored; the next go as asked"
     );
 }
+
+/// Hardening III, finding 14: right after a slice showed the object changed (another length), the next
+/// request never starts the old version's body with its old length: 1 MiB slices, so the mismatching
+/// slice's fetch is still being stored when the next request looks (1 run in 3 was a hit on the old first
+/// slice, cut at 1 MiB).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_request_after_a_length_change_is_the_new_version_whole() {
+    let version = Arc::new(AtomicU64::new(1));
+    let v = version.clone();
+    let origin = Origin::start(move |seen| {
+        let v = v.load(SeqCst);
+        ranged(seen, (3 << 20) + v * 100_000, v * 7, &format!("\"v{v}\""))
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        &config("max_sliced_object_size = \"1GiB\"\n")
+            .replace("slice = \"8MiB\"", "slice = \"1MiB\""),
+    );
+    for round in 0..4u64 {
+        let path = format!("/big/len{round}.bin");
+        version.store(1, SeqCst);
+        let first = fetch(d.addr, &path, Some("bytes=0-99")).await;
+        assert_eq!(first.shift, Some(7));
+        lacquer_tests::eventually(Duration::from_secs(5), || async {
+            let again = fetch(d.addr, &path, Some("bytes=0-99")).await;
+            (again.header("x-cache") == "HIT").then_some(())
+        })
+        .await;
+        version.store(2, SeqCst);
+        // Slice 0 from the store, slice 1 of another length: cut.
+        let cut = fetch(d.addr, &path, None).await;
+        assert!(
+            cut.failed.is_some() || cut.shift == Some(14),
+            "round {round}"
+        );
+        let next = fetch(d.addr, &path, None).await;
+        let len = (3 << 20) + 200_000;
+        assert_eq!(next.exact(), (200, len, None, None), "round {round}");
+        assert_eq!(next.shift, Some(14), "round {round}");
+    }
+}

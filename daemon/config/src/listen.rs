@@ -23,8 +23,11 @@ pub struct Listen {
     /// Connections open at once on this listener; past it a connection gets `503`. 0: no limit.
     /// Default: 65536.
     pub max_connections: usize,
-    /// Connections open at once from one client address; past it a connection gets `503`. 0: no limit.
-    /// Default: 0.
+    /// Connections open at once from one client address (the PROXY protocol's, on listeners that expect
+    /// it); past it a connection gets `503`. 0: no limit. Default: 4096, far above a browser's or a
+    /// player's few, and a bound on what one address can hold (a port range's worth of idle connections
+    /// is about 28 000). Behind a load balancer that sends no PROXY header every client is its address:
+    /// raise it, or 0.
     pub max_connections_per_ip: usize,
     /// Time for a complete request head, counted from the connection's start or the end of the previous
     /// response, as Varnish's `timeout_idle`: slow senders (slowloris) and idle keep-alive HTTP/1.1
@@ -73,7 +76,7 @@ impl Default for Listen {
             proxy_protocol: false,
             http2: true,
             max_connections: 65536,
-            max_connections_per_ip: 0,
+            max_connections_per_ip: 4096,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_header_size: ByteSize::kib(32),

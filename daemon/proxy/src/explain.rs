@@ -463,9 +463,8 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
     if let Some(k) = &expect.key {
         // The rules' additions, not what the configuration keys every response on.
         let got: Vec<String> = sim.looked_up.as_ref().map_or_else(Vec::new, |(_, a)| {
-            a.decided
-                .key
-                .iter()
+            (a.decided.key.iter())
+                .filter(|n| !phase::PSEUDO_FIELDS.contains(n))
                 .map(|n| n.as_str().to_owned())
                 .collect()
         });

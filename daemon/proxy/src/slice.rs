@@ -1156,6 +1156,21 @@ impl<S: CacheStore> Assembly<S> {
         let same = range::same_representation(self.proof(), validators(&head.headers));
         if total != self.total || !same {
             inc(&stats.slice_mismatches);
+            // The origin has a new version: the stored one goes now, not once the new version's slice is
+            // stored (after its body arrives), or a request in between would start the old version's
+            // body, with its length, and be cut where its stored slices end.
+            if let Some((_, generation)) = &self.stored {
+                let key = &self.asker.key;
+                if let Err(e) = self
+                    .asker
+                    .worker
+                    .shared
+                    .store
+                    .remove_generation(key, *generation)
+                {
+                    tracing::warn!(key, error = %e, "an old version of a sliced object not removed");
+                }
+            }
             return Err(Stop::Changed(Some(reader)));
         }
         if encoding::coded(&head.headers) != Coded::Identity {
