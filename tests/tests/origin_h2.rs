@@ -801,14 +801,14 @@ async fn a_body_that_belies_its_content_length_fails_and_is_not_stored() {
     let d = h2c(&origin);
     for path in ["/short", "/long"] {
         for _ in 0..2 {
-            match get_host(&d, "www.example.com", path).await {
-                Ok(r) => assert!(
+            // An error mid-body is as good as a 502: the client never takes the body for whole.
+            if let Ok(r) = get_host(&d, "www.example.com", path).await {
+                assert!(
                     r.status == 502 || r.body.len() != 1000 && r.body.len() != 2000,
                     "{path}: {} with {} bytes",
                     r.status,
                     r.body.len()
-                ),
-                Err(_) => {}
+                );
             }
         }
     }
