@@ -218,3 +218,36 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
         hint
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    /// A large frame goes to hyper in pieces of [`MAX_FRAME`], in order, counted once, with the size hint
+    /// and the end of the stream right throughout.
+    #[tokio::test]
+    async fn a_large_frame_is_handed_over_in_pieces() {
+        let data: Bytes = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
+        let listener = Arc::new(ListenerStats::new(([127, 0, 0, 1], 80).into(), false, false));
+        let mut body = Counted::new(Full::new(data.clone()), listener.clone(), false);
+        let mut got = Vec::new();
+        let mut sizes = Vec::new();
+        while !body.is_end_stream() {
+            assert_eq!(
+                body.size_hint().exact(),
+                Some((data.len() - got.len()) as u64)
+            );
+            let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            sizes.push(frame.len());
+            got.extend_from_slice(&frame);
+        }
+        assert_eq!(sizes, [MAX_FRAME, MAX_FRAME, MAX_FRAME, 8 * 1024]);
+        assert_eq!(got, data);
+        assert!(body.frame().await.is_none());
+        assert_eq!(
+            listener.bytes_out_http1.load(std::sync::atomic::Ordering::Relaxed),
+            data.len() as u64
+        );
+    }
+}
