@@ -915,7 +915,9 @@ async fn the_request_after_a_length_change_is_the_new_version_whole() {
         // The new version's slices take a while after their head, as a real origin's 1 MiB does: the
         // mismatching slice is not stored yet when the next request looks.
         if v == 2 && reply.body.len() > 1 {
-            reply.body.insert(1, Step::Sleep(Duration::from_millis(400)));
+            reply
+                .body
+                .insert(1, Step::Sleep(Duration::from_millis(400)));
         }
         reply
     })

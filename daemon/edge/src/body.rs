@@ -229,7 +229,11 @@ mod tests {
     #[tokio::test]
     async fn a_large_frame_is_handed_over_in_pieces() {
         let data: Bytes = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
-        let listener = Arc::new(ListenerStats::new(([127, 0, 0, 1], 80).into(), false, false));
+        let listener = Arc::new(ListenerStats::new(
+            ([127, 0, 0, 1], 80).into(),
+            false,
+            false,
+        ));
         let mut body = Counted::new(Full::new(data.clone()), listener.clone(), false);
         let mut got = Vec::new();
         let mut sizes = Vec::new();
@@ -246,7 +250,9 @@ mod tests {
         assert_eq!(got, data);
         assert!(body.frame().await.is_none());
         assert_eq!(
-            listener.bytes_out_http1.load(std::sync::atomic::Ordering::Relaxed),
+            listener
+                .bytes_out_http1
+                .load(std::sync::atomic::Ordering::Relaxed),
             data.len() as u64
         );
     }

@@ -340,17 +340,8 @@ pub(crate) fn on_request<S: CacheStore>(
     let shared = &worker.shared;
     let here = target(asked);
     if playlist > 0 {
-        for next in shared.prefetch.asked(host(asked), here, playlist) {
-            start(
-                worker,
-                asked,
-                client,
-                secure,
-                next.to_string(),
-                None,
-                Named::Playlist,
-            );
-        }
+        let next = shared.prefetch.asked(host(asked), here, playlist);
+        start_listed(worker, asked, client, secure, next);
     }
     if !cmcd {
         return;
@@ -406,6 +397,17 @@ pub(crate) fn on_playlist<S: CacheStore>(
         .shared
         .prefetch
         .listed(host(asked), asked.uri.path(), objects, n);
+    start_listed(worker, asked, client, secure, next);
+}
+
+/// Prefetches what a playlist lists next (`next`), for the request `asked`.
+fn start_listed<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
+    asked: &Parts,
+    client: IpAddr,
+    secure: bool,
+    next: Vec<Arc<str>>,
+) {
     for next in next {
         start(
             worker,
