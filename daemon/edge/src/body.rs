@@ -137,20 +137,11 @@ impl H3Body {
 
 /// A response body over HTTP/1.x or HTTP/2 that counts the bytes it hands to hyper, on its listener (whose
 /// sums are the daemon's totals): hyper writes the body itself, so this is where its bytes can be seen.
-/// Frames larger than [`MAX_FRAME`] are handed over in pieces of it.
 pub(crate) struct Counted<B> {
     body: B,
     listener: Arc<ListenerStats>,
     http2: bool,
-    /// What is left of a frame handed over in pieces.
-    rest: Bytes,
 }
-
-/// The most of a body handed to hyper at once. hyper's HTTP/1 writer copies each frame whole into its
-/// buffer (flattened with the head, which makes small hits one write), taking another while it holds less
-/// than `max_buf_size`: frames of a stored chunk (256 KiB) made a connection whose reader stalled hold
-/// over half a MiB. In pieces of this, it holds at most `max_buf_size` and one piece (connection.rs).
-pub(crate) const MAX_FRAME: usize = 64 * 1024;
 
 impl<B> Counted<B> {
     pub(crate) fn new(body: B, listener: Arc<ListenerStats>, http2: bool) -> Self {
@@ -158,16 +149,7 @@ impl<B> Counted<B> {
             body,
             listener,
             http2,
-            rest: Bytes::new(),
         }
-    }
-
-    /// The next piece of `data` (at most [`MAX_FRAME`]), keeping the rest.
-    fn piece(&mut self, mut data: Bytes) -> Bytes {
-        if data.len() > MAX_FRAME {
-            self.rest = data.split_off(MAX_FRAME);
-        }
-        data
     }
 }
 
@@ -180,18 +162,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
-        let frame = if this.rest.is_empty() {
-            match std::task::ready!(Pin::new(&mut this.body).poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => Some(Ok(Frame::data(this.piece(data)))),
-                    Err(frame) => Some(Ok(frame)),
-                },
-                other => other,
-            }
-        } else {
-            let rest = std::mem::take(&mut this.rest);
-            Some(Ok(Frame::data(this.piece(rest))))
-        };
+        let frame = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
         if let Some(data) = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
             let l = &this.listener;
             let counter = if this.http2 {
@@ -205,55 +176,10 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rest.is_empty() && self.body.is_end_stream()
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        let mut hint = self.body.size_hint();
-        let rest = self.rest.len() as u64;
-        if let Some(upper) = hint.upper() {
-            hint.set_upper(upper + rest);
-        }
-        hint.set_lower(hint.lower() + rest);
-        hint
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http_body_util::{BodyExt, Full};
-
-    /// A large frame goes to hyper in pieces of [`MAX_FRAME`], in order, counted once, with the size hint
-    /// and the end of the stream right throughout.
-    #[tokio::test]
-    async fn a_large_frame_is_handed_over_in_pieces() {
-        let data: Bytes = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
-        let listener = Arc::new(ListenerStats::new(
-            ([127, 0, 0, 1], 80).into(),
-            false,
-            false,
-        ));
-        let mut body = Counted::new(Full::new(data.clone()), listener.clone(), false);
-        let mut got = Vec::new();
-        let mut sizes = Vec::new();
-        while !body.is_end_stream() {
-            assert_eq!(
-                body.size_hint().exact(),
-                Some((data.len() - got.len()) as u64)
-            );
-            let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
-            sizes.push(frame.len());
-            got.extend_from_slice(&frame);
-        }
-        assert_eq!(sizes, [MAX_FRAME, MAX_FRAME, MAX_FRAME, 8 * 1024]);
-        assert_eq!(got, data);
-        assert!(body.frame().await.is_none());
-        assert_eq!(
-            listener
-                .bytes_out_http1
-                .load(std::sync::atomic::Ordering::Relaxed),
-            data.len() as u64
-        );
+        self.body.size_hint()
     }
 }

@@ -30,12 +30,6 @@ use crate::{
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
 
-/// hyper's `max_buf_size`: the most its HTTP/1 write buffer takes before it writes (64 KiB, a few
-/// socket writes' worth), and the most its read buffer grows to, so never below the head limit.
-fn write_buffer(max_header_size: usize) -> usize {
-    (64 << 10).max(max_header_size + 8192)
-}
-
 /// The protocol builders of one listener, made once per worker.
 #[derive(Clone)]
 pub struct Protocols {
@@ -53,13 +47,13 @@ impl Protocols {
         // Flattening head and body into one write: 0.97x NGINX's hits per second on a 2 KiB object, against
         // 0.84x queued for writev (bench/hotpath.py, 2026-12-03). Its cost was memory: hyper's buffer kept
         // the capacity of the most it flattened for the connection's life, ~0.8 MiB once it sent a 4 MiB
-        // body. The vendored hyper gives an idle connection's buffers back (vendor/README.md); while a
-        // response is written, the buffer holds less than `max_buf_size` plus one frame of at most
-        // `body::MAX_FRAME`, whatever the reader's pace.
+        // body; the vendored hyper gives an idle connection's buffers back (vendor/README.md). While a
+        // response is written it holds up to hyper's `max_buf_size` (~400 KiB) plus one stored chunk:
+        // 64 KiB frames and buffer cut that to a fifth for a stalled reader, and a 200 MiB read from disk
+        // to 0.5-0.8x the speed (bench/RESULTS.md, 2026-12-04 third session).
         h1.timer(TokioTimer::new())
             .keep_alive(true)
             .writev(false)
-            .max_buf_size(write_buffer(c.max_header_size.as_u64() as usize))
             .header_read_timeout(c.header_read_timeout)
             .max_header_size(c.max_header_size.as_u64() as usize);
         // Any explicit count, even hyper's own default of 100, makes hyper fill a header array for every
