@@ -351,24 +351,21 @@ impl Router {
         }
     }
 
-    /// Whether the path's readings, as sent and as a lenient origin reads it
+    /// Whether the request's path as sent and `lenient`, its reading by a lenient origin
     /// ([`lacquer_policy::normalize::lenient`]), choose the same route. When they do not, [`route`]
     /// chose by one reading alone, which may tighten caching (a pass) but must not loosen it: an origin
     /// that reads `/static/..;/account/me` as `/account/me` would have its account page stored under a
     /// `/static/` route's cookie-ignoring TTL.
     ///
     /// [`route`]: Router::route
-    pub fn readings_agree(&self, parts: &Parts) -> bool {
+    pub fn readings_agree(&self, parts: &Parts, lenient: &str) -> bool {
         if self.routes.is_empty() {
             return true;
         }
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let Some(lenient) = lacquer_policy::normalize::lenient(path) else {
-            return true;
-        };
         let host = request_host(&parts.headers);
         let first = |p: &str| self.routes.iter().position(|r| r.matches(&host, p));
-        first(path) == first(&lenient)
+        first(path) == first(lenient)
     }
 
     /// The first route matching the request's host and path, else the fallback.

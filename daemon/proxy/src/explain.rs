@@ -266,7 +266,8 @@ fn answer(
     live: &Live,
     sim: &mut Simulated,
     status: StatusCode,
-    (mut headers, origin): (HeaderMap, Origin),
+    mut headers: HeaderMap,
+    origin: Origin,
     delivered: impl FnOnce(&HeaderMap) -> HeaderMap,
 ) -> Option<Answer> {
     let (parts, admitted) = sim.looked_up.as_ref()?;
@@ -359,7 +360,7 @@ pub async fn explain<S: CacheStore>(
         let stored = stored_head(&meta);
         let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
         let prepared = Prepared::of(&meta).head;
-        if let Some(a) = answer(&live, &mut sim, status, (stored, Origin::Stored), |_| {
+        if let Some(a) = answer(&live, &mut sim, status, stored, Origin::Stored, |_| {
             prepared
         }) {
             let (storable, because, ttl) = match &a.decision {
@@ -498,7 +499,8 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
             live,
             &mut sim,
             status,
-            (headers, Origin::Sent),
+            headers,
+            Origin::Sent,
             HeaderMap::clone,
         );
         match answered {

@@ -70,8 +70,7 @@ pub(crate) struct Decided {
 pub(crate) const BODY_DIGEST: HeaderName = HeaderName::from_static("lacquer-body-digest");
 
 /// The request field that carries which fields the configuration keys this request on beyond `Vary`
-/// (rules' `key`, a route's key headers): a digest of their names, part of every variant stored for such a
-/// request. A reload that adds `key = ["cookie"]` is how an operator stops one cookie's object being served
+/// (rules' `key`, a route's key headers): their names, part of every variant stored for such a request. A reload that adds `key = ["cookie"]` is how an operator stops one cookie's object being served
 /// for another; objects stored before it do not vary on the cookie, and without this field they would
 /// still be served to every cookie (as Varnish's `vcl_hash` makes a changed hash reach new objects).
 /// Never sent to the origin, and removed from what clients send.
@@ -93,8 +92,9 @@ pub(crate) fn selects(selection: &[(String, String)], parts: &Parts) -> bool {
         })
 }
 
-/// Marks a request the configuration keys on `names` beyond `Vary`, with a digest of those names
-/// ([`KEY_RULES`]). The names come from the configuration, never from the client.
+/// Marks a request the configuration keys on `names` beyond `Vary` with those names, sorted ([`KEY_RULES`]).
+/// They come from the configuration, never from the client, and are header names: a field value as they
+/// are, with nothing to collide.
 fn key_rules(parts: &mut Parts, decided: &mut Decided, names: &[String]) {
     let mut all: Vec<&str> = names
         .iter()
@@ -106,10 +106,18 @@ fn key_rules(parts: &mut Parts, decided: &mut Decided, names: &[String]) {
     }
     all.sort_unstable();
     all.dedup();
-    let digest = xxhash_rust::xxh3::xxh3_64(all.join(",").as_bytes());
-    let value = HeaderValue::from_str(&format!("{digest:016x}")).expect("hex is a field value");
+    let value = HeaderValue::from_str(&all.join(",")).expect("header names are a field value");
     parts.headers.insert(KEY_RULES, value);
     decided.key.push(KEY_RULES);
+}
+
+/// Whether a route or a rule reads the request's path otherwise as sent than as a lenient origin reads it
+/// (read once, for both).
+fn ambiguous(live: &Live, parts: &Parts) -> bool {
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    normalize::lenient(target).is_some_and(|lenient| {
+        !(live.router.readings_agree(parts, &lenient) && live.rules.readings_agree(parts, &lenient))
+    })
 }
 
 /// Whether `parts` is a POST a `cache_body` rule keys: its declared length within `cap`.
@@ -214,9 +222,7 @@ pub(crate) fn request(
         // A route or rule chose by one reading of the path alone (`/static/..;/account/me` is
         // `/account/me` to a lenient origin): what it loosens must not apply, so nothing is stored or
         // served from the cache (docs/rules.md, "Tightening and loosening").
-        RequestClass::Lookup | RequestClass::Miss(_)
-            if !(live.router.readings_agree(parts) && live.rules.readings_agree(parts)) =>
-        {
+        RequestClass::Lookup | RequestClass::Miss(_) if ambiguous(live, parts) => {
             RequestClass::Pass("ambiguous-path")
         }
         class => class,

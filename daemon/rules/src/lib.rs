@@ -311,18 +311,15 @@ impl Rules {
     }
 
     /// Whether every rule with a path condition, in every phase, reads the request's path the same way as
-    /// sent and as a lenient origin reads it ([`normalize::lenient`]: `;` parameters dropped, `%2F` and `\`
-    /// as separators). A rule matches when either reading does, which is right for what it tightens
+    /// sent and as `lenient`, its reading by a lenient origin ([`normalize::lenient`]: `;` parameters
+    /// dropped, `%2F` and `\` as separators). A rule matches when either reading does, which is right for what it tightens
     /// (`pass`, a `[[deny]]`-like `respond`), but an action that loosens caching (`cache_cookies`, a
     /// longer `ttl`, a `Cache-Control` rewritten to share) must hold for every reading: the data path
     /// passes a request whose readings disagree, so that `/account/me;x.css` is never stored under a rule
     /// for `.css`.
-    pub fn readings_agree(&self, parts: &Parts) -> bool {
+    pub fn readings_agree(&self, parts: &Parts, lenient: &str) -> bool {
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let Some(lenient) = normalize::lenient(target) else {
-            return true;
-        };
-        let lenient_path = lenient.split_once('?').map_or(lenient.as_str(), |(p, _)| p);
+        let lenient_path = lenient.split_once('?').map_or(lenient, |(p, _)| p);
         let mut groups = Vec::new();
         self.rules.iter().all(|r| {
             let w = &r.when;
@@ -330,7 +327,7 @@ impl Rules {
                 !w.path_prefix.is_empty() || !w.extensions.is_empty() || w.path_regex.is_some();
             !on_path
                 || path_matches(r, target, parts.uri.path(), &mut groups)
-                    == path_matches(r, &lenient, lenient_path, &mut groups)
+                    == path_matches(r, lenient, lenient_path, &mut groups)
         })
     }
 
