@@ -10,26 +10,21 @@ use std::{
     io::{self, BufWriter, Write},
     net::IpAddr,
     path::{Path, PathBuf},
-    pin::Pin,
     sync::{
         atomic::{AtomicUsize, Ordering::Relaxed},
         mpsc::{self, RecvTimeoutError, SyncSender, TrySendError},
         Arc, Mutex, OnceLock,
     },
-    task::{Context, Poll},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
 use http::{header, request::Parts, Request, Response};
-use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::BodyExt;
 use lacquer_admin::wire::{LogEntry, TraceStep};
 use tokio::sync::broadcast;
 
-use lacquer_backends::body::{Body, BoxError};
+use lacquer_backends::body::Body;
 use lacquer_config as config;
 
 use crate::{
@@ -237,6 +232,18 @@ impl Note {
         parts.extensions.get::<Arc<Note>>().cloned()
     }
 
+    /// Notes the route; `describe` runs once.
+    pub fn route(&self, describe: impl FnOnce() -> String) {
+        let route = self.route.get_or_init(describe);
+        self.step("Route", || route.clone());
+    }
+
+    /// Notes the backend the request is sent to (the first, when it is sent more than once).
+    pub fn backend(&self, name: &str) {
+        self.backend.get_or_init(|| name.to_owned());
+        self.step("Backend", || name.to_owned());
+    }
+
     /// Notes a step when the request is traced; `detail` runs only then.
     pub fn step(&self, tag: &'static str, detail: impl FnOnce() -> String) {
         if let Some((started, steps)) = &self.steps {
@@ -251,19 +258,10 @@ impl Note {
     }
 }
 
-/// Notes the route of a recorded request; `describe` runs only when the request is recorded.
-pub fn note_route(parts: &Parts, describe: impl FnOnce() -> String) {
-    if let Some(note) = parts.extensions.get::<Arc<Note>>() {
-        let route = note.route.get_or_init(describe);
-        note.step("Route", || route.clone());
-    }
-}
-
 /// Notes the backend a recorded request is sent to (the first, when it is sent more than once).
 pub fn note_backend(parts: &Parts, name: &str) {
     if let Some(note) = parts.extensions.get::<Arc<Note>>() {
-        note.backend.get_or_init(|| name.to_owned());
-        note.step("Backend", || name.to_owned());
+        note.backend(name);
     }
 }
 
@@ -284,8 +282,9 @@ impl Drop for Tracing {
 }
 
 impl Recording {
-    /// Takes the response head's fields and follows the body to count its bytes.
-    pub fn respond(mut self, resp: Response<Body>) -> Response<Body> {
+    /// Takes the response head's fields: its status, the fields the format asks for, its `X-Cache` and
+    /// `Cache-Status`' detail as the client sees them.
+    pub(crate) fn head(&mut self, resp: &Response<Body>) {
         self.entry.status = resp.status().as_u16();
         self.response = LogFormat::capture(&self.format.response_fields, resp.headers());
         if let Some(cache) = resp.headers().get("x-cache").and_then(|v| v.to_str().ok()) {
@@ -298,13 +297,22 @@ impl Recording {
             .and_then(detail)
             .map(str::to_owned);
         self.entry.ttfb = self.started.elapsed().as_secs_f64();
-        resp.map(|inner| {
-            Logged {
-                inner,
-                recording: Some(self),
-            }
-            .boxed_unsync()
-        })
+    }
+
+    /// Counts body bytes sent.
+    pub(crate) fn sent(&mut self, bytes: u64) {
+        self.entry.bytes += bytes;
+    }
+
+    /// Completes the line when the body has ended or is dropped, and writes it.
+    pub(crate) fn finish(mut self) {
+        self.entry.duration = self.started.elapsed().as_secs_f64();
+        self.entry.route = self.note.route.get().cloned();
+        self.entry.backend = self.note.backend.get().cloned();
+        if let Some((_, steps)) = &self.note.steps {
+            self.entry.steps = std::mem::take(&mut *steps.lock().expect("trace lock"));
+        }
+        self.log.clone().emit(self);
     }
 }
 
@@ -314,51 +322,6 @@ fn detail(status: &str) -> Option<&str> {
         let value = p.trim().strip_prefix("detail=")?;
         Some(value.trim_matches('"'))
     })
-}
-
-struct Logged {
-    inner: Body,
-    recording: Option<Recording>,
-}
-
-impl HttpBody for Logged {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let frame = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(f))) = &frame {
-            if let (Some(data), Some(r)) = (f.data_ref(), self.recording.as_mut()) {
-                r.entry.bytes += data.len() as u64;
-            }
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        if let Some(mut r) = self.recording.take() {
-            r.entry.duration = r.started.elapsed().as_secs_f64();
-            r.entry.route = r.note.route.get().cloned();
-            r.entry.backend = r.note.backend.get().cloned();
-            if let Some((_, steps)) = &r.note.steps {
-                r.entry.steps = std::mem::take(&mut *steps.lock().expect("trace lock"));
-            }
-            r.log.clone().emit(r);
-        }
-    }
 }
 
 enum Output {

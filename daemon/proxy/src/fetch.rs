@@ -11,14 +11,14 @@ use std::{
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use lacquer_rules::Phase;
 use lacquer_storage::{ObjectMeta, PartKept};
 use lacquer_telemetry::Trace;
 
-use super::{forward, Found};
+use crate::{flow::step::Found, forward};
 use lacquer_backends::{error_chain, routing::Route, BackendError};
 use lacquer_policy::{
     age::corrected_initial_age,
@@ -971,4 +971,33 @@ async fn fill<S: CacheStore>(
             Ending::NotStored(NotStored::StoreRefused)
         }
     }
+}
+
+/// The range a request for an object not stored sends to the origin instead of fetching the whole
+/// (`cache.forward_ranges`): its one range, of a GET on a route without `slice`, when it is a suffix or
+/// begins `forward_ranges_from` or further in and ends. An open range (`bytes=a-`) is forwarded only when
+/// the whole is known not to be stored (`whole_unstored`: too large, or uncacheable): clients resuming a
+/// download or seeking in a video each ask for the rest of the object, and one fetch of the whole serves
+/// them all where one forwarded range each would fetch the rest again and again. Not with `If-Range`, whose
+/// answer may have to be the whole.
+pub(crate) fn forwarded_range(
+    route: &Route,
+    decided: &Decided,
+    parts: &Parts,
+    whole_unstored: impl FnOnce() -> bool,
+) -> Option<Ask> {
+    let cache = &route.policy.cache;
+    let eligible = cache.forward_ranges
+        && route.slice.is_none()
+        && parts.method == Method::GET
+        && decided.body.is_none()
+        && !parts.headers.contains_key(header::IF_RANGE);
+    let single = range::single(&parts.headers).filter(|_| eligible)?;
+    let far = match single {
+        range::Single::Suffix(_) => true,
+        range::Single::From(first, last) => {
+            first >= cache.forward_ranges_from.as_u64() && (last.is_some() || whole_unstored())
+        }
+    };
+    far.then_some(Ask::Client(single))
 }

@@ -4,12 +4,22 @@ use std::{net::IpAddr, sync::Arc};
 
 use bytes::Bytes;
 
-use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Request, Uri, Version};
-
-use lacquer_backends::body::{self, Body};
+use http::{
+    header, request::Parts, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version,
+};
+use http_body_util::BodyExt;
+use lacquer_backends::{
+    body::{self, Body},
+    BackendBody,
+};
 use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
+use lacquer_rules::Rules;
 
-use crate::stats::{inc, Stats};
+use crate::{
+    phase::{self, Decided},
+    respond::{self, Outcome},
+    stats::{add, inc, Stats},
+};
 
 /// What this proxy adds to `Via` on requests and responses.
 pub const VIA: &str = "1.1 lacquer";
@@ -22,6 +32,41 @@ pub fn append(headers: &mut HeaderMap, name: header::HeaderName, value: &str) {
     if let Ok(v) = HeaderValue::from_str(&joined) {
         headers.insert(name, v);
     }
+}
+
+/// The origin's answer to a pass (or a tunnel it refused), as the client gets it: the backend-response
+/// phase on its head (the built-in part, then the rules when `request`, the client's head, is kept for
+/// them), the cache's verdict added, and its body's bytes counted in.
+pub(crate) fn answer(
+    rules: &Rules,
+    request: Option<&Parts>,
+    client: IpAddr,
+    decided: &Decided,
+    outcome: Outcome,
+    resp: Response<BackendBody>,
+    stats: &Arc<Stats>,
+) -> Response<Body> {
+    let (mut head, body) = resp.into_parts();
+    phase::origin_fields(decided, &mut head.headers);
+    if let Some(request) = request {
+        phase::backend_response(
+            rules,
+            request,
+            client,
+            decided,
+            head.status,
+            &mut head.headers,
+        );
+    }
+    respond::decorate(&mut head.headers, outcome, None);
+    let stats = stats.clone();
+    let body = body.map_frame(move |f| {
+        if let Some(d) = f.data_ref() {
+            add(&stats.bytes_in, d.len() as u64);
+        }
+        f
+    });
+    Response::from_parts(head, body::incoming(body))
 }
 
 /// Makes client headers fit to forward: hop-by-hop fields removed, the client appended to

@@ -1,7 +1,12 @@
 //! Self-routing: a request for a key another member of the cluster owns is answered by that owner, which
 //! fetches from the origin once for the whole cluster and caches; this node stores nothing of it.
 
-use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
 
 use http::{request::Parts, HeaderValue, Response};
 use lacquer_backends::{
@@ -15,6 +20,7 @@ use crate::{
     cluster::{Peer, FORWARDED_BY, FORWARD_PROOF},
     forward,
     stats::inc,
+    store::CacheStore,
     worker::Worker,
 };
 
@@ -44,19 +50,19 @@ impl Peers {
     }
 }
 
-/// The owner's answer to the request, marked as forwarded by `node` (with `proof`, the cluster's
+/// The owner's answer to the request, marked as forwarded by this node (with `proof`, the cluster's
 /// [`crate::cluster::Cluster::forward_proof`] of `parts`) so that the owner answers it itself; `None`
 /// when the owner cannot be reached, and this node answers (a dead owner must not fail requests while
 /// its lease runs out).
-pub async fn ask(
-    worker: &Worker,
-    client: std::net::IpAddr,
+pub(crate) async fn ask<S: CacheStore>(
+    worker: &Worker<S>,
+    client: IpAddr,
     peer: &Peer,
-    node: &str,
     proof: HeaderValue,
     parts: &Parts,
 ) -> Option<Response<Body>> {
     let stats = &worker.shared.stats;
+    let node = worker.shared.cluster.as_ref()?.node();
     inc(&stats.peer_requests);
     let pool = worker.peers.lock().expect("peers lock").pool(peer.addr)?;
     let mut req = forward::origin_request(

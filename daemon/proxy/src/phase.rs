@@ -305,24 +305,16 @@ pub(crate) fn backend_response(
     rules.backend_response(facts, status, headers, None)
 }
 
-/// What a response carries to the deliver phase for `debug_headers`, put there only while a rule shows
-/// them.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DebugInfo(pub Debug);
-
-/// Marks a plain hit sent with the head the response-only deliver rules edited ahead of it
-/// ([`lacquer_rules::Rules::prepare`]): the deliver phase goes on from where they left.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DeliveredAhead(pub Ahead);
-
-/// Marks a response lacquerd made itself for want of a backend's answer: the error phase replaces it.
-#[derive(Debug, Clone, Copy)]
-struct OwnError;
-
-/// `resp`, an error lacquerd made because no backend answered, marked for the error phase.
-pub(crate) fn own_error(mut resp: Response<Body>) -> Response<Body> {
-    resp.extensions_mut().insert(OwnError);
-    resp
+/// What the data path learned of a response that the deliver and error phases act on.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Delivering {
+    /// An error lacquerd made for want of a backend's answer: the error phase replaces it.
+    pub own_error: bool,
+    /// What `debug_headers` may show: a hit's count and the freshness left.
+    pub debug: Debug,
+    /// A plain hit sent with the head the response-only deliver rules edited ahead of it
+    /// ([`lacquer_rules::Rules::prepare`]): the deliver phase goes on from where they left.
+    pub ahead: Option<Ahead>,
 }
 
 /// The deliver phase (and, for an error lacquerd made, the error phase), on a response leaving for the
@@ -333,6 +325,7 @@ pub(crate) fn deliver(
     parts: &Parts,
     client: IpAddr,
     secure: bool,
+    delivering: Delivering,
     mut resp: Response<Body>,
 ) -> Response<Body> {
     let facts = Facts {
@@ -340,7 +333,7 @@ pub(crate) fn deliver(
         client,
         secure,
     };
-    if resp.extensions().get::<OwnError>().is_some() {
+    if delivering.own_error {
         return match rules.error(facts, resp.status(), None) {
             Some(made) => synthetic(made),
             None => resp,
@@ -349,14 +342,10 @@ pub(crate) fn deliver(
     if !rules.has(Phase::Deliver) {
         return resp;
     }
-    let debug = resp
-        .extensions()
-        .get::<DebugInfo>()
-        .map_or_else(Debug::default, |d| d.0);
+    let debug = delivering.debug;
     let status = resp.status();
-    let ahead = resp.extensions().get::<DeliveredAhead>().map(|a| a.0);
     let headers = resp.headers_mut();
-    let made = match ahead {
+    let made = match delivering.ahead {
         Some(ahead) => rules.deliver_prepared(facts, status, headers, &|| debug, &ahead, None),
         None => rules.deliver(facts, status, headers, &|| debug, None),
     };

@@ -15,7 +15,6 @@ use std::{
 };
 
 use http::{header, request::Parts, HeaderValue, Response, StatusCode, Version};
-use http_body_util::BodyExt;
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -30,7 +29,7 @@ use lacquer_rules::Phase;
 use crate::{
     forward,
     phase::{self, Decided},
-    respond::{self, Outcome},
+    respond::Outcome,
     stats::{dec, inc, Stats},
     store::CacheStore,
     worker::Worker,
@@ -88,7 +87,8 @@ pub(crate) fn requested(parts: &Parts) -> Option<HeaderValue> {
 /// Sends the request to `backend` on a connection of its own, asking for `upgrade`, with the backend
 /// phases' rules run as for a pass. On `101` the client gets the backend's `101` and the two connections
 /// are joined until either closes or no byte moves for the backend's `between_bytes_timeout`; any other
-/// answer goes to the client as a pass's would.
+/// answer goes to the client as a pass's would (with `outcome`). `Err` with the status of the error to
+/// answer when the backend could not be asked, or switched protocols unusably.
 pub(crate) async fn tunnel<S: CacheStore>(
     worker: &Arc<Worker<S>>,
     client: IpAddr,
@@ -96,12 +96,9 @@ pub(crate) async fn tunnel<S: CacheStore>(
     decided: &Decided,
     parts: Parts,
     upgrade: Upgrade,
-) -> Response<Body> {
+    outcome: Outcome,
+) -> Result<Response<Body>, StatusCode> {
     let stats = &worker.shared.stats;
-    let outcome = Outcome::Pass {
-        unsafe_method: false,
-        detail: None,
-    };
     let live = worker.shared.live();
     let rules = &live.rules;
     // The head is handed to the origin request; the backend phases' rules match on a copy.
@@ -131,33 +128,16 @@ pub(crate) async fn tunnel<S: CacheStore>(
                 inc(&stats.backend_errors);
             }
             crate::repeats::WARNINGS.warn("pipe failed", &key, &e);
-            return phase::own_error(respond::failure(e.status(), outcome));
+            return Err(e.status());
         }
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // Refused by the origin: an ordinary answer, on a connection that goes with its body.
         inc(&stats.passes);
-        let (mut head, body) = resp.into_parts();
-        phase::origin_fields(decided, &mut head.headers);
-        if let Some(request) = &client_head {
-            phase::backend_response(
-                rules,
-                request,
-                client,
-                decided,
-                head.status,
-                &mut head.headers,
-            );
-        }
-        respond::decorate(&mut head.headers, outcome, None);
-        let counted = stats.clone();
-        let body = body.map_frame(move |f| {
-            if let Some(d) = f.data_ref() {
-                counted.bytes_in.fetch_add(d.len() as u64, Relaxed);
-            }
-            f
-        });
-        return Response::from_parts(head, body::incoming(body));
+        let head = client_head.as_ref();
+        return Ok(forward::answer(
+            rules, head, client, decided, outcome, resp, stats,
+        ));
     }
     let origin = hyper::upgrade::on(&mut resp);
     // The handshake's empty body goes, and with it the backend's place under `max_connections`.
@@ -166,7 +146,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let (Some(protocol), Ok(origin)) = (protocol, origin.await) else {
         inc(&stats.backend_errors);
         tracing::warn!("backend switched protocols without a usable Upgrade");
-        return phase::own_error(respond::failure(StatusCode::BAD_GATEWAY, outcome));
+        return Err(StatusCode::BAD_GATEWAY);
     };
     strip_hop_by_hop(&mut head.headers);
     head.headers
@@ -177,7 +157,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let open = Open::new(stats.clone());
     let idle = backend.config.between_bytes_timeout;
     tokio::spawn(join(upgrade.client, origin, idle, open));
-    Response::from_parts(head, body::empty())
+    Ok(Response::from_parts(head, body::empty()))
 }
 
 /// A tunnel counted in `pipes_active` for as long as it lives.

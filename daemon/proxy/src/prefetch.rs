@@ -29,8 +29,8 @@ use lacquer_policy::{
 use crate::{
     coalesce::Joined,
     coding::Negotiated,
-    fetch::{self, Ask, Fill},
-    find_variant, forwarded_range,
+    fetch::{self, forwarded_range, Ask, Fill},
+    flow::stored::find_variant,
     phase::{self, Admitted},
     stats::{inc, Stats},
     store::CacheStore,

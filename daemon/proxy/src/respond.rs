@@ -1,7 +1,7 @@
 //! Building client responses: from a stored object, from a fetch in flight, or for a failure. Every one
 //! carries `Age`, `X-Cache`, `Cache-Status` (RFC 9211) and `Via`.
 
-use std::{collections::VecDeque, sync::Arc};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
@@ -17,12 +17,11 @@ use lacquer_policy::{
     conditional,
     range::{self, Ranges},
 };
-use lacquer_rules::Rules;
+use lacquer_rules::{Ahead, Rules};
 
 use crate::{
     coalesce::{FetchReader, FetchedHead},
     coding::{take_identity_length, Busy, Conversion},
-    phase,
     prepared::Prepared,
     store::CacheStore,
 };
@@ -181,6 +180,50 @@ pub(crate) fn withhold_tags(headers: &mut HeaderMap, cache: &lacquer_config::Cac
     }
 }
 
+/// A request refused before any lookup; `retry` becomes `Retry-After` in whole seconds, at least 1.
+pub(crate) fn refused(
+    status: StatusCode,
+    message: &str,
+    retry: Option<Duration>,
+) -> Response<Body> {
+    let mut resp = error(
+        status,
+        Outcome::Pass {
+            unsafe_method: false,
+            detail: None,
+        },
+        message,
+    );
+    if let Some(wait) = retry {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, seconds.max(1).into());
+    }
+    resp
+}
+
+pub(crate) fn body_too_large() -> Response<Body> {
+    refused(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request body too large",
+        None,
+    )
+}
+
+/// A 503 the client may retry in a second: lacquerd holds back a request the origin is already busy with.
+pub(crate) fn busy_briefly() -> Response<Body> {
+    let mut resp = failure(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::Pass {
+            unsafe_method: false,
+            detail: None,
+        },
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
+
 /// A request refused (4xx): `message` says what was wrong with it, for its sender to read.
 pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Body> {
     let mut resp = Response::new(body::full(format!("{message}\n")));
@@ -254,7 +297,8 @@ fn growing_wait(req: &Parts, status: StatusCode) -> Option<u64> {
 /// A response from a stored object whose first chunk has been read already (so the object is known to be
 /// readable before the status line goes out), shaped for the request by [`represent`]. `prepared` is the
 /// head of the body sent: the variant's, or its sibling `sibling`'s (an index into the set's siblings,
-/// sent with [`Conversion::Sibling`]). A plain hit is sent with the head the live `rules` prepared from it.
+/// sent with [`Conversion::Sibling`]). A plain hit is sent with the head the live `rules` prepared from it,
+/// and with what of the deliver phase they ran ahead of it.
 #[allow(clippy::too_many_arguments)]
 pub fn stored<S: CacheStore>(
     store: S,
@@ -268,7 +312,7 @@ pub fn stored<S: CacheStore>(
     prepared: &Prepared,
     conversion: &Conversion,
     rules: &Rules,
-) -> Response<Body> {
+) -> (Response<Body>, Option<Ahead>) {
     let meta = &set.variants[variant];
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
     let age = meta.age_s(now_ms);
@@ -286,13 +330,10 @@ pub fn stored<S: CacheStore>(
         conversion.count_served();
         let (mut headers, ahead) = prepared.plain_head(rules, status);
         mark(&mut headers, outcome, age);
-        let mut resp = response(status, headers, Source::Stored(stored).whole());
-        if let Some(ahead) = ahead {
-            resp.extensions_mut().insert(phase::DeliveredAhead(ahead));
-        }
-        return resp;
+        let resp = response(status, headers, Source::Stored(stored).whole());
+        return (resp, ahead);
     }
-    represent(
+    let resp = represent(
         Source::Stored(stored),
         status,
         Head::Prepared(prepared.head.clone(), prepared.identity_length),
@@ -301,7 +342,8 @@ pub fn stored<S: CacheStore>(
         outcome,
         req,
         conversion,
-    )
+    );
+    (resp, None)
 }
 
 /// The head a response is made from.
@@ -756,6 +798,7 @@ impl<S: CacheStore> Stored<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::phase;
     use crate::{memory::MemoryStore, stats::Stats};
     use lacquer_policy::encoding::Coding;
     use lacquer_storage::Sibling;
@@ -794,11 +837,12 @@ mod tests {
         req: &Parts,
         conversion: &Conversion,
     ) -> (StatusCode, HeaderMap) {
-        let resp = delivered(set, sibling, prepared, req, conversion, &Rules::default());
+        let (resp, _) = delivered(set, sibling, prepared, req, conversion, &Rules::default());
         (resp.status(), resp.headers().clone())
     }
 
-    /// The response from `set` to `req` under `rules`, as the deliver phase leaves it.
+    /// The response from `set` to `req` under `rules`, as the deliver phase leaves it, and whether it was
+    /// sent with the head the deliver rules edited ahead of it.
     fn delivered(
         set: &Arc<ObjectSet>,
         sibling: Option<usize>,
@@ -806,8 +850,8 @@ mod tests {
         req: &Parts,
         conversion: &Conversion,
         rules: &Rules,
-    ) -> Response<Body> {
-        let resp = stored(
+    ) -> (Response<Body>, bool) {
+        let (resp, ahead) = stored(
             MemoryStore::new(1024),
             set.clone(),
             0,
@@ -820,7 +864,13 @@ mod tests {
             conversion,
             rules,
         );
-        phase::deliver(rules, req, "192.0.2.1".parse().unwrap(), false, resp)
+        let delivering = phase::Delivering {
+            ahead,
+            ..Default::default()
+        };
+        let client = "192.0.2.1".parse().unwrap();
+        let resp = phase::deliver(rules, req, client, false, delivering, resp);
+        (resp, ahead.is_some())
     }
 
     fn compiled(text: &str) -> Rules {
@@ -870,10 +920,9 @@ mod tests {
         let plain = get(&[]);
         let conditional = get(&[("if-none-match", "\"other\"")]);
         let run = |rules: &Rules, req: &Parts, edited: bool| {
-            let resp = delivered(&set, None, &prepared, req, &Conversion::None, rules);
+            let (resp, ahead) = delivered(&set, None, &prepared, req, &Conversion::None, rules);
             assert_eq!(
-                resp.extensions().get::<phase::DeliveredAhead>().is_some(),
-                edited,
+                ahead, edited,
                 "only a plain hit is sent with the edited head"
             );
             resp.headers().clone()

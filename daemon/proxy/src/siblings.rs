@@ -15,15 +15,15 @@ use lacquer_policy::encoding::{Coding, Compression};
 
 use crate::{
     coding::{Reserved, EXPANSION_FLOOR, IDENTITY_LENGTH},
+    flow::step::Found,
     stats::{inc, Stats},
     store::{BodyWriter, CacheStore},
-    Found,
 };
 
 /// A representation to make: the variant body it is made from, in which coding it is stored and which
 /// one is wanted (`None`: identity). Borrowed: most hits that ask find it made or being made, and copy
 /// nothing.
-pub struct Wanted<'a> {
+pub(crate) struct Wanted<'a> {
     /// The body's cache key.
     pub key: &'a str,
     /// The stored variant.
@@ -109,7 +109,7 @@ pub fn coding_for(stored: Coding, takes_gzip: bool) -> Option<Coding> {
 /// client that asked is served by converting on the way out, either way). `limit` is the largest body the
 /// route stores (`max_object_size`): a representation that would be larger, or whose decoded length was
 /// not recorded when the body was stored, is not made.
-pub fn start<S: CacheStore>(
+pub(crate) fn start<S: CacheStore>(
     store: &S,
     making: &Arc<Making>,
     stats: &Arc<Stats>,

@@ -34,12 +34,15 @@ use crate::{
     coalesce::{Fetch, FetchReader, FetchedHead, Joined},
     coding::{Conversion, Negotiated},
     fetch::{self, placed_part, Ask, Fill},
+    flow::{
+        step::{Found, Txn},
+        stored::{find_variant, record_hit, vouched, within_request_grace},
+    },
     phase::{self, Decided},
     respond::{self, Outcome, Shape},
     stats::inc,
     store::CacheStore,
     worker::Worker,
-    Ctx, Found,
 };
 
 /// How often a response reads the store again for a slice that a fetch finished meanwhile (the store
@@ -91,34 +94,34 @@ enum Cut {
 /// origin that ignored `Range`, or a store from before the route was sliced): the ordinary way serves it.
 pub(crate) async fn serve<S: CacheStore>(
     worker: &Arc<Worker<S>>,
-    ctx: &Ctx<'_>,
-    key: &str,
-    parts: &Arc<Parts>,
+    txn: &Txn,
     size: u64,
-) -> Option<Response<Body>> {
+) -> Option<Sliced> {
     let shared = &worker.shared;
-    let asker = Asker::new(worker, ctx, key, parts, Cut::Slices(size), None);
+    let (key, parts) = (txn.key.as_str(), txn.head());
+    let asker = Asker::new(worker, txn, Cut::Slices(size), None);
     if shared.coalescer.is_hit_for_miss(key) {
         inc(&shared.stats.hit_for_miss);
-        return Some(asker.pass().await);
+        return Some(Sliced::AsSent);
     }
     for attempt in 0..RESTARTS {
         // Noted before the store is read: see `Coalescer::finished`. The last attempt fetches whatever
         // finished meanwhile.
         let looked_up_at = (attempt + 1 < RESTARTS).then(|| shared.coalescer.finished());
-        let vouched = super::vouched(shared);
+        let vouched = vouched(shared);
         let now = lacquer_clock::now_ms();
-        let found = super::find_variant(worker, key, parts).await;
+        let found = find_variant(worker, key, parts).await;
         if let Some(found) = &found {
             found.set.partial(found.meta().generation)?;
             let meta = found.meta();
             let ttl_s = meta.remaining_ttl_ms(now) / 1000;
             let usable = usability(meta.lifetime(now));
-            match super::within_request_grace(usable, meta, now, ctx.decided) {
+            match within_request_grace(usable, meta, now, &txn.decided) {
                 Usability::Fresh if vouched => {
                     let object = Object::stored(found, now, looked_up_at);
                     match answer(&asker, object, None, Outcome::Hit { ttl_s }).await {
-                        Answered::Sent(resp) => return Some(resp),
+                        Answered::Sent(resp, outcome) => return Some(Sliced::Sent(resp, outcome)),
+                        Answered::AsSent => return Some(Sliced::AsSent),
                         Answered::Changed => continue,
                     }
                 }
@@ -129,18 +132,22 @@ pub(crate) async fn serve<S: CacheStore>(
                         origin_failed: false,
                         fwd_status: None,
                     };
-                    if let Answered::Sent(resp) = answer(&asker, object, None, outcome).await {
-                        inc(&shared.stats.stale_served);
-                        asker.refresh(found, size);
-                        return Some(resp);
+                    match answer(&asker, object, None, outcome).await {
+                        Answered::Sent(resp, outcome) => {
+                            inc(&shared.stats.stale_served);
+                            asker.refresh(found, size);
+                            return Some(Sliced::Sent(resp, outcome));
+                        }
+                        Answered::AsSent => return Some(Sliced::AsSent),
+                        Answered::Changed => continue,
                     }
-                    continue;
                 }
                 _ => {}
             }
         }
         match fetch_first(&asker, size, found, looked_up_at).await {
-            Answered::Sent(resp) => return Some(resp),
+            Answered::Sent(resp, outcome) => return Some(Sliced::Sent(resp, outcome)),
+            Answered::AsSent => return Some(Sliced::AsSent),
             Answered::Changed => {}
         }
     }
@@ -150,7 +157,8 @@ pub(crate) async fn serve<S: CacheStore>(
         detail: Some("object-changing"),
     };
     tracing::warn!(key = %asker.key, "the object kept changing at the origin while sliced: 502");
-    Some(respond::failure(StatusCode::BAD_GATEWAY, outcome))
+    let resp = respond::failure(StatusCode::BAD_GATEWAY, outcome);
+    Some(Sliced::Sent(resp, outcome))
 }
 
 /// Answers a request on a route without `slice` for an object stored in parts (`found`: ranges forwarded
@@ -161,28 +169,37 @@ pub(crate) async fn serve<S: CacheStore>(
 /// [`crate::coalesce::Coalescer::finished`] before the store was read.
 pub(crate) async fn serve_parts<S: CacheStore>(
     worker: &Arc<Worker<S>>,
-    ctx: &Ctx<'_>,
-    key: &str,
-    parts: &Arc<Parts>,
+    txn: &Txn,
     found: &Found,
     looked_up_at: u64,
-) -> Option<Response<Body>> {
+) -> Option<Sliced> {
     let meta = found.meta();
     let if_range = range::if_range(meta.validators(), meta.header("date"))
         .and_then(|v| HeaderValue::from_bytes(v).ok());
-    let asker = Asker::new(worker, ctx, key, parts, Cut::Gaps, if_range);
+    let asker = Asker::new(worker, txn, Cut::Gaps, if_range);
     let now = lacquer_clock::now_ms();
     let ttl_s = meta.remaining_ttl_ms(now) / 1000;
     let object = Object::stored(found, now, Some(looked_up_at));
     match answer(&asker, object, None, Outcome::Hit { ttl_s }).await {
-        Answered::Sent(resp) => Some(resp),
+        Answered::Sent(resp, outcome) => Some(Sliced::Sent(resp, outcome)),
+        Answered::AsSent => Some(Sliced::AsSent),
         Answered::Changed => None,
     }
 }
 
+/// How a request the slices answer is answered.
+pub(crate) enum Sliced {
+    /// With this response, and the cache's verdict on it.
+    Sent(Response<Body>, Outcome),
+    /// Sent to the origin as the client sent it, as a pass: nothing proves slices of one version.
+    AsSent,
+}
+
 /// What an attempt to answer came to.
 enum Answered {
-    Sent(Response<Body>),
+    Sent(Response<Body>, Outcome),
+    /// Sent to the origin as the client sent it.
+    AsSent,
     /// The object changed at the origin before a byte was sent: look it up again.
     Changed,
 }
@@ -239,7 +256,7 @@ async fn fetch_first<S: CacheStore>(
     }
     let fallback = found.clone().filter(|f| {
         let usable = usability(f.meta().lifetime(now));
-        matches!(usable, Usability::OnError | Usability::Grace) && super::vouched(shared)
+        matches!(usable, Usability::OnError | Usability::Grace) && vouched(shared)
     });
     let failed = match &head {
         Err(_) => Some(None),
@@ -253,9 +270,9 @@ async fn fetch_first<S: CacheStore>(
             fwd_status,
         };
         let object = Object::stored(found, now, looked_up_at);
-        if let Answered::Sent(resp) = answer(asker, object, None, outcome).await {
+        if let Answered::Sent(resp, outcome) = answer(asker, object, None, outcome).await {
             inc(&shared.stats.stale_on_error);
-            return Answered::Sent(resp);
+            return Answered::Sent(resp, outcome);
         }
     }
     let count_miss = || {
@@ -273,7 +290,7 @@ async fn fetch_first<S: CacheStore>(
                 collapsed: !owner,
                 detail: Some("backend-error"),
             };
-            return Answered::Sent(respond::failure(e.status, outcome));
+            return Answered::Sent(respond::failure(e.status, outcome), outcome);
         }
     };
     if head.revalidated {
@@ -293,7 +310,7 @@ async fn fetch_first<S: CacheStore>(
     let Some((_, _, total)) = placed else {
         // Not a part (the whole, an error, a redirect): the origin's answer, as a miss of the ordinary way
         // would send it.
-        return Answered::Sent(asker.as_fetched(&head, reader, outcome).await);
+        return asker.as_fetched(&head, reader, outcome).await;
     };
     if let Some(why) = head.not_stored.filter(|why| never_stored(*why)) {
         // The object will not be stored whatever slice is asked (`no-store`, past
@@ -314,7 +331,7 @@ async fn fetch_first<S: CacheStore>(
         shared
             .coalescer
             .mark_hit_for_miss(&asker.key, hit_for_miss, NotStored::PartUnjoinable);
-        return Answered::Sent(asker.pass().await);
+        return Answered::AsSent;
     }
     let object = Object::fetched(&head, total, found.as_ref(), looked_up_at);
     answer(asker, object, Some((first, reader)), outcome).await
@@ -424,14 +441,15 @@ async fn answer<S: CacheStore>(
         }
         other => {
             respond::decorate(&mut headers, outcome, Some(object.age));
-            return Answered::Sent(respond::response(other.status(), headers, body::empty()));
+            let resp = respond::response(other.status(), headers, body::empty());
+            return Answered::Sent(resp, outcome);
         }
     };
     let length = span.map_or(0, |(from, to)| to - from + 1);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     respond::decorate(&mut headers, outcome, Some(object.age));
     let Some((from, to)) = span.filter(|_| asker.parts.method != Method::HEAD) else {
-        return Answered::Sent(respond::response(status, headers, body::empty()));
+        return Answered::Sent(respond::response(status, headers, body::empty()), outcome);
     };
     let (etag, last_modified) = validators(&object.head);
     let owned = |v: Option<&[u8]>| v.and_then(|v| HeaderValue::from_bytes(v).ok());
@@ -478,7 +496,7 @@ async fn answer<S: CacheStore>(
             match shared.store.read_part_chunk(&part.body, index, total).await {
                 Ok(Some(read)) => {
                     if let Outcome::Hit { .. } | Outcome::Stale { .. } = outcome {
-                        super::record_hit(&shared.stats, read.tier);
+                        record_hit(&shared.stats, read.tier);
                     }
                     assembly.proved = Some((part.body.generation, index, read.data));
                     break None;
@@ -541,7 +559,7 @@ async fn answer<S: CacheStore>(
         let item = rx.recv().await?;
         Some((item.map(Frame::data), rx))
     }));
-    Answered::Sent(respond::response(status, headers, body))
+    Answered::Sent(respond::response(status, headers, body), outcome)
 }
 
 /// The answer when a fetch stopped before a byte was sent: the object looked up again once the new
@@ -563,7 +581,7 @@ async fn stopped<S: CacheStore>(asker: &Asker<S>, stop: Stop<S>) -> Answered {
                 collapsed: false,
                 detail: None,
             };
-            Answered::Sent(asker.as_fetched(&head, reader, outcome).await)
+            asker.as_fetched(&head, reader, outcome).await
         }
         Stop::Failed(e) => {
             inc(&asker.worker.shared.stats.backend_errors);
@@ -573,7 +591,7 @@ async fn stopped<S: CacheStore>(asker: &Asker<S>, stop: Stop<S>) -> Answered {
                 detail: Some("backend-error"),
             };
             tracing::warn!(key = %asker.key, error = %e, "a slice fetch failed: 502");
-            Answered::Sent(respond::failure(StatusCode::BAD_GATEWAY, outcome))
+            Answered::Sent(respond::failure(StatusCode::BAD_GATEWAY, outcome), outcome)
         }
     }
 }
@@ -611,24 +629,17 @@ impl<S: CacheStore> Clone for Asker<S> {
 }
 
 impl<S: CacheStore> Asker<S> {
-    fn new(
-        worker: &Arc<Worker<S>>,
-        ctx: &Ctx<'_>,
-        key: &str,
-        parts: &Arc<Parts>,
-        cut: Cut,
-        if_range: Option<HeaderValue>,
-    ) -> Self {
+    fn new(worker: &Arc<Worker<S>>, txn: &Txn, cut: Cut, if_range: Option<HeaderValue>) -> Self {
         Self {
             worker: worker.clone(),
-            key: key.to_owned(),
-            parts: parts.clone(),
-            client: ctx.client,
-            route: ctx.route.clone(),
-            decided: ctx.decided.clone(),
+            key: txn.key.clone(),
+            parts: txn.head().clone(),
+            client: txn.client,
+            route: txn.route.clone(),
+            decided: txn.decided.clone(),
             cut,
             if_range,
-            negotiated: ctx.negotiated.cloned(),
+            negotiated: txn.negotiated.clone(),
         }
     }
 
@@ -750,7 +761,7 @@ impl<S: CacheStore> Asker<S> {
         head: &FetchedHead,
         reader: FetchReader<S>,
         outcome: Outcome,
-    ) -> Response<Body> {
+    ) -> Answered {
         let shared = &self.worker.shared;
         let policy = &self.route.policy;
         let delivery = self
@@ -761,35 +772,13 @@ impl<S: CacheStore> Asker<S> {
             // Nothing fetched is in a coding this client may get (`no-transform`): as the client sent it.
             drop(reader);
             inc(&shared.stats.coding_forwarded);
-            return self.pass().await;
+            return Answered::AsSent;
         }
         let limit = policy.cache.max_object_size.as_u64();
         let settings = policy.compression.as_ref().map(|n| &n.settings);
         let conversion = Conversion::new(delivery, limit, settings, &shared.stats);
-        respond::fetched(head, reader, outcome, &self.parts, &conversion).await
-    }
-
-    /// Sends the request to the origin as the client sent it (its range and `Accept-Encoding` included),
-    /// as a pass.
-    async fn pass(&self) -> Response<Body> {
-        let mut parts = Parts::clone(&self.parts);
-        if let Some(n) = &self.negotiated {
-            n.restore(&mut parts.headers);
-        }
-        let (worker, client) = (&self.worker, self.client);
-        super::pass(
-            worker,
-            client,
-            &self.route,
-            &self.decided,
-            parts,
-            body::empty(),
-            Outcome::Pass {
-                unsafe_method: false,
-                detail: None,
-            },
-        )
-        .await
+        let resp = respond::fetched(head, reader, outcome, &self.parts, &conversion).await;
+        Answered::Sent(resp, outcome)
     }
 
     /// Revalidates an object of a sliced route served in grace, in the background, with its first stored
@@ -1192,8 +1181,7 @@ impl<S: CacheStore> Assembly<S> {
         self.looks_left = self.looks_left.saturating_sub(1);
         self.looked_up_at = (self.looks_left > 0).then(|| shared.coalescer.finished());
         let worker = &self.asker.worker;
-        let Some(found) = super::find_variant(worker, &self.asker.key, &self.asker.parts).await
-        else {
+        let Some(found) = find_variant(worker, &self.asker.key, &self.asker.parts).await else {
             return;
         };
         let meta = found.meta();

@@ -23,7 +23,10 @@ use tokio::sync::Notify;
 use crate::{
     access_log::AccessLog,
     coalesce::Coalescer,
+    coding::Negotiated,
+    flow::step::{Step as Next, Txn},
     memory::MemoryStore,
+    phase,
     phase::Decided,
     stats::Stats,
     worker::{Live, Shared, Worker},
@@ -79,6 +82,40 @@ fn worker_of(
     })))
 }
 
+/// A request the request phase admitted to the lookup with `decided`, as `receive` leaves it.
+fn looked_up(
+    worker: &Worker<MemoryStore>,
+    client: IpAddr,
+    route: Arc<lacquer_backends::routing::Route>,
+    decided: Decided,
+    mut parts: Parts,
+) -> Txn {
+    let negotiated = route
+        .policy
+        .compression
+        .as_ref()
+        .map(|negotiation| Negotiated::take(&mut parts.headers, negotiation));
+    Txn {
+        client,
+        secure: false,
+        key: lacquer_policy::key::primary_key(&parts),
+        head: Some(Arc::new(parts)),
+        route,
+        decided,
+        class: lacquer_policy::request::RequestClass::Lookup,
+        negotiated,
+        asked: None,
+        delivers: phase::delivers(&worker.shared.live.load().rules),
+        note: None,
+        outcome: None,
+        own_error: false,
+        debug: None,
+        ahead: None,
+        parts_tried: false,
+        owner_answered: false,
+    }
+}
+
 /// What a client got.
 struct Got {
     status: StatusCode,
@@ -114,17 +151,8 @@ async fn respond(
 ) -> Response<Body> {
     let parts = parts(path, headers);
     let route = worker.shared.live.load().router.route(&parts).clone();
-    crate::lookup(
-        worker,
-        CLIENT,
-        &route,
-        &Decided::default(),
-        parts,
-        None,
-        false,
-    )
-    .await
-    .0
+    let mut txn = looked_up(worker, CLIENT, route, Decided::default(), parts);
+    crate::flow::steps(worker, &mut txn, Next::Lookup { again: false }).await
 }
 
 /// A GET for `path` on [`HOST`] through the lookup path, its body read to the end.
@@ -1009,20 +1037,10 @@ async fn a_post_during_a_fill_is_not_undone_by_it() {
     let mut post = parts("/p", &[]);
     post.method = http::Method::POST;
     let route = w.shared.live.load().router.route(&post).clone();
-    let outcome = crate::respond::Outcome::Pass {
-        unsafe_method: true,
-        detail: None,
-    };
-    let resp = crate::pass(
-        &w,
-        CLIENT,
-        &route,
-        &Decided::default(),
-        post,
-        lacquer_backends::body::empty(),
-        outcome,
-    )
-    .await;
+    let mut txn = looked_up(&w, CLIENT, route, Decided::default(), post);
+    txn.class = lacquer_policy::request::RequestClass::Invalidate;
+    let body = lacquer_backends::body::empty();
+    let resp = crate::flow::steps(&w, &mut txn, Next::Pass(body)).await;
     assert_eq!(resp.status(), StatusCode::OK);
     gate.notify_waiters();
     assert_eq!(before.await.unwrap().body, "old");
@@ -1319,18 +1337,8 @@ async fn get_ruled(w: &Arc<Worker<MemoryStore>>, path: &str, headers: &[(&str, &
     let Ok(admitted) = admitted else {
         panic!("answered by the request phase");
     };
-    let (resp, parts) = crate::lookup(
-        w,
-        CLIENT,
-        &admitted.route,
-        &admitted.decided,
-        parts,
-        None,
-        false,
-    )
-    .await;
-    let live = w.shared.live.load();
-    let resp = crate::phase::deliver(&live.rules, &parts.expect("looked up"), CLIENT, false, resp);
+    let mut txn = looked_up(w, CLIENT, admitted.route, admitted.decided, parts);
+    let resp = crate::flow::steps(w, &mut txn, Next::Lookup { again: false }).await;
     let (head, body) = resp.into_parts();
     let body = body.collect().await.expect("a whole body").to_bytes();
     Got {

@@ -1,0 +1,235 @@
+//! The hit step: a stored variant, fresh or within grace, served from the store (its sibling in the
+//! client's coding when one is stored); one served in grace is refreshed in the background.
+
+use std::sync::Arc;
+
+use lacquer_policy::encoding::{Coding, Delivery};
+use lacquer_storage::{ChunkRead, ObjectMeta, Tier};
+
+use super::{
+    pass,
+    step::{Found, Hit, Step, Txn},
+    stored::record_hit,
+};
+use crate::{
+    coalesce::Joined,
+    coding::Conversion,
+    fetch::{self, Fill},
+    prepared::{self, Prepared},
+    respond::{self, Outcome},
+    siblings,
+    stats::inc,
+    store::CacheStore,
+    worker::Worker,
+};
+
+/// Serves the hit; a miss when its body is no longer all there.
+pub(super) async fn hit<S: CacheStore>(worker: &Arc<Worker<S>>, txn: &mut Txn, hit: Hit) -> Step {
+    let Hit {
+        found,
+        now,
+        outcome,
+        otherwise,
+    } = hit;
+    let Some(step) = serve_stored(worker, txn, &found, now, outcome).await else {
+        return Step::Miss(otherwise);
+    };
+    if let Outcome::Stale { .. } = outcome {
+        inc(&worker.shared.stats.stale_served);
+        refresh(worker, txn, found);
+    }
+    step
+}
+
+/// Answers from a stored object whose body is all there (every chunk present, the first ones read: see
+/// `Store::open_body`); `None` (and the metadata dropped) when it is not.
+pub(super) async fn serve_stored<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
+    txn: &mut Txn,
+    found: &Found,
+    now: u64,
+    outcome: Outcome,
+) -> Option<Step> {
+    let shared = &worker.shared;
+    let meta = found.meta();
+    let prepared = prepared::prepared(meta);
+    let delivery = txn.delivery_of(prepared.coded, &prepared.head);
+    if delivery == Delivery::Forward {
+        inc(&shared.stats.coding_forwarded);
+        return Some(pass::forward_as_sent(worker, txn).await);
+    }
+    if let Delivery::Decode(coding) = delivery {
+        if let Some((sibling, conversion, first)) = sibling(worker, txn, found, coding).await {
+            record_hit(&shared.stats, first.tier);
+            txn.step("Body", || {
+                format!("stored, {:?} tier, its {coding:?} sibling", first.tier)
+            });
+            let body = &found.set.siblings[sibling].body;
+            let Conversion::Sibling { coding, .. } = conversion else {
+                unreachable!("a sibling is sent as one");
+            };
+            let make = |m: &ObjectMeta| Prepared::sibling(&prepared, coding, m.length);
+            let owned;
+            let head = match body.prepared(make) {
+                Some(head) => head,
+                None => {
+                    owned = make(body);
+                    &owned
+                }
+            };
+            let (resp, ahead) = respond::stored(
+                shared.store.clone(),
+                found.set.clone(),
+                found.index,
+                Some(sibling),
+                Some(first.data),
+                now,
+                outcome,
+                txn.head(),
+                head,
+                &conversion,
+                &shared.live.load().rules,
+            );
+            txn.ahead = ahead;
+            with_debug(txn, &prepared, meta, now);
+            return Some(txn.answered(resp, outcome));
+        }
+    }
+    let first = if meta.length == 0 {
+        None
+    } else {
+        match shared.store.open_body(meta).await {
+            Ok(Some(chunk)) => Some(chunk),
+            Ok(None) => {
+                inc(&shared.stats.bodies_lost);
+                if let Err(e) = shared.store.remove_generation(&txn.key, meta.generation) {
+                    tracing::warn!(key = txn.key, error = %e, "cannot drop metadata of a lost body");
+                }
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(key = txn.key, error = %e, "reading a stored body failed; refetching");
+                return None;
+            }
+        }
+    };
+    let tier = first.as_ref().map_or(Tier::Memory, |c| c.tier);
+    record_hit(&shared.stats, tier);
+    txn.step("Body", || format!("stored, {tier:?} tier"));
+    let data = first.map(|c| c.data);
+    let (resp, ahead) = respond::stored(
+        shared.store.clone(),
+        found.set.clone(),
+        found.index,
+        None,
+        data,
+        now,
+        outcome,
+        txn.head(),
+        &prepared,
+        &txn.conversion(delivery, &shared.stats),
+        &shared.live.load().rules,
+    );
+    txn.ahead = ahead;
+    with_debug(txn, &prepared, meta, now);
+    Some(txn.answered(resp, outcome))
+}
+
+/// Counts the hit while a rule shows hit counts (`debug_headers`), and keeps the count and the freshness
+/// left for the deliver phase when that rule may show them to this request.
+fn with_debug(txn: &mut Txn, prepared: &Prepared, meta: &ObjectMeta, now: u64) {
+    if txn.decided.counts_hits {
+        let hits = prepared.hits.count();
+        if txn.decided.wants_debug {
+            txn.debug = Some(lacquer_rules::Debug {
+                hits: Some(hits),
+                ttl_s: Some(meta.remaining_ttl_ms(now) / 1000),
+            });
+        }
+    }
+}
+
+/// The sibling of `found` this client should be sent instead of converting its body (stored in `coding`)
+/// on the way out, its index in the set, how it is sent and its chunk 0; `None` when there is none to send.
+/// A sibling is then made, for the clients after this one, unless `[compression] conversions` is 0.
+async fn sibling<S: CacheStore>(
+    worker: &Worker<S>,
+    txn: &Txn,
+    found: &Found,
+    coding: Coding,
+) -> Option<(usize, Conversion, ChunkRead)> {
+    let shared = &worker.shared;
+    let negotiated = txn.negotiated.as_ref()?;
+    let negotiation = txn.route.policy.compression.as_ref()?;
+    let meta = found.meta();
+    if negotiation.settings.conversions == 0 || meta.length == 0 {
+        return None;
+    }
+    let wanted = siblings::coding_for(coding, negotiated.takes_gzip());
+    if let Some(index) = found
+        .set
+        .sibling(meta.generation, wanted.map(Coding::token))
+    {
+        match shared
+            .store
+            .open_body(&found.set.siblings[index].body)
+            .await
+        {
+            Ok(Some(first)) => {
+                let conversion = Conversion::Sibling {
+                    coding: wanted,
+                    stats: shared.stats.clone(),
+                };
+                return Some((index, conversion, first));
+            }
+            // Made again below: the new one replaces it.
+            Ok(None) => inc(&shared.stats.representations_evicted),
+            Err(e) => tracing::warn!(key = txn.key, error = %e, "reading a representation failed"),
+        }
+    }
+    siblings::start(
+        &shared.store,
+        &shared.making,
+        &shared.stats,
+        &negotiation.settings,
+        txn.route.policy.cache.max_object_size.as_u64(),
+        siblings::Wanted {
+            key: &txn.key,
+            found,
+            stored: coding,
+            coding: wanted,
+        },
+    );
+    None
+}
+
+/// Starts one background fetch (a revalidation when the object has validators) for a key served in grace,
+/// unless a fetch for it is already running.
+fn refresh<S: CacheStore>(worker: &Arc<Worker<S>>, txn: &Txn, found: Found) {
+    let key = &txn.key;
+    let now = worker.shared.store.mark();
+    let transit_buffer = txn.route.policy.cache.transit_buffer.as_u64();
+    let invalidated = |since| worker.shared.store.invalidated_after(since, key);
+    if let Joined::Leader(fetch) =
+        worker
+            .shared
+            .coalescer
+            .join(key, now, transit_buffer, None, invalidated)
+    {
+        let fill = Fill {
+            key: key.clone(),
+            registered: true,
+            parts: txn.head().clone(),
+            asked: txn.asked.clone(),
+            client: txn.client,
+            route: txn.route.clone(),
+            decided: txn.decided.clone(),
+            stale: found.revalidatable().then_some(found),
+            background: true,
+            stand_in: true,
+            part: None,
+            if_range: None,
+        };
+        tokio::spawn(fetch::run(worker.clone(), fetch, fill));
+    }
+}

@@ -1,0 +1,165 @@
+//! The request flow, as one loop over named steps: [`receive`] admits a request and says where it goes,
+//! then each step returns the next until one answers:
+//!
+//! ```text
+//! receive ─┬─ lookup ─┬─ hit ──────────────┐
+//!          │    ▲     └─ miss ─┬───────────┤
+//!          │    └── look again ┘           │
+//!          ├─ pass ────────────────────────┤
+//!          ├─ pipe ────────────────────────┼─ deliver ─┐
+//!          ├─ peer ─── (owner gone) lookup │           ├─ observed, out
+//!          ├─ purge ───────────────────────────────────┤
+//!          └─ respond (refusals, own answers) ─────────┘
+//! ```
+//!
+//! One [`Txn`] carries the request through them: who sent it, its head (owned once, from the moment the
+//! request phase has made it what the origin receives), its route, the rules' decisions, its key, and
+//! what the steps learn on the way (the outcome, debug counts, the deliver rules already applied). The
+//! last step is [`observe`]: the one layer that follows the response body out for the counters, the
+//! access log and the span.
+
+mod deliver;
+mod hit;
+mod lookup;
+mod miss;
+mod observe;
+mod pass;
+mod pipe;
+mod receive;
+pub(crate) mod step;
+pub(crate) mod stored;
+
+use std::sync::Arc;
+
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use lacquer_backends::body::{self, Body};
+use lacquer_edge::{Client, EdgeStats, RequestBody};
+
+pub use self::observe::Observed;
+use self::step::{Step, Txn};
+use crate::{error_page, respond, stats::inc, timing, worker::Worker};
+
+impl lacquer_edge::Service for Worker {
+    type Body = Observed;
+    type Error = lacquer_backends::body::BoxError;
+
+    fn call(
+        self: Arc<Self>,
+        req: Request<RequestBody>,
+        client: Client,
+    ) -> impl std::future::Future<Output = Response<Observed>> + Send + 'static {
+        let mut req = req;
+        let observing = observe::Observing::begin(&self.shared, &mut req, client.ip);
+        let html = error_page::wants_html(req.headers());
+        let head_only = req.method() == Method::HEAD;
+        async move {
+            let (resp, txn) = if client.refused {
+                (too_many_connections(), None)
+            } else if client.too_early {
+                inc(&self.shared.stats.requests);
+                (too_early(), None)
+            } else {
+                run(&self, client, req).await
+            };
+            let failure = resp.extensions().get::<error_page::Failure>().is_some();
+            let resp = if failure {
+                self.shared.live.load().error_pages.apply(html, resp)
+            } else {
+                resp
+            };
+            // Whatever step answered (an error page, a pass, a stored object), a HEAD response has no body:
+            // HTTP/2 sending one breaks the stream (RFC 9113 §8.1.1), HTTP/1.1 the connection.
+            let resp = if head_only {
+                resp.map(|_| body::empty())
+            } else {
+                resp
+            };
+            let collapsed = match &txn {
+                Some(Txn {
+                    outcome: Some(respond::Outcome::Miss { collapsed, .. }),
+                    ..
+                }) => *collapsed,
+                _ => false,
+            };
+            let outcome = match txn {
+                _ if failure => timing::Outcome::SYNTH,
+                Some(Txn {
+                    outcome: Some(outcome),
+                    ..
+                }) => timing::Outcome::from(outcome),
+                // The owner's `X-Cache` is its verdict, sent over the wire.
+                Some(Txn {
+                    owner_answered: true,
+                    ..
+                }) => timing::Outcome::from_x_cache(resp.headers()),
+                _ => timing::Outcome::SYNTH,
+            };
+            observing.respond(resp, outcome, collapsed)
+        }
+    }
+
+    fn stats(&self) -> &EdgeStats {
+        &self.shared.stats.edge
+    }
+}
+
+/// Answers one request: receives it, then runs the steps it leads to until one answers. The request's
+/// context comes back with the response, for what observes it.
+pub(crate) async fn run(
+    worker: &Arc<Worker>,
+    client: Client,
+    req: Request<RequestBody>,
+) -> (Response<Body>, Option<Txn>) {
+    let (mut txn, first) = match receive::receive(worker, client, req).await {
+        Ok(received) => received,
+        Err(resp) => return (resp, None),
+    };
+    let resp = steps(worker, &mut txn, first).await;
+    (resp, Some(txn))
+}
+
+/// Runs the steps from `step` until one answers.
+pub(crate) async fn steps<S: crate::store::CacheStore>(
+    worker: &Arc<Worker<S>>,
+    txn: &mut Txn,
+    mut step: Step,
+) -> Response<Body> {
+    loop {
+        step = match step {
+            Step::Lookup { again } => lookup::lookup(worker, txn, again).await,
+            Step::Hit(found) => hit::hit(worker, txn, found).await,
+            Step::Miss(miss) => miss::miss(worker, txn, miss).await,
+            Step::Pass(body) => pass::pass(worker, txn, body).await,
+            Step::Pipe(upgrade) => self::pipe::pipe(worker, txn, upgrade).await,
+            Step::Peer(peer, proof) => {
+                match crate::peer::ask(worker, txn.client, &peer, proof, txn.head()).await {
+                    Some(resp) => {
+                        txn.owner_answered = true;
+                        Step::Done(resp)
+                    }
+                    // The owner cannot be reached: this node answers while its lease runs out.
+                    None => receive::lookup(worker, txn),
+                }
+            }
+            Step::Deliver(resp) => return deliver::deliver(worker, txn, resp),
+            Step::Done(resp) => return resp,
+        }
+    }
+}
+
+fn too_many_connections() -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    resp.extensions_mut().insert(error_page::Failure);
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
+
+/// The answer to a request in TLS early data that may not be answered before the handshake completes: the
+/// client sends it again once it has (RFC 8470).
+fn too_early() -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() = StatusCode::TOO_EARLY;
+    resp
+}
