@@ -10,7 +10,8 @@ use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, Method, S
 use lacquer_admin::wire::{
     ExplainRequest, ExplainedObject, ExplainedResponse, Explanation, HeaderField, RuleStep,
 };
-use lacquer_config::{ConfigError, Rule};
+use lacquer_backends::{protection::DenyRule, routing::Router, BackendSet};
+use lacquer_config::{Config, ConfigError, Rule};
 use lacquer_policy::{
     head,
     headers::strip_hop_by_hop,
@@ -19,19 +20,58 @@ use lacquer_policy::{
     stale::{usability, Usability},
     storable::{self, Credentials, Decision, NotStored},
 };
+use lacquer_rules::Rules;
 use lacquer_rules::{Facts, Phase, Trace};
 use lacquer_storage::ObjectMeta;
 
 use crate::{
     cluster,
     coding::Negotiated,
+    error_page::ErrorPages,
+    live::Live,
     phase::{self, Admitted, Answered},
     pipe,
     prepared::Prepared,
     purge_method,
     store::CacheStore,
-    worker::{Live, Shared},
+    worker::Shared,
 };
+
+// Built here rather than beside the struct: building the live settings is their validation, and that runs
+// every rule's `examples` through the data path's phases, which this module takes requests through.
+impl Live {
+    /// The live settings of `config`, with backends made from its `[[backend]]`s; building them is their
+    /// validation, and the error names the setting that cannot be built.
+    pub fn new(config: &Config, backends: &BackendSet) -> Result<Self, ConfigError> {
+        let live = Self {
+            router: Router::new(config, backends)?,
+            purge: config.purge.clone(),
+            deny: config
+                .deny
+                .iter()
+                .enumerate()
+                .map(|(n, d)| {
+                    DenyRule::compile(d).map_err(|e| ConfigError::setting(format!("deny[{n}]"), e))
+                })
+                .collect::<Result<_, _>>()?,
+            normalize: config.normalize.clone(),
+            error_pages: ErrorPages::compile(&config.error_pages)?,
+            prefetch: config.prefetch.clone(),
+            prefetching: config
+                .route
+                .iter()
+                .any(|r| r.prefetch.is_some_and(|p| p.cmcd || p.playlist > 0)),
+            rules: {
+                let mut names: Vec<&str> = config.backend.iter().map(|b| b.name.as_str()).collect();
+                names.extend(config.director.iter().map(|d| d.name.as_str()));
+                Rules::compile(&config.rule, &names)
+                    .map_err(|e| ConfigError::setting(e.setting(), e.reason))?
+            },
+        };
+        check_examples(&live, &config.rule)?;
+        Ok(live)
+    }
+}
 
 /// The client address an explanation assumes when none is given: a documentation address, which no
 /// client rule on a real network matches by accident.

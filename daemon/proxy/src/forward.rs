@@ -16,23 +16,11 @@ use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
 use lacquer_rules::Rules;
 
 use crate::{
+    fields::{append, VIA},
     phase::{self, Decided},
     respond::{self, Outcome},
     stats::{add, inc, Stats},
 };
-
-/// What this proxy adds to `Via` on requests and responses.
-pub const VIA: &str = "1.1 lacquer";
-
-pub fn append(headers: &mut HeaderMap, name: header::HeaderName, value: &str) {
-    let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.is_empty() => format!("{existing}, {value}"),
-        _ => value.to_owned(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&joined) {
-        headers.insert(name, v);
-    }
-}
 
 /// The origin's answer to a pass (or a tunnel it refused), as the client gets it: the backend-response
 /// phase on its head (the built-in part, then the rules when `request`, the client's head, is kept for

@@ -9,10 +9,12 @@ mod coding;
 pub mod error_page;
 pub mod explain;
 mod fetch;
+mod fields;
 mod flow;
 mod forward;
 pub mod hls;
 pub mod invalidation;
+mod live;
 pub mod log_format;
 #[cfg(test)]
 mod memory;

@@ -4,7 +4,7 @@
 use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -19,9 +19,7 @@ use lacquer_telemetry::Trace;
 use crate::{
     cluster::{Peer, FORWARDED_BY, FORWARD_PROOF},
     forward,
-    stats::inc,
-    store::CacheStore,
-    worker::Worker,
+    stats::{inc, Stats},
 };
 
 /// A dead owner is noticed at connect (refused at once on a LAN) or, when it hangs, within this; its
@@ -54,17 +52,16 @@ impl Peers {
 /// [`crate::cluster::Cluster::forward_proof`] of `parts`) so that the owner answers it itself; `None`
 /// when the owner cannot be reached, and this node answers (a dead owner must not fail requests while
 /// its lease runs out).
-pub(crate) async fn ask<S: CacheStore>(
-    worker: &Worker<S>,
+pub(crate) async fn ask(
+    peers: &Mutex<Peers>,
+    stats: &Stats,
+    node: &str,
     client: IpAddr,
-    peer: &Peer,
-    proof: HeaderValue,
+    (peer, proof): (&Peer, HeaderValue),
     parts: &Parts,
 ) -> Option<Response<Body>> {
-    let stats = &worker.shared.stats;
-    let node = worker.shared.cluster.as_ref()?.node();
     inc(&stats.peer_requests);
-    let pool = worker.peers.lock().expect("peers lock").pool(peer.addr)?;
+    let pool = peers.lock().expect("peers lock").pool(peer.addr)?;
     let mut req = forward::origin_request(
         parts.method.clone(),
         parts.uri.clone(),

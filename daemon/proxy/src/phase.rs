@@ -27,7 +27,7 @@ use lacquer_policy::{
 };
 use lacquer_rules::{Ahead, Debug, Facts, Phase, RequestVerdict, Rules, Synthetic, Trace};
 
-use crate::{coding::IDENTITY_LENGTH, worker::Live};
+use crate::{coding::IDENTITY_LENGTH, live::Live};
 
 /// What the request phase decided about a request it lets through to the lookup or the origin, beyond
 /// the head it rewrote.

@@ -27,7 +27,7 @@ use lacquer_policy::headers::strip_hop_by_hop;
 use lacquer_rules::Phase;
 
 use crate::{
-    forward,
+    fields, forward,
     phase::{self, Decided},
     respond::Outcome,
     stats::{dec, inc, Stats},
@@ -152,7 +152,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
     head.headers
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     head.headers.insert(header::UPGRADE, protocol);
-    forward::append(&mut head.headers, header::VIA, forward::VIA);
+    fields::append(&mut head.headers, header::VIA, fields::VIA);
     inc(&stats.pipes);
     let open = Open::new(stats.clone());
     let idle = backend.config.between_bytes_timeout;

@@ -14,8 +14,7 @@ use lacquer_storage::ObjectMeta;
 
 use crate::{
     coding::{take_identity_length, vary_on_accept_encoding, weaken_etag},
-    forward::{append, VIA},
-    respond::{CACHE_STATUS, X_CACHE},
+    fields::{append, CACHE_STATUS, VIA, X_CACHE},
 };
 
 /// A stored body's response head ([`ObjectMeta::prepared`]), shared by every response served from one

@@ -11,7 +11,6 @@ use http::{
 use http_body::Frame;
 use lacquer_storage::{ObjectMeta, ObjectSet};
 
-use super::forward::{append, VIA};
 use lacquer_backends::body::{self, Body, BoxError};
 use lacquer_policy::{
     conditional,
@@ -22,12 +21,10 @@ use lacquer_rules::{Ahead, Rules};
 use crate::{
     coalesce::{FetchReader, FetchedHead},
     coding::{take_identity_length, Busy, Conversion},
+    fields::{append, CACHE_STATUS, VIA, X_CACHE},
     prepared::Prepared,
     store::CacheStore,
 };
-
-pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
-pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 /// The cache's verdict on one response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,8 +15,8 @@ use lacquer_policy::encoding::{Coding, Compression};
 
 use crate::{
     coding::{Reserved, EXPANSION_FLOOR, IDENTITY_LENGTH},
-    flow::step::Found,
     stats::{inc, Stats},
+    store::Found,
     store::{BodyWriter, CacheStore},
 };
 

@@ -35,13 +35,13 @@ use crate::{
     coding::{Conversion, Negotiated},
     fetch::{self, placed_part, Ask, Fill},
     flow::{
-        step::{Found, Txn},
+        step::Txn,
         stored::{find_variant, record_hit, vouched, within_request_grace},
     },
     phase::{self, Decided},
     respond::{self, Outcome, Shape},
     stats::inc,
-    store::CacheStore,
+    store::{CacheStore, Found},
     worker::Worker,
 };
 
@@ -527,10 +527,10 @@ async fn answer<S: CacheStore>(
         outcome => outcome,
     };
     headers.insert(
-        respond::X_CACHE,
+        crate::fields::X_CACHE,
         HeaderValue::from_static(outcome.x_cache()),
     );
-    headers.insert(respond::CACHE_STATUS, outcome.cache_status());
+    headers.insert(crate::fields::CACHE_STATUS, outcome.cache_status());
     match fetched {
         Some(Ok(reader)) => assembly.ahead.push((span, reader, true)),
         Some(Err(stop)) => return stopped(asker, stop).await,

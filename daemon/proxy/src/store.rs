@@ -299,3 +299,23 @@ impl PartialRead for PartialBody {
         PartialBody::read_chunk(self, index)
     }
 }
+
+/// A stored variant selected for a request.
+#[derive(Clone)]
+pub struct Found {
+    pub(crate) set: Arc<ObjectSet>,
+    pub(crate) index: usize,
+}
+
+impl Found {
+    /// The variant's metadata, as stored when it was looked up.
+    pub fn meta(&self) -> &ObjectMeta {
+        &self.set.variants[self.index]
+    }
+
+    /// Whether a fill can ask the origin to confirm it instead of sending the body again.
+    pub(crate) fn revalidatable(&self) -> bool {
+        let meta = self.meta();
+        meta.header("etag").is_some() || meta.header("last-modified").is_some()
+    }
+}

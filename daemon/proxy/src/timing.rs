@@ -5,7 +5,7 @@
 
 use http::HeaderMap;
 
-use crate::respond::{self, X_CACHE};
+use crate::{fields::X_CACHE, respond};
 
 /// An outcome, as an index into [`OUTCOMES`](lacquer_admin::wire::OUTCOMES).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

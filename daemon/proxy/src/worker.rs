@@ -8,78 +8,21 @@ use std::{
 use arc_swap::ArcSwap;
 use lacquer_storage::{BanExpr, BanInfo, Store};
 
-use lacquer_backends::{protection::DenyRule, routing::Router, Backend, BackendSet, BackendState};
-use lacquer_config::{Config, ConfigError, Normalize, Prefetch, Purge};
-use lacquer_rules::Rules;
+use lacquer_backends::{Backend, BackendState};
 
+pub use crate::live::Live;
 use crate::{
     access_log::AccessLog,
     cluster::{self, Applied, Cluster, InvalidateError, Invalidation},
     coalesce::Coalescer,
-    error_page::ErrorPages,
     hls::BlockingReloads,
     invalidation::PurgeTarget,
     peer::Peers,
-    prefetch::Prefetcher,
+    prefetch::budget::Prefetcher,
     siblings::Making,
     stats::Stats,
     store::CacheStore,
 };
-
-/// The settings a reload can change while requests are served.
-#[derive(Debug)]
-pub struct Live {
-    /// Routes (each with its cache policy and rate limit) and directors.
-    pub router: Router,
-    /// Who may send `PURGE` and `BAN` to the client listeners.
-    pub purge: Purge,
-    /// Requests refused with 403 before anything else.
-    pub deny: Vec<DenyRule>,
-    /// How request targets and headers are normalised before the key is made.
-    pub normalize: Normalize,
-    /// `[[rule]]`s, with their counters (a reload starts them afresh, as Varnish's VCL counters).
-    pub rules: Rules,
-    /// `[prefetch]`: the budget of the routes' `prefetch`.
-    pub prefetch: Prefetch,
-    /// Some route prefetches: the head of every request is kept as sent, before the request phase.
-    pub prefetching: bool,
-    /// `[error_pages]`, read: what a client gets when lacquerd answers a 5xx itself.
-    pub error_pages: ErrorPages,
-}
-
-impl Live {
-    /// The live settings of `config`, with backends made from its `[[backend]]`s; building them is their
-    /// validation, and the error names the setting that cannot be built.
-    pub fn new(config: &Config, backends: &BackendSet) -> Result<Self, ConfigError> {
-        let live = Self {
-            router: Router::new(config, backends)?,
-            purge: config.purge.clone(),
-            deny: config
-                .deny
-                .iter()
-                .enumerate()
-                .map(|(n, d)| {
-                    DenyRule::compile(d).map_err(|e| ConfigError::setting(format!("deny[{n}]"), e))
-                })
-                .collect::<Result<_, _>>()?,
-            normalize: config.normalize.clone(),
-            error_pages: ErrorPages::compile(&config.error_pages)?,
-            prefetch: config.prefetch.clone(),
-            prefetching: config
-                .route
-                .iter()
-                .any(|r| r.prefetch.is_some_and(|p| p.cmcd || p.playlist > 0)),
-            rules: {
-                let mut names: Vec<&str> = config.backend.iter().map(|b| b.name.as_str()).collect();
-                names.extend(config.director.iter().map(|d| d.name.as_str()));
-                Rules::compile(&config.rule, &names)
-                    .map_err(|e| ConfigError::setting(e.setting(), e.reason))?
-            },
-        };
-        crate::explain::check_examples(&live, &config.rule)?;
-        Ok(live)
-    }
-}
 
 /// What every worker thread and the admin API share: the live settings, the store, the counters and the
 /// fetches in flight. `S` is the store the data path serves from (the real one but in unit tests).

@@ -8,18 +8,19 @@ use lacquer_storage::{ChunkRead, ObjectMeta, Tier};
 
 use super::{
     pass,
-    step::{Found, Hit, Step, Txn},
+    step::{Hit, Step, Txn},
     stored::record_hit,
 };
 use crate::{
     coalesce::Joined,
     coding::Conversion,
-    fetch::{self, Fill},
+    fetch::Fill,
+    prefetch,
     prepared::{self, Prepared},
     respond::{self, Outcome},
     siblings,
     stats::inc,
-    store::CacheStore,
+    store::{CacheStore, Found},
     worker::Worker,
 };
 
@@ -230,6 +231,6 @@ fn refresh<S: CacheStore>(worker: &Arc<Worker<S>>, txn: &Txn, found: Found) {
             part: None,
             if_range: None,
         };
-        tokio::spawn(fetch::run(worker.clone(), fetch, fill));
+        tokio::spawn(prefetch::fill(worker.clone(), fetch, fill));
     }
 }

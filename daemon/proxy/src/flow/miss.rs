@@ -14,16 +14,16 @@ use lacquer_storage::Tier;
 
 use super::{
     hit, pass,
-    step::{Found, Joining, Miss, Stale, Step, Txn},
+    step::{Joining, Miss, Stale, Step, Txn},
     stored::record_hit,
 };
 use crate::{
     coalesce::{Fetch, FetchError, HeadError, Joined},
-    fetch::{self, forwarded_range, Fill},
-    hls, phase,
+    fetch::{forwarded_range, Fill},
+    hls, phase, prefetch,
     respond::{self, busy_briefly, Outcome},
     stats::inc,
-    store::CacheStore,
+    store::{CacheStore, Found},
     worker::Worker,
 };
 
@@ -87,7 +87,7 @@ pub(super) async fn miss<S: CacheStore>(
             part: forwarded,
             if_range: None,
         };
-        tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
+        tokio::spawn(prefetch::fill(worker.clone(), fetch.clone(), fill));
         (fetch, reader)
     };
     let now = shared.store.mark();

@@ -132,7 +132,7 @@ pub(crate) async fn steps<S: crate::store::CacheStore>(
             Step::Pass(body) => pass::pass(worker, txn, body).await,
             Step::Pipe(upgrade) => self::pipe::pipe(worker, txn, upgrade).await,
             Step::Peer(peer, proof) => {
-                match crate::peer::ask(worker, txn.client, &peer, proof, txn.head()).await {
+                match ask_owner(worker, txn, (&peer, proof)).await {
                     Some(resp) => {
                         txn.owner_answered = true;
                         Step::Done(resp)
@@ -145,6 +145,17 @@ pub(crate) async fn steps<S: crate::store::CacheStore>(
             Step::Done(resp) => return resp,
         }
     }
+}
+
+/// The owner's answer, through this worker's connections to the cluster's members.
+async fn ask_owner<S: crate::store::CacheStore>(
+    worker: &Worker<S>,
+    txn: &Txn,
+    owner: (&crate::cluster::Peer, HeaderValue),
+) -> Option<Response<Body>> {
+    let node = worker.shared.cluster.as_ref()?.node();
+    let stats = &worker.shared.stats;
+    crate::peer::ask(&worker.peers, stats, node, txn.client, owner, txn.head()).await
 }
 
 fn too_many_connections() -> Response<Body> {

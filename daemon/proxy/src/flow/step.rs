@@ -10,7 +10,6 @@ use lacquer_policy::{
     request::RequestClass,
 };
 use lacquer_rules::{Ahead, Debug};
-use lacquer_storage::{ObjectMeta, ObjectSet};
 
 use crate::{
     access_log::Note,
@@ -20,6 +19,7 @@ use crate::{
     pipe::Upgrade,
     respond::{self, Outcome},
     stats::Stats,
+    store::Found,
 };
 
 /// One request on its way through the flow.
@@ -134,26 +134,6 @@ pub(crate) enum Step {
     Deliver(Response<Body>),
     /// A response to the client as it is: lacquerd's own answers, a purge's, a peer's (delivered there).
     Done(Response<Body>),
-}
-
-/// A stored variant selected for a request.
-#[derive(Clone)]
-pub(crate) struct Found {
-    pub(crate) set: Arc<ObjectSet>,
-    pub(crate) index: usize,
-}
-
-impl Found {
-    /// The variant's metadata, as stored when it was looked up.
-    pub fn meta(&self) -> &ObjectMeta {
-        &self.set.variants[self.index]
-    }
-
-    /// Whether a fill can ask the origin to confirm it instead of sending the body again.
-    pub(crate) fn revalidatable(&self) -> bool {
-        let meta = self.meta();
-        meta.header("etag").is_some() || meta.header("last-modified").is_some()
-    }
 }
 
 /// A variant the lookup found servable, and the miss to make when its body turns out to be gone.

@@ -5,7 +5,7 @@ use http::request::Parts;
 use lacquer_policy::stale::Usability;
 use lacquer_storage::{ObjectMeta, Tier};
 
-use super::step::Found;
+use crate::store::Found;
 use crate::{
     phase::{self, Decided},
     stats::{inc, Stats},
