@@ -13,7 +13,6 @@ use std::{
 };
 
 use anyhow::Context;
-use arc_swap::ArcSwap;
 use bytesize::ByteSize;
 use clap::Parser;
 use tokio::sync::watch;
@@ -27,7 +26,6 @@ use lacquer_config::{Config, Overrides};
 use lacquer_edge::WorkerSettings;
 use lacquer_proxy::{
     access_log::AccessLog,
-    coalesce::Coalescer,
     stats::Stats,
     worker::{Shared, Worker},
 };
@@ -208,21 +206,13 @@ fn run(
         None => None,
     };
     store.weigh_edited_heads(live.rules.edited_fields());
-    let shared = Arc::new(Shared {
-        live: ArcSwap::from_pointee(live),
-        access_log: access_log.clone(),
-        store: store.clone(),
-        stats: stats.clone(),
-        coalescer: Coalescer::new(config.server.hit_for_miss_memory.as_u64() as usize),
-        started: lacquer_clock::monotonic(),
-        cluster: cluster
-            .clone()
-            .map(|c| Arc::new(c) as Arc<dyn lacquer_proxy::cluster::Cluster>),
-        making: Arc::default(),
-        prefetch: Default::default(),
-        blocking: Default::default(),
-        telemetry,
-    });
+    let mut shared = Shared::new(live, store.clone(), stats.clone(), access_log.clone())
+        .with_hit_for_miss_memory(config.server.hit_for_miss_memory.as_u64() as usize)
+        .with_telemetry(telemetry);
+    if let Some(cluster) = &cluster {
+        shared = shared.with_cluster(Arc::new(cluster.clone()));
+    }
+    let shared = Arc::new(shared);
     let (stop, stopped) = watch::channel(false);
     let settings = Arc::new(WorkerSettings {
         shutdown_timeout: config.server.shutdown_timeout,

@@ -213,16 +213,12 @@ fn bearer_token(credentials: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use arc_swap::ArcSwap;
     use axum::{
         body::{to_bytes, Body},
         http::{Method, StatusCode},
     };
     use lacquer_config::{Config, Overrides};
-    use lacquer_proxy::{
-        access_log::AccessLog, coalesce::Coalescer, log_format::LogFormat, stats::Stats,
-        worker::Live,
-    };
+    use lacquer_proxy::{access_log::AccessLog, log_format::LogFormat, stats::Stats, worker::Live};
     use lacquer_storage::StoreBuilder;
     use serde_json::Value;
     use tower::ServiceExt;
@@ -265,19 +261,8 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let format = LogFormat::compile(&config.access_log.format).unwrap();
         let (access_log, _) = AccessLog::start(&config.access_log, format, stats.clone()).unwrap();
-        let shared = Arc::new(Shared {
-            live: ArcSwap::from_pointee(Live::new(&config, &backends).unwrap()),
-            access_log,
-            store,
-            stats,
-            coalescer: Coalescer::new(1 << 20),
-            started: lacquer_clock::monotonic(),
-            cluster: None,
-            making: Arc::default(),
-            prefetch: Default::default(),
-            blocking: Default::default(),
-            telemetry: Default::default(),
-        });
+        let live = Live::new(&config, &backends).unwrap();
+        let shared = Arc::new(Shared::new(live, store, stats, access_log));
         let (_, stopping) = watch::channel(false);
         router(AdminState {
             shared,

@@ -39,18 +39,14 @@ pub async fn inspect(
         .into_iter()
         .map(|found| stored_variant(found, now))
         .collect();
-    let not_stored = state
-        .shared
-        .coalescer
-        .uncacheable(&key)
-        .map(|u| NotStoredNote {
-            reason: u.why.token().into(),
-            at: u.at_ms / 1000,
-            bypass_seconds: u
-                .until
-                .saturating_duration_since(lacquer_clock::monotonic())
-                .as_secs(),
-        });
+    let not_stored = state.shared.uncacheable(&key).map(|u| NotStoredNote {
+        reason: u.why.token().into(),
+        at: u.at_ms / 1000,
+        bypass_seconds: u
+            .until
+            .saturating_duration_since(lacquer_clock::monotonic())
+            .as_secs(),
+    });
     Ok(Json(Inspection {
         key,
         cached: !variants.is_empty(),

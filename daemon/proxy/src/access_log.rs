@@ -20,7 +20,7 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use http::{header, request::Parts, Request, Response};
+use http::{header, Request, Response};
 use lacquer_admin::wire::{LogEntry, TraceStep};
 use tokio::sync::broadcast;
 
@@ -119,11 +119,11 @@ impl AccessLog {
         (self.tail.subscribe(), guard)
     }
 
-    /// Starts recording a request, when the file wants it (sampled) or someone follows the stream; the
-    /// request then carries a [`Note`] for the data path to fill in.
+    /// Starts recording a request, when the file wants it (sampled) or someone follows the stream, with a
+    /// [`Note`] for the data path to fill in ([`Recording::note`]).
     pub fn begin(
         self: &Arc<Self>,
-        req: &mut Request<lacquer_edge::RequestBody>,
+        req: &Request<lacquer_edge::RequestBody>,
         client: IpAddr,
     ) -> Option<Recording> {
         let to_file = self.file.is_some() && (self.sample >= 1.0 || fastrand::f64() < self.sample);
@@ -174,7 +174,6 @@ impl AccessLog {
                 steps: Vec::new(),
             },
         };
-        req.extensions_mut().insert(recording.note.clone());
         Some(recording)
     }
 
@@ -215,9 +214,9 @@ pub struct Recording {
     entry: LogEntry,
 }
 
-/// What the data path learns of a recorded request after it arrived, for its log line: its route and
-/// the backend it was sent to. It travels in the request's extensions, so it reaches every path a request
-/// can take without a parameter on each; a request not recorded carries none and pays nothing.
+/// What the data path learns of a recorded request after it arrived, for its log line: its route, the
+/// backend it was sent to and, when it is traced, the steps it took. The request's context carries it (and
+/// the fills it starts); a request not recorded carries none and pays nothing.
 #[derive(Debug, Default)]
 pub struct Note {
     route: OnceLock<String>,
@@ -227,11 +226,6 @@ pub struct Note {
 }
 
 impl Note {
-    /// The note a recorded request carries, for a step after its head is handed on.
-    pub fn of(parts: &Parts) -> Option<Arc<Note>> {
-        parts.extensions.get::<Arc<Note>>().cloned()
-    }
-
     /// Notes the route; `describe` runs once.
     pub fn route(&self, describe: impl FnOnce() -> String) {
         let route = self.route.get_or_init(describe);
@@ -258,20 +252,6 @@ impl Note {
     }
 }
 
-/// Notes the backend a recorded request is sent to (the first, when it is sent more than once).
-pub fn note_backend(parts: &Parts, name: &str) {
-    if let Some(note) = parts.extensions.get::<Arc<Note>>() {
-        note.backend(name);
-    }
-}
-
-/// Notes a step of a traced request (`cachectl trace`); `detail` runs only when the request is traced.
-pub fn step(parts: &Parts, tag: &'static str, detail: impl FnOnce() -> String) {
-    if let Some(note) = parts.extensions.get::<Arc<Note>>() {
-        note.step(tag, detail);
-    }
-}
-
 /// Keeps requests traced while held ([`AccessLog::follow_traced`]).
 pub struct Tracing(Arc<AccessLog>);
 
@@ -282,6 +262,11 @@ impl Drop for Tracing {
 }
 
 impl Recording {
+    /// The note the data path fills in for this request.
+    pub(crate) fn note(&self) -> Arc<Note> {
+        self.note.clone()
+    }
+
     /// Takes the response head's fields: its status, the fields the format asks for, its `X-Cache` and
     /// `Cache-Status`' detail as the client sees them.
     pub(crate) fn head(&mut self, resp: &Response<Body>) {

@@ -59,6 +59,7 @@ pub(crate) async fn ask(
     client: IpAddr,
     (peer, proof): (&Peer, HeaderValue),
     parts: &Parts,
+    trace: Option<&Trace>,
 ) -> Option<Response<Body>> {
     inc(&stats.peer_requests);
     let pool = peers.lock().expect("peers lock").pool(peer.addr)?;
@@ -73,7 +74,7 @@ pub(crate) async fn ask(
         .insert(FORWARDED_BY.clone(), HeaderValue::from_str(node).ok()?);
     req.headers_mut().insert(FORWARD_PROOF.clone(), proof);
     // The owner's spans, when it traces, continue this request's trace: the proof covers no header of it.
-    let fetching = Trace::of(&parts.extensions).map(|t| {
+    let fetching = trace.map(|t| {
         let span = t.fetch(&parts.method, pool.state.name(), &pool.state.authority);
         span.set("lacquer.peer", peer.node.clone());
         span.inject(req.headers_mut());

@@ -30,7 +30,10 @@ use lacquer_policy::{
 use lacquer_storage::{ObjectMeta, ObjectSet, Part};
 use tokio::sync::mpsc;
 
+use lacquer_telemetry::Trace;
+
 use crate::{
+    access_log::Note,
     coalesce::{Fetch, FetchReader, FetchedHead, Joined},
     coding::{Conversion, Negotiated},
     fetch::{self, placed_part, Ask, Fill},
@@ -610,6 +613,9 @@ struct Asker<S: CacheStore> {
     /// The client's `Accept-Encoding` on a route that negotiates codings (a sliced one does not): how a
     /// whole answer fetched instead of a gap leaves for it.
     negotiated: Option<Negotiated>,
+    /// The request's access-log note and trace, for the fills it starts.
+    note: Option<Arc<Note>>,
+    trace: Option<Trace>,
 }
 
 impl<S: CacheStore> Clone for Asker<S> {
@@ -624,6 +630,8 @@ impl<S: CacheStore> Clone for Asker<S> {
             cut: self.cut,
             if_range: self.if_range.clone(),
             negotiated: self.negotiated.clone(),
+            note: self.note.clone(),
+            trace: self.trace.clone(),
         }
     }
 }
@@ -640,6 +648,8 @@ impl<S: CacheStore> Asker<S> {
             cut,
             if_range,
             negotiated: txn.negotiated.clone(),
+            note: txn.note.clone(),
+            trace: txn.trace.clone(),
         }
     }
 
@@ -659,6 +669,8 @@ impl<S: CacheStore> Asker<S> {
             stand_in: how.stand_in,
             part: Some(ask),
             if_range: how.if_range,
+            note: self.note.clone(),
+            trace: self.trace.clone(),
         }
     }
 

@@ -10,7 +10,6 @@ use std::{
     time::Duration,
 };
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{request::Parts, HeaderMap, Request, Response, StatusCode};
@@ -22,7 +21,6 @@ use tokio::sync::Notify;
 
 use crate::{
     access_log::AccessLog,
-    coalesce::Coalescer,
     coding::Negotiated,
     flow::step::{Step as Next, Txn},
     memory::MemoryStore,
@@ -67,19 +65,11 @@ fn worker_of(
     let format = crate::log_format::LogFormat::compile(&config.access_log.format).expect("format");
     let (access_log, _) =
         AccessLog::start(&config.access_log, format, stats.clone()).expect("no file");
-    Arc::new(Worker::new(Arc::new(Shared {
-        live: ArcSwap::from_pointee(live),
-        access_log,
-        store: store.clone(),
-        stats,
-        coalescer: Coalescer::new(1 << 20),
-        started: lacquer_clock::monotonic(),
-        cluster,
-        making: Arc::default(),
-        prefetch: Default::default(),
-        blocking: Default::default(),
-        telemetry: Default::default(),
-    })))
+    let mut shared = Shared::new(live, store.clone(), stats, access_log);
+    if let Some(cluster) = cluster {
+        shared = shared.with_cluster(cluster);
+    }
+    Arc::new(Worker::new(Arc::new(shared)))
 }
 
 /// A request the request phase admitted to the lookup with `decided`, as `receive` leaves it.
@@ -107,6 +97,7 @@ fn looked_up(
         asked: None,
         delivers: phase::delivers(&worker.shared.live.load().rules),
         note: None,
+        trace: None,
         outcome: None,
         own_error: false,
         debug: None,

@@ -36,19 +36,67 @@ pub struct Shared<S: CacheStore = Store> {
     /// The proxy's counters.
     pub stats: Arc<Stats>,
     /// The fetches in flight by key, which concurrent misses join.
-    pub coalescer: Coalescer<S>,
+    pub(crate) coalescer: Coalescer<S>,
     /// When the daemon started (monotonic), for the uptime.
     pub started: Instant,
     /// The cluster this node belongs to; `None` on a single node.
     pub cluster: Option<Arc<dyn Cluster>>,
     /// The representations being made from stored bodies.
-    pub making: Arc<Making>,
+    pub(crate) making: Arc<Making>,
     /// What the routes' `prefetch` has in flight, waiting and listed.
-    pub prefetch: Prefetcher,
+    pub(crate) prefetch: Prefetcher,
     /// LL-HLS blocking reloads at the origin, by playlist.
-    pub blocking: BlockingReloads,
+    pub(crate) blocking: BlockingReloads,
     /// `[telemetry]`: the tracer requests' spans are made with, or nothing.
     pub telemetry: lacquer_telemetry::Telemetry,
+}
+
+/// What a worker cannot do without: [`Shared::new`]'s defaults cover the rest.
+const HIT_FOR_MISS_MEMORY: usize = 1 << 20;
+
+impl<S: CacheStore> Shared<S> {
+    /// The proxy serving `live` from `store`, counting in `stats` and recording requests in `access_log`.
+    /// Defaults: a single node (no cluster), no telemetry, and 1 MiB for the keys `hit_for_miss`
+    /// remembers; nothing in flight.
+    pub fn new(live: Live, store: S, stats: Arc<Stats>, access_log: Arc<AccessLog>) -> Self {
+        Self {
+            live: ArcSwap::from_pointee(live),
+            access_log,
+            store,
+            stats,
+            coalescer: Coalescer::new(HIT_FOR_MISS_MEMORY),
+            started: lacquer_clock::monotonic(),
+            cluster: None,
+            making: Arc::default(),
+            prefetch: Prefetcher::default(),
+            blocking: BlockingReloads::default(),
+            telemetry: lacquer_telemetry::Telemetry::default(),
+        }
+    }
+
+    /// Remembers the keys found uncacheable (`hit_for_miss`) in at most `bytes`
+    /// (`server.hit_for_miss_memory`; default 1 MiB).
+    pub fn with_hit_for_miss_memory(mut self, bytes: usize) -> Self {
+        self.coalescer = Coalescer::new(bytes);
+        self
+    }
+
+    /// Serves as a member of `cluster` (default: a single node).
+    pub fn with_cluster(mut self, cluster: Arc<dyn Cluster>) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// Why the key was last found uncacheable, while `hit_for_miss` remembers it.
+    pub fn uncacheable(&self, key: &str) -> Option<crate::coalesce::Uncacheable> {
+        self.coalescer.uncacheable(key)
+    }
+
+    /// Traces requests with `telemetry` (default: off).
+    pub fn with_telemetry(mut self, telemetry: lacquer_telemetry::Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
+    }
 }
 
 impl Shared<Store> {

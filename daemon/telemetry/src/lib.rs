@@ -158,9 +158,9 @@ impl Telemetry {
     }
 
     /// Starts the server span of a request that arrived from `client`, as the child of the `traceparent` it
-    /// carries, if any. When the span is sampled, the request carries its [`Trace`] from here on; otherwise
-    /// nothing is recorded and the request is left as it came.
-    pub fn begin<B>(&self, req: &mut Request<B>, client: IpAddr) -> Option<RequestSpan> {
+    /// carries, if any: the span, and the [`Trace`] its child spans start from. `None` when the span is not
+    /// sampled: nothing is recorded.
+    pub fn begin<B>(&self, req: &Request<B>, client: IpAddr) -> Option<(RequestSpan, Trace)> {
         let on = self.on.as_ref()?;
         // An untrusted client's `traceparent` would choose both the sampling (forcing every request
         // traced at any `sample_ratio`) and the trace id: ignored, the span is a root of our own.
@@ -188,11 +188,11 @@ impl Telemetry {
             return None;
         }
         let cx = caller.with_span(span);
-        req.extensions_mut().insert(Trace {
+        let trace = Trace {
             tracer: on.tracer.clone(),
             cx: cx.clone(),
-        });
-        Some(RequestSpan { cx })
+        };
+        Some((RequestSpan { cx }, trace))
     }
 }
 
@@ -272,7 +272,7 @@ impl Drop for RequestSpan {
     }
 }
 
-/// What a sampled request carries in its extensions: the context its child spans start from.
+/// What a sampled request carries through the data path: the context its child spans start from.
 #[derive(Clone)]
 pub struct Trace {
     tracer: SdkTracer,
@@ -280,11 +280,6 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// The trace of a sampled request, from its extensions.
-    pub fn of(extensions: &http::Extensions) -> Option<&Trace> {
-        extensions.get::<Trace>()
-    }
-
     /// A `lookup` span: the store read for the request.
     pub fn lookup(&self) -> Child {
         self.child("lookup", SpanKind::Internal, Vec::new())
@@ -505,11 +500,10 @@ mod tests {
 
     #[test]
     fn off_a_request_carries_nothing() {
-        let mut req = Request::new(());
+        let req = Request::new(());
         assert!(Telemetry::off()
-            .begin(&mut req, IpAddr::from([127, 0, 0, 1]))
+            .begin(&req, IpAddr::from([127, 0, 0, 1]))
             .is_none());
-        assert!(Trace::of(req.extensions()).is_none());
     }
 
     #[test]

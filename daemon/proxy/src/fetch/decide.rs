@@ -204,7 +204,7 @@ pub(super) fn decide<S: CacheStore>(
             (None, Vec::new(), Some(*reason))
         }
     };
-    crate::access_log::step(parts, "Store", || match (&storable, not_stored) {
+    request.step("Store", || match (&storable, not_stored) {
         (Some(s), _) => format!(
             "storing: ttl {} s, grace {} s, keep {} s, varies on [{}]",
             s.ttl.as_secs(),

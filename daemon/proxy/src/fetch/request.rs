@@ -6,7 +6,9 @@ use http::{header, request::Parts, HeaderValue, Method};
 use lacquer_backends::routing::Route;
 use lacquer_policy::{range, storable::NotStored};
 
-use crate::{phase::Decided, store::Found};
+use lacquer_telemetry::Trace;
+
+use crate::{access_log::Note, phase::Decided, store::Found};
 
 /// How a fill ended, for the coalescer: whether later requests should skip coalescing for a while.
 pub(super) enum Ending {
@@ -51,6 +53,10 @@ pub struct Fill {
     /// Sent as `If-Range` with `part`: the stored object's strong validator, so that an origin whose object
     /// changed answers with the whole instead of a part of another version.
     pub if_range: Option<HeaderValue>,
+    /// The access log's note of the request that started the fill, when it is recorded.
+    pub note: Option<Arc<Note>>,
+    /// That request's trace, when it is sampled: the fetch's and the store's spans are its children.
+    pub trace: Option<Trace>,
 }
 
 /// A byte range a fill asks the origin for instead of the whole object.
@@ -62,6 +68,15 @@ pub enum Ask {
     /// A client's own range of an object not stored, forwarded (`cache.forward_ranges`): its 206 is
     /// stored wherever its `Content-Range` places it.
     Client(range::Single),
+}
+
+impl Fill {
+    /// Notes a step of the fill when the request that started it is traced (`cachectl trace`).
+    pub(super) fn step(&self, tag: &'static str, detail: impl FnOnce() -> String) {
+        if let Some(note) = &self.note {
+            note.step(tag, detail);
+        }
+    }
 }
 
 impl Ask {

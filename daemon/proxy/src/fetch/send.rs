@@ -59,12 +59,14 @@ pub(super) async fn send<'a, S: CacheStore>(
     let key = key.as_str();
     let shared = &worker.shared;
     let decided = &request.decided;
-    let trace = Trace::of(&parts.extensions);
+    let trace = request.trace.as_ref();
     let backend = match route.pick_from(decided.target.as_ref(), key) {
         Ok(state) => {
             // A refresh nobody waits for is logged by no one: the request it came from is answered.
             if !request.background {
-                crate::access_log::note_backend(parts, state.name());
+                if let Some(note) = &request.note {
+                    note.backend(state.name());
+                }
             }
             worker.pool(state)
         }
@@ -155,7 +157,7 @@ pub(super) async fn send<'a, S: CacheStore>(
     let resp = match sent {
         Ok(resp) => resp,
         Err(e) => {
-            crate::access_log::step(parts, "Error", || e.to_string());
+            request.step("Error", || e.to_string());
             if let Some(span) = &fetching {
                 span.fail("backend_error");
             }
@@ -167,7 +169,7 @@ pub(super) async fn send<'a, S: CacheStore>(
     }
     let response_time = lacquer_clock::wall();
     let received_at = lacquer_clock::monotonic();
-    crate::access_log::step(parts, "Origin", || resp.status().to_string());
+    request.step("Origin", || resp.status().to_string());
     let (mut head, body) = resp.into_parts();
     phase::origin_fields(decided, &mut head.headers);
     if !head.headers.contains_key(header::DATE) {

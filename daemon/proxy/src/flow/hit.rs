@@ -230,6 +230,8 @@ fn refresh<S: CacheStore>(worker: &Arc<Worker<S>>, txn: &Txn, found: Found) {
             stand_in: true,
             part: None,
             if_range: None,
+            note: txn.note.clone(),
+            trace: txn.trace.clone(),
         };
         tokio::spawn(prefetch::fill(worker.clone(), fetch, fill));
     }

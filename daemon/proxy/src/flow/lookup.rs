@@ -47,7 +47,7 @@ pub(super) async fn lookup<S: CacheStore>(
     // may have applied an invalidation the lookup did not see, and must not vouch for its result.
     let vouched = vouched(shared);
     let now = lacquer_clock::now_ms();
-    let looking = Trace::of(&txn.head().extensions).map(Trace::lookup);
+    let looking = txn.trace.as_ref().map(Trace::lookup);
     let found = find_variant(worker, &txn.key, txn.head()).await;
     if let Some(span) = looking {
         span.set("lacquer.found", found.is_some());

@@ -86,6 +86,8 @@ pub(super) async fn miss<S: CacheStore>(
             stand_in,
             part: forwarded,
             if_range: None,
+            note: txn.note.clone(),
+            trace: txn.trace.clone(),
         };
         tokio::spawn(prefetch::fill(worker.clone(), fetch.clone(), fill));
         (fetch, reader)

@@ -37,7 +37,9 @@ use lacquer_edge::{Client, EdgeStats, RequestBody};
 
 pub use self::observe::Observed;
 use self::step::{Step, Txn};
-use crate::{error_page, respond, stats::inc, timing, worker::Worker};
+use lacquer_telemetry::Trace;
+
+use crate::{access_log::Note, error_page, respond, stats::inc, timing, worker::Worker};
 
 impl lacquer_edge::Service for Worker {
     type Body = Observed;
@@ -48,8 +50,7 @@ impl lacquer_edge::Service for Worker {
         req: Request<RequestBody>,
         client: Client,
     ) -> impl std::future::Future<Output = Response<Observed>> + Send + 'static {
-        let mut req = req;
-        let observing = observe::Observing::begin(&self.shared, &mut req, client.ip);
+        let (observing, note, trace) = observe::Observing::begin(&self.shared, &req, client.ip);
         let html = error_page::wants_html(req.headers());
         let head_only = req.method() == Method::HEAD;
         async move {
@@ -59,7 +60,7 @@ impl lacquer_edge::Service for Worker {
                 inc(&self.shared.stats.requests);
                 (too_early(), None)
             } else {
-                run(&self, client, req).await
+                run(&self, client, req, (note, trace)).await
             };
             let failure = resp.extensions().get::<error_page::Failure>().is_some();
             let resp = if failure {
@@ -109,8 +110,9 @@ pub(crate) async fn run(
     worker: &Arc<Worker>,
     client: Client,
     req: Request<RequestBody>,
+    noted: (Option<Arc<Note>>, Option<Trace>),
 ) -> (Response<Body>, Option<Txn>) {
-    let (mut txn, first) = match receive::receive(worker, client, req).await {
+    let (mut txn, first) = match receive::receive(worker, client, req, noted).await {
         Ok(received) => received,
         Err(resp) => return (resp, None),
     };
@@ -155,7 +157,8 @@ async fn ask_owner<S: crate::store::CacheStore>(
 ) -> Option<Response<Body>> {
     let node = worker.shared.cluster.as_ref()?.node();
     let stats = &worker.shared.stats;
-    crate::peer::ask(&worker.peers, stats, node, txn.client, owner, txn.head()).await
+    let (client, trace) = (txn.client, txn.trace.as_ref());
+    crate::peer::ask(&worker.peers, stats, node, client, owner, txn.head(), trace).await
 }
 
 fn too_many_connections() -> Response<Body> {

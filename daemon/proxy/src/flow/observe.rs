@@ -16,10 +16,14 @@ use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use lacquer_backends::body::{Body, BoxError};
 use lacquer_edge::RequestBody;
-use lacquer_telemetry::RequestSpan;
+use lacquer_telemetry::{RequestSpan, Trace};
 
 use crate::{
-    access_log::Recording, stats::Stats, store::CacheStore, timing::Outcome, worker::Shared,
+    access_log::{Note, Recording},
+    stats::Stats,
+    store::CacheStore,
+    timing::Outcome,
+    worker::Shared,
 };
 
 /// A request being observed, from its arrival.
@@ -32,18 +36,22 @@ pub(crate) struct Observing {
 
 impl Observing {
     /// Starts observing a request as it arrives: its clock, its log line when it is recorded, its span
-    /// when it is traced.
+    /// when it is traced; with what the data path notes for the log line and starts its spans from.
     pub fn begin<S: CacheStore>(
         shared: &Shared<S>,
-        req: &mut Request<RequestBody>,
+        req: &Request<RequestBody>,
         client: IpAddr,
-    ) -> Self {
-        Self {
+    ) -> (Self, Option<Arc<Note>>, Option<Trace>) {
+        let recording = shared.access_log.begin(req, client);
+        let note = recording.as_ref().map(Recording::note);
+        let (span, trace) = shared.telemetry.begin(req, client).unzip();
+        let observing = Self {
             started: lacquer_clock::monotonic(),
-            recording: shared.access_log.begin(req, client),
-            span: shared.telemetry.begin(req, client),
+            recording,
+            span,
             stats: shared.stats.clone(),
-        }
+        };
+        (observing, note, trace)
     }
 
     /// Counts the response's status, observes its time to the head, records its head, and follows its

@@ -10,7 +10,6 @@ use lacquer_backends::{
 };
 use lacquer_policy::{key::primary_key, request::RequestClass};
 use lacquer_rules::Phase;
-use lacquer_telemetry::Trace;
 
 use super::step::{Step, Txn};
 use crate::{
@@ -92,7 +91,9 @@ pub(crate) async fn forward<S: CacheStore>(
                 note.backend(backend.name());
             }
             inc(&shared.stats.backend_requests);
-            fetching = Trace::of(&parts.extensions)
+            fetching = txn
+                .trace
+                .as_ref()
                 .map(|t| t.fetch(&parts.method, backend.name(), &backend.authority));
             let mut req =
                 forward::origin_request(parts.method, parts.uri, parts.headers, client, body);

@@ -14,6 +14,7 @@ use lacquer_policy::{
     key::primary_key,
     request::{answered_here, host_from_authority, AnsweredHere, RequestClass},
 };
+use lacquer_telemetry::Trace;
 
 use super::step::{Miss, Step, Txn};
 use crate::{
@@ -33,6 +34,7 @@ pub(super) async fn receive(
     worker: &Arc<Worker>,
     client: Client,
     req: Request<RequestBody>,
+    (note, trace): (Option<Arc<Note>>, Option<Trace>),
 ) -> Result<(Txn, Step), Response<Body>> {
     let stats = &worker.shared.stats;
     inc(&stats.requests);
@@ -62,7 +64,6 @@ pub(super) async fn receive(
         secure,
         ..
     } = client;
-    let note = Note::of(&parts);
     let (admitted, delivers, asked) = {
         // A guard, not a counted reference: nothing is awaited while it is held.
         let live = worker.shared.live.load();
@@ -142,6 +143,7 @@ pub(super) async fn receive(
         asked: None,
         delivers,
         note,
+        trace,
         outcome: None,
         own_error: false,
         debug: None,

@@ -10,6 +10,7 @@ use lacquer_policy::{
     request::RequestClass,
 };
 use lacquer_rules::{Ahead, Debug};
+use lacquer_telemetry::Trace;
 
 use crate::{
     access_log::Note,
@@ -48,6 +49,9 @@ pub(crate) struct Txn {
     pub delivers: bool,
     /// The access log's note, when the request is recorded.
     pub note: Option<Arc<Note>>,
+    /// The request's trace, when its span is sampled: the lookup's, the fetches' and the store's spans are
+    /// its children.
+    pub trace: Option<Trace>,
     /// The cache's verdict on the response, once a step has made one from the store, a fetch or the
     /// origin; `None` for what lacquerd answered itself.
     pub outcome: Option<Outcome>,

@@ -22,7 +22,6 @@ use lacquer_policy::{
     stale::{usability, Usability},
 };
 
-pub use self::budget::Prefetcher;
 use self::budget::RESERVED;
 use crate::{
     coalesce::{Fetch, Joined},
@@ -290,6 +289,8 @@ fn start<S: CacheStore>(
             stand_in: false,
             part: forwarded,
             if_range: None,
+            note: None,
+            trace: None,
         };
         let mut running = tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
         // Counted as they arrive: a prefetch still running spends the budget of the ones after it.
