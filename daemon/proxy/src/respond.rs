@@ -298,8 +298,8 @@ fn growing_wait(req: &Parts, status: StatusCode) -> Option<u64> {
 /// and with what of the deliver phase they ran ahead of it.
 #[allow(clippy::too_many_arguments)]
 pub fn stored<S: CacheStore>(
-    store: S,
-    set: Arc<ObjectSet>,
+    store: &S,
+    set: &Arc<ObjectSet>,
     variant: usize,
     sibling: Option<usize>,
     first: Option<Bytes>,
@@ -313,25 +313,31 @@ pub fn stored<S: CacheStore>(
     let meta = &set.variants[variant];
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
     let age = meta.age_s(now_ms);
-    let stored = Stored {
-        store,
-        set,
+    let length = sibling.map_or(meta, |i| &set.siblings[i].body).length;
+    let stored = |first| Stored {
+        store: store.clone(),
+        set: set.clone(),
         variant,
         sibling,
         first,
     };
-    let length = stored.body().length;
     // Most hits: the bytes as stored, whole, to a GET without conditionals. The prepared head is what
     // `represent` would make of it, but for what changes per response.
     if !conversion.decodes() && req.method == Method::GET && !asks(req) {
         conversion.count_served();
         let (mut headers, ahead) = prepared.plain_head(rules, status);
         mark(&mut headers, outcome, age);
-        let resp = response(status, headers, Source::Stored(stored).whole());
-        return (resp, ahead);
+        let body = match first {
+            _ if length == 0 => body::empty(),
+            // A body within its first chunk is in hand whole: sent as it is, with no stream to poll, no
+            // read ahead, and no hold on the object or the store (counts every core would share).
+            Some(first) if first.len() as u64 == length => body::full(first),
+            first => stored(first).range(0, length - 1),
+        };
+        return (response(status, headers, body), ahead);
     }
     let resp = represent(
-        Source::Stored(stored),
+        Source::Stored(stored(first)),
         status,
         Head::Prepared(prepared.head.clone(), prepared.identity_length),
         Some(length),
@@ -849,8 +855,8 @@ mod tests {
         rules: &Rules,
     ) -> (Response<Body>, bool) {
         let (resp, ahead) = stored(
-            MemoryStore::new(1024),
-            set.clone(),
+            &MemoryStore::new(1024),
+            set,
             0,
             sibling,
             Some(Bytes::from_static(b"x")),

@@ -1749,3 +1749,31 @@ async fn parts_with_only_a_weak_last_modified_are_never_joined() {
     );
     assert_eq!(ranges_seen(&origin), ["bytes=60-99", "bytes=0-59", ""]);
 }
+
+/// The size of what `f` returns, a future, without making one.
+fn future_size<A, F: std::future::Future>(_: impl FnOnce(A) -> F) -> usize {
+    std::mem::size_of::<F>()
+}
+
+/// The request flow's futures, measured (bench/RESULTS.md records them beside the flow's before): the edge
+/// boxes the whole request's once, and every step's lives inside it, so a step that grows makes every
+/// request's allocation grow.
+#[test]
+fn the_flow_futures_sizes() {
+    type Service = crate::worker::Worker;
+    let call = future_size(
+        |(w, req, client): (
+            Arc<Service>,
+            Request<lacquer_edge::RequestBody>,
+            lacquer_edge::Client,
+        )| { lacquer_edge::Service::call(w, req, client) },
+    );
+    let steps = future_size(|(w, txn): (Arc<Worker<MemoryStore>>, Txn)| async move {
+        let mut txn = txn;
+        crate::flow::steps(&w, &mut txn, Next::Lookup { again: false }).await
+    });
+    println!("futures: Service::call {call} B, the steps of one request {steps} B");
+    // Far below what hyper's dispatcher would copy if the edge did not box it, and a tripwire for a step
+    // that grows by kilobytes.
+    assert!(call < 16 * 1024, "Service::call's future is {call} B");
+}

@@ -79,8 +79,8 @@ pub(super) async fn serve_stored<S: CacheStore>(
                 }
             };
             let (resp, ahead) = respond::stored(
-                shared.store.clone(),
-                found.set.clone(),
+                &shared.store,
+                &found.set,
                 found.index,
                 Some(sibling),
                 Some(first.data),
@@ -119,8 +119,8 @@ pub(super) async fn serve_stored<S: CacheStore>(
     txn.step("Body", || format!("stored, {tier:?} tier"));
     let data = first.map(|c| c.data);
     let (resp, ahead) = respond::stored(
-        shared.store.clone(),
-        found.set.clone(),
+        &shared.store,
+        &found.set,
         found.index,
         None,
         data,

@@ -95,7 +95,7 @@ impl lacquer_edge::Service for Worker {
                 }) => timing::Outcome::from_x_cache(resp.headers()),
                 _ => timing::Outcome::SYNTH,
             };
-            observing.respond(resp, outcome, collapsed)
+            observing.respond(self, resp, outcome, collapsed)
         }
     }
 
@@ -140,7 +140,10 @@ pub(crate) async fn steps<S: crate::store::CacheStore>(
                         Step::Done(resp)
                     }
                     // The owner cannot be reached: this node answers while its lease runs out.
-                    None => receive::lookup(worker, txn),
+                    None => {
+                        let head = txn.head.take().expect("a peer is asked with the head");
+                        receive::lookup(worker, txn, Arc::unwrap_or_clone(head))
+                    }
                 }
             }
             Step::Deliver(resp) => return deliver::deliver(worker, txn, resp),

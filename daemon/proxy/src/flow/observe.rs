@@ -20,15 +20,13 @@ use lacquer_telemetry::{RequestSpan, Trace};
 
 use crate::{
     access_log::{Note, Recording},
-    stats::Stats,
     store::CacheStore,
     timing::Outcome,
-    worker::Shared,
+    worker::{Shared, Worker},
 };
 
 /// A request being observed, from its arrival.
 pub(crate) struct Observing {
-    stats: Arc<Stats>,
     started: Instant,
     recording: Option<Recording>,
     span: Option<RequestSpan>,
@@ -49,26 +47,27 @@ impl Observing {
             started: lacquer_clock::monotonic(),
             recording,
             span,
-            stats: shared.stats.clone(),
         };
         (observing, note, trace)
     }
 
     /// Counts the response's status, observes its time to the head, records its head, and follows its
     /// body. `outcome` is the cache's verdict as the data path made it (before the deliver rules, which may
-    /// rewrite `X-Cache`); `collapsed` when it joined another request's fetch.
+    /// rewrite `X-Cache`); `collapsed` when it joined another request's fetch. The body holds the worker
+    /// that answered (whose count only its own thread touches), not the counters every worker shares.
     pub fn respond(
         self,
+        worker: Arc<Worker>,
         resp: Response<Body>,
         outcome: Outcome,
         collapsed: bool,
     ) -> Response<Observed> {
         let Self {
-            stats,
             started,
             recording,
             span,
         } = self;
+        let stats = &worker.shared.stats;
         stats.responses.count(resp.status());
         stats.latency[outcome.index()]
             .ttfb
@@ -82,7 +81,7 @@ impl Observing {
         }
         resp.map(|inner| Observed {
             inner,
-            stats,
+            worker,
             started,
             outcome,
             recording,
@@ -95,7 +94,7 @@ impl Observing {
 /// A response body on its way to the client, observed.
 pub struct Observed {
     inner: Body,
-    stats: Arc<Stats>,
+    worker: Arc<Worker>,
     started: Instant,
     outcome: Outcome,
     recording: Option<Recording>,
@@ -109,7 +108,7 @@ impl Observed {
     fn end(&mut self) {
         if !self.ended {
             self.ended = true;
-            self.stats.latency[self.outcome.index()]
+            self.worker.shared.stats.latency[self.outcome.index()]
                 .total
                 .observe(self.started.elapsed());
         }
@@ -130,7 +129,7 @@ impl HttpBody for Observed {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(data) = f.data_ref() {
                     let n = data.len() as u64;
-                    this.stats.bytes_out.fetch_add(n, Relaxed);
+                    this.worker.shared.stats.bytes_out.fetch_add(n, Relaxed);
                     if let Some(r) = &mut this.recording {
                         r.sent(n);
                     }

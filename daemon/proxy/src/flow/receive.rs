@@ -187,16 +187,19 @@ pub(super) async fn receive(
             return Ok((txn, Step::Peer(peer, proof)));
         }
     }
-    txn.head = Some(Arc::new(parts));
     txn.asked = asked;
-    let step = lookup(worker, &mut txn);
+    let step = lookup(worker, &mut txn, parts);
     Ok((txn, step))
 }
 
 /// The request's way into the lookup: prefetches started from it, and its `Accept-Encoding` replaced by
 /// the one the origin is sent and the variant is made from (the client's own decides only how the body
 /// leaves).
-pub(super) fn lookup<S: CacheStore>(worker: &Arc<Worker<S>>, txn: &mut Txn) -> Step {
+pub(super) fn lookup<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
+    txn: &mut Txn,
+    mut parts: Parts,
+) -> Step {
     let prefetching = txn.route.prefetch;
     let class = txn.class;
     txn.asked = txn.asked.take().filter(|_| {
@@ -214,7 +217,6 @@ pub(super) fn lookup<S: CacheStore>(worker: &Arc<Worker<S>>, txn: &mut Txn) -> S
     }
     txn.step("Key", || txn.key.clone());
     worker.shared.prefetch.claim(&txn.key, &worker.shared.stats);
-    let mut parts = Arc::unwrap_or_clone(txn.head.take().expect("received"));
     txn.negotiated = txn
         .route
         .policy
