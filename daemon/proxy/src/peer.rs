@@ -80,7 +80,8 @@ pub(crate) async fn ask(
         span.inject(req.headers_mut());
         span
     });
-    let sent = pool.send(req).await;
+    // Boxed: hyper's client future is ten kilobytes, rarely needed by a lookup that carries it.
+    let sent = Box::pin(pool.send(req)).await;
     if let Some(span) = &fetching {
         match &sent {
             Ok(resp) => span.status(resp.status()),

@@ -119,7 +119,8 @@ pub(crate) async fn tunnel<S: CacheStore>(
     let h = req.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     h.insert(header::UPGRADE, upgrade.protocol);
-    let mut resp = match worker.pool(backend).upgrade(req).await {
+    // Boxed, as a pass's send is: see `flow::pass::forward`.
+    let mut resp = match Box::pin(worker.pool(backend).upgrade(req)).await {
         Ok(resp) => resp,
         Err(e) => {
             if matches!(e, BackendError::Unavailable { .. }) {

@@ -140,8 +140,10 @@ pub(super) async fn send<'a, S: CacheStore>(
     // A pooled connection the origin closed while idle fails the first request sent on it; a fill has no
     // body to lose, so it is sent once more on a fresh connection.
     let send = async {
-        match backend.send(build()).await {
-            Err(BackendError::Failed { .. }) => backend.send(build()).await,
+        // Boxed: hyper's client future is ten kilobytes, which the fill task would otherwise carry whole
+        // from its spawn, copied into the task's memory on every miss.
+        match Box::pin(backend.send(build())).await {
+            Err(BackendError::Failed { .. }) => Box::pin(backend.send(build())).await,
             other => other,
         }
     };

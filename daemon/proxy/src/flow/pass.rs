@@ -104,7 +104,9 @@ pub(crate) async fn forward<S: CacheStore>(
                 span.inject(req.headers_mut());
             }
             forward::count_interim(&mut req, &shared.stats);
-            worker.pool(backend).send(req).await
+            // Boxed: hyper's client future is ten kilobytes, and every step that may pass (a hit, a
+            // miss sending a request as it came) would carry it unboxed, copied with each request.
+            Box::pin(worker.pool(backend).send(req)).await
         }
         Err(e) => Err(e),
     };
