@@ -13,7 +13,6 @@ Needs h2load (Debian's nghttp2-client) and openssl. Ports: origin 8980, lacquerd
 import argparse
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,21 +24,10 @@ from compare import CONTROL_PORT, ORIGIN_PORT, nginx_conf, wait_port  # noqa: E4
 from cpu import MANIFEST, cpu_seconds, lacquerd_builds, pinned  # noqa: E402
 from hotpath import NGINX_GZIP  # noqa: E402
 import perf  # noqa: E402
+from rss import wait_port as wait_accepting  # noqa: E402
 
 NGINX_PORT = 8995
 CLIENTS = {"identity": [], "gzip": ["-H", "accept-encoding: gzip, deflate, br"]}
-
-
-def wait_tls(port, timeout=20):
-    """Waits until `port` accepts connections (wait_port asks in plain HTTP, which a TLS listener refuses)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"nothing answers on port {port}")
 
 
 def h2load(port, headers, conns, streams, per_conn):
@@ -95,7 +83,8 @@ def main():
             ports["nginx"] = NGINX_PORT
         wait_port(ORIGIN_PORT)
         for port in ports.values():
-            wait_tls(port)
+            # A TLS listener refuses wait_port's plain HTTP: any connection accepted will do.
+            wait_accepting(port, 20)
         targets = list(ports)
         for t in targets:
             for headers in CLIENTS.values():

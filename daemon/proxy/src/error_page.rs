@@ -10,10 +10,6 @@ use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use lacquer_backends::body::{self, Body};
 use lacquer_config::ConfigError;
 
-/// Marks a 5xx lacquerd made itself: its body is chosen as it leaves, by [`ErrorPages::apply`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Failure;
-
 /// The operator's pages by status, read once when the configuration is compiled.
 #[derive(Debug, Default)]
 pub struct ErrorPages {
@@ -42,13 +38,10 @@ impl ErrorPages {
         Ok(Self { pages })
     }
 
-    /// `resp`, when it is a failure lacquerd made, with its page: the operator's for its status, else the
-    /// generic one (`html` when the client's `Accept` prefers it). Its other fields (`Retry-After`,
-    /// `Cache-Status`) stay.
+    /// `resp`, a failure lacquerd made, with its page: the operator's for its status, else the generic one
+    /// (`html` when the client's `Accept` prefers it). Its other fields (`Retry-After`, `Cache-Status`)
+    /// stay.
     pub(crate) fn apply(&self, html: bool, resp: Response<Body>) -> Response<Body> {
-        if resp.extensions().get::<Failure>().is_none() {
-            return resp;
-        }
         let (mut head, _) = resp.into_parts();
         let (content_type, page) = self.page(head.status, html);
         head.headers.insert(header::CONTENT_TYPE, content_type);

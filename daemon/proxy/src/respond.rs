@@ -154,13 +154,30 @@ fn mark(headers: &mut HeaderMap, outcome: Outcome, age: u64) {
     headers.insert(CACHE_STATUS, outcome.cache_status());
 }
 
-/// A 5xx lacquerd answers itself (no backend answered, or it cannot serve the request now): its page is
-/// chosen as it leaves ([`ErrorPages::apply`](crate::error_page::ErrorPages::apply)), and never says why;
-/// the caller logs that.
+/// A response made for the client from what is stored or fetched.
+pub enum Made {
+    /// The data path's answer.
+    Answer(Response<Body>),
+    /// A 5xx lacquerd answers itself ([`failure`]): its page is chosen as it leaves.
+    Failure(Response<Body>),
+}
+
+#[cfg(test)]
+impl Made {
+    /// The response, whichever it is.
+    pub fn into_response(self) -> Response<Body> {
+        match self {
+            Made::Answer(resp) | Made::Failure(resp) => resp,
+        }
+    }
+}
+
+/// A 5xx lacquerd answers itself (no backend answered, or it cannot serve the request now), without its
+/// body: its page is chosen as it leaves ([`ErrorPages::apply`](crate::error_page::ErrorPages::apply)),
+/// and never says why; the caller logs that.
 pub fn failure(status: StatusCode, outcome: Outcome) -> Response<Body> {
     let mut resp = Response::new(body::empty());
     *resp.status_mut() = status;
-    resp.extensions_mut().insert(crate::error_page::Failure);
     let h = resp.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     decorate(h, outcome, Some(0));
@@ -243,7 +260,7 @@ pub async fn fetched<S: CacheStore>(
     outcome: Outcome,
     req: &Parts,
     conversion: &Conversion,
-) -> Response<Body> {
+) -> Made {
     let mut length = head
         .headers
         .get(header::CONTENT_LENGTH)
@@ -309,7 +326,7 @@ pub fn stored<S: CacheStore>(
     prepared: &Prepared,
     conversion: &Conversion,
     rules: &Rules,
-) -> (Response<Body>, Option<Ahead>) {
+) -> (Made, Option<Ahead>) {
     let meta = &set.variants[variant];
     let status = StatusCode::from_u16(meta.status).unwrap_or(StatusCode::OK);
     let age = meta.age_s(now_ms);
@@ -334,9 +351,9 @@ pub fn stored<S: CacheStore>(
             Some(first) if first.len() as u64 == length => body::full(first),
             first => stored(first).range(0, length - 1),
         };
-        return (response(status, headers, body), ahead);
+        return (Made::Answer(response(status, headers, body)), ahead);
     }
-    let resp = represent(
+    let made = represent(
         Source::Stored(stored(first)),
         status,
         Head::Prepared(prepared.head.clone(), prepared.identity_length),
@@ -346,7 +363,7 @@ pub fn stored<S: CacheStore>(
         req,
         conversion,
     );
-    (resp, None)
+    (made, None)
 }
 
 /// The head a response is made from.
@@ -423,7 +440,7 @@ fn represent<S: CacheStore>(
     outcome: Outcome,
     req: &Parts,
     conversion: &Conversion,
-) -> Response<Body> {
+) -> Made {
     let (mut headers, prepared, identity_length) = match head {
         Head::Fetched(mut headers) => {
             let identity_length = take_identity_length(&mut headers);
@@ -522,8 +539,8 @@ fn represent<S: CacheStore>(
         other => (other.status(), Ok(body::empty())),
     };
     match body {
-        Ok(body) => response(status, headers, body),
-        Err(Busy) => busy(outcome),
+        Ok(body) => Made::Answer(response(status, headers, body)),
+        Err(Busy) => Made::Failure(busy(outcome)),
     }
 }
 
@@ -854,7 +871,7 @@ mod tests {
         conversion: &Conversion,
         rules: &Rules,
     ) -> (Response<Body>, bool) {
-        let (resp, ahead) = stored(
+        let (made, ahead) = stored(
             &MemoryStore::new(1024),
             set,
             0,
@@ -872,6 +889,7 @@ mod tests {
             ..Default::default()
         };
         let client = "192.0.2.1".parse().unwrap();
+        let resp = made.into_response();
         let resp = phase::deliver(rules, req, client, false, delivering, resp);
         (resp, ahead.is_some())
     }

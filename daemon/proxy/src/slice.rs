@@ -14,11 +14,11 @@
 use std::{net::IpAddr, sync::Arc};
 
 use bytes::Bytes;
-use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Response, StatusCode};
+use http::{header, request::Parts, HeaderMap, HeaderValue, Method, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use lacquer_backends::{
-    body::{self, Body, BoxError},
+    body::{self, BoxError},
     routing::Route,
 };
 use lacquer_policy::{
@@ -42,7 +42,7 @@ use crate::{
         stored::{find_variant, record_hit, vouched, within_request_grace},
     },
     phase::{self, Decided},
-    respond::{self, Outcome, Shape},
+    respond::{self, Made, Outcome, Shape},
     stats::inc,
     store::{CacheStore, Found},
     worker::Worker,
@@ -160,8 +160,8 @@ pub(crate) async fn serve<S: CacheStore>(
         detail: Some("object-changing"),
     };
     tracing::warn!(key = %asker.key, "the object kept changing at the origin while sliced: 502");
-    let resp = respond::failure(StatusCode::BAD_GATEWAY, outcome);
-    Some(Sliced::Sent(resp, outcome))
+    let failed = respond::failure(StatusCode::BAD_GATEWAY, outcome);
+    Some(Sliced::Sent(Made::Failure(failed), outcome))
 }
 
 /// Answers a request on a route without `slice` for an object stored in parts (`found`: ranges forwarded
@@ -193,14 +193,14 @@ pub(crate) async fn serve_parts<S: CacheStore>(
 /// How a request the slices answer is answered.
 pub(crate) enum Sliced {
     /// With this response, and the cache's verdict on it.
-    Sent(Response<Body>, Outcome),
+    Sent(Made, Outcome),
     /// Sent to the origin as the client sent it, as a pass: nothing proves slices of one version.
     AsSent,
 }
 
 /// What an attempt to answer came to.
 enum Answered {
-    Sent(Response<Body>, Outcome),
+    Sent(Made, Outcome),
     /// Sent to the origin as the client sent it.
     AsSent,
     /// The object changed at the origin before a byte was sent: look it up again.
@@ -293,7 +293,8 @@ async fn fetch_first<S: CacheStore>(
                 collapsed: !owner,
                 detail: Some("backend-error"),
             };
-            return Answered::Sent(respond::failure(e.status, outcome), outcome);
+            let failed = respond::failure(e.status, outcome);
+            return Answered::Sent(Made::Failure(failed), outcome);
         }
     };
     if head.revalidated {
@@ -445,14 +446,15 @@ async fn answer<S: CacheStore>(
         other => {
             respond::decorate(&mut headers, outcome, Some(object.age));
             let resp = respond::response(other.status(), headers, body::empty());
-            return Answered::Sent(resp, outcome);
+            return Answered::Sent(Made::Answer(resp), outcome);
         }
     };
     let length = span.map_or(0, |(from, to)| to - from + 1);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     respond::decorate(&mut headers, outcome, Some(object.age));
     let Some((from, to)) = span.filter(|_| asker.parts.method != Method::HEAD) else {
-        return Answered::Sent(respond::response(status, headers, body::empty()), outcome);
+        let resp = respond::response(status, headers, body::empty());
+        return Answered::Sent(Made::Answer(resp), outcome);
     };
     let (etag, last_modified) = validators(&object.head);
     let owned = |v: Option<&[u8]>| v.and_then(|v| HeaderValue::from_bytes(v).ok());
@@ -562,7 +564,10 @@ async fn answer<S: CacheStore>(
         let item = rx.recv().await?;
         Some((item.map(Frame::data), rx))
     }));
-    Answered::Sent(respond::response(status, headers, body), outcome)
+    Answered::Sent(
+        Made::Answer(respond::response(status, headers, body)),
+        outcome,
+    )
 }
 
 /// The answer when a fetch stopped before a byte was sent: the object looked up again once the new
@@ -594,7 +599,8 @@ async fn stopped<S: CacheStore>(asker: &Asker<S>, stop: Stop<S>) -> Answered {
                 detail: Some("backend-error"),
             };
             tracing::warn!(key = %asker.key, error = %e, "a slice fetch failed: 502");
-            Answered::Sent(respond::failure(StatusCode::BAD_GATEWAY, outcome), outcome)
+            let failed = respond::failure(StatusCode::BAD_GATEWAY, outcome);
+            Answered::Sent(Made::Failure(failed), outcome)
         }
     }
 }
@@ -789,8 +795,8 @@ impl<S: CacheStore> Asker<S> {
         let limit = policy.cache.max_object_size.as_u64();
         let settings = policy.compression.as_ref().map(|n| &n.settings);
         let conversion = Conversion::new(delivery, limit, settings, &shared.stats);
-        let resp = respond::fetched(head, reader, outcome, &self.parts, &conversion).await;
-        Answered::Sent(resp, outcome)
+        let made = respond::fetched(head, reader, outcome, &self.parts, &conversion).await;
+        Answered::Sent(made, outcome)
     }
 
     /// Revalidates an object of a sliced route served in grace, in the background, with its first stored

@@ -85,26 +85,13 @@ fn looked_up(
         .compression
         .as_ref()
         .map(|negotiation| Negotiated::take(&mut parts.headers, negotiation));
-    Txn {
-        client,
-        secure: false,
-        key: lacquer_policy::key::primary_key(&parts),
-        head: Some(Arc::new(parts)),
-        route,
-        decided,
-        class: lacquer_policy::request::RequestClass::Lookup,
-        negotiated,
-        asked: None,
-        delivers: phase::delivers(&worker.shared.live.load().rules),
-        note: None,
-        trace: None,
-        outcome: None,
-        own_error: false,
-        debug: None,
-        ahead: None,
-        parts_tried: false,
-        owner_answered: false,
-    }
+    let class = lacquer_policy::request::RequestClass::Lookup;
+    let delivers = phase::delivers(&worker.shared.live.load().rules);
+    let mut txn = Txn::admitted(client, false, route, decided, class, delivers);
+    txn.key = lacquer_policy::key::primary_key(&parts);
+    txn.negotiated = negotiated;
+    txn.head = Some(Arc::new(parts));
+    txn
 }
 
 /// What a client got.

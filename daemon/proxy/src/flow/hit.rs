@@ -78,7 +78,7 @@ pub(super) async fn serve_stored<S: CacheStore>(
                     &owned
                 }
             };
-            let (resp, ahead) = respond::stored(
+            let (made, ahead) = respond::stored(
                 &shared.store,
                 &found.set,
                 found.index,
@@ -93,7 +93,7 @@ pub(super) async fn serve_stored<S: CacheStore>(
             );
             txn.ahead = ahead;
             with_debug(txn, &prepared, meta, now);
-            return Some(txn.answered(resp, outcome));
+            return Some(txn.made(made, outcome));
         }
     }
     let first = if meta.length == 0 {
@@ -118,7 +118,7 @@ pub(super) async fn serve_stored<S: CacheStore>(
     record_hit(&shared.stats, tier);
     txn.step("Body", || format!("stored, {tier:?} tier"));
     let data = first.map(|c| c.data);
-    let (resp, ahead) = respond::stored(
+    let (made, ahead) = respond::stored(
         &shared.store,
         &found.set,
         found.index,
@@ -133,7 +133,7 @@ pub(super) async fn serve_stored<S: CacheStore>(
     );
     txn.ahead = ahead;
     with_debug(txn, &prepared, meta, now);
-    Some(txn.answered(resp, outcome))
+    Some(txn.made(made, outcome))
 }
 
 /// Counts the hit while a rule shows hit counts (`debug_headers`), and keeps the count and the freshness

@@ -35,7 +35,7 @@ pub(super) async fn lookup<S: CacheStore>(
             .filter(|_| readable && txn.decided.body.is_none());
         if let Some(size) = sliced {
             match slice::serve(worker, txn, size).await {
-                Some(Sliced::Sent(resp, outcome)) => return txn.answered(resp, outcome),
+                Some(Sliced::Sent(made, outcome)) => return txn.made(made, outcome),
                 Some(Sliced::AsSent) => return super::pass::forward_as_sent(worker, txn).await,
                 None => {}
             }
@@ -63,7 +63,7 @@ pub(super) async fn lookup<S: CacheStore>(
             {
                 txn.parts_tried = true;
                 match slice::serve_parts(worker, txn, &found, finished).await {
-                    Some(Sliced::Sent(resp, outcome)) => return txn.answered(resp, outcome),
+                    Some(Sliced::Sent(made, outcome)) => return txn.made(made, outcome),
                     Some(Sliced::AsSent) => return super::pass::forward_as_sent(worker, txn).await,
                     None => {}
                 }

@@ -21,7 +21,7 @@ use crate::{
     coalesce::{Fetch, FetchError, HeadError, Joined},
     fetch::{forwarded_range, Fill},
     hls, phase, prefetch,
-    respond::{self, busy_briefly, Outcome},
+    respond::{self, busy_briefly, Made, Outcome},
     stats::inc,
     store::{CacheStore, Found},
     worker::Worker,
@@ -131,6 +131,7 @@ pub(super) async fn miss<S: CacheStore>(
                     }
                     inc(&shared.stats.hls_reloads_refused);
                     tracing::debug!(bound, "too many blocking reloads at the origin: 503");
+                    txn.failure = true;
                     return Step::Deliver(busy_briefly());
                 }
             }
@@ -186,6 +187,7 @@ pub(super) async fn miss<S: CacheStore>(
                     tracing::debug!(
                         "the origin held a blocking reload past cache.blocking_reload_hold: 503"
                     );
+                    txn.failure = true;
                     return Step::Deliver(busy_briefly());
                 }
             }
@@ -259,7 +261,7 @@ pub(super) async fn miss<S: CacheStore>(
             .map(|h| h.ttl.saturating_sub(h.received_at.elapsed()).as_secs() as i64),
     });
     txn.debug = debug;
-    let (resp, outcome) = match head {
+    let (made, outcome) = match head {
         Ok(head) if complete && !owner => {
             record_hit(&shared.stats, Tier::Memory);
             let ttl_s = head
@@ -267,8 +269,8 @@ pub(super) async fn miss<S: CacheStore>(
                 .saturating_sub(head.received_at.elapsed())
                 .as_secs() as i64;
             let outcome = Outcome::Hit { ttl_s };
-            let resp = respond::fetched(&head, reader, outcome, parts, &conversion).await;
-            (resp, outcome)
+            let made = respond::fetched(&head, reader, outcome, parts, &conversion).await;
+            (made, outcome)
         }
         Ok(head) => {
             inc(&shared.stats.misses);
@@ -280,8 +282,8 @@ pub(super) async fn miss<S: CacheStore>(
                 collapsed: !owner,
                 detail: head.not_stored.map(NotStored::token),
             };
-            let resp = respond::fetched(&head, reader, outcome, parts, &conversion).await;
-            (resp, outcome)
+            let made = respond::fetched(&head, reader, outcome, parts, &conversion).await;
+            (made, outcome)
         }
         Err(e) => {
             inc(&shared.stats.misses);
@@ -293,13 +295,15 @@ pub(super) async fn miss<S: CacheStore>(
             return txn.failed(e.status, outcome);
         }
     };
-    let growing = resp.status() == StatusCode::PARTIAL_CONTENT
-        && resp
-            .headers()
-            .get(header::CONTENT_RANGE)
-            .is_some_and(|v| v.as_bytes().ends_with(b"/*"));
-    if growing {
-        inc(&shared.stats.ranges_growing);
+    if let Made::Answer(resp) = &made {
+        let growing = resp.status() == StatusCode::PARTIAL_CONTENT
+            && resp
+                .headers()
+                .get(header::CONTENT_RANGE)
+                .is_some_and(|v| v.as_bytes().ends_with(b"/*"));
+        if growing {
+            inc(&shared.stats.ranges_growing);
+        }
     }
-    txn.answered(resp, outcome)
+    txn.made(made, outcome)
 }

@@ -62,7 +62,8 @@ impl lacquer_edge::Service for Worker {
             } else {
                 run(&self, client, req, (note, trace)).await
             };
-            let failure = resp.extensions().get::<error_page::Failure>().is_some();
+            // A refused connection's 503 is lacquerd's own too: the same page.
+            let failure = client.refused || txn.as_ref().is_some_and(|t| t.failure);
             let resp = if failure {
                 self.shared.live.load().error_pages.apply(html, resp)
             } else {
@@ -167,7 +168,6 @@ async fn ask_owner<S: crate::store::CacheStore>(
 fn too_many_connections() -> Response<Body> {
     let mut resp = Response::new(body::empty());
     *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    resp.extensions_mut().insert(error_page::Failure);
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp

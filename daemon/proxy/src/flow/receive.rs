@@ -127,30 +127,11 @@ pub(super) async fn receive(
         ));
     }
     let looked_up = matches!(class, RequestClass::Lookup | RequestClass::Miss(_));
-    let mut txn = Txn {
-        client,
-        secure,
-        head: None,
-        key: if looked_up {
-            primary_key(&parts)
-        } else {
-            String::new()
-        },
-        route,
-        decided,
-        class,
-        negotiated: None,
-        asked: None,
-        delivers,
-        note,
-        trace,
-        outcome: None,
-        own_error: false,
-        debug: None,
-        ahead: None,
-        parts_tried: false,
-        owner_answered: false,
-    };
+    let mut txn = Txn::admitted(client, secure, route, decided, class, delivers);
+    (txn.note, txn.trace) = (note, trace);
+    if looked_up {
+        txn.key = primary_key(&parts);
+    }
     if let Some(upgrade) = upgrade.filter(|_| pipe) {
         txn.head = Some(Arc::new(parts));
         return Ok((txn, Step::Pipe(upgrade)));

@@ -18,7 +18,7 @@ use crate::{
     coding::{Conversion, Negotiated},
     phase::Decided,
     pipe::Upgrade,
-    respond::{self, Outcome},
+    respond::{self, Made, Outcome},
     stats::Stats,
     store::Found,
 };
@@ -57,6 +57,9 @@ pub(crate) struct Txn {
     pub outcome: Option<Outcome>,
     /// The response is an error lacquerd made for want of a backend's answer: the error phase replaces it.
     pub own_error: bool,
+    /// The response is a 5xx lacquerd made itself (for want of a backend's answer, or because it cannot
+    /// serve the request now): its page is chosen as it leaves.
+    pub failure: bool,
     /// What `debug_headers` may show of a hit or a miss.
     pub debug: Option<Debug>,
     /// The response-only deliver rules already applied to a plain hit's prepared head.
@@ -69,6 +72,39 @@ pub(crate) struct Txn {
 }
 
 impl Txn {
+    /// A request the request phase admitted, as it enters its first step: its head, key, notes and
+    /// everything the steps learn still to come.
+    pub fn admitted(
+        client: IpAddr,
+        secure: bool,
+        route: Arc<Route>,
+        decided: Decided,
+        class: RequestClass,
+        delivers: bool,
+    ) -> Self {
+        Self {
+            client,
+            secure,
+            head: None,
+            route,
+            decided,
+            class,
+            key: String::new(),
+            negotiated: None,
+            asked: None,
+            delivers,
+            note: None,
+            trace: None,
+            outcome: None,
+            own_error: false,
+            failure: false,
+            debug: None,
+            ahead: None,
+            parts_tried: false,
+            owner_answered: false,
+        }
+    }
+
     /// The head the request carries (taken only by a pass, which is a last step).
     pub fn head(&self) -> &Arc<Parts> {
         self.head
@@ -111,11 +147,21 @@ impl Txn {
         Step::Deliver(resp)
     }
 
+    /// A response made from what is stored or fetched, with its verdict.
+    pub(crate) fn made(&mut self, made: Made, outcome: Outcome) -> Step {
+        match made {
+            Made::Answer(resp) => self.answered(resp, outcome),
+            Made::Failure(resp) => {
+                self.failure = true;
+                self.answered(resp, outcome)
+            }
+        }
+    }
+
     /// An error lacquerd made because no backend answered: the error phase may replace it.
     pub(crate) fn failed(&mut self, status: StatusCode, outcome: Outcome) -> Step {
         self.own_error = true;
-        self.outcome = Some(outcome);
-        Step::Deliver(respond::failure(status, outcome))
+        self.made(Made::Failure(respond::failure(status, outcome)), outcome)
     }
 }
 
