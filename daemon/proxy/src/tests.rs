@@ -1775,3 +1775,146 @@ fn the_flow_futures_sizes() {
     assert!(call < 8 * 1024, "Service::call's future is {call} B");
     assert!(fill < 8 * 1024, "a fill task's future is {fill} B");
 }
+
+/// The modules a source file of this crate imports: every `crate::`, `super::` and (in a `mod.rs`)
+/// `self::` path, groups included, resolved to the longest prefix that is a module of its own file.
+fn imports(module: &str, text: &str, modules: &std::collections::BTreeSet<String>) -> Vec<String> {
+    let code: String = text
+        .split("#[cfg(test)]\nmod tests")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let parent = module.rsplit_once("::").map_or("", |(p, _)| p);
+    let mut paths = Vec::new();
+    let bases = [("crate::", ""), ("super::", parent), ("self::", module)];
+    for (prefix, base) in bases {
+        for (at, _) in code.match_indices(prefix) {
+            let word_start =
+                at == 0 || !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_');
+            if word_start {
+                expand(base, &code[at + prefix.len()..], &mut paths);
+            }
+        }
+    }
+    let mut found: Vec<String> = paths
+        .iter()
+        .filter_map(|path| {
+            let parts: Vec<&str> = path.split("::").collect();
+            (1..=parts.len())
+                .rev()
+                .map(|n| parts[..n].join("::"))
+                .find(|candidate| modules.contains(candidate))
+        })
+        .filter(|m| m != module)
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The paths `rest` (what follows `crate::` or the like) names, each joined to `base`: `a::b`, or each of
+/// the group in `a::{b, c::{d, e}}`.
+fn expand(base: &str, rest: &str, out: &mut Vec<String>) {
+    let end = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(rest.len());
+    let path = &rest[..end];
+    let joined = match (base, path.trim_end_matches(':')) {
+        (b, "") => b.to_owned(),
+        ("", p) => p.to_owned(),
+        (b, p) => format!("{b}::{p}"),
+    };
+    let Some(group) = rest[end..]
+        .strip_prefix('{')
+        .filter(|_| path.is_empty() || path.ends_with("::"))
+    else {
+        if !path.is_empty() {
+            out.push(joined);
+        }
+        return;
+    };
+    let (mut depth, mut item) = (0, String::new());
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                expand(&joined, item.trim(), out);
+                item.clear();
+                continue;
+            }
+            _ => {}
+        }
+        item.push(c);
+    }
+    expand(&joined, item.trim(), out);
+}
+
+/// The crate's files import no module that imports them back, through any chain: each concern can be read,
+/// and changed, from its own imports down (issue 42 found eleven files in one circle).
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            for inner in std::fs::read_dir(&path).unwrap() {
+                files.push(inner.unwrap().path());
+            }
+        } else {
+            files.push(path);
+        }
+    }
+    let module_of = |path: &std::path::Path| {
+        let relative = path.strip_prefix(&root).unwrap().with_extension("");
+        let name = relative.to_string_lossy().replace('/', "::");
+        name.strip_suffix("::mod")
+            .map_or(name.clone(), str::to_owned)
+    };
+    let tests_only = ["lib", "tests", "memory"];
+    let sources: Vec<(String, String)> = files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| (module_of(p), std::fs::read_to_string(p).unwrap()))
+        .filter(|(m, _)| !tests_only.contains(&m.as_str()))
+        .collect();
+    let modules: std::collections::BTreeSet<String> =
+        sources.iter().map(|(m, _)| m.clone()).collect();
+    let graph: std::collections::BTreeMap<&str, Vec<String>> = sources
+        .iter()
+        .map(|(m, text)| (m.as_str(), imports(m, text, &modules)))
+        .collect();
+    // A depth-first walk from every module: reaching a module still on the path is a circle.
+    fn walk<'a>(
+        at: &'a str,
+        graph: &'a std::collections::BTreeMap<&str, Vec<String>>,
+        path: &mut Vec<&'a str>,
+        done: &mut std::collections::BTreeSet<&'a str>,
+    ) {
+        if done.contains(at) {
+            return;
+        }
+        if let Some(start) = path.iter().position(|m| *m == at) {
+            panic!("import circle: {} -> {at}", path[start..].join(" -> "));
+        }
+        path.push(at);
+        for next in &graph[at] {
+            walk(next, graph, path, done);
+        }
+        path.pop();
+        done.insert(at);
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for module in graph.keys() {
+        walk(module, &graph, &mut Vec::new(), &mut done);
+    }
+    assert!(
+        graph["flow::miss"].contains(&"fetch".to_owned()),
+        "the walk sees imports: {graph:?}"
+    );
+}
