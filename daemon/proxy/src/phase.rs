@@ -319,7 +319,7 @@ pub(crate) struct Delivering {
 
 /// The deliver phase (and, for an error lacquerd made, the error phase), on a response leaving for the
 /// client: the rules edit the head the data path prepared (for a hit, its own copy of the stored one) or
-/// replace the response.
+/// replace the response; `true` with a response a rule made in its place.
 pub(crate) fn deliver(
     rules: &Rules,
     parts: &Parts,
@@ -327,7 +327,7 @@ pub(crate) fn deliver(
     secure: bool,
     delivering: Delivering,
     mut resp: Response<Body>,
-) -> Response<Body> {
+) -> (Response<Body>, bool) {
     let facts = Facts {
         parts,
         client,
@@ -335,12 +335,12 @@ pub(crate) fn deliver(
     };
     if delivering.own_error {
         return match rules.error(facts, resp.status(), None) {
-            Some(made) => synthetic(made),
-            None => resp,
+            Some(made) => (synthetic(made), true),
+            None => (resp, false),
         };
     }
     if !rules.has(Phase::Deliver) {
-        return resp;
+        return (resp, false);
     }
     let debug = delivering.debug;
     let status = resp.status();
@@ -350,8 +350,8 @@ pub(crate) fn deliver(
         None => rules.deliver(facts, status, headers, &|| debug, None),
     };
     match made {
-        Some(made) => synthetic(made),
-        None => resp,
+        Some(made) => (synthetic(made), true),
+        None => (resp, false),
     }
 }
 

@@ -890,7 +890,7 @@ mod tests {
         };
         let client = "192.0.2.1".parse().unwrap();
         let resp = made.into_response();
-        let resp = phase::deliver(rules, req, client, false, delivering, resp);
+        let (resp, _) = phase::deliver(rules, req, client, false, delivering, resp);
         (resp, ahead.is_some())
     }
 

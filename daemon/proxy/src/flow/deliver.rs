@@ -18,7 +18,7 @@ use crate::{
 /// connection is the origin's from here on.
 pub(super) fn deliver<S: CacheStore>(
     worker: &Arc<Worker<S>>,
-    txn: &Txn,
+    txn: &mut Txn,
     resp: Response<Body>,
 ) -> Response<Body> {
     let ruled = txn
@@ -33,7 +33,11 @@ pub(super) fn deliver<S: CacheStore>(
                 debug: txn.debug.unwrap_or_default(),
                 ahead: txn.ahead,
             };
-            phase::deliver(&live.rules, head, txn.client, txn.secure, delivering, resp)
+            let (resp, made) =
+                phase::deliver(&live.rules, head, txn.client, txn.secure, delivering, resp);
+            // A rule's own answer replaces lacquerd's error page too.
+            txn.replaced = made;
+            resp
         }
         None => resp,
     };

@@ -2,14 +2,14 @@
 //! then each step returns the next until one answers:
 //!
 //! ```text
-//! receive ─┬─ lookup ─┬─ hit ──────────────┐
-//!          │    ▲     └─ miss ─┬───────────┤
-//!          │    └── look again ┘           │
-//!          ├─ pass ────────────────────────┤
-//!          ├─ pipe ────────────────────────┼─ deliver ─┐
-//!          ├─ peer ─── (owner gone) lookup │           ├─ observed, out
-//!          ├─ purge ───────────────────────────────────┤
-//!          └─ respond (refusals, own answers) ─────────┘
+//! receive ─┬─ lookup ─┬─ hit ─────────────────────┐
+//!          │    ▲     └─ miss ─┬──────────────────┤
+//!          │    └── look again ┘                  │
+//!          ├─ pass ───────────────────────────────┼─ deliver ─┐
+//!          ├─ pipe ───────────────────────────────┘           │
+//!          ├─ peer ─┬─ the owner's answer ────────────────────┼─ observed, out
+//!          │        └─ owner gone: lookup                     │
+//!          └─ answered here: refusals, purges, rules' answers ┘
 //! ```
 //!
 //! One [`Txn`] carries the request through them: who sent it, its head (owned once, from the moment the
@@ -64,7 +64,8 @@ impl lacquer_edge::Service for Worker {
             };
             // A refused connection's 503 is lacquerd's own too: the same page.
             let failure = client.refused || txn.as_ref().is_some_and(|t| t.failure);
-            let resp = if failure {
+            let replaced = txn.as_ref().is_some_and(|t| t.replaced);
+            let resp = if failure && !replaced {
                 self.shared.live.load().error_pages.apply(html, resp)
             } else {
                 resp

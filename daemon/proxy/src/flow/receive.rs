@@ -143,7 +143,7 @@ pub(super) async fn receive(
             Some(body) => (txn, Step::Pass(body)),
             None => {
                 inc(&stats.bodies_too_large);
-                (txn, Step::Done(body_too_large()))
+                (txn, Step::Deliver(body_too_large()))
             }
         });
     }

@@ -58,8 +58,10 @@ pub(crate) struct Txn {
     /// The response is an error lacquerd made for want of a backend's answer: the error phase replaces it.
     pub own_error: bool,
     /// The response is a 5xx lacquerd made itself (for want of a backend's answer, or because it cannot
-    /// serve the request now): its page is chosen as it leaves.
+    /// serve the request now): its page is chosen as it leaves, unless a rule replaced it.
     pub failure: bool,
+    /// A deliver or error rule made the response in place of the data path's.
+    pub replaced: bool,
     /// What `debug_headers` may show of a hit or a miss.
     pub debug: Option<Debug>,
     /// The response-only deliver rules already applied to a plain hit's prepared head.
@@ -98,6 +100,7 @@ impl Txn {
             outcome: None,
             own_error: false,
             failure: false,
+            replaced: false,
             debug: None,
             ahead: None,
             parts_tried: false,
@@ -182,7 +185,7 @@ pub(crate) enum Step {
     Peer(Peer, HeaderValue),
     /// A response to the client, through the deliver phase.
     Deliver(Response<Body>),
-    /// A response to the client as it is: lacquerd's own answers, a purge's, a peer's (delivered there).
+    /// A response to the client as it is: the owner's, which its own deliver phase made.
     Done(Response<Body>),
 }
 
