@@ -135,15 +135,14 @@ pub(crate) async fn serve<S: CacheStore>(
                         origin_failed: false,
                         fwd_status: None,
                     };
-                    match answer(&asker, object, None, outcome).await {
-                        Answered::Sent(resp, outcome) => {
-                            inc(&shared.stats.stale_served);
-                            asker.refresh(found, size);
-                            return Some(Sliced::Sent(resp, outcome));
-                        }
-                        Answered::AsSent => return Some(Sliced::AsSent),
+                    let sliced = match answer(&asker, object, None, outcome).await {
+                        Answered::Sent(resp, outcome) => Sliced::Sent(resp, outcome),
+                        Answered::AsSent => Sliced::AsSent,
                         Answered::Changed => continue,
-                    }
+                    };
+                    inc(&shared.stats.stale_served);
+                    asker.refresh(found, size);
+                    return Some(sliced);
                 }
                 _ => {}
             }
@@ -273,9 +272,12 @@ async fn fetch_first<S: CacheStore>(
             fwd_status,
         };
         let object = Object::stored(found, now, looked_up_at);
-        if let Answered::Sent(resp, outcome) = answer(asker, object, None, outcome).await {
-            inc(&shared.stats.stale_on_error);
-            return Answered::Sent(resp, outcome);
+        match answer(asker, object, None, outcome).await {
+            Answered::Changed => {}
+            answered => {
+                inc(&shared.stats.stale_on_error);
+                return answered;
+            }
         }
     }
     let count_miss = || {

@@ -82,6 +82,14 @@ impl lacquer_edge::Service for Worker {
                     outcome: Some(respond::Outcome::Miss { collapsed, .. }),
                     ..
                 }) => *collapsed,
+                // The owner's verdict, as its `Cache-Status` says it.
+                Some(Txn {
+                    owner_answered: true,
+                    ..
+                }) => resp
+                    .headers()
+                    .get(crate::fields::CACHE_STATUS)
+                    .is_some_and(|v| v.as_bytes().windows(9).any(|w| w == b"collapsed")),
                 _ => false,
             };
             let outcome = match txn {

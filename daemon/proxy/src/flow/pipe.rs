@@ -41,6 +41,9 @@ pub(super) async fn pipe<S: CacheStore>(
         outcome,
     );
     match sent.await {
+        // The connection is the origin's from here on: no verdict of the cache's (`synth`, as lacquerd's
+        // own answers are counted).
+        Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => Step::Deliver(resp),
         Ok(resp) => txn.answered(resp, outcome),
         Err(status) => txn.failed(status, outcome),
     }
