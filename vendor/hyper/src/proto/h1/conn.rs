@@ -213,6 +213,30 @@ where
         read_buf.len() >= 24 && read_buf[..24] == *H2_PREFACE
     }
 
+    /// [Vendored patch] Starts the header read timer, unless it runs: moved out of `poll_read_head`'s
+    /// start, where it ran for every head.
+    #[cfg(feature = "server")]
+    fn arm_header_read_timeout(&mut self) {
+        if self.state.h1_header_read_timeout_running {
+            return;
+        }
+        if let Some(h1_header_read_timeout) = self.state.h1_header_read_timeout {
+            let deadline = self.state.timer.now() + h1_header_read_timeout;
+            self.state.h1_header_read_timeout_running = true;
+            match &mut self.state.h1_header_read_timeout_fut {
+                Some(h1_header_read_timeout_fut) => {
+                    trace!("resetting h1 header read timeout timer");
+                    self.state.timer.reset(h1_header_read_timeout_fut, deadline);
+                }
+                None => {
+                    trace!("setting h1 header read timeout timer");
+                    self.state.h1_header_read_timeout_fut =
+                        Some(self.state.timer.sleep_until(deadline));
+                }
+            }
+        }
+    }
+
     pub(super) fn poll_read_head(
         &mut self,
         cx: &mut Context<'_>,
@@ -220,25 +244,10 @@ where
         debug_assert!(self.can_read_head());
         trace!("Conn::read_head");
 
-        #[cfg(feature = "server")]
-        if !self.state.h1_header_read_timeout_running {
-            if let Some(h1_header_read_timeout) = self.state.h1_header_read_timeout {
-                let deadline = self.state.timer.now() + h1_header_read_timeout;
-                self.state.h1_header_read_timeout_running = true;
-                match &mut self.state.h1_header_read_timeout_fut {
-                    Some(h1_header_read_timeout_fut) => {
-                        trace!("resetting h1 header read timeout timer");
-                        self.state.timer.reset(h1_header_read_timeout_fut, deadline);
-                    }
-                    None => {
-                        trace!("setting h1 header read timeout timer");
-                        self.state.h1_header_read_timeout_fut =
-                            Some(self.state.timer.sleep_until(deadline));
-                    }
-                }
-            }
-        }
-
+        // [Vendored patch] The header read timer is armed only once a head is found not all in hand
+        // (below, on `Pending`): a head that arrives in one read, as nearly every keep-alive request's does,
+        // costs no clock read, no boxed sleep and no timer registration. The deadline still runs from the
+        // first read that did not complete a head, which is where the wait begins.
         let msg = match self.io.parse::<T>(
             cx,
             ParseContext {
@@ -258,6 +267,8 @@ where
             Poll::Ready(Ok(msg)) => msg,
             Poll::Ready(Err(e)) => return self.on_read_head_error(e),
             Poll::Pending => {
+                #[cfg(feature = "server")]
+                self.arm_header_read_timeout();
                 #[cfg(feature = "server")]
                 if self.state.h1_header_read_timeout_running {
                     if let Some(h1_header_read_timeout_fut) =
@@ -1520,6 +1531,69 @@ mod tests {
             subject: http::StatusCode::OK,
             ..Default::default()
         }
+    }
+
+    /// [Vendored patch] A timer that counts the sleeps asked of it, which
+    /// never end.
+    #[cfg(feature = "server")]
+    #[derive(Default)]
+    struct CountingTimer(std::sync::atomic::AtomicUsize);
+
+    #[cfg(feature = "server")]
+    struct NeverSleep;
+
+    #[cfg(feature = "server")]
+    impl Future for NeverSleep {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+    }
+
+    #[cfg(feature = "server")]
+    impl crate::rt::Sleep for NeverSleep {}
+
+    #[cfg(feature = "server")]
+    impl crate::rt::Timer for CountingTimer {
+        fn sleep(&self, _: std::time::Duration) -> Pin<Box<dyn crate::rt::Sleep>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(NeverSleep)
+        }
+
+        fn sleep_until(&self, _: std::time::Instant) -> Pin<Box<dyn crate::rt::Sleep>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(NeverSleep)
+        }
+    }
+
+    /// [Vendored patch] A head that is in hand at the first read arms no
+    /// header read timer; one that is not arms it once, however often the
+    /// connection is polled while it waits.
+    #[cfg(feature = "server")]
+    #[test]
+    fn header_read_timer_armed_only_for_a_head_not_in_hand() {
+        use std::sync::atomic::Ordering::SeqCst;
+
+        let with_timer = |input: &[u8]| {
+            let timer = std::sync::Arc::new(CountingTimer::default());
+            let mut conn = idle_test_conn(input);
+            conn.set_timer(crate::common::time::Time::Timer(timer.clone()));
+            conn.set_http1_header_read_timeout(std::time::Duration::from_secs(30));
+            (conn, timer)
+        };
+
+        let (mut conn, timer) = with_timer(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        ready(poll_head(&mut conn))
+            .expect("request")
+            .expect("valid request");
+        assert_eq!(timer.0.load(SeqCst), 0);
+
+        let (mut conn, timer) = with_timer(b"GET / HTTP/1.1\r\nHost: a");
+        assert!(poll_head(&mut conn).is_pending());
+        assert!(poll_head(&mut conn).is_pending());
+        assert_eq!(timer.0.load(SeqCst), 1);
+        assert!(conn.state.h1_header_read_timeout_running);
     }
 
     /// [Vendored patch] After a large flattened response, the keep-alive
