@@ -65,7 +65,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flame  # noqa: E402
 import perf  # noqa: E402
-from compare import CONTROL_PORT, ORIGIN_PORT, nginx_conf, sh, tree, wait_port  # noqa: E402
+from compare import CONTROL_PORT, ORIGIN_PORT, cpu_seconds, nginx_conf, sh, wait_port  # noqa: E402
 from hotpath import NGINX_GZIP, VCL_GZIP, WRK_NEW_URLS, WRK_REPORT  # noqa: E402
 
 MANIFEST = "/hls/channel-7/720p.m3u8"
@@ -92,18 +92,6 @@ NGINX_PORT, VARNISH_PORT, VARNISH_ADMIN, CEILING_PORT = 8975, 8976, 8977, 8978
 
 def pinned(core, cmd, **kw):
     return subprocess.Popen(["taskset", "-c", str(core), *cmd], **kw)
-
-
-def cpu_seconds(pid):
-    ticks = 0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 WRK_ERRORS = []

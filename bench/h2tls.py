@@ -20,8 +20,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import CONTROL_PORT, ORIGIN_PORT, nginx_conf, wait_port  # noqa: E402
-from cpu import MANIFEST, cpu_seconds, lacquerd_builds, pinned  # noqa: E402
+from compare import CONTROL_PORT, ORIGIN_PORT, cpu_seconds, nginx_conf, wait_port  # noqa: E402
+from cpu import MANIFEST, lacquerd_builds, pinned  # noqa: E402
 from hotpath import NGINX_GZIP  # noqa: E402
 import perf  # noqa: E402
 from rss import wait_port as wait_accepting  # noqa: E402
