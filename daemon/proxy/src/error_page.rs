@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http::{header, HeaderValue, Response, StatusCode};
 use lacquer_backends::body::{self, Body};
 use lacquer_config::ConfigError;
 
@@ -79,12 +79,11 @@ impl ErrorPages {
     }
 }
 
-/// The client prefers HTML: its `Accept` names `text/html` (or `application/xhtml+xml`) with a weight
+/// The client prefers HTML: its `Accept` lines name `text/html` (or `application/xhtml+xml`) with a weight
 /// above zero, as a browser's does. A client that names none (curl, an API client) gets plain text.
-pub(crate) fn wants_html(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
+pub(crate) fn wants_html<'a>(accept: impl IntoIterator<Item = &'a HeaderValue>) -> bool {
+    accept
+        .into_iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|range| {
@@ -105,13 +104,14 @@ pub(crate) fn wants_html(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
 
     #[test]
     fn html_is_for_clients_that_ask_for_it() {
         let accept = |v: &str| {
             let mut h = HeaderMap::new();
             h.insert(header::ACCEPT, v.parse().unwrap());
-            wants_html(&h)
+            wants_html(h.get_all(header::ACCEPT))
         };
         assert!(accept(
             "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
@@ -120,7 +120,7 @@ mod tests {
         assert!(!accept("*/*"));
         assert!(!accept("application/json"));
         assert!(!accept("text/html;q=0, text/plain"));
-        assert!(!wants_html(&HeaderMap::new()));
+        assert!(!wants_html(HeaderMap::new().get_all(header::ACCEPT)));
     }
 
     #[test]

@@ -51,7 +51,14 @@ impl lacquer_edge::Service for Worker {
         client: Client,
     ) -> impl std::future::Future<Output = Response<Observed>> + Send + 'static {
         let (observing, note, trace) = observe::Observing::begin(&self.shared, &req, client.ip);
-        let html = error_page::wants_html(req.headers());
+        // Read only for an error page of lacquerd's own: kept as sent (a count of the connection's buffer
+        // per line; nothing for a client that sends none), not parsed for every request.
+        let accept: Vec<HeaderValue> = req
+            .headers()
+            .get_all(header::ACCEPT)
+            .iter()
+            .cloned()
+            .collect();
         let head_only = req.method() == Method::HEAD;
         async move {
             let (resp, txn) = if client.refused {
@@ -66,6 +73,7 @@ impl lacquer_edge::Service for Worker {
             let failure = client.refused || txn.as_ref().is_some_and(|t| t.failure);
             let replaced = txn.as_ref().is_some_and(|t| t.replaced);
             let resp = if failure && !replaced {
+                let html = error_page::wants_html(&accept);
                 self.shared.live.load().error_pages.apply(html, resp)
             } else {
                 resp
