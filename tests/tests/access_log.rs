@@ -381,6 +381,10 @@ async fn a_trace_shows_every_step_and_only_to_those_who_asked() {
         .await
         .unwrap();
     get(d.addr, "/a").await;
+    // The second is a hit from the store only once the first's fill has published what it stored: the
+    // client can have every byte before that, and would then join the fill instead.
+    d.wait_for_stats("the object stored", |s| s["proxy"]["objects_stored"] == 1)
+        .await;
     get(d.addr, "/a").await;
     get(d.addr, "/private").await;
     request(
