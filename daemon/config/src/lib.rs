@@ -836,26 +836,23 @@ pub fn backend_address(address: Option<&str>) -> Result<BackendAddress, String> 
     })
 }
 
-fn tempfile_probe(dir: &Path) -> std::io::Result<()> {
-    let probe = dir.join(".lacquer-write-probe");
-    std::fs::write(&probe, b"")?;
-    std::fs::remove_file(&probe)
-}
-
-/// Whether the store could use `dir`: written to when it exists, else created and written to, then
-/// removed again with every parent created for it. Checking a configuration (`--check`, a reload) leaves
-/// nothing behind; the store creates the directory when it opens.
+/// Whether the store could use `dir`: a file made and removed in it when it exists, else a directory made
+/// and removed in its nearest existing parent (creating the rest of the path needs no more). Checking a
+/// configuration (`--check`, a reload) leaves nothing behind, and never creates `dir` itself even for a
+/// moment: two checks at once (or a check beside a packaging script) would otherwise each take the other's
+/// directory for one that was there before, and one could leave it behind, root's, with the wrong mode.
+/// The names are unique, so neither can remove the other's probe. The store creates `dir` when it opens.
 fn probe_dir(dir: &Path) -> std::io::Result<()> {
+    let mut probe = tempfile::Builder::new();
+    probe.prefix(".lacquer-probe-");
     if dir.is_dir() {
-        return tempfile_probe(dir);
+        return probe.tempfile_in(dir)?.close();
     }
-    // Innermost first, the order they are removed in.
-    let missing: Vec<&Path> = dir.ancestors().take_while(|a| !a.exists()).collect();
-    let probed = std::fs::create_dir_all(dir).and_then(|()| tempfile_probe(dir));
-    for created in missing {
-        let _ = std::fs::remove_dir(created);
-    }
-    probed
+    let parent = dir
+        .ancestors()
+        .find(|a| a.exists())
+        .unwrap_or_else(|| Path::new("."));
+    probe.tempdir_in(parent)?.close()
 }
 
 fn default_dir() -> PathBuf {
@@ -873,6 +870,32 @@ fn default_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probing_a_store_directory_leaves_nothing_behind_and_never_makes_it() {
+        let root = tempfile::tempdir().unwrap();
+        let missing = root.path().join("a/b/store");
+        probe_dir(&missing).unwrap();
+        assert!(!root.path().join("a").exists(), "the probe made the path");
+        probe_dir(root.path()).unwrap();
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+        // A file where a parent should be: nothing can create the directory.
+        std::fs::write(root.path().join("file"), b"").unwrap();
+        assert!(probe_dir(&root.path().join("file/store")).is_err());
+        // Many checks at once (as the test suite, or a reload beside a packaging script, runs them): every
+        // one succeeds and none leaves the directory behind, as the fixed-name probe once could.
+        let dir = root.path().join("shared");
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        probe_dir(&dir).unwrap();
+                    }
+                });
+            }
+        });
+        assert!(!dir.exists(), "a probe left the directory behind");
+    }
 
     fn err(text: &str) -> String {
         Config::parse(text, "lacquer.toml").unwrap_err().to_string()
