@@ -18,7 +18,7 @@ import time
 import urllib.request
 
 import compare  # noqa: E402
-from compare import ROOT, curl_ttfb, nginx_conf, stop, wait_port  # noqa: E402
+from compare import ROOT, cpu_seconds, curl_ttfb, nginx_conf, stop, wait_port  # noqa: E402
 
 # Ports of its own (200 below the comparison's), so that it can run beside bench/run or a soak.
 ORIGIN_PORT = compare.ORIGIN_PORT = 8780
@@ -28,9 +28,12 @@ BIG = 200 * 1024 * 1024
 BIG_PATH = f"/stream/max-age=3600/{BIG}/big"
 
 
+CONFIG = []
+
+
 def lacquerd(work):
     return subprocess.Popen(
-        [os.environ.get("LACQUERD", f"{ROOT}/target/release/lacquerd"), "--listen", f"127.0.0.1:{LACQUER}", "--admin", f"127.0.0.1:{ADMIN}",
+        [os.environ.get("LACQUERD", f"{ROOT}/target/release/lacquerd")] + CONFIG + ["--listen", f"127.0.0.1:{LACQUER}", "--admin", f"127.0.0.1:{ADMIN}",
          "--backend", f"127.0.0.1:{ORIGIN_PORT}", "--disk", f"{work}/lacquer", "--memory", "64MiB",
          "--disk-size", "1GiB"],
         env={**os.environ, "RUST_LOG": "warn"})
@@ -67,7 +70,10 @@ def main():
     ap.add_argument("--ttfb-requests", type=int, default=30)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--skip-big", action="store_true", help="only the time to first byte")
+    ap.add_argument("--config", help="a lacquerd configuration file under the flags (another chunk size, say)")
     args = ap.parse_args()
+    if args.config:
+        CONFIG.extend(["--config", os.path.abspath(args.config)])
 
     work = tempfile.mkdtemp(prefix="lacquer-large-")
     procs = [subprocess.Popen([f"{ROOT}/target/release/bench-origin", str(ORIGIN_PORT), str(CONTROL_PORT)])]
@@ -104,8 +110,12 @@ def main():
                     res.setdefault("tiers", []).append(t)
                     if t is None:
                         raise SystemExit("the 200 MiB object is no longer cached")
-                res.setdefault("big_1", []).extend(full_reads(port, 1))
-                res.setdefault(f"big_{args.clients}", []).extend(full_reads(port, args.clients))
+                pid = (lq if target == "lacquer" else procs[1]).pid
+                for clients in sorted({1, args.clients}):
+                    cpu = cpu_seconds(pid)
+                    res.setdefault(f"big_{clients}", []).extend(full_reads(port, clients))
+                    gib = clients * BIG / (1 << 30)
+                    res.setdefault(f"cpu_{clients}", []).append((cpu_seconds(pid) - cpu) * 1000 / gib)
                 print(f"round {r + 1} {target}: " + ", ".join(
                     f"{k} {v[-1]}" for k, v in res.items()), file=sys.stderr)
     finally:
@@ -114,7 +124,9 @@ def main():
     keys = [("ttfb_2k", "2 KiB TTFB p50 (ms)", "{:.3f}"), ("ttfb_4m", "4 MiB TTFB p50 (ms)", "{:.3f}")]
     if not args.skip_big:
         keys += [("big_1", "200 MiB from disk, 1 client (MB/s)", "{:.0f}"),
-                 (f"big_{args.clients}", f"200 MiB from disk, {args.clients} clients (MB/s per client)", "{:.0f}")]
+                 (f"big_{args.clients}", f"200 MiB from disk, {args.clients} clients (MB/s per client)", "{:.0f}"),
+                 ("cpu_1", "the same, 1 client: CPU ms per GiB sent", "{:.0f}"),
+                 (f"cpu_{args.clients}", f"the same, {args.clients} clients: CPU ms per GiB sent", "{:.0f}")]
     print(f"\nmedian of {args.rounds} rounds; load: {os.getloadavg()}\n")
     print("| metric | lacquer | nginx | lacquer / nginx |")
     print("|---|---|---|---|")

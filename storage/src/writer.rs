@@ -58,6 +58,8 @@ pub struct ObjectWriter {
     /// The invalidation epoch when the fetch started.
     epoch: u64,
     buf: BytesMut,
+    /// The size of this body's chunks: the store's, or its large one ([`ObjectWriter::expect_length`]).
+    chunk_size: usize,
     chunks: u32,
     length: u64,
     finished: bool,
@@ -73,6 +75,7 @@ impl ObjectWriter {
         epoch: u64,
     ) -> Self {
         Self {
+            chunk_size: store.chunk_size(),
             store,
             object,
             generation,
@@ -91,6 +94,18 @@ impl ObjectWriter {
         self.length
     }
 
+    /// The body's announced length (its `Content-Length`), told before its first byte: a large body is
+    /// split into the store's large chunks
+    /// ([`StoreBuilder::with_large_chunk_size`](crate::StoreBuilder::with_large_chunk_size)). Told later,
+    /// or not at all, the body keeps the store's chunk size: what is stored, and what its readers were
+    /// told, is never cut another way.
+    pub fn expect_length(&mut self, length: u64) {
+        // No byte taken and no reader of the body in progress (a [`PartialBody`]) made yet.
+        if self.length == 0 && self.stored.receiver_count() == 0 {
+            self.chunk_size = self.store.chunk_size_for(Some(length));
+        }
+    }
+
     /// Read access to the chunks this writer has stored so far, valid while the writer (or the object it
     /// publishes) lives.
     pub fn partial_body(&self) -> PartialBody {
@@ -98,6 +113,7 @@ impl ObjectWriter {
             store: self.store.clone(),
             object: self.object,
             generation: self.generation,
+            chunk_size: self.chunk_size as u64,
             stored: self.stored.subscribe(),
         }
     }
@@ -112,7 +128,7 @@ impl ObjectWriter {
         }
         self.length += data.len() as u64;
         self.buf.extend_from_slice(data);
-        let chunk_size = self.store.chunk_size();
+        let chunk_size = self.chunk_size;
         while self.buf.len() >= chunk_size {
             let chunk = self.buf.split_to(chunk_size).freeze();
             self.send_chunk(chunk).await?;
@@ -146,7 +162,7 @@ impl ObjectWriter {
         meta.object = self.object;
         meta.generation = self.generation;
         meta.length = self.length;
-        meta.chunk_size = self.store.chunk_size() as u32;
+        meta.chunk_size = self.chunk_size as u32;
         meta.ban_checked = self.ban_checked;
         let (done, wait) = oneshot::channel();
         self.finished = true;
@@ -175,7 +191,7 @@ impl ObjectWriter {
             self.send_chunk(rest).await?;
         }
         let body = (self.object, self.generation);
-        let chunk_size = self.store.chunk_size() as u32;
+        let chunk_size = self.chunk_size as u32;
         let sibling = Sibling::new(of, coding, body, self.length, chunk_size);
         let (done, wait) = oneshot::channel();
         self.finished = true;
@@ -207,7 +223,7 @@ impl ObjectWriter {
             let rest = self.buf.split().freeze();
             self.send_chunk(rest).await?;
         }
-        let chunk_size = self.store.chunk_size() as u32;
+        let chunk_size = self.chunk_size as u32;
         let body = (self.object, self.generation);
         let part = Part::new(start, body, self.length, chunk_size);
         head.object = self.object;
@@ -257,6 +273,7 @@ pub struct PartialBody {
     store: Store,
     object: u64,
     generation: u64,
+    chunk_size: u64,
     stored: watch::Receiver<Progress>,
 }
 
@@ -275,15 +292,15 @@ impl PartialBody {
         }
     }
 
-    /// The store's chunk size: chunk `n` starts at byte `n × chunk_size`.
+    /// The body's chunk size: chunk `n` starts at byte `n × chunk_size`.
     pub fn chunk_size(&self) -> u64 {
-        self.store.chunk_size() as u64
+        self.chunk_size
     }
 
     /// Chunk `index`, once the writer task has stored it; `None` when it never will be (the writer was
     /// dropped first) or foyer no longer holds it.
     pub async fn read_chunk(&mut self, index: u32) -> Result<Option<Bytes>, StoreError> {
-        let chunk_size = self.store.chunk_size() as u64;
+        let chunk_size = self.chunk_size;
         let start = u64::from(index) * chunk_size;
         if !self.stored_beyond(start).await {
             return Ok(None);

@@ -266,3 +266,49 @@ async fn a_part_of_the_version_stored_whole_never_replaces_it() {
         "another version's part starts a body"
     );
 }
+
+/// A body announced large is cut into the store's large chunks, read back whole from memory and, after a
+/// reopen, from the disk tier; removed, it stays removed. A body announced late (after its first byte) or
+/// not at all keeps the small chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_announced_large_is_stored_in_large_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    // 256 KiB large chunks: the test tiers (4 MiB blocks, 8 MiB of memory) hold them.
+    let large = |dir: &std::path::Path| builder(dir).with_large_chunk_size(256 * KIB);
+    let store = large(dir.path())
+        .open(tokio::runtime::Handle::current())
+        .await
+        .unwrap();
+    let data = body(9, 2 * MIB + 1000);
+    let mut w = store.writer("h/large", &[], store.mark()).unwrap();
+    w.expect_length(data.len() as u64);
+    assert_eq!(w.partial_body().chunk_size(), 256 * KIB as u64);
+    for piece in data.chunks(10_000) {
+        w.push(piece).await.unwrap();
+    }
+    w.finish("h/large".into(), meta()).await.unwrap();
+    let m = store.lookup("h/large").unwrap().unwrap().variants[0].clone();
+    assert_eq!(m.chunk_size, 256 * KIB as u32);
+    assert_eq!(m.chunk_count(), 9);
+    assert_eq!(read(&store, "h/large").await.unwrap().0, data);
+
+    // Told after the first byte: too late to cut the body another way.
+    let mut w = store.writer("h/late", &[], store.mark()).unwrap();
+    w.push(&data[..10]).await.unwrap();
+    w.expect_length(data.len() as u64);
+    w.push(&data[10..]).await.unwrap();
+    w.finish("h/late".into(), meta()).await.unwrap();
+    let late = store.lookup("h/late").unwrap().unwrap().variants[0].clone();
+    assert_eq!(late.chunk_size, 64 * KIB as u32);
+    assert_eq!(read(&store, "h/late").await.unwrap().0, data);
+
+    store.close(Duration::from_secs(10)).await.unwrap();
+    drop(store);
+    let store = open_again_with(large(dir.path())).await;
+    let (got, tiers) = read(&store, "h/large").await.unwrap();
+    assert_eq!(got, data);
+    assert!(tiers.iter().all(|t| *t == Tier::Disk), "{tiers:?}");
+    assert_eq!(store.remove("h/large").unwrap(), 1);
+    assert!(store.lookup("h/large").unwrap().is_none());
+    assert_eq!(read(&store, "h/late").await.unwrap().0, data);
+}

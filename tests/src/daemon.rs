@@ -100,7 +100,8 @@ impl Daemon {
             .args(backend_flag.unwrap_or_default())
             .arg("--disk")
             .arg(dir.path().join("store"))
-            .args(["--memory", "64MiB", "--disk-size", "256MiB"])
+            .args(default_flag(&extra, "--memory", "64MiB"))
+            .args(default_flag(&extra, "--disk-size", "256MiB"))
             .args(&extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -312,5 +313,14 @@ impl Drop for Daemon {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// `flag value`, unless the test's own flags name `flag` (lacquerd refuses a flag given twice).
+fn default_flag(extra: &[String], flag: &'static str, value: &'static str) -> Vec<&'static str> {
+    if extra.iter().any(|a| a == flag) {
+        vec![]
+    } else {
+        vec![flag, value]
     }
 }

@@ -712,3 +712,60 @@ async fn a_chunk_damaged_mid_body_breaks_the_response_and_is_never_served() {
     assert_eq!(origin.count(path), 2);
     d.stop();
 }
+
+/// A body announced large (12 MiB) is stored in 1 MiB chunks where the tiers hold them (a 1 GiB disk tier):
+/// read back whole from the disk tier after a restart; a chunk of it damaged on disk breaks the response
+/// in progress, never served, and the next request is a miss served whole; a purge removes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_in_large_chunks_is_read_checked_and_purged_as_any_body() {
+    let origin = origin().await;
+    let path = "/big/12288/large-chunks";
+    let body = body_for(path);
+    let mut d = Daemon::start(origin.addr, &["--disk-size", "1GiB"]);
+    assert!(get(d.addr, path).await.body == body);
+    durable(&d, 1).await;
+    assert_eq!(tiers(&d, path).await.0, 12, "12 chunks of 1 MiB");
+    d.stop();
+    let mut d = d.restart();
+    let r = get(d.addr, path).await;
+    assert_eq!(r.x_cache(), "HIT");
+    assert!(r.body == body, "every byte, in order, from the disk tier");
+    d.stop();
+    // Chunk 6 (bytes 6 MiB to 7 MiB), found by its content.
+    let at = 6 * 1024 * 1024 + 300_000;
+    let needle = &body[at..at + 64];
+    let mut damaged = 0;
+    for file in files(&d.dir.path().join("store/bodies")) {
+        use std::os::unix::fs::FileExt;
+        let bytes = std::fs::read(&file).unwrap();
+        if let Some(found) = bytes.windows(64).position(|w| w == needle) {
+            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.write_all_at(&[0x5a; 64], found as u64).unwrap();
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 1, "found the chunk to damage");
+    let mut d = d.restart();
+    match try_get(d.addr, path).await {
+        Err(e) => assert!(e.contains("body"), "broken mid-body: {e}"),
+        Ok(r) => panic!("a damaged body served as whole: {} bytes", r.body.len()),
+    }
+    let r = get(d.addr, path).await;
+    assert_eq!(r.x_cache(), "MISS");
+    assert!(r.body == body);
+    assert_eq!(origin.count(path), 2);
+    let purged = d
+        .admin_post("/v1/purge", json!({"url": format!("http://{HOST}{path}")}))
+        .await;
+    assert_eq!(
+        purged.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&purged.body)
+    );
+    let r = get(d.addr, path).await;
+    assert_eq!(r.x_cache(), "MISS");
+    assert!(r.body == body);
+    assert_eq!(origin.count(path), 3);
+    d.stop();
+}

@@ -57,6 +57,20 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
+    // Passed on, as every wrapper of the socket must: the default writes only the first buffer, so a body
+    // frame hyper queues (its size line, its bytes, its CRLF) went out in three `send`s, not one `writev`.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
     }
@@ -148,6 +162,24 @@ impl<IO> IdleTimeout<IO> {
         }
         Ok(())
     }
+
+    /// Notes a write's outcome: bytes moved, or a wait that counts towards the idle timeout.
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match written {
+            Poll::Ready(r) => {
+                self.moved = true;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                self.poll_idle(cx)?;
+                Poll::Pending
+            }
+        }
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for IdleTimeout<IO> {
@@ -178,16 +210,22 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.io).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                self.moved = true;
-                Poll::Ready(r)
-            }
-            Poll::Pending => {
-                self.poll_idle(cx)?;
-                Poll::Pending
-            }
-        }
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.wrote(cx, written)
+    }
+
+    // Passed on (see `Prefixed`).
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.wrote(cx, written)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -9,10 +9,12 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    future::Future,
     sync::{
         atomic::{AtomicU64, Ordering::SeqCst},
         Arc, Mutex,
     },
+    task::Poll,
     time::{Duration, Instant},
 };
 
@@ -141,6 +143,8 @@ struct State<S: CacheStore> {
     end: Option<Result<(), FetchError>>,
     /// The fill task is done, including publishing to the store: a new lookup now sees what it stored.
     settled: bool,
+    /// Changed without waking the readers yet (see [`Fetch::announce`]).
+    unannounced: bool,
 }
 
 impl<S: CacheStore> State<S> {
@@ -177,6 +181,14 @@ impl<S: CacheStore> State<S> {
             self.window.pop_front();
         }
         held_by_store
+    }
+
+    /// Reader `id` moved to `pos`; returns whether the fill may be waiting for it to (`Fetch::room` waits
+    /// only while the window is full: below it, waking the fill for every frame every reader takes cost a
+    /// wake-up per reader per frame for nothing).
+    fn reader_at(&mut self, id: u64, pos: u64) -> bool {
+        self.readers.insert(id, pos);
+        self.received - self.window_start >= self.limit
     }
 
     /// The bytes held from `pos` to the end of the frame holding it.
@@ -217,6 +229,7 @@ impl<S: CacheStore> Fetch<S> {
                 readers: HashMap::new(),
                 next_reader: 0,
                 cancelled: false,
+                unannounced: false,
                 end: None,
                 settled: false,
             }),
@@ -237,13 +250,61 @@ impl<S: CacheStore> Fetch<S> {
     }
 
     fn update(&self, f: impl FnOnce(&mut State<S>)) {
-        f(&mut self.lock());
+        {
+            let mut s = self.lock();
+            f(&mut s);
+            s.unannounced = false;
+        }
         self.changed.send_replace(());
+    }
+
+    /// Changes the state without waking the readers: the fill calls [`Fetch::announce`] before anything it
+    /// waits for, so the readers of a head and body that arrive together wake once for all of it, not once
+    /// for the head and once for each frame (a thousand players of one live part each woke four or five
+    /// times per part, and wrote the head apart from the body).
+    fn update_quietly(&self, f: impl FnOnce(&mut State<S>)) {
+        let mut s = self.lock();
+        f(&mut s);
+        s.unannounced = true;
+    }
+
+    /// Wakes the readers for what changed quietly since they were last woken, if anything did.
+    pub fn announce(&self) {
+        let announce = std::mem::take(&mut self.lock().unannounced);
+        if announce {
+            self.changed.send_replace(());
+        }
+    }
+
+    /// Runs `work` for the fill; if it has to wait, the readers are woken first for what was changed
+    /// quietly, so they never wait for what is in hand while the fill waits for something else. Before
+    /// that, `work` gets one more try after the other tasks of the thread have had a turn: the origin's
+    /// connection runs as one of them, and a body that came in one piece (a live part: its head, its
+    /// frames, its chunked end) then reaches the readers at one wake, which each answers in one write.
+    pub async fn announced_before_waiting<T>(&self, work: impl Future<Output = T>) -> T {
+        let mut work = std::pin::pin!(work);
+        if let Poll::Ready(out) = poll_once(work.as_mut()).await {
+            return out;
+        }
+        if self.lock().unannounced {
+            tokio::task::yield_now().await;
+            if let Poll::Ready(out) = poll_once(work.as_mut()).await {
+                return out;
+            }
+            self.announce();
+        }
+        work.await
     }
 
     /// The response head, or why there is none; wakes every reader waiting for it.
     pub fn set_head(&self, head: Result<Arc<FetchedHead>, HeadError>) {
         self.update(|s| s.head = Some(head));
+    }
+
+    /// The response head, for the readers to find when they are next woken: the fill announces it with
+    /// the first body bytes that are in hand, or before it first waits.
+    pub fn set_head_quietly(&self, head: Arc<FetchedHead>) {
+        self.update_quietly(|s| s.head = Some(Ok(head)));
     }
 
     /// The body is being stored by `writer`: readers that fall behind the window read it back from there,
@@ -280,8 +341,16 @@ impl<S: CacheStore> Fetch<S> {
     }
 
     /// Body bytes from the backend, for the readers (call [`Fetch::room`] first to stay in the window).
+    #[cfg(test)]
     pub fn push(&self, data: Bytes) {
-        self.update(|s| {
+        self.push_quietly(data);
+        self.announce();
+    }
+
+    /// Body bytes from the backend, for the readers to find when they are next woken ([`Fetch::announce`];
+    /// [`Fetch::room`] announces before it waits).
+    pub fn push_quietly(&self, data: Bytes) {
+        self.update_quietly(|s| {
             let len = data.len() as u64;
             s.window.push_back((s.received, data));
             s.received += len;
@@ -329,6 +398,8 @@ impl<S: CacheStore> Fetch<S> {
                     _ => None,
                 }
             };
+            // The readers must see all there is before the fill waits for them.
+            self.announce();
             match storing {
                 Some((mut partial, stored)) => tokio::select! {
                     () = self.progress.notified() => {}
@@ -448,17 +519,28 @@ impl<S: CacheStore> Fetch<S> {
             rx: self.changed.subscribe(),
             id,
             pos: 0,
-            unyielded: YIELD_EVERY,
+            unyielded: YIELD_EVERY - FIRST_TURN,
             cancelled,
         }
     }
 }
 
+/// Polls `work` once.
+async fn poll_once<T>(mut work: std::pin::Pin<&mut impl Future<Output = T>>) -> Poll<T> {
+    std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await
+}
+
 /// Bytes a reader takes without waiting before it lets other tasks of its thread run. A burst of clients
 /// joining one fetch all wake when its first bytes arrive; held bytes never make a reader wait, so without
 /// this the first woken reader would write megabytes before the next one's first byte left (cold-burst
-/// p99 50–80 ms above the origin's own delay).
-const YIELD_EVERY: u64 = 64 * 1024;
+/// p99 50–80 ms above the origin's own delay). Decoding for a client (`coding`) yields as often.
+pub(crate) const YIELD_EVERY: u64 = 64 * 1024;
+
+/// Bytes a reader takes before its first yield: its head and first bytes go out before the other readers'
+/// turns. Enough for a live part or a playlist whole: each yield flushes what the reader has taken, and
+/// yielding after the first frame sent every such response in two writes (three with its chunked end)
+/// where one does (the second reader's first byte waits for 32 KiB more of the first one's at most).
+pub(crate) const FIRST_TURN: u64 = 32 * 1024;
 
 /// One reader of a fetch: its position in the body keeps the bytes it has not read in the window (or
 /// in the store). Dropping it leaves the fetch.
@@ -467,7 +549,7 @@ pub struct FetchReader<S: CacheStore = Store> {
     rx: watch::Receiver<()>,
     id: u64,
     pos: u64,
-    /// Bytes taken since this reader last waited or yielded; it yields after its first piece too.
+    /// Bytes taken since this reader last waited or yielded (its first turn is [`FIRST_TURN`]).
     unyielded: u64,
     cancelled: bool,
 }
@@ -481,7 +563,6 @@ impl<S: CacheStore> Drop for FetchReader<S> {
 
 /// Where a reader's next bytes come from.
 enum Next<S: CacheStore> {
-    Data(Bytes),
     Store(Backing<S>),
     End(Option<Result<Bytes, FetchError>>),
     Wait,
@@ -556,11 +637,13 @@ impl<S: CacheStore> FetchReader<S> {
         }
     }
 
+    /// Takes `data`, the bytes at this reader's position, noting its new position in the fetch's state.
     fn advance(&mut self, data: Bytes) -> Option<Result<Bytes, FetchError>> {
         self.pos += data.len() as u64;
         self.unyielded += data.len() as u64;
-        self.fetch.lock().readers.insert(self.id, self.pos);
-        self.fetch.progress.notify_one();
+        if self.fetch.lock().reader_at(self.id, self.pos) {
+            self.fetch.progress.notify_one();
+        }
         Some(Ok(data))
     }
 
@@ -572,7 +655,7 @@ impl<S: CacheStore> FetchReader<S> {
         loop {
             self.rx.borrow_and_update();
             let next = {
-                let s = self.fetch.lock();
+                let mut s = self.fetch.lock();
                 if self.pos < s.window_start {
                     match &s.stored {
                         Some(stored) => Next::Store(stored.clone()),
@@ -581,7 +664,13 @@ impl<S: CacheStore> FetchReader<S> {
                         )))),
                     }
                 } else if let Some(data) = s.held_at(self.pos) {
-                    Next::Data(data)
+                    // Taken under the same lock: one lock of the fetch per frame for each reader.
+                    self.pos += data.len() as u64;
+                    self.unyielded += data.len() as u64;
+                    if s.reader_at(self.id, self.pos) {
+                        self.fetch.progress.notify_one();
+                    }
+                    return Some(Ok(data));
                 } else {
                     match &s.end {
                         Some(Ok(())) => Next::End(None),
@@ -591,7 +680,6 @@ impl<S: CacheStore> FetchReader<S> {
                 }
             };
             match next {
-                Next::Data(data) => return self.advance(data),
                 Next::End(end) => return end,
                 Next::Store(mut stored) => {
                     let chunk_size = stored.chunk_size();
@@ -623,8 +711,9 @@ impl<S: CacheStore> FetchReader<S> {
     fn skip_to(&mut self, pos: u64) {
         if pos > self.pos {
             self.pos = pos;
-            self.fetch.lock().readers.insert(self.id, pos);
-            self.fetch.progress.notify_one();
+            if self.fetch.lock().reader_at(self.id, pos) {
+                self.fetch.progress.notify_one();
+            }
         }
     }
 
@@ -915,6 +1004,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn readers_wake_once_for_a_head_and_the_frames_in_hand_with_it() {
+        let c = coalescer();
+        let Joined::Leader(fetch) = c.join("k", mark(0), WINDOW, None, moved(0)) else {
+            panic!("first is leader")
+        };
+        let mut reader = fetch.reader();
+        let mut rx = reader.rx.clone();
+        rx.borrow_and_update();
+        fetch.set_head_quietly(head(true));
+        fetch.push_quietly(Bytes::from_static(b"one "));
+        fetch.push_quietly(Bytes::from_static(b"two"));
+        assert!(!rx.has_changed().unwrap(), "woken before the fill waits");
+        // What the fill waits for is not ready: the readers are woken first, once.
+        let (tx, wait) = tokio::sync::oneshot::channel::<()>();
+        let waiting = tokio::spawn({
+            let fetch = fetch.clone();
+            async move { fetch.announced_before_waiting(wait).await.is_ok() }
+        });
+        rx.changed().await.unwrap();
+        assert_eq!(reader.head().await.unwrap().status, StatusCode::OK);
+        fetch.announce();
+        assert!(!rx.has_changed().unwrap(), "announced twice");
+        // Work that does not wait announces nothing.
+        fetch.push_quietly(Bytes::from_static(b" three"));
+        assert_eq!(fetch.announced_before_waiting(async { 7 }).await, 7);
+        assert!(!rx.has_changed().unwrap());
+        tx.send(()).unwrap();
+        assert!(waiting.await.unwrap());
+        fetch.end(Ok(()));
+        let body = reader.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "one two three");
+    }
+
+    #[tokio::test]
     async fn readers_of_held_bytes_take_turns_on_their_thread() {
         let c = coalescer();
         let Joined::Leader(fetch) = c.join("k", mark(0), 1 << 20, None, moved(0)) else {
@@ -946,9 +1069,10 @@ mod tests {
             task.await.unwrap();
         }
         let taken = taken.lock().unwrap();
+        // The first turn is 32 KiB: two pieces of 16 KiB.
         let first_of_second = taken.iter().position(|&n| n == 1).unwrap();
         assert!(
-            first_of_second <= 1,
+            first_of_second <= 2,
             "the second reader's first piece waited for {first_of_second} pieces of the first: {taken:?}"
         );
         assert_eq!(taken.len(), 32);

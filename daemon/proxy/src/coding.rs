@@ -15,7 +15,10 @@ use lacquer_policy::{
     encoding::{self, Accepts, Coded, Coding, Compression, Delivery, Negotiation},
 };
 
-use crate::stats::{add, inc, Stats};
+use crate::{
+    coalesce::{FIRST_TURN, YIELD_EVERY},
+    stats::{add, inc, Stats},
+};
 
 /// The length a compressed stored body has once decoded, kept with its headers so identity clients get a
 /// `Content-Length` and byte ranges. Internal: removed from what origins send and from what clients get.
@@ -353,18 +356,21 @@ struct DecodeState {
     _reserved: Reserved,
 }
 
-/// Decoded bytes sent between two yields to the connection.
-const YIELD_EVERY: u64 = 64 * 1024;
-
 impl DecodeState {
     /// The next decoded piece to send, `None` at the end.
     async fn next(&mut self) -> Result<Option<Bytes>, BoxError> {
         loop {
             // Decoding a stored body never waits, so the connection would take every piece before writing
-            // any: letting go of the thread after the first piece, and every YIELD_EVERY after (also while
-            // decoding up to a range's start), sends the head and the first bytes while the rest is decoded
-            // and never holds a worker thread for a whole large body.
-            if self.offset > 0 && self.offset - self.yielded_at >= YIELD_EVERY.min(self.offset) {
+            // any: letting go of the thread after the first FIRST_TURN bytes, and every YIELD_EVERY after
+            // (also while decoding up to a range's start), sends the head and the first bytes while the
+            // rest is decoded and never holds a worker thread for a whole large body. A small body (a
+            // playlist) is decoded whole in the first turn and sent with its head and its end in one write.
+            let turn = if self.yielded_at == 0 {
+                FIRST_TURN
+            } else {
+                YIELD_EVERY
+            };
+            if self.offset - self.yielded_at >= turn {
                 self.yielded_at = self.offset;
                 tokio::task::yield_now().await;
             }

@@ -108,6 +108,10 @@ pub trait BodyWriter: Send + Sync + 'static {
     /// Bytes pushed so far.
     fn length(&self) -> u64;
 
+    /// The body's announced length, told before its first byte and before [`BodyWriter::partial_body`]: the
+    /// store may choose how to cut it from it. Default: nothing.
+    fn expect_length(&mut self, _length: u64) {}
+
     /// Read access to the chunks stored so far, for readers that fell behind what a fetch keeps in memory.
     fn partial_body(&self) -> Self::Partial;
 
@@ -241,6 +245,10 @@ impl BodyWriter for ObjectWriter {
 
     fn length(&self) -> u64 {
         ObjectWriter::length(self)
+    }
+
+    fn expect_length(&mut self, length: u64) {
+        ObjectWriter::expect_length(self, length);
     }
 
     fn partial_body(&self) -> PartialBody {

@@ -28,9 +28,9 @@ pub(super) type Read = Result<Option<(Bytes, Tier)>, Arc<foyer::Error>>;
 /// A device read any number of readers wait for.
 pub(super) type SharedRead = Shared<BoxFuture<'static, Read>>;
 
-/// Chunks kept after they were read, for readers a little behind the first: 8 chunks of 256 KiB (2 MiB at
-/// the default chunk size), whatever the number of readers.
-const RECENT: usize = 8;
+/// Bytes of chunks kept after they were read, for readers a little behind the first (8 chunks of 256 KiB,
+/// 2 of a large body's 1 MiB), whatever the number of readers; at least the last chunk read.
+const RECENT_BYTES: usize = 2 << 20;
 
 /// The reads in flight, by chunk, and the chunks read last.
 #[derive(Default)]
@@ -42,6 +42,8 @@ pub(super) struct DiskReads {
 struct State {
     in_flight: HashMap<ChunkKey, SharedRead>,
     recent: VecDeque<(ChunkKey, Bytes)>,
+    /// The bytes `recent` holds.
+    recent_bytes: usize,
 }
 
 /// How a chunk read from the disk tier is got.
@@ -113,10 +115,13 @@ impl DiskReads {
         let mut state = self.state.lock().expect("disk reads mutex");
         state.in_flight.remove(&key);
         if let Ok(Some((data, Tier::Disk))) = read {
-            if state.recent.len() == RECENT {
-                state.recent.pop_front();
-            }
+            state.recent_bytes += data.len();
             state.recent.push_back((key, data.clone()));
+            while state.recent_bytes > RECENT_BYTES && state.recent.len() > 1 {
+                if let Some((_, old)) = state.recent.pop_front() {
+                    state.recent_bytes -= old.len();
+                }
+            }
         }
     }
 }

@@ -151,6 +151,12 @@ impl Store {
         self.inner.config.chunk_size
     }
 
+    /// The chunk size of a body announced `length` bytes long (see
+    /// [`StoreBuilder::with_large_chunk_size`](crate::StoreBuilder::with_large_chunk_size)).
+    pub(crate) fn chunk_size_for(&self, length: Option<u64>) -> usize {
+        self.inner.config.chunk_size_for(length)
+    }
+
     /// A stable id for a cache key and variant: chunk keys carry it, so it must not change across
     /// restarts of the same build.
     pub fn object_id(primary: &str, variant: &[(String, String)]) -> u64 {

@@ -69,9 +69,18 @@ pub async fn reopen(store: Store, dir: &std::path::Path) -> Store {
 /// thread pool may hold the database (and its directory lock) for a moment after the last handle is
 /// dropped, longer on a machine busy with other tests; a restarted process never sees this.
 pub async fn open_again(dir: &std::path::Path) -> Store {
+    open_again_with(builder(dir)).await
+}
+
+/// [`open_again`] with other settings.
+pub async fn open_again_with(builder: StoreBuilder) -> Store {
     let mut last = None;
     for _ in 0..300 {
-        match builder(dir).open(tokio::runtime::Handle::current()).await {
+        match builder
+            .clone()
+            .open(tokio::runtime::Handle::current())
+            .await
+        {
             Ok(store) => return store,
             Err(e @ lacquer_storage::StoreError::Locked { .. }) => {
                 last = Some(e);

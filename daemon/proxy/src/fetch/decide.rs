@@ -22,7 +22,7 @@ use crate::{
     coding::FillCoding,
     phase,
     stats::inc,
-    store::CacheStore,
+    store::{BodyWriter, CacheStore},
     worker::Worker,
 };
 
@@ -114,10 +114,7 @@ pub(super) fn decide<S: CacheStore>(
         },
         _ => None,
     };
-    let too_large = head
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    let too_large = declared_length(&head.headers)
         .is_some_and(|len| len > policy.cache.max_object_size.as_u64());
     let part_refused = placed.and_then(|(_, _, total)| {
         if total > policy.cache.max_sliced_object_size.as_u64() {
@@ -225,7 +222,14 @@ pub(super) fn decide<S: CacheStore>(
     });
     let writer = match &storable {
         Some(_) => match shared.store.writer(key, &selection, fetch.since()) {
-            Ok(w) => Some(w),
+            Ok(mut w) => {
+                // A whole body's announced length chooses its chunks (large ones for a download); a part's
+                // chunks are the store's, as every part of the body it joins.
+                if let (None, Some(length)) = (placed, declared_length(&head.headers)) {
+                    w.expect_length(length);
+                }
+                Some(w)
+            }
             // A full disk or a dead store task: the store has logged and counted it once.
             Err(e) if e.is_refusal() => None,
             Err(e) => {
@@ -274,7 +278,9 @@ pub(super) fn decide<S: CacheStore>(
         }),
         revalidated: false,
     });
-    fetch.set_head(Ok(fetched));
+    // Announced with the first body bytes in hand (or before the fill first waits): the readers then
+    // write the head and those bytes together.
+    fetch.set_head_quietly(fetched);
 
     Ok(Verdict {
         placed,
@@ -304,9 +310,7 @@ pub fn placed_part(headers: &HeaderMap, asked: (u64, u64)) -> Result<(u64, u64, 
             asked.0, asked.1
         ));
     }
-    let length = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let length = declared_length(headers);
     if length.is_some_and(|len| len != last - first + 1) {
         return Err(format!("Content-Range {value:?} with {length:?} bytes"));
     }
@@ -350,4 +354,11 @@ fn is_playlist(headers: &HeaderMap, parts: &Parts) -> bool {
         ) => true,
         _ => parts.uri.path().ends_with(".m3u8"),
     }
+}
+
+/// The body length a response declares (`Content-Length`), when it is one number.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
 }

@@ -67,13 +67,20 @@ pub(super) async fn pump<S: CacheStore>(
             unattended = true;
             inc(&shared.stats.background_fills);
         }
-        let next = tokio::select! {
-            biased;
-            () = fetch.deserted() => {
-                tracing::debug!(key, "every reader left an unstored body; fetch cancelled");
-                return Err(Ending::Cancelled);
-            }
-            next = tokio::time::timeout(backend.between_bytes_timeout, body.frame()) => next,
+        // Frames already in hand are taken without waking the readers for each: they wake once, for all
+        // of them, when the fill is about to wait (the head too, announced with the first of them).
+        let next = fetch
+            .announced_before_waiting(async {
+                tokio::select! {
+                    biased;
+                    () = fetch.deserted() => None,
+                    next = tokio::time::timeout(backend.between_bytes_timeout, body.frame()) => Some(next),
+                }
+            })
+            .await;
+        let Some(next) = next else {
+            tracing::debug!(key, "every reader left an unstored body; fetch cancelled");
+            return Err(Ending::Cancelled);
         };
         let frame = match next {
             Err(_) => Err(format!(
@@ -105,7 +112,7 @@ pub(super) async fn pump<S: CacheStore>(
                 text.extend_from_slice(&data);
             }
         }
-        let pieces = match coding.push(data).await {
+        let pieces = match fetch.announced_before_waiting(coding.push(data)).await {
             Ok(Pushed::Pieces(pieces)) => pieces,
             Ok(Pushed::OverLimit(pieces)) => {
                 inc(&shared.stats.decode_limit);
@@ -141,6 +148,7 @@ pub(super) async fn pump<S: CacheStore>(
     } else {
         // Not read to its end: not all it lists is known.
         *playlist = None;
+        fetch.announce();
     }
     coding.record(&mut sent.head.headers, &shared.stats);
     Ok(Pumped {
@@ -163,14 +171,19 @@ async fn forward_piece<S: CacheStore>(
     if last {
         fetch.push_last(piece.clone());
     } else {
-        fetch.push(piece.clone());
+        fetch.push_quietly(piece.clone());
     }
     if let Some(w) = writer.as_mut() {
         let over = w.length() + piece.len() as u64 > max_object_size;
         if over {
             tracing::info!(key, "body exceeds max_object_size; not storing");
         }
-        if over || w.push(&piece).await.is_err() {
+        if over
+            || fetch
+                .announced_before_waiting(w.push(&piece))
+                .await
+                .is_err()
+        {
             fetch.stop_storing(writer.take());
         }
         return over;

@@ -49,6 +49,10 @@ pub(crate) const MAX_IDLE_BUFFER_CAPACITY: usize = INIT_BUFFER_SIZE * 2;
 /// forces a flush if the queue gets this big.
 const MAX_BUF_LIST_BUFFERS: usize = 16;
 
+/// The largest body frame the `Flatten` strategy copies into its buffer; larger
+/// ones are queued as they are. [Vendored patch]
+const FLATTEN_MAX_COPY: usize = 16 * 1024;
+
 pub(crate) struct Buffered<T, B> {
     flush_pipeline: bool,
     io: T,
@@ -349,8 +353,12 @@ where
         } else if self.write_buf.remaining() == 0 {
             Pin::new(&mut self.io).poll_flush(cx)
         } else {
+            // [Vendored patch] Flatten queues large frames (see `WriteBuf::buffer`): those go
+            // out with the copied bytes before them in one vectored write.
             if let WriteStrategy::Flatten = self.write_buf.strategy {
-                return self.poll_flush_flattened(cx);
+                if !self.write_buf.queue.has_remaining() {
+                    return self.poll_flush_flattened(cx);
+                }
             }
 
             const MAX_WRITEV_BUFS: usize = 64;
@@ -650,6 +658,21 @@ impl<B: Buf> WriteBuf<B> {
     pub(super) fn buffer<BB: Buf + Into<B>>(&mut self, mut buf: BB) {
         debug_assert!(buf.has_remaining());
         match self.strategy {
+            // [Vendored patch] A large body frame is queued as it is, not copied: copying a
+            // 256 KiB stored chunk into the buffer costs a pass over every byte of a large
+            // body, and grows the buffer to hold it. Once one frame is queued, the ones after
+            // it are too, so bytes leave in the order they were buffered; a small frame (and
+            // every head) is still copied, which keeps a small response one `write`.
+            WriteStrategy::Flatten
+                if self.queue.has_remaining() || buf.remaining() >= FLATTEN_MAX_COPY =>
+            {
+                trace!(
+                    self.len = self.remaining(),
+                    buf.len = buf.remaining(),
+                    "buffer.queue_large"
+                );
+                self.queue.push(buf.into());
+            }
             WriteStrategy::Flatten => {
                 let head = self.headers_mut();
 
@@ -686,7 +709,10 @@ impl<B: Buf> WriteBuf<B> {
 
     fn can_buffer(&self) -> bool {
         match self.strategy {
-            WriteStrategy::Flatten => self.remaining() < self.max_buf_size,
+            // [Vendored patch] With large frames queued (see `buffer`), as many as `Queue` allows.
+            WriteStrategy::Flatten => {
+                self.queue.bufs_cnt() < MAX_BUF_LIST_BUFFERS && self.remaining() < self.max_buf_size
+            }
             WriteStrategy::Queue => {
                 self.queue.bufs_cnt() < MAX_BUF_LIST_BUFFERS && self.remaining() < self.max_buf_size
             }
@@ -1070,8 +1096,9 @@ mod tests {
     #[cfg(not(miri))]
     #[tokio::test]
     async fn write_buf_flatten_released_when_idle() {
-        let head = b"HTTP/1.1 200 OK\r\ncontent-length: 262144\r\n\r\n";
-        let body = vec![b'x'; 256 * 1024];
+        // The largest frame still copied (see `write_buf_flatten_queues_large_frames`).
+        let head = b"HTTP/1.1 200 OK\r\ncontent-length: 16383\r\n\r\n";
+        let body = vec![b'x'; FLATTEN_MAX_COPY - 1];
         let mut expected = head.to_vec();
         expected.extend_from_slice(&body);
         let mock = Mock::new().write(&expected).build();
@@ -1082,19 +1109,53 @@ mod tests {
 
         buffered.headers_buf().extend(head);
         buffered.buffer(Cursor::new(body));
-        assert!(buffered.write_buf_capacity() > 256 * 1024);
+        assert!(buffered.write_buf_capacity() > FLATTEN_MAX_COPY);
 
         // Not yet written: nothing may be released.
         buffered.release_idle_buffers();
-        assert!(buffered.write_buf_capacity() > 256 * 1024);
+        assert!(buffered.write_buf_capacity() > FLATTEN_MAX_COPY);
         assert_eq!(buffered.write_buf.remaining(), expected.len());
 
         buffered.flush().await.expect("flush");
         // Flushing alone keeps the allocation (as within a message)...
-        assert!(buffered.write_buf_capacity() > 256 * 1024);
+        assert!(buffered.write_buf_capacity() > FLATTEN_MAX_COPY);
         // ...the idle release gives it back.
         buffered.release_idle_buffers();
         assert_eq!(buffered.write_buf_capacity(), INIT_BUFFER_SIZE);
+    }
+
+    // [Vendored patch] Flatten queues large frames.
+    #[cfg(not(miri))]
+    #[tokio::test]
+    async fn write_buf_flatten_queues_large_frames() {
+        let head = b"HTTP/1.1 200 OK\r\ncontent-length: 262160\r\n\r\n";
+        let large = vec![b'L'; 256 * 1024];
+        let mut expected = head.to_vec();
+        expected.extend_from_slice(b"small ");
+        expected.extend_from_slice(&large);
+        expected.extend_from_slice(b"after ");
+        expected.extend_from_slice(b"tail");
+        let mock = Mock::new().write(&expected).build();
+
+        let mut buffered = Buffered::<_, Cursor<Vec<u8>>>::new(Compat::new(mock));
+        buffered.write_buf.set_strategy(WriteStrategy::Flatten);
+        buffered.headers_buf().extend(head);
+        buffered.buffer(Cursor::new(b"small ".to_vec()));
+        assert_eq!(buffered.write_buf.queue.bufs_cnt(), 0, "a small frame is copied");
+        buffered.buffer(Cursor::new(large));
+        assert_eq!(buffered.write_buf.queue.bufs_cnt(), 1, "a large frame is queued");
+        // Bytes after a queued frame are queued too, or they would be written before it.
+        buffered.buffer(Cursor::new(b"after ".to_vec()));
+        buffered.buffer(Cursor::new(b"tail".to_vec()));
+        assert_eq!(buffered.write_buf.queue.bufs_cnt(), 3);
+        assert_eq!(buffered.write_buf_capacity(), INIT_BUFFER_SIZE, "nothing large was copied");
+        assert_eq!(buffered.write_buf.remaining(), expected.len());
+
+        buffered.flush().await.expect("flush");
+        assert_eq!(buffered.write_buf.remaining(), 0);
+        // The next message starts flattened again.
+        assert_eq!(buffered.write_buf.queue.bufs_cnt(), 0);
+        buffered.headers_buf();
     }
 
     #[cfg(not(miri))]
