@@ -548,3 +548,38 @@ async fn bodies_are_compressed_and_decoded_as_they_stream() {
     );
     assert_eq!(origin.count("/big.html"), 1);
 }
+
+/// Clients without `Accept-Encoding` that join one fill of a body stored gzip'd (players asking for the
+/// same playlist reload at once) share one decode of it: each gets the origin's bytes with their length,
+/// and the body is decoded once, not once per client.
+#[tokio::test(flavor = "multi_thread")]
+async fn identity_clients_joining_one_fill_share_one_decode() {
+    const CLIENTS: usize = 20;
+    let page = page();
+    let served = page.clone();
+    let origin =
+        Origin::start(move |_| html(served.clone()).delay(Duration::from_millis(300))).await;
+    let d = Daemon::start(origin.addr, &[]);
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let addr = d.addr;
+            tokio::spawn(async move {
+                request(addr, Method::GET, "/page.html", &[], Bytes::new()).await
+            })
+        })
+        .collect();
+    for client in clients {
+        let r = client.await.unwrap().expect("request");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("content-encoding"), "");
+        assert_eq!(r.body, page, "the origin's bytes");
+        assert_eq!(r.header("content-length"), page.len().to_string());
+        assert_eq!(r.header("etag"), "W/\"page-1\"");
+    }
+    assert_eq!(origin.count("/page.html"), 1, "one fill for all");
+    let stats = d.stats().await;
+    let p = &stats["proxy"];
+    assert_eq!(p["decoded_gzip"], 1, "decoded once: {p}");
+    assert_eq!(p["representations_served"], CLIENTS as u64, "{p}");
+    assert_eq!(p["decoded_bytes"], page.len() as u64, "{p}");
+}

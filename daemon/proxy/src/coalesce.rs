@@ -12,7 +12,7 @@ use std::{
     future::Future,
     sync::{
         atomic::{AtomicU64, Ordering::SeqCst},
-        Arc, Mutex,
+        Arc, Mutex, OnceLock,
     },
     task::Poll,
     time::{Duration, Instant},
@@ -209,6 +209,9 @@ pub struct Fetch<S: CacheStore = Store> {
     progress: Notify,
     /// When the fetch started, against bans and purges.
     since: InvalidationMark,
+    /// The whole body decoded, once, for every reader that needs it decoded ([`FetchReader::decoded_once`]);
+    /// `None` inside when it did not decode.
+    decoded: OnceLock<Option<Bytes>>,
 }
 
 impl<S: CacheStore> Fetch<S> {
@@ -236,6 +239,7 @@ impl<S: CacheStore> Fetch<S> {
             changed: watch::Sender::new(()),
             progress: Notify::new(),
             since,
+            decoded: OnceLock::new(),
         })
     }
 
@@ -589,6 +593,29 @@ impl<S: CacheStore> FetchReader<S> {
     pub fn complete_length(&self) -> Option<u64> {
         let s = self.fetch.lock();
         matches!(s.end, Some(Ok(()))).then_some(s.received)
+    }
+
+    /// The fetch's whole body, when it has all arrived, is all still in memory and is at most `max` bytes,
+    /// decoded by `decode` once for all its readers: the first reader to ask decodes it, the others take
+    /// what it made (or wait the moment so small a body takes). `None` otherwise, and when it did not
+    /// decode: each reader then decodes as it reads, and meets the error itself.
+    pub fn decoded_once(
+        &self,
+        max: u64,
+        decode: impl FnOnce(&[Bytes]) -> Option<Bytes>,
+    ) -> Option<Bytes> {
+        if let Some(done) = self.fetch.decoded.get() {
+            return done.clone();
+        }
+        let pieces: Vec<Bytes> = {
+            let s = self.fetch.lock();
+            let in_hand = matches!(s.end, Some(Ok(()))) && s.window_start == 0 && s.received <= max;
+            if !in_hand {
+                return None;
+            }
+            s.window.iter().map(|(_, data)| data.clone()).collect()
+        };
+        self.fetch.decoded.get_or_init(|| decode(&pieces)).clone()
     }
 
     /// Waits for the response head.

@@ -4,7 +4,7 @@
 
 use std::sync::{atomic::Ordering::Relaxed, Arc};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue};
 use http_body::Frame;
 use http_body_util::BodyExt;
@@ -238,6 +238,58 @@ impl Conversion {
         identity_length
     }
 
+    /// The whole of a small body in hand (`pieces`, in the stored coding) decoded at once, for all the
+    /// readers of a fetch that need it decoded ([`FetchReader::decoded_once`](crate::coalesce::FetchReader::decoded_once)),
+    /// within the limits [`Conversion::body`] keeps and at most [`DECODED_ONCE_OUT`] bytes; `None` when this
+    /// conversion does not decode, the decoders' memory has no room, or the body does not decode within
+    /// them. Send it as [`Conversion::made_once`] says.
+    pub fn decode_whole(&self, pieces: &[Bytes]) -> Option<Bytes> {
+        let Conversion::Decode {
+            coding,
+            limit,
+            memory,
+            max_expansion,
+            stats,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let start = pieces.first().map(|p| &p[..]);
+        let _reserved = Reserved::take(stats, Decoder::memory(*coding, start), *memory)?;
+        let mut decoder = Decoder::new(*coding, (*limit).min(DECODED_ONCE_OUT))
+            .with_max_expansion(*max_expansion, EXPANSION_FLOOR);
+        let mut out = BytesMut::new();
+        for piece in pieces.iter().cloned().map(Some).chain([None]) {
+            match piece {
+                Some(piece) => decoder.feed(piece),
+                None => decoder.end(),
+            }
+            while let Some(data) = decoder.piece().ok()? {
+                out.extend_from_slice(&data);
+            }
+        }
+        inc(match coding {
+            Coding::Br => &stats.decoded_br,
+            Coding::Gzip => &stats.decoded_gzip,
+            Coding::Zstd => &stats.decoded_zstd,
+        });
+        add(&stats.decoded_bytes, out.len() as u64);
+        Some(out.freeze())
+    }
+
+    /// How a body [`Conversion::decode_whole`] made is sent: as a representation made from the stored body
+    /// is (a sibling: identity, its length known, ranges answered from it).
+    pub fn made_once(&self) -> Conversion {
+        match self {
+            Conversion::Decode { stats, .. } => Conversion::Sibling {
+                coding: None,
+                stats: stats.clone(),
+            },
+            _ => Conversion::None,
+        }
+    }
+
     /// `body` as sent: decoded when the conversion decodes, restricted to bytes `first..=last` of the
     /// decoded body when `range` says so. A body that does not decode, decodes past the limit or expands
     /// past `max_expansion` ends in an error, so the client never takes it for complete. `start` is the
@@ -291,6 +343,10 @@ impl Conversion {
         )))
     }
 }
+
+/// The most a body decoded once for a fetch's readers may decode to ([`Conversion::decode_whole`]); a
+/// larger one is decoded by each reader as it reads.
+pub const DECODED_ONCE_OUT: u64 = 1 << 20;
 
 /// A decoder's share of `decode_memory`, given back when the decoding body ends or is dropped.
 pub(crate) struct Reserved {
