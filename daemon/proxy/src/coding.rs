@@ -110,6 +110,14 @@ pub enum Conversion {
         /// Where it is counted.
         stats: Arc<Stats>,
     },
+    /// Decompressed once for every reader of a fetch that needs it decoded
+    /// ([`Conversion::decode_whole`]): the identity bytes in hand are sent, with their length.
+    DecodedOnce {
+        /// The stored coding.
+        coding: Coding,
+        /// Where the conversion is counted.
+        stats: Arc<Stats>,
+    },
     /// Decompressed on the way out.
     Decode {
         /// The stored coding.
@@ -174,7 +182,7 @@ impl Conversion {
     /// (counted when not: the whole body is sent instead).
     pub fn answers_range(&self, parts: &[(u64, u64)]) -> bool {
         match self {
-            Conversion::None | Conversion::Sibling { .. } => true,
+            Conversion::None | Conversion::Sibling { .. } | Conversion::DecodedOnce { .. } => true,
             Conversion::Decode {
                 range_decode,
                 stats,
@@ -218,13 +226,15 @@ impl Conversion {
                 weaken_etag(headers);
                 return stored_length;
             }
+            Conversion::DecodedOnce { coding, stats } => {
+                count_decoded(*coding, stats);
+                headers.remove(header::CONTENT_ENCODING);
+                weaken_etag(headers);
+                return stored_length;
+            }
             Conversion::Decode { coding, stats, .. } => (coding, stats),
         };
-        inc(match coding {
-            Coding::Br => &stats.decoded_br,
-            Coding::Gzip => &stats.decoded_gzip,
-            Coding::Zstd => &stats.decoded_zstd,
-        });
+        count_decoded(*coding, stats);
         headers.remove(header::CONTENT_ENCODING);
         weaken_etag(headers);
         match identity_length {
@@ -269,21 +279,16 @@ impl Conversion {
                 out.extend_from_slice(&data);
             }
         }
-        inc(match coding {
-            Coding::Br => &stats.decoded_br,
-            Coding::Gzip => &stats.decoded_gzip,
-            Coding::Zstd => &stats.decoded_zstd,
-        });
         add(&stats.decoded_bytes, out.len() as u64);
         Some(out.freeze())
     }
 
-    /// How a body [`Conversion::decode_whole`] made is sent: as a representation made from the stored body
-    /// is (a sibling: identity, its length known, ranges answered from it).
+    /// How a body [`Conversion::decode_whole`] made is sent: identity, its length known, ranges answered
+    /// from it; each response is counted as decoded on the way out, the bytes decoded once.
     pub fn made_once(&self) -> Conversion {
         match self {
-            Conversion::Decode { stats, .. } => Conversion::Sibling {
-                coding: None,
+            Conversion::Decode { coding, stats, .. } => Conversion::DecodedOnce {
+                coding: *coding,
                 stats: stats.clone(),
             },
             _ => Conversion::None,
@@ -342,6 +347,15 @@ impl Conversion {
             },
         )))
     }
+}
+
+/// A response decoded on the way out, counted by the coding decoded.
+fn count_decoded(coding: Coding, stats: &Stats) {
+    inc(match coding {
+        Coding::Br => &stats.decoded_br,
+        Coding::Gzip => &stats.decoded_gzip,
+        Coding::Zstd => &stats.decoded_zstd,
+    });
 }
 
 /// The most a body decoded once for a fetch's readers may decode to ([`Conversion::decode_whole`]); a
