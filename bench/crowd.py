@@ -46,33 +46,10 @@ def binary(name, env):
 
 
 def nginx(work):
-    conf = f"{work}/nginx.conf"
-    os.makedirs(f"{work}/nginx-cache", exist_ok=True)
-    with open(conf, "w") as f:
-        f.write(f"""
-user root;
-worker_processes 2;
-worker_rlimit_nofile {NOFILE};
-daemon off;
-pid {work}/nginx.pid;
-error_log {work}/nginx-error.log warn;
-events {{ worker_connections 100000; }}
-http {{
-    access_log off;
-    proxy_cache_path {work}/nginx-cache levels=1:2 keys_zone=bench:64m max_size=2g inactive=1h;
-    upstream origin {{ server 127.0.0.1:{ORIGIN}; keepalive 64; }}
-    server {{
-        listen 127.0.0.1:{NGINX};
-        location / {{
-            proxy_pass http://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_cache bench;
-            proxy_cache_lock on;
-        }}
-    }}
-}}
-""")
+    """compare.py's NGINX (proxy_cache on disk, 2 workers), with room for the crowd's connections."""
+    conf = compare.nginx_conf(work, f"listen 127.0.0.1:{NGINX};", origin_port=ORIGIN)
+    text = open(conf).read().replace("worker_connections 4096;", "worker_connections 100000;")
+    open(conf, "w").write(text.replace("daemon off;", f"daemon off;\nworker_rlimit_nofile {NOFILE};"))
     return subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL)
 
 

@@ -675,6 +675,23 @@ async fn a_large_body_on_disk_streams_whole_without_filling_the_memory_tier() {
     d.stop();
 }
 
+/// Overwrites `needle` (64 bytes of a stored body) wherever the stopped daemon's body files hold it;
+/// returns how many places.
+fn damage(d: &Daemon, needle: &[u8]) -> usize {
+    use std::os::unix::fs::FileExt;
+    let mut damaged = 0;
+    for file in files(&d.dir.path().join("store/bodies")) {
+        let bytes = std::fs::read(&file).unwrap();
+        if let Some(found) = bytes.windows(needle.len()).position(|w| w == needle) {
+            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.write_all_at(&vec![0x5a; needle.len()], found as u64)
+                .unwrap();
+            damaged += 1;
+        }
+    }
+    damaged
+}
+
 /// A chunk of a disk-tier body damaged past the first MiB (which is checked before the status line) is
 /// found only while the body streams: the response then ends in an error after the right bytes, never with
 /// wrong ones, and the next request is a miss served whole.
@@ -689,18 +706,11 @@ async fn a_chunk_damaged_mid_body_breaks_the_response_and_is_never_served() {
     d.stop();
     // Chunk 12 (bytes 3 MiB to 3.25 MiB), found by its content.
     let at = 3 * 1024 * 1024 + 100_000;
-    let needle = &body[at..at + 64];
-    let mut damaged = 0;
-    for file in files(&d.dir.path().join("store/bodies")) {
-        use std::os::unix::fs::FileExt;
-        let bytes = std::fs::read(&file).unwrap();
-        if let Some(found) = bytes.windows(64).position(|w| w == needle) {
-            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-            f.write_all_at(&[0x5a; 64], found as u64).unwrap();
-            damaged += 1;
-        }
-    }
-    assert_eq!(damaged, 1, "found the chunk to damage");
+    assert_eq!(
+        damage(&d, &body[at..at + 64]),
+        1,
+        "found the chunk to damage"
+    );
     let mut d = d.restart();
     match try_get(d.addr, path).await {
         Err(e) => assert!(e.contains("body"), "broken mid-body: {e}"),
@@ -733,18 +743,11 @@ async fn a_body_in_large_chunks_is_read_checked_and_purged_as_any_body() {
     d.stop();
     // Chunk 6 (bytes 6 MiB to 7 MiB), found by its content.
     let at = 6 * 1024 * 1024 + 300_000;
-    let needle = &body[at..at + 64];
-    let mut damaged = 0;
-    for file in files(&d.dir.path().join("store/bodies")) {
-        use std::os::unix::fs::FileExt;
-        let bytes = std::fs::read(&file).unwrap();
-        if let Some(found) = bytes.windows(64).position(|w| w == needle) {
-            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-            f.write_all_at(&[0x5a; 64], found as u64).unwrap();
-            damaged += 1;
-        }
-    }
-    assert_eq!(damaged, 1, "found the chunk to damage");
+    assert_eq!(
+        damage(&d, &body[at..at + 64]),
+        1,
+        "found the chunk to damage"
+    );
     let mut d = d.restart();
     match try_get(d.addr, path).await {
         Err(e) => assert!(e.contains("body"), "broken mid-body: {e}"),

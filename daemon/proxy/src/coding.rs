@@ -254,21 +254,9 @@ impl Conversion {
     /// conversion does not decode, the decoders' memory has no room, or the body does not decode within
     /// them. Send it as [`Conversion::made_once`] says.
     pub fn decode_whole(&self, pieces: &[Bytes]) -> Option<Bytes> {
-        let Conversion::Decode {
-            coding,
-            limit,
-            memory,
-            max_expansion,
-            stats,
-            ..
-        } = self
-        else {
-            return None;
-        };
         let start = pieces.first().map(|p| &p[..]);
-        let _reserved = Reserved::take(stats, Decoder::memory(*coding, start), *memory)?;
-        let mut decoder = Decoder::new(*coding, (*limit).min(DECODED_ONCE_OUT))
-            .with_max_expansion(*max_expansion, EXPANSION_FLOOR);
+        let (made, stats) = self.decoder(start, DECODED_ONCE_OUT)?;
+        let (mut decoder, _reserved) = made.ok()?;
         let mut out = BytesMut::new();
         for piece in pieces.iter().cloned().map(Some).chain([None]) {
             match piece {
@@ -281,6 +269,36 @@ impl Conversion {
         }
         add(&stats.decoded_bytes, out.len() as u64);
         Some(out.freeze())
+    }
+
+    /// A decoder for this conversion, its output cut at `cap` bytes too, with its share of `decode_memory`
+    /// (`Busy` when that has no room), and where it is counted; `None` when the conversion does not decode.
+    #[allow(clippy::type_complexity)]
+    fn decoder(
+        &self,
+        start: Option<&[u8]>,
+        cap: u64,
+    ) -> Option<(Result<(Decoder, Reserved), Busy>, &Arc<Stats>)> {
+        let Conversion::Decode {
+            coding,
+            limit,
+            memory,
+            max_expansion,
+            stats,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let made = match Reserved::take(stats, Decoder::memory(*coding, start), *memory) {
+            Some(reserved) => Ok((
+                Decoder::new(*coding, (*limit).min(cap))
+                    .with_max_expansion(*max_expansion, EXPANSION_FLOOR),
+                reserved,
+            )),
+            None => Err(Busy),
+        };
+        Some((made, stats))
     }
 
     /// How a body [`Conversion::decode_whole`] made is sent: identity, its length known, ranges answered
@@ -306,25 +324,16 @@ impl Conversion {
         range: Option<(u64, u64)>,
         start: Option<&[u8]>,
     ) -> Result<Body, Busy> {
-        let Conversion::Decode {
-            coding,
-            limit,
-            memory,
-            max_expansion,
-            stats,
-            ..
-        } = self
-        else {
+        let Some((made, stats)) = self.decoder(start, u64::MAX) else {
             return Ok(body);
         };
-        let Some(reserved) = Reserved::take(stats, Decoder::memory(*coding, start), *memory) else {
+        let Ok((decoder, reserved)) = made else {
             inc(&stats.decodes_refused);
             return Err(Busy);
         };
         let state = DecodeState {
             inner: body,
-            decoder: Decoder::new(*coding, *limit)
-                .with_max_expansion(*max_expansion, EXPANSION_FLOOR),
+            decoder,
             ended: false,
             offset: 0,
             range,
