@@ -1602,7 +1602,7 @@ mod tests {
     #[cfg(feature = "server")]
     #[test]
     fn conn_releases_write_buf_when_idle() {
-        use super::super::io::{INIT_BUFFER_SIZE, MAX_IDLE_BUFFER_CAPACITY};
+        use super::super::io::{IDLE_READ_BUFFER_SIZE, INIT_BUFFER_SIZE};
         // Frames small enough to be copied (larger ones are queued, not
         // copied: `io::tests::write_buf_flatten_queues_large_frames`); two
         // of them grow the buffer past the bound.
@@ -1618,26 +1618,26 @@ mod tests {
             assert!(conn.can_buffer_body());
             conn.write_body(Bytes::from(vec![b'a'; FRAME]));
             conn.write_body(Bytes::from(vec![b'a'; FRAME]));
-            assert!(conn.io.write_buf_capacity() > MAX_IDLE_BUFFER_CAPACITY);
+            assert!(conn.io.write_buf_capacity() > INIT_BUFFER_SIZE);
 
             // Mid-message: flushed, but the message is not over, so the
             // buffer is kept for the next frame.
             assert!(conn.poll_flush(cx).is_ready());
             assert!(!conn.has_buffered_write());
-            assert!(conn.io.write_buf_capacity() > MAX_IDLE_BUFFER_CAPACITY);
+            assert!(conn.io.write_buf_capacity() > INIT_BUFFER_SIZE);
 
             conn.write_body_and_end(Bytes::from(vec![b'b'; FRAME]));
             // Ended but not yet written: kept.
-            assert!(conn.io.write_buf_capacity() > MAX_IDLE_BUFFER_CAPACITY);
+            assert!(conn.io.write_buf_capacity() > INIT_BUFFER_SIZE);
             assert!(conn.poll_flush(cx).is_ready());
         });
 
         assert!(conn.state.is_idle(), "keep-alive idle: {:?}", conn.state);
         assert!(!conn.has_buffered_write());
-        assert_eq!(conn.io.write_buf_capacity(), INIT_BUFFER_SIZE);
-        // The read started while idle (waiting for the next head) reserved no
-        // more than the bound either.
-        assert!(conn.io.read_buf_capacity() <= MAX_IDLE_BUFFER_CAPACITY);
+        assert_eq!(conn.io.write_buf_capacity(), 0);
+        // The read started while idle (waiting for the next head) reserved
+        // only what a head usually takes.
+        assert!(conn.io.read_buf_capacity() <= IDLE_READ_BUFFER_SIZE);
     }
 
     /// [Vendored patch] After a large request body, the read buffer is
@@ -1645,7 +1645,7 @@ mod tests {
     #[cfg(feature = "server")]
     #[test]
     fn conn_releases_read_buf_when_idle() {
-        use super::super::io::{INIT_BUFFER_SIZE, MAX_IDLE_BUFFER_CAPACITY};
+        use super::super::io::{IDLE_READ_BUFFER_SIZE, INIT_BUFFER_SIZE};
         const LEN: usize = 512 * 1024;
 
         let mut input = format!("POST / HTTP/1.1\r\ncontent-length: {LEN}\r\n\r\n").into_bytes();
@@ -1664,15 +1664,15 @@ mod tests {
                 read += frame.into_data().expect("data").len();
             }
             assert_eq!(read, LEN);
-            assert!(conn.io.read_buf_next() > MAX_IDLE_BUFFER_CAPACITY);
+            assert!(conn.io.read_buf_next() > INIT_BUFFER_SIZE);
 
             conn.write_head(ok_head(), Some(BodyLength::Known(0)));
             assert!(conn.poll_flush(cx).is_ready());
         });
 
         assert!(conn.state.is_idle(), "keep-alive idle: {:?}", conn.state);
-        assert_eq!(conn.io.read_buf_next(), INIT_BUFFER_SIZE);
-        assert!(conn.io.read_buf_capacity() <= MAX_IDLE_BUFFER_CAPACITY);
+        assert_eq!(conn.io.read_buf_next(), IDLE_READ_BUFFER_SIZE);
+        assert!(conn.io.read_buf_capacity() <= IDLE_READ_BUFFER_SIZE);
     }
 
     #[cfg(feature = "server")]

@@ -22,25 +22,20 @@ pub(crate) const MINIMUM_MAX_BUFFER_SIZE: usize = INIT_BUFFER_SIZE;
 // Note: if this changes, update server::conn::Http::max_buf_size docs.
 pub(crate) const DEFAULT_MAX_BUFFER_SIZE: usize = 8192 + 4096 * 100;
 
-/// The most capacity the read buffer and the write buffer may each keep
-/// while the connection is idle (between messages). [Vendored patch]
+
+/// What an idle connection reserves to read the next message's head. [Vendored patch]
 ///
-/// Neither buffer ever shrank: in particular, with the `Flatten` write
-/// strategy every body frame is copied into the write buffer, so it kept,
-/// for the connection's whole life, the most it ever flattened (up to
-/// `max_buf_size` plus one body frame of bytes, and `Vec`'s doubling can make
-/// the capacity nearly twice that: ~0.8 MiB seen with 256 KiB frames), and
-/// an idle keep-alive connection held that memory. When the connection goes
-/// idle with both buffers empty, a buffer that grew past this bound is
-/// swapped for a new one of its initial size (see `release_idle_buffers`).
-///
-/// Twice `INIT_BUFFER_SIZE`: a message that outgrows the initial 8 KiB
-/// buffer by up to one doubling (a head with a body of up to ~15 KiB) keeps
-/// its allocation, so small responses, the hot path, never pay for it; a
-/// message that grows it further has a body big enough that one more
-/// allocation per message costs nothing measurable next to copying and
-/// writing it. Idle, the two buffers then hold at most 32 KiB together.
-pub(crate) const MAX_IDLE_BUFFER_CAPACITY: usize = INIT_BUFFER_SIZE * 2;
+/// Neither buffer ever shrank: with the `Flatten` write strategy every body
+/// frame was copied into the write buffer, so it kept, for the connection's
+/// whole life, the most it ever flattened (~0.8 MiB seen with 256 KiB frames).
+/// When the connection goes idle with both buffers empty, both are given back
+/// (see `release_idle_buffers`). An idle connection holds no write buffer (it is reserved, `INIT_BUFFER_SIZE`,
+/// when the next message is written) and this much read buffer: 1 KiB, NGINX's
+/// `client_header_buffer_size`, which most request heads fit; a larger head
+/// grows it by doubling as any read does. Both 8 KiB buffers held for the
+/// connection's whole life were most of the ~18 KiB an idle connection cost,
+/// against NGINX's half a kilobyte, so a crowd of 50 000 took 700 MiB.
+pub(crate) const IDLE_READ_BUFFER_SIZE: usize = 1024;
 
 /// The maximum number of distinct `Buf`s to hold in a list before requiring
 /// a flush. Only affects when the buffer strategy is to queue buffers.
@@ -59,15 +54,6 @@ pub(crate) struct Buffered<T, B> {
     partial_len: Option<usize>,
     read_blocked: bool,
     read_buf: BytesMut,
-    /// Whether `read_buf` has been given an allocation of more than
-    /// `MAX_IDLE_BUFFER_CAPACITY` since it was last released. [Vendored patch]
-    ///
-    /// Remembered, not read off `read_buf.capacity()` when idle: `split_to`
-    /// hands the read bytes out as `Bytes` sharing the allocation, and
-    /// `capacity()` then only counts what is left after them, so an emptied
-    /// buffer can report a few KiB while it keeps (and the next `reserve`
-    /// reclaims) an allocation of hundreds.
-    read_buf_grown: bool,
     read_buf_strategy: ReadStrategy,
     write_buf: WriteBuf<B>,
 }
@@ -102,7 +88,6 @@ where
             partial_len: None,
             read_blocked: false,
             read_buf: BytesMut::with_capacity(0),
-            read_buf_grown: false,
             read_buf_strategy: ReadStrategy::default(),
             write_buf,
         }
@@ -274,11 +259,6 @@ where
         );
         if self.read_buf_remaining_mut() < next {
             self.read_buf.reserve(next);
-            // [Vendored patch] A `reserve` is where `read_buf` gets a new (or
-            // reclaims its whole) allocation, so this is where its size shows.
-            if self.read_buf.capacity() > MAX_IDLE_BUFFER_CAPACITY {
-                self.read_buf_grown = true;
-            }
         }
 
         // SAFETY: ReadBuf and poll_read promise not to set any uninitialized
@@ -310,8 +290,8 @@ where
         (self.io, self.read_buf.freeze())
     }
 
-    /// Gives back the memory of buffers that outgrew `MAX_IDLE_BUFFER_CAPACITY`,
-    /// for a connection that has just gone idle. [Vendored patch]
+    /// Gives back the memory of both buffers, for a connection that has just
+    /// gone idle. [Vendored patch]
     ///
     /// `Conn` calls this only between messages (keep-alive idle, reading and
     /// writing both back to `Init`), never in the middle of one: shrinking a
@@ -321,25 +301,22 @@ where
     /// one like a new connection's, which grows again if the next message
     /// needs it.
     pub(crate) fn release_idle_buffers(&mut self) {
-        self.write_buf.release_if_grown();
+        self.write_buf.release_idle();
 
         // The read buffer is released only with the adaptive strategy: an
         // exact size (`read_buf_exact_size`) is the user's choice and must be
         // reserved for each read anyway. Pipelined bytes already read (a
         // non-empty buffer) keep it, until a later idle moment.
-        if self.read_buf.is_empty()
-            && self.read_buf_strategy.is_adaptive()
-            && (self.read_buf_grown || self.read_buf_strategy.next() > MAX_IDLE_BUFFER_CAPACITY)
-        {
+        if self.read_buf.is_empty() && self.read_buf_strategy.is_adaptive() {
             trace!("releasing idle read buffer");
             self.read_buf = BytesMut::new();
-            self.read_buf_grown = false;
             // The next read is the idle wait for the next message's head, and
-            // it reserves `next()` bytes: left where a large body had taken
-            // it, that would allocate up to `max_buf_size` again at once.
-            // Start again from the initial size; it doubles back up within a
-            // few reads if a large body follows.
-            self.read_buf_strategy.reset();
+            // it reserves `next()` bytes: left where the last message had
+            // taken it (8 KiB at least, up to `max_buf_size` after a large
+            // body), every idle connection would hold that much. It starts
+            // from `IDLE_READ_BUFFER_SIZE` and doubles back up within a few
+            // reads if a large head or body follows.
+            self.read_buf_strategy.reset_idle();
         }
     }
 
@@ -506,11 +483,14 @@ impl ReadStrategy {
     }
 
     /// Back to the initial read size, keeping the maximum. [Vendored patch]
-    fn reset(&mut self) {
-        match *self {
-            ReadStrategy::Adaptive { max, .. } => *self = ReadStrategy::with_max(max),
-            #[cfg(feature = "client")]
-            ReadStrategy::Exact(_) => (),
+    /// Back to an idle connection's read size, keeping the maximum. [Vendored patch]
+    fn reset_idle(&mut self) {
+        if let ReadStrategy::Adaptive {
+            decrease_now, next, ..
+        } = self
+        {
+            *decrease_now = false;
+            *next = IDLE_READ_BUFFER_SIZE;
         }
     }
 
@@ -644,7 +624,8 @@ pub(super) struct WriteBuf<B> {
 impl<B: Buf> WriteBuf<B> {
     fn new(strategy: WriteStrategy) -> WriteBuf<B> {
         WriteBuf {
-            headers: Cursor::new(Vec::with_capacity(INIT_BUFFER_SIZE)),
+            // [Vendored patch] Reserved when first written (`headers_mut`).
+            headers: Cursor::new(Vec::new()),
             max_buf_size: DEFAULT_MAX_BUFFER_SIZE,
             queue: BufList::new(),
             strategy,
@@ -721,22 +702,27 @@ impl<B: Buf> WriteBuf<B> {
 
     fn headers_mut(&mut self) -> &mut Cursor<Vec<u8>> {
         debug_assert!(!self.queue.has_remaining());
+        // [Vendored patch] An idle connection holds no write buffer: the first
+        // write of a message reserves it whole, rather than growing it from
+        // nothing a few bytes at a time.
+        if self.headers.bytes.capacity() == 0 {
+            self.headers.bytes.reserve(INIT_BUFFER_SIZE);
+        }
         &mut self.headers
     }
 
-    /// Swaps the headers (with `Flatten`, head and body) buffer for a new one
-    /// of the initial size, if it is empty and grew past
-    /// `MAX_IDLE_BUFFER_CAPACITY`. [Vendored patch]
+    /// Gives the headers (with `Flatten`, head and body) buffer back, if it
+    /// is empty: an idle connection holds none. [Vendored patch]
     ///
-    /// A fresh `Vec` rather than `shrink_to`: either way it is one call into
-    /// the allocator, and this leaves exactly a new connection's buffer.
-    fn release_if_grown(&mut self) {
-        if self.remaining() == 0 && self.headers.bytes.capacity() > MAX_IDLE_BUFFER_CAPACITY {
+    /// One allocator call per message (jemalloc's thread cache serves an
+    /// 8 KiB buffer), against 8 KiB or more held by every idle connection.
+    fn release_idle(&mut self) {
+        if self.remaining() == 0 && self.headers.bytes.capacity() > 0 {
             trace!(
                 capacity = self.headers.bytes.capacity(),
                 "releasing idle write buffer"
             );
-            self.headers = Cursor::new(Vec::with_capacity(INIT_BUFFER_SIZE));
+            self.headers = Cursor::new(Vec::new());
         }
     }
 }
@@ -1105,7 +1091,7 @@ mod tests {
 
         let mut buffered = Buffered::<_, Cursor<Vec<u8>>>::new(Compat::new(mock));
         buffered.write_buf.set_strategy(WriteStrategy::Flatten);
-        assert_eq!(buffered.write_buf_capacity(), INIT_BUFFER_SIZE);
+        assert_eq!(buffered.write_buf_capacity(), 0, "none before a message");
 
         buffered.headers_buf().extend(head);
         buffered.buffer(Cursor::new(body));
@@ -1121,7 +1107,7 @@ mod tests {
         assert!(buffered.write_buf_capacity() > FLATTEN_MAX_COPY);
         // ...the idle release gives it back.
         buffered.release_idle_buffers();
-        assert_eq!(buffered.write_buf_capacity(), INIT_BUFFER_SIZE);
+        assert_eq!(buffered.write_buf_capacity(), 0);
     }
 
     // [Vendored patch] Flatten queues large frames.
@@ -1160,35 +1146,30 @@ mod tests {
 
     #[cfg(not(miri))]
     #[tokio::test]
-    async fn write_buf_small_kept_when_idle() {
-        // A message that grew the buffer once, to 2 * INIT_BUFFER_SIZE, keeps
-        // its allocation: no allocator call per small response.
-        let body = vec![b'y'; INIT_BUFFER_SIZE + 100];
-        let mut expected = b"head ".to_vec();
-        expected.extend_from_slice(&body);
-        let mock = Mock::new().write(&expected).build();
-
+    async fn write_buf_released_when_idle_and_reserved_whole_when_written() {
+        let mock = Mock::new().write(b"head body").write(b"next").build();
         let mut buffered = Buffered::<_, Cursor<Vec<u8>>>::new(Compat::new(mock));
         buffered.write_buf.set_strategy(WriteStrategy::Flatten);
         buffered.headers_buf().extend(b"head ");
-        buffered.buffer(Cursor::new(body));
+        buffered.buffer(Cursor::new(b"body".to_vec()));
+        assert_eq!(buffered.write_buf_capacity(), INIT_BUFFER_SIZE, "reserved whole");
         buffered.flush().await.expect("flush");
-
-        let cap = buffered.write_buf_capacity();
-        assert_eq!(cap, MAX_IDLE_BUFFER_CAPACITY);
-        let ptr = buffered.write_buf.headers.bytes.as_ptr();
         buffered.release_idle_buffers();
-        assert_eq!(buffered.write_buf_capacity(), cap);
-        assert_eq!(buffered.write_buf.headers.bytes.as_ptr(), ptr);
+        assert_eq!(buffered.write_buf_capacity(), 0, "an idle connection holds none");
+        buffered.headers_buf().extend(b"next");
+        assert_eq!(buffered.write_buf_capacity(), INIT_BUFFER_SIZE);
+        buffered.flush().await.expect("flush");
     }
 
     #[cfg(not(miri))]
     #[tokio::test]
     async fn read_buf_released_when_idle() {
         // A large body read grows the adaptive read buffer; once its bytes
-        // are handed out (and dropped), the emptied buffer is released.
+        // are handed out (and dropped), the emptied buffer is released, and
+        // the next read (the idle wait for a head) reserves 1 KiB.
         let body = vec![b'z'; 256 * 1024];
-        let mock = Mock::new().read(&body).build();
+        let head = b"GET / HTTP/1.1\r\n\r\n";
+        let mock = Mock::new().read(&body).read(head).build();
         let mut buffered = Buffered::<_, Cursor<Vec<u8>>>::new(Compat::new(mock));
 
         let mut read = 0;
@@ -1198,14 +1179,17 @@ mod tests {
                 .expect("read_mem");
             read += chunk.len();
         }
-        assert!(buffered.read_buf_next() > MAX_IDLE_BUFFER_CAPACITY);
-        assert!(buffered.read_buf_grown);
+        assert!(buffered.read_buf_next() > INIT_BUFFER_SIZE);
 
         buffered.release_idle_buffers();
         assert_eq!(buffered.read_buf_capacity(), 0);
-        assert_eq!(buffered.read_buf_next(), INIT_BUFFER_SIZE);
+        assert_eq!(buffered.read_buf_next(), IDLE_READ_BUFFER_SIZE);
         assert_eq!(buffered.read_buf_strategy.max(), DEFAULT_MAX_BUFFER_SIZE);
-        assert!(!buffered.read_buf_grown);
+        let n = futures_util::future::poll_fn(|cx| buffered.poll_read_from_io(cx))
+            .await
+            .expect("read");
+        assert_eq!(n, head.len());
+        assert_eq!(buffered.read_buf_capacity(), IDLE_READ_BUFFER_SIZE);
     }
 
     #[cfg(not(miri))]
@@ -1224,11 +1208,9 @@ mod tests {
             .await
             .expect("read");
         assert_eq!(n, 64 * 1024);
-        assert!(buffered.read_buf_grown);
 
         buffered.release_idle_buffers();
         assert_eq!(buffered.read_buf().len(), 64 * 1024);
-        assert!(buffered.read_buf_grown);
     }
 
     // #[cfg(feature = "nightly")]
