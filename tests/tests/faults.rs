@@ -692,6 +692,33 @@ fn damage(d: &Daemon, needle: &[u8]) -> usize {
     damaged
 }
 
+/// Damages the 64 bytes of `body` at `at` in the stopped daemon's body files and restarts it: the request
+/// that reads them breaks mid-body (never a whole wrong body), and the next is a miss served whole (the
+/// origin's second fetch of `path`). Returns the restarted daemon.
+async fn damaged_and_missed(
+    d: &Daemon,
+    origin: &Origin,
+    path: &str,
+    body: &Bytes,
+    at: usize,
+) -> Daemon {
+    assert_eq!(
+        damage(d, &body[at..at + 64]),
+        1,
+        "found the chunk to damage"
+    );
+    let d = d.restart();
+    match try_get(d.addr, path).await {
+        Err(e) => assert!(e.contains("body"), "broken mid-body: {e}"),
+        Ok(r) => panic!("a damaged body served as whole: {} bytes", r.body.len()),
+    }
+    let r = get(d.addr, path).await;
+    assert_eq!(r.x_cache(), "MISS");
+    assert!(r.body == *body);
+    assert_eq!(origin.count(path), 2);
+    d
+}
+
 /// A chunk of a disk-tier body damaged past the first MiB (which is checked before the status line) is
 /// found only while the body streams: the response then ends in an error after the right bytes, never with
 /// wrong ones, and the next request is a miss served whole.
@@ -705,21 +732,7 @@ async fn a_chunk_damaged_mid_body_breaks_the_response_and_is_never_served() {
     durable(&d, 1).await;
     d.stop();
     // Chunk 12 (bytes 3 MiB to 3.25 MiB), found by its content.
-    let at = 3 * 1024 * 1024 + 100_000;
-    assert_eq!(
-        damage(&d, &body[at..at + 64]),
-        1,
-        "found the chunk to damage"
-    );
-    let mut d = d.restart();
-    match try_get(d.addr, path).await {
-        Err(e) => assert!(e.contains("body"), "broken mid-body: {e}"),
-        Ok(r) => panic!("a damaged body served as whole: {} bytes", r.body.len()),
-    }
-    let r = get(d.addr, path).await;
-    assert_eq!(r.x_cache(), "MISS");
-    assert!(r.body == body);
-    assert_eq!(origin.count(path), 2);
+    let mut d = damaged_and_missed(&d, &origin, path, &body, 3 * 1024 * 1024 + 100_000).await;
     d.stop();
 }
 
@@ -742,21 +755,7 @@ async fn a_body_in_large_chunks_is_read_checked_and_purged_as_any_body() {
     assert!(r.body == body, "every byte, in order, from the disk tier");
     d.stop();
     // Chunk 6 (bytes 6 MiB to 7 MiB), found by its content.
-    let at = 6 * 1024 * 1024 + 300_000;
-    assert_eq!(
-        damage(&d, &body[at..at + 64]),
-        1,
-        "found the chunk to damage"
-    );
-    let mut d = d.restart();
-    match try_get(d.addr, path).await {
-        Err(e) => assert!(e.contains("body"), "broken mid-body: {e}"),
-        Ok(r) => panic!("a damaged body served as whole: {} bytes", r.body.len()),
-    }
-    let r = get(d.addr, path).await;
-    assert_eq!(r.x_cache(), "MISS");
-    assert!(r.body == body);
-    assert_eq!(origin.count(path), 2);
+    let mut d = damaged_and_missed(&d, &origin, path, &body, 6 * 1024 * 1024 + 300_000).await;
     let purged = d
         .admin_post("/v1/purge", json!({"url": format!("http://{HOST}{path}")}))
         .await;
