@@ -4,7 +4,12 @@
   costs apart from the body): curl time_starttransfer, median of --ttfb-requests per round;
 - a 200 MiB object lacquerd holds on its disk tier only (a 64 MiB memory tier, restarted after the fill so
   the memory tier is empty; the admin API's object inspection confirms where the chunks are before every
-  read): full reads with curl to /dev/null by 1 client and by --clients at once, MB/s per client.
+  read): full reads with curl to /dev/null by 1 client and by --clients at once, MB/s per client, and the
+  target's CPU (user + system, its processes) per GiB sent, which the neighbours on a shared machine move
+  far less than the rate;
+- HLS segments beyond memory: 60 segments of 4 MiB (240 MiB against lacquerd's 64 MiB memory tier, all on
+  its disk tier after the restart), asked for at random at --segment-rate (100) requests a second for
+  --segment-seconds (10) per round (oha, 10 connections): time to first byte p50 and p99.
 Prints the medians over --rounds and the lacquer / nginx ratios. LACQUERD=path runs another lacquerd build."""
 
 import argparse
@@ -18,7 +23,7 @@ import time
 import urllib.request
 
 import compare  # noqa: E402
-from compare import ROOT, cpu_seconds, curl_ttfb, nginx_conf, stop, wait_port  # noqa: E402
+from compare import ROOT, cpu_seconds, curl_ttfb, nginx_conf, oha_json, stop, wait_port  # noqa: E402
 
 # Ports of its own (200 below the comparison's), so that it can run beside bench/run or a soak.
 ORIGIN_PORT = compare.ORIGIN_PORT = 8780
@@ -26,6 +31,9 @@ CONTROL_PORT = 8779
 LACQUER, NGINX, ADMIN = 8781, 8783, 8792
 BIG = 200 * 1024 * 1024
 BIG_PATH = f"/stream/max-age=3600/{BIG}/big"
+# bench-origin answers any other path with its 4 MiB body, cacheable for an hour.
+SEGMENTS = 60
+SEGMENT_REGEX = "/segment/[0-5][0-9].ts"
 
 
 CONFIG = []
@@ -70,6 +78,8 @@ def main():
     ap.add_argument("--ttfb-requests", type=int, default=30)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--skip-big", action="store_true", help="only the time to first byte")
+    ap.add_argument("--segment-rate", type=int, default=100)
+    ap.add_argument("--segment-seconds", type=int, default=10)
     ap.add_argument("--config", help="a lacquerd configuration file under the flags (another chunk size, say)")
     args = ap.parse_args()
     if args.config:
@@ -88,6 +98,8 @@ def main():
             for path in ["/obj/2k", "/obj/4m"] + ([BIG_PATH] if not args.skip_big else []):
                 for _ in range(2):
                     urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=120).read()
+            for n in range(SEGMENTS):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/segment/{n:02}.ts", timeout=60).read()
         if not args.skip_big:
             # Restarted, lacquerd's memory tier is empty: the 200 MiB body is on the disk tier only.
             time.sleep(2)
@@ -103,6 +115,16 @@ def main():
                 res = raw[target]
                 res.setdefault("ttfb_2k", []).append(curl_ttfb(port, "/obj/2k", args.ttfb_requests)[0])
                 res.setdefault("ttfb_4m", []).append(curl_ttfb(port, "/obj/4m", args.ttfb_requests)[0])
+                seg = oha_json(["-z", f"{args.segment_seconds}s", "-q", str(args.segment_rate),
+                                "--latency-correction", "-c", "10", "--rand-regex-url",
+                                f"http://127.0.0.1:{port}{SEGMENT_REGEX}"])
+                codes = seg["statusCodeDistribution"]
+                # oha cuts the requests in flight when its time is up: not the target's error.
+                errors = {e: k for e, k in seg["errorDistribution"].items() if "deadline" not in e}
+                if set(codes) - {"200"} or errors:
+                    raise SystemExit(f"{target} segments: {codes} {errors}")
+                res.setdefault("seg_p50", []).append(seg["firstBytePercentiles"]["p50"] * 1000)
+                res.setdefault("seg_p99", []).append(seg["firstBytePercentiles"]["p99"] * 1000)
                 if args.skip_big:
                     continue
                 if target == "lacquer":
@@ -121,7 +143,9 @@ def main():
     finally:
         stop([lq] + procs, work)
 
-    keys = [("ttfb_2k", "2 KiB TTFB p50 (ms)", "{:.3f}"), ("ttfb_4m", "4 MiB TTFB p50 (ms)", "{:.3f}")]
+    keys = [("ttfb_2k", "2 KiB TTFB p50 (ms)", "{:.3f}"), ("ttfb_4m", "4 MiB TTFB p50 (ms)", "{:.3f}"),
+            ("seg_p50", f"4 MiB segments beyond memory at {args.segment_rate} rps: TTFB p50 (ms)", "{:.3f}"),
+            ("seg_p99", "the same: TTFB p99 (ms)", "{:.3f}")]
     if not args.skip_big:
         keys += [("big_1", "200 MiB from disk, 1 client (MB/s)", "{:.0f}"),
                  (f"big_{args.clients}", f"200 MiB from disk, {args.clients} clients (MB/s per client)", "{:.0f}"),
