@@ -216,7 +216,9 @@ pub struct Storage {
     /// not fit. Default: 1 GiB.
     pub disk_size: ByteSize,
     /// Bodies are stored and read in pieces of this size, so a range reads only the pieces that hold it
-    /// (architecture.md has the measurement). Default: 256 KiB.
+    /// (architecture.md has the measurement); a body announced 8 MiB or longer is stored in pieces of
+    /// 1 MiB (or this size, if larger) where the tiers hold them, which costs a large body's reads less.
+    /// Default: 256 KiB.
     pub chunk_size: ByteSize,
     /// Memory for hot object metadata, counted as what its entries take from the allocator (the cache's
     /// own record per entry, the key, every field, and the response head a hit prepares from the stored
