@@ -67,7 +67,7 @@ impl StoreBuilder {
     /// the disk tier costs foyer about the same CPU per entry whatever its size besides the bytes (a read on
     /// a blocking thread and four wake-ups, two allocations, an index lookup), and a large body is read
     /// whole far more often than its ranges are: with 1 MiB pieces a 200 MiB body read from disk cost
-    /// 20-25 % less CPU per byte than with 256 KiB ones (bench/large.py). Used only where the disk tier's
+    /// 15-19 % less CPU per byte than with 256 KiB ones, back to back (bench/large.py). Used only where the disk tier's
     /// blocks hold four such pieces and the memory tier sixteen (with smaller tiers, large bodies use
     /// [`StoreBuilder::with_chunk_size`]); at most the chunk size, every body uses that. A segment of a few
     /// MiB keeps the smaller chunks, and with them its first byte and its ranges (see `docs/architecture.md`).

@@ -521,9 +521,11 @@ impl<S: CacheStore> Fetch<S> {
         FetchReader {
             fetch: self.clone(),
             rx: self.changed.subscribe(),
-            id,
-            pos: 0,
-            unyielded: YIELD_EVERY - FIRST_TURN,
+            place: Place {
+                id,
+                pos: 0,
+                unyielded: YIELD_EVERY - FIRST_TURN,
+            },
             cancelled,
         }
     }
@@ -551,16 +553,33 @@ pub(crate) const FIRST_TURN: u64 = 32 * 1024;
 pub struct FetchReader<S: CacheStore = Store> {
     fetch: Arc<Fetch<S>>,
     rx: watch::Receiver<()>,
+    place: Place,
+    cancelled: bool,
+}
+
+/// Where a reader is in the body, and what it took since it last let its thread go.
+struct Place {
     id: u64,
     pos: u64,
     /// Bytes taken since this reader last waited or yielded (its first turn is [`FIRST_TURN`]).
     unyielded: u64,
-    cancelled: bool,
+}
+
+impl Place {
+    /// Moves past `len` bytes taken, noting the new position in the fetch's state `s`, and wakes the fill
+    /// when it may be waiting for that.
+    fn took<S: CacheStore>(&mut self, s: &mut State<S>, progress: &Notify, len: u64) {
+        self.pos += len;
+        self.unyielded += len;
+        if s.reader_at(self.id, self.pos) {
+            progress.notify_one();
+        }
+    }
 }
 
 impl<S: CacheStore> Drop for FetchReader<S> {
     fn drop(&mut self) {
-        self.fetch.lock().readers.remove(&self.id);
+        self.fetch.lock().readers.remove(&self.place.id);
         self.fetch.progress.notify_one();
     }
 }
@@ -664,39 +683,26 @@ impl<S: CacheStore> FetchReader<S> {
         }
     }
 
-    /// Takes `data`, the bytes at this reader's position, noting its new position in the fetch's state.
-    fn advance(&mut self, data: Bytes) -> Option<Result<Bytes, FetchError>> {
-        self.pos += data.len() as u64;
-        self.unyielded += data.len() as u64;
-        if self.fetch.lock().reader_at(self.id, self.pos) {
-            self.fetch.progress.notify_one();
-        }
-        Some(Ok(data))
-    }
-
     async fn next_chunk(&mut self) -> Option<Result<Bytes, FetchError>> {
-        if self.pos > 0 && self.unyielded >= YIELD_EVERY {
+        if self.place.pos > 0 && self.place.unyielded >= YIELD_EVERY {
             tokio::task::yield_now().await;
-            self.unyielded = 0;
+            self.place.unyielded = 0;
         }
         loop {
             self.rx.borrow_and_update();
             let next = {
                 let mut s = self.fetch.lock();
-                if self.pos < s.window_start {
+                if self.place.pos < s.window_start {
                     match &s.stored {
                         Some(stored) => Next::Store(stored.clone()),
                         None => Next::End(Some(Err(FetchError::new(
                             "the reader fell behind a body that is not stored",
                         )))),
                     }
-                } else if let Some(data) = s.held_at(self.pos) {
+                } else if let Some(data) = s.held_at(self.place.pos) {
                     // Taken under the same lock: one lock of the fetch per frame for each reader.
-                    self.pos += data.len() as u64;
-                    self.unyielded += data.len() as u64;
-                    if s.reader_at(self.id, self.pos) {
-                        self.fetch.progress.notify_one();
-                    }
+                    self.place
+                        .took(&mut s, &self.fetch.progress, data.len() as u64);
                     return Some(Ok(data));
                 } else {
                     match &s.end {
@@ -710,11 +716,15 @@ impl<S: CacheStore> FetchReader<S> {
                 Next::End(end) => return end,
                 Next::Store(mut stored) => {
                     let chunk_size = stored.chunk_size();
-                    let index = (self.pos / chunk_size) as u32;
+                    let index = (self.place.pos / chunk_size) as u32;
                     return match stored.read_chunk(index).await {
                         Ok(Some(chunk)) => {
-                            let from = (self.pos - u64::from(index) * chunk_size) as usize;
-                            self.advance(chunk.slice(from.min(chunk.len())..))
+                            let from = (self.place.pos - u64::from(index) * chunk_size) as usize;
+                            let data = chunk.slice(from.min(chunk.len())..);
+                            let mut s = self.fetch.lock();
+                            self.place
+                                .took(&mut s, &self.fetch.progress, data.len() as u64);
+                            Some(Ok(data))
                         }
                         Ok(None) => Some(Err(FetchError::new(
                             "a stored chunk of the body in progress was lost",
@@ -729,16 +739,16 @@ impl<S: CacheStore> FetchReader<S> {
             if self.rx.changed().await.is_err() {
                 return Some(Err(FetchError::new("fetch abandoned")));
             }
-            self.unyielded = 0;
+            self.place.unyielded = 0;
         }
     }
 
     /// Moves the reader on to byte `pos` without reading what lies before it (in the window or the store):
     /// the window keeps nothing for it behind `pos`.
     fn skip_to(&mut self, pos: u64) {
-        if pos > self.pos {
-            self.pos = pos;
-            if self.fetch.lock().reader_at(self.id, pos) {
+        if pos > self.place.pos {
+            self.place.pos = pos;
+            if self.fetch.lock().reader_at(self.place.id, pos) {
                 self.fetch.progress.notify_one();
             }
         }
@@ -748,7 +758,7 @@ impl<S: CacheStore> FetchReader<S> {
     /// not read.
     pub fn into_range_body(mut self, first: u64, last: u64) -> Body {
         self.skip_to(first);
-        let start = self.pos;
+        let start = self.place.pos;
         body::from_stream(futures_util::stream::unfold(
             (self, start),
             move |(mut reader, mut offset)| async move {

@@ -256,7 +256,10 @@ impl Conversion {
     pub fn decode_whole(&self, pieces: &[Bytes]) -> Option<Bytes> {
         let start = pieces.first().map(|p| &p[..]);
         let (made, stats) = self.decoder(start, DECODED_ONCE_OUT)?;
-        let (mut decoder, _reserved) = made.ok()?;
+        let Decoding {
+            mut decoder,
+            reserved: _reserved,
+        } = made.ok()?;
         let mut out = BytesMut::new();
         for piece in pieces.iter().cloned().map(Some).chain([None]) {
             match piece {
@@ -273,12 +276,11 @@ impl Conversion {
 
     /// A decoder for this conversion, its output cut at `cap` bytes too, with its share of `decode_memory`
     /// (`Busy` when that has no room), and where it is counted; `None` when the conversion does not decode.
-    #[allow(clippy::type_complexity)]
     fn decoder(
         &self,
         start: Option<&[u8]>,
         cap: u64,
-    ) -> Option<(Result<(Decoder, Reserved), Busy>, &Arc<Stats>)> {
+    ) -> Option<(Result<Decoding, Busy>, &Arc<Stats>)> {
         let Conversion::Decode {
             coding,
             limit,
@@ -291,11 +293,11 @@ impl Conversion {
             return None;
         };
         let made = match Reserved::take(stats, Decoder::memory(*coding, start), *memory) {
-            Some(reserved) => Ok((
-                Decoder::new(*coding, (*limit).min(cap))
+            Some(reserved) => Ok(Decoding {
+                decoder: Decoder::new(*coding, (*limit).min(cap))
                     .with_max_expansion(*max_expansion, EXPANSION_FLOOR),
                 reserved,
-            )),
+            }),
             None => Err(Busy),
         };
         Some((made, stats))
@@ -327,7 +329,7 @@ impl Conversion {
         let Some((made, stats)) = self.decoder(start, u64::MAX) else {
             return Ok(body);
         };
-        let Ok((decoder, reserved)) = made else {
+        let Ok(Decoding { decoder, reserved }) = made else {
             inc(&stats.decodes_refused);
             return Err(Busy);
         };
@@ -370,6 +372,12 @@ fn count_decoded(coding: Coding, stats: &Stats) {
 /// The most a body decoded once for a fetch's readers may decode to ([`Conversion::decode_whole`]); a
 /// larger one is decoded by each reader as it reads.
 pub const DECODED_ONCE_OUT: u64 = 1 << 20;
+
+/// A decoder [`Conversion::decoder`] made, and its share of `decode_memory`, held as long as it is.
+struct Decoding {
+    decoder: Decoder,
+    reserved: Reserved,
+}
 
 /// A decoder's share of `decode_memory`, given back when the decoding body ends or is dropped.
 pub(crate) struct Reserved {
