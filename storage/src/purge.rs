@@ -110,7 +110,7 @@ impl Invalidations {
 }
 
 /// Makes `meta` stale at `now`, keeping its grace and keep windows; returns whether it was fresh.
-fn expire(meta: &mut ObjectMeta, now: u64) -> bool {
+pub(crate) fn expire(meta: &mut ObjectMeta, now: u64) -> bool {
     let remaining = meta.remaining_ttl_ms(now);
     if remaining <= 0 {
         return false;

@@ -37,7 +37,8 @@ pub(crate) fn start(store: WeakStore, interval: Duration) -> Result<(), crate::S
 /// brings back from below the floor is dropped at the next start. Blocks: runs on the sweeper's thread.
 pub(crate) fn compact_journal(store: &Store, at: usize) -> Result<bool, crate::StoreError> {
     let journal = store.journal();
-    if journal.len() < at {
+    // Records the start-up replay has not checked yet would be listed as kept.
+    if journal.len() < at || store.replay_pending() {
         return Ok(false);
     }
     let retired = journal.retirable(|id| store.ban_list().is_pending(id));

@@ -115,6 +115,7 @@ async fn a_clean_close_skips_the_replay_only_while_the_journal_has_not_moved() {
         "banned, even if the rolled-back ban list no longer has the ban"
     );
     assert_eq!(read(&store, "a.test/3").await.unwrap().0, body(3, 1000));
+    replayed(&store).await;
     let stats = store.stats();
     assert_eq!(stats.objects, 2, "{stats:?}");
     assert!(stats.objects_invalidated_at_start >= 2, "{stats:?}");

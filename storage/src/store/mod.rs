@@ -27,12 +27,16 @@ mod tags;
 use std::{
     hash::{Hash, Hasher},
     sync::{
-        atomic::{AtomicBool, Ordering::Relaxed},
+        atomic::{
+            AtomicBool, AtomicU64,
+            Ordering::{Relaxed, SeqCst},
+        },
         Arc, Mutex, Weak,
     },
     time::Duration,
 };
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use foyer::HybridCache;
 use tokio::sync::mpsc;
@@ -59,6 +63,10 @@ use crate::{
 
 /// Where [`Store::cluster_revision`] is kept in the `state` tree.
 const CLUSTER_REVISION: &[u8] = b"cluster-revision";
+
+/// Ids the ceiling is raised by at a time (see [`Store::next_id`]): a sled write per million ids, and
+/// well under a second of the wall clock's lead at the next start (`recover`'s `IDS_PER_MS`).
+const ID_BLOCK: u64 = 1 << 20;
 
 /// Handle on the store; cheap to clone. The writer task holds one until [`Store::close`], which finishes
 /// pending writes and releases the store directory (a process can then open it again).
@@ -130,6 +138,12 @@ struct Inner {
     /// Shared with every [`WeakStore`], which reads it without upgrading.
     closed: Arc<AtomicBool>,
     runtime: tokio::runtime::Handle,
+    /// The start-up replay while its walk runs (see `recover`).
+    replay: ArcSwapOption<recover::Pending>,
+    /// No id at or above this has been handed out; kept in sled before one is (see [`Store::next_id`]).
+    id_ceiling: AtomicU64,
+    /// Held while the ceiling is raised.
+    raising: Mutex<()>,
 }
 
 impl Store {
@@ -273,6 +287,11 @@ impl Store {
         // Not `flush_async`: it runs on sled's thread pool, which keeps the database (and its directory lock)
         // alive for a moment after the future resolves.
         self.inner.db.flush()?;
+        // A replay that did not finish walking leaves records unchecked: the next start replays again.
+        if self.replay_pending() {
+            self.inner.lock.lock().expect("store lock").take();
+            return Ok(());
+        }
         // Written after everything above is in sled, so the next start can skip its replay; the id margin
         // covers ids a straggler takes after this point.
         let (objects, bytes) = self.counted();
@@ -313,8 +332,33 @@ impl Store {
 
     /// A new id from the sequence body generations and invalidations share (see `journal`): never handed
     /// out twice, and never lower than one handed out before, even across a crash.
+    ///
+    /// Ids are handed out below a ceiling written to sled before any id reaches it, so the next start
+    /// knows every id below it may be in use without reading every record. sled recovers a prefix of its
+    /// writes, so a record that survives a crash survives with a ceiling above its ids.
     pub(crate) fn next_id(&self) -> u64 {
-        self.inner.journal.next_id()
+        let id = self.inner.journal.next_id();
+        if id >= self.inner.id_ceiling.load(SeqCst) {
+            let _raising = self.inner.raising.lock().expect("id ceiling");
+            if id >= self.inner.id_ceiling.load(SeqCst) {
+                if let Err(e) = self.set_id_ceiling(id + 1) {
+                    // sled refuses writes: the records these ids are for cannot be kept either.
+                    tracing::error!(error = %e, "cannot record the id ceiling");
+                }
+            }
+        }
+        id
+    }
+
+    /// Raises the id ceiling to `ID_BLOCK` ids above `from` (the first id still to hand out), in sled
+    /// first.
+    fn set_id_ceiling(&self, from: u64) -> Result<(), StoreError> {
+        let ceiling = from + ID_BLOCK;
+        self.inner
+            .state
+            .insert(recover::ID_CEILING, &ceiling.to_be_bytes())?;
+        self.inner.id_ceiling.store(ceiling, SeqCst);
+        Ok(())
     }
 
     /// A handle for a background task, which must not keep the store open.

@@ -5,14 +5,16 @@
 //!
 //! Opening wires the parts together: sled (metadata, bans, the journal's high-water mark), foyer (bodies,
 //! memory tier in front of a disk tier fitted to the free space), the journal, the disk guard; then the
-//! start-up replay (`recover`) runs before anything can read, and the writer task, the sweeper and the ban
-//! lurker start.
+//! start-up replay (`recover`) begins before anything can read (its walk over every record may go on in
+//! the background), and the writer task, the sweeper and the ban lurker start.
 
 use std::{
     fs::File,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{atomic::AtomicU64, Arc, Mutex},
 };
+
+use arc_swap::ArcSwapOption;
 
 use foyer::{
     BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCacheBuilder, HybridCachePolicy,
@@ -341,12 +343,16 @@ impl Store {
                 registry,
                 closed: Arc::default(),
                 runtime: runtime.clone(),
+                replay: ArcSwapOption::empty(),
+                id_ceiling: AtomicU64::new(0),
+                raising: Mutex::new(()),
             }),
         };
         store.counters().corrupt_records.add(unreadable_bans);
-        store.recover(readback)?;
-        if !store.inner.keys.is_complete() {
-            store.rebuild_key_index()?;
+        match store.recover(readback)? {
+            Some(pending) => store.replay_in_background(pending)?,
+            None if !store.inner.keys.is_complete() => store.rebuild_key_index()?,
+            None => {}
         }
         let writer = runtime.spawn(crate::writer::run(store.clone(), rx, buffer_pool / 2));
         crate::health::supervise(store.downgrade(), "writer", writer, runtime);

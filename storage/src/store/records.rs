@@ -19,7 +19,7 @@ use crate::{
     meta::{ObjectMeta, ObjectSet, Part, PartFate, Partial, Sibling},
 };
 
-use super::{ChunkTiers, Store};
+use super::{recover::Pending, ChunkTiers, Store};
 
 /// What became of a part given to the store ([`Store::add_part`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,7 +283,15 @@ impl Store {
         let Some(bytes) = self.inner.objects.get(primary.as_bytes())? else {
             return Ok(None);
         };
+        let pending = self.inner.replay.load_full();
         match ObjectSet::decode(primary, &bytes) {
+            Ok(set) if pending.is_some() => self.replayed(
+                locked,
+                primary,
+                set,
+                pending.as_deref().expect("pending"),
+                hot,
+            ),
             Ok(set) => {
                 let set = Arc::new(set);
                 if hot == HotCopy::Fill {
@@ -294,10 +302,89 @@ impl Store {
             Err(e) => {
                 tracing::warn!(error = %e, "dropping unreadable metadata record");
                 self.counters().corrupt_records.add(1);
+                if let Some(pending) = pending {
+                    pending.unreadable();
+                }
                 self.remove_record(locked, primary.as_bytes())?;
                 Ok(None)
             }
         }
+    }
+
+    /// `set`, just read from sled while the start-up replay walks (see `recover`), checked against the
+    /// journal before anything sees it: what an acknowledged purge or ban covers is removed, or made stale.
+    /// A record checked once passes unchanged after: the journal's entries are older than it now is.
+    fn replayed(
+        &self,
+        locked: &Locked<'_>,
+        primary: &str,
+        set: ObjectSet,
+        pending: &Pending,
+        hot: HotCopy,
+    ) -> Result<Option<Arc<ObjectSet>>, StoreError> {
+        let now = lacquer_clock::now_ms();
+        let ObjectSet {
+            variants,
+            siblings,
+            partials,
+        } = set;
+        let (mut kept, mut dropped, mut softened) = (Vec::new(), Vec::new(), 0);
+        for mut meta in variants {
+            match pending.verdict(primary, &meta) {
+                Some(false) => dropped.push(meta),
+                Some(true) => {
+                    softened += usize::from(crate::purge::expire(&mut meta, now));
+                    kept.push(meta);
+                }
+                None => kept.push(meta),
+            }
+        }
+        let set = ObjectSet {
+            variants: kept,
+            siblings,
+            partials,
+        };
+        if dropped.is_empty() && softened == 0 {
+            let set = Arc::new(set);
+            if hot == HotCopy::Fill {
+                self.inner.hot.insert(primary.to_owned(), set.clone());
+            }
+            return Ok(Some(set));
+        }
+        pending.tally(self, dropped.len(), softened);
+        self.save_set(locked, primary, set, &dropped, hot)
+    }
+
+    /// Settles the record at `key` for the start-up replay's walk: checks it as a read would (under its
+    /// lock), then counts what was stored before the start (fills since counted themselves) and indexes
+    /// its key. A key that is not UTF-8 was never written by a store: damage, removed.
+    pub(super) fn settle_record(
+        &self,
+        pending: &Pending,
+        key: &sled::IVec,
+    ) -> Result<(), StoreError> {
+        let locked = self.inner.records.lock(key);
+        match std::str::from_utf8(key) {
+            Ok(primary) => {
+                if let Some(set) = self.load_set(&locked, primary, HotCopy::IfPresent)? {
+                    let before = set
+                        .variants
+                        .iter()
+                        .filter(|m| pending.before_start(m.generation));
+                    let (objects, bytes) = before.fold((0, 0), |(n, b), m| (n + 1, b + m.length));
+                    self.counters().objects.add(objects);
+                    self.counters().stored_bytes.add(bytes);
+                    self.inner.keys.add(key);
+                }
+            }
+            Err(_) => {
+                self.remove_record(&locked, key)?;
+                self.counters().corrupt_records.add(1);
+                pending.unreadable();
+            }
+        }
+        pending.pass(key.clone());
+        Ok(())
     }
 
     /// Replaces the set of `primary` (or removes it when empty) in sled and the hot copy, and returns it; the
@@ -343,13 +430,28 @@ impl Store {
         for part in &orphan_parts {
             self.forget_body_later(&part.body);
         }
-        self.counters().objects.sub(dropped.len() as u64);
-        self.counters()
-            .stored_bytes
-            .sub(orphan_parts.iter().map(|p| p.body.length).sum());
-        self.counters()
-            .stored_bytes
-            .sub(dropped.iter().map(|m| m.length).sum());
+        // While the start-up replay walks, what was stored before the start is counted only once the walk
+        // passes its record (parts only as they are added); the rest is counted already.
+        let pending = self.inner.replay.load();
+        let counted = |generation: u64, walked: bool| {
+            pending
+                .as_ref()
+                .is_none_or(|p| walked || !p.before_start(generation))
+        };
+        let walked = pending
+            .as_ref()
+            .is_some_and(|p| p.passed(primary.as_bytes()));
+        let dropped = dropped.iter().filter(|m| counted(m.generation, walked));
+        let (objects, bytes) = dropped.fold((0, 0), |(n, b), m| (n + 1, b + m.length));
+        self.counters().objects.sub(objects);
+        self.counters().stored_bytes.sub(bytes);
+        self.counters().stored_bytes.sub(
+            orphan_parts
+                .iter()
+                .filter(|p| counted(p.body.generation, false))
+                .map(|p| p.body.length)
+                .sum(),
+        );
         Ok(saved)
     }
 

@@ -194,6 +194,10 @@ store_stats! {
         /// 1 once the index of stored keys has been rebuilt after start; until then every miss reads the
         /// metadata (gauge).
         key_index_ready,
+        /// 1 once every object stored before the start has been checked against the invalidation journal
+        /// (after a crash the check walks the records in the background; until it is done each record is
+        /// checked when first read) (gauge).
+        journal_replayed,
     }
 }
 
@@ -233,6 +237,7 @@ impl Store {
             key_index_keys,
             key_index_bytes,
             key_index_ready: u64::from(inner.keys.is_complete()),
+            journal_replayed: u64::from(!self.replay_pending()),
         })
     }
 

@@ -91,3 +91,15 @@ pub async fn open_again_with(builder: StoreBuilder) -> Store {
     }
     panic!("sled directory lock was never released in 30 s: {last:?}")
 }
+
+/// Waits for the start-up replay's walk (in the background after a crash) to have checked every record, so
+/// the gauges count them all.
+pub async fn replayed(store: &Store) {
+    for _ in 0..600 {
+        if store.stats().journal_replayed == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the start-up replay never finished");
+}

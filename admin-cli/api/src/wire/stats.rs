@@ -421,6 +421,10 @@ stats_section! {
         /// 1 once the index of stored keys has been rebuilt after start; until then every miss reads the
         /// metadata.
         key_index_ready: Gauge "lacquer_store_key_index_ready",
+        /// 1 once every object stored before the start has been checked against the invalidation journal;
+        /// after a crash a walk in the background does it, and until it is done each object is checked when
+        /// first read.
+        journal_replayed: Gauge "lacquer_store_journal_replayed",
         /// Objects found at start that an acknowledged purge or ban covers (metadata rolled back by a crash
         /// or damage), removed again.
         objects_invalidated_at_start: Counter "lacquer_store_objects_invalidated_at_start_total",
