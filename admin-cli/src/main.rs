@@ -10,7 +10,7 @@ mod stats;
 mod table;
 mod top;
 
-use std::process::ExitCode;
+use std::{io::Write, process::ExitCode};
 
 use clap::{CommandFactory, Parser, Subcommand};
 use lacquer_admin::{wire::LogFilter, AdminClient, AdminError, ConnectArgs};
@@ -194,13 +194,28 @@ impl Output {
     /// JSON when asked for, else the text `human` writes.
     fn show<T: Serialize>(self, value: &T, human: impl FnOnce(&T) -> String) {
         if self.json {
-            println!(
-                "{}",
-                serde_json::to_string(value).expect("wire types serialize")
-            );
+            let mut line = serde_json::to_string(value).expect("wire types serialize");
+            line.push('\n');
+            write_out(&line);
         } else {
-            print!("{}", human(value));
+            write_out(&human(value));
         }
+    }
+}
+
+/// Writes `text` to stdout. When nobody reads it any more (`cachectl log | head -1`) cachectl is done:
+/// it exits 0 quietly, as `head` and `true` expect of the command before them.
+fn write_out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("cachectl: writing the output: {e}");
+        std::process::exit(1);
     }
 }
 
@@ -273,12 +288,9 @@ fn main() -> ExitCode {
         return fail(cli.json, "usage", &message, 2);
     }
     if let Command::Completions { shell } = cli.command {
-        clap_complete::generate(
-            shell,
-            &mut Cli::command(),
-            "cachectl",
-            &mut std::io::stdout(),
-        );
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "cachectl", &mut script);
+        write_out(&String::from_utf8_lossy(&script));
         return ExitCode::SUCCESS;
     }
     let target = match cli.connect.target() {

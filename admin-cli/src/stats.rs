@@ -67,7 +67,7 @@ async fn repeat<T: Serialize, F: Future<Output = Result<T, AdminError>>>(
         let now = Instant::now();
         let since = previous.as_ref().map(|(p, at)| (p, now - *at));
         if clear {
-            print!("\x1b[2J\x1b[H");
+            crate::write_out("\x1b[2J\x1b[H");
         }
         out.show(&document, |d| render(d, since) + "\n");
         previous = Some((document, now));

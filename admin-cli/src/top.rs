@@ -20,6 +20,7 @@ use crate::Output;
 #[derive(Serialize)]
 struct Top {
     by: String,
+    /// The seconds the counts span: the window asked for, or less until it has filled.
     window_seconds: f64,
     rows: Vec<Row>,
 }
@@ -45,19 +46,20 @@ pub async fn run(
     duration: Option<Duration>,
 ) -> Result<(), AdminError> {
     let mut stream = client.log_stream(&LogFilter::default()).await?;
-    let mut counted = Window::new(window);
     let started = Instant::now();
+    let mut counted = Window::new(window, started);
     let clear = duration.is_none() && !out.json && std::io::stdout().is_terminal();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let name = by.name().to_owned();
     let show = |counted: &Window| {
+        let now = Instant::now();
         let top = Top {
             by: name.clone(),
-            window_seconds: window.as_secs_f64(),
-            rows: counted.top(limit),
+            window_seconds: counted.span(now).as_secs_f64().round(),
+            rows: counted.top(limit, now),
         };
         if clear {
-            print!("\x1b[2J\x1b[H");
+            crate::write_out("\x1b[2J\x1b[H");
         }
         out.show(&top, render);
     };

@@ -468,6 +468,38 @@ async fn log_follows_requests_as_access_log_lines() {
     assert!(err.contains("status"), "{err}");
 }
 
+/// `cachectl log | head -1` and `cachectl stats | true`: a reader that goes away ends cachectl quietly,
+/// with status 0, as `head` expects of the command before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_closed_pipe_ends_cachectl_quietly() {
+    let origin = Origin::start(|_| Reply::ok("x")).await;
+    let d = Daemon::start(origin.addr, &[]);
+    for args in [&["stats"][..], &["log"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cachectl"))
+            .args(["--admin", &d.admin.to_string(), "--secret"])
+            .arg(d.secret_file())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before anything is written.
+        drop(child.stdout.take());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(std::time::Instant::now() < deadline, "{args:?} still running");
+            get(d.addr, "/a").await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!((status.code(), err.as_str()), (Some(0), ""), "{args:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn top_counts_requests_by_url_and_by_status_over_its_window() {
     let origin = Origin::start(|s| match s.path.as_str() {
@@ -512,6 +544,11 @@ async fn top_counts_requests_by_url_and_by_status_over_its_window() {
         rows[1]["count"].as_u64().unwrap(),
     );
     assert!(gone >= 5 && a >= 2 * gone - 2, "{urls}");
+    // Three seconds counted of a 60 s window: the rate is over those three.
+    let span = urls["window_seconds"].as_f64().unwrap();
+    assert!((2.0..=4.0).contains(&span), "{urls}");
+    let rate = rows[0]["per_second"].as_f64().unwrap();
+    assert!((rate - a as f64 / span).abs() < 0.01, "{urls}");
     let statuses = table(by_status);
     let keys: Vec<&str> = statuses["rows"]
         .as_array()

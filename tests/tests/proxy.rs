@@ -382,6 +382,7 @@ async fn backend_down_is_a_clear_error() {
     let d = Daemon::start(unused, &[]);
     let r = get(d.addr, "/x").await;
     assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after"), "5", "as Varnish's built-in 503");
     // Clear to the operator (the log), not to the public: the page names no backend.
     assert!(
         !String::from_utf8_lossy(&r.body).contains(&unused.to_string()),

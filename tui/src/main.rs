@@ -260,7 +260,7 @@ async fn backends(client: &AdminClient, updates: &mpsc::Sender<Update>) {
     }
 }
 
-/// How often the top view's requests are handed to the screen: each batch redraws it.
+/// How often the top view's requests are handed to the screen: each batch (empty or not) redraws it.
 const LOG_BATCH_EVERY: Duration = Duration::from_millis(500);
 
 /// Follows the log stream while the top view is shown, and only then: a follower makes the daemon record
@@ -283,8 +283,9 @@ async fn log(client: &AdminClient, updates: &mpsc::Sender<Update>, wanted: &Atom
                     Ok(LogEvent::Lagged(_)) => {}
                     Err(_) => break,
                 },
+                // Sent empty too: the window ages, and its rates are over the time counted so far.
                 _ = tick.tick() => {
-                    if !batch.is_empty() && updates.send(Update::Log(std::mem::take(&mut batch))).is_err() {
+                    if updates.send(Update::Log(std::mem::take(&mut batch))).is_err() {
                         return;
                     }
                 }

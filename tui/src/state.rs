@@ -43,14 +43,24 @@ pub const TOP_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 pub struct Top {
     pub by: By,
     pub window: Window,
+    /// When the log stream last delivered: the counts' rates are as of then.
+    pub at: Instant,
+}
+
+impl Top {
+    fn new(by: By) -> Self {
+        let now = Instant::now();
+        Self {
+            by,
+            window: Window::new(TOP_WINDOW, now),
+            at: now,
+        }
+    }
 }
 
 impl Default for Top {
     fn default() -> Self {
-        Self {
-            by: By::Url,
-            window: Window::new(TOP_WINDOW),
-        }
+        Self::new(By::Url)
     }
 }
 
@@ -327,6 +337,7 @@ impl State {
             }
         }
         self.top.window.expire(at);
+        self.top.at = at;
     }
 
     /// Counts by the next way of [`By::ALL`], from now on.
@@ -335,10 +346,7 @@ impl State {
             .iter()
             .position(|b| *b == self.top.by)
             .map_or(By::Url, |i| By::ALL[(i + 1) % By::ALL.len()]);
-        self.top = Top {
-            by: next,
-            window: Window::new(TOP_WINDOW),
-        };
+        self.top = Top::new(next);
     }
 
     /// Each outcome's histogram (time to the head, or with [`State::latency_total`] to the end) over the

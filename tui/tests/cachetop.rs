@@ -231,9 +231,7 @@ async fn the_top_and_latency_views_show_live_requests() {
         "{screen}"
     );
     live.keys(b"t");
-    live.wait_for("the top view", |s| {
-        s.contains(" top url over the last 60 s")
-    });
+    live.wait_for("the top view", |s| s.contains(" top url over the last "));
     // Requests until the stream, opened when the view showed, has carried some to the screen.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -246,9 +244,7 @@ async fn the_top_and_latency_views_show_live_requests() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     live.keys(b"b");
-    live.wait_for("the top hosts", |s| {
-        s.contains(" top host over the last 60 s")
-    });
+    live.wait_for("the top hosts", |s| s.contains(" top host over the last "));
     live.keys(b"q");
     assert_eq!(live.exit_code(), 0);
 }

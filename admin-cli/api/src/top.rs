@@ -51,18 +51,34 @@ pub const MOST_REMEMBERED: usize = 500_000;
 #[derive(Debug)]
 pub struct Window {
     window: Duration,
+    /// When counting began: until a whole window has gone by, rates are over the time since.
+    since: Instant,
     seen: VecDeque<(Instant, String)>,
     counts: HashMap<String, u64>,
 }
 
 impl Window {
-    /// An empty window `window` long.
-    pub fn new(window: Duration) -> Self {
+    /// An empty window `window` long, counting from `since`.
+    pub fn new(window: Duration, since: Instant) -> Self {
         Self {
             window,
+            since,
             seen: VecDeque::new(),
             counts: HashMap::new(),
         }
+    }
+
+    /// The time the counts span at `now`: the window, or less while it has not filled yet (counting began
+    /// later) or when it holds [`MOST_REMEMBERED`] requests (the oldest were forgotten); at least a second,
+    /// so the first requests do not show as a burst.
+    pub fn span(&self, now: Instant) -> Duration {
+        let mut span = self.window.min(now.saturating_duration_since(self.since));
+        if self.full() {
+            if let Some((oldest, _)) = self.seen.front() {
+                span = span.min(now.saturating_duration_since(*oldest));
+            }
+        }
+        span.max(Duration::from_secs(1))
     }
 
     /// Counts a request under `key`, seen at `at`.
@@ -101,15 +117,17 @@ impl Window {
         }
     }
 
-    /// The `limit` most counted, most first, then by key for a stable order.
-    pub fn top(&self, limit: usize) -> Vec<Row> {
+    /// The `limit` most counted at `now`, most first, then by key for a stable order; rates are over the
+    /// [`Window::span`].
+    pub fn top(&self, limit: usize, now: Instant) -> Vec<Row> {
+        let span = self.span(now).as_secs_f64();
         let mut rows: Vec<Row> = self
             .counts
             .iter()
             .map(|(key, &count)| Row {
                 key: key.clone(),
                 count,
-                per_second: count as f64 / self.window.as_secs_f64(),
+                per_second: count as f64 / span,
             })
             .collect();
         rows.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
@@ -125,7 +143,7 @@ pub struct Row {
     pub key: String,
     /// Requests within the window.
     pub count: u64,
-    /// `count` over the window's length.
+    /// `count` over the time the window spans ([`Window::span`]).
     pub per_second: f64,
 }
 
@@ -197,20 +215,45 @@ mod tests {
         assert_eq!(keys(By::Backend)[0], None);
 
         let start = Instant::now();
-        let mut w = Window::new(Duration::from_secs(10));
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut w = Window::new(Duration::from_secs(10), start);
         assert!(!w.full());
         for (i, e) in log.iter().enumerate() {
-            w.add(
-                start + Duration::from_secs(i as u64 * 4),
-                By::Url.key(e).unwrap(),
-            );
+            w.add(at(i as u64 * 4), By::Url.key(e).unwrap());
         }
-        let top = w.top(2);
+        let top = w.top(2, at(12));
         assert_eq!((top[0].key.as_str(), top[0].count), ("a.test/x", 2));
         assert_eq!(top.len(), 2);
+        assert_eq!(top[0].per_second, 0.2, "2 over the whole 10 s window");
         // At 15 s the two requests of 0 s and 4 s are past the 10 s window.
-        w.expire(start + Duration::from_secs(15));
-        let keys: Vec<_> = w.top(10).into_iter().map(|r| (r.key, r.count)).collect();
+        w.expire(at(15));
+        let keys: Vec<_> = w
+            .top(10, at(15))
+            .into_iter()
+            .map(|r| (r.key, r.count))
+            .collect();
         assert_eq!(keys, [("a.test/z".into(), 1), ("b.test/y".into(), 1)]);
+    }
+
+    /// Six requests in the first 4 s of a 60 s window are 1.5 a second, not 0.1.
+    #[test]
+    fn rates_are_over_the_time_counted_until_the_window_fills() {
+        let start = Instant::now();
+        let mut w = Window::new(Duration::from_secs(60), start);
+        for i in 0..6 {
+            w.add(start + Duration::from_millis(i * 600), "a.test/x".into());
+        }
+        let now = start + Duration::from_secs(4);
+        assert_eq!(w.span(now), Duration::from_secs(4));
+        assert_eq!(w.top(1, now)[0].per_second, 1.5);
+        assert_eq!(
+            w.span(start + Duration::from_millis(200)),
+            Duration::from_secs(1),
+            "never under a second"
+        );
+        assert_eq!(
+            w.span(start + Duration::from_secs(90)),
+            Duration::from_secs(60)
+        );
     }
 }

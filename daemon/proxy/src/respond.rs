@@ -174,12 +174,17 @@ impl Made {
 
 /// A 5xx lacquerd answers itself (no backend answered, or it cannot serve the request now), without its
 /// body: its page is chosen as it leaves ([`ErrorPages::apply`](crate::error_page::ErrorPages::apply)),
-/// and never says why; the caller logs that.
+/// and never says why; the caller logs that. A 503 says when to try again: in 5 s, as Varnish's built-in
+/// `vcl_backend_error` does (a backend that was down is probed again by then); lacquerd's own brief
+/// refusals say 1 s instead.
 pub fn failure(status: StatusCode, outcome: Outcome) -> Response<Body> {
     let mut resp = Response::new(body::empty());
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    }
     decorate(h, outcome, Some(0));
     resp
 }

@@ -430,12 +430,14 @@ impl Rules {
                     }
                 }
             }
+            let mut bucketed = Vec::with_capacity(a.buckets.len());
             for b in &a.buckets {
                 let sent = parts.headers.get(&b.from).and_then(|h| h.to_str().ok());
                 let value = sent
                     .and_then(|s| b.cases.iter().find(|(_, r)| r.is_match(s)))
                     .map_or(&b.default, |(value, _)| value);
                 parts.headers.insert(b.to.clone(), value.clone());
+                bucketed.push((&b.to, value));
             }
             let values = Values {
                 parts,
@@ -451,7 +453,13 @@ impl Rules {
             if a.set.iter().any(Line::is_host) {
                 v.rerouted = true;
             }
+            // A rule's removals never take what the rule itself writes: `unset_headers` on a bucket's
+            // `to` removes what the client sent under that name, and the bucket's value stays (the
+            // client-sent header was the one to distrust).
             unset(&mut parts.headers, &a.unset);
+            for (name, value) in bucketed {
+                parts.headers.insert(name.clone(), value.clone());
+            }
             write(&mut parts.headers, set, append);
             if let Some(target) = target {
                 if let Ok(uri) = target.parse::<Uri>() {

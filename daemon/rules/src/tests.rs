@@ -212,6 +212,35 @@ fn buckets_keys_backends_and_stop() {
     assert_eq!(v.backend.as_deref(), Some("app"));
 }
 
+/// Magento's GraphQL port: the rule removes the `X-Magento-Authorized` a client sends and writes its own
+/// from `Authorization`. The removal must never take the rule's own output (it once did, and served
+/// authorized answers to anonymous callers).
+#[test]
+fn a_rule_never_removes_what_it_writes() {
+    let r = rules(
+        r#"
+        [[rule]]
+        unset_headers = ["x-magento-authorized", "authorization"]
+        buckets = [{ from = "authorization", to = "x-magento-authorized", cases = [["1", "^Bearer "]], default = "0" }]
+        key = ["x-magento-authorized"]
+        "#,
+    )
+    .unwrap();
+    let mut forged = request("/graphql", &[("x-magento-authorized", "1")]);
+    run(&r, &mut forged);
+    assert_eq!(
+        forged.headers["x-magento-authorized"], "0",
+        "the forged header is replaced"
+    );
+    let mut signed_in = request("/graphql", &[("authorization", "Bearer abc")]);
+    run(&r, &mut signed_in);
+    assert_eq!(signed_in.headers["x-magento-authorized"], "1");
+    assert!(
+        !signed_in.headers.contains_key("authorization"),
+        "what the bucket read is still removed"
+    );
+}
+
 #[test]
 fn synthetic_responses_carry_the_captured_parts() {
     let r = rules(

@@ -9,12 +9,12 @@ use ratatui::{
 };
 
 use super::{count, Theme};
-use crate::state::{State, TOP_WINDOW};
+use crate::state::State;
 
 pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
     let top = &state.top;
     let shown = usize::from(area.height.saturating_sub(3));
-    let rows = top.window.top(shown);
+    let rows = top.window.top(shown, top.at);
     let partial = if top.window.full() {
         " (the most recent requests only)"
     } else {
@@ -23,7 +23,7 @@ pub fn render(frame: &mut Frame, area: Rect, state: &State, theme: &Theme) {
     let title = format!(
         " top {} over the last {} s{partial} (b switches) ",
         top.by.name(),
-        TOP_WINDOW.as_secs()
+        top.window.span(top.at).as_secs()
     );
     let block = Block::default()
         .borders(Borders::ALL)
@@ -110,8 +110,8 @@ mod tests {
         let s = screen(&state, 80, 24);
         insta::assert_snapshot!(s);
         assert!(
-            s.contains(" top url over the last 60 s (b switches) "),
-            "{s}"
+            s.contains(" top url over the last 1 s (b switches) "),
+            "rates over the time counted, not the whole window: {s}"
         );
         let rows: Vec<&str> = s.lines().filter(|l| l.contains("shop.example")).collect();
         assert_eq!(rows.len(), 3, "{s}");
@@ -126,7 +126,7 @@ mod tests {
         );
         state.update_log(log, Instant::now());
         let s = screen(&state, 80, 24);
-        assert!(s.contains(" top host over the last 60 s "), "{s}");
+        assert!(s.contains(" top host over the last 1 s "), "{s}");
         assert!(s.contains("5  ") && s.contains("shop.example"), "{s}");
     }
 }
