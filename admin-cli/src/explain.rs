@@ -112,8 +112,15 @@ fn render(e: &Explanation) -> String {
                 format!("stale for {}", duration(o.ttl_seconds.unsigned_abs()))
             };
             line(&mut out, "stored", format!("{}, {ttl}", o.state));
+            let grace = match (o.would_grace_seconds, &o.stale_forbidden_by) {
+                (_, Some(directive)) => {
+                    format!(", no grace (the origin's {directive} forbids serving it stale)")
+                }
+                (Some(g), None) if g > 0 => format!(", grace {}", duration(g)),
+                _ => String::new(),
+            };
             let storable = match (o.storable, &o.not_stored_because, o.would_ttl_seconds) {
-                (true, _, Some(ttl)) => format!("yes, fresh for {}", duration(ttl)),
+                (true, _, Some(ttl)) => format!("yes, fresh for {}{grace}", duration(ttl)),
                 (true, _, None) => "yes".to_owned(),
                 (false, Some(why), _) => format!("no: {why}"),
                 (false, None, _) => "no".to_owned(),
@@ -190,6 +197,8 @@ mod tests {
                 storable: true,
                 not_stored_because: None,
                 would_ttl_seconds: Some(60),
+                would_grace_seconds: Some(0),
+                stale_forbidden_by: Some("must-revalidate".into()),
                 response: ExplainedResponse {
                     status: 200,
                     headers: vec![
@@ -218,7 +227,7 @@ to origin   GET /a?b=1
             host: example.com
             x-device: mobile
 stored      grace, stale for 5s
-refetched   stored again: yes, fresh for 1m 0s
+refetched   stored again: yes, fresh for 1m 0s, no grace (the origin's must-revalidate forbids serving it stale)
 response    200
             content-type: text/html
             strict-transport-security: max-age=300
@@ -271,6 +280,8 @@ synthetic   301
                 storable: false,
                 not_stored_because: Some("rule \"no-store\"".into()),
                 would_ttl_seconds: None,
+                would_grace_seconds: None,
+                stale_forbidden_by: None,
                 ttl_seconds: 30,
                 state: "fresh".into(),
                 ..explanation().stored.unwrap()

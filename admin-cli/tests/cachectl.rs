@@ -490,7 +490,10 @@ async fn a_closed_pipe_ends_cachectl_quietly() {
             if let Some(status) = child.try_wait().unwrap() {
                 break status;
             }
-            assert!(std::time::Instant::now() < deadline, "{args:?} still running");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{args:?} still running"
+            );
             get(d.addr, "/a").await;
             tokio::time::sleep(Duration::from_millis(50)).await;
         };

@@ -1143,7 +1143,12 @@ async fn r14_grace_and_stale_only_while_the_backend_is_sick() {
             };
         }
         let n = count.fetch_add(1, SeqCst) + 1;
-        Reply::ok(n.to_string()).header("cache-control", "max-age=1")
+        // As Magento sends its pages: `s-maxage`, which alone forbids serving stale (RFC 9111).
+        let cc = match seen.path.ends_with("/magento") {
+            true => "public, max-age=1, s-maxage=1",
+            false => "max-age=1",
+        };
+        Reply::ok(n.to_string()).header("cache-control", cc)
     })
     .await;
     let d = Daemon::with_config_only(&format!(
@@ -1181,6 +1186,9 @@ request_grace = "2s"
     wait_for_health(&d, "app", "healthy").await;
     let first = at("/catalog/x").await;
     assert_eq!((first.x_cache(), text(&first).as_str()), ("MISS", "1"));
+    let magento = text(&at("/catalog/magento").await);
+    assert_eq!(at("/other/magento").await.x_cache(), "MISS");
+    assert_eq!(serial.load(SeqCst), 3);
     // Half a second stale: within the request's grace, answered at once and refreshed behind it.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let stale = at("/catalog/x").await;
@@ -1189,7 +1197,7 @@ request_grace = "2s"
     // Well past the request's grace while the backend is healthy: the client waits for the origin.
     tokio::time::sleep(Duration::from_millis(4_000)).await;
     let fresh = at("/catalog/x").await;
-    assert_eq!((fresh.x_cache(), text(&fresh).as_str()), ("MISS", "3"));
+    assert_eq!((fresh.x_cache(), text(&fresh).as_str()), ("MISS", "5"));
     // Sick: the whole grace is served, and the origin gets nothing.
     up.store(false, SeqCst);
     wait_for_health(&d, "app", "sick").await;
@@ -1197,11 +1205,25 @@ request_grace = "2s"
     let r = at("/catalog/x").await;
     assert_eq!(
         (r.x_cache(), text(&r).as_str()),
-        ("STALE", "3"),
+        ("STALE", "5"),
         "{:?}",
         r.headers
     );
     assert_eq!(origin.count("/catalog/x"), 3);
+    // The rule's grace holds under `s-maxage`, as Varnish's does; without a rule it stays RFC-strict:
+    // the built-in 503, which says when to try again.
+    let r = at("/catalog/magento").await;
+    assert_eq!(
+        (r.x_cache(), text(&r)),
+        ("STALE", magento),
+        "{:?}",
+        r.headers
+    );
+    let r = at("/other/magento").await;
+    assert_eq!(
+        (r.status, r.header("retry-after")),
+        (http::StatusCode::SERVICE_UNAVAILABLE, "5")
+    );
 }
 
 async fn wait_until(what: &str, check: impl Fn() -> bool) {

@@ -205,6 +205,10 @@ pub enum StatusPattern {
 pub struct QueryRewrite {
     /// Sorted by name (stable). Default: false.
     pub sort: bool,
+    /// With `sort`, parameters of the same name sorted by value too (`a=2&a=1` becomes `a=1&a=2`), as
+    /// Varnish's `std.querysort` does; only for an origin that reads repeated names in any order.
+    /// Default: false (their order is kept: `a=2&a=1` and `a=1&a=2` are different pages).
+    pub sort_values: bool,
     /// Parameters removed by name; a trailing `*` matches any suffix (`utm_*`). Default: none.
     pub drop: Vec<String>,
     /// Only these parameters kept (after `drop`). Default: all.
@@ -343,6 +347,10 @@ pub struct Expect {
     /// The freshness it is stored with.
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub ttl: Option<Duration>,
+    /// The grace it is stored with: a rule's `grace` the example's response voids (`must-revalidate`,
+    /// say) fails here, naming the directive.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub grace: Option<Duration>,
     /// Headers the client's response carries (`""`: absent).
     pub response_headers: BTreeMap<String, String>,
     /// Request header names the variant is keyed on, beyond the response's `Vary`.

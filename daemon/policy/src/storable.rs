@@ -31,6 +31,32 @@ pub struct Storable {
     pub vary: Vec<String>,
 }
 
+/// The origin's directive that forbids serving a response stale, if one does: `no-cache` (unless a route's
+/// TTL replaced it: `no_cache` says whether it still holds), `must-revalidate`, `proxy-revalidate`, or
+/// `s-maxage`, which carries proxy-revalidate's meaning for a shared cache (RFC 9111 §5.2.2.10).
+///
+/// An operator's grace (a rule's or a route's: `operator_grace`) overrides only what `s-maxage` implies,
+/// as Varnish's does: Magento and most frameworks send `s-maxage` to set the shared cache's TTL, not to
+/// forbid grace. The explicit directives always win; without an operator's grace the default stays
+/// RFC-strict.
+pub fn stale_forbidden_by(
+    cc: &CacheControl,
+    no_cache: bool,
+    operator_grace: bool,
+) -> Option<&'static str> {
+    if no_cache {
+        Some("no-cache")
+    } else if cc.must_revalidate {
+        Some("must-revalidate")
+    } else if cc.proxy_revalidate {
+        Some("proxy-revalidate")
+    } else if cc.s_maxage.is_some() && !operator_grace {
+        Some("s-maxage")
+    } else {
+        None
+    }
+}
+
 /// Whether a response is stored; either way it is delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -304,8 +330,8 @@ pub fn decide_adjusted(
     // A route's TTL replaces every freshness directive, `no-cache` included; only storing is still
     // forbidden by what forbids it.
     let no_cache = cc.no_cache && ttl_override.is_none();
-    // s-maxage carries proxy-revalidate's meaning for a shared cache (RFC 9111 §5.2.2.10).
-    let no_stale = no_cache || cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
+    let operator_grace = adjust.grace.or(policy.grace_override).is_some();
+    let no_stale = stale_forbidden_by(&cc, no_cache, operator_grace).is_some();
     let ttl = if no_cache {
         Duration::ZERO
     } else {
@@ -860,6 +886,79 @@ mod tests {
             decide(false, StatusCode::OK, &h, &off, SystemTime::now()),
             Decision::DontStore(NotStored::NoStore)
         );
+    }
+
+    /// Magento sends `public, max-age=N, s-maxage=N`; a rule's grace must hold under it, as Varnish's
+    /// does, and still yield to what the origin says explicitly.
+    #[test]
+    fn an_operators_grace_holds_under_s_maxage_and_yields_to_explicit_directives() {
+        let three_days = Duration::from_secs(3 * 86_400);
+        let ruled = Adjust {
+            grace: Some(three_days),
+            ..Adjust::default()
+        };
+        let cases: &[(&Adjust, &str, Decision, Option<&str>)] = &[
+            (
+                &ruled,
+                "public, max-age=86400, s-maxage=86400",
+                store(86_400, three_days.as_secs(), false, &[]),
+                None,
+            ),
+            (
+                &ruled,
+                "public, s-maxage=60, must-revalidate",
+                store(60, 0, true, &[]),
+                Some("must-revalidate"),
+            ),
+            (
+                &ruled,
+                "s-maxage=60, proxy-revalidate",
+                store(60, 0, true, &[]),
+                Some("proxy-revalidate"),
+            ),
+            // No rule: the default stays RFC-strict.
+            (
+                &Adjust::default(),
+                "public, max-age=86400, s-maxage=86400",
+                store(86_400, 0, true, &[]),
+                Some("s-maxage"),
+            ),
+            (
+                &Adjust::default(),
+                "public, max-age=60",
+                store(60, 0, false, &[]),
+                None,
+            ),
+        ];
+        let policy = Policy::default();
+        for (adjust, cc, want, forbidden_by) in cases {
+            let h = headers(&[("cache-control", cc)]);
+            let got = decide_adjusted(
+                Credentials::None,
+                StatusCode::OK,
+                &h,
+                &policy,
+                adjust,
+                SystemTime::now(),
+            );
+            assert_eq!(&got, want, "{cc}");
+            let parsed = CacheControl::governing(&h, &policy.cache.targeted_cache_control);
+            assert_eq!(
+                stale_forbidden_by(&parsed, false, adjust.grace.is_some()),
+                *forbidden_by,
+                "{cc}"
+            );
+        }
+        let h = headers(&[("cache-control", "no-cache"), ("etag", "\"v\"")]);
+        let got = decide_adjusted(
+            Credentials::None,
+            StatusCode::OK,
+            &h,
+            &policy,
+            &ruled,
+            SystemTime::now(),
+        );
+        assert_eq!(got, store(0, 0, true, &[]), "no-cache voids a rule's grace");
     }
 
     #[test]

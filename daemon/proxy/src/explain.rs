@@ -13,6 +13,7 @@ use lacquer_admin::wire::{
 use lacquer_backends::{protection::DenyRule, routing::Router, BackendSet};
 use lacquer_config::{Config, ConfigError, Rule};
 use lacquer_policy::{
+    cache_control::CacheControl,
     head,
     headers::strip_hop_by_hop,
     key::primary_key,
@@ -292,6 +293,8 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
 /// what its client would get: the backend-response rules, the policy, then the deliver rules.
 struct Answer {
     decision: Decision,
+    /// The origin's directive that keeps it from being served stale, a rule's grace notwithstanding.
+    stale_forbidden_by: Option<&'static str>,
     response: ExplainedResponse,
 }
 
@@ -340,6 +343,13 @@ fn answer(
     if !matches!(admitted.class, RequestClass::Lookup | RequestClass::Miss(_)) {
         decision = Decision::DontStore(NotStored::NotLookedUp);
     }
+    let policy = &admitted.route.policy;
+    let cc = CacheControl::governing(&headers, &policy.cache.targeted_cache_control);
+    let stale_forbidden_by = storable::stale_forbidden_by(
+        &cc,
+        cc.no_cache && policy.ttl_override.is_none(),
+        adjust.grace.or(policy.grace_override).is_some(),
+    );
     let mut out = delivered(&headers);
     let made = live.rules.deliver(
         facts,
@@ -360,7 +370,11 @@ fn answer(
             headers: fields(&out),
         },
     };
-    Some(Answer { decision, response })
+    Some(Answer {
+        decision,
+        stale_forbidden_by,
+        response,
+    })
 }
 
 /// What the running daemon would do with `req`: the request's rules and route, the key and variant, the
@@ -403,9 +417,9 @@ pub async fn explain<S: CacheStore>(
         if let Some(a) = answer(&live, &mut sim, status, stored, Origin::Stored, |_| {
             prepared
         }) {
-            let (storable, because, ttl) = match &a.decision {
-                Decision::Store(s) => (true, None, Some(s.ttl.as_secs())),
-                Decision::DontStore(why) => (false, Some(why.token().to_owned()), None),
+            let (storable, because, ttl, grace) = match &a.decision {
+                Decision::Store(s) => (true, None, Some(s.ttl.as_secs()), Some(s.grace.as_secs())),
+                Decision::DontStore(why) => (false, Some(why.token().to_owned()), None, None),
             };
             sim.explanation.stored = Some(ExplainedObject {
                 state: state.into(),
@@ -413,6 +427,11 @@ pub async fn explain<S: CacheStore>(
                 storable,
                 not_stored_because: because,
                 would_ttl_seconds: ttl,
+                would_grace_seconds: grace,
+                stale_forbidden_by: storable
+                    .then_some(a.stale_forbidden_by)
+                    .flatten()
+                    .map(str::to_owned),
                 response: a.response,
             });
         }
@@ -522,6 +541,7 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
     }
     let wants_response = expect.stored.is_some()
         || expect.ttl.is_some()
+        || expect.grace.is_some()
         || (!expect.response_headers.is_empty() && e.synthetic.is_none());
     if wants_response {
         let response = example.response.clone().unwrap_or_default();
@@ -548,9 +568,9 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
                 wrong.push("the request is not sent to the origin, so nothing is stored".into())
             }
             Some(a) => {
-                let (stored, ttl) = match &a.decision {
-                    Decision::Store(s) => (true, Some(s.ttl)),
-                    Decision::DontStore(_) => (false, None),
+                let (stored, ttl, grace) = match &a.decision {
+                    Decision::Store(s) => (true, Some(s.ttl), Some(s.grace)),
+                    Decision::DontStore(_) => (false, None, None),
                 };
                 if let Some(want) = expect.stored {
                     check("stored", want.to_string(), stored.to_string());
@@ -560,6 +580,19 @@ fn check_example(live: &Live, example: &lacquer_config::Example) -> Result<(), S
                         "ttl",
                         format!("{want:?}"),
                         format!("{:?}", ttl.unwrap_or_default()),
+                    );
+                }
+                if let Some(want) = expect.grace {
+                    let got = grace.unwrap_or_default();
+                    let voided = a
+                        .stale_forbidden_by
+                        .map(|d| format!(" (the origin's {d} forbids serving it stale)"))
+                        .unwrap_or_default();
+                    // In seconds: Duration's own form writes no grace as "0ns".
+                    check(
+                        "grace",
+                        format!("{}s", want.as_secs()),
+                        format!("{}s{voided}", got.as_secs()),
                     );
                 }
                 for (name, want) in &expect.response_headers {

@@ -1503,6 +1503,23 @@ fn rules_examples_run_when_the_settings_are_built() {
     );
     let err = build(&wrong).expect_err("a wrong redirect").to_string();
     assert!(err.contains("response header location"), "{err}");
+    // A rule's grace holds under `s-maxage` and is voided by `must-revalidate`: an example that expects
+    // it there fails, naming the directive.
+    let graced = r#"
+        [[rule]]
+        name = "grace"
+        on = "backend_response"
+        grace = "3d"
+        examples = [{ request = { url = "http://a.test/p" }, response = { headers = { cache-control = "public, max-age=60, s-maxage=60" } }, expect = { grace = "3d" } }]
+    "#;
+    build(graced).expect("grace under s-maxage");
+    let err = build(&graced.replace("s-maxage=60", "must-revalidate"))
+        .expect_err("voided grace")
+        .to_string();
+    assert!(
+        err.contains("grace: expected \"259200s\", got \"0s (the origin's must-revalidate forbids serving it stale)\""),
+        "{err}"
+    );
 }
 
 /// A sliced route against the in-memory store: a range costs its slice, the whole is made of the stored

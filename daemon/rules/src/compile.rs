@@ -451,8 +451,14 @@ pub(crate) fn compile(
                 .map(|n| NamePattern::parse(n).map_err(at(field)))
                 .collect::<Result<Vec<_>, _>>()
         };
+        if q.sort_values && !q.sort {
+            return Err(at("query.sort_values")(
+                "sorts within a sort by name: give sort = true too".into(),
+            ));
+        }
         let query = Query {
             sort: q.sort,
+            sort_values: q.sort_values,
             drop: names(&q.drop, "query.drop")?,
             keep: names(&q.keep, "query.keep")?,
             remove: q.remove,

@@ -34,6 +34,8 @@ impl NamePattern {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Query {
     pub sort: bool,
+    /// Repeated names sorted by value too (`sort` with `sort_values`).
+    pub sort_values: bool,
     pub drop: Vec<NamePattern>,
     pub keep: Vec<NamePattern>,
     pub remove: bool,
@@ -54,8 +56,13 @@ impl Query {
                     && (self.keep.is_empty() || self.keep.iter().any(|k| k.matches(name)))
             })
             .collect();
-        if self.sort {
-            params.sort_by_key(|p| p.split_once('=').map_or(*p, |(n, _)| n));
+        fn split(p: &str) -> (&str, &str) {
+            p.split_once('=').unwrap_or((p, ""))
+        }
+        if self.sort_values {
+            params.sort_by(|a, b| split(a).cmp(&split(b)));
+        } else if self.sort {
+            params.sort_by_key(|p| split(p).0);
         }
         (!params.is_empty()).then(|| params.join("&"))
     }
@@ -123,6 +130,15 @@ mod tests {
                 },
                 "z=1&utm_source=x&a=2&gclid=9&a=1&fbclid=y",
                 Some("a=2&a=1&z=1"),
+            ),
+            (
+                Query {
+                    sort: true,
+                    sort_values: true,
+                    ..Query::default()
+                },
+                "z=1&a=2&ab=0&a=1&a&a-b=3",
+                Some("a&a=1&a=2&a-b=3&ab=0&z=1"),
             ),
             (
                 Query {

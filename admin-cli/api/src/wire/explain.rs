@@ -103,6 +103,13 @@ pub struct ExplainedObject {
     /// The freshness it would be stored with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub would_ttl_seconds: Option<u64>,
+    /// The grace it would be stored with (served stale while fetched again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_grace_seconds: Option<u64>,
+    /// The origin's directive that forbids serving it stale, whatever grace a rule gives
+    /// (`must-revalidate`, `proxy-revalidate`, `no-cache`, or `s-maxage` when no rule gives a grace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_forbidden_by: Option<String>,
     /// The response the client would get (after the deliver rules); a rule's replacement shows here.
     pub response: ExplainedResponse,
 }
