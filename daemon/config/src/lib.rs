@@ -25,8 +25,8 @@ pub use self::{
     protection::{Deny, Normalize, RateLimit},
     routes::{Cookies, Route, RoutePrefetch},
     rules::{
-        Bucket, CookieFilter, Example, ExampleRequest, ExampleResponse, Expect, Match, Phase,
-        QueryRewrite, Respond, Rewrite, Rule, StatusPattern,
+        BanFromRequest, Bucket, CookieFilter, Example, ExampleRequest, ExampleResponse, Expect,
+        Match, Phase, PurgeScope, QueryRewrite, Respond, Rewrite, Rule, StatusPattern,
     },
     upstream::{Backend, Director, DirectorPolicy, Probe, Protocol},
 };

@@ -111,6 +111,15 @@ pub struct Rule {
     /// origin fails. Default: the object's grace.
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub request_grace: Option<Duration>,
+    /// The request turned into bans (request), each made of the request by a typed template, as
+    /// Magento's and WordPress's purge requests expect: every entry whose request field is sent makes a
+    /// ban, and the request is answered `200 Purged`; when none is sent, `400`. Only from
+    /// `purge.allow_from` (`405` otherwise). Default: none.
+    pub ban: Vec<BanFromRequest>,
+    /// The request's URL purged (request): `"url"` (with its query) or `"path"` (without it), answered
+    /// `200 Purged`. Only from `purge.allow_from` (`405` otherwise). Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub purge: Option<PurgeScope>,
 
     /// Freshness given whatever the headers say, server errors included when the rule matches their
     /// status (backend_response). Default: from the headers.
@@ -235,6 +244,36 @@ pub struct CookieFilter {
     pub keep: Vec<String>,
     /// These removed. Default: none.
     pub drop: Vec<String>,
+}
+
+/// One ban a request makes (a rule's `ban`): the regular expression is the value of the request header
+/// `regex_from` (or the request's path and query, `regex_from = "path"`), matched against the stored
+/// response header `object_header` (Magento: `{ object_header = "X-Magento-Tags", regex_from =
+/// "X-Magento-Tags-Pattern" }`), or with `url = true` against the stored URLs of the request's host
+/// (WordPress's `X-Purge-Method: regex`: `{ url = true, regex_from = "path" }`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BanFromRequest {
+    /// The stored response's header the expression is matched against. One of this and `url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_header: Option<String>,
+    /// The expression is matched against the stored URLs (path and query) of the request's host.
+    /// Default: false.
+    #[serde(default)]
+    pub url: bool,
+    /// The request header whose value is the expression, or `"path"` for the request's path and query.
+    /// Required.
+    pub regex_from: String,
+}
+
+/// What a rule's `purge` removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PurgeScope {
+    /// The request's URL, query included: the one object (every variant) stored under it.
+    Url,
+    /// The request's URL without its query.
+    Path,
 }
 
 /// A request header's value mapped to a class.

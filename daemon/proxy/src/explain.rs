@@ -204,6 +204,10 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
             explanation.action = "denied".into();
             explanation.reason = Some("[[deny]]".into());
         }
+        Err(Answered::Invalidate(invalidation)) => {
+            explanation.action = "invalidation".into();
+            explanation.reason = Some(purge_method::describe(&invalidation));
+        }
         Err(Answered::Synthetic(made)) => {
             explanation.action = "synthetic".into();
             explanation.synthetic = Some(ExplainedResponse {

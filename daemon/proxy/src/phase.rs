@@ -25,7 +25,9 @@ use lacquer_policy::{
     storable::Adjust,
     vary,
 };
-use lacquer_rules::{Ahead, Debug, Facts, Phase, RequestVerdict, Rules, Synthetic, Trace};
+use lacquer_rules::{
+    Ahead, Debug, Facts, Invalidation, Phase, RequestVerdict, Rules, Synthetic, Trace,
+};
 
 use crate::{coding::IDENTITY_LENGTH, live::Live};
 
@@ -155,6 +157,8 @@ pub(crate) enum Answered {
     Denied,
     /// A rule's `respond` (boxed: it is the rare outcome, and large).
     Synthetic(Box<Synthetic>),
+    /// A rule's `ban` or `purge`: the request, as the rules left it, is an invalidation.
+    Invalidate(Arc<Invalidation>),
 }
 
 /// The request phase: the target normalised, `[[deny]]`, the route, forwarding fields stripped as that
@@ -197,6 +201,9 @@ pub(crate) fn request(
     };
     if let Some(made) = verdict.respond.take() {
         return Err(Answered::Synthetic(Box::new(made)));
+    }
+    if let Some(invalidation) = verdict.invalidate.take() {
+        return Err(Answered::Invalidate(invalidation));
     }
     if verdict.rerouted {
         if denied(parts) {

@@ -12,6 +12,7 @@ use lacquer_storage::BanExpr;
 
 use lacquer_backends::body::{self, Body};
 use lacquer_policy::{key::primary_key, surrogate};
+use lacquer_rules::{Invalidation, PurgeScope};
 
 use crate::{
     cluster::InvalidateError,
@@ -62,6 +63,118 @@ pub async fn handle(worker: &Worker, client: IpAddr, parts: &Parts) -> Response<
         Ok(n) => json(StatusCode::OK, format!(r#"{{"purged":{n},"soft":{soft}}}"#)),
         Err(e) => failed(&e),
     }
+}
+
+/// A request a rule's `ban` or `purge` turns into an invalidation (Magento's `PURGE` with
+/// `X-Magento-Tags-Pattern`, WordPress's regex purge), answered as those platforms' VCL templates answer:
+/// only from `purge.allow_from` (`405` otherwise, as their `client.ip ~ purge`), `400` naming the request
+/// fields one of which is needed when none is sent or an expression is not one, else `200 Purged` once
+/// every ban and purge is durable (in a cluster, in its log). The expressions are the request's, put
+/// into bans made of parts ([`BanExpr::header_matches`]): they cannot add a condition.
+pub async fn from_rule(
+    worker: &Worker,
+    client: IpAddr,
+    parts: &Parts,
+    invalidation: &Invalidation,
+) -> Response<Body> {
+    let shared = &worker.shared;
+    if !shared
+        .live()
+        .purge
+        .allow_from
+        .iter()
+        .any(|net| net.contains(&client))
+    {
+        inc(&shared.stats.purge_requests_refused);
+        let mut resp = text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed");
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+        return resp;
+    }
+    inc(&shared.stats.purge_requests);
+    let key = primary_key(parts);
+    let mut bans = Vec::new();
+    for template in &invalidation.bans {
+        let Some(pattern) = template.regex_from.of(parts) else {
+            continue;
+        };
+        let ban = match &template.object_header {
+            Some(name) => BanExpr::header_matches(name.as_str(), &pattern),
+            None => BanExpr::url_matches(host_of(&key), &pattern),
+        };
+        match ban {
+            Ok(ban) => bans.push(ban),
+            Err(e) => {
+                let field = template.regex_from.name();
+                return text(StatusCode::BAD_REQUEST, &format!("{field}: {e}"));
+            }
+        }
+    }
+    if bans.is_empty() && invalidation.purge.is_none() {
+        let fields: Vec<&str> = invalidation
+            .bans
+            .iter()
+            .map(|b| b.regex_from.name())
+            .collect();
+        return text(
+            StatusCode::BAD_REQUEST,
+            &format!("{} header required", fields.join(" or ")),
+        );
+    }
+    for ban in bans {
+        if let Err(e) = shared.ban(ban).await {
+            return failed(&e);
+        }
+    }
+    if let Some(scope) = invalidation.purge {
+        let key = match scope {
+            PurgeScope::Url => key,
+            PurgeScope::Path => match key.split_once('?') {
+                Some((without, _)) => without.to_owned(),
+                None => key,
+            },
+        };
+        if let Err(e) = shared.purge(PurgeTarget::Key(key), false).await {
+            return failed(&e);
+        }
+    }
+    text(StatusCode::OK, "Purged")
+}
+
+/// What a rule's invalidation does, for `explain`.
+pub fn describe(invalidation: &Invalidation) -> String {
+    let mut parts: Vec<String> = invalidation
+        .bans
+        .iter()
+        .map(|b| match &b.object_header {
+            Some(name) => format!("ban obj.http.{name} ~ <{}>", b.regex_from.name()),
+            None => format!("ban req.url ~ <{}> on this host", b.regex_from.name()),
+        })
+        .collect();
+    match invalidation.purge {
+        Some(PurgeScope::Url) => parts.push("purge this URL".into()),
+        Some(PurgeScope::Path) => parts.push("purge this URL without its query".into()),
+        None => {}
+    }
+    parts.join(", ")
+}
+
+/// The host part of a primary key (`host/path?query`).
+fn host_of(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(host, _)| host)
+}
+
+/// A short plain-text answer, as Varnish's `synth` gives the purge templates.
+fn text(status: StatusCode, message: &str) -> Response<Body> {
+    let mut resp = Response::new(body::full(format!("{message}\n")));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }
 
 /// A store that failed is the cache's fault (500); a cluster that could not take the invalidation is

@@ -147,6 +147,7 @@ pub(crate) struct Actions {
     pub pipe: bool,
     pub backend: Option<Arc<str>>,
     pub respond: Option<Synthesis>,
+    pub invalidate: Option<Arc<crate::Invalidation>>,
     pub request_grace: Option<Duration>,
     pub cache_body: Option<u64>,
     pub adjust: Adjust,
@@ -593,6 +594,60 @@ pub(crate) fn compile(
         }
         actions.respond = Some(synthesis(r, phase, groups)?);
     }
+    if !rule.ban.is_empty() || rule.purge.is_some() {
+        let field = if rule.ban.is_empty() { "purge" } else { "ban" };
+        allowed(phase, field, &request_only)?;
+        let contradicts = [
+            ("pass", rule.pass),
+            ("pipe", rule.pipe),
+            ("backend", rule.backend.is_some()),
+            ("respond", rule.respond.is_some()),
+            ("cache_cookies", rule.cache_cookies),
+            ("cache_body", rule.cache_body.is_some()),
+            ("key", !rule.key.is_empty()),
+        ];
+        if let Some((what, _)) = contradicts.iter().find(|(_, given)| *given) {
+            return Err((
+                field.into(),
+                format!("and {what}: a request turned into an invalidation is answered here"),
+            ));
+        }
+        let mut bans = Vec::new();
+        for (i, b) in rule.ban.iter().enumerate() {
+            let (from_field, header_field) = (
+                format!("ban[{i}].regex_from"),
+                format!("ban[{i}].object_header"),
+            );
+            let regex_from = match b.regex_from.as_str() {
+                "path" => crate::RegexFrom::Path,
+                name => crate::RegexFrom::Header(header_name(name).map_err(at(&from_field))?),
+            };
+            let object_header = match (&b.object_header, b.url) {
+                (Some(name), false) => Some(header_name(name).map_err(at(&header_field))?),
+                (None, true) => None,
+                (Some(_), true) => {
+                    return Err((
+                        format!("ban[{i}]"),
+                        "object_header and url: a ban matches one field; pick one".into(),
+                    ))
+                }
+                (None, false) => {
+                    return Err((
+                        format!("ban[{i}]"),
+                        "matches nothing: give object_header, or url = true".into(),
+                    ))
+                }
+            };
+            bans.push(crate::BanTemplate {
+                object_header,
+                regex_from,
+            });
+        }
+        actions.invalidate = Some(Arc::new(crate::Invalidation {
+            bans,
+            purge: rule.purge,
+        }));
+    }
     if let Some(cap) = rule.cache_body {
         allowed(phase, "cache_body", &request_only)?;
         if when.methods != [Method::POST] {
@@ -672,6 +727,7 @@ pub(crate) fn compile(
         || actions.pipe
         || actions.backend.is_some()
         || actions.respond.is_some()
+        || actions.invalidate.is_some()
         || actions.request_grace.is_some()
         || actions.cache_body.is_some()
         || actions.adjust != Adjust::default()

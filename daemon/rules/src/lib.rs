@@ -26,8 +26,8 @@ use http::{
     HeaderMap, HeaderValue, StatusCode, Uri,
 };
 
-pub use lacquer_config::Phase;
 use lacquer_config::Rule;
+pub use lacquer_config::{Phase, PurgeScope};
 use lacquer_policy::{head::valid_host, host::request_host, normalize, storable::Adjust};
 
 pub use compile::{page_type, read_page, MAX_BODY, MAX_FILE};
@@ -182,6 +182,62 @@ pub struct RequestVerdict {
     pub rerouted: bool,
     /// A POST body of at most this many bytes is read and keyed (`cache_body`).
     pub cache_body: Option<u64>,
+    /// The request is turned into bans or a purge and answered here (`ban`, `purge`).
+    pub invalidate: Option<Arc<Invalidation>>,
+}
+
+/// What a rule's `ban` and `purge` turn a request into (see `lacquer_config::Rule::ban`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalidation {
+    /// The bans, each made when its request field is sent.
+    pub bans: Vec<BanTemplate>,
+    /// The request's URL purged.
+    pub purge: Option<PurgeScope>,
+}
+
+/// One ban a request makes: its regular expression, taken from the request, matched against one field of
+/// every stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BanTemplate {
+    /// The stored response header matched (`obj.http.<name>`); `None`: the stored URLs of the request's
+    /// host.
+    pub object_header: Option<HeaderName>,
+    /// Where the expression is taken from.
+    pub regex_from: RegexFrom,
+}
+
+/// The request field a ban's expression is taken from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegexFrom {
+    /// A request header's value.
+    Header(HeaderName),
+    /// The request's path and query.
+    Path,
+}
+
+impl RegexFrom {
+    /// The expression `parts` carries, if it carries one (a header that is not text carries none).
+    pub fn of<'a>(&self, parts: &'a Parts) -> Option<std::borrow::Cow<'a, str>> {
+        match self {
+            RegexFrom::Header(name) => parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(std::borrow::Cow::Borrowed),
+            RegexFrom::Path => Some(match parts.uri.path_and_query() {
+                Some(pq) => std::borrow::Cow::Borrowed(pq.as_str()),
+                None => std::borrow::Cow::Borrowed("/"),
+            }),
+        }
+    }
+
+    /// How the rule names it: the header's name, or `path`.
+    pub fn name(&self) -> &str {
+        match self {
+            RegexFrom::Header(name) => name.as_str(),
+            RegexFrom::Path => "path",
+        }
+    }
 }
 
 /// The client's request a response phase's conditions are tested against: as it was looked up and
@@ -493,6 +549,9 @@ impl Rules {
             }
             v.pass |= a.pass;
             v.pipe |= a.pipe;
+            if let Some(invalidate) = &a.invalidate {
+                v.invalidate = Some(invalidate.clone());
+            }
             if let Some(b) = &a.backend {
                 v.backend = Some(b.clone());
             }

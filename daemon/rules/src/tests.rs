@@ -396,6 +396,28 @@ fn counters_and_traces_follow_matches() {
 fn bad_rules_are_refused_with_their_name_and_field() {
     let cases = [
         (
+            r#"on = "deliver"
+            purge = "url""#,
+            "rule[0].purge: not in the deliver phase",
+        ),
+        (
+            r#"ban = [{ object_header = "x-tags", url = true, regex_from = "x-pattern" }]"#,
+            "rule[0].ban[0]: object_header and url: a ban matches one field; pick one",
+        ),
+        (
+            r#"ban = [{ regex_from = "x-pattern" }]"#,
+            "rule[0].ban[0]: matches nothing: give object_header, or url = true",
+        ),
+        (
+            r#"ban = [{ object_header = "x tags", regex_from = "x-pattern" }]"#,
+            "rule[0].ban[0].object_header",
+        ),
+        (
+            r#"purge = "path"
+            pass = true"#,
+            "rule[0].purge: and pass: a request turned into an invalidation is answered here",
+        ),
+        (
             r#"on = "request"
             ttl = "1s""#,
             "rule[0].ttl: not in the request phase",

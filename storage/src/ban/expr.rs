@@ -131,6 +131,57 @@ impl BanExpr {
         Ok(Self { conditions })
     }
 
+    /// The ban on objects whose stored response header `name` matches `pattern` (Varnish's
+    /// `obj.http.<name> ~ <pattern>`), made of its parts rather than of text, so that a pattern taken from
+    /// a request can only ever be a pattern. Refused as [`BanExpr::parse`] refuses: a name that is not a
+    /// header name, a pattern that is not a regex or that would compile to more than 1 MiB.
+    pub fn header_matches(name: &str, pattern: &str) -> Result<Self, BanSyntaxError> {
+        if !http_token(name) {
+            return Err(error(1, format!("invalid header name `{name}`")));
+        }
+        Self::of(Field::Header(name.to_ascii_lowercase()), pattern)
+    }
+
+    /// The ban on objects stored under `host` whose URL (path and query) matches `pattern`
+    /// (`req.http.host == <host> && req.url ~ <pattern>`), made of its parts as
+    /// [`BanExpr::header_matches`] is.
+    pub fn url_matches(host: &str, pattern: &str) -> Result<Self, BanSyntaxError> {
+        let mut ban = Self::of(Field::Url, pattern)?;
+        ban.conditions.insert(
+            0,
+            Condition {
+                field: Field::Host,
+                op: Op::Eq,
+                value: Value::Text(normal_host(host.trim()).into_owned()),
+            },
+        );
+        Ok(ban)
+    }
+
+    /// One condition: `field ~ pattern`.
+    fn of(field: Field, pattern: &str) -> Result<Self, BanSyntaxError> {
+        if pattern.len() > MAX_LEN {
+            return Err(error(1, format!("pattern longer than {MAX_LEN} bytes")));
+        }
+        let value = Value::Pattern(
+            RegexBuilder::new(pattern)
+                .size_limit(REGEX_SIZE_LIMIT)
+                .build()
+                .map_err(|e| BanSyntaxError {
+                    position: 1,
+                    reason: "invalid regex".into(),
+                    detail: Some(one_line(&e.to_string())),
+                })?,
+        );
+        Ok(Self {
+            conditions: vec![Condition {
+                field,
+                op: Op::Match,
+                value,
+            }],
+        })
+    }
+
     pub(crate) fn matches(&self, subject: &Subject<'_>) -> bool {
         self.conditions.iter().all(|c| c.matches(subject))
     }
@@ -378,6 +429,27 @@ mod props;
 
 #[cfg(test)]
 mod tests {
+
+    /// A ban made of parts prints as text that parses back to the same ban, whatever the pattern holds:
+    /// a pattern taken from a request cannot add a condition.
+    #[test]
+    fn bans_made_of_parts_round_trip_and_cannot_be_injected() {
+        let hostile = r#"cat_1|x" && req.url ~ "."#;
+        let ban = BanExpr::header_matches("X-Magento-Tags", hostile).unwrap();
+        let text = ban.to_string();
+        let parsed = BanExpr::parse(&text).unwrap();
+        assert_eq!(parsed.to_string(), text);
+        assert_eq!(parsed.conditions.len(), 1, "{text}");
+        let ban = BanExpr::url_matches("Example.com:80", "^/wp-content/.*").unwrap();
+        assert_eq!(
+            ban.to_string(),
+            r#"req.http.host == "example.com" && req.url ~ "^/wp-content/.*""#
+        );
+        assert!(BanExpr::header_matches("x tags", "a").is_err());
+        let err = BanExpr::header_matches("x-tags", "(unclosed").unwrap_err();
+        assert_eq!(err.reason, "invalid regex");
+        assert!(BanExpr::header_matches("x-tags", &"a".repeat(MAX_LEN + 1)).is_err());
+    }
     use super::*;
 
     fn object(status: u16, headers: &[(&str, &str)]) -> ObjectMeta {

@@ -88,6 +88,9 @@ pub(super) async fn receive(
             return Err(refused(StatusCode::FORBIDDEN, "denied", None));
         }
         Err(Answered::Synthetic(made)) => return Err(phase::synthetic(*made)),
+        Err(Answered::Invalidate(invalidation)) => {
+            return Err(purge_method::from_rule(worker, client, &parts, &invalidation).await)
+        }
     };
     if let Some(note) = &note {
         note.route(|| worker.shared.live().router.describe(&route));
