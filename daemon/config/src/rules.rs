@@ -87,6 +87,15 @@ pub struct Rule {
     /// A request header's value replaced by the first case whose regular expression it matches
     /// (request): Accept-Language into languages, User-Agent into device classes. Default: none.
     pub buckets: Vec<Bucket>,
+    /// Cookies whose values the stored response varies on (request), while every cookie is still
+    /// forwarded: Varnish's `hash_data(<cookie value>)`, Magento's `X-Magento-Vary`. The request is
+    /// looked up although it carries `Cookie`, and its answer shared with every request that sends the
+    /// same values. Needs `forward_all_cookies = true`, the operator's promise that the origin's answer
+    /// depends on these values only. Default: none.
+    pub key_cookie_values: Vec<String>,
+    /// With `key_cookie_values`: every cookie reaches the origin, and the operator promises the answer
+    /// depends only on the keyed cookies' values (request). Default: false.
+    pub forward_all_cookies: bool,
     /// Never looked up or stored (request). Default: false.
     pub pass: bool,
     /// A connection upgrade (`Upgrade: websocket`) tunnelled to the backend, bytes copied both ways

@@ -80,7 +80,42 @@ pub(crate) const KEY_RULES: HeaderName = HeaderName::from_static("lacquer-key-ru
 
 /// Fields lacquerd puts in a request head for the variant alone: removed from what clients send, never
 /// forwarded.
-pub(crate) const PSEUDO_FIELDS: [HeaderName; 2] = [BODY_DIGEST, KEY_RULES];
+pub(crate) const PSEUDO_FIELDS: [HeaderName; 3] = [BODY_DIGEST, KEY_RULES, KEY_COOKIES];
+
+/// The request field that carries the values of the cookies a rule's `key_cookie_values` keys the request
+/// on: `name=value` for each, in the rules' order (`name=` when it is not sent), joined by `; `. The
+/// cookies themselves are forwarded whole; this field is never sent, and removed from what clients send.
+pub(crate) const KEY_COOKIES: HeaderName = HeaderName::from_static("lacquer-key-cookies");
+
+/// The values of the cookies `names` in `headers`, as [`KEY_COOKIES`] carries them; `None` when one is
+/// sent twice with different values, or the result is not a field value. Sharing one answer among the
+/// requests that send the same values loosens caching, so every reading of the request must agree on
+/// them: an origin that takes the first of two `X-Magento-Vary` cookies and a key made of the second
+/// would store one customer group's page for another.
+fn cookie_values(headers: &HeaderMap, names: &[Arc<str>]) -> Option<HeaderValue> {
+    let mut values: Vec<Option<&str>> = vec![None; names.len()];
+    let pairs = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|line| line.to_str().ok())
+        .flat_map(|line| line.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='));
+    for (name, value) in pairs {
+        let Some(i) = names.iter().position(|n| **n == *name) else {
+            continue;
+        };
+        match values[i] {
+            Some(seen) if seen != value => return None,
+            _ => values[i] = Some(value),
+        }
+    }
+    let joined: Vec<String> = names
+        .iter()
+        .zip(values)
+        .map(|(name, value)| format!("{name}={}", value.unwrap_or("")))
+        .collect();
+    HeaderValue::from_str(&joined.join("; ")).ok()
+}
 
 /// Whether a stored variant (its Vary `selection`) answers the request `parts`: the Vary match, and for a
 /// request that carries a pseudo-field (a POST keyed by its body, a request keyed by rules) only a variant
@@ -222,8 +257,15 @@ pub(crate) fn request(
         Some(_) => &http::Method::GET,
         None => &parts.method,
     };
-    let class = match classify(method, &parts.headers, &route.policy, verdict.cache_cookies) {
+    // `key_cookie_values` looks the request up although it carries `Cookie`, keyed on those values.
+    let keyed_cookies = (!verdict.key_cookies.is_empty())
+        .then(|| cookie_values(&parts.headers, &verdict.key_cookies));
+    let cache_cookies = verdict.cache_cookies || keyed_cookies.is_some();
+    let class = match classify(method, &parts.headers, &route.policy, cache_cookies) {
         RequestClass::Lookup | RequestClass::Miss(_) if route.pass => RequestClass::Pass("route"),
+        RequestClass::Lookup | RequestClass::Miss(_) if matches!(keyed_cookies, Some(None)) => {
+            RequestClass::Pass("ambiguous-cookie")
+        }
         RequestClass::Lookup | RequestClass::Miss(_) if verdict.pass => RequestClass::Pass("rule"),
         RequestClass::Lookup | RequestClass::Miss(_) if verdict.pipe => RequestClass::Pass("pipe"),
         // A route or rule chose by one reading of the path alone (`/static/..;/account/me` is
@@ -250,6 +292,10 @@ pub(crate) fn request(
         body: None,
     };
     if matches!(class, RequestClass::Lookup | RequestClass::Miss(_)) {
+        if let Some(Some(values)) = keyed_cookies {
+            parts.headers.insert(KEY_COOKIES, values);
+            decided.key.push(KEY_COOKIES);
+        }
         key_rules(parts, &mut decided, &route.policy.key_headers);
     }
     Ok(Admitted {
@@ -379,4 +425,47 @@ pub(crate) fn synthetic(made: Synthetic) -> Response<Body> {
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_cookie_values_are_read_as_every_origin_reads_them_or_not_at_all() {
+        let names: Vec<Arc<str>> = vec!["X-Magento-Vary".into(), "store".into()];
+        let cases: &[(&[&str], Option<&str>)] = &[
+            (&[], Some("X-Magento-Vary=; store=")),
+            (
+                &["PHPSESSID=abc; X-Magento-Vary=9f2e; mage-cache-sessid=true"],
+                Some("X-Magento-Vary=9f2e; store="),
+            ),
+            // Split over two lines (HTTP/2 sends one per cookie), and in another order.
+            (
+                &["store=de", "X-Magento-Vary=9f2e"],
+                Some("X-Magento-Vary=9f2e; store=de"),
+            ),
+            // The same value twice reads one way; two values read two ways.
+            (
+                &["X-Magento-Vary=9f2e; X-Magento-Vary=9f2e"],
+                Some("X-Magento-Vary=9f2e; store="),
+            ),
+            (&["X-Magento-Vary=9f2e; X-Magento-Vary=0000"], None),
+            (&["X-Magento-Vary=9f2e", "X-Magento-Vary=0000"], None),
+            // Names are case-sensitive, as cookies are.
+            (&["x-magento-vary=9f2e"], Some("X-Magento-Vary=; store=")),
+        ];
+        for (lines, want) in cases {
+            let mut headers = HeaderMap::new();
+            for line in *lines {
+                headers.append(header::COOKIE, HeaderValue::from_str(line).unwrap());
+            }
+            let got = cookie_values(&headers, &names);
+            assert_eq!(
+                got.as_ref().map(|v| v.to_str().unwrap()),
+                *want,
+                "{lines:?}"
+            );
+        }
+    }
 }

@@ -142,6 +142,7 @@ pub(crate) struct Actions {
     pub strip_cookies: bool,
     pub cache_cookies: bool,
     pub key: Vec<HeaderName>,
+    pub key_cookies: Vec<Arc<str>>,
     pub buckets: Vec<Bucket>,
     pub pass: bool,
     pub pipe: bool,
@@ -524,6 +525,44 @@ pub(crate) fn compile(
         let n = header_name(&k.to_ascii_lowercase()).map_err(at("key"))?;
         actions.key.push(n);
     }
+    if !rule.key_cookie_values.is_empty() || rule.forward_all_cookies {
+        allowed(phase, "key_cookie_values", &request_only)?;
+        if rule.key_cookie_values.is_empty() {
+            return Err(at("forward_all_cookies")(
+                "says what key_cookie_values promises; give key_cookie_values too".into(),
+            ));
+        }
+        if !rule.forward_all_cookies {
+            return Err(at("key_cookie_values")(
+                "forwards every cookie: say so with forward_all_cookies = true (the origin's answer \
+                 depends on these cookies' values only), or keep only these with cookies.keep and \
+                 key = [\"cookie\"]"
+                    .into(),
+            ));
+        }
+        for (what, given) in [
+            ("cookies", rule.cookies.is_some()),
+            ("strip_cookies", rule.strip_cookies),
+        ] {
+            if given {
+                return Err(at("forward_all_cookies")(format!(
+                    "and {what}: every cookie is forwarded, or not; pick one"
+                )));
+            }
+        }
+        for name in &rule.key_cookie_values {
+            let token = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
+            if !token {
+                return Err(at("key_cookie_values")(format!(
+                    "{name:?} is not a cookie name"
+                )));
+            }
+            actions.key_cookies.push(name.as_str().into());
+        }
+    }
     if !rule.buckets.is_empty() {
         allowed(phase, "buckets", &request_only)?;
     }
@@ -585,6 +624,7 @@ pub(crate) fn compile(
             ("backend", rule.backend.is_some()),
             ("cache_cookies", rule.cache_cookies),
             ("key", !rule.key.is_empty()),
+            ("key_cookie_values", !rule.key_cookie_values.is_empty()),
         ];
         if let Some((what, _)) = contradicts.iter().find(|(_, given)| *given) {
             return Err((
@@ -605,6 +645,7 @@ pub(crate) fn compile(
             ("cache_cookies", rule.cache_cookies),
             ("cache_body", rule.cache_body.is_some()),
             ("key", !rule.key.is_empty()),
+            ("key_cookie_values", !rule.key_cookie_values.is_empty()),
         ];
         if let Some((what, _)) = contradicts.iter().find(|(_, given)| *given) {
             return Err((
@@ -722,6 +763,7 @@ pub(crate) fn compile(
         || actions.strip_cookies
         || actions.cache_cookies
         || !actions.key.is_empty()
+        || !actions.key_cookies.is_empty()
         || !actions.buckets.is_empty()
         || actions.pass
         || actions.pipe

@@ -172,6 +172,9 @@ pub struct RequestVerdict {
     pub backend: Option<Arc<str>>,
     /// Request fields the stored response varies on, beyond its `Vary`.
     pub key: Vec<HeaderName>,
+    /// Cookies whose values the stored response varies on, every cookie forwarded
+    /// (`key_cookie_values`).
+    pub key_cookies: Vec<Arc<str>>,
     /// `Set-Cookie` removed from the response (`strip_cookies`).
     pub strip_set_cookie: bool,
     /// Looked up and stored although `Cookie` is sent.
@@ -545,6 +548,11 @@ impl Rules {
             for k in &a.key {
                 if !v.key.contains(k) {
                     v.key.push(k.clone());
+                }
+            }
+            for c in &a.key_cookies {
+                if !v.key_cookies.contains(c) {
+                    v.key_cookies.push(c.clone());
                 }
             }
             v.pass |= a.pass;

@@ -396,6 +396,21 @@ fn counters_and_traces_follow_matches() {
 fn bad_rules_are_refused_with_their_name_and_field() {
     let cases = [
         (
+            r#"key_cookie_values = ["X-Magento-Vary"]"#,
+            "rule[0].key_cookie_values: forwards every cookie: say so with forward_all_cookies = true",
+        ),
+        (
+            r#"key_cookie_values = ["X-Magento-Vary"]
+            forward_all_cookies = true
+            cookies = { keep = ["X-Magento-Vary"] }"#,
+            "rule[0].forward_all_cookies: and cookies: every cookie is forwarded, or not; pick one",
+        ),
+        (
+            r#"key_cookie_values = ["a;b"]
+            forward_all_cookies = true"#,
+            "rule[0].key_cookie_values: \"a;b\" is not a cookie name",
+        ),
+        (
             r#"on = "deliver"
             purge = "url""#,
             "rule[0].purge: not in the deliver phase",

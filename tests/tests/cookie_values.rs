@@ -1,0 +1,131 @@
+//! Keying on cookies' values while every cookie is forwarded (`key_cookie_values` with
+//! `forward_all_cookies`): Magento's `hash_data(X-Magento-Vary)`, through the real daemon, with an origin
+//! that answers as Magento does.
+
+use http::Method;
+use lacquer_tests::{origin::Seen, request, Daemon, Origin, Reply};
+
+fn cookie(seen: &Seen, name: &str) -> Option<String> {
+    seen.headers
+        .get_all("cookie")
+        .iter()
+        .filter_map(|l| l.to_str().ok())
+        .flat_map(|l| l.split(';'))
+        .filter_map(|p| p.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// Catalogue pages differ by customer group (the `X-Magento-Vary` cookie) and are public; the wishlist
+/// is the signed-in customer's own (`PHPSESSID`), never stored, and without the session a redirect to
+/// the login page.
+async fn magento() -> Origin {
+    let serial = std::sync::atomic::AtomicUsize::new(0);
+    Origin::start(move |seen| {
+        let n = serial.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        match seen.path.as_str() {
+            "/wishlist" => match cookie(seen, "PHPSESSID") {
+                Some(session) => Reply::ok(format!("wishlist of {session}"))
+                    .header("cache-control", "no-store, no-cache, must-revalidate"),
+                None => Reply::ok("")
+                    .status(302)
+                    .header("location", "/customer/account/login"),
+            },
+            _ => {
+                let group = cookie(seen, "X-Magento-Vary").unwrap_or_else(|| "none".into());
+                Reply::ok(format!("{group} #{n}"))
+                    .header("cache-control", "public, max-age=600, s-maxage=600")
+            }
+        }
+    })
+    .await
+}
+
+async fn as_customer(d: &Daemon, path: &str, cookies: &str) -> (String, String) {
+    let headers: Vec<(&str, &str)> = match cookies {
+        "" => vec![],
+        c => vec![("cookie", c)],
+    };
+    let r = request(d.addr, Method::GET, path, &headers, Default::default())
+        .await
+        .unwrap();
+    (
+        r.x_cache().to_owned(),
+        String::from_utf8_lossy(&r.body).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pages_are_shared_by_customer_group_and_every_cookie_reaches_the_origin() {
+    let origin = magento().await;
+    let d = Daemon::with_config_only(&format!(
+        r#"
+[[listen]]
+address = "127.0.0.1:0"
+
+[[backend]]
+name = "magento"
+address = "{}"
+
+[[rule]]
+name = "magento-vary"
+key_cookie_values = ["X-Magento-Vary"]
+forward_all_cookies = true
+"#,
+        origin.addr
+    ));
+    let alice = "PHPSESSID=alice; X-Magento-Vary=g1";
+    assert_eq!(
+        as_customer(&d, "/p", alice).await,
+        ("MISS".into(), "g1 #1".into())
+    );
+    let seen = origin.seen();
+    assert_eq!(
+        cookie(seen.last().unwrap(), "PHPSESSID").as_deref(),
+        Some("alice"),
+        "every cookie reaches the origin"
+    );
+    // Another customer of the same group shares the page; other groups and guests get their own.
+    let bob = "X-Magento-Vary=g1; PHPSESSID=bob";
+    assert_eq!(
+        as_customer(&d, "/p", bob).await,
+        ("HIT".into(), "g1 #1".into())
+    );
+    assert_eq!(
+        as_customer(&d, "/p", "PHPSESSID=carol; X-Magento-Vary=g2").await,
+        ("MISS".into(), "g2 #2".into())
+    );
+    assert_eq!(
+        as_customer(&d, "/p", "").await,
+        ("MISS".into(), "none #3".into())
+    );
+    assert_eq!(
+        as_customer(&d, "/p", "").await,
+        ("HIT".into(), "none #3".into())
+    );
+    assert_eq!(
+        as_customer(&d, "/p", "PHPSESSID=dave").await,
+        ("HIT".into(), "none #3".into()),
+        "a session without a group is a guest's page"
+    );
+    // The signed-in customer's own page keeps its session: it is never a guest's.
+    let (_, wishlist) = as_customer(&d, "/wishlist", alice).await;
+    assert_eq!(wishlist, "wishlist of alice");
+    let (_, wishlist) = as_customer(&d, "/wishlist", bob).await;
+    assert_eq!(wishlist, "wishlist of bob", "not stored");
+    // Two values for the group read two ways: not looked up, not stored.
+    let twice = "X-Magento-Vary=g1; X-Magento-Vary=g2";
+    let (state, _) = as_customer(&d, "/p", twice).await;
+    assert_ne!(state, "HIT");
+    assert_eq!(
+        as_customer(&d, "/p", alice).await,
+        ("HIT".into(), "g1 #1".into())
+    );
+    assert!(
+        origin
+            .seen()
+            .iter()
+            .all(|s| !s.headers.contains_key("lacquer-key-cookies")),
+        "the key's field never reaches the origin"
+    );
+}
