@@ -153,6 +153,13 @@ enum Command {
     Reload,
     /// Print a completion script, e.g. `cachectl completions bash > /etc/bash_completion.d/cachectl`.
     Completions { shell: clap_complete::Shell },
+    /// Write the manual pages (roff), `cachectl.1` and one per command (`cachectl-ban.1`, …), into DIR:
+    /// how the package builds them.
+    #[command(hide = true)]
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: std::path::PathBuf,
+    },
 }
 
 /// Where results go: text for people, or JSON.
@@ -201,6 +208,25 @@ impl Output {
             write_out(&human(value));
         }
     }
+}
+
+/// `cachectl.1`, and `cachectl-<command>.1` for each command but the hidden ones, in `dir`.
+fn manual_pages(dir: &std::path::Path) -> std::io::Result<()> {
+    let top = Cli::command();
+    let mut page = Vec::new();
+    clap_mangen::Man::new(top.clone()).render(&mut page)?;
+    std::fs::write(dir.join("cachectl.1"), &page)?;
+    for sub in top.get_subcommands().filter(|c| !c.is_hide_set()) {
+        let name = format!("cachectl-{}", sub.get_name());
+        let mut page = Vec::new();
+        let sub = sub
+            .clone()
+            .display_name(name.clone())
+            .bin_name(format!("cachectl {}", sub.get_name()));
+        clap_mangen::Man::new(sub).render(&mut page)?;
+        std::fs::write(dir.join(format!("{name}.1")), &page)?;
+    }
+    Ok(())
 }
 
 /// Writes `text` to stdout. When nobody reads it any more (`cachectl log | head -1`) cachectl is done:
@@ -287,6 +313,12 @@ fn main() -> ExitCode {
     if let Some(message) = missing_host(&cli.command) {
         return fail(cli.json, "usage", &message, 2);
     }
+    if let Command::Man { dir } = &cli.command {
+        return match manual_pages(dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(cli.json, "io", &format!("{}: {e}", dir.display()), 1),
+        };
+    }
     if let Command::Completions { shell } = cli.command {
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "cachectl", &mut script);
@@ -368,6 +400,8 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             .await
         }
         Command::Reload => operations::reload(client, out).await,
-        Command::Completions { .. } => unreachable!("handled before connecting"),
+        Command::Completions { .. } | Command::Man { .. } => {
+            unreachable!("handled before connecting")
+        }
     }
 }

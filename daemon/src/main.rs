@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::Context;
 use bytesize::ByteSize;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use tokio::sync::watch;
 use tracing_subscriber::{
     layer::SubscriberExt, reload as log_reload, util::SubscriberInitExt, EnvFilter,
@@ -72,10 +72,16 @@ struct Cli {
     /// Validate the configuration, print the problem if any, and exit.
     #[arg(long)]
     check: bool,
+    /// Print the manual page (roff), made from these flags, and exit: how the package builds it.
+    #[arg(long, hide = true)]
+    man: bool,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.man {
+        return manual_page(Cli::command());
+    }
     let overrides = Overrides {
         listen: cli.listen,
         backend: cli.backend,
@@ -333,6 +339,22 @@ async fn wait_for_stop(reloader: &Arc<Reloader>, access_log: &AccessLog) -> anyh
                 // The outcome is logged by the reloader; a bad file keeps the running configuration.
                 let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
             }
+        }
+    }
+}
+
+/// Writes the manual page of `command` to stdout (`--man`).
+fn manual_page(command: clap::Command) -> ExitCode {
+    let mut page = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(command).render(&mut page) {
+        eprintln!("lacquerd: {e}");
+        return ExitCode::FAILURE;
+    }
+    match std::io::Write::write_all(&mut std::io::stdout(), &page) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lacquerd: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use crossterm::event::{self, Event, KeyEventKind};
 use lacquer_admin::{
     cluster::ClusterReport,
@@ -41,6 +41,9 @@ struct Cli {
     /// No colours (also when NO_COLOR is set).
     #[arg(long)]
     no_color: bool,
+    /// Print the manual page (roff), made from these flags, and exit: how the package builds it.
+    #[arg(long, hide = true)]
+    man: bool,
 }
 
 /// What the reader threads tell the screen.
@@ -70,6 +73,19 @@ const BACKENDS_EVERY: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.man {
+        let mut page = Vec::new();
+        let written = clap_mangen::Man::new(Cli::command())
+            .render(&mut page)
+            .and_then(|()| std::io::Write::write_all(&mut std::io::stdout(), &page));
+        return match written {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cachetop: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let target = match cli.connect.target() {
         Ok(target) => target,
         Err(e) => {

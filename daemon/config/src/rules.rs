@@ -202,6 +202,9 @@ pub struct Match {
     /// The response's media type, `text/html` or `image/*`, parameters ignored (backend_response,
     /// deliver). Default: any.
     pub content_types: Vec<String>,
+    /// Response headers that must be present, each with a regular expression searched in its value (`""`
+    /// for presence alone) (backend_response, deliver): the origin's `X-Magento-Debug`, say. Default: none.
+    pub response_headers: BTreeMap<String, String>,
     /// The response's `Content-Length` is larger than this (backend_response). Default: any size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub larger_than: Option<ByteSize>,

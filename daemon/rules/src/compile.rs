@@ -40,6 +40,7 @@ pub(crate) struct Conditions {
     pub backend_healthy: Option<bool>,
     pub status: Vec<(u16, u16)>,
     pub content_types: Vec<(String, Option<String>)>,
+    pub response_headers: Vec<(HeaderName, Option<Regex>)>,
     pub larger_than: Option<u64>,
 }
 
@@ -185,6 +186,7 @@ impl Compiled {
         });
         self.phase == Phase::Deliver
             && request_blind
+            && w.response_headers.is_empty()
             && a.respond.is_none()
             && !a.debug_headers
             && a.set.iter().chain(&a.append).all(Line::is_literal)
@@ -393,6 +395,17 @@ pub(crate) fn compile(
         let sub = (sub != "*").then(|| sub.to_owned());
         when.content_types.push((kind.to_owned(), sub));
     }
+    if !m.response_headers.is_empty() {
+        allowed(phase, "match.response_headers", &[BackendResponse, Deliver])?;
+    }
+    for (name, pattern) in &m.response_headers {
+        let n = header_name(name).map_err(at("match.response_headers"))?;
+        let r = match pattern.as_str() {
+            "" => None,
+            p => Some(regex(p).map_err(at(&format!("match.response_headers.{name}")))?),
+        };
+        when.response_headers.push((n, r));
+    }
     if let Some(size) = m.larger_than {
         allowed(phase, "match.larger_than", &[BackendResponse])?;
         when.larger_than = Some(size.as_u64());
@@ -443,6 +456,12 @@ pub(crate) fn compile(
                 )));
             }
             let t = header_template(value, groups).map_err(at(&format!("{field}.{name}")))?;
+            if t.reads_response() && !matches!(phase, BackendResponse | Deliver) {
+                return Err(at(&format!("{field}.{name}"))(format!(
+                    "reads the response (`${{resp.…}}`): not in the {} phase (only in backend_response, deliver)",
+                    phase.name()
+                )));
+            }
             into.push(Line::new(n, t));
         }
     }
@@ -476,6 +495,11 @@ pub(crate) fn compile(
         allowed(phase, "rewrite_path", &request_only)?;
         let from = regex(&r.from).map_err(at("rewrite_path.from"))?;
         let to = Template::parse(&r.to, from.captures_len() - 1).map_err(at("rewrite_path.to"))?;
+        if to.reads_response() {
+            return Err(at("rewrite_path.to")(
+                "reads the response (`${resp.…}`): there is none in the request phase".into(),
+            ));
+        }
         let invalid = to.texts().find_map(|t| {
             t.bytes()
                 .find(|b| !is_target_byte(*b))
@@ -871,6 +895,19 @@ fn synthesis(r: &Respond, phase: Phase, groups: usize) -> Result<Synthesis, (Str
         headers.push((
             n,
             header_template(value, groups).map_err(at(&format!("headers.{name}")))?,
+        ));
+    }
+    // Only a deliver rule's response has a head to read when it makes its own.
+    let reads_response = location.as_ref().is_some_and(Template::reads_response)
+        || matches!(&body, Body::Template(t) if t.reads_response())
+        || headers.iter().any(|(_, t)| t.reads_response());
+    if reads_response && phase != Deliver {
+        return Err((
+            "respond".into(),
+            format!(
+                "reads the response (`${{resp.…}}`): not in the {} phase (only in deliver)",
+                phase.name()
+            ),
         ));
     }
     Ok(Synthesis {

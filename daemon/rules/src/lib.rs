@@ -504,6 +504,7 @@ impl Rules {
                 secure,
                 status: None,
                 groups: &groups,
+                response: None,
             };
             // Rendered before the head they go into is borrowed for writing.
             let set: Lines = a.set.iter().map(|l| (l, l.value(&values))).collect();
@@ -576,6 +577,7 @@ impl Rules {
                     secure,
                     status: None,
                     groups: &groups,
+                    response: None,
                 };
                 v.respond = Some(synthesize(s, StatusCode::OK, &values));
                 break;
@@ -600,7 +602,7 @@ impl Rules {
             let Some(groups) = self.tried(i, rule, facts, None, &mut trace, &mut seen) else {
                 continue;
             };
-            let values = facts.values(None, &groups);
+            let values = facts.values(None, &groups, None);
             let a = &rule.actions;
             edit(headers, a, &values);
             if rule.stop {
@@ -626,9 +628,9 @@ impl Rules {
             else {
                 continue;
             };
-            let values = facts.values(Some(status), &groups);
             let a = &rule.actions;
-            edit(headers, a, &values);
+            let lines = render(a, &facts.values(Some(status), &groups, Some(headers)));
+            apply(headers, a, lines);
             let r = a.adjust;
             adjust = Adjust {
                 ttl: r.ttl.or(adjust.ttl),
@@ -708,7 +710,11 @@ impl Rules {
             if !hit {
                 continue;
             }
-            edit(headers, &rule.actions, &facts.values(Some(status), &[]));
+            let lines = render(
+                &rule.actions,
+                &facts.values(Some(status), &[], Some(headers)),
+            );
+            apply(headers, &rule.actions, lines);
             if rule.stop {
                 ahead.stopped = true;
                 break;
@@ -763,12 +769,13 @@ impl Rules {
             else {
                 continue;
             };
-            let values = facts.values(Some(status), &groups);
             let a = &rule.actions;
+            let values = facts.values(Some(status), &groups, Some(headers));
             if let Some(s) = &a.respond {
                 return Some(synthesize(s, status, &values));
             }
-            edit(headers, a, &values);
+            let lines = render(a, &values);
+            apply(headers, a, lines);
             if a.debug_headers {
                 let d = debug();
                 for (name, value) in [
@@ -806,7 +813,7 @@ impl Rules {
             else {
                 continue;
             };
-            let values = facts.values(Some(status), &groups);
+            let values = facts.values(Some(status), &groups, None);
             let a = &rule.actions;
             let mut made = match &a.respond {
                 Some(s) => synthesize(s, status, &values),
@@ -826,7 +833,13 @@ impl Rules {
 }
 
 impl Facts<'_> {
-    fn values<'g>(&'g self, status: Option<StatusCode>, groups: &'g [String]) -> Values<'g>
+    /// What a rule's templates are rendered from; `response`, the response's head in the response phases.
+    fn values<'g>(
+        &'g self,
+        status: Option<StatusCode>,
+        groups: &'g [String],
+        response: Option<&'g HeaderMap>,
+    ) -> Values<'g>
     where
         Self: 'g,
     {
@@ -836,6 +849,7 @@ impl Facts<'_> {
             secure: self.secure,
             status: status.map(|s| s.as_u16()),
             groups,
+            response,
         }
     }
 }
@@ -899,12 +913,21 @@ fn write(headers: &mut HeaderMap, set: Lines<'_>, append: Lines<'_>) {
 
 /// A rule's header edits on a head other than the request's own, which no rendering borrows.
 fn edit(headers: &mut HeaderMap, a: &compile::Actions, values: &Values<'_>) {
-    unset(headers, &a.unset);
-    if a.set.is_empty() && a.append.is_empty() {
-        return;
-    }
+    let lines = render(a, values);
+    apply(headers, a, lines);
+}
+
+/// A rule's header lines rendered from `values`, before the rule edits anything: every line reads the
+/// head as the rule found it (`${resp.cache-control}` beside an `unset_headers` of it is the origin's).
+fn render<'a>(a: &'a compile::Actions, values: &Values<'_>) -> (Lines<'a>, Lines<'a>) {
     let set = a.set.iter().map(|l| (l, l.value(values))).collect();
     let append = a.append.iter().map(|l| (l, l.value(values))).collect();
+    (set, append)
+}
+
+/// A rule's removals, then its rendered writes ([`render`]).
+fn apply(headers: &mut HeaderMap, a: &compile::Actions, (set, append): (Lines<'_>, Lines<'_>)) {
+    unset(headers, &a.unset);
     write(headers, set, append);
 }
 
@@ -936,6 +959,7 @@ fn rewritten_target(
                     secure,
                     status: None,
                     groups: &own,
+                    response: None,
                 };
                 let whole = caps.get(0).expect("group 0");
                 let mut out = String::with_capacity(path.len());
@@ -1067,6 +1091,17 @@ fn matches(
                     && s.as_deref().is_none_or(|s| s.eq_ignore_ascii_case(sub))
             }) {
                 return false;
+            }
+        }
+        for (n, pattern) in &w.response_headers {
+            let mut values = r.headers.get_all(n).iter().peekable();
+            if values.peek().is_none() {
+                return false;
+            }
+            if let Some(pattern) = pattern {
+                if !values.any(|v| v.to_str().is_ok_and(|s| pattern.is_match(s))) {
+                    return false;
+                }
             }
         }
         if let Some(limit) = w.larger_than {

@@ -12,6 +12,8 @@ enum Piece {
     /// `$1`…`$9`: a group of the rule's regular expression.
     Group(usize),
     Var(Var),
+    /// `${resp.NAME}`: a header of the response (backend_response and deliver rules).
+    Response(http::HeaderName),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub(crate) struct Values<'a> {
     pub secure: bool,
     pub status: Option<u16>,
     pub groups: &'a [String],
+    /// The response's head, in the response phases.
+    pub response: Option<&'a http::HeaderMap>,
 }
 
 impl Template {
@@ -65,6 +69,15 @@ impl Template {
                     .ok_or_else(|| format!("{text:?}: `${{` is not closed"))?;
                 let name = &inner[..end];
                 rest = &inner[end + 1..];
+                if let Some(header) = name.strip_prefix("resp.") {
+                    let header = http::HeaderName::from_bytes(header.as_bytes())
+                        .map_err(|_| format!("{text:?}: `{header}` is not a header name"))?;
+                    if !literal.is_empty() {
+                        pieces.push(Piece::Text(std::mem::take(&mut literal)));
+                    }
+                    pieces.push(Piece::Response(header));
+                    continue;
+                }
                 let var = VARS
                     .iter()
                     .find(|(n, _)| *n == name)
@@ -121,6 +134,11 @@ impl Template {
         })
     }
 
+    /// Whether it reads the response (`${resp.NAME}`): only a response phase's rules have one.
+    pub fn reads_response(&self) -> bool {
+        self.0.iter().any(|p| matches!(p, Piece::Response(_)))
+    }
+
     /// Whether it starts with literal text that starts with `prefix`.
     pub fn starts_with(&self, prefix: &str) -> bool {
         matches!(self.0.first(), Some(Piece::Text(t)) if t.starts_with(prefix))
@@ -135,6 +153,16 @@ impl Template {
             match piece {
                 Piece::Text(t) => out.push_str(t),
                 Piece::Group(n) => out.push_str(v.groups.get(*n - 1).map_or("", String::as_str)),
+                Piece::Response(name) => {
+                    // Every value, joined as one field; a value that is not text is left out.
+                    let values = v.response.into_iter().flat_map(|h| h.get_all(name));
+                    for (i, value) in values.filter_map(|v| v.to_str().ok()).enumerate() {
+                        if i > 0 {
+                            out.push_str(", ");
+                        }
+                        out.push_str(value);
+                    }
+                }
                 Piece::Var(var) => match var {
                     Var::Host => {
                         out.push_str(&lacquer_policy::host::request_host(&v.parts.headers))
@@ -179,12 +207,17 @@ mod tests {
     fn templates_put_in_the_requests_values() {
         let p = parts("/a/b?x=1", "Example.com:8080");
         let groups = vec!["b".to_owned()];
+        let mut response = http::HeaderMap::new();
+        response.insert("cache-control", "public, max-age=60".parse().unwrap());
+        response.append("x-tags", "a".parse().unwrap());
+        response.append("x-tags", "b".parse().unwrap());
         let v = Values {
             parts: &p,
             client: "192.0.2.7".parse().unwrap(),
             secure: true,
             status: Some(404),
             groups: &groups,
+            response: Some(&response),
         };
         for (text, want) in [
             ("plain", "plain"),
@@ -196,6 +229,8 @@ mod tests {
             ),
             ("${path}|${query}|${method}", "/a/b|x=1|GET"),
             ("${client_ip} ${status} $$5", "192.0.2.7 404 $5"),
+            ("cc=${resp.Cache-Control}", "cc=public, max-age=60"),
+            ("${resp.x-tags}|${resp.absent}|", "a, b||"),
         ] {
             assert_eq!(Template::parse(text, 1).unwrap().render(&v), want, "{text}");
         }
@@ -211,6 +246,7 @@ mod tests {
             ("${host", 0),
             ("cost $", 0),
             ("$x", 0),
+            ("${resp.not a name}", 0),
         ] {
             assert!(Template::parse(text, groups).is_err(), "{text}");
         }

@@ -363,6 +363,81 @@ fn response_rules_adjust_storing_and_edit_fields() {
     );
 }
 
+/// Magento's `vcl_deliver`: with `X-Magento-Debug` in the response, its `Cache-Control` is copied into
+/// `X-Magento-Cache-Control` before the cache rewrites it for browsers; without it, nothing is.
+#[test]
+fn response_rules_read_the_response_they_edit() {
+    let r = rules(
+        r#"
+        [[rule]]
+        on = "deliver"
+        match = { response_headers = { "x-magento-debug" = "" } }
+        set_headers = { "x-magento-cache-control" = "${resp.cache-control}" }
+        [[rule]]
+        on = "deliver"
+        match = { response_headers = { "cache-control" = "^public" } }
+        unset_headers = ["x-magento-tags"]
+        set_headers = { "cache-control" = "no-store", "x-was" = "${resp.cache-control}" }
+        [[rule]]
+        on = "backend_response"
+        match = { response_headers = { "x-magento-cache-id" = "" } }
+        set_headers = { "x-cache-id-seen" = "${resp.x-magento-cache-id}" }
+        "#,
+    )
+    .unwrap();
+    let p = request("/p", &[]);
+    let facts = Facts {
+        parts: &p,
+        client: client(),
+        secure: false,
+    };
+    let deliver = |pairs: &[(&str, &str)]| {
+        let mut h = headers(pairs);
+        r.deliver(facts, StatusCode::OK, &mut h, &Debug::default, None);
+        h
+    };
+    let h = deliver(&[
+        ("x-magento-debug", "1"),
+        ("cache-control", "public, max-age=86400"),
+        ("x-magento-tags", "cat_p_1"),
+    ]);
+    assert_eq!(h["x-magento-cache-control"], "public, max-age=86400");
+    assert_eq!(h["cache-control"], "no-store");
+    assert_eq!(
+        h["x-was"], "public, max-age=86400",
+        "read before the rule edits"
+    );
+    assert!(!h.contains_key("x-magento-tags"));
+    let h = deliver(&[("cache-control", "private")]);
+    assert!(!h.contains_key("x-magento-cache-control"));
+    assert_eq!(
+        h["cache-control"], "private",
+        "a private answer's is left alone"
+    );
+    let mut h = headers(&[("x-magento-cache-id", "abc")]);
+    r.backend_response(facts, StatusCode::OK, &mut h, None);
+    assert_eq!(h["x-cache-id-seen"], "abc");
+    for (rule, error) in [
+        (
+            r#"set_headers = { "x-a" = "${resp.cache-control}" }"#,
+            "rule[0].set_headers.x-a: reads the response",
+        ),
+        (
+            r#"match = { response_headers = { "x-a" = "" } }
+            pass = true"#,
+            "rule[0].match.response_headers: not in the request phase",
+        ),
+        (
+            r#"on = "error"
+            respond = { status = 503, body = "${resp.x-a}" }"#,
+            "rule[0].respond: reads the response",
+        ),
+    ] {
+        let err = rules(&format!("[[rule]]\n{rule}")).unwrap_err().to_string();
+        assert!(err.contains(error), "{err}");
+    }
+}
+
 #[test]
 fn counters_and_traces_follow_matches() {
     let r = rules(

@@ -1,6 +1,6 @@
-//! Keying on cookies' values while every cookie is forwarded (`key_cookie_values` with
-//! `forward_all_cookies`): Magento's `hash_data(X-Magento-Vary)`, through the real daemon, with an origin
-//! that answers as Magento does.
+//! Behaviours of Magento 2's `varnish6.vcl`, ported to rules and run through the real daemon in front of
+//! an origin that answers as Magento does: keying on a cookie's value while every cookie is forwarded
+//! (`hash_data(X-Magento-Vary)`), and deliver rules that read the response (`X-Magento-Debug`).
 
 use http::Method;
 use lacquer_tests::{origin::Seen, request, Daemon, Origin, Reply};
@@ -31,10 +31,15 @@ async fn magento() -> Origin {
                     .status(302)
                     .header("location", "/customer/account/login"),
             },
+            "/debug" => Reply::ok(format!("debug #{n}"))
+                .header("cache-control", "public, max-age=600, s-maxage=600")
+                .header("x-magento-debug", "1")
+                .header("x-magento-tags", "cat_p_1"),
             _ => {
                 let group = cookie(seen, "X-Magento-Vary").unwrap_or_else(|| "none".into());
                 Reply::ok(format!("{group} #{n}"))
                     .header("cache-control", "public, max-age=600, s-maxage=600")
+                    .header("x-magento-tags", "cat_p_1")
             }
         }
     })
@@ -128,4 +133,70 @@ forward_all_cookies = true
             .all(|s| !s.headers.contains_key("lacquer-key-cookies")),
         "the key's field never reaches the origin"
     );
+}
+
+/// `vcl_deliver`: in debug mode the page's `Cache-Control` is kept as `X-Magento-Cache-Control` and the
+/// outcome shown as `X-Magento-Cache-Debug`; browsers always get `no-store` for a public page, and never
+/// the tags.
+#[tokio::test(flavor = "multi_thread")]
+async fn deliver_rules_read_the_response_and_its_outcome() {
+    let origin = magento().await;
+    let d = Daemon::with_config_only(&format!(
+        r#"
+[[listen]]
+address = "127.0.0.1:0"
+
+[[backend]]
+name = "magento"
+address = "{}"
+
+[[rule]]
+name = "debug"
+on = "deliver"
+match = {{ response_headers = {{ "x-magento-debug" = "" }} }}
+set_headers = {{ "x-magento-cache-control" = "${{resp.cache-control}}", "x-magento-cache-debug" = "${{resp.x-cache}}" }}
+
+[[rule]]
+name = "browsers"
+on = "deliver"
+match = {{ response_headers = {{ "cache-control" = "^public" }} }}
+unset_headers = ["x-magento-tags", "x-magento-debug"]
+set_headers = {{ "cache-control" = "no-store, no-cache, must-revalidate, max-age=0" }}
+"#,
+        origin.addr
+    ));
+    let get = |path: &'static str| {
+        let addr = d.addr;
+        async move {
+            request(addr, Method::GET, path, &[], Default::default())
+                .await
+                .unwrap()
+        }
+    };
+    let first = get("/debug").await;
+    assert_eq!(first.header("x-magento-cache-debug"), "MISS");
+    assert_eq!(
+        first.header("x-magento-cache-control"),
+        "public, max-age=600, s-maxage=600"
+    );
+    assert_eq!(
+        first.header("cache-control"),
+        "no-store, no-cache, must-revalidate, max-age=0"
+    );
+    assert_eq!(first.header("x-magento-tags"), "");
+    let second = get("/debug").await;
+    assert_eq!(second.header("x-magento-cache-debug"), "HIT");
+    assert_eq!(
+        second.header("x-magento-cache-control"),
+        "public, max-age=600, s-maxage=600",
+        "the stored page's own, not what the last delivery wrote"
+    );
+    // Without debug mode, only the browsers' rule.
+    let page = get("/p").await;
+    assert_eq!(page.header("x-magento-cache-debug"), "");
+    assert_eq!(
+        page.header("cache-control"),
+        "no-store, no-cache, must-revalidate, max-age=0"
+    );
+    assert_eq!(get("/p").await.x_cache(), "HIT");
 }
