@@ -200,3 +200,98 @@ set_headers = {{ "cache-control" = "no-store, no-cache, must-revalidate, max-age
     );
     assert_eq!(get("/p").await.x_cache(), "HIT");
 }
+
+/// `vcl_backend_response`: a GraphQL answer whose `X-Magento-Cache-Id` is not the request's is not stored
+/// under the request's key; a page that sets `X-Magento-Vary` for a request without one is not stored
+/// (its group is not the key's); every other cacheable page is stored without its `Set-Cookie`.
+#[tokio::test(flavor = "multi_thread")]
+async fn backend_response_rules_compare_the_request_and_look_inside_set_cookie() {
+    let origin = Origin::start(|seen| {
+        let asked = seen
+            .headers
+            .get("x-magento-cache-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        match seen.path.split('?').next().unwrap_or("") {
+            // The id Magento computes for the customer it sees: "guest" unless the request proves more.
+            "/graphql" => Reply::ok(format!("graphql for {asked}"))
+                .header("cache-control", "public, max-age=600")
+                .header("x-magento-cache-id", "guest"),
+            "/store-switch" => Reply::ok("switched")
+                .header("cache-control", "public, max-age=600")
+                .header("set-cookie", "X-Magento-Vary=de; path=/"),
+            _ => Reply::ok("page")
+                .header("cache-control", "public, max-age=600")
+                .header("set-cookie", "mage-messages=; path=/"),
+        }
+    })
+    .await;
+    let d = Daemon::with_config_only(&format!(
+        r#"
+[[listen]]
+address = "127.0.0.1:0"
+
+[[backend]]
+name = "magento"
+address = "{}"
+
+[[rule]]
+name = "magento-vary"
+key_cookie_values = ["X-Magento-Vary"]
+forward_all_cookies = true
+
+[[rule]]
+name = "graphql-cache-id"
+on = "backend_response"
+match = {{ path_prefix = ["/graphql"], headers = {{ "x-magento-cache-id" = "" }}, different_headers = ["x-magento-cache-id"] }}
+store = false
+
+[[rule]]
+name = "vary-set-for-a-request-without"
+on = "backend_response"
+match = {{ without_cookies = ["X-Magento-Vary"], response_headers = {{ "set-cookie" = "X-Magento-Vary=" }} }}
+store = false
+
+[[rule]]
+name = "no-set-cookie-in-the-cache"
+on = "backend_response"
+match = {{ methods = ["GET", "HEAD"] }}
+unset_headers = ["set-cookie"]
+"#,
+        origin.addr
+    ));
+    let get = |path: &'static str, headers: Vec<(&'static str, &'static str)>| {
+        let addr = d.addr;
+        async move {
+            request(addr, Method::GET, path, &headers, Default::default())
+                .await
+                .unwrap()
+        }
+    };
+    let cache_id = |id| vec![("x-magento-cache-id", id)];
+    get("/graphql?q=1", cache_id("guest")).await;
+    assert_eq!(
+        get("/graphql?q=1", cache_id("guest")).await.x_cache(),
+        "HIT"
+    );
+    get("/graphql?q=2", cache_id("customer-7")).await;
+    assert_eq!(
+        get("/graphql?q=2", cache_id("customer-7")).await.x_cache(),
+        "MISS",
+        "the answer was another customer's: not stored"
+    );
+    get("/store-switch", vec![]).await;
+    assert_eq!(get("/store-switch", vec![]).await.x_cache(), "MISS");
+    let with_group = vec![("cookie", "X-Magento-Vary=de")];
+    get("/store-switch", with_group.clone()).await;
+    let hit = get("/store-switch", with_group).await;
+    assert_eq!((hit.x_cache(), hit.header("set-cookie")), ("HIT", ""));
+    get("/page", vec![]).await;
+    let hit = get("/page", vec![]).await;
+    assert_eq!(
+        (hit.x_cache(), hit.header("set-cookie")),
+        ("HIT", ""),
+        "stored without its Set-Cookie"
+    );
+    assert_eq!(origin.count("/page"), 1);
+}

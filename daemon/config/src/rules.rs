@@ -187,6 +187,8 @@ pub struct Match {
     pub without_headers: Vec<String>,
     /// One of these cookies is sent (a trailing `*` matches any suffix). Default: any.
     pub cookies: Vec<String>,
+    /// None of these cookies is sent (a trailing `*` matches any suffix). Default: none.
+    pub without_cookies: Vec<String>,
     /// One of these query parameters is present. Default: any.
     pub query: Vec<String>,
     /// The client is in one of these networks. Default: any client.
@@ -205,6 +207,13 @@ pub struct Match {
     /// Response headers that must be present, each with a regular expression searched in its value (`""`
     /// for presence alone) (backend_response, deliver): the origin's `X-Magento-Debug`, say. Default: none.
     pub response_headers: BTreeMap<String, String>,
+    /// Headers the request and the response carry alike: the same values, or absent from both
+    /// (backend_response, deliver). Default: none.
+    pub same_headers: Vec<String>,
+    /// Headers the request and the response do not carry alike (backend_response, deliver): Magento's
+    /// GraphQL answers, not stored under the request's key when their `X-Magento-Cache-Id` differs from
+    /// the request's. Default: none.
+    pub different_headers: Vec<String>,
     /// The response's `Content-Length` is larger than this (backend_response). Default: any size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub larger_than: Option<ByteSize>,

@@ -34,6 +34,7 @@ pub(crate) struct Conditions {
     pub headers: Vec<(HeaderName, Option<Regex>)>,
     pub without_headers: Vec<HeaderName>,
     pub cookies: Vec<NamePattern>,
+    pub without_cookies: Vec<NamePattern>,
     pub query: Vec<String>,
     pub clients: Vec<ipnet::IpNet>,
     pub except_clients: Vec<ipnet::IpNet>,
@@ -41,6 +42,8 @@ pub(crate) struct Conditions {
     pub status: Vec<(u16, u16)>,
     pub content_types: Vec<(String, Option<String>)>,
     pub response_headers: Vec<(HeaderName, Option<Regex>)>,
+    /// Headers the request and the response must carry alike (`true`) or not (`false`).
+    pub alike: Vec<(HeaderName, bool)>,
     pub larger_than: Option<u64>,
 }
 
@@ -176,6 +179,8 @@ impl Compiled {
             && w.headers.is_empty()
             && w.without_headers.is_empty()
             && w.cookies.is_empty()
+            && w.without_cookies.is_empty()
+            && w.alike.is_empty()
             && w.query.is_empty()
             && w.clients.is_empty()
             && w.except_clients.is_empty()
@@ -359,6 +364,10 @@ pub(crate) fn compile(
         when.cookies
             .push(NamePattern::parse(c).map_err(at("match.cookies"))?);
     }
+    for c in &m.without_cookies {
+        when.without_cookies
+            .push(NamePattern::parse(c).map_err(at("match.without_cookies"))?);
+    }
     when.query.clone_from(&m.query);
     when.clients.clone_from(&m.clients);
     when.except_clients.clone_from(&m.except_clients);
@@ -397,6 +406,23 @@ pub(crate) fn compile(
     }
     if !m.response_headers.is_empty() {
         allowed(phase, "match.response_headers", &[BackendResponse, Deliver])?;
+    }
+    for (field, names, want) in [
+        ("match.same_headers", &m.same_headers, true),
+        ("match.different_headers", &m.different_headers, false),
+    ] {
+        if !names.is_empty() {
+            allowed(phase, field, &[BackendResponse, Deliver])?;
+        }
+        for name in names {
+            let n = header_name(name).map_err(at(field))?;
+            if when.alike.iter().any(|(h, _)| *h == n) {
+                return Err(at(field)(format!(
+                    "{name:?} is in match.same_headers and match.different_headers: the rule can never match"
+                )));
+            }
+            when.alike.push((n, want));
+        }
     }
     for (name, pattern) in &m.response_headers {
         let n = header_name(name).map_err(at("match.response_headers"))?;

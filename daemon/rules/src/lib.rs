@@ -1070,6 +1070,16 @@ fn matches(
             return false;
         }
     }
+    if !w.without_cookies.is_empty() {
+        let lines = parts
+            .headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|l| l.to_str().ok());
+        if edit::has_cookie(lines, &w.without_cookies) {
+            return false;
+        }
+    }
     if !w.query.is_empty() && !normalize::has_param(parts.uri.query().unwrap_or(""), &w.query) {
         return false;
     }
@@ -1090,6 +1100,16 @@ fn matches(
                 k.eq_ignore_ascii_case(kind)
                     && s.as_deref().is_none_or(|s| s.eq_ignore_ascii_case(sub))
             }) {
+                return false;
+            }
+        }
+        for (n, want) in &w.alike {
+            let alike = parts
+                .headers
+                .get_all(n)
+                .iter()
+                .eq(r.headers.get_all(n).iter());
+            if alike != *want {
                 return false;
             }
         }

@@ -438,6 +438,55 @@ fn response_rules_read_the_response_they_edit() {
     }
 }
 
+/// Conditions that compare the request with the response, and a cookie's absence.
+#[test]
+fn the_request_and_the_response_compared() {
+    let r = rules(
+        r#"
+        [[rule]]
+        on = "backend_response"
+        match = { different_headers = ["x-magento-cache-id"] }
+        store = false
+        [[rule]]
+        on = "backend_response"
+        match = { same_headers = ["x-tenant"], without_cookies = ["X-Magento-Vary"] }
+        ttl = "1m"
+        "#,
+    )
+    .unwrap();
+    let decide = |request_headers: &[(&str, &str)], response: &[(&str, &str)]| {
+        let p = request("/graphql", request_headers);
+        let facts = Facts {
+            parts: &p,
+            client: client(),
+            secure: false,
+        };
+        let mut h = headers(response);
+        r.backend_response(facts, StatusCode::OK, &mut h, None)
+    };
+    let id = |v| ("x-magento-cache-id", v);
+    assert_eq!(decide(&[id("a")], &[id("b")]).store, Some(false));
+    assert_eq!(decide(&[id("a")], &[id("a")]).store, None);
+    assert_eq!(decide(&[], &[]).store, None, "absent from both is alike");
+    assert_eq!(decide(&[id("a")], &[]).store, Some(false));
+    let ttl = Some(Duration::from_secs(60));
+    assert_eq!(decide(&[("x-tenant", "t")], &[("x-tenant", "t")]).ttl, ttl);
+    assert_eq!(decide(&[("x-tenant", "t")], &[("x-tenant", "u")]).ttl, None);
+    assert_eq!(
+        decide(&[("cookie", "a=1; X-Magento-Vary=g")], &[]).ttl,
+        None,
+        "the cookie is sent"
+    );
+    assert_eq!(decide(&[("cookie", "a=1")], &[]).ttl, ttl);
+    let err = rules("[[rule]]\nmatch = { same_headers = [\"x\"] }\npass = true")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("rule[0].match.same_headers: not in the request phase"),
+        "{err}"
+    );
+}
+
 #[test]
 fn counters_and_traces_follow_matches() {
     let r = rules(
