@@ -4,36 +4,46 @@
 use std::time::Duration;
 
 use lacquer_admin::{
-    wire::{LogEntry, LogFilter},
+    wire::{HeaderField, LogEntry, LogFilter},
     AdminClient, AdminError, LogEvent, LogStream,
 };
 
-use crate::Output;
+use crate::{query::Query, Output};
 
 /// The longest wait between two attempts to reach a daemon that went away.
 const MOST_BETWEEN_ATTEMPTS: Duration = Duration::from_secs(5);
+
+/// How `cachectl trace` shows requests: which (`-q`), and whether with their headers.
+pub struct Traced {
+    pub query: Option<Query>,
+    pub headers: bool,
+}
 
 pub async fn follow(
     client: &AdminClient,
     out: Output,
     filter: LogFilter,
+    traced: Option<Traced>,
 ) -> Result<(), AdminError> {
     let mut stream = client.log_stream(&filter).await?;
-    let traced = filter.trace == Some(true);
     loop {
-        match stream.next().await {
-            Ok(LogEvent::Entry(entry)) if traced => out.show(&*entry, trace_lines),
-            Ok(LogEvent::Entry(entry)) => out.show(&*entry, |e| e.ncsa_line()),
-            Ok(LogEvent::Lagged(missed)) => {
+        match (stream.next().await, &traced) {
+            (Ok(LogEvent::Entry(entry)), Some(view)) => {
+                if view.query.as_ref().is_none_or(|q| q.matches(&entry)) {
+                    out.show(&*entry, |e| trace_lines(e, view.headers));
+                }
+            }
+            (Ok(LogEvent::Entry(entry)), None) => out.show(&*entry, |e| e.ncsa_line()),
+            (Ok(LogEvent::Lagged(missed)), _) => {
                 eprintln!("cachectl: {missed} requests went by unshown (reading too slowly)")
             }
             // A restart or an upgrade of the daemon is no reason to stop watching it, as varnishlog does not.
-            Err(AdminError::Unreachable { addr, reason }) => {
+            (Err(AdminError::Unreachable { addr, reason }), _) => {
                 eprintln!("cachectl: lost the daemon at {addr} ({reason}); reconnecting");
                 stream = reconnect(client, &filter).await?;
                 eprintln!("cachectl: reconnected to {addr}; requests in between are not shown");
             }
-            Err(e) => return Err(e),
+            (Err(e), _) => return Err(e),
         }
     }
 }
@@ -54,7 +64,7 @@ async fn reconnect(client: &AdminClient, filter: &LogFilter) -> Result<LogStream
 
 /// A traced request as `varnishlog` groups one: a line saying which request, a line per step with the
 /// time since its arrival, then how it was answered.
-fn trace_lines(e: &LogEntry) -> String {
+fn trace_lines(e: &LogEntry, headers: bool) -> String {
     let url = match &e.host {
         Some(host) => format!("http://{host}{}", e.url),
         None => e.url.clone(),
@@ -66,6 +76,17 @@ fn trace_lines(e: &LogEntry) -> String {
             at_us as f64 / 1e3
         ));
     };
+    let fields = |out: &mut String, tag: &str, fields: &[HeaderField]| {
+        for f in fields {
+            out.push_str(&format!(
+                "-               {tag:<9} {}: {}\n",
+                f.name, f.value
+            ));
+        }
+    };
+    if headers {
+        fields(&mut out, "ReqHeader", &e.request_headers);
+    }
     for s in &e.steps {
         step(&mut out, s.at_us, &s.tag, &s.detail);
     }
@@ -79,6 +100,9 @@ fn trace_lines(e: &LogEntry) -> String {
         "Response",
         &format!("{} {}{detail}", e.status, e.cache),
     );
+    if headers {
+        fields(&mut out, "RespHeader", &e.response_headers);
+    }
     step(
         &mut out,
         (e.duration * 1e6) as u64,
@@ -114,6 +138,14 @@ mod tests {
             duration: 0.0025,
             backend: Some("default".into()),
             route: Some("default".into()),
+            request_headers: vec![HeaderField {
+                name: "user-agent".into(),
+                value: "curl/8.0".into(),
+            }],
+            response_headers: vec![HeaderField {
+                name: "content-type".into(),
+                value: "text/plain".into(),
+            }],
             steps: vec![TraceStep {
                 at_us: 120,
                 tag: "Lookup".into(),
@@ -121,10 +153,19 @@ mod tests {
             }],
         };
         assert_eq!(
-            trace_lines(&entry),
+            trace_lines(&entry, false),
             "* GET http://example.com/a HTTP/1.1 from 127.0.0.1\n\
              -     0.120 ms  Lookup    nothing stored for this variant\n\
              -     2.100 ms  Response  200 MISS (stored)\n\
+             -     2.500 ms  End       4 body bytes\n\n"
+        );
+        assert_eq!(
+            trace_lines(&entry, true),
+            "* GET http://example.com/a HTTP/1.1 from 127.0.0.1\n\
+             -               ReqHeader user-agent: curl/8.0\n\
+             -     0.120 ms  Lookup    nothing stored for this variant\n\
+             -     2.100 ms  Response  200 MISS (stored)\n\
+             -               RespHeader content-type: text/plain\n\
              -     2.500 ms  End       4 body bytes\n\n"
         );
     }

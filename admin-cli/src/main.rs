@@ -6,6 +6,7 @@ mod invalidation;
 mod log;
 mod objects;
 mod operations;
+mod query;
 mod stats;
 mod table;
 mod top;
@@ -132,13 +133,23 @@ enum Command {
     Trace {
         #[command(flatten)]
         filter: Filter,
+        /// Only requests the query selects, e.g. `status >= 500 and resp.http.x-foo ~ bar` (fields: url,
+        /// host, method, client, status, cache, detail, backend, route, ttfb and duration in ms, bytes,
+        /// req.http.NAME, resp.http.NAME; `==`, `!=`, `~`, `!~`, `<`, `<=`, `>`, `>=`; `and`, `or`, `not`
+        /// and parentheses), like `varnishlog -q`.
+        #[arg(short = 'q', long = "query", value_name = "EXPR", value_parser = query::Query::parse)]
+        query: Option<query::Query>,
+        /// Show every request and response header (`ReqHeader`, `RespHeader`), as varnishlog does.
+        #[arg(long)]
+        headers: bool,
     },
     /// The most frequent URLs, hosts, misses, origin fetches, statuses or backends over a sliding window,
     /// live, like `varnishtop`.
     Top {
-        /// What to count requests by.
-        #[arg(long, value_enum, default_value = "url")]
-        by: top::By,
+        /// What to count requests by: url, host, miss, fetch, status, backend, or `header:NAME` (a request
+        /// header's value, as `varnishtop -i ReqHeader -I '^NAME'`).
+        #[arg(long, value_parser = top::Key::parse, default_value = "url")]
+        by: top::Key,
         /// The window, in seconds.
         #[arg(long, value_name = "SECONDS", value_parser = positive_seconds, default_value = "60")]
         window: f64,
@@ -380,8 +391,15 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
         Command::Backend { name, health } => {
             operations::set_backend_health(client, out, &name, health).await
         }
-        Command::Log { filter } => log::follow(client, out, filter.wire(false)).await,
-        Command::Trace { filter } => log::follow(client, out, filter.wire(true)).await,
+        Command::Log { filter } => log::follow(client, out, filter.wire(false), None).await,
+        Command::Trace {
+            filter,
+            query,
+            headers,
+        } => {
+            let view = log::Traced { query, headers };
+            log::follow(client, out, filter.wire(true), Some(view)).await
+        }
         Command::Top {
             by,
             window,

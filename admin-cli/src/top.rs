@@ -7,10 +7,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use lacquer_admin::top::By;
 use lacquer_admin::{
-    top::{Row, Window},
-    wire::LogFilter,
+    top::{By, Row, Window},
+    wire::{LogEntry, LogFilter},
     AdminClient, AdminError, LogEvent,
 };
 use serde::Serialize;
@@ -37,20 +36,74 @@ fn render(top: &Top) -> String {
 }
 
 /// Shows the table every second until interrupted, or once after `duration`.
+/// What `cachectl top` counts by: one of [`By`]'s, or a request header's value (`header:NAME`).
+#[derive(Debug, Clone)]
+pub enum Key {
+    Field(By),
+    /// The value of this request header (lower-cased name); requests without it are not counted.
+    Header(String),
+}
+
+impl Key {
+    /// `url`, `host`, … or `header:NAME`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(name) = text.strip_prefix("header:") {
+            let valid = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            return match valid {
+                true => Ok(Key::Header(name.to_ascii_lowercase())),
+                false => Err(format!("{name:?} is not a header name")),
+            };
+        }
+        <By as clap::ValueEnum>::from_str(text, true)
+            .map(Key::Field)
+            .map_err(|_| "give url, host, miss, fetch, status, backend or header:NAME".to_owned())
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Key::Field(by) => by.name().to_owned(),
+            Key::Header(name) => format!("header:{name}"),
+        }
+    }
+
+    fn key(&self, e: &LogEntry) -> Option<String> {
+        match self {
+            Key::Field(by) => by.key(e),
+            Key::Header(name) => {
+                let values: Vec<&str> = e
+                    .request_headers
+                    .iter()
+                    .filter(|f| f.name.eq_ignore_ascii_case(name))
+                    .map(|f| f.value.as_str())
+                    .collect();
+                (!values.is_empty()).then(|| values.join(", "))
+            }
+        }
+    }
+}
+
 pub async fn run(
     client: &AdminClient,
     out: Output,
-    by: By,
+    by: Key,
     window: Duration,
     limit: usize,
     duration: Option<Duration>,
 ) -> Result<(), AdminError> {
-    let mut stream = client.log_stream(&LogFilter::default()).await?;
+    // Only traced records carry headers.
+    let filter = LogFilter {
+        trace: matches!(by, Key::Header(_)).then_some(true),
+        ..LogFilter::default()
+    };
+    let mut stream = client.log_stream(&filter).await?;
     let started = Instant::now();
     let mut counted = Window::new(window, started);
     let clear = duration.is_none() && !out.json && std::io::stdout().is_terminal();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let name = by.name().to_owned();
+    let name = by.name();
     let show = |counted: &Window| {
         let now = Instant::now();
         let top = Top {

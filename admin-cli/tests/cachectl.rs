@@ -623,6 +623,113 @@ async fn trace_shows_the_steps_of_matching_requests() {
     );
 }
 
+/// `cachectl trace -q` selects by any field, headers included, as `varnishlog -q`; `--headers` shows them;
+/// `cachectl top --by header:NAME` counts by a request header's value, as `varnishtop -i ReqHeader`.
+#[tokio::test(flavor = "multi_thread")]
+async fn trace_queries_and_headers_and_top_by_a_header() {
+    let origin = Origin::start(|seen| match seen.path.as_str() {
+        "/missing" => Reply::ok("no").status(404).header("x-why", "gone"),
+        _ => Reply::ok("x").header("cache-control", "max-age=60"),
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let spawn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cachectl"))
+            .args(["--admin", &d.admin.to_string(), "--secret"])
+            .arg(d.secret_file())
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = spawn(&[
+        "trace",
+        "-q",
+        "status >= 400 and resp.http.x-why ~ gone and req.http.x-device == tablet",
+        "--headers",
+    ]);
+    let top = spawn(&["--json", "top", "--by", "header:X-Device", "--for", "3"]);
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let ask = |path: &'static str, device: &'static str| {
+        let addr = d.addr;
+        async move {
+            lacquer_tests::request(
+                addr,
+                http::Method::GET,
+                path,
+                &[("x-device", device)],
+                Default::default(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut lines = Vec::new();
+    while !lines.iter().any(|l: &String| l.is_empty()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no trace in 10 s: {lines:?}"
+        );
+        ask("/missing", "phone").await;
+        ask("/found", "tablet").await;
+        ask("/missing", "tablet").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        lines.extend(rx.try_iter());
+    }
+    // Counted for at least the three seconds `top` runs.
+    let until = std::time::Instant::now() + Duration::from_millis(3200);
+    while std::time::Instant::now() < until {
+        ask("/found", "tablet").await;
+        ask("/found", "tablet").await;
+        ask("/found", "phone").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let block: Vec<&String> = lines.iter().take_while(|l| !l.is_empty()).collect();
+    assert!(
+        block[0].ends_with("/missing HTTP/1.1 from 127.0.0.1"),
+        "{block:#?}"
+    );
+    assert!(
+        block
+            .iter()
+            .any(|l| l.contains("ReqHeader x-device: tablet")),
+        "{block:#?}"
+    );
+    assert!(
+        block.iter().any(|l| l.contains("RespHeader x-why: gone")),
+        "{block:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("/found") || l.contains("x-device: phone")),
+        "only what the query selects: {lines:#?}"
+    );
+    let out = top.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let table = json(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(table["by"], "header:x-device", "{table}");
+    let rows = table["rows"].as_array().unwrap();
+    assert_eq!(rows[0]["key"], "tablet", "{table}");
+    assert_eq!(rows[1]["key"], "phone", "{table}");
+    let (tablets, phones) = (
+        rows[0]["count"].as_u64().unwrap(),
+        rows[1]["count"].as_u64().unwrap(),
+    );
+    assert!(tablets >= 2 * phones - 2 && phones >= 5, "{table}");
+}
+
 /// varnishlog goes on through a restart of varnishd; `cachectl log` went away with exit status 3.
 #[tokio::test(flavor = "multi_thread")]
 async fn log_goes_on_through_a_restart_of_the_daemon() {

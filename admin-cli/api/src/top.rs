@@ -193,6 +193,8 @@ mod tests {
             duration: 0.0,
             backend: backend.map(Into::into),
             route: None,
+            request_headers: Vec::new(),
+            response_headers: Vec::new(),
             steps: Vec::new(),
         }
     }

@@ -66,6 +66,8 @@ pub async fn stream(
                             if !tracing && !entry.steps.is_empty() {
                                 let plain = LogEntry {
                                     steps: Vec::new(),
+                                    request_headers: Vec::new(),
+                                    response_headers: Vec::new(),
                                     ..(*entry).clone()
                                 };
                                 event.json_data(&plain)

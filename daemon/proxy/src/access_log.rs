@@ -21,7 +21,7 @@ use std::{
 
 use arc_swap::ArcSwap;
 use http::{header, Request, Response};
-use lacquer_admin::wire::{LogEntry, TraceStep};
+use lacquer_admin::wire::{HeaderField, LogEntry, TraceStep};
 use tokio::sync::broadcast;
 
 use lacquer_backends::body::Body;
@@ -138,8 +138,9 @@ impl AccessLog {
         let format = self.format.load_full();
         let request = LogFormat::capture(&format.request_fields, req.headers());
         let started = lacquer_clock::monotonic();
+        let traced = self.tracers.load(Relaxed) > 0;
         let note = Note {
-            steps: (self.tracers.load(Relaxed) > 0).then(|| (started, Mutex::default())),
+            steps: traced.then(|| (started, Mutex::default())),
             ..Note::default()
         };
         let recording = Recording {
@@ -171,6 +172,12 @@ impl AccessLog {
                 duration: 0.0,
                 backend: None,
                 route: None,
+                request_headers: if traced {
+                    every_field(req.headers())
+                } else {
+                    Vec::new()
+                },
+                response_headers: Vec::new(),
                 steps: Vec::new(),
             },
         };
@@ -271,6 +278,9 @@ impl Recording {
     /// `Cache-Status`' detail as the client sees them.
     pub(crate) fn head(&mut self, resp: &Response<Body>) {
         self.entry.status = resp.status().as_u16();
+        if self.note.steps.is_some() {
+            self.entry.response_headers = every_field(resp.headers());
+        }
         self.response = LogFormat::capture(&self.format.response_fields, resp.headers());
         if let Some(cache) = resp.headers().get("x-cache").and_then(|v| v.to_str().ok()) {
             self.entry.cache = cache.to_owned();
@@ -299,6 +309,19 @@ impl Recording {
         }
         self.log.clone().emit(self);
     }
+}
+
+/// Every field of `headers`, in order, for a traced record (`cachectl trace --headers`, varnishlog's
+/// `ReqHeader` and `RespHeader`): values as sent, lossily decoded, credentials included, as varnishlog
+/// shows them to whoever holds the admin secret.
+fn every_field(headers: &http::HeaderMap) -> Vec<HeaderField> {
+    headers
+        .iter()
+        .map(|(name, value)| HeaderField {
+            name: name.as_str().to_owned(),
+            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+        })
+        .collect()
 }
 
 /// The `detail` parameter of a `Cache-Status` entry (RFC 9211 §2.8), unquoted.

@@ -402,6 +402,8 @@ mod tests {
             duration: 1.0045,
             backend: Some("app1".into()),
             route: Some("route[0]".into()),
+            request_headers: Vec::new(),
+            response_headers: Vec::new(),
             steps: Vec::new(),
         }
     }

@@ -94,6 +94,8 @@ mod tests {
             duration: 0.0,
             backend: Some("app1".into()),
             route: None,
+            request_headers: Vec::new(),
+            response_headers: Vec::new(),
             steps: Vec::new(),
         }
     }

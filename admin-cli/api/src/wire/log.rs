@@ -4,6 +4,8 @@ use chrono::{Local, TimeZone};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::HeaderField;
+
 /// One completed request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct LogEntry {
@@ -40,6 +42,13 @@ pub struct LogEntry {
     /// The route taken, `route[N]` or `default`; none for a request refused before routing.
     #[serde(default)]
     pub route: Option<String>,
+    /// Every request header as the client sent it: only in the records of a stream that asked for the
+    /// steps (`trace=true`), empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_headers: Vec<HeaderField>,
+    /// Every response header as the client got it: only in traced records, as `request_headers`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub response_headers: Vec<HeaderField>,
     /// Every step the data path took for the request, in order: only in the records of a stream that asked
     /// for them (`trace=true`, what `cachectl trace` shows), empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -153,6 +162,8 @@ mod tests {
             duration: 0.0045,
             backend: Some("app1".into()),
             route: None,
+            request_headers: Vec::new(),
+            response_headers: Vec::new(),
             steps: Vec::new(),
         };
         let line = entry.ncsa_line();
