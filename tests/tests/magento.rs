@@ -157,6 +157,12 @@ match = {{ response_headers = {{ "x-magento-debug" = "" }} }}
 set_headers = {{ "x-magento-cache-control" = "${{resp.cache-control}}", "x-magento-cache-debug" = "${{resp.x-cache}}" }}
 
 [[rule]]
+name = "not-cached"
+on = "deliver"
+match = {{ outcome = ["uncacheable", "pass"] }}
+set_headers = {{ "x-not-cached" = "${{outcome}}" }}
+
+[[rule]]
 name = "browsers"
 on = "deliver"
 match = {{ response_headers = {{ "cache-control" = "^public" }} }}
@@ -199,6 +205,20 @@ set_headers = {{ "cache-control" = "no-store, no-cache, must-revalidate, max-age
         "no-store, no-cache, must-revalidate, max-age=0"
     );
     assert_eq!(get("/p").await.x_cache(), "HIT");
+    assert_eq!(page.header("x-not-cached"), "", "stored");
+    // A guest's wishlist is a redirect to the login page without freshness: fetched, not stored. With a
+    // session cookie (and no rule keying on cookies) the request is not looked up at all.
+    assert_eq!(get("/wishlist").await.header("x-not-cached"), "uncacheable");
+    let signed_in = request(
+        d.addr,
+        Method::GET,
+        "/wishlist",
+        &[("cookie", "PHPSESSID=alice")],
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(signed_in.header("x-not-cached"), "pass");
 }
 
 /// `vcl_backend_response`: a GraphQL answer whose `X-Magento-Cache-Id` is not the request's is not stored

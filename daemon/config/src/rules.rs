@@ -214,6 +214,9 @@ pub struct Match {
     /// GraphQL answers, not stored under the request's key when their `X-Magento-Cache-Id` differs from
     /// the request's. Default: none.
     pub different_headers: Vec<String>,
+    /// How the cache answered the response (deliver): `hit`, `stale` (served in grace or for a failing
+    /// origin), `miss` (fetched and stored), `uncacheable` (fetched, not stored) or `pass`. Default: any.
+    pub outcome: Vec<String>,
     /// The response's `Content-Length` is larger than this (backend_response). Default: any size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub larger_than: Option<ByteSize>,

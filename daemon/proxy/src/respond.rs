@@ -55,6 +55,17 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// How the deliver rules see it (`match.outcome`, `${outcome}`).
+    pub(crate) fn delivered(self) -> lacquer_rules::Outcome {
+        match self {
+            Outcome::Hit { .. } => lacquer_rules::Outcome::Hit,
+            Outcome::Stale { .. } => lacquer_rules::Outcome::Stale,
+            Outcome::Miss { stored: true, .. } => lacquer_rules::Outcome::Miss,
+            Outcome::Miss { stored: false, .. } => lacquer_rules::Outcome::Uncacheable,
+            Outcome::Pass { .. } => lacquer_rules::Outcome::Pass,
+        }
+    }
+
     pub(crate) fn x_cache(self) -> &'static str {
         match self {
             Outcome::Hit { .. } => "HIT",

@@ -44,6 +44,7 @@ pub(crate) struct Conditions {
     pub response_headers: Vec<(HeaderName, Option<Regex>)>,
     /// Headers the request and the response must carry alike (`true`) or not (`false`).
     pub alike: Vec<(HeaderName, bool)>,
+    pub outcomes: Vec<crate::Outcome>,
     pub larger_than: Option<u64>,
 }
 
@@ -83,6 +84,11 @@ impl Line {
             template,
             literal,
         }
+    }
+
+    /// Whether its value says how the cache answered (`${outcome}`).
+    pub fn reads_outcome(&self) -> bool {
+        self.template.reads_outcome()
     }
 
     /// The value for this request; `None` removes the field (an empty value, or one that a request's
@@ -192,6 +198,7 @@ impl Compiled {
         self.phase == Phase::Deliver
             && request_blind
             && w.response_headers.is_empty()
+            && w.outcomes.is_empty()
             && a.respond.is_none()
             && !a.debug_headers
             && a.set.iter().chain(&a.append).all(Line::is_literal)
@@ -209,6 +216,25 @@ pub(crate) struct Compiled {
     pub actions: Actions,
     /// How many groups `match.path_regex` has, for templates.
     pub groups: usize,
+}
+
+impl Compiled {
+    /// Whether it asks how the cache answered (`match.outcome`, `${outcome}` in a header it writes or a
+    /// response it makes): the deliver phase then finds out before it runs.
+    pub fn reads_outcome(&self) -> bool {
+        let a = &self.actions;
+        !self.when.outcomes.is_empty()
+            || a.set.iter().chain(&a.append).any(Line::reads_outcome)
+            || a.respond.as_ref().is_some_and(Synthesis::reads_outcome)
+    }
+}
+
+impl Synthesis {
+    fn reads_outcome(&self) -> bool {
+        self.location.as_ref().is_some_and(Template::reads_outcome)
+            || matches!(&self.body, Body::Template(t) if t.reads_outcome())
+            || self.headers.iter().any(|(_, t)| t.reads_outcome())
+    }
 }
 
 /// Makes a reason into the error of `field`.
@@ -407,6 +433,21 @@ pub(crate) fn compile(
     if !m.response_headers.is_empty() {
         allowed(phase, "match.response_headers", &[BackendResponse, Deliver])?;
     }
+    if !m.outcome.is_empty() {
+        allowed(phase, "match.outcome", &[Deliver])?;
+    }
+    for name in &m.outcome {
+        let outcome = crate::Outcome::ALL
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, o)| *o)
+            .ok_or_else(|| {
+                at("match.outcome")(format!(
+                    "{name:?} is not an outcome (hit, stale, miss, uncacheable, pass)"
+                ))
+            })?;
+        when.outcomes.push(outcome);
+    }
     for (field, names, want) in [
         ("match.same_headers", &m.same_headers, true),
         ("match.different_headers", &m.different_headers, false),
@@ -482,6 +523,12 @@ pub(crate) fn compile(
                 )));
             }
             let t = header_template(value, groups).map_err(at(&format!("{field}.{name}")))?;
+            if t.reads_outcome() && phase != Deliver {
+                return Err(at(&format!("{field}.{name}"))(format!(
+                    "reads the outcome (`${{outcome}}`): not in the {} phase (only in deliver)",
+                    phase.name()
+                )));
+            }
             if t.reads_response() && !matches!(phase, BackendResponse | Deliver) {
                 return Err(at(&format!("{field}.{name}"))(format!(
                     "reads the response (`${{resp.…}}`): not in the {} phase (only in backend_response, deliver)",
@@ -521,7 +568,7 @@ pub(crate) fn compile(
         allowed(phase, "rewrite_path", &request_only)?;
         let from = regex(&r.from).map_err(at("rewrite_path.from"))?;
         let to = Template::parse(&r.to, from.captures_len() - 1).map_err(at("rewrite_path.to"))?;
-        if to.reads_response() {
+        if to.reads_response() || to.reads_outcome() {
             return Err(at("rewrite_path.to")(
                 "reads the response (`${resp.…}`): there is none in the request phase".into(),
             ));
@@ -924,9 +971,10 @@ fn synthesis(r: &Respond, phase: Phase, groups: usize) -> Result<Synthesis, (Str
         ));
     }
     // Only a deliver rule's response has a head to read when it makes its own.
-    let reads_response = location.as_ref().is_some_and(Template::reads_response)
-        || matches!(&body, Body::Template(t) if t.reads_response())
-        || headers.iter().any(|(_, t)| t.reads_response());
+    let reads = |t: &Template| t.reads_response() || t.reads_outcome();
+    let reads_response = location.as_ref().is_some_and(reads)
+        || matches!(&body, Body::Template(t) if reads(t))
+        || headers.iter().any(|(_, t)| reads(t));
     if reads_response && phase != Deliver {
         return Err((
             "respond".into(),

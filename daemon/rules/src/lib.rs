@@ -82,6 +82,8 @@ pub struct Rules {
     ahead: usize,
     /// How many fields those rules may add to a head.
     edited_fields: usize,
+    /// A deliver rule asks how the cache answered ([`Compiled::reads_outcome`]).
+    reads_outcome: bool,
 }
 
 /// What the deliver rules that look at the response alone did to a prepared head ([`Rules::prepare`]),
@@ -262,6 +264,43 @@ pub struct Debug {
     pub hits: Option<u64>,
     /// Seconds of freshness left (negative once stale), when it is stored.
     pub ttl_s: Option<i64>,
+    /// How the cache answered (`match.outcome`, `${outcome}`); none where no response was made (an
+    /// explanation).
+    pub outcome: Option<Outcome>,
+}
+
+/// How the cache answered a response the deliver phase sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// From the cache, fresh.
+    Hit,
+    /// From the cache, stale: within grace while refreshed, or standing in for a failing origin.
+    Stale,
+    /// Fetched, and stored.
+    Miss,
+    /// Fetched, and not stored (the origin's or a rule's answer forbade it).
+    Uncacheable,
+    /// Sent to the origin without a lookup.
+    Pass,
+}
+
+impl Outcome {
+    /// Every outcome, by its name.
+    pub const ALL: [(&'static str, Outcome); 5] = [
+        ("hit", Outcome::Hit),
+        ("stale", Outcome::Stale),
+        ("miss", Outcome::Miss),
+        ("uncacheable", Outcome::Uncacheable),
+        ("pass", Outcome::Pass),
+    ];
+
+    /// Its name, as `match.outcome` and `${outcome}` write it.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, o)| *o == self)
+            .map_or("", |(n, _)| n)
+    }
 }
 
 /// The response a response phase's conditions look at.
@@ -269,6 +308,8 @@ pub struct Debug {
 struct Response<'a> {
     status: StatusCode,
     headers: &'a HeaderMap,
+    /// How the cache answered, in the deliver phase.
+    outcome: Option<Outcome>,
 }
 
 /// Header lines a rule writes, with their values for one request.
@@ -335,6 +376,7 @@ impl Rules {
                 })
                 .collect(),
             counts_hits: compiled.iter().any(|r| r.actions.debug_headers),
+            reads_outcome: compiled.iter().any(Compiled::reads_outcome),
             rules: compiled,
             by_phase,
         })
@@ -505,6 +547,7 @@ impl Rules {
                 status: None,
                 groups: &groups,
                 response: None,
+                outcome: None,
             };
             // Rendered before the head they go into is borrowed for writing.
             let set: Lines = a.set.iter().map(|l| (l, l.value(&values))).collect();
@@ -578,6 +621,7 @@ impl Rules {
                     status: None,
                     groups: &groups,
                     response: None,
+                    outcome: None,
                 };
                 v.respond = Some(synthesize(s, StatusCode::OK, &values));
                 break;
@@ -602,7 +646,7 @@ impl Rules {
             let Some(groups) = self.tried(i, rule, facts, None, &mut trace, &mut seen) else {
                 continue;
             };
-            let values = facts.values(None, &groups, None);
+            let values = facts.values(None, &groups, None, None);
             let a = &rule.actions;
             edit(headers, a, &values);
             if rule.stop {
@@ -623,13 +667,17 @@ impl Rules {
         let mut adjust = Adjust::default();
         let mut seen = Seen::default();
         for (i, rule) in self.phase(Phase::BackendResponse) {
-            let response = Response { status, headers };
+            let response = Response {
+                status,
+                headers,
+                outcome: None,
+            };
             let Some(groups) = self.tried(i, rule, facts, Some(response), &mut trace, &mut seen)
             else {
                 continue;
             };
             let a = &rule.actions;
-            let lines = render(a, &facts.values(Some(status), &groups, Some(headers)));
+            let lines = render(a, &facts.values(Some(status), &groups, Some(headers), None));
             apply(headers, a, lines);
             let r = a.adjust;
             adjust = Adjust {
@@ -695,7 +743,11 @@ impl Rules {
             ..Ahead::default()
         };
         for (n, (_, rule)) in self.phase(Phase::Deliver).take(self.ahead).enumerate() {
-            let response = Some(Response { status, headers });
+            let response = Some(Response {
+                status,
+                headers,
+                outcome: None,
+            });
             let hit = matches(
                 rule,
                 &parts,
@@ -712,7 +764,7 @@ impl Rules {
             }
             let lines = render(
                 &rule.actions,
-                &facts.values(Some(status), &[], Some(headers)),
+                &facts.values(Some(status), &[], Some(headers), None),
             );
             apply(headers, &rule.actions, lines);
             if rule.stop {
@@ -763,14 +815,19 @@ impl Rules {
         mut trace: Option<&mut Trace>,
     ) -> Option<Synthetic> {
         let mut seen = Seen::default();
+        let outcome = self.reads_outcome.then(|| debug().outcome).flatten();
         for (i, rule) in self.phase(Phase::Deliver).skip(skip) {
-            let response = Response { status, headers };
+            let response = Response {
+                status,
+                headers,
+                outcome,
+            };
             let Some(groups) = self.tried(i, rule, facts, Some(response), &mut trace, &mut seen)
             else {
                 continue;
             };
             let a = &rule.actions;
-            let values = facts.values(Some(status), &groups, Some(headers));
+            let values = facts.values(Some(status), &groups, Some(headers), outcome);
             if let Some(s) = &a.respond {
                 return Some(synthesize(s, status, &values));
             }
@@ -808,12 +865,13 @@ impl Rules {
             let response = Response {
                 status,
                 headers: &empty,
+                outcome: None,
             };
             let Some(groups) = self.tried(i, rule, facts, Some(response), &mut trace, &mut seen)
             else {
                 continue;
             };
-            let values = facts.values(Some(status), &groups, None);
+            let values = facts.values(Some(status), &groups, None, None);
             let a = &rule.actions;
             let mut made = match &a.respond {
                 Some(s) => synthesize(s, status, &values),
@@ -839,6 +897,7 @@ impl Facts<'_> {
         status: Option<StatusCode>,
         groups: &'g [String],
         response: Option<&'g HeaderMap>,
+        outcome: Option<Outcome>,
     ) -> Values<'g>
     where
         Self: 'g,
@@ -850,6 +909,7 @@ impl Facts<'_> {
             status: status.map(|s| s.as_u16()),
             groups,
             response,
+            outcome: outcome.map(Outcome::name),
         }
     }
 }
@@ -960,6 +1020,7 @@ fn rewritten_target(
                     status: None,
                     groups: &own,
                     response: None,
+                    outcome: None,
                 };
                 let whole = caps.get(0).expect("group 0");
                 let mut out = String::with_capacity(path.len());
@@ -1102,6 +1163,9 @@ fn matches(
             }) {
                 return false;
             }
+        }
+        if !w.outcomes.is_empty() && !r.outcome.is_some_and(|o| w.outcomes.contains(&o)) {
+            return false;
         }
         for (n, want) in &w.alike {
             let alike = parts

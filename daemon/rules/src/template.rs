@@ -26,9 +26,10 @@ enum Var {
     ClientIp,
     Method,
     Status,
+    Outcome,
 }
 
-const VARS: [(&str, Var); 8] = [
+const VARS: [(&str, Var); 9] = [
     ("host", Var::Host),
     ("path", Var::Path),
     ("query", Var::Query),
@@ -37,6 +38,7 @@ const VARS: [(&str, Var); 8] = [
     ("client_ip", Var::ClientIp),
     ("method", Var::Method),
     ("status", Var::Status),
+    ("outcome", Var::Outcome),
 ];
 
 /// A parsed template.
@@ -52,6 +54,8 @@ pub(crate) struct Values<'a> {
     pub groups: &'a [String],
     /// The response's head, in the response phases.
     pub response: Option<&'a http::HeaderMap>,
+    /// How the cache answered, in the deliver phase (`hit`, `miss`…).
+    pub outcome: Option<&'static str>,
 }
 
 impl Template {
@@ -139,6 +143,11 @@ impl Template {
         self.0.iter().any(|p| matches!(p, Piece::Response(_)))
     }
 
+    /// Whether it reads how the cache answered (`${outcome}`): only the deliver phase knows.
+    pub fn reads_outcome(&self) -> bool {
+        self.0.iter().any(|p| matches!(p, Piece::Var(Var::Outcome)))
+    }
+
     /// Whether it starts with literal text that starts with `prefix`.
     pub fn starts_with(&self, prefix: &str) -> bool {
         matches!(self.0.first(), Some(Piece::Text(t)) if t.starts_with(prefix))
@@ -182,6 +191,7 @@ impl Template {
                             let _ = write!(out, "{s}");
                         }
                     }
+                    Var::Outcome => out.push_str(v.outcome.unwrap_or("")),
                 },
             }
         }
@@ -218,6 +228,7 @@ mod tests {
             status: Some(404),
             groups: &groups,
             response: Some(&response),
+            outcome: Some("hit"),
         };
         for (text, want) in [
             ("plain", "plain"),
@@ -231,6 +242,10 @@ mod tests {
             ("${client_ip} ${status} $$5", "192.0.2.7 404 $5"),
             ("cc=${resp.Cache-Control}", "cc=public, max-age=60"),
             ("${resp.x-tags}|${resp.absent}|", "a, b||"),
+            (
+                "X-Magento-Cache-Debug: ${outcome}",
+                "X-Magento-Cache-Debug: hit",
+            ),
         ] {
             assert_eq!(Template::parse(text, 1).unwrap().render(&v), want, "{text}");
         }

@@ -342,6 +342,7 @@ fn response_rules_adjust_storing_and_edit_fields() {
     let debug = || Debug {
         hits: Some(3),
         ttl_s: Some(42),
+        outcome: None,
     };
     assert!(r
         .deliver(facts, StatusCode::OK, &mut h, &debug, None)
@@ -431,6 +432,75 @@ fn response_rules_read_the_response_they_edit() {
             r#"on = "error"
             respond = { status = 503, body = "${resp.x-a}" }"#,
             "rule[0].respond: reads the response",
+        ),
+    ] {
+        let err = rules(&format!("[[rule]]\n{rule}")).unwrap_err().to_string();
+        assert!(err.contains(error), "{err}");
+    }
+}
+
+/// How the cache answered, as a deliver condition and a template value; refused where it is not known.
+#[test]
+fn deliver_rules_see_the_outcome() {
+    let r = rules(
+        r#"
+        [[rule]]
+        on = "deliver"
+        match = { outcome = ["uncacheable", "pass"] }
+        set_headers = { "x-not-cached" = "${outcome}" }
+        [[rule]]
+        on = "deliver"
+        set_headers = { "x-magento-cache-debug" = "${outcome}" }
+        "#,
+    )
+    .unwrap();
+    let p = request("/p", &[]);
+    let facts = Facts {
+        parts: &p,
+        client: client(),
+        secure: false,
+    };
+    let deliver = |outcome| {
+        let mut h = HeaderMap::new();
+        let debug = move || Debug {
+            outcome,
+            ..Debug::default()
+        };
+        r.deliver(facts, StatusCode::OK, &mut h, &debug, None);
+        h
+    };
+    let h = deliver(Some(Outcome::Uncacheable));
+    assert_eq!(
+        (&h["x-not-cached"], &h["x-magento-cache-debug"]),
+        (
+            &HeaderValue::from_static("uncacheable"),
+            &HeaderValue::from_static("uncacheable")
+        )
+    );
+    let h = deliver(Some(Outcome::Hit));
+    assert!(!h.contains_key("x-not-cached"));
+    assert_eq!(h["x-magento-cache-debug"], "hit");
+    assert!(
+        !deliver(None).contains_key("x-not-cached"),
+        "unknown: no outcome matches"
+    );
+    for (rule, error) in [
+        (
+            r#"on = "backend_response"
+            match = { outcome = ["hit"] }
+            store = false"#,
+            "rule[0].match.outcome: not in the backend_response phase",
+        ),
+        (
+            r#"on = "deliver"
+            match = { outcome = ["cached"] }
+            set_headers = { x = "1" }"#,
+            "\"cached\" is not an outcome",
+        ),
+        (
+            r#"on = "backend_response"
+            set_headers = { x = "${outcome}" }"#,
+            "reads the outcome",
         ),
     ] {
         let err = rules(&format!("[[rule]]\n{rule}")).unwrap_err().to_string();

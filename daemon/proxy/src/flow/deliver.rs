@@ -30,7 +30,10 @@ pub(super) fn deliver<S: CacheStore>(
             let live = worker.shared.live.load();
             let delivering = Delivering {
                 own_error: txn.own_error,
-                debug: txn.debug.unwrap_or_default(),
+                debug: lacquer_rules::Debug {
+                    outcome: txn.outcome.map(respond::Outcome::delivered),
+                    ..txn.debug.unwrap_or_default()
+                },
                 ahead: txn.ahead,
             };
             let (resp, made) =

@@ -145,6 +145,7 @@ fn with_debug(txn: &mut Txn, prepared: &Prepared, meta: &ObjectMeta, now: u64) {
             txn.debug = Some(lacquer_rules::Debug {
                 hits: Some(hits),
                 ttl_s: Some(meta.remaining_ttl_ms(now) / 1000),
+                outcome: None,
             });
         }
     }

@@ -259,6 +259,7 @@ pub(super) async fn miss<S: CacheStore>(
             .ok()
             .filter(|h| h.shareable)
             .map(|h| h.ttl.saturating_sub(h.received_at.elapsed()).as_secs() as i64),
+        outcome: None,
     });
     txn.debug = debug;
     let (made, outcome) = match head {
