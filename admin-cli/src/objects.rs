@@ -119,10 +119,12 @@ fn variant(n: usize, v: &StoredVariant) -> String {
         duration(v.grace_seconds),
         duration(v.keep_seconds),
         duration(v.stale_if_error_seconds),
-        if v.no_stale {
-            ", never served stale"
-        } else {
-            ""
+        match (v.no_stale, &v.stale_forbidden_by) {
+            (true, Some(directive)) => {
+                format!(", never served stale (the origin's {directive} forbids it, whatever grace a rule gives)")
+            }
+            (true, None) => ", never served stale".to_owned(),
+            (false, _) => String::new(),
         }
     );
     let _ = writeln!(
@@ -196,6 +198,7 @@ mod tests {
                 keep_seconds: 0,
                 stale_if_error_seconds: 0,
                 no_stale: false,
+                stale_forbidden_by: None,
                 tags: vec!["p1".into(), "p2".into()],
                 headers: vec![field("content-type", "text/html"), field("etag", "\"x\"")],
                 generation: 9,

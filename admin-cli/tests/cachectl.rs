@@ -97,6 +97,36 @@ async fn watch_prints_a_document_per_interval() {
     assert_eq!(code, 2, "{err}");
 }
 
+/// `inspect` shows a stored object's effective grace and what voids it: a Magento page's `s-maxage` does
+/// not void a rule's grace; `must-revalidate` does, and says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_says_which_directive_voids_grace() {
+    let origin = Origin::start(|seen| match seen.path.as_str() {
+        "/strict" => Reply::ok("s").header("cache-control", "public, max-age=60, must-revalidate"),
+        _ => Reply::ok("m").header("cache-control", "public, max-age=60, s-maxage=60"),
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        "[[rule]]\non = \"backend_response\"\ngrace = \"3d\"\n",
+    );
+    get(d.addr, "/strict").await;
+    get(d.addr, "/magento").await;
+    let host = d.addr.to_string();
+    let (code, out, err) = ctl(&d, &["inspect", "/strict", "--host", &host]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "grace 0s, keep 0s, stale-if-error 0s, never served stale (the origin's must-revalidate forbids it"
+        ),
+        "{out}"
+    );
+    let (_, out, _) = ctl(&d, &["--json", "inspect", "/magento", "--host", &host]);
+    let variant = &json(&out)["variants"][0];
+    assert_eq!(variant["grace_seconds"], 3 * 86_400, "{variant}");
+    assert!(variant.get("stale_forbidden_by").is_none(), "{variant}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn inspect_says_why_the_last_response_was_not_stored() {
     let origin = Origin::start(|seen| match seen.path.as_str() {

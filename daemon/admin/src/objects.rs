@@ -9,8 +9,9 @@ use lacquer_storage::{ChunkTiers, Inspected};
 
 use super::{AdminError, AdminState, ApiQuery};
 use lacquer_policy::{
+    cache_control::CacheControl,
     stale::{usability, Usability},
-    vary,
+    storable, vary,
 };
 use lacquer_proxy::invalidation;
 
@@ -90,6 +91,18 @@ fn stored_variant(found: Inspected, now_ms: u64) -> StoredVariant {
         keep_seconds: meta.keep_ms / 1000,
         stale_if_error_seconds: meta.stale_if_error_ms / 1000,
         no_stale: meta.no_stale,
+        stale_forbidden_by: meta
+            .no_stale
+            .then(|| {
+                // No rule's grace held when it was stored (a rule's grace voids s-maxage's
+                // implication, so s-maxage here means there was none); a route's TTL voids no-cache,
+                // so a stored no-cache with freshness is not the reason.
+                let cc = CacheControl::governing(&meta.header_map(0), &[]);
+                let no_cache = cc.no_cache && meta.ttl_ms == 0;
+                storable::stale_forbidden_by(&cc, no_cache, false)
+            })
+            .flatten()
+            .map(str::to_owned),
         status: meta.status,
         size: parts.as_ref().map_or(meta.length, |(_, parts)| {
             parts.iter().map(|(p, _)| p.body.length).sum()

@@ -64,6 +64,10 @@ pub struct StoredVariant {
     pub stale_if_error_seconds: u64,
     /// Never served stale (`must-revalidate`, `no-cache`…).
     pub no_stale: bool,
+    /// The stored `Cache-Control` directive that keeps it from being served stale, whatever grace a rule
+    /// gave (`must-revalidate`, `proxy-revalidate`, `no-cache`, or `s-maxage` when no rule gave a grace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_forbidden_by: Option<String>,
     /// Surrogate keys.
     pub tags: Vec<String>,
     /// Response headers as stored.
