@@ -593,3 +593,47 @@ async fn identity_clients_joining_one_fill_share_one_decode() {
     assert_eq!(p["decoded_bytes"], decodes * page.len() as u64, "{p}");
     assert_eq!(p["representations_served"], 0, "{p}");
 }
+
+/// A rule's `compress` (Varnish's `do_gzip`): a small JSON answer, under `min_size`, is stored compressed
+/// and decoded for clients that take no coding; `compress = false` keeps a listed type identity.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rules_compress_overrides_the_size_and_type_lists() {
+    let json = Bytes::from(format!("{{\"items\":[{}]}}", "1,".repeat(60) + "1"));
+    assert!(json.len() < 1024, "under the default min_size");
+    let body = json.clone();
+    let origin = Origin::start(move |seen| {
+        let reply = match seen.path.as_str() {
+            "/api/small.json" => Reply::ok(body.clone()).header("content-type", "application/json"),
+            _ => html(page()),
+        };
+        reply.header("cache-control", "max-age=3600")
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        r#"
+[[rule]]
+on = "backend_response"
+match = { content_types = ["application/json"] }
+compress = true
+
+[[rule]]
+on = "backend_response"
+match = { path_prefix = ["/raw/"] }
+compress = false
+"#,
+    );
+    let gzip = get(&d, "/api/small.json", &[("accept-encoding", "gzip")]).await;
+    assert_eq!(gzip.header("content-encoding"), "gzip");
+    assert_eq!(decoded(&gzip), json);
+    let plain = get(&d, "/api/small.json", &[]).await;
+    assert_eq!(
+        (plain.header("content-encoding"), plain.x_cache()),
+        ("", "HIT")
+    );
+    assert_eq!(plain.body, json);
+    let raw = get(&d, "/raw/page", &[("accept-encoding", "gzip")]).await;
+    assert_eq!(raw.header("content-encoding"), "", "compress = false");
+    assert_eq!(raw.body, page());
+    assert_eq!(origin.count("/api/small.json"), 1);
+}

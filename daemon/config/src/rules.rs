@@ -154,6 +154,11 @@ pub struct Rule {
     /// the policy decides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store: Option<bool>,
+    /// `true`: the stored response is compressed whatever its size and type (Varnish's `do_gzip`; a
+    /// `200` the origin did not code and did not mark `no-transform`); `false`: never (backend_response).
+    /// Default: as `[compression]` decides (`min_size`, `types`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress: Option<bool>,
     /// `X-Cache-Hits` (times the object was served from the cache) and `X-Cache-TTL` (seconds of
     /// freshness left) added (deliver). Default: false.
     pub debug_headers: bool,

@@ -159,7 +159,7 @@ mod hostile {
             let accepts = encoding::Accepts::from_headers(&h);
             accepts.accepts(Some(encoding::Coding::Br));
             encoding::delivery(&h, &accepts, false);
-            encoding::compress_with(StatusCode::OK, &h, &encoding::Compression::default());
+            encoding::compress_with(StatusCode::OK, &h, &encoding::Compression::default(), None);
             headers::strip_hop_by_hop(&mut h);
         }
     }

@@ -260,6 +260,8 @@ pub struct Adjust {
     pub keep: Option<Duration>,
     /// `false`: not stored, whatever the headers say.
     pub store: Option<bool>,
+    /// `true`: compressed when stored whatever its size and type; `false`: never (Varnish's `do_gzip`).
+    pub compress: Option<bool>,
 }
 
 /// [`decide`], with what rules change applied: `headers` is the head as the rules left it, and

@@ -550,19 +550,20 @@ impl FillCoding {
     }
 
     /// Decides for a response with `headers` (changed to describe what is stored) under `settings`;
-    /// `storing` when the response is being stored, `limit` is `max_object_size`.
+    /// `storing` when the response is being stored, `limit` is `max_object_size`, `forced` a rule's
+    /// `compress`.
     pub fn start(
         settings: Option<&Compression>,
         status: http::StatusCode,
         headers: &mut HeaderMap,
-        storing: bool,
+        (storing, forced): (bool, Option<bool>),
         limit: u64,
     ) -> Self {
         let Some(settings) = settings else {
             return FillCoding::AsSent;
         };
         if let Some(coding) = storing
-            .then(|| encoding::compress_with(status, headers, settings))
+            .then(|| encoding::compress_with(status, headers, settings, forced))
             .flatten()
         {
             let level = match coding {

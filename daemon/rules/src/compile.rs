@@ -817,6 +817,7 @@ pub(crate) fn compile(
         grace: rule.grace,
         keep: rule.keep,
         store: rule.store,
+        compress: rule.compress,
     };
     for (field, given) in [
         ("ttl", adjust.ttl.is_some()),
@@ -826,6 +827,7 @@ pub(crate) fn compile(
         ("grace", adjust.grace.is_some()),
         ("keep", adjust.keep.is_some()),
         ("store", adjust.store.is_some()),
+        ("compress", adjust.compress.is_some()),
     ] {
         if given {
             allowed(phase, field, &[BackendResponse])?;

@@ -688,6 +688,7 @@ impl Rules {
                 grace: r.grace.or(adjust.grace),
                 keep: r.keep.or(adjust.keep),
                 store: r.store.or(adjust.store),
+                compress: r.compress.or(adjust.compress),
             };
             if rule.stop {
                 break;

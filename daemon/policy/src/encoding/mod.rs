@@ -172,18 +172,24 @@ pub fn origin_accept_encoding(settings: &Compression) -> HeaderValue {
 
 /// The coding to compress a response with when it is stored: the first configured one, if the response is a
 /// complete 200 in a listed type, not coded already, not marked `no-transform`, and not known to be smaller
-/// than `min_size`.
+/// than `min_size`. A rule's `compress` (`forced`) decides the type and size itself: `true` compresses
+/// any such 200, `false` none.
 pub fn compress_with(
     status: StatusCode,
     headers: &HeaderMap,
     settings: &Compression,
+    forced: Option<bool>,
 ) -> Option<Coding> {
-    if status != StatusCode::OK
+    if forced == Some(false)
+        || status != StatusCode::OK
         || coded(headers) != Coded::Identity
         || headers.contains_key(CONTENT_RANGE)
         || CacheControl::from_headers(headers).no_transform
     {
         return None;
+    }
+    if forced == Some(true) {
+        return settings.codings.first().copied();
     }
     let length = headers
         .get(CONTENT_LENGTH)

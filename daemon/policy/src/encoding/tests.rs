@@ -148,7 +148,7 @@ fn what_is_compressed_when_stored() {
     for (status, h, want) in cases {
         let status = StatusCode::from_u16(*status).unwrap();
         assert_eq!(
-            compress_with(status, &test_headers(h), &settings),
+            compress_with(status, &test_headers(h), &settings, None),
             *want,
             "{status} {h:?}"
         );
@@ -162,14 +162,56 @@ fn what_is_compressed_when_stored() {
         compress_with(
             StatusCode::OK,
             &test_headers(&[("content-type", "application/json")]),
-            &br_first
+            &br_first,
+            None
         ),
         Some(Coding::Br)
     );
     assert_eq!(
-        compress_with(StatusCode::OK, &test_headers(&[html]), &br_first),
+        compress_with(StatusCode::OK, &test_headers(&[html]), &br_first, None),
         None
     );
+    // A rule's `compress` (Varnish's `do_gzip`): small and unlisted bodies too, or nothing; never what
+    // must not be transformed, is coded already, or is not a whole 200.
+    let small_json = [
+        ("content-type", "application/json"),
+        ("content-length", "40"),
+    ];
+    let forced: &[(u16, &[(&str, &str)], Option<bool>, Option<Coding>)] = &[
+        (200, &small_json, None, None),
+        (200, &small_json, Some(true), Some(Coding::Br)),
+        (
+            200,
+            &[("content-type", "application/x-unlisted")],
+            Some(true),
+            Some(Coding::Br),
+        ),
+        (
+            200,
+            &[
+                ("content-type", "application/json"),
+                ("content-length", "4000"),
+            ],
+            Some(false),
+            None,
+        ),
+        (
+            200,
+            &[html, ("cache-control", "no-transform")],
+            Some(true),
+            None,
+        ),
+        (200, &[html, ("content-encoding", "gzip")], Some(true), None),
+        (404, &small_json, Some(true), None),
+    ];
+    for (status, h, force, want) in forced {
+        let status = StatusCode::from_u16(*status).unwrap();
+        assert_eq!(
+            compress_with(status, &test_headers(h), &br_first, *force),
+            *want,
+            "{status} {h:?} {force:?}"
+        );
+    }
 }
 
 #[test]

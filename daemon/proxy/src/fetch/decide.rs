@@ -262,7 +262,7 @@ pub(super) fn decide<S: CacheStore>(
         policy.compression.as_ref().map(|n| &n.settings),
         head.status,
         &mut head.headers,
-        writer.is_some(),
+        (writer.is_some(), adjust.compress),
         max_object_size,
     );
     let fetched = Arc::new(FetchedHead {
