@@ -177,7 +177,9 @@ fn what_is_compressed_when_stored() {
         ("content-type", "application/json"),
         ("content-length", "40"),
     ];
-    let forced: &[(u16, &[(&str, &str)], Option<bool>, Option<Coding>)] = &[
+    /// Status, headers, the rule's `compress`, the coding it is stored with.
+    type Forced<'a> = (u16, &'a [(&'a str, &'a str)], Option<bool>, Option<Coding>);
+    let forced: &[Forced<'_>] = &[
         (200, &small_json, None, None),
         (200, &small_json, Some(true), Some(Coding::Br)),
         (
