@@ -83,3 +83,39 @@ pub async fn open(addr: SocketAddr, path: &str) -> http::Response<hyper::body::I
         .expect("head in time")
         .expect("head")
 }
+
+/// One HTTP/1.1 request written by hand (`headers` as `Name: value\r\n` lines), on a connection of its own
+/// that it closes; through a PROXY-protocol listener as if from `client` when one is given. The raw
+/// response, head and body: for what a client library would refuse to send or would tidy up.
+pub async fn raw(
+    addr: SocketAddr,
+    client: Option<&str>,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &str,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let proxy = client.map_or(String::new(), |c| {
+        format!("PROXY TCP4 {c} 192.0.2.1 40000 80\r\n")
+    });
+    let request = format!(
+        "{proxy}{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .expect("the response in time")
+        .unwrap();
+    out
+}
+
+/// The status of a raw response ([`raw`]).
+pub fn raw_status(raw: &str) -> u16 {
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status: {raw:?}"))
+}

@@ -12,7 +12,7 @@ pub mod nginx;
 pub mod origin;
 pub mod tls;
 
-pub use client::{get, open, request, Reply as ClientReply};
+pub use client::{get, open, raw, raw_status, request, Reply as ClientReply};
 pub use daemon::Daemon;
 pub use origin::{pattern, ranged, Origin, Raw, Reply, Step};
 

@@ -185,6 +185,54 @@ fn paths(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
+/// A platform's purge request (a rule's `ban`, Magento's contract) sent to one node bans on every node, as
+/// every ban does: through the cluster's log, acknowledged once in it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purge_request_a_rule_turns_into_a_ban_reaches_every_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(etcd) = Etcd::start() else { return };
+    let o = Versioned::start().await;
+    let extra = format!(
+        "secret_file = \"{}\"\n\n[purge]\nallow_from = [\"127.0.0.0/8\"]\n\n\
+         [[rule]]\nmatch = {{ methods = [\"PURGE\"] }}\n\
+         ban = [{{ object_header = \"surrogate-key\", regex_from = \"x-tags-pattern\" }}]\n",
+        cluster_secret().display()
+    );
+    let nodes: Vec<Daemon> = (1..=2)
+        .map(|n| node_with(&o.origin, n, &etcd.url(), false, &extra))
+        .collect();
+    for d in &nodes {
+        serving_with(d, 2).await;
+    }
+    let (b, c) = (paths("/b/", 3), paths("/c/", 3));
+    for d in &nodes {
+        fill(d, &[b.clone(), c.clone()].concat()).await;
+    }
+    o.bump();
+    let r = request(
+        nodes[0].addr,
+        Method::from_bytes(b"PURGE").unwrap(),
+        "/",
+        &[("host", HOST), ("x-tags-pattern", "^shelf-b$")],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.status.as_u16(), &r.body[..]), (200, &b"Purged\n"[..]));
+    let head = etcd.revision_of_log();
+    for (i, d) in nodes.iter().enumerate() {
+        applied(d, head).await;
+        for p in &b {
+            let r = get(d.addr, p).await;
+            assert_ne!(r.x_cache(), "HIT", "n{}: {p} was banned", i + 1);
+            assert_eq!(version_of(&r), 2, "{p}");
+        }
+        for p in &c {
+            assert_eq!(get(d.addr, p).await.x_cache(), "HIT", "n{}: {p}", i + 1);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bans_and_tag_purges_sent_to_one_node_reach_every_node() {
     let _one = ONE_AT_A_TIME.lock().await;

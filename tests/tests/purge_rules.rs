@@ -1,43 +1,9 @@
 //! Invalidation from a request, typed (a rule's `ban` and `purge`): the purge contracts of Magento's and
 //! WordPress's Varnish templates, through the real daemon, as those platforms send them.
 
-use std::{net::SocketAddr, time::Duration};
+use std::net::SocketAddr;
 
-use lacquer_tests::{Daemon, Origin, Reply};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
-};
-
-/// A raw HTTP/1.1 request with `headers` (`Name: value\r\n` lines); through a PROXY-protocol listener as
-/// if from `client` when one is given. The raw response.
-async fn send(
-    addr: SocketAddr,
-    client: Option<&str>,
-    method: &str,
-    host: &str,
-    path: &str,
-    headers: &str,
-) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let proxy = client.map_or(String::new(), |c| {
-        format!("PROXY TCP4 {c} 192.0.2.1 40000 80\r\n")
-    });
-    let raw = format!(
-        "{proxy}{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"
-    );
-    s.write_all(raw.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
-        .await
-        .expect("the response in time")
-        .unwrap();
-    out
-}
-
-fn status(raw: &str) -> u16 {
-    raw.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
+use lacquer_tests::{raw as send, raw_status as status, Daemon, Origin, Reply};
 
 fn body(raw: &str) -> &str {
     raw.split_once("\r\n\r\n").map_or("", |(_, b)| b)

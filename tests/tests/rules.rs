@@ -19,7 +19,7 @@ use http::Method;
 use lacquer_tests::{
     daemon::binary,
     origin::Seen,
-    request,
+    raw_status, request,
     tls::{self, TestCa},
     unused_addr, ClientReply, Daemon, Origin, Reply,
 };
@@ -172,24 +172,7 @@ async fn from_with(
     path: &str,
     headers: &str,
 ) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let raw = format!(
-        "PROXY TCP4 {client} 192.0.2.1 40000 80\r\n{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"
-    );
-    s.write_all(raw.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
-        .await
-        .expect("the response in time")
-        .unwrap();
-    out
-}
-
-fn raw_status(raw: &str) -> u16 {
-    raw.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status: {raw:?}"))
+    lacquer_tests::raw(addr, Some(client), method, host, path, headers).await
 }
 
 /// A header's value in a raw response, by name in any case ("" when absent).

@@ -10,13 +10,14 @@ use std::net::IpAddr;
 use http::{header, request::Parts, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use lacquer_storage::BanExpr;
 
-use lacquer_backends::body::{self, Body};
+use lacquer_backends::body::Body;
 use lacquer_policy::{key::primary_key, surrogate};
 use lacquer_rules::{Invalidation, PurgeScope};
 
 use crate::{
     cluster::InvalidateError,
     invalidation::{self, PurgeTarget},
+    respond,
     stats::inc,
     worker::Worker,
 };
@@ -166,15 +167,7 @@ fn host_of(key: &str) -> &str {
 
 /// A short plain-text answer, as Varnish's `synth` gives the purge templates.
 fn text(status: StatusCode, message: &str) -> Response<Body> {
-    let mut resp = Response::new(body::full(format!("{message}\n")));
-    *resp.status_mut() = status;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
+    respond::plain(status, message)
 }
 
 /// A store that failed is the cache's fault (500); a cluster that could not take the invalidation is
@@ -242,13 +235,5 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
 }
 
 fn json(status: StatusCode, text: String) -> Response<Body> {
-    let mut resp = Response::new(body::full(text + "\n"));
-    *resp.status_mut() = status;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
+    respond::own_body(status, "application/json", text + "\n")
 }

@@ -256,15 +256,27 @@ pub(crate) fn busy_briefly() -> Response<Body> {
 
 /// A request refused (4xx): `message` says what was wrong with it, for its sender to read.
 pub fn error(status: StatusCode, outcome: Outcome, message: &str) -> Response<Body> {
-    let mut resp = Response::new(body::full(format!("{message}\n")));
+    let mut resp = plain(status, message);
+    decorate(resp.headers_mut(), outcome, Some(0));
+    resp
+}
+
+/// A one-line answer lacquerd makes itself, as plain text.
+pub(crate) fn plain(status: StatusCode, message: &str) -> Response<Body> {
+    own_body(status, "text/plain; charset=utf-8", format!("{message}\n"))
+}
+
+/// A body lacquerd makes itself, of `content_type`: never stored by anyone.
+pub(crate) fn own_body(
+    status: StatusCode,
+    content_type: &'static str,
+    body: String,
+) -> Response<Body> {
+    let mut resp = Response::new(body::full(body));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    decorate(h, outcome, Some(0));
     resp
 }
 
