@@ -624,6 +624,10 @@ compress = false
 "#,
     );
     let gzip = get(&d, "/api/small.json", &[("accept-encoding", "gzip")]).await;
+    d.wait_for_stats("stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(1)
+    })
+    .await;
     assert_eq!(gzip.header("content-encoding"), "gzip");
     assert_eq!(decoded(&gzip), json);
     let plain = get(&d, "/api/small.json", &[]).await;

@@ -46,6 +46,14 @@ async fn magento() -> Origin {
     .await
 }
 
+/// Waits until the daemon has stored `n` objects: a fill is published just after its response ends.
+async fn published(d: &Daemon, n: u64) {
+    d.wait_for_stats("objects stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(n)
+    })
+    .await;
+}
+
 async fn as_customer(d: &Daemon, path: &str, cookies: &str) -> (String, String) {
     let headers: Vec<(&str, &str)> = match cookies {
         "" => vec![],
@@ -84,6 +92,7 @@ forward_all_cookies = true
         as_customer(&d, "/p", alice).await,
         ("MISS".into(), "g1 #1".into())
     );
+    published(&d, 1).await;
     let seen = origin.seen();
     assert_eq!(
         cookie(seen.last().unwrap(), "PHPSESSID").as_deref(),
@@ -104,6 +113,7 @@ forward_all_cookies = true
         as_customer(&d, "/p", "").await,
         ("MISS".into(), "none #3".into())
     );
+    published(&d, 3).await;
     assert_eq!(
         as_customer(&d, "/p", "").await,
         ("HIT".into(), "none #3".into())
@@ -180,6 +190,7 @@ set_headers = {{ "cache-control" = "no-store, no-cache, must-revalidate, max-age
         }
     };
     let first = get("/debug").await;
+    published(&d, 1).await;
     assert_eq!(first.header("x-magento-cache-debug"), "MISS");
     assert_eq!(
         first.header("x-magento-cache-control"),
@@ -199,6 +210,7 @@ set_headers = {{ "cache-control" = "no-store, no-cache, must-revalidate, max-age
     );
     // Without debug mode, only the browsers' rule.
     let page = get("/p").await;
+    published(&d, 2).await;
     assert_eq!(page.header("x-magento-cache-debug"), "");
     assert_eq!(
         page.header("cache-control"),
@@ -290,6 +302,7 @@ unset_headers = ["set-cookie"]
     };
     let cache_id = |id| vec![("x-magento-cache-id", id)];
     get("/graphql?q=1", cache_id("guest")).await;
+    published(&d, 1).await;
     assert_eq!(
         get("/graphql?q=1", cache_id("guest")).await.x_cache(),
         "HIT"
@@ -304,9 +317,11 @@ unset_headers = ["set-cookie"]
     assert_eq!(get("/store-switch", vec![]).await.x_cache(), "MISS");
     let with_group = vec![("cookie", "X-Magento-Vary=de")];
     get("/store-switch", with_group.clone()).await;
+    published(&d, 2).await;
     let hit = get("/store-switch", with_group).await;
     assert_eq!((hit.x_cache(), hit.header("set-cookie")), ("HIT", ""));
     get("/page", vec![]).await;
+    published(&d, 3).await;
     let hit = get("/page", vec![]).await;
     assert_eq!(
         (hit.x_cache(), hit.header("set-cookie")),

@@ -5,6 +5,19 @@ use std::net::SocketAddr;
 
 use lacquer_tests::{raw as send, raw_status as status, Daemon, Origin, Reply};
 
+/// A `PURGE /` for shop.test with `headers`, from the local client.
+async fn purge_shop(addr: SocketAddr, headers: &str) -> String {
+    send(addr, None, "PURGE", "shop.test", "/", headers).await
+}
+
+/// Waits until the daemon has stored `n` objects: a fill is published just after its response ends.
+async fn published(d: &Daemon, n: u64) {
+    d.wait_for_stats("objects stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(n)
+    })
+    .await;
+}
+
 fn body(raw: &str) -> &str {
     raw.split_once("\r\n\r\n").map_or("", |(_, b)| b)
 }
@@ -86,12 +99,13 @@ async fn cache(addr: SocketAddr, host: &str, path: &str) -> String {
 async fn magentos_purge_bans_by_tag_pattern_and_pool_and_answers_as_its_vcl() {
     let origin = platform().await;
     let (d, plain, proxied) = daemon(&origin).await;
-    for path in ["/p1", "/p2", "/pool"] {
+    for (n, path) in (1..).zip(["/p1", "/p2", "/pool"]) {
         assert_eq!(cache(plain, "shop.test", path).await, "MISS");
+        published(&d, n).await;
         assert_eq!(cache(plain, "shop.test", path).await, "HIT");
     }
     // Neither field: 400, and nothing is invalidated.
-    let r = send(plain, None, "PURGE", "shop.test", "/", "").await;
+    let r = purge_shop(plain, "").await;
     assert_eq!(status(&r), 400, "{r}");
     assert_eq!(
         body(&r),
@@ -110,55 +124,23 @@ async fn magentos_purge_bans_by_tag_pattern_and_pool_and_answers_as_its_vcl() {
     assert_eq!(status(&r), 405, "{r}");
     assert_eq!(cache(plain, "shop.test", "/p2").await, "HIT");
     // A pattern that is not a regex: 400 naming the field.
-    let r = send(
-        plain,
-        None,
-        "PURGE",
-        "shop.test",
-        "/",
-        "X-Magento-Tags-Pattern: (\r\n",
-    )
-    .await;
+    let r = purge_shop(plain, "X-Magento-Tags-Pattern: (\r\n").await;
     assert_eq!(status(&r), 400, "{r}");
     assert!(
         body(&r).starts_with("x-magento-tags-pattern: invalid regex"),
         "{r}"
     );
     // A pattern that tries to add a condition is a pattern, and matches no tag.
-    let r = send(
-        plain,
-        None,
-        "PURGE",
-        "shop.test",
-        "/",
-        "X-Magento-Tags-Pattern: none\" && req.url ~ \".\r\n",
-    )
-    .await;
+    let r = purge_shop(plain, "X-Magento-Tags-Pattern: none\" && req.url ~ \".\r\n").await;
     assert_eq!(status(&r), 200, "{r}");
     assert_eq!(cache(plain, "shop.test", "/p2").await, "HIT");
     // As Magento sends it: the product's tag.
-    let r = send(
-        plain,
-        None,
-        "PURGE",
-        "shop.test",
-        "/",
-        "X-Magento-Tags-Pattern: ((^|,)cat_p_1(,|$))\r\n",
-    )
-    .await;
+    let r = purge_shop(plain, "X-Magento-Tags-Pattern: ((^|,)cat_p_1(,|$))\r\n").await;
     assert_eq!((status(&r), body(&r)), (200, "Purged\n"), "{r}");
     assert_eq!(cache(plain, "shop.test", "/p1").await, "MISS");
     assert_eq!(cache(plain, "shop.test", "/p2").await, "HIT");
     assert_eq!(cache(plain, "shop.test", "/pool").await, "HIT");
-    let r = send(
-        plain,
-        None,
-        "PURGE",
-        "shop.test",
-        "/",
-        "X-Pool: ^pool_a$\r\n",
-    )
-    .await;
+    let r = purge_shop(plain, "X-Pool: ^pool_a$\r\n").await;
     assert_eq!(status(&r), 200, "{r}");
     assert_eq!(cache(plain, "shop.test", "/pool").await, "MISS");
     assert_eq!(cache(plain, "shop.test", "/p2").await, "HIT");
@@ -175,11 +157,12 @@ async fn magentos_purge_bans_by_tag_pattern_and_pool_and_answers_as_its_vcl() {
 #[tokio::test(flavor = "multi_thread")]
 async fn wordpress_purges_a_url_or_every_url_its_regex_matches() {
     let origin = platform().await;
-    let (_d, plain, _) = daemon(&origin).await;
+    let (d, plain, _) = daemon(&origin).await;
     for path in ["/2026/post", "/2026/post?amp=1", "/about"] {
         assert_eq!(cache(plain, "blog.test", path).await, "MISS");
     }
     assert_eq!(cache(plain, "shop.test", "/2026/post").await, "MISS");
+    published(&d, 4).await;
     let r = send(plain, None, "PURGE", "blog.test", "/2026/post", "").await;
     assert_eq!((status(&r), body(&r)), (200, "Purged\n"), "{r}");
     assert_eq!(cache(plain, "blog.test", "/2026/post").await, "MISS");
