@@ -112,6 +112,10 @@ async fn inspect_says_which_directive_voids_grace() {
     );
     get(d.addr, "/strict").await;
     get(d.addr, "/magento").await;
+    d.wait_for_stats("both stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(2)
+    })
+    .await;
     let host = d.addr.to_string();
     let (code, out, err) = ctl(&d, &["inspect", "/strict", "--host", &host]);
     assert_eq!(code, 0, "{err}");
