@@ -8,17 +8,30 @@ use std::panic::AssertUnwindSafe;
 
 use crate::{error::StoreError, store::WeakStore};
 
+/// How a background thread is scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Priority {
+    /// The idle class: walks that come back (the sweeper, the lurker) and may wait for a quiet core.
+    Idle,
+    /// As the client threads: a walk that must end (the start-up replay: until it does, the journal cannot
+    /// be compacted, and a machine busy all the time would starve an idle-class thread for good).
+    Normal,
+}
+
 /// Runs `work` on its own thread, holding the store weakly; a panic is reported as a failed store task
 /// (unless the store is closing), so the daemon never goes on silently without it.
 pub(crate) fn spawn(
     name: &'static str,
+    priority: Priority,
     store: WeakStore,
     work: impl FnOnce(&WeakStore) + Send + 'static,
 ) -> Result<(), StoreError> {
     std::thread::Builder::new()
         .name(format!("lacquer-{name}"))
         .spawn(move || {
-            lower_priority(name);
+            if priority == Priority::Idle {
+                lower_priority(name);
+            }
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| work(&store)));
             if let (Err(panic), Some(store)) = (outcome, store.open()) {
                 let cause = crate::health::panic_message(&*panic);

@@ -16,18 +16,23 @@ const SETTLE_MS: u64 = 10_000;
 /// stays bounded by what the body cache holds. Runs on a background thread; holds the store weakly so that
 /// dropping every handle closes sled.
 pub(crate) fn start(store: WeakStore, interval: Duration) -> Result<(), crate::StoreError> {
-    crate::background::spawn("sweeper", store, move |store| loop {
-        std::thread::sleep(interval);
-        let Some(store) = store.open() else { return };
-        match sweep_once(&store) {
-            Ok(n) if n > 0 => tracing::debug!(removed = n, "swept metadata"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "metadata sweep failed"),
-        }
-        if let Err(e) = compact_journal(&store, COMPACT_AT) {
-            tracing::warn!(error = %e, "compacting the invalidation journal failed");
-        }
-    })
+    crate::background::spawn(
+        "sweeper",
+        crate::background::Priority::Idle,
+        store,
+        move |store| loop {
+            std::thread::sleep(interval);
+            let Some(store) = store.open() else { return };
+            match sweep_once(&store) {
+                Ok(n) if n > 0 => tracing::debug!(removed = n, "swept metadata"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "metadata sweep failed"),
+            }
+            if let Err(e) = compact_journal(&store, COMPACT_AT) {
+                tracing::warn!(error = %e, "compacting the invalidation journal failed");
+            }
+        },
+    )
 }
 
 /// Retires the journal's entries once nothing can need them, when it holds `at` entries or more: purges
@@ -105,7 +110,10 @@ pub(crate) fn sweep_once(store: &Store) -> Result<usize, crate::StoreError> {
     }
     store.prune_tag_index()?;
     store.counters().objects_swept.add(removed as u64);
-    store.recount(objects, bytes);
+    // While the start-up replay walks, it counts what it passes: a recount now would be counted again.
+    if !store.replay_pending() {
+        store.recount(objects, bytes);
+    }
     Ok(removed)
 }
 

@@ -52,7 +52,12 @@ impl Wake {
 /// Starts the lurker on a background thread. Holds the store weakly so that dropping every handle closes
 /// sled.
 pub(crate) fn start(store: WeakStore, wake: Arc<Wake>) -> Result<(), crate::StoreError> {
-    crate::background::spawn("lurker", store, move |store| run(store, &wake))
+    crate::background::spawn(
+        "lurker",
+        crate::background::Priority::Idle,
+        store,
+        move |store| run(store, &wake),
+    )
 }
 
 fn run(store: &WeakStore, wake: &Wake) {

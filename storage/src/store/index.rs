@@ -192,39 +192,44 @@ impl Store {
     /// meanwhile add their keys themselves; a key both count is counted twice, which only costs a sled read
     /// once it is removed. A walk that fails leaves the index incomplete, with a warning.
     pub(super) fn rebuild_key_index(&self) -> Result<(), StoreError> {
-        crate::background::spawn("key-index", self.downgrade(), |weak| {
-            let started = std::time::Instant::now();
-            let (mut after, mut keys) = (None::<sled::IVec>, 0u64);
-            loop {
-                let Some(store) = weak.open() else { return };
-                let walk = match &after {
-                    Some(key) => store
-                        .inner
-                        .objects
-                        .range((Bound::Excluded(key.clone()), Bound::Unbounded)),
-                    None => store.inner.objects.iter(),
-                };
-                let mut batch = 0;
-                for key in walk.keys().take(REBUILD_BATCH) {
-                    let key = match key {
-                        Ok(key) => key,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "rebuilding the index of stored keys failed: misses read the metadata");
-                            return;
-                        }
+        crate::background::spawn(
+            "key-index",
+            crate::background::Priority::Idle,
+            self.downgrade(),
+            |weak| {
+                let started = std::time::Instant::now();
+                let (mut after, mut keys) = (None::<sled::IVec>, 0u64);
+                loop {
+                    let Some(store) = weak.open() else { return };
+                    let walk = match &after {
+                        Some(key) => store
+                            .inner
+                            .objects
+                            .range((Bound::Excluded(key.clone()), Bound::Unbounded)),
+                        None => store.inner.objects.iter(),
                     };
-                    store.inner.keys.add(&key);
-                    after = Some(key);
-                    batch += 1;
+                    let mut batch = 0;
+                    for key in walk.keys().take(REBUILD_BATCH) {
+                        let key = match key {
+                            Ok(key) => key,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "rebuilding the index of stored keys failed: misses read the metadata");
+                                return;
+                            }
+                        };
+                        store.inner.keys.add(&key);
+                        after = Some(key);
+                        batch += 1;
+                    }
+                    keys += batch as u64;
+                    if batch < REBUILD_BATCH {
+                        store.inner.keys.completed();
+                        tracing::debug!(keys, elapsed = ?started.elapsed(), "index of stored keys rebuilt");
+                        return;
+                    }
                 }
-                keys += batch as u64;
-                if batch < REBUILD_BATCH {
-                    store.inner.keys.completed();
-                    tracing::debug!(keys, elapsed = ?started.elapsed(), "index of stored keys rebuilt");
-                    return;
-                }
-            }
-        })
+            },
+        )
     }
 }
 

@@ -20,6 +20,7 @@ use std::{
 };
 
 use crate::{
+    background::Priority,
     ban::{BanExpr, Subject},
     error::StoreError,
     journal::{Entry, Journal, Readback, State, Target},
@@ -236,7 +237,7 @@ impl Store {
 
     /// Walks the replay to its end on a background thread (see the module's documentation).
     pub(super) fn replay_in_background(&self, pending: Arc<Pending>) -> Result<(), StoreError> {
-        crate::background::spawn("replay", self.downgrade(), move |weak| {
+        crate::background::spawn("replay", Priority::Normal, self.downgrade(), move |weak| {
             let started = std::time::Instant::now();
             let mut after = None;
             loop {
