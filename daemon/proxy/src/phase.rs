@@ -87,26 +87,35 @@ pub(crate) const PSEUDO_FIELDS: [HeaderName; 3] = [BODY_DIGEST, KEY_RULES, KEY_C
 /// cookies themselves are forwarded whole; this field is never sent, and removed from what clients send.
 pub(crate) const KEY_COOKIES: HeaderName = HeaderName::from_static("lacquer-key-cookies");
 
-/// The values of the cookies `names` in `headers`, as [`KEY_COOKIES`] carries them; `None` when one is
-/// sent twice with different values, or the result is not a field value. Sharing one answer among the
-/// requests that send the same values loosens caching, so every reading of the request must agree on
-/// them: an origin that takes the first of two `X-Magento-Vary` cookies and a key made of the second
-/// would store one customer group's page for another.
+/// The values of the cookies `names` in `headers`, as [`KEY_COOKIES`] carries them; `None` when origins
+/// could read them otherwise than this does. Sharing one answer among the requests that send the same values
+/// loosens caching, so every reading of the request must agree on them: an origin that takes the first of two
+/// `X-Magento-Vary` cookies and a key made of the second would store one customer group's page for another.
+/// Only the one plain spelling, `Name=value` with the name's own case, is read: some origins take a name in
+/// another case (ASP.NET), spaces around a name or value trimmed away (Node's `cookie`), a quoted value
+/// unquoted, a bare `Name` as a cookie, or bytes that are not text as text. A keyed cookie sent any of those
+/// ways, or twice with two values, and the request passes.
 fn cookie_values(headers: &HeaderMap, names: &[Arc<str>]) -> Option<HeaderValue> {
     let mut values: Vec<Option<&str>> = vec![None; names.len()];
-    let pairs = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|line| line.to_str().ok())
-        .flat_map(|line| line.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='));
-    for (name, value) in pairs {
-        let Some(i) = names.iter().position(|n| **n == *name) else {
-            continue;
-        };
-        match values[i] {
-            Some(seen) if seen != value => return None,
-            _ => values[i] = Some(value),
+    for line in headers.get_all(header::COOKIE) {
+        for pair in line.to_str().ok()?.split(';') {
+            let pair = pair.trim_start();
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let Some(i) = names
+                .iter()
+                .position(|n| n.eq_ignore_ascii_case(name.trim()))
+            else {
+                continue;
+            };
+            let plain = pair.contains('=')
+                && name == &*names[i]
+                && value == value.trim()
+                && !value.starts_with('"');
+            match values[i] {
+                _ if !plain => return None,
+                Some(seen) if seen != value => return None,
+                _ => values[i] = Some(value),
+            }
         }
     }
     let joined: Vec<String> = names
@@ -452,8 +461,13 @@ mod tests {
             ),
             (&["X-Magento-Vary=9f2e; X-Magento-Vary=0000"], None),
             (&["X-Magento-Vary=9f2e", "X-Magento-Vary=0000"], None),
-            // Names are case-sensitive, as cookies are.
-            (&["x-magento-vary=9f2e"], Some("X-Magento-Vary=; store=")),
+            // Spellings some origins read as the keyed cookie and others not: never keyed.
+            (&["x-magento-vary=9f2e"], None),
+            (&["X-Magento-Vary =9f2e"], None),
+            (&["a=1; X-Magento-Vary= 9f2e"], None),
+            (&["X-Magento-Vary=\"9f2e\""], None),
+            (&["X-Magento-Vary"], None),
+            (&["X-Magento-Varyx=1; a=1"], Some("X-Magento-Vary=; store=")),
         ];
         for (lines, want) in cases {
             let mut headers = HeaderMap::new();
@@ -467,5 +481,15 @@ mod tests {
                 "{lines:?}"
             );
         }
+        let mut headers = HeaderMap::new();
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_bytes(b"X-Magento-Vary=\xe9t\xe9").unwrap(),
+        );
+        assert_eq!(
+            cookie_values(&headers, &names),
+            None,
+            "bytes that are not text"
+        );
     }
 }
