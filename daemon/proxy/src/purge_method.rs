@@ -87,7 +87,7 @@ pub async fn from_rule(
         .any(|net| net.contains(&client))
     {
         inc(&shared.stats.purge_requests_refused);
-        let mut resp = text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed");
+        let mut resp = respond::plain(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed");
         resp.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
         return resp;
@@ -107,7 +107,7 @@ pub async fn from_rule(
             Ok(ban) => bans.push(ban),
             Err(e) => {
                 let field = template.regex_from.name();
-                return text(StatusCode::BAD_REQUEST, &format!("{field}: {e}"));
+                return respond::plain(StatusCode::BAD_REQUEST, &format!("{field}: {e}"));
             }
         }
     }
@@ -117,7 +117,7 @@ pub async fn from_rule(
             .iter()
             .map(|b| b.regex_from.name())
             .collect();
-        return text(
+        return respond::plain(
             StatusCode::BAD_REQUEST,
             &format!("{} header required", fields.join(" or ")),
         );
@@ -139,7 +139,7 @@ pub async fn from_rule(
             return failed(&e);
         }
     }
-    text(StatusCode::OK, "Purged")
+    respond::plain(StatusCode::OK, "Purged")
 }
 
 /// What a rule's invalidation does, for `explain`.
@@ -163,11 +163,6 @@ pub fn describe(invalidation: &Invalidation) -> String {
 /// The host part of a primary key (`host/path?query`).
 fn host_of(key: &str) -> &str {
     key.split_once('/').map_or(key, |(host, _)| host)
-}
-
-/// A short plain-text answer, as Varnish's `synth` gives the purge templates.
-fn text(status: StatusCode, message: &str) -> Response<Body> {
-    respond::plain(status, message)
 }
 
 /// A store that failed is the cache's fault (500); a cluster that could not take the invalidation is
