@@ -1,8 +1,10 @@
-//! The store's background threads (ban lurker, sweeper): plain threads in the kernel's idle scheduling class
+//! The store's background threads (ban lurker, sweeper, the index rebuild): plain threads in the kernel's
+//! idle scheduling class
 //! (`SCHED_IDLE`; nice 19 where that is refused), so that their walks over every record run on cores nobody
 //! else wants and a client thread that wakes takes the core back at once (a nice 10 thread still kept it for
 //! a scheduler slice: the hit p99 doubled during a walk), and never block a runtime thread that foyer's disk
-//! tasks or the admin API need.
+//! tasks or the admin API need. The start-up replay's walk is the exception ([`Priority::Normal`]): it must
+//! end.
 
 use std::panic::AssertUnwindSafe;
 
