@@ -56,6 +56,8 @@ pub struct Route {
     pub slice: Option<u64>,
     /// `prefetch`: what is fetched before players ask for it. Default: nothing.
     pub prefetch: RoutePrefetch,
+    /// `esi`: Edge Side Includes processed in every response (unless a rule says otherwise).
+    pub esi: bool,
 }
 
 impl Route {
@@ -130,6 +132,7 @@ impl Router {
     /// the error names the setting that cannot be built.
     pub fn new(config: &Config, backends: &BackendSet) -> Result<Self, ConfigError> {
         config.compression.check("compression")?;
+        config.esi.check("esi")?;
         let backend_index = |name: &str| backends.iter().position(|b| b.name() == name);
         let names = config
             .backend
@@ -303,6 +306,7 @@ impl Router {
                     strip_forwarding,
                     slice,
                     prefetch,
+                    esi: r.esi,
                 }))
             })
             .collect::<Result<_, ConfigError>>()?;
@@ -319,6 +323,7 @@ impl Router {
             strip_forwarding,
             slice: None,
             prefetch: RoutePrefetch::default(),
+            esi: false,
         });
         let named = names
             .map(|name| Ok((name.clone(), target(0, name)?)))

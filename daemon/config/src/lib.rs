@@ -80,6 +80,9 @@ pub struct Config {
     pub purge: Purge,
     /// `[prefetch]`: the budget of the routes' `prefetch`. Default: as [`Prefetch`] says.
     pub prefetch: Prefetch,
+    /// `[esi]`: the bounds of Edge Side Includes, where a route or rule turns them on. Default: as [`Esi`]
+    /// says.
+    pub esi: Esi,
     /// `[log]`: the daemon's own log level.
     pub log: Log,
     /// `[access_log]`: one line per request. Default: none written.
@@ -112,6 +115,7 @@ impl Default for Config {
             compression: Compression::default(),
             purge: Purge::default(),
             prefetch: Prefetch::default(),
+            esi: Esi::default(),
             log: Log::default(),
             access_log: AccessLog::default(),
             error_pages: BTreeMap::new(),
@@ -398,6 +402,65 @@ impl Default for Prefetch {
             max_rate: ByteSize::mib(64),
             unused_after: Duration::from_secs(60),
         }
+    }
+}
+
+/// `[esi]`: how far Edge Side Includes go on a page a route's `esi` or a rule's `esi` turns them on for
+/// (Varnish's `do_esi`). Each bound holds whatever the pages and fragments say.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Esi {
+    /// How deep includes nest: a fragment of a page is depth 1, a fragment of that fragment 2. An include
+    /// deeper than this fails (as its `onerror` says). Default: 5 (Varnish's `max_esi_depth`).
+    pub max_depth: usize,
+    /// Includes one page (or fragment) assembles; those past it fail. Default: 100.
+    pub max_includes: usize,
+    /// Fragments of one page fetched at once, ahead of the one being sent. Default: 8.
+    pub parallel: usize,
+    /// Page text an assembly reads ahead of the fragment it waits for, to find the next includes to fetch.
+    /// With `parallel` fragments' first bytes, what one assembly holds. Default: 256 KiB.
+    pub read_ahead: ByteSize,
+}
+
+impl Default for Esi {
+    fn default() -> Self {
+        Self {
+            max_depth: 5,
+            max_includes: 100,
+            parallel: 8,
+            read_ahead: ByteSize::kib(256),
+        }
+    }
+}
+
+impl Esi {
+    /// Checks the values; `key` is where the section is (`esi`).
+    pub fn check(&self, key: &str) -> Result<(), ConfigError> {
+        if self.max_depth == 0 || self.max_depth > 20 {
+            return Err(ConfigError::setting(
+                format!("{key}.max_depth"),
+                "must be 1 to 20",
+            ));
+        }
+        if self.parallel == 0 || self.parallel > 64 {
+            return Err(ConfigError::setting(
+                format!("{key}.parallel"),
+                "must be 1 to 64",
+            ));
+        }
+        if self.max_includes == 0 {
+            return Err(ConfigError::setting(
+                format!("{key}.max_includes"),
+                "must be at least 1",
+            ));
+        }
+        if self.read_ahead.as_u64() < 1024 {
+            return Err(ConfigError::setting(
+                format!("{key}.read_ahead"),
+                "must be at least 1KiB",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -55,6 +55,11 @@ pub struct Route {
     /// `[compression]` does not apply. Default: none (objects are fetched whole).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slice: Option<bytesize::ByteSize>,
+    /// Process Edge Side Includes in this route's responses (Varnish's `do_esi` on every response): the
+    /// page is parsed once as it is fetched, stored parsed, and assembled with its fragments for each
+    /// client, within `[esi]`'s bounds. A `backend_response` rule's `esi` decides per response instead.
+    /// Default: false.
+    pub esi: bool,
     /// Fetch into the store, in the background, what this route's players will ask for next, within
     /// `[prefetch]`'s budget, e.g. `{ playlist = 2, cmcd = true }`. Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -159,6 +159,11 @@ pub struct Rule {
     /// Default: as `[compression]` decides (`min_size`, `types`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compress: Option<bool>,
+    /// `true`: Edge Side Includes in the response are processed (Varnish's `do_esi`): it is parsed as it
+    /// is fetched, stored parsed, and assembled for each client; `false`: not, whatever the route says
+    /// (backend_response). Default: the route's `esi`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub esi: Option<bool>,
     /// `X-Cache-Hits` (times the object was served from the cache) and `X-Cache-TTL` (seconds of
     /// freshness left) added (deliver). Default: false.
     pub debug_headers: bool,

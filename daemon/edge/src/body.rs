@@ -26,6 +26,8 @@ pub enum RequestBody {
     /// HTTP/3. Boxed: its stream state is six times the size of hyper's body, and every HTTP/1.1 and
     /// HTTP/2 request would carry the difference.
     H3(Box<H3Body>),
+    /// None: a request lacquerd makes itself for one it serves (an ESI page's fragment).
+    Empty,
 }
 
 /// The receiving half of an HTTP/3 request stream, as a body.
@@ -80,6 +82,7 @@ impl Body for RequestBody {
         match self.get_mut() {
             Self::Http(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             Self::H3(body) => body.poll(cx),
+            Self::Empty => Poll::Ready(None),
         }
     }
 
@@ -87,6 +90,7 @@ impl Body for RequestBody {
         match self {
             Self::Http(body) => body.is_end_stream(),
             Self::H3(body) => body.state == State::Ended,
+            Self::Empty => true,
         }
     }
 
@@ -95,6 +99,7 @@ impl Body for RequestBody {
             Self::Http(body) => body.size_hint(),
             Self::H3(body) if body.state == State::Ended => SizeHint::with_exact(0),
             Self::H3(body) => body.length.map_or_else(SizeHint::new, SizeHint::with_exact),
+            Self::Empty => SizeHint::with_exact(0),
         }
     }
 }

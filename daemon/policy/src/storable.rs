@@ -262,6 +262,8 @@ pub struct Adjust {
     pub store: Option<bool>,
     /// `true`: compressed when stored whatever its size and type; `false`: never (Varnish's `do_gzip`).
     pub compress: Option<bool>,
+    /// `true`: Edge Side Includes are processed in the response; `false`: not (Varnish's `do_esi`).
+    pub esi: Option<bool>,
 }
 
 /// [`decide`], with what rules change applied: `headers` is the head as the rules left it, and

@@ -58,6 +58,7 @@ impl Live {
             normalize: config.normalize.clone(),
             error_pages: ErrorPages::compile(&config.error_pages)?,
             prefetch: config.prefetch.clone(),
+            esi: config.esi.clone(),
             prefetching: config
                 .route
                 .iter()

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod coalesce;
 mod coding;
 pub mod error_page;
+mod esi;
 pub mod explain;
 mod fetch;
 mod fields;

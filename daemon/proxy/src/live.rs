@@ -1,7 +1,7 @@
 //! The settings a reload can change while requests are served, compiled once.
 
 use lacquer_backends::{protection::DenyRule, routing::Router};
-use lacquer_config::{Normalize, Prefetch, Purge};
+use lacquer_config::{Esi, Normalize, Prefetch, Purge};
 use lacquer_rules::Rules;
 
 use crate::error_page::ErrorPages;
@@ -23,6 +23,8 @@ pub struct Live {
     pub prefetch: Prefetch,
     /// Some route prefetches: the head of every request is kept as sent, before the request phase.
     pub prefetching: bool,
+    /// `[esi]`: how far Edge Side Includes go.
+    pub esi: Esi,
     /// `[error_pages]`, read: what a client gets when lacquerd answers a 5xx itself.
     pub error_pages: ErrorPages,
 }

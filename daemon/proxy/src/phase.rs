@@ -336,11 +336,12 @@ pub(crate) fn backend_request(
 }
 
 /// The backend-response phase's built-in part, on the head of every origin response to a fill or a
-/// pass: hop-by-hop fields and the internal length field removed, `Set-Cookie` stripped when the
+/// pass: hop-by-hop fields and the internal fields (the decoded length, the ESI template's mark) removed, `Set-Cookie` stripped when the
 /// request's route or rules say so.
 pub(crate) fn origin_fields(decided: &Decided, headers: &mut HeaderMap) {
     strip_hop_by_hop(headers);
     headers.remove(IDENTITY_LENGTH);
+    headers.remove(crate::esi::TEMPLATE);
     if decided.strip_set_cookie {
         headers.remove(header::SET_COOKIE);
     }

@@ -688,7 +688,9 @@ pub(crate) fn shape(
         }
         return Shape::NotModified;
     }
-    if req.method != Method::GET {
+    // An ESI page's template: ranges are of the page assembled, whose length is not known; Varnish sends
+    // the whole page, and so does this.
+    if req.method != Method::GET || headers.contains_key(crate::esi::TEMPLATE) {
         return Shape::Whole;
     }
     let Some(len) = len else {

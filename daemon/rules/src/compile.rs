@@ -818,6 +818,7 @@ pub(crate) fn compile(
         keep: rule.keep,
         store: rule.store,
         compress: rule.compress,
+        esi: rule.esi,
     };
     for (field, given) in [
         ("ttl", adjust.ttl.is_some()),
@@ -828,10 +829,12 @@ pub(crate) fn compile(
         ("keep", adjust.keep.is_some()),
         ("store", adjust.store.is_some()),
         ("compress", adjust.compress.is_some()),
+        ("esi", adjust.esi.is_some()),
     ] {
         if given {
             allowed(phase, field, &[BackendResponse])?;
-            if adjust.store == Some(false) && field != "store" {
+            // A page not stored is still assembled: only what shapes the stored copy needs one.
+            if adjust.store == Some(false) && !matches!(field, "store" | "esi") {
                 return Err((
                     field.into(),
                     "and store = false: nothing is stored to give it to".into(),

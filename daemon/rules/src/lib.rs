@@ -689,6 +689,7 @@ impl Rules {
                 keep: r.keep.or(adjust.keep),
                 store: r.store.or(adjust.store),
                 compress: r.compress.or(adjust.compress),
+                esi: r.esi.or(adjust.esi),
             };
             if rule.stop {
                 break;

@@ -234,6 +234,16 @@ stats_section! {
         /// for, or none (never stored or sent as the slice); to a forwarded range, one that is malformed or
         /// disagrees with the body's length (passed on as sent, never stored).
         slice_errors: Counter "lacquer_slice_errors_total" { kind = "bad_range" },
+        /// Responses parsed for Edge Side Includes as they were fetched (a route's or rule's `esi`).
+        esi_pages: Counter "lacquer_esi_total" { event = "parsed" },
+        /// Responses assembled with their fragments for a client (a HEAD or a 304 assembles nothing).
+        esi_assemblies: Counter "lacquer_esi_total" { event = "assembled" },
+        /// Fragment requests made for includes (each its own lookup: a hit, a miss or a pass).
+        esi_fragments: Counter "lacquer_esi_total" { event = "fragment" },
+        /// Includes that failed: an error status or failed body, another host, past `[esi]`'s depth or
+        /// include bounds, a page including itself, a damaged template. Dropped with
+        /// `onerror="continue"`; otherwise the page is cut off there.
+        esi_errors: Counter "lacquer_esi_total" { event = "error" },
         /// Requests that found no backend to send to: every candidate sick, or busy at `max_connections`.
         backend_unavailable: Counter "lacquer_backend_unavailable_total",
         /// Backends their probe says are sick.
@@ -561,6 +571,11 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
         "lacquer_slice_errors_total",
         "Objects stored in parts found changed at the origin (changed), 206 answers that cannot be placed \
          (bad_range).",
+    ),
+    (
+        "lacquer_esi_total",
+        "Edge Side Includes: pages parsed as fetched, pages assembled for clients, fragment requests, \
+         includes that failed.",
     ),
     (
         "lacquer_slices_total",

@@ -20,6 +20,7 @@ use super::{
 use crate::{
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
     coding::FillCoding,
+    esi::EsiFill,
     phase,
     stats::inc,
     store::{BodyWriter, CacheStore},
@@ -43,6 +44,8 @@ pub(super) struct Verdict<S: CacheStore> {
     pub coding: FillCoding,
     /// A media playlist on a route that prefetches from playlists, as read so far.
     pub playlist: Option<Vec<u8>>,
+    /// The page parsed for Edge Side Includes as it streams, when a rule or the route turns them on.
+    pub esi: Option<EsiFill>,
 }
 
 /// Decides on the answer `sent` to `request` and gives the readers its head; `Err` with how the fill ended
@@ -258,11 +261,21 @@ pub(super) fn decide<S: CacheStore>(
         && encoding::coded(&head.headers) == Coded::Identity
         && is_playlist(&head.headers, parts))
     .then(Vec::new);
+    // Before the coding: a page parsed for ESI is stored decoded, compressed for each client as it is
+    // assembled.
+    let esi = EsiFill::start(
+        adjust.esi.unwrap_or(route.esi) && route.slice.is_none(),
+        head.status,
+        placed.is_some(),
+        &mut head.headers,
+        max_object_size,
+        &shared.stats,
+    );
     let coding = FillCoding::start(
         policy.compression.as_ref().map(|n| &n.settings),
         head.status,
         &mut head.headers,
-        (writer.is_some(), adjust.compress),
+        (writer.is_some(), adjust.compress.filter(|_| esi.is_none()).or(esi.as_ref().map(|_| false))),
         max_object_size,
     );
     let fetched = Arc::new(FetchedHead {
@@ -292,6 +305,7 @@ pub(super) fn decide<S: CacheStore>(
         storing,
         coding,
         playlist,
+        esi,
     })
 }
 

@@ -48,6 +48,7 @@ pub(super) async fn pump<S: CacheStore>(
         writer,
         coding,
         playlist,
+        esi,
         ..
     } = verdict;
     let mut unattended = false;
@@ -125,10 +126,18 @@ pub(super) async fn pump<S: CacheStore>(
             }
             Err(e) => return Err(corrupt(worker, fetch, key, e)),
         };
+        let pieces = match esi.as_mut() {
+            None => pieces,
+            Some(esi) => match esi.push(pieces) {
+                Ok(template) => template,
+                Err(e) => return Err(corrupt(worker, fetch, key, e)),
+            },
+        };
         // A body of known length sent on as the origin sent it is whole once its last bytes are in hand.
         // Marked so as they reach the readers, a request right after a client took every byte finds it
         // complete (as good as stored) rather than joining a fetch that waits for the store to take them.
-        let whole = body.is_end_stream() && coding.passes_through();
+        // (A page parsed for ESI holds the end of its text until the body ends.)
+        let whole = body.is_end_stream() && coding.passes_through() && esi.is_none();
         let count = pieces.len();
         for (i, piece) in pieces.into_iter().enumerate() {
             let last = whole && i + 1 == count;
@@ -139,6 +148,13 @@ pub(super) async fn pump<S: CacheStore>(
         let last = match coding.finish() {
             Ok(pieces) => pieces,
             Err(e) => return Err(corrupt(worker, fetch, key, e)),
+        };
+        let last = match esi.as_mut() {
+            None => last,
+            Some(esi) => match esi.finish(last) {
+                Ok(template) => template,
+                Err(e) => return Err(corrupt(worker, fetch, key, e)),
+            },
         };
         for piece in last {
             grew_too_large |=

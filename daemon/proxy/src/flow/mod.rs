@@ -12,6 +12,9 @@
 //!          └─ answered here: refusals, purges, rules' answers ┘
 //! ```
 //!
+//! A response that is an ESI page's template (stored, or a fill's) is then assembled ([`assemble`]):
+//! each include is a request of its own ([`fragment`]) through these same steps, one level deeper.
+//!
 //! One [`Txn`] carries the request through them: who sent it, its head (owned once, from the moment the
 //! request phase has made it what the origin receives), its route, the rules' decisions, its key, and
 //! what the steps learn on the way (the outcome, debug counts, the deliver rules already applied). The
@@ -135,7 +138,48 @@ pub(crate) async fn run(
         Err(resp) => return (resp, None),
     };
     let resp = steps(worker, &mut txn, first).await;
+    let resp = assemble(worker, &txn, resp, client);
     (resp, Some(txn))
+}
+
+/// The last step of a request whose response is an ESI page's template: the page assembled with its
+/// fragments (see [`crate::esi::assemble`]); any other response as it is.
+fn assemble(worker: &Arc<Worker>, txn: &Txn, resp: Response<Body>, client: Client) -> Response<Body> {
+    if !txn.assembles || txn.failure {
+        return resp;
+    }
+    let Some(page) = &txn.head else {
+        return resp;
+    };
+    // A fragment is fetched uncompressed: only the client's page is compressed for it.
+    let compression = txn
+        .route
+        .policy
+        .compression
+        .as_ref()
+        .filter(|_| txn.within.is_none())
+        .map(|n| (&n.settings, txn.negotiated.as_ref().is_some_and(|n| n.takes_gzip())));
+    crate::esi::assemble(worker, fragment, resp, page, client, txn.within.as_ref(), compression)
+}
+
+/// A request lacquerd makes for an include of an ESI page: received and run through the steps as a
+/// client's would be (its own key, variant, rules, coalescing and store), one level deeper. Not logged
+/// or traced on its own: the page's request is.
+fn fragment(
+    worker: Arc<Worker>,
+    client: Client,
+    req: Request<RequestBody>,
+    within: Arc<crate::esi::Within>,
+) -> crate::esi::Fragment {
+    Box::pin(async move {
+        let (mut txn, first) = match receive::receive(&worker, client, req, (None, None)).await {
+            Ok(received) => received,
+            Err(resp) => return resp,
+        };
+        txn.within = Some(within);
+        let resp = steps(&worker, &mut txn, first).await;
+        assemble(&worker, &txn, resp, client)
+    })
 }
 
 /// Runs the steps from `step` until one answers.

@@ -16,6 +16,7 @@ use crate::{
     access_log::Note,
     cluster::Peer,
     coding::{Conversion, Negotiated},
+    esi::{Within, TEMPLATE},
     phase::Decided,
     pipe::Upgrade,
     respond::{self, Made, Outcome},
@@ -71,6 +72,10 @@ pub(crate) struct Txn {
     /// Parts of an object stored in parts were tried once: when they could not answer, the ordinary way
     /// does.
     pub parts_tried: bool,
+    /// The response is an ESI page's template (the store's or a fill's): it is assembled as it leaves.
+    pub assembles: bool,
+    /// The request is a fragment of an ESI page: the pages above it.
+    pub within: Option<Arc<Within>>,
 }
 
 impl Txn {
@@ -105,6 +110,8 @@ impl Txn {
             ahead: None,
             parts_tried: false,
             owner_answered: false,
+            assembles: false,
+            within: None,
         }
     }
 
@@ -144,9 +151,11 @@ impl Txn {
         Conversion::new(delivery, limit, settings, stats)
     }
 
-    /// A response of the data path, with its verdict.
-    pub(crate) fn answered(&mut self, resp: Response<Body>, outcome: Outcome) -> Step {
+    /// A response of the data path, with its verdict. An ESI page's template is marked in its head: the
+    /// mark goes here, before any rule sees the head, and the page is assembled once delivered.
+    pub(crate) fn answered(&mut self, mut resp: Response<Body>, outcome: Outcome) -> Step {
         self.outcome = Some(outcome);
+        self.assembles = resp.headers_mut().remove(TEMPLATE).is_some();
         Step::Deliver(resp)
     }
 
