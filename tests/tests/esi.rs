@@ -119,8 +119,16 @@ async fn a_page_is_assembled_from_fragments_each_stored_on_its_own() {
     let first = get(&d, "/", &[]).await;
     assert_eq!(first.status, 200);
     assert_eq!(text(&first), PAGE);
-    assert_eq!(first.header("content-length"), "", "the assembled length is not known");
-    assert_eq!(first.header("etag"), "W/\"page-v1\"", "weakened, as Varnish does");
+    assert_eq!(
+        first.header("content-length"),
+        "",
+        "the assembled length is not known"
+    );
+    assert_eq!(
+        first.header("etag"),
+        "W/\"page-v1\"",
+        "weakened, as Varnish does"
+    );
     assert_eq!(first.header("lacquer-esi"), "", "internal");
     // Each fragment was one request to the origin, made with the client's head (its Host).
     let seen = origin.seen();
@@ -180,7 +188,10 @@ async fn compressed_pages_are_parsed_decoded_and_sent_as_each_client_takes_them(
     for _ in 0..2 {
         let gzip = get(&d, "/gzipped", &[("accept-encoding", "gzip, deflate, br")]).await;
         assert_eq!(gzip.header("content-encoding"), "gzip");
-        assert!(gzip.header("vary").to_ascii_lowercase().contains("accept-encoding"));
+        assert!(gzip
+            .header("vary")
+            .to_ascii_lowercase()
+            .contains("accept-encoding"));
         let mut decoded = String::new();
         flate2::read::MultiGzDecoder::new(&gzip.body[..])
             .read_to_string(&mut decoded)
@@ -198,7 +209,10 @@ async fn compressed_pages_are_parsed_decoded_and_sent_as_each_client_takes_them(
     assert_eq!(origin.count("/footer?x=1&y=2"), 1);
     // A type the rule does not turn ESI on for is sent as the origin sent it.
     let json = get(&d, "/json", &[]).await;
-    assert_eq!(text(&json), "{\"a\": \"<esi:include src=\\\"/footer\\\"/>\"}");
+    assert_eq!(
+        text(&json),
+        "{\"a\": \"<esi:include src=\\\"/footer\\\"/>\"}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -222,12 +236,22 @@ async fn range_conditional_and_head_behave_as_varnish() {
     // HEAD fetches no fragment.
     let before = origin.total();
     tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
-    let head = request(d.addr, Method::HEAD, "/", &[("host", "shop.test")], Default::default())
-        .await
-        .unwrap();
+    let head = request(
+        d.addr,
+        Method::HEAD,
+        "/",
+        &[("host", "shop.test")],
+        Default::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(head.status, 200);
     assert!(head.body.is_empty());
-    assert_eq!(origin.total(), before, "the expired menu is not fetched for a HEAD");
+    assert_eq!(
+        origin.total(),
+        before,
+        "the expired menu is not fetched for a HEAD"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -290,4 +314,132 @@ esi = true
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&r.body), "[0[1[2]]]");
     assert_eq!(origin.count("/d3"), 0, "past the depth, never fetched");
+}
+
+/// A shared page, and the signed-in customer's own block in it: the page is stored once for everyone,
+/// the block fetched for each with their cookie, as Magento's private content is. A passed page is
+/// assembled too, fragments come in the page's order however they are fetched, and a purged fragment is
+/// fetched again while the page stays stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn fragments_carry_the_clients_head_run_in_parallel_and_are_purged_on_their_own() {
+    let origin = Origin::start(|seen| {
+        let cookie = seen
+            .headers
+            .get("cookie")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none")
+            .to_owned();
+        match seen.path.as_str() {
+            "/page" => Reply::ok(
+                "<h1>shared</h1><esi:include src=\"/customer\"/>\
+                 <esi:include src=\"/slow/1\"/><esi:include src=\"/slow/2\"/><esi:include src=\"/slow/3\"/>",
+            )
+            .header("cache-control", "public, max-age=600"),
+            "/customer" => Reply::ok(format!("<p>hello {cookie}</p>"))
+                .header("cache-control", "private, no-store"),
+            p if p.starts_with("/slow/") => Reply::ok(format!("<{p}>"))
+                .header("cache-control", "max-age=600")
+                .delay(std::time::Duration::from_millis(300)),
+            "/account" => Reply::ok("<h1>yours</h1><esi:include src=\"/slow/1\"/>"),
+            _ => Reply::ok("").status(404),
+        }
+    })
+    .await;
+    let d = Daemon::with_config_only(&format!(
+        r#"
+[[listen]]
+address = "127.0.0.1:0"
+
+[[backend]]
+name = "shop"
+address = "{}"
+
+[purge]
+http_methods = true
+
+[[route]]
+path_prefix = "/account"
+pass = true
+esi = true
+
+[[route]]
+esi = true
+
+# The shared page is stored whoever asks, and keeps the cookie for its fragments.
+[[rule]]
+name = "page"
+match.path_regex = "^/page$"
+cache_cookies = true
+
+# The request phase runs for each fragment as for a client's request: the shared blocks lose the cookie
+# (and are stored), the customer's block keeps it (and is passed, as any request with a cookie).
+[[rule]]
+name = "shared-blocks"
+match.path_prefix = ["/slow/"]
+strip_cookies = true
+"#,
+        origin.addr
+    ));
+    let page = |user: &'static str| {
+        let addr = d.addr;
+        async move {
+            let cookie = format!("session={user}");
+            let r = request(
+                addr,
+                Method::GET,
+                "/page",
+                &[("cookie", &cookie)],
+                Default::default(),
+            )
+            .await
+            .unwrap();
+            String::from_utf8_lossy(&r.body).into_owned()
+        }
+    };
+    let fragments = "</slow/1></slow/2></slow/3>";
+    assert_eq!(
+        page("alice").await,
+        format!("<h1>shared</h1><p>hello session=alice</p>{fragments}")
+    );
+    assert!(
+        origin.max_in_flight() >= 3,
+        "the three slow fragments were fetched at once ({})",
+        origin.max_in_flight()
+    );
+    d.wait_for_stats("stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(4)
+    })
+    .await;
+    assert_eq!(
+        page("bob").await,
+        format!("<h1>shared</h1><p>hello session=bob</p>{fragments}")
+    );
+    assert_eq!(origin.count("/page"), 1, "the page is shared");
+    assert_eq!(origin.count("/customer"), 2, "the block is each customer's");
+    // A passed page is assembled as a stored one is.
+    let account = request(d.addr, Method::GET, "/account", &[], Default::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&account.body),
+        "<h1>yours</h1></slow/1>"
+    );
+    // Purging a fragment: the next page fetches it again, the page itself stays stored.
+    let purged = request(
+        d.addr,
+        Method::from_bytes(b"PURGE").unwrap(),
+        "/slow/2",
+        &[],
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(purged.status, 200);
+    assert_eq!(
+        page("carol").await,
+        format!("<h1>shared</h1><p>hello session=carol</p>{fragments}")
+    );
+    assert_eq!(origin.count("/slow/2"), 2);
+    assert_eq!(origin.count("/slow/1"), 1);
+    assert_eq!(origin.count("/page"), 1);
 }

@@ -20,9 +20,10 @@ use crate::template::{put_include, put_literal, Include, MAX_SRC};
 pub const MAX_TAG: usize = 16 * 1024;
 
 /// Where the parser is in the page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum State {
     /// Markup: tags are looked for.
+    #[default]
     Text,
     /// Inside an HTML comment: text until `-->`.
     Comment,
@@ -64,12 +65,6 @@ pub struct Parser {
     /// Inside `<!--esi`: its `-->` ends it.
     in_esi_comment: bool,
     includes: usize,
-}
-
-impl Default for State {
-    fn default() -> Self {
-        State::Text
-    }
 }
 
 impl Parser {
@@ -130,7 +125,11 @@ impl Parser {
                         }
                         None => {
                             // The end marker may start in the last bytes: they wait for the next.
-                            let keep = if end { 0 } else { (close.len() - 1).min(rest.len()) };
+                            let keep = if end {
+                                0
+                            } else {
+                                (close.len() - 1).min(rest.len())
+                            };
                             let n = rest.len() - keep;
                             self.text.extend_from_slice(&rest[..n]);
                             pos += n;
@@ -266,7 +265,11 @@ impl Parser {
     /// Acts on one whole `esi:` tag (from `<` to `>`).
     fn element(&mut self, tag: &[u8]) {
         let closing = tag.starts_with(ESI_CLOSE);
-        let body = &tag[if closing { ESI_CLOSE.len() } else { ESI_OPEN.len() }..tag.len() - 1];
+        let body = &tag[if closing {
+            ESI_CLOSE.len()
+        } else {
+            ESI_OPEN.len()
+        }..tag.len() - 1];
         let empty = body.ends_with(b"/");
         let body = if empty { &body[..body.len() - 1] } else { body };
         let name_end = body
@@ -342,7 +345,11 @@ fn trim_start(s: &[u8]) -> &[u8] {
 }
 
 fn trim_end(s: &[u8]) -> &[u8] {
-    let n = s.iter().rev().take_while(|b| b.is_ascii_whitespace()).count();
+    let n = s
+        .iter()
+        .rev()
+        .take_while(|b| b.is_ascii_whitespace())
+        .count();
     &s[..s.len() - n]
 }
 
@@ -397,28 +404,16 @@ mod tests {
             ("plain <b>text</b>", "plain <b>text</b>"),
             (r#"a<esi:include src="/nav"/>b"#, "a[/nav]b"),
             (r#"a<esi:include src='/nav' />b"#, "a[/nav]b"),
-            (
-                r#"<esi:include src="/x" onerror="continue"/>"#,
-                "[/x?]",
-            ),
-            (
-                r#"<esi:include src="/x"></esi:include>!"#,
-                "[/x]!",
-            ),
-            (
-                r#"<esi:include src="/p?a=1&amp;b=2"/>"#,
-                "[/p?a=1&b=2]",
-            ),
+            (r#"<esi:include src="/x" onerror="continue"/>"#, "[/x?]"),
+            (r#"<esi:include src="/x"></esi:include>!"#, "[/x]!"),
+            (r#"<esi:include src="/p?a=1&amp;b=2"/>"#, "[/p?a=1&b=2]"),
             // Magento's blocks: an absolute URL on the site.
             (
                 r#"<esi:include src="http://shop.test/page_cache/block/esi/blocks/[%22catalog.topnav%22]/" />"#,
                 "[http://shop.test/page_cache/block/esi/blocks/[%22catalog.topnav%22]/]",
             ),
             ("a<esi:remove>gone <b>all</b></esi:remove>b", "ab"),
-            (
-                r#"a<esi:comment text="not shown"/>b"#,
-                "ab",
-            ),
+            (r#"a<esi:comment text="not shown"/>b"#, "ab"),
             (
                 "a<!--esi <p><esi:include src=\"/in\"/></p> -->b",
                 "a <p>[/in]</p> b",
@@ -433,10 +428,7 @@ mod tests {
                 r#"<![CDATA[<esi:include src="/no"/>]]>"#,
             ),
             // Names are matched as written.
-            (
-                r#"<ESI:include src="/no"/>"#,
-                r#"<ESI:include src="/no"/>"#,
-            ),
+            (r#"<ESI:include src="/no"/>"#, r#"<ESI:include src="/no"/>"#),
             // Without a src, the tag goes and nothing is included; an unknown element's tags go.
             (r#"a<esi:include/>b"#, "ab"),
             ("a<esi:try><esi:attempt>x</esi:attempt></esi:try>b", "axb"),
@@ -449,7 +441,11 @@ mod tests {
             assert_eq!(parsed(page), want, "{page}");
             // Whatever the chunks the page comes in.
             for size in 1..page.len() {
-                assert_eq!(render(&parse_in(page, size)), want, "{page} in chunks of {size}");
+                assert_eq!(
+                    render(&parse_in(page, size)),
+                    want,
+                    "{page} in chunks of {size}"
+                );
             }
         }
     }

@@ -23,35 +23,33 @@ pub enum Refused {
 pub fn resolve(src: &str, page: &Uri, host: Option<&str>) -> Result<PathAndQuery, Refused> {
     let src = src.split('#').next().unwrap_or_default();
     let lower = src.get(..8).unwrap_or(src).to_ascii_lowercase();
-    let target = if lower.starts_with("http://")
-        || lower.starts_with("https://")
-        || src.starts_with("//")
-    {
-        let absolute = if src.starts_with("//") {
-            format!("http:{src}")
-        } else {
+    let target =
+        if lower.starts_with("http://") || lower.starts_with("https://") || src.starts_with("//") {
+            let absolute = if src.starts_with("//") {
+                format!("http:{src}")
+            } else {
+                src.to_owned()
+            };
+            let uri: Uri = absolute
+                .parse()
+                .map_err(|_| Refused::NotATarget(src.to_owned()))?;
+            let named = uri.host().unwrap_or_default();
+            let ours = host.map(host_name).unwrap_or_default();
+            if !named.eq_ignore_ascii_case(ours) {
+                return Err(Refused::OtherHost(named.to_owned()));
+            }
+            match uri.path_and_query() {
+                Some(pq) if !pq.as_str().is_empty() => pq.as_str().to_owned(),
+                _ => "/".to_owned(),
+            }
+        } else if src.starts_with('/') {
             src.to_owned()
+        } else {
+            let path = page.path();
+            let dir = &path[..path.rfind('/').map_or(0, |i| i + 1)];
+            let dir = if dir.is_empty() { "/" } else { dir };
+            format!("{dir}{src}")
         };
-        let uri: Uri = absolute
-            .parse()
-            .map_err(|_| Refused::NotATarget(src.to_owned()))?;
-        let named = uri.host().unwrap_or_default();
-        let ours = host.map(host_name).unwrap_or_default();
-        if !named.eq_ignore_ascii_case(ours) {
-            return Err(Refused::OtherHost(named.to_owned()));
-        }
-        match uri.path_and_query() {
-            Some(pq) if !pq.as_str().is_empty() => pq.as_str().to_owned(),
-            _ => "/".to_owned(),
-        }
-    } else if src.starts_with('/') {
-        src.to_owned()
-    } else {
-        let path = page.path();
-        let dir = &path[..path.rfind('/').map_or(0, |i| i + 1)];
-        let dir = if dir.is_empty() { "/" } else { dir };
-        format!("{dir}{src}")
-    };
     target
         .parse::<PathAndQuery>()
         .ok()

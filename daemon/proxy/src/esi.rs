@@ -10,7 +10,10 @@
 use std::{collections::VecDeque, future::Future, pin::Pin, sync::Arc};
 
 use bytes::Bytes;
-use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{
+    header, request::Parts, HeaderMap, HeaderName, HeaderValue, Method, Request, Response,
+    StatusCode,
+};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use lacquer_backends::body::{self, Body, BoxError};
@@ -164,7 +167,12 @@ pub(crate) fn assemble(
     }
     inc(&worker.shared.stats.esi_assemblies);
     let mut pages = within.map(|w| w.pages.clone()).unwrap_or_default();
-    pages.push(page.uri.path_and_query().map_or("/", |pq| pq.as_str()).to_owned());
+    pages.push(
+        page.uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned(),
+    );
     let (tx, rx) = mpsc::channel(4);
     let assembly = Assembly {
         worker: worker.clone(),
@@ -282,7 +290,12 @@ impl Assembly {
                         // The fragment is answered: sent on the next turn.
                         None => continue,
                         Some(segment) => {
-                            self.queue(segment, &mut queue, &mut read_all, (&mut ahead, &mut fetching, &mut includes))?;
+                            self.queue(
+                                segment,
+                                &mut queue,
+                                &mut read_all,
+                                (&mut ahead, &mut fetching, &mut includes),
+                            )?;
                             continue;
                         }
                     }
@@ -299,7 +312,12 @@ impl Assembly {
                 }
                 None => {
                     let segment = next_segment(&mut template, &mut reader).await;
-                    self.queue(segment, &mut queue, &mut read_all, (&mut ahead, &mut fetching, &mut includes))?;
+                    self.queue(
+                        segment,
+                        &mut queue,
+                        &mut read_all,
+                        (&mut ahead, &mut fetching, &mut includes),
+                    )?;
                 }
             }
         }
@@ -347,8 +365,8 @@ impl Assembly {
             .headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok());
-        let target = lacquer_esi::resolve(&include.src, &self.page.uri, host)
-            .map_err(|e| e.to_string())?;
+        let target =
+            lacquer_esi::resolve(&include.src, &self.page.uri, host).map_err(|e| e.to_string())?;
         if self.within.pages.iter().any(|p| p == target.as_str()) {
             return Err(format!("{target} includes itself"));
         }

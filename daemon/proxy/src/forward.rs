@@ -7,15 +7,17 @@ use bytes::Bytes;
 use http::{
     header, request::Parts, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version,
 };
+use http_body::Frame;
 use http_body_util::BodyExt;
 use lacquer_backends::{
-    body::{self, Body},
+    body::{self, Body, BoxError},
     BackendBody,
 };
 use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
 use lacquer_rules::Rules;
 
 use crate::{
+    esi::EsiFill,
     fields::{append, VIA},
     phase::{self, Decided},
     respond::{self, Outcome},
@@ -25,6 +27,7 @@ use crate::{
 /// The origin's answer to a pass (or a tunnel it refused), as the client gets it: the backend-response
 /// phase on its head (the built-in part, then the rules when `request`, the client's head, is kept for
 /// them), the cache's verdict added, and its body's bytes counted in.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn answer(
     rules: &Rules,
     request: Option<&Parts>,
@@ -33,28 +36,84 @@ pub(crate) fn answer(
     outcome: Outcome,
     resp: Response<BackendBody>,
     stats: &Arc<Stats>,
+    esi: Option<PassEsi>,
 ) -> Response<Body> {
     let (mut head, body) = resp.into_parts();
     phase::origin_fields(decided, &mut head.headers);
-    if let Some(request) = request {
-        phase::backend_response(
+    let adjust = match request {
+        Some(request) => phase::backend_response(
             rules,
             request,
             client,
             decided,
             head.status,
             &mut head.headers,
-        );
-    }
+        ),
+        None => Default::default(),
+    };
+    // Varnish's `do_esi` holds for a passed page too: it is parsed as it streams, and assembled.
+    let parsing = esi.and_then(|e| {
+        EsiFill::start(
+            adjust.esi.unwrap_or(e.route),
+            head.status,
+            false,
+            &mut head.headers,
+            e.limit,
+            stats,
+        )
+    });
     respond::decorate(&mut head.headers, outcome, None);
-    let stats = stats.clone();
-    let body = body.map_frame(move |f| {
+    let counted = stats.clone();
+    let body = body::incoming(body.map_frame(move |f| {
         if let Some(d) = f.data_ref() {
-            add(&stats.bytes_in, d.len() as u64);
+            add(&counted.bytes_in, d.len() as u64);
         }
         f
-    });
-    Response::from_parts(head, body::incoming(body))
+    }));
+    let body = match parsing {
+        Some(parsing) => parsed(body, parsing),
+        None => body,
+    };
+    Response::from_parts(head, body)
+}
+
+/// What a pass needs to parse a page for ESI: the route's `esi`, and its `max_object_size` (the most a
+/// compressed page decodes to).
+#[derive(Clone, Copy)]
+pub(crate) struct PassEsi {
+    pub route: bool,
+    pub limit: u64,
+}
+
+/// A passed page's body, parsed into an ESI template as it streams.
+fn parsed(body: Body, parsing: EsiFill) -> Body {
+    let stream = futures_util::stream::unfold(
+        (body, Some(parsing)),
+        |(mut body, mut parsing)| async move {
+            loop {
+                let esi = parsing.as_mut()?;
+                let pieces = match body.frame().await {
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => esi.push(vec![data]),
+                        Err(_) => continue,
+                    },
+                    Some(Err(e)) => return Some((Err(e), (body, None))),
+                    None => {
+                        let last = esi.finish(Vec::new());
+                        parsing = None;
+                        last
+                    }
+                };
+                let frame = match pieces {
+                    Ok(pieces) if pieces.is_empty() && parsing.is_some() => continue,
+                    Ok(pieces) => Ok(Frame::data(pieces.concat().into())),
+                    Err(e) => Err(BoxError::from(e)),
+                };
+                return Some((frame, (body, parsing)));
+            }
+        },
+    );
+    body::from_stream(stream)
 }
 
 /// Makes client headers fit to forward: hop-by-hop fields removed, the client appended to

@@ -137,7 +137,7 @@ pub(crate) async fn tunnel<S: CacheStore>(
         inc(&stats.passes);
         let head = client_head.as_ref();
         return Ok(forward::answer(
-            rules, head, client, decided, outcome, resp, stats,
+            rules, head, client, decided, outcome, resp, stats, None,
         ));
     }
     let origin = hyper::upgrade::on(&mut resp);

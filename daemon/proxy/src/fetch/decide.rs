@@ -275,7 +275,13 @@ pub(super) fn decide<S: CacheStore>(
         policy.compression.as_ref().map(|n| &n.settings),
         head.status,
         &mut head.headers,
-        (writer.is_some(), adjust.compress.filter(|_| esi.is_none()).or(esi.as_ref().map(|_| false))),
+        (
+            writer.is_some(),
+            adjust
+                .compress
+                .filter(|_| esi.is_none())
+                .or(esi.as_ref().map(|_| false)),
+        ),
         max_object_size,
     );
     let fetched = Arc::new(FetchedHead {

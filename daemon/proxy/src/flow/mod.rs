@@ -144,7 +144,12 @@ pub(crate) async fn run(
 
 /// The last step of a request whose response is an ESI page's template: the page assembled with its
 /// fragments (see [`crate::esi::assemble`]); any other response as it is.
-fn assemble(worker: &Arc<Worker>, txn: &Txn, resp: Response<Body>, client: Client) -> Response<Body> {
+fn assemble(
+    worker: &Arc<Worker>,
+    txn: &Txn,
+    resp: Response<Body>,
+    client: Client,
+) -> Response<Body> {
     if !txn.assembles || txn.failure {
         return resp;
     }
@@ -158,8 +163,21 @@ fn assemble(worker: &Arc<Worker>, txn: &Txn, resp: Response<Body>, client: Clien
         .compression
         .as_ref()
         .filter(|_| txn.within.is_none())
-        .map(|n| (&n.settings, txn.negotiated.as_ref().is_some_and(|n| n.takes_gzip())));
-    crate::esi::assemble(worker, fragment, resp, page, client, txn.within.as_ref(), compression)
+        .map(|n| {
+            (
+                &n.settings,
+                txn.negotiated.as_ref().is_some_and(|n| n.takes_gzip()),
+            )
+        });
+    crate::esi::assemble(
+        worker,
+        fragment,
+        resp,
+        page,
+        client,
+        txn.within.as_ref(),
+        compression,
+    )
 }
 
 /// A request lacquerd makes for an include of an ESI page: received and run through the steps as a

@@ -36,7 +36,9 @@ pub(super) async fn pass<S: CacheStore>(
             detail: None,
         },
     };
-    let parts = if txn.delivers {
+    // The head stays for the deliver rules, and for the fragments of a page that may be assembled.
+    let may_assemble = txn.route.esi || worker.shared.live.load().rules.has(Phase::BackendResponse);
+    let parts = if txn.delivers || may_assemble {
         Parts::clone(txn.head())
     } else {
         Arc::unwrap_or_clone(txn.head.take().expect("a pass takes the head once"))
@@ -149,6 +151,10 @@ pub(crate) async fn forward<S: CacheStore>(
             }
         }
     }
+    let esi = forward::PassEsi {
+        route: route.esi,
+        limit: route.policy.cache.max_object_size.as_u64(),
+    };
     let resp = forward::answer(
         rules,
         client_head.as_ref(),
@@ -157,6 +163,7 @@ pub(crate) async fn forward<S: CacheStore>(
         outcome,
         resp,
         &shared.stats,
+        Some(esi),
     );
     txn.answered(resp, outcome)
 }
