@@ -156,6 +156,24 @@ fn variant(n: usize, v: &StoredVariant) -> String {
             r.generation
         );
     }
+    if let Some(includes) = &v.esi_includes {
+        if includes.is_empty() {
+            let _ = writeln!(out, "  esi        a page without includes");
+        }
+        for (i, include) in includes.iter().enumerate() {
+            let label = if i == 0 { "esi" } else { "" };
+            let _ = writeln!(
+                out,
+                "  {label:<9}  include {}{}",
+                include.src,
+                if include.continue_on_error {
+                    " (onerror=\"continue\")"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
     if !v.tags.is_empty() {
         let _ = writeln!(out, "  tags       {}", v.tags.join(" "));
     }
@@ -168,7 +186,7 @@ fn variant(n: usize, v: &StoredVariant) -> String {
 
 #[cfg(test)]
 mod tests {
-    use lacquer_admin::wire::{HeaderField, Representation, StoredPart, Tiers};
+    use lacquer_admin::wire::{EsiInclude, HeaderField, Representation, StoredPart, Tiers};
 
     use super::*;
 
@@ -214,6 +232,16 @@ mod tests {
                 }],
                 total: None,
                 parts: Vec::new(),
+                esi_includes: Some(vec![
+                    EsiInclude {
+                        src: "/nav".into(),
+                        continue_on_error: false,
+                    },
+                    EsiInclude {
+                        src: "footer?x=1".into(),
+                        continue_on_error: true,
+                    },
+                ]),
             }],
             not_stored: None,
         };
@@ -226,6 +254,7 @@ mod tests {
             "  freshness  grace: age 1m 10s, ttl stale for 10s, grace 1m 0s, keep 0s, stale-if-error 0s\n",
             "  stored     Tue, 14 Nov 2023 22:13:20 GMT (generation 9)\n",
             "  also as    identity, 8.0 KiB: 0 in memory, 1 on disk (generation 12)\n",
+            "  esi        include /nav\n             include footer?x=1 (onerror=\"continue\")\n",
             "  tags       p1 p2\n",
             "  headers    content-type: text/html\n             etag: \"x\"\n",
         ] {

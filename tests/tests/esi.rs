@@ -141,6 +141,20 @@ async fn a_page_is_assembled_from_fragments_each_stored_on_its_own() {
         s["store"]["objects_published"].as_u64() >= Some(3)
     })
     .await;
+    // `cachectl inspect` (the admin API under it) lists the stored page's includes.
+    let inspected = d
+        .admin_get("/v1/objects?url=http://shop.test/", Some(&d.secret()))
+        .await;
+    let inspected: serde_json::Value = serde_json::from_slice(&inspected.body).unwrap();
+    assert_eq!(
+        inspected["variants"][0]["esi_includes"],
+        serde_json::json!([
+            {"src": "http://shop.test/page_cache/block/esi/blocks/[%22catalog.topnav%22]/", "continue_on_error": false},
+            {"src": "footer?x=1&y=2", "continue_on_error": false},
+            {"src": "/gone", "continue_on_error": true},
+        ]),
+        "{inspected}"
+    );
     // Stored: the page is served again without the origin, its blocks too.
     let again = get(&d, "/", &[]).await;
     assert_eq!(text(&again), PAGE);

@@ -1,11 +1,12 @@
 //! `GET /v1/objects?url=…`: what the store holds for a URL, and where.
 
 use axum::{extract::State, Json};
+use bytes::BytesMut;
 use lacquer_admin::wire::{
-    ApiError, HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation, StoredPart,
+    ApiError, EsiInclude, HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation, StoredPart,
     StoredVariant, Tiers,
 };
-use lacquer_storage::{ChunkTiers, Inspected};
+use lacquer_storage::{ChunkTiers, Inspected, ObjectMeta, Store};
 
 use super::{AdminError, AdminState, ApiQuery};
 use lacquer_policy::{
@@ -36,10 +37,13 @@ pub async fn inspect(
         .await
         .expect("inspection does not panic")?;
     let now = lacquer_clock::now_ms();
-    let variants: Vec<_> = found
-        .into_iter()
-        .map(|found| stored_variant(found, now))
-        .collect();
+    let mut variants = Vec::with_capacity(found.len());
+    for found in found {
+        let includes = esi_includes(&state.shared.store, &found.meta).await;
+        let mut variant = stored_variant(found, now);
+        variant.esi_includes = includes;
+        variants.push(variant);
+    }
     let not_stored = state.shared.uncacheable(&key).map(|u| NotStoredNote {
         reason: u.why.token().into(),
         at: u.at_ms / 1000,
@@ -54,6 +58,38 @@ pub async fn inspect(
         variants,
         not_stored,
     }))
+}
+
+/// The most of an ESI page's template read to list its includes: a larger one is listed as unread.
+const ESI_LISTED: u64 = 4 << 20;
+
+/// The includes of a stored ESI page, in order, read from its template; `None` for any other body. A
+/// template larger than [`ESI_LISTED`], gone, or damaged lists none.
+async fn esi_includes(store: &Store, meta: &ObjectMeta) -> Option<Vec<EsiInclude>> {
+    meta.header(lacquer_proxy::ESI_TEMPLATE.as_str())?;
+    if meta.length > ESI_LISTED {
+        return Some(Vec::new());
+    }
+    let mut template = BytesMut::with_capacity(meta.length as usize);
+    for index in 0..meta.chunk_count() {
+        match store.read_chunk(meta, index).await {
+            Ok(Some(chunk)) => template.extend_from_slice(&chunk.data),
+            _ => return Some(Vec::new()),
+        }
+    }
+    let segments = lacquer_esi::Reader::read_all(template.freeze()).unwrap_or_default();
+    Some(
+        segments
+            .into_iter()
+            .filter_map(|s| match s {
+                lacquer_esi::Segment::Include(i) => Some(EsiInclude {
+                    src: i.src,
+                    continue_on_error: i.continue_on_error,
+                }),
+                lacquer_esi::Segment::Literal(_) => None,
+            })
+            .collect(),
+    )
 }
 
 fn tiers(t: ChunkTiers) -> Tiers {
@@ -144,5 +180,6 @@ fn stored_variant(found: Inspected, now_ms: u64) -> StoredVariant {
             .collect(),
         tags: meta.tags,
         headers: meta.headers.into_iter().map(field).collect(),
+        esi_includes: None,
     }
 }

@@ -25,7 +25,8 @@ pub use latency::{
 };
 pub use log::{LogEntry, LogFilter, TraceStep};
 pub use objects::{
-    HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation, StoredPart, StoredVariant,
+    EsiInclude, HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation, StoredPart,
+    StoredVariant,
     Tiers,
 };
 pub use reload::{NotApplied, Reloaded};

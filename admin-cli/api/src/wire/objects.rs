@@ -86,6 +86,19 @@ pub struct StoredVariant {
     /// The parts held, in order of their first byte.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<StoredPart>,
+    /// An ESI page's includes, in the order the page has them (stored parsed: a route's or rule's
+    /// `esi`). Absent for any other body, and from older daemons; empty for a page without includes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub esi_includes: Option<Vec<EsiInclude>>,
+}
+
+/// One include of a stored ESI page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EsiInclude {
+    /// Its `src`, as the page wrote it (entities decoded).
+    pub src: String,
+    /// `onerror="continue"`: left out when it fails, rather than cutting the page off.
+    pub continue_on_error: bool,
 }
 
 /// A representation made of a stored variant's body.
