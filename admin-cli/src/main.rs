@@ -164,6 +164,14 @@ enum Command {
     Reload,
     /// Print a completion script, e.g. `cachectl completions bash > /etc/bash_completion.d/cachectl`.
     Completions { shell: clap_complete::Shell },
+    /// Translate a VCL file (the subset templates use) into lacquerd's configuration: backends, the purge
+    /// ACL and rules, each under the VCL lines it came from, then every construct not translated, with its
+    /// line and why. Needs no daemon. Review the result, then `lacquerd --check` it.
+    Vcl2rules {
+        /// The VCL file; `-` for standard input.
+        #[arg(value_name = "FILE.vcl")]
+        file: std::path::PathBuf,
+    },
     /// Write the manual pages (roff), `cachectl.1` and one per command (`cachectl-ban.1`, …), into DIR:
     /// how the package builds them.
     #[command(hide = true)]
@@ -238,6 +246,33 @@ fn manual_pages(dir: &std::path::Path) -> std::io::Result<()> {
         std::fs::write(dir.join(format!("{name}.1")), &page)?;
     }
     Ok(())
+}
+
+/// `cachectl vcl2rules`: the configuration on standard output, a summary on standard error; exit 0 when it
+/// translated (whatever it could not: that is listed), 1 when the file cannot be read or is not VCL.
+fn vcl2rules(file: &std::path::Path, json: bool) -> ExitCode {
+    let text = if file.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map(|_| text)
+    } else {
+        std::fs::read_to_string(file)
+    };
+    let text = match text {
+        Ok(text) => text,
+        Err(e) => return fail(json, "io", &format!("{}: {e}", file.display()), 1),
+    };
+    let translation = match lacquer_vcl::translate(&text) {
+        Ok(t) => t,
+        Err(e) => return fail(json, "not_vcl", &format!("{}: {e}", file.display()), 1),
+    };
+    let name = file.display().to_string();
+    write_out(&lacquer_vcl::render(&translation, &name, &text));
+    eprintln!(
+        "cachectl: {} rule(s) from {name}; {} construct(s) not translated (listed at the end): review before use",
+        translation.rules.len(),
+        translation.untranslated.len()
+    );
+    ExitCode::SUCCESS
 }
 
 /// Writes `text` to stdout. When nobody reads it any more (`cachectl log | head -1`) cachectl is done:
@@ -330,6 +365,9 @@ fn main() -> ExitCode {
             Err(e) => fail(cli.json, "io", &format!("{}: {e}", dir.display()), 1),
         };
     }
+    if let Command::Vcl2rules { file } = &cli.command {
+        return vcl2rules(file, cli.json);
+    }
     if let Command::Completions { shell } = cli.command {
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "cachectl", &mut script);
@@ -418,7 +456,7 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             .await
         }
         Command::Reload => operations::reload(client, out).await,
-        Command::Completions { .. } | Command::Man { .. } => {
+        Command::Completions { .. } | Command::Man { .. } | Command::Vcl2rules { .. } => {
             unreachable!("handled before connecting")
         }
     }

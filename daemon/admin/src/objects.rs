@@ -3,8 +3,8 @@
 use axum::{extract::State, Json};
 use bytes::BytesMut;
 use lacquer_admin::wire::{
-    ApiError, EsiInclude, HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation, StoredPart,
-    StoredVariant, Tiers,
+    ApiError, EsiInclude, HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation,
+    StoredPart, StoredVariant, Tiers,
 };
 use lacquer_storage::{ChunkTiers, Inspected, ObjectMeta, Store};
 

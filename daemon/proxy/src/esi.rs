@@ -194,6 +194,10 @@ pub(crate) fn assemble(
     Response::from_parts(head, body::from_stream(stream))
 }
 
+/// The most segments an assembly holds read ahead: with includes that are never fetched (refused, past
+/// `max_includes`) counting neither as text nor as fetches, this is what bounds them.
+const QUEUED: usize = 1024;
+
 /// One page being assembled for one client.
 struct Assembly {
     worker: Arc<Worker>,
@@ -259,7 +263,10 @@ impl Assembly {
         let mut read_all = false;
         let read_ahead = self.settings.read_ahead.as_u64() as usize;
         loop {
-            let may_read = !read_all && ahead < read_ahead && fetching < self.settings.parallel;
+            let may_read = !read_all
+                && ahead < read_ahead
+                && fetching < self.settings.parallel
+                && queue.len() < QUEUED;
             match queue.front_mut() {
                 None if read_all => return Ok(()),
                 Some(Pending::Text(_)) => {

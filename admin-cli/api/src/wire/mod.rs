@@ -26,8 +26,7 @@ pub use latency::{
 pub use log::{LogEntry, LogFilter, TraceStep};
 pub use objects::{
     EsiInclude, HeaderField, Inspection, NotStoredNote, ObjectQuery, Representation, StoredPart,
-    StoredVariant,
-    Tiers,
+    StoredVariant, Tiers,
 };
 pub use reload::{NotApplied, Reloaded};
 pub use stats::{
