@@ -134,7 +134,8 @@ mod tests {
             .collect();
         assert_eq!(
             shown.join(" "),
-            "1:sub 1:vcl_recv 1:{ 3:if 3:( 3:req.http.X-Tags 3:~ 3:\"a|b\" 3:&& 3:req.url 3:!= 3:\"x\\ny\" 3:) 3:{ 4:set 4:beresp.ttl 4:= 4:#120s 4:; 5:} 6:}"
+            // The long string spans lines 3 and 4: what follows it is on line 4.
+            "1:sub 1:vcl_recv 1:{ 3:if 3:( 3:req.http.X-Tags 3:~ 3:\"a|b\" 3:&& 3:req.url 3:!= 3:\"x\\ny\" 4:) 4:{ 5:set 5:beresp.ttl 5:= 5:#120s 5:; 6:} 7:}"
         );
         assert!(tokens("set x = \"open").is_err());
     }

@@ -333,7 +333,21 @@ impl Parser<'_> {
             }
         };
         let start = self.at;
-        let parsed = match word.as_str() {
+        let parsed = self.statement_of(&word, line);
+        match parsed {
+            Ok(stmt) => Ok(stmt),
+            // A statement this reader does not follow: kept, as written, for the report.
+            Err(_) => {
+                self.at = start;
+                let text = self.skip_statement();
+                Ok(Stmt::Other { line, text })
+            }
+        }
+    }
+
+    /// The statement `word` starts, or why it does not read.
+    fn statement_of(&mut self, word: &str, line: usize) -> Result<Stmt, Error> {
+        match word {
             "if" => self.if_statement(),
             "set" => {
                 self.at += 1;
@@ -378,15 +392,6 @@ impl Parser<'_> {
                     Expr::Call(name, args) => Ok(Stmt::Call { name, args, line }),
                     _ => Err((line, "a statement that does nothing".into())),
                 }
-            }
-        };
-        match parsed {
-            Ok(stmt) => Ok(stmt),
-            // A statement this reader does not follow: kept, as written, for the report.
-            Err(_) => {
-                self.at = start;
-                let text = self.skip_statement();
-                Ok(Stmt::Other { line, text })
             }
         }
     }

@@ -655,6 +655,7 @@ impl Translator<'_> {
             return;
         }
         let many = path.len() > 1;
+        let mut made: Vec<Rule> = Vec::new();
         for (n, conj) in path.iter().enumerate() {
             let mut rule = group.rule.clone();
             rule.on = phase;
@@ -730,6 +731,34 @@ impl Translator<'_> {
                     );
                 }
             }
+            // Alternatives that differ only by method are one rule (`GET` or `HEAD`, and …).
+            let same_but_methods = |a: &Rule, b: &Rule| {
+                let mut a = a.clone();
+                let mut b = b.clone();
+                (a.name, b.name) = (None, None);
+                (a.when.methods, b.when.methods) = (Vec::new(), Vec::new());
+                a == b
+            };
+            match made.iter_mut().find(|m| {
+                same_but_methods(m, &rule)
+                    && !m.when.methods.is_empty()
+                    && !rule.when.methods.is_empty()
+            }) {
+                Some(m) => {
+                    m.when.methods.extend(rule.when.methods);
+                    m.when.methods.sort();
+                    m.when.methods.dedup();
+                }
+                None => made.push(rule),
+            }
+        }
+        let count = made.len();
+        for (n, mut rule) in made.into_iter().enumerate() {
+            rule.name = Some(if count > 1 {
+                format!("{}-{}-{}", short(sub), group.lines.0, n + 1)
+            } else {
+                format!("{}-{}", short(sub), group.lines.0)
+            });
             self.out.rules.push(Piece {
                 value: rule,
                 from: sub.to_owned(),
