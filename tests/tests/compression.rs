@@ -641,3 +641,51 @@ compress = false
     assert_eq!(raw.body, page());
     assert_eq!(origin.count("/api/small.json"), 1);
 }
+
+/// Varnish's `do_gzip` compresses a passed answer too: a rule's `compress = true` on a request that is
+/// never stored compresses it on its way to a client that takes gzip, and only to such a client.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rules_compress_holds_for_a_passed_answer() {
+    let json = Bytes::from(format!("{{\"items\":[{}]}}", "1,".repeat(60) + "1"));
+    let body = json.clone();
+    let origin = Origin::start(move |_| {
+        Reply::ok(body.clone())
+            .header("content-type", "application/json")
+            .header("etag", "\"v1\"")
+    })
+    .await;
+    let d = Daemon::with_config(
+        origin.addr,
+        r#"
+[[route]]
+path_prefix = "/api/"
+pass = true
+
+[[rule]]
+on = "backend_response"
+match = { content_types = ["application/json"] }
+compress = true
+"#,
+    );
+    let gzip = get(
+        &d,
+        "/api/me.json",
+        &[("accept-encoding", "gzip, deflate, br")],
+    )
+    .await;
+    assert_eq!(gzip.header("content-encoding"), "gzip");
+    assert_eq!(
+        gzip.header("etag"),
+        "W/\"v1\"",
+        "another representation: a weak validator"
+    );
+    assert!(gzip
+        .header("vary")
+        .to_ascii_lowercase()
+        .contains("accept-encoding"));
+    assert_eq!(decoded(&gzip), json);
+    let plain = get(&d, "/api/me.json", &[]).await;
+    assert_eq!(plain.header("content-encoding"), "");
+    assert_eq!(plain.body, json);
+    assert_eq!(origin.count("/api/me.json"), 2, "passed: never stored");
+}

@@ -13,6 +13,8 @@ use lacquer_backends::{
     body::{self, Body, BoxError},
     BackendBody,
 };
+use lacquer_codec::{Coding, Encoder};
+use lacquer_policy::encoding::{self, Accepts, Compression};
 use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
 use lacquer_rules::Rules;
 
@@ -62,6 +64,32 @@ pub(crate) fn answer(
             stats,
         )
     });
+    // And so does `do_gzip` (a rule's `compress = true`): what the origin sent uncompressed is compressed
+    // on its way to a client that takes gzip. An ESI page is compressed as it is assembled instead.
+    let gzip = esi
+        .filter(|_| parsing.is_none() && adjust.compress == Some(true))
+        .and_then(|e| e.gzip_level)
+        .filter(|_| {
+            request.is_some_and(|r| Accepts::from_headers(&r.headers).accepts(Some(Coding::Gzip)))
+        })
+        .filter(|_| {
+            encoding::compress_with(
+                head.status,
+                &head.headers,
+                &Compression::default(),
+                Some(true),
+            )
+            .is_some()
+        });
+    if gzip.is_some() {
+        head.headers.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static(Coding::Gzip.token()),
+        );
+        head.headers.remove(header::CONTENT_LENGTH);
+        crate::coding::weaken_etag(&mut head.headers);
+        crate::coding::vary_on_accept_encoding(&mut head.headers);
+    }
     respond::decorate(&mut head.headers, outcome, None);
     let counted = stats.clone();
     let body = body::incoming(body.map_frame(move |f| {
@@ -70,19 +98,66 @@ pub(crate) fn answer(
         }
         f
     }));
-    let body = match parsing {
-        Some(parsing) => parsed(body, parsing),
-        None => body,
+    let body = match (parsing, gzip) {
+        (Some(parsing), _) => parsed(body, parsing),
+        (None, Some(level)) => compressed(body, Encoder::new(Coding::Gzip, level)),
+        (None, None) => body,
     };
     Response::from_parts(head, body)
 }
 
-/// What a pass needs to parse a page for ESI: the route's `esi`, and its `max_object_size` (the most a
-/// compressed page decodes to).
+/// A passed body compressed as it streams; each frame's output is flushed, so a slow origin's bytes reach
+/// the client as they come.
+fn compressed(body: Body, encoder: Encoder) -> Body {
+    let stream = futures_util::stream::unfold(
+        (body, Some(encoder)),
+        |(mut body, mut encoder)| async move {
+            loop {
+                let e = encoder.as_mut()?;
+                let ended = match body.frame().await {
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => {
+                            e.feed(data);
+                            e.flush();
+                            false
+                        }
+                        Err(_) => continue,
+                    },
+                    Some(Err(err)) => return Some((Err(err), (body, None))),
+                    None => {
+                        e.end();
+                        true
+                    }
+                };
+                let mut out = Vec::new();
+                loop {
+                    match e.piece() {
+                        Ok(Some(piece)) => out.extend_from_slice(&piece),
+                        Ok(None) => break,
+                        Err(err) => return Some((Err(BoxError::from(err)), (body, None))),
+                    }
+                }
+                if ended {
+                    encoder = None;
+                }
+                if out.is_empty() && encoder.is_some() {
+                    continue;
+                }
+                return Some((Ok(Frame::data(Bytes::from(out))), (body, encoder)));
+            }
+        },
+    );
+    body::from_stream(stream)
+}
+
+/// What a pass needs to parse a page for ESI (the route's `esi`, and its `max_object_size`: the most a
+/// compressed page decodes to), and to compress a body a rule says to (the route's gzip level, when it
+/// negotiates codings).
 #[derive(Clone, Copy)]
 pub(crate) struct PassEsi {
     pub route: bool,
     pub limit: u64,
+    pub gzip_level: Option<u32>,
 }
 
 /// A passed page's body, parsed into an ESI template as it streams.

@@ -154,6 +154,11 @@ pub(crate) async fn forward<S: CacheStore>(
     let esi = forward::PassEsi {
         route: route.esi,
         limit: route.policy.cache.max_object_size.as_u64(),
+        gzip_level: route
+            .policy
+            .compression
+            .as_ref()
+            .map(|n| n.settings.gzip_level),
     };
     let resp = forward::answer(
         rules,
