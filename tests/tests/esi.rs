@@ -457,3 +457,54 @@ strip_cookies = true
     assert_eq!(origin.count("/slow/1"), 1);
     assert_eq!(origin.count("/page"), 1);
 }
+
+/// `max_includes` bounds the client's page and every fragment below it together, so nesting cannot
+/// multiply what one request costs the origin; and fragments do not count against the client's rate limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_budget_of_includes_for_the_whole_page_and_no_rate_limit_on_fragments() {
+    // Each level includes the next twice: without one budget, 2 + 4 + 8 + … fragments.
+    let origin = Origin::start(|seen| {
+        let level: usize = seen.path.trim_start_matches("/t").parse().unwrap_or(0);
+        let next = level + 1;
+        Reply::ok(format!(
+            "({level}<esi:include src=\"/t{next}\" onerror=\"continue\"/><esi:include src=\"/t{next}\" onerror=\"continue\"/>)"
+        ))
+        .header("cache-control", "no-store")
+    })
+    .await;
+    let d = Daemon::with_config_only(&format!(
+        r#"
+[[listen]]
+address = "127.0.0.1:0"
+
+[[backend]]
+name = "origin"
+address = "{}"
+
+[esi]
+max_includes = 5
+
+[[route]]
+path_prefix = "/t"
+esi = true
+rate_limit = {{ requests = 1, per = "10s", burst = 1 }}
+"#,
+        origin.addr
+    ));
+    let r = request(d.addr, Method::GET, "/t0", &[], Default::default())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let body = String::from_utf8_lossy(&r.body).into_owned();
+    // The page and five fragments in all, whatever their depth.
+    assert_eq!(body.matches('(').count(), 6, "{body}");
+    assert_eq!(origin.total(), 6);
+    let stats = d.stats().await;
+    assert_eq!(stats["proxy"]["esi_fragments"], 5, "{stats}");
+    assert_eq!(stats["proxy"]["rate_limited"], 0, "{stats}");
+    // The client's own next request is limited, as before.
+    let again = request(d.addr, Method::GET, "/t0", &[], Default::default())
+        .await
+        .unwrap();
+    assert_eq!(again.status, 429);
+}

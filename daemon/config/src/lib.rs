@@ -413,7 +413,8 @@ pub struct Esi {
     /// How deep includes nest: a fragment of a page is depth 1, a fragment of that fragment 2. An include
     /// deeper than this fails (as its `onerror` says). Default: 5 (Varnish's `max_esi_depth`).
     pub max_depth: usize,
-    /// Includes one page (or fragment) assembles; those past it fail. Default: 100.
+    /// Includes one client's page assembles in all, its fragments' own includes counted too (so nesting
+    /// cannot multiply it); those past it fail. Default: 100.
     pub max_includes: usize,
     /// Fragments of one page fetched at once, ahead of the one being sent. Default: 8.
     pub parallel: usize,

@@ -19,7 +19,7 @@ use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
 use lacquer_rules::Rules;
 
 use crate::{
-    esi::EsiFill,
+    esi::fill::EsiFill,
     fields::{append, VIA},
     phase::{self, Decided},
     respond::{self, Outcome},

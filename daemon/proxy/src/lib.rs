@@ -36,5 +36,5 @@ mod tests;
 mod timing;
 pub mod worker;
 
-pub use esi::TEMPLATE as ESI_TEMPLATE;
+pub use esi::fill::TEMPLATE as ESI_TEMPLATE;
 pub use flow::Observed;

@@ -341,7 +341,7 @@ pub(crate) fn backend_request(
 pub(crate) fn origin_fields(decided: &Decided, headers: &mut HeaderMap) {
     strip_hop_by_hop(headers);
     headers.remove(IDENTITY_LENGTH);
-    headers.remove(crate::esi::TEMPLATE);
+    headers.remove(crate::esi::fill::TEMPLATE);
     if decided.strip_set_cookie {
         headers.remove(header::SET_COOKIE);
     }

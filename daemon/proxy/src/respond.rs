@@ -690,7 +690,7 @@ pub(crate) fn shape(
     }
     // An ESI page's template: ranges are of the page assembled, whose length is not known; Varnish sends
     // the whole page, and so does this.
-    if req.method != Method::GET || headers.contains_key(crate::esi::TEMPLATE) {
+    if req.method != Method::GET || headers.contains_key(crate::esi::fill::TEMPLATE) {
         return Shape::Whole;
     }
     let Some(len) = len else {

@@ -20,7 +20,7 @@ use super::{
 use crate::{
     coalesce::{Fetch, FetchError, FetchedHead, HeadError},
     coding::FillCoding,
-    esi::EsiFill,
+    esi::fill::EsiFill,
     phase,
     stats::inc,
     store::{BodyWriter, CacheStore},

@@ -133,7 +133,7 @@ pub(crate) async fn run(
     req: Request<RequestBody>,
     noted: (Option<Arc<Note>>, Option<Trace>),
 ) -> (Response<Body>, Option<Txn>) {
-    let (mut txn, first) = match receive::receive(worker, client, req, noted).await {
+    let (mut txn, first) = match receive::receive(worker, client, req, noted, None).await {
         Ok(received) => received,
         Err(resp) => return (resp, None),
     };
@@ -190,11 +190,12 @@ fn fragment(
     within: Arc<crate::esi::Within>,
 ) -> crate::esi::Fragment {
     Box::pin(async move {
-        let (mut txn, first) = match receive::receive(&worker, client, req, (None, None)).await {
-            Ok(received) => received,
-            Err(resp) => return resp,
-        };
-        txn.within = Some(within);
+        let noted = (None, None);
+        let (mut txn, first) =
+            match receive::receive(&worker, client, req, noted, Some(within)).await {
+                Ok(received) => received,
+                Err(resp) => return resp,
+            };
         let resp = steps(&worker, &mut txn, first).await;
         assemble(&worker, &txn, resp, client)
     })

@@ -21,6 +21,7 @@ use crate::{
     access_log::Note,
     cluster,
     coding::Negotiated,
+    esi::Within,
     phase::{self, Admitted, Answered},
     pipe, prefetch, purge_method,
     respond::{body_too_large, refused},
@@ -35,6 +36,7 @@ pub(super) async fn receive(
     client: Client,
     req: Request<RequestBody>,
     (note, trace): (Option<Arc<Note>>, Option<Trace>),
+    within: Option<Arc<Within>>,
 ) -> Result<(Txn, Step), Response<Body>> {
     let stats = &worker.shared.stats;
     inc(&stats.requests);
@@ -121,7 +123,9 @@ pub(super) async fn receive(
         },
         None => Some(body),
     };
-    if let Some(Err(wait)) = route.rate_limit.as_ref().map(|l| l.check(client)) {
+    // A page's fragments are the page's request, already counted against its client's rate.
+    let rate = route.rate_limit.as_ref().filter(|_| within.is_none());
+    if let Some(Err(wait)) = rate.map(|l| l.check(client)) {
         inc(&stats.rate_limited);
         return Err(refused(
             StatusCode::TOO_MANY_REQUESTS,
@@ -132,6 +136,7 @@ pub(super) async fn receive(
     let looked_up = matches!(class, RequestClass::Lookup | RequestClass::Miss(_));
     let mut txn = Txn::admitted(client, secure, route, decided, class, delivers);
     (txn.note, txn.trace) = (note, trace);
+    txn.within = within;
     if looked_up {
         txn.key = primary_key(&parts);
     }

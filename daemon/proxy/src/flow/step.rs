@@ -16,7 +16,7 @@ use crate::{
     access_log::Note,
     cluster::Peer,
     coding::{Conversion, Negotiated},
-    esi::{Within, TEMPLATE},
+    esi::{fill::TEMPLATE, Within},
     phase::Decided,
     pipe::Upgrade,
     respond::{self, Made, Outcome},

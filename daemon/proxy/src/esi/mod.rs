@@ -1,116 +1,44 @@
-//! Edge Side Includes on the data path: a page parsed as its fill streams it ([`EsiFill`]), and the
-//! assembly of a page for one client ([`assemble`]), each fragment fetched as a request of its own.
+//! Edge Side Includes on the data path: a page parsed as its fill streams it ([`fill::EsiFill`]), and
+//! the assembly of a page for one client ([`assemble`]), each fragment fetched as a request of its own.
 //!
 //! The parsed page (a [`lacquer_esi`] template) is what the store keeps and what the fill's readers get;
-//! [`TEMPLATE`] in its head says so. The head is shaped once, at the fill, as Varnish shapes an ESI
+//! [`fill::TEMPLATE`] in its head says so. The head is shaped once, at the fill, as Varnish shapes an ESI
 //! response: no `Content-Length` (the assembled length is not known), no `Accept-Ranges` (a `Range` is
 //! answered with the whole page), a weak `ETag` (the bytes sent differ by the fragments), and identity
 //! coding (the page is parsed decoded; it is compressed for each client as it is assembled).
 
-use std::{collections::VecDeque, future::Future, pin::Pin, sync::Arc};
+pub(crate) mod fill;
+
+use std::{
+    collections::VecDeque,
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+};
 
 use bytes::Bytes;
-use http::{
-    header, request::Parts, HeaderMap, HeaderName, HeaderValue, Method, Request, Response,
-    StatusCode,
-};
+use http::{header, request::Parts, HeaderValue, Method, Request, Response};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use lacquer_backends::body::{self, Body, BoxError};
-use lacquer_codec::{CodecError, Coding, Decoder, Encoder};
+use lacquer_codec::{Coding, Encoder};
 use lacquer_config::Esi;
 use lacquer_edge::{Client, RequestBody};
-use lacquer_esi::{Include, Parser, Reader, Segment, TemplateError, TEMPLATE_VERSION};
-use lacquer_policy::encoding::{self, Coded, Compression};
+use lacquer_esi::{Include, Reader, Segment, TemplateError};
+use lacquer_policy::encoding::{self, Compression};
 use tokio::{sync::mpsc, task::JoinHandle};
 
-use crate::{
-    coding::weaken_etag,
-    stats::{inc, Stats},
-    worker::Worker,
-};
+use crate::{stats::inc, worker::Worker};
 
-/// In a stored or fetched head: the body is an ESI template of this version, to be assembled. Internal:
-/// removed from what origins send, and from every response before it leaves.
-pub const TEMPLATE: HeaderName = HeaderName::from_static("lacquer-esi");
-
-/// The fill's ESI stage: the origin's body (decoded, when it came compressed) parsed into a template.
-pub(crate) struct EsiFill {
-    parser: Parser,
-    decoder: Option<Decoder>,
-}
-
-impl EsiFill {
-    /// The stage for a response with `status` and `headers` when `on`, the headers shaped for the
-    /// template it makes; `None` when off, or for a response without a page to parse (no body, a part of
-    /// one, a coding lacquerd does not decode). `limit` (`max_object_size`) bounds a compressed page's
-    /// decoded size.
-    pub fn start(
-        on: bool,
-        status: StatusCode,
-        part: bool,
-        headers: &mut HeaderMap,
-        limit: u64,
-        stats: &Stats,
-    ) -> Option<Self> {
-        let bodiless = matches!(status.as_u16(), 100..=199 | 204 | 206 | 304);
-        if !on || bodiless || part {
-            return None;
-        }
-        let decoder = match encoding::coded(headers) {
-            Coded::Identity => None,
-            Coded::With(coding) => Some(Decoder::new(coding, limit)),
-            Coded::Other => return None,
-        };
-        headers.remove(header::CONTENT_ENCODING);
-        headers.remove(header::CONTENT_LENGTH);
-        headers.remove(header::ACCEPT_RANGES);
-        weaken_etag(headers);
-        headers.insert(TEMPLATE, HeaderValue::from_static(TEMPLATE_VERSION));
-        inc(&stats.esi_pages);
-        Some(Self {
-            parser: Parser::new(),
-            decoder,
-        })
-    }
-
-    /// The template bytes `pieces` of the origin's body make.
-    pub fn push(&mut self, pieces: Vec<Bytes>) -> Result<Vec<Bytes>, CodecError> {
-        let mut out = Vec::with_capacity(pieces.len());
-        for piece in pieces {
-            match &mut self.decoder {
-                None => out.push(self.parser.push(&piece)),
-                Some(decoder) => {
-                    decoder.feed(piece);
-                    while let Some(decoded) = decoder.piece()? {
-                        out.push(self.parser.push(&decoded));
-                    }
-                }
-            }
-        }
-        out.retain(|b| !b.is_empty());
-        Ok(out)
-    }
-
-    /// The last template bytes, once the body has ended (`last`: the fill's coding's last pieces).
-    pub fn finish(&mut self, last: Vec<Bytes>) -> Result<Vec<Bytes>, CodecError> {
-        let mut out = self.push(last)?;
-        if let Some(decoder) = &mut self.decoder {
-            decoder.end();
-            while let Some(decoded) = decoder.piece()? {
-                out.push(self.parser.push(&decoded));
-            }
-        }
-        out.push(self.parser.finish());
-        out.retain(|b| !b.is_empty());
-        Ok(out)
-    }
-}
-
-/// Where a request stands in an assembly: the targets of the pages above it, the page first.
-#[derive(Debug, Default)]
+/// Where a request stands in an assembly: the targets of the pages above it, the page first, and the
+/// includes the client's page may still make, its fragments' included (`[esi] max_includes`).
+#[derive(Debug)]
 pub(crate) struct Within {
     pages: Vec<String>,
+    left: Arc<AtomicUsize>,
 }
 
 impl Within {
@@ -173,13 +101,18 @@ pub(crate) fn assemble(
             .map_or("/", |pq| pq.as_str())
             .to_owned(),
     );
+    // One budget for the client's page and every fragment below it: nesting cannot multiply it.
+    let left = within.map_or_else(
+        || Arc::new(AtomicUsize::new(settings.max_includes)),
+        |w| w.left.clone(),
+    );
     let (tx, rx) = mpsc::channel(4);
     let assembly = Assembly {
         worker: worker.clone(),
         fetcher,
         page: page.clone(),
         client,
-        within: Arc::new(Within { pages }),
+        within: Arc::new(Within { pages, left }),
         settings,
         out: Out {
             tx,
@@ -259,7 +192,7 @@ impl Assembly {
         let mut reader = Reader::new();
         let mut queue: VecDeque<Pending> = VecDeque::new();
         // Text read ahead, and fragments in flight, not yet sent.
-        let (mut ahead, mut fetching, mut includes) = (0usize, 0usize, 0usize);
+        let (mut ahead, mut fetching) = (0usize, 0usize);
         let mut read_all = false;
         let read_ahead = self.settings.read_ahead.as_u64() as usize;
         loop {
@@ -301,7 +234,7 @@ impl Assembly {
                                 segment,
                                 &mut queue,
                                 &mut read_all,
-                                (&mut ahead, &mut fetching, &mut includes),
+                                (&mut ahead, &mut fetching),
                             )?;
                             continue;
                         }
@@ -323,7 +256,7 @@ impl Assembly {
                         segment,
                         &mut queue,
                         &mut read_all,
-                        (&mut ahead, &mut fetching, &mut includes),
+                        (&mut ahead, &mut fetching),
                     )?;
                 }
             }
@@ -337,7 +270,7 @@ impl Assembly {
         segment: Result<Option<Segment>, Stop>,
         queue: &mut VecDeque<Pending>,
         read_all: &mut bool,
-        (ahead, fetching, includes): (&mut usize, &mut usize, &mut usize),
+        (ahead, fetching): (&mut usize, &mut usize),
     ) -> Result<(), Stop> {
         match segment? {
             None => *read_all = true,
@@ -346,8 +279,7 @@ impl Assembly {
                 queue.push_back(Pending::Text(text));
             }
             Some(Segment::Include(include)) => {
-                *includes += 1;
-                let fetch = self.start(&include, *includes);
+                let fetch = self.start(&include);
                 if fetch.is_ok() {
                     *fetching += 1;
                 }
@@ -357,11 +289,18 @@ impl Assembly {
         Ok(())
     }
 
-    /// Starts the request for the `nth` include of the page, or says why it is not made.
-    fn start(&self, include: &Include, nth: usize) -> Result<Fetch, String> {
+    /// Starts the request for an include of the page, or says why it is not made.
+    fn start(&self, include: &Include) -> Result<Fetch, String> {
         let settings = &self.settings;
-        if nth > settings.max_includes {
-            return Err(format!("past esi.max_includes ({})", settings.max_includes));
+        let taken = self
+            .within
+            .left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if taken.is_err() {
+            return Err(format!(
+                "past esi.max_includes ({}) for the client's page",
+                settings.max_includes
+            ));
         }
         // `within` holds this page: its depth is the fragment's.
         if self.within.depth() > settings.max_depth {
