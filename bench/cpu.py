@@ -32,6 +32,10 @@ Workloads (--only, comma-separated):
                       chunked: NGINX cannot serve a range of a cached body of unknown length
   range-64k           `Range: bytes=1048576-1114111` (64 KiB in the middle) of that object, stored whole by
                       the warm-up, 20 connections; a 206 from the cache is expected
+  esi                 an 8 KiB page with three ESI includes of 1 KiB blocks (`/esi/page`, as Magento's pages
+                      with its page cache set to Varnish), every part stored, assembled for each request,
+                      identity client, 100 connections; lacquerd (`esi = true` on `/esi/`) and Varnish
+                      (`beresp.do_esi` on `/esi/`) only: NGINX has no ESI
 
 Before the rounds every hit workload is warmed on every target (three requests of the whole object, then
 three as the workload sends them) and one more request is checked: the status (206 for the range, else 200),
@@ -40,7 +44,8 @@ Varnish two ids in `X-Varnish`); the table of what each target served is printed
 answer that was not a hit. Each measured hit run follows one second of the same load at 10 connections.
 wrk runs with `--timeout 10s`; errors it reports are printed and listed again under the table.
 
---perf DIR: after the rounds, one more run of hit-identity and of miss per lacquerd target under
+--perf DIR: after the rounds, one more run of hit-identity and of miss (and of esi, when it is among --only) per
+lacquerd target under
 `perf record -F 499 --call-graph dwarf` (the release build has debug info but no frame pointers, so `-g`'s
 frame-pointer stacks would be broken), turned into DIR/NAME-WORKLOAD.svg flame graphs (inferno-flamegraph
 when installed, else flamegraph.pl, else bench/flame.py's own SVG), DIR/NAME-WORKLOAD.folded (the folded
@@ -85,8 +90,19 @@ WORKLOADS = {
     "miss": ("/new/", {}, 50, "new-urls", False),
     "hit-4mib": (LARGE, {}, 10, "report", False),
     "range-64k": (LARGE, RANGE, 20, "report", False),
+    "esi": ("/esi/page", {}, 100, "report", False),
 }
+# Workloads NGINX cannot serve as the others do: it has no ESI.
+NOT_NGINX = {"esi"}
 FIXED = ("nginx", "varnish", "ceiling")
+# The `esi` workload's pages: parsed for ESI, as a `[[route]] esi = true` does for lacquerd.
+VCL_ESI = """
+sub vcl_backend_response {
+    if (bereq.url ~ "^/esi/") {
+        set beresp.do_esi = true;
+    }
+}
+"""
 NGINX_PORT, VARNISH_PORT, VARNISH_ADMIN, CEILING_PORT = 8975, 8976, 8977, 8978
 
 
@@ -262,7 +278,8 @@ def main():
             config = f"{work}/{name}.toml"
             with open(config, "w") as f:
                 f.write(f'[server]\nworkers = 1\n[[backend]]\naddress = "127.0.0.1:{ORIGIN_PORT}"\n'
-                        f'[[listen]]\naddress = "127.0.0.1:{ports[name]}"\n')
+                        f'[[listen]]\naddress = "127.0.0.1:{ports[name]}"\n'
+                        f'[[route]]\npath_prefix = "/esi/"\nesi = true\n')
             procs[name] = pinned(0, [path, "--config", config, "--admin", f"127.0.0.1:{8961 + i}",
                                      "--disk", f"{work}/{name}", "--memory", "256MiB", "--disk-size", "1GiB"],
                                  env={**os.environ, "RUST_LOG": "warn"})
@@ -280,7 +297,7 @@ def main():
             vcl = f"{work}/varnish.vcl"
             with open(vcl, "w") as f:
                 f.write(f'vcl 4.1;\nbackend origin {{ .host = "127.0.0.1"; .port = "{ORIGIN_PORT}"; }}\n'
-                        + VCL_GZIP)
+                        + VCL_GZIP + VCL_ESI)
             procs["varnish"] = pinned(0, [
                 shutil.which("varnishd") or "/usr/sbin/varnishd", "-F", "-j", "none", "-n", f"{work}/varnish",
                 "-a", f"127.0.0.1:{VARNISH_PORT}", "-f", vcl, "-s", "malloc,256m", "-T",
@@ -296,7 +313,8 @@ def main():
         targets = list(ports)
 
         def case_targets(workload):
-            return [t for t in targets if t != "ceiling" or WORKLOADS[workload][4]]
+            return [t for t in targets if (t != "ceiling" or WORKLOADS[workload][4])
+                    and (t != "nginx" or workload not in NOT_NGINX)]
 
         # Warm every hit workload on every target, then check that one more request is a hit.
         print(f"what each target served after the warm-up: status, coding, body bytes, hit\n\n"
@@ -345,11 +363,13 @@ def main():
         # One row per workload: medians of µs per request, then medians of the per-round ratios.
         over_nginx = [t for t in targets if t not in ("nginx", "ceiling")] if "nginx" in targets else []
         over_ceiling = [t for t in targets if t != "ceiling"] if "ceiling" in targets else []
+        over_varnish = [t for t in targets if kinds[t] == "lacquer"] if "varnish" in targets else []
         print(f"median of {args.rounds} rounds, wrk -t1 -d{args.seconds}s; target CPU (user + system, all its "
               "processes) per request in µs; ratios are medians of per-round ratios (lower is cheaper)\n")
         print("| workload (µs CPU per request) | " + " | ".join(targets) + " |"
-              + "".join(f" {t} / nginx |" for t in over_nginx) + "".join(f" {t} / ceiling |" for t in over_ceiling))
-        print("|---" * (1 + len(targets) + len(over_nginx) + len(over_ceiling)) + "|")
+              + "".join(f" {t} / nginx |" for t in over_nginx) + "".join(f" {t} / ceiling |" for t in over_ceiling)
+              + "".join(f" {t} / varnish |" for t in over_varnish))
+        print("|---" * (1 + len(targets) + len(over_nginx) + len(over_ceiling) + len(over_varnish)) + "|")
 
         def ratio(workload, a, b):
             pairs = [x / y for x, y in zip(results.get((workload, a), []), results.get((workload, b), [])) if y]
@@ -361,6 +381,7 @@ def main():
                      for t in targets]
             cells += [ratio(workload, t, "nginx") for t in over_nginx]
             cells += [ratio(workload, t, "ceiling") for t in over_ceiling]
+            cells += [ratio(workload, t, "varnish") for t in over_varnish]
             print(f"| {workload} (-c{conns}) | " + " | ".join(cells) + " |")
         if WRK_ERRORS:
             print("\nwrk reported errors:\n" + "\n".join(f"- {e}" for e in WRK_ERRORS))
@@ -371,8 +392,10 @@ def main():
         if args.perf:
             print(flush=True)
             for name in builds:
-                for workload, title in (("hit-identity", "hits on the 2 KiB manifest, identity client, -c100"),
-                                        ("miss", "misses, a new 1 KiB URL per request, -c50")):
+                profiled = (("hit-identity", "hits on the 2 KiB manifest, identity client, -c100"),
+                            ("miss", "misses, a new 1 KiB URL per request, -c50"),
+                            ("esi", "an ESI page of three stored blocks assembled per request, -c100"))
+                for workload, title in [(w, t) for w, t in profiled if w in only or w != "esi"]:
                     path, headers, conns, script, _ = WORKLOADS[workload]
                     if script == "report":
                         wrk(scripts, ports[name], path, 10, 1, headers, script, "warm")

@@ -387,6 +387,18 @@ def longtail(args):
                 res.setdefault("fetched", []).append(fetched)
                 log(f"longtail round {r + 1} {t}: p50 {res['p50'][-1]:.2f} p99 {res['p99'][-1]:.2f} ms, "
                     f"{answered} answers, {fetched} origin fetches")
+        if args.longtail_profile:
+            # One more run of lacquerd's, not counted: where a cold hit's CPU goes.
+            import cpu  # noqa: E402 (cpu.py imports this module)
+            os.makedirs(args.longtail_profile, exist_ok=True)
+            port = stack.port("lacquer")
+            cpu.profile(stack.work, stack.procs["lacquer"].pid, args.longtail_profile, f"longtail-{n}",
+                        f"lacquerd, long tail: {n} objects of 1 KiB, uniform random reads at "
+                        f"{args.longtail_rate} rps, 64 MiB memory tier",
+                        lambda: oha_json(["-z", f"{args.longtail_seconds}s", "-q", str(args.longtail_rate),
+                                          "--latency-correction", "-c", "50", "--rand-regex-url",
+                                          f"http://127.0.0.1:{port}{prefix}{regex}"]),
+                        args.longtail_seconds)
         stats = stack.lacquer_stats()
     finally:
         stack.close()
@@ -750,6 +762,8 @@ def main():
     ap.add_argument("--objects", type=int, help="longtail (default 100000) and restart (default 1000000): objects")
     ap.add_argument("--longtail-rate", type=int, default=2000)
     ap.add_argument("--longtail-seconds", type=int, default=20)
+    ap.add_argument("--longtail-profile", metavar="DIR",
+                    help="longtail: after the rounds, a flame graph of lacquerd under the same load in DIR")
     ap.add_argument("--longtail-targets", default="lacquer,nginx,varnish",
                     help="longtail: targets, comma-separated (lacquer and nginx always start)")
     ap.add_argument("--stream-mib", type=int, default=200, help="stream: the large object's size")

@@ -77,10 +77,11 @@ pub(crate) fn put_include(out: &mut BytesMut, include: &Include) {
 
 /// Reads a template back as it arrives, chunk by chunk: text is handed on as it comes (a long stretch
 /// need not be all in hand), an include once its record is whole. Nothing is scanned: each record says
-/// how long it is.
+/// how long it is. Text is a slice of the chunk it came in (no copy); only a record cut between two chunks
+/// is joined.
 #[derive(Default)]
 pub struct Reader {
-    held: BytesMut,
+    held: Bytes,
     /// Bytes of the literal record being read that are still to come.
     literal_left: usize,
 }
@@ -94,10 +95,12 @@ impl Reader {
     /// Takes the template's next bytes.
     pub fn push(&mut self, data: Bytes) {
         if self.held.is_empty() {
-            // Most chunks are read whole: no copy.
-            self.held = BytesMut::from(data);
+            self.held = data;
         } else {
-            self.held.extend_from_slice(&data);
+            let mut joined = BytesMut::with_capacity(self.held.len() + data.len());
+            joined.extend_from_slice(&self.held);
+            joined.extend_from_slice(&data);
+            self.held = joined.freeze();
         }
     }
 
@@ -109,7 +112,7 @@ impl Reader {
             }
             let n = self.literal_left.min(self.held.len());
             self.literal_left -= n;
-            return Ok(Some(Segment::Literal(self.held.split_to(n).freeze())));
+            return Ok(Some(Segment::Literal(self.held.split_to(n))));
         }
         let Some(&tag) = self.held.first() else {
             return Ok(None);
@@ -134,7 +137,9 @@ impl Reader {
                 let flags = self.held[1];
                 self.held.advance(4);
                 let src = self.held.split_to(len);
-                let src = String::from_utf8(src.to_vec()).map_err(|_| TemplateError::BadSrc)?;
+                let src = std::str::from_utf8(&src)
+                    .map_err(|_| TemplateError::BadSrc)?
+                    .to_owned();
                 Ok(Some(Segment::Include(Include {
                     src,
                     continue_on_error: flags & CONTINUE != 0,

@@ -29,7 +29,7 @@ use lacquer_config::Esi;
 use lacquer_edge::{Client, RequestBody};
 use lacquer_esi::{Include, Reader, Segment, TemplateError};
 use lacquer_policy::encoding::{self, Compression};
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::task::JoinHandle;
 
 use crate::{stats::inc, worker::Worker};
 
@@ -106,7 +106,6 @@ pub(crate) fn assemble(
         || Arc::new(AtomicUsize::new(settings.max_includes)),
         |w| w.left.clone(),
     );
-    let (tx, rx) = mpsc::channel(4);
     let assembly = Assembly {
         worker: worker.clone(),
         fetcher,
@@ -114,15 +113,22 @@ pub(crate) fn assemble(
         client,
         within: Arc::new(Within { pages, left }),
         settings,
-        out: Out {
-            tx,
-            encoder: gzip.map(|level| Encoder::new(Coding::Gzip, level)),
-        },
+        template,
+        reader: Reader::new(),
+        queue: VecDeque::new(),
+        current: None,
+        ahead: 0,
+        fetching: 0,
+        read_all: false,
+        ended: false,
+        encoder: gzip.map(|level| Encoder::new(Coding::Gzip, level)),
+        unflushed: false,
     };
-    tokio::spawn(assembly.run(template));
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let item = rx.recv().await?;
-        Some((item.map(Frame::data), rx))
+    // Polled in place by the response body: no task and no channel between the page and the client, and a
+    // fragment that is itself a page is polled in place by its parent.
+    let stream = futures_util::stream::unfold(assembly, |mut assembly| async move {
+        let item = assembly.next_piece().await?;
+        Some((item.map(Frame::data), assembly))
     });
     Response::from_parts(head, body::from_stream(stream))
 }
@@ -131,7 +137,8 @@ pub(crate) fn assemble(
 /// `max_includes`) counting neither as text nor as fetches, this is what bounds them.
 const QUEUED: usize = 1024;
 
-/// One page being assembled for one client.
+/// One page being assembled for one client: its template as it is read, what was read ahead of the
+/// include being waited for, and the fragment being sent.
 struct Assembly {
     worker: Arc<Worker>,
     fetcher: Fetcher,
@@ -141,7 +148,21 @@ struct Assembly {
     /// This page and the ones above it: a fragment's request is one level deeper.
     within: Arc<Within>,
     settings: Esi,
-    out: Out,
+    template: Body,
+    reader: Reader,
+    queue: VecDeque<Pending>,
+    /// The body of the fragment being sent.
+    current: Option<Body>,
+    /// Text read ahead, and fragments in flight, not yet sent.
+    ahead: usize,
+    fetching: usize,
+    read_all: bool,
+    /// The page is sent (or cut): nothing more comes.
+    ended: bool,
+    /// Compresses the page for a client that takes gzip.
+    encoder: Option<Encoder>,
+    /// The encoder was fed since it last flushed.
+    unflushed: bool,
 }
 
 /// What comes next in the page, in order.
@@ -163,52 +184,82 @@ enum Fetch {
     Done(Result<Response<Body>, tokio::task::JoinError>),
 }
 
-/// Why an assembly stopped before the page's end.
-enum Stop {
-    /// The client left.
-    Gone,
-    /// An include failed without `onerror="continue"`, or the template did not read: the page is cut
-    /// off, as Varnish cuts it, so the client sees a response that did not end.
-    Cut(String),
-}
+/// Why an assembly stopped before the page's end: an include failed without `onerror="continue"`, or the
+/// template did not read. The page is cut off there, as Varnish cuts it, so the client sees a response
+/// that did not end.
+struct Cut(String);
 
 impl Assembly {
-    async fn run(mut self, template: Body) {
-        match self.assemble(template).await {
-            Ok(()) => {
-                let _ = self.out.end().await;
+    /// The page's next bytes for the client; `None` once it is all sent.
+    async fn next_piece(&mut self) -> Option<Result<Bytes, BoxError>> {
+        if self.ended {
+            return None;
+        }
+        match self.produce().await {
+            Ok(Some(piece)) => Some(Ok(piece)),
+            Ok(None) => {
+                self.ended = true;
+                let tail = self.encoder.as_mut().map(|encoder| {
+                    encoder.end();
+                    drain(encoder)
+                })?;
+                match tail {
+                    Ok(tail) if tail.is_empty() => None,
+                    Ok(tail) => Some(Ok(tail)),
+                    Err(Cut(reason)) => Some(Err(self.cut(reason))),
+                }
             }
-            Err(Stop::Gone) => {}
-            Err(Stop::Cut(reason)) => {
-                inc(&self.worker.shared.stats.esi_errors);
-                tracing::info!(page = %self.page.uri, reason, "ESI page cut off");
-                let _ = self.out.flush().await;
-                let _ = self.out.tx.send(Err(BoxError::from(reason))).await;
+            Err(Cut(reason)) => {
+                self.ended = true;
+                Some(Err(self.cut(reason)))
             }
         }
     }
 
-    async fn assemble(&mut self, mut template: Body) -> Result<(), Stop> {
-        let mut reader = Reader::new();
-        let mut queue: VecDeque<Pending> = VecDeque::new();
-        // Text read ahead, and fragments in flight, not yet sent.
-        let (mut ahead, mut fetching) = (0usize, 0usize);
-        let mut read_all = false;
+    fn cut(&self, reason: String) -> BoxError {
+        inc(&self.worker.shared.stats.esi_errors);
+        tracing::info!(page = %self.page.uri, reason, "ESI page cut off");
+        BoxError::from(reason)
+    }
+
+    /// Works through the page until it has bytes for the client (compressed, for a gzip client);
+    /// `Ok(None)` at the page's end.
+    async fn produce(&mut self) -> Result<Option<Bytes>, Cut> {
         let read_ahead = self.settings.read_ahead.as_u64() as usize;
         loop {
-            let may_read = !read_all
-                && ahead < read_ahead
-                && fetching < self.settings.parallel
-                && queue.len() < QUEUED;
-            match queue.front_mut() {
-                None if read_all => return Ok(()),
+            if let Some(body) = &mut self.current {
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            if let Some(out) = self.out(data)? {
+                                return Ok(Some(out));
+                            }
+                        }
+                    }
+                    None => self.current = None,
+                    // Part of it is sent already: the page cannot be whole, whatever `onerror` says.
+                    Some(Err(e)) => return Err(Cut(format!("a fragment's body failed: {e}"))),
+                }
+                continue;
+            }
+            let may_read = !self.read_all
+                && self.ahead < read_ahead
+                && self.fetching < self.settings.parallel
+                && self.queue.len() < QUEUED;
+            match self.queue.front_mut() {
+                None if self.read_all => return Ok(None),
+                None => {
+                    let segment = next_segment(&mut self.template, &mut self.reader).await;
+                    self.queue(segment)?;
+                }
                 Some(Pending::Text(_)) => {
-                    let Some(Pending::Text(text)) = queue.pop_front() else {
+                    let Some(Pending::Text(text)) = self.queue.pop_front() else {
                         unreachable!("the front is text")
                     };
-                    ahead -= text.len();
-                    self.out.send(text).await?;
-                    continue;
+                    self.ahead -= text.len();
+                    if let Some(out) = self.out(text)? {
+                        return Ok(Some(out));
+                    }
                 }
                 Some(Pending::Include {
                     fetch: Ok(fetch @ Fetch::Running(_)),
@@ -224,40 +275,29 @@ impl Assembly {
                             *fetch = Fetch::Done(done);
                             None
                         }
-                        segment = next_segment(&mut template, &mut reader) => Some(segment),
+                        segment = next_segment(&mut self.template, &mut self.reader) => Some(segment),
                     };
-                    match segment {
-                        // The fragment is answered: sent on the next turn.
-                        None => continue,
-                        Some(segment) => {
-                            self.queue(
-                                segment,
-                                &mut queue,
-                                &mut read_all,
-                                (&mut ahead, &mut fetching),
-                            )?;
-                            continue;
-                        }
+                    if let Some(segment) = segment {
+                        self.queue(segment)?;
+                    }
+                }
+                Some(Pending::Include {
+                    fetch: Ok(Fetch::Running(_)),
+                    ..
+                }) if self.unflushed => {
+                    // The client waits for the fragment: what is compressed so far leaves first.
+                    if let Some(out) = self.flush()? {
+                        return Ok(Some(out));
                     }
                 }
                 Some(Pending::Include { .. }) => {
-                    let Some(Pending::Include { include, fetch }) = queue.pop_front() else {
+                    let Some(Pending::Include { include, fetch }) = self.queue.pop_front() else {
                         unreachable!("the front is an include")
                     };
                     if fetch.is_ok() {
-                        fetching -= 1;
+                        self.fetching -= 1;
                     }
-                    self.include(include, fetch).await?;
-                    continue;
-                }
-                None => {
-                    let segment = next_segment(&mut template, &mut reader).await;
-                    self.queue(
-                        segment,
-                        &mut queue,
-                        &mut read_all,
-                        (&mut ahead, &mut fetching),
-                    )?;
+                    self.current = self.include(include, fetch).await?;
                 }
             }
         }
@@ -265,30 +305,23 @@ impl Assembly {
 
     /// Puts what the template read next in the queue: text, or an include with its fragment's request
     /// started.
-    fn queue(
-        &self,
-        segment: Result<Option<Segment>, Stop>,
-        queue: &mut VecDeque<Pending>,
-        read_all: &mut bool,
-        (ahead, fetching): (&mut usize, &mut usize),
-    ) -> Result<(), Stop> {
+    fn queue(&mut self, segment: Result<Option<Segment>, Cut>) -> Result<(), Cut> {
         match segment? {
-            None => *read_all = true,
+            None => self.read_all = true,
             Some(Segment::Literal(text)) => {
-                *ahead += text.len();
-                queue.push_back(Pending::Text(text));
+                self.ahead += text.len();
+                self.queue.push_back(Pending::Text(text));
             }
             Some(Segment::Include(include)) => {
                 let fetch = self.start(&include);
                 if fetch.is_ok() {
-                    *fetching += 1;
+                    self.fetching += 1;
                 }
-                queue.push_back(Pending::Include { include, fetch });
+                self.queue.push_back(Pending::Include { include, fetch });
             }
         }
         Ok(())
     }
-
     /// Starts the request for an include of the page, or says why it is not made.
     fn start(&self, include: &Include) -> Result<Fetch, String> {
         let settings = &self.settings;
@@ -345,30 +378,26 @@ impl Assembly {
         ))))
     }
 
-    /// Sends one include's fragment in its place; an include that fails is left out with
-    /// `onerror="continue"`, and otherwise cuts the page off.
+    /// The body sent in an include's place: its fragment's, `None` for an include that failed with
+    /// `onerror="continue"` (left out); otherwise the page is cut off.
     async fn include(
         &mut self,
         include: Include,
         fetch: Result<Fetch, String>,
-    ) -> Result<(), Stop> {
-        let failed = |reason: String| -> Result<(), Stop> {
+    ) -> Result<Option<Body>, Cut> {
+        let failed = |reason: String| -> Result<Option<Body>, Cut> {
             let reason = format!("include {:?}: {reason}", include.src);
             if include.continue_on_error {
                 inc(&self.worker.shared.stats.esi_errors);
                 tracing::debug!(page = %self.page.uri, reason, "ESI include left out");
-                Ok(())
+                Ok(None)
             } else {
-                Err(Stop::Cut(reason))
+                Err(Cut(reason))
             }
         };
         let answered = match fetch {
             Ok(Fetch::Done(answered)) => answered,
-            Ok(Fetch::Running(handle)) => {
-                // The client waits for it: what is compressed so far leaves first.
-                self.out.flush().await?;
-                handle.await
-            }
+            Ok(Fetch::Running(handle)) => handle.await,
             Err(reason) => return failed(reason),
         };
         let resp = match answered {
@@ -378,30 +407,48 @@ impl Assembly {
         if !matches!(resp.status().as_u16(), 200 | 204 | 206) {
             return failed(format!("status {}", resp.status()));
         }
-        let mut body = resp.into_body();
-        loop {
-            match body.frame().await {
-                None => return Ok(()),
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.out.send(data).await?;
-                    }
-                }
-                // Part of it is sent already: the page cannot be whole, whatever `onerror` says.
-                Some(Err(e)) => {
-                    return Err(Stop::Cut(format!(
-                        "include {:?}: body failed: {e}",
-                        include.src
-                    )))
-                }
-            }
-        }
+        Ok(Some(resp.into_body()))
+    }
+
+    /// What `data` makes for the client: itself, or what the compressor gives for it (`None` when it
+    /// gives nothing yet).
+    fn out(&mut self, data: Bytes) -> Result<Option<Bytes>, Cut> {
+        let Some(encoder) = &mut self.encoder else {
+            return Ok(Some(data).filter(|d| !d.is_empty()));
+        };
+        encoder.feed(data);
+        self.unflushed = true;
+        let out = drain(encoder)?;
+        Ok(Some(out).filter(|o| !o.is_empty()))
+    }
+
+    /// What the compressor holds, flushed: before waiting on a fragment, so the client has the page so far.
+    fn flush(&mut self) -> Result<Option<Bytes>, Cut> {
+        self.unflushed = false;
+        let Some(encoder) = &mut self.encoder else {
+            return Ok(None);
+        };
+        encoder.flush();
+        let out = drain(encoder)?;
+        Ok(Some(out).filter(|o| !o.is_empty()))
     }
 }
 
+/// Everything the compressor has ready.
+fn drain(encoder: &mut Encoder) -> Result<Bytes, Cut> {
+    let mut out = Vec::new();
+    while let Some(piece) = encoder
+        .piece()
+        .map_err(|e| Cut(format!("compressing the page failed: {e}")))?
+    {
+        out.extend_from_slice(&piece);
+    }
+    Ok(Bytes::from(out))
+}
+
 /// The template's next segment, reading its body as needed; `None` at its end.
-async fn next_segment(template: &mut Body, reader: &mut Reader) -> Result<Option<Segment>, Stop> {
-    let damaged = |e: TemplateError| Stop::Cut(e.to_string());
+async fn next_segment(template: &mut Body, reader: &mut Reader) -> Result<Option<Segment>, Cut> {
+    let damaged = |e: TemplateError| Cut(e.to_string());
     loop {
         if let Some(segment) = reader.next_segment().map_err(damaged)? {
             return Ok(Some(segment));
@@ -416,65 +463,7 @@ async fn next_segment(template: &mut Body, reader: &mut Reader) -> Result<Option
                     reader.push(data);
                 }
             }
-            Some(Err(e)) => return Err(Stop::Cut(format!("the page's body failed: {e}"))),
+            Some(Err(e)) => return Err(Cut(format!("the page's body failed: {e}"))),
         }
-    }
-}
-
-/// Where the assembled page goes: to the client's response, compressed on the way when it takes gzip.
-struct Out {
-    tx: mpsc::Sender<Result<Bytes, BoxError>>,
-    encoder: Option<Encoder>,
-}
-
-impl Out {
-    async fn send(&mut self, data: Bytes) -> Result<(), Stop> {
-        match &mut self.encoder {
-            None => self.put(data).await,
-            Some(encoder) => {
-                encoder.feed(data);
-                self.drain().await
-            }
-        }
-    }
-
-    /// What the compressor holds, sent: before waiting on a fragment, so the client has the page so far.
-    async fn flush(&mut self) -> Result<(), Stop> {
-        match &mut self.encoder {
-            None => Ok(()),
-            Some(encoder) => {
-                encoder.flush();
-                self.drain().await
-            }
-        }
-    }
-
-    async fn end(&mut self) -> Result<(), Stop> {
-        if let Some(encoder) = &mut self.encoder {
-            encoder.end();
-        }
-        self.drain().await
-    }
-
-    async fn drain(&mut self) -> Result<(), Stop> {
-        loop {
-            let piece = match &mut self.encoder {
-                None => return Ok(()),
-                Some(encoder) => encoder
-                    .piece()
-                    .map_err(|e| Stop::Cut(format!("compressing the page failed: {e}")))?,
-            };
-            match piece {
-                Some(piece) => self.put(piece).await?,
-                None => return Ok(()),
-            }
-        }
-    }
-
-    async fn put(&mut self, data: Bytes) -> Result<(), Stop> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.tx.send(Ok(data)).await.map_err(|_| Stop::Gone)
     }
 }
