@@ -697,6 +697,34 @@ async fn main() {
     }
 }
 
+/// A page as Magento writes it with its page cache set to Varnish: 8 KiB of markup with three blocks as
+/// ESI includes (the menu, the cart summary, the footer), for `bench/cpu.py`'s `esi` workload.
+fn esi_page() -> Bytes {
+    let filler = "<p class=\"product\">A product description that a catalogue page repeats.</p>\n";
+    let mut page =
+        String::from("<!doctype html>\n<html><head><title>Category</title></head><body>\n");
+    page.push_str("<esi:include src=\"/esi/frag/menu\"/>\n<main>\n");
+    while page.len() < 4096 {
+        page.push_str(filler);
+    }
+    page.push_str("<esi:include src=\"/esi/frag/cart\"/>\n");
+    while page.len() < 8192 {
+        page.push_str(filler);
+    }
+    page.push_str("</main>\n<esi:include src=\"/esi/frag/footer\"/>\n</body></html>\n");
+    Bytes::from(page)
+}
+
+/// One block of [`esi_page`]: 1 KiB of markup named for it.
+fn esi_fragment(name: &str) -> Bytes {
+    let mut block = format!("<div class=\"block-{name}\">");
+    while block.len() < 1000 {
+        block.push_str(&format!("<a href=\"/{name}\">{name}</a> "));
+    }
+    block.push_str("</div>");
+    Bytes::from(block)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{asked, Asked};
@@ -768,32 +796,4 @@ mod tests {
             .zip(start..)
             .all(|(&b, i)| u64::from(b) == i % 251));
     }
-}
-
-/// A page as Magento writes it with its page cache set to Varnish: 8 KiB of markup with three blocks as
-/// ESI includes (the menu, the cart summary, the footer), for `bench/cpu.py`'s `esi` workload.
-fn esi_page() -> Bytes {
-    let filler = "<p class=\"product\">A product description that a catalogue page repeats.</p>\n";
-    let mut page =
-        String::from("<!doctype html>\n<html><head><title>Category</title></head><body>\n");
-    page.push_str("<esi:include src=\"/esi/frag/menu\"/>\n<main>\n");
-    while page.len() < 4096 {
-        page.push_str(filler);
-    }
-    page.push_str("<esi:include src=\"/esi/frag/cart\"/>\n");
-    while page.len() < 8192 {
-        page.push_str(filler);
-    }
-    page.push_str("</main>\n<esi:include src=\"/esi/frag/footer\"/>\n</body></html>\n");
-    Bytes::from(page)
-}
-
-/// One block of [`esi_page`]: 1 KiB of markup named for it.
-fn esi_fragment(name: &str) -> Bytes {
-    let mut block = format!("<div class=\"block-{name}\">");
-    while block.len() < 1000 {
-        block.push_str(&format!("<a href=\"/{name}\">{name}</a> "));
-    }
-    block.push_str("</div>");
-    Bytes::from(block)
 }
