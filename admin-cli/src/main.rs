@@ -164,6 +164,23 @@ enum Command {
     Reload,
     /// Print a completion script, e.g. `cachectl completions bash > /etc/bash_completion.d/cachectl`.
     Completions { shell: clap_complete::Shell },
+    /// Sign a URL for a rule's `signed`: prints it with its expiry and signature appended. Needs no daemon.
+    Sign {
+        /// `http://host/path?query`, or `/path?query`.
+        url: String,
+        /// How long the link lives, e.g. `1h`, `7d`.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        expires: std::time::Duration,
+        /// The file holding the secret the rule's `signed.secret_file` names.
+        #[arg(long, value_name = "FILE")]
+        secret_file: std::path::PathBuf,
+        /// The signature's query parameter (the rule's `signed.param`).
+        #[arg(long, default_value = "sig")]
+        param: String,
+        /// The expiry's query parameter (the rule's `signed.expires`).
+        #[arg(long, default_value = "exp")]
+        expires_param: String,
+    },
     /// Translate a VCL file (the subset templates use) into lacquerd's configuration: backends, the purge
     /// ACL and rules, each under the VCL lines it came from, then every construct not translated, with its
     /// line and why. Needs no daemon. Review the result, then `lacquerd --check` it.
@@ -246,6 +263,44 @@ fn manual_pages(dir: &std::path::Path) -> std::io::Result<()> {
         std::fs::write(dir.join(format!("{name}.1")), &page)?;
     }
     Ok(())
+}
+
+/// `cachectl sign`: the URL with its expiry and signature appended (the secret read as the rule reads it:
+/// a trailing newline is not part of it).
+fn sign(
+    url: &str,
+    lives: std::time::Duration,
+    secret_file: &std::path::Path,
+    (param, expires_param): (&str, &str),
+    json: bool,
+) -> ExitCode {
+    let secret = match std::fs::read(secret_file) {
+        Ok(secret) => secret,
+        Err(e) => return fail(json, "io", &format!("{}: {e}", secret_file.display()), 1),
+    };
+    let secret = secret.strip_suffix(b"\n").unwrap_or(&secret);
+    let secret = secret.strip_suffix(b"\r").unwrap_or(secret);
+    let (origin, target) = match url.find("://").map(|i| i + 3) {
+        Some(after) => {
+            let path_at = url[after..].find('/').map_or(url.len(), |p| after + p);
+            (&url[..path_at], &url[path_at..])
+        }
+        None => ("", url),
+    };
+    if !target.starts_with('/') {
+        return fail(
+            json,
+            "usage",
+            &format!("{url}: give http://host/path or /path"),
+            2,
+        );
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let signed = lacquer_rules::sign(secret, target, now + lives.as_secs(), param, expires_param);
+    write_out(&format!("{origin}{signed}\n"));
+    ExitCode::SUCCESS
 }
 
 /// `cachectl vcl2rules`: the configuration on standard output, a summary on standard error; exit 0 when it
@@ -368,6 +423,16 @@ fn main() -> ExitCode {
     if let Command::Vcl2rules { file } = &cli.command {
         return vcl2rules(file, cli.json);
     }
+    if let Command::Sign {
+        url,
+        expires,
+        secret_file,
+        param,
+        expires_param,
+    } = &cli.command
+    {
+        return sign(url, *expires, secret_file, (param, expires_param), cli.json);
+    }
     if let Command::Completions { shell } = cli.command {
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "cachectl", &mut script);
@@ -456,7 +521,10 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             .await
         }
         Command::Reload => operations::reload(client, out).await,
-        Command::Completions { .. } | Command::Man { .. } | Command::Vcl2rules { .. } => {
+        Command::Completions { .. }
+        | Command::Man { .. }
+        | Command::Vcl2rules { .. }
+        | Command::Sign { .. } => {
             unreachable!("handled before connecting")
         }
     }

@@ -1566,6 +1566,9 @@ fn every_block_of_docs_rules_md_passes_check() {
             std::fs::write(&at, "<h1>error</h1>\n").unwrap();
             config = config.replace(&format!("/etc/lacquer/{page}"), &at.display().to_string());
         }
+        let secret = dir.path().join("url-secret");
+        std::fs::write(&secret, "a secret of sixteen bytes or more\n").unwrap();
+        config = config.replace("/etc/lacquer/url-secret", &secret.display().to_string());
         if !config.contains("[[backend]]") {
             config = format!("[[backend]]\nname = \"app\"\naddress = \"127.0.0.1:9\"\n{config}");
         }

@@ -26,7 +26,7 @@ pub use self::{
     routes::{Cookies, Route, RoutePrefetch},
     rules::{
         BanFromRequest, Bucket, CookieFilter, Example, ExampleRequest, ExampleResponse, Expect,
-        Match, Phase, PurgeScope, QueryRewrite, Respond, Rewrite, Rule, StatusPattern,
+        Match, Phase, PurgeScope, QueryRewrite, Respond, Rewrite, Rule, Signed, StatusPattern,
     },
     upstream::{Backend, Director, DirectorPolicy, Probe, Protocol},
 };

@@ -167,6 +167,12 @@ pub struct Rule {
     /// `X-Cache-Hits` (times the object was served from the cache) and `X-Cache-TTL` (seconds of
     /// freshness left) added (deliver). Default: false.
     pub debug_headers: bool,
+    /// The request's URL must be signed (request): a valid signature that has not expired, checked before
+    /// the rule's other actions; the signature and expiry parameters are then removed from the target (so
+    /// from the key and from what the origin receives). Otherwise the request is answered `403` (or
+    /// `signed.refuse`). Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed: Option<Signed>,
 
     /// Requests the whole rule set is run against by `lacquerd --check` and at reload, each with what
     /// must come out. Default: none.
@@ -298,6 +304,42 @@ pub struct BanFromRequest {
     /// The request header whose value is the expression, or `"path"` for the request's path and query.
     /// Required.
     pub regex_from: String,
+}
+
+/// A signed URL's check (a rule's `signed`): `sig` is the HMAC-SHA256, keyed by the secret, of the path
+/// and the query's other parameters (the expiry included) in name order, base64url without padding
+/// (`cachectl sign` makes one).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signed {
+    /// The file holding the secret, read when the rules are compiled (at least 16 bytes; a trailing
+    /// newline is not part of it). Required.
+    pub secret_file: std::path::PathBuf,
+    /// The query parameter carrying the signature. Default: `sig`.
+    #[serde(default = "sig")]
+    pub param: String,
+    /// The query parameter carrying the expiry, in unix seconds: a link is refused from then on. Default:
+    /// `exp`.
+    #[serde(default = "exp")]
+    pub expires: String,
+    /// `hmac-sha256`, the one algorithm. Default: `hmac-sha256`.
+    #[serde(default = "hmac_sha256")]
+    pub algorithm: String,
+    /// The answer to a request whose signature is missing, wrong or expired. Default: `403`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refuse: Option<Respond>,
+}
+
+fn sig() -> String {
+    "sig".into()
+}
+
+fn exp() -> String {
+    "exp".into()
+}
+
+fn hmac_sha256() -> String {
+    "hmac-sha256".into()
 }
 
 /// What a rule's `purge` removes.

@@ -163,6 +163,14 @@ pub(crate) struct Actions {
     pub cache_body: Option<u64>,
     pub adjust: Adjust,
     pub debug_headers: bool,
+    pub signed: Option<SignedAction>,
+}
+
+/// A rule's `signed`: the check, and the answer to a link that fails it.
+#[derive(Debug)]
+pub(crate) struct SignedAction {
+    pub signing: crate::signed::Signing,
+    pub refuse: Option<Synthesis>,
 }
 
 /// Fields the data path writes into every response after a hit's head is prepared: a rule that touches
@@ -809,6 +817,49 @@ pub(crate) fn compile(
         allowed(phase, "request_grace", &request_only)?;
         actions.request_grace = Some(g);
     }
+    if let Some(s) = &rule.signed {
+        allowed(phase, "signed", &request_only)?;
+        if s.algorithm != "hmac-sha256" {
+            return Err((
+                "signed.algorithm".into(),
+                format!("{:?}: the one algorithm is \"hmac-sha256\"", s.algorithm),
+            ));
+        }
+        if s.param.is_empty() || s.expires.is_empty() || s.param == s.expires {
+            return Err((
+                "signed".into(),
+                "param and expires must be two different parameter names".into(),
+            ));
+        }
+        let secret = std::fs::read(&s.secret_file).map_err(|e| {
+            (
+                "signed.secret_file".into(),
+                format!("{}: {e}", s.secret_file.display()),
+            )
+        })?;
+        let secret = secret.strip_suffix(b"\n").unwrap_or(&secret);
+        let secret = secret.strip_suffix(b"\r").unwrap_or(secret);
+        if secret.len() < crate::signed::MIN_SECRET {
+            return Err((
+                "signed.secret_file".into(),
+                format!(
+                    "{}: a secret of at least {} bytes",
+                    s.secret_file.display(),
+                    crate::signed::MIN_SECRET
+                ),
+            ));
+        }
+        let refuse = s
+            .refuse
+            .as_ref()
+            .map(|r| synthesis(r, phase, groups))
+            .transpose()
+            .map_err(|(field, reason)| (format!("signed.refuse.{field}"), reason))?;
+        actions.signed = Some(SignedAction {
+            signing: crate::signed::Signing::new(secret, &s.param, &s.expires),
+            refuse,
+        });
+    }
     let adjust = Adjust {
         ttl: rule.ttl,
         default_ttl: rule.default_ttl,
@@ -876,6 +927,7 @@ pub(crate) fn compile(
         || actions.cache_body.is_some()
         || actions.adjust != Adjust::default()
         || actions.debug_headers
+        || actions.signed.is_some()
         || rule.stop;
     if !does_something {
         return Err(("".into(), "has no action".into()));

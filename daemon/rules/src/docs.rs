@@ -26,8 +26,9 @@ fn blocks<'a>(doc: &'a str, lang: &str) -> Vec<(usize, String)> {
     out
 }
 
-/// The doc's error pages live in /etc/lacquer; the test writes them where it may and points the blocks
-/// there, since `respond.file` is read when the rules are compiled.
+/// The doc's error pages and signing secret live in /etc/lacquer; the test writes them where it may and
+/// points the blocks there, since `respond.file` and `signed.secret_file` are read when the rules are
+/// compiled.
 fn with_files(block: &str, dir: &std::path::Path) -> String {
     let mut out = block.to_owned();
     for name in [
@@ -41,6 +42,10 @@ fn with_files(block: &str, dir: &std::path::Path) -> String {
         std::fs::write(&at, "<h1>error</h1>\n").unwrap();
         out = out.replace(&format!("/etc/lacquer/{name}"), &at.display().to_string());
     }
+    // A signed URL's secret, read when the rules are compiled.
+    let secret = dir.join("url-secret");
+    std::fs::write(&secret, "a secret of sixteen bytes or more\n").unwrap();
+    out = out.replace("/etc/lacquer/url-secret", &secret.display().to_string());
     assert!(
         !out.contains("file = \"/etc/"),
         "a file the test does not provide:\n{out}"

@@ -7,6 +7,7 @@
 
 mod compile;
 mod edit;
+mod signed;
 mod template;
 
 use std::{
@@ -32,6 +33,7 @@ use lacquer_policy::{head::valid_host, host::request_host, normalize, storable::
 
 pub use compile::{page_type, read_page, MAX_BODY, MAX_FILE};
 use compile::{Body, Compiled, Line, Synthesis};
+pub use signed::sign;
 use template::Values;
 
 /// A rule that cannot be compiled, named as the file names it.
@@ -521,6 +523,35 @@ impl Rules {
                 continue;
             }
             let a = &rule.actions;
+            // Checked before the rule's other actions: the signature is over the link as it came.
+            if let Some(s) = &a.signed {
+                let now = lacquer_clock::now_ms() / 1000;
+                match s.signing.check(&parts.uri, now) {
+                    Ok(target) => {
+                        if let Ok(uri) = target.parse::<Uri>() {
+                            parts.uri = uri;
+                            seen = Seen::default();
+                            v.rerouted = true;
+                        }
+                    }
+                    Err(why) => {
+                        let values = Values {
+                            parts,
+                            client,
+                            secure,
+                            status: None,
+                            groups: &groups,
+                            response: None,
+                            outcome: None,
+                        };
+                        v.respond = Some(match &s.refuse {
+                            Some(r) => synthesize(r, StatusCode::FORBIDDEN, &values),
+                            None => refused_link(why),
+                        });
+                        break;
+                    }
+                }
+            }
             if a.normalize_host {
                 let sent = parts.headers.get(header::HOST).map(|h| h.as_bytes());
                 let host = request_host(&parts.headers);
@@ -1263,6 +1294,25 @@ fn same_origin(location: String) -> String {
 }
 
 /// A rule's response, rendered; `status` is the one it keeps when the rule names none.
+/// lacquerd's own answer to a link a `signed` rule refuses.
+fn refused_link(why: signed::Refused) -> Synthetic {
+    let text = match why {
+        signed::Refused::Unsigned => "forbidden: this link is not signed\n",
+        signed::Refused::Wrong => "forbidden: this link's signature is wrong\n",
+        signed::Refused::Expired => "forbidden: this link has expired\n",
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Synthetic {
+        status: StatusCode::FORBIDDEN,
+        headers,
+        body: Bytes::from_static(text.as_bytes()),
+    }
+}
+
 fn synthesize(s: &Synthesis, status: StatusCode, values: &Values<'_>) -> Synthetic {
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, s.content_type.clone());

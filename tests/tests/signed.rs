@@ -1,0 +1,124 @@
+//! Signed URLs through the real daemon: links made by `cachectl sign`, checked by a rule's `signed`, the
+//! signature and expiry kept out of the key and away from the origin; what the client got and what the
+//! origin saw.
+
+use http::Method;
+use lacquer_tests::{daemon::binary, request, run_tool, Daemon, Origin, Reply};
+
+fn sign(secret: &std::path::Path, url: &str, expires: &str) -> String {
+    let (status, out, err) = run_tool(
+        binary("cachectl").to_str().unwrap(),
+        &[
+            "sign",
+            url,
+            "--expires",
+            expires,
+            "--secret-file",
+            secret.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(status, 0, "{err}");
+    out.trim().to_owned()
+}
+
+async fn get(d: &Daemon, target: &str) -> lacquer_tests::client::Reply {
+    request(d.addr, Method::GET, target, &[], Default::default())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn signed_links_are_checked_and_share_one_object() {
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("url-secret");
+    std::fs::write(&secret, "a secret the site and the cache share\n").unwrap();
+    let origin = Origin::start(|seen| {
+        Reply::ok(format!("video {}", seen.path)).header("cache-control", "max-age=600")
+    })
+    .await;
+    let d = Daemon::with_config_only(&format!(
+        r#"
+[[listen]]
+address = "127.0.0.1:0"
+
+[[backend]]
+name = "videos"
+address = "{}"
+
+[[rule]]
+name = "signed-videos"
+match = {{ path_prefix = ["/video/"] }}
+signed = {{ secret_file = "{secret}" }}
+
+[[rule]]
+name = "signed-downloads"
+match = {{ path_prefix = ["/dl/"] }}
+signed = {{ secret_file = "{secret}", param = "token", refuse = {{ status = 410, body = "this link is gone" }} }}
+"#,
+        origin.addr,
+        secret = secret.display()
+    ));
+    let first = sign(&secret, "http://cdn.test/video/a.mp4?user=7", "1h");
+    let target = first.strip_prefix("http://cdn.test").unwrap();
+    assert!(
+        target.contains("&exp=") && target.contains("&sig="),
+        "{target}"
+    );
+    let r = get(&d, target).await;
+    assert_eq!(r.status, 200);
+    // The origin is sent the link without its signature and expiry: they are not the key either.
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        "video /video/a.mp4?user=7"
+    );
+    d.wait_for_stats("stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(1)
+    })
+    .await;
+    // Another link to the same object, signed to live longer, shares it.
+    let second = sign(&secret, "/video/a.mp4?user=7", "2h");
+    let r = get(&d, &second).await;
+    assert_eq!((r.status.as_u16(), r.x_cache()), (200, "HIT"));
+    assert_eq!(origin.total(), 1);
+
+    // Refused, and the origin never asked: no signature, a changed parameter, an expired link.
+    let unsigned = get(&d, "/video/a.mp4?user=7").await;
+    assert_eq!(unsigned.status, 403);
+    assert_eq!(
+        String::from_utf8_lossy(&unsigned.body),
+        "forbidden: this link is not signed\n"
+    );
+    let tampered = get(&d, &second.replace("user=7", "user=8")).await;
+    assert_eq!(tampered.status, 403);
+    assert_eq!(
+        String::from_utf8_lossy(&tampered.body),
+        "forbidden: this link's signature is wrong\n"
+    );
+    let expired = get(&d, &sign(&secret, "/video/a.mp4?user=7", "0s")).await;
+    assert_eq!(expired.status, 403);
+    assert_eq!(
+        String::from_utf8_lossy(&expired.body),
+        "forbidden: this link has expired\n"
+    );
+    // A rule's own answer, and its own parameter name.
+    let gone = get(&d, "/dl/setup.exe").await;
+    assert_eq!(gone.status, 410);
+    assert_eq!(String::from_utf8_lossy(&gone.body), "this link is gone");
+    let (status, out, _) = run_tool(
+        binary("cachectl").to_str().unwrap(),
+        &[
+            "sign",
+            "/dl/setup.exe",
+            "--expires",
+            "10m",
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--param",
+            "token",
+        ],
+    );
+    assert_eq!(status, 0);
+    let r = get(&d, out.trim()).await;
+    assert_eq!(String::from_utf8_lossy(&r.body), "video /dl/setup.exe");
+    assert_eq!(origin.total(), 2);
+}
