@@ -787,6 +787,13 @@ async fn a_206_whose_content_range_disagrees_with_its_body_is_passed_on_and_neve
         .unwrap();
         assert_eq!((r.status.as_u16(), &r.body[..]), (206, &b"01234"[..]));
         assert_eq!(r.x_cache(), "MISS");
+        // The real reason, not "a status never stored".
+        assert!(
+            r.header("cache-status")
+                .contains("detail=\"part-unplaced\""),
+            "{}",
+            r.header("cache-status")
+        );
     }
     assert_eq!(origin.total(), 2, "nothing stored");
     let stats = d.stats().await;

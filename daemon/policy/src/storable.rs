@@ -100,6 +100,9 @@ pub enum NotStored {
     PartUnjoinable,
     /// An answer to a part's range that is neither the part nor the whole.
     PartAnswer,
+    /// A 206 whose `Content-Range` does not place it: malformed, of no known length, or disagreeing with
+    /// its `Content-Length`.
+    PartUnplaced,
     /// A `POST`'s response without explicit freshness (RFC 9111 §3).
     PostWithoutFreshness,
     /// A server error while a stale object stands in for the failing origin.
@@ -132,6 +135,7 @@ impl NotStored {
             Self::TooLargeSliced => "too-large-sliced",
             Self::PartUnjoinable => "part-unjoinable",
             Self::PartAnswer => "part-answer",
+            Self::PartUnplaced => "part-unplaced",
             Self::PostWithoutFreshness => "post-without-freshness",
             Self::StandIn => "server-error-stand-in",
             Self::VariesOnRewritten => "varies-on-rewritten",

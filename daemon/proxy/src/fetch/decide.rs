@@ -88,6 +88,8 @@ pub(super) fn decide<S: CacheStore>(
     // The part of the object a 206 carries. Asked for exact bytes, it carries exactly them, or nothing is
     // stored or sent as that part; otherwise (a client's range, or an origin that answers a whole request
     // with a part) wherever its `Content-Range` places it, or it goes to its readers as sent, unstored.
+    // A 206 whose Content-Range places it nowhere: its `Cache-Status` says so, not "uncacheable status".
+    let mut unplaced = false;
     let placed = match (request.part, head.status) {
         (Some(Ask::Bytes(first, last)), StatusCode::PARTIAL_CONTENT) => {
             match placed_part(&head.headers, (first, last.unwrap_or(u64::MAX))) {
@@ -112,6 +114,7 @@ pub(super) fn decide<S: CacheStore>(
             Err(reason) => {
                 inc(&shared.stats.slice_errors);
                 tracing::warn!(key, reason, "a 206 that cannot be placed; not storing");
+                unplaced = true;
                 None
             }
         },
@@ -170,6 +173,9 @@ pub(super) fn decide<S: CacheStore>(
         }
         Decision::Store(_) if request.stand_in && !storable::replaces_stand_in(head.status) => {
             Decision::DontStore(NotStored::StandIn)
+        }
+        Decision::DontStore(NotStored::Status) if unplaced => {
+            Decision::DontStore(NotStored::PartUnplaced)
         }
         d => d,
     };
