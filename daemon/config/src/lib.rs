@@ -286,6 +286,10 @@ pub struct Cache {
     pub cache_authorized: bool,
     /// Look up and store requests carrying `Cookie`. Default: false (pass).
     pub cache_cookie_requests: bool,
+    /// Largest body of a `QUERY` request (RFC 10008: safe, with the query in its body) looked up and
+    /// stored, keyed by the body's SHA-256 and its `Content-Type`; a larger one, or one sent without a
+    /// `Content-Length`, is passed. 0 passes every `QUERY`. Default: 64 KiB.
+    pub max_query_body: ByteSize,
     /// Store responses carrying `Set-Cookie`. Default: false (pass).
     pub cache_set_cookie: bool,
     /// How long a key whose response was uncacheable bypasses request coalescing. Default: 120 s, as
@@ -353,6 +357,7 @@ impl Default for Cache {
             heuristic_max: Duration::from_secs(86_400),
             cache_authorized: false,
             cache_cookie_requests: false,
+            max_query_body: ByteSize::kib(64),
             cache_set_cookie: false,
             hit_for_miss: Duration::from_secs(120),
             max_object_size: ByteSize::mib(256),

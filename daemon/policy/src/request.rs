@@ -58,6 +58,9 @@ pub fn classify(
         Method::GET | Method::HEAD => {}
         // Safe methods change nothing at the origin.
         Method::OPTIONS | Method::TRACE => return RequestClass::Pass("method"),
+        // A QUERY whose body is not keyed (too large, or of no declared length): safe, so it passes
+        // without invalidating anything (RFC 10008).
+        ref m if m.as_str() == "QUERY" => return RequestClass::Pass("query-body"),
         // Unsafe methods, and methods whose safety is unknown, invalidate (RFC 9111 §4.4).
         _ => return RequestClass::Invalidate,
     }

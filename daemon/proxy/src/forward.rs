@@ -260,8 +260,9 @@ pub fn fill_request(
     client_validators: bool,
     keyed_body: Option<&Bytes>,
 ) -> Request<Body> {
+    // A keyed body goes with the method it came with (POST, QUERY), every fill and revalidation alike.
     let (method, sent) = match keyed_body {
-        Some(b) => (Method::POST, body::full(b.clone())),
+        Some(b) => (parts.method.clone(), body::full(b.clone())),
         None => (Method::GET, body::empty()),
     };
     let mut req = origin_request(

@@ -166,18 +166,25 @@ fn ambiguous(live: &Live, parts: &Parts) -> bool {
     })
 }
 
-/// Whether `parts` is a POST a `cache_body` rule keys: its declared length within `cap`.
-fn keyed_post(parts: &Parts, cap: Option<u64>) -> bool {
+/// The most of `parts`'s body to read and key it by, when it is keyed: a POST a `cache_body` rule keys
+/// (`rule_cap`), or a QUERY (RFC 10008; `cache.max_query_body`), whose declared length is within the cap.
+fn keyed_body(parts: &Parts, rule_cap: Option<u64>, query_cap: u64) -> Option<u64> {
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    parts.method == http::Method::POST
-        && cap.is_some_and(|cap| declared.is_some_and(|len| len <= cap))
+    let cap = if parts.method == http::Method::POST {
+        rule_cap?
+    } else if parts.method.as_str() == "QUERY" {
+        Some(query_cap).filter(|&cap| cap > 0)?
+    } else {
+        return None;
+    };
+    declared.is_some_and(|len| len <= cap).then_some(cap)
 }
 
-/// Keys a POST by its `body` (read whole, within the rule's cap): the digest goes into the head as a
-/// field the variant is made of, and the body into what every fill sends.
+/// Keys a POST or a QUERY by its `body` (read whole, within the cap): the digest goes into the head as a
+/// field the variant is made of (with `Content-Type`), and the body into what every fill sends.
 ///
 /// Sharing one client's answer with every client that sends the same body loosens caching, so the digest
 /// must be one nobody can collide: SHA-256. A fast non-cryptographic hash (xxh3 with its public secret)
@@ -192,6 +199,10 @@ pub(crate) fn key_body(parts: &mut Parts, decided: &mut Decided, body: Bytes) {
     let value = HeaderValue::from_str(&hex).expect("hex is a field value");
     parts.headers.insert(BODY_DIGEST, value);
     decided.key.push(BODY_DIGEST);
+    // The same bytes read as another media type are another query (RFC 10008 §2.2).
+    if !decided.key.contains(&header::CONTENT_TYPE) {
+        decided.key.push(header::CONTENT_TYPE);
+    }
     decided.body = Some(body);
 }
 
@@ -258,10 +269,9 @@ pub(crate) fn request(
     if route.strip_cookies {
         parts.headers.remove(header::COOKIE);
     }
-    // A POST a rule keys by its body is classified as the GET it is cached as.
-    let body_cap = keyed_post(parts, verdict.cache_body)
-        .then_some(verdict.cache_body)
-        .flatten();
+    // A POST a rule keys by its body, and a QUERY, are classified as the GET they are cached as.
+    let query_cap = route.policy.cache.max_query_body.as_u64();
+    let body_cap = keyed_body(parts, verdict.cache_body, query_cap);
     let method = match body_cap {
         Some(_) => &http::Method::GET,
         None => &parts.method,

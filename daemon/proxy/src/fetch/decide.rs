@@ -166,8 +166,11 @@ pub(super) fn decide<S: CacheStore>(
             Decision::DontStore(NotStored::PartAnswer)
         }
         // RFC 9111 §3: a POST's response is stored only when it says how long it is fresh.
+        // A QUERY's response is cacheable as a GET's is (RFC 10008 §2.8).
         Decision::Store(_)
-            if decided.body.is_some() && !storable::explicitly_fresh(&head.headers, policy) =>
+            if decided.body.is_some()
+                && parts.method == http::Method::POST
+                && !storable::explicitly_fresh(&head.headers, policy) =>
         {
             Decision::DontStore(NotStored::PostWithoutFreshness)
         }
