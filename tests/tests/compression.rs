@@ -441,12 +441,13 @@ async fn a_route_without_compression_and_a_reload_of_the_type_list() {
         get(&d, "/a.html", &br).await.header("content-encoding"),
         "gzip"
     );
-    // The route without compression forwards the client's own field and varies on it.
+    // The route without compression forwards the client's own field (in its one form: configuration.md,
+    // "The request head") and varies on it.
     let r = get(&d, "/raw/a.html", &br).await;
     assert_eq!((r.header("content-encoding"), &r.body), ("", &page));
     assert_eq!(
         origin.seen().pop().unwrap().headers["accept-encoding"],
-        "gzip, deflate, br"
+        "gzip,deflate,br"
     );
     get(&d, "/raw/a.html", &[("accept-encoding", "gzip")]).await;
     assert_eq!(

@@ -376,6 +376,62 @@ async fn vary_keeps_one_variant_per_selection() {
     assert_eq!(origin.count("/v"), 3);
 }
 
+/// Spelled in case or spacing differently, a selecting field selects one variant: the origin is asked in
+/// one form, and the variant is made of that form (cache-tests' vary-normalise), never of two readings.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_selecting_field_spelled_differently_selects_one_variant() {
+    let origin = Origin::start(|s| {
+        let lang = s
+            .headers
+            .get_all("accept-language")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+            .join("|");
+        cacheable(&format!("hello in {lang}")).header("vary", "Accept-Language")
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let get_lang = |langs: &'static [&'static str]| {
+        let addr = d.addr;
+        async move {
+            let headers: Vec<(&str, &str)> =
+                langs.iter().map(|l| ("accept-language", *l)).collect();
+            request(addr, Method::GET, "/v", &headers, Bytes::new())
+                .await
+                .unwrap()
+        }
+    };
+    let first = get_lang(&["en-US, fr;q=0.5"]).await;
+    assert_eq!(
+        (first.x_cache(), first.body.as_ref()),
+        ("MISS", &b"hello in en-us,fr;q=0.5"[..]),
+        "the origin is asked in the one form"
+    );
+    d.wait_for_stats("stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(1)
+    })
+    .await;
+    for spelled in [
+        &["en-us,fr; q=0.5"][..],
+        &["EN-US ,FR;q=0.5"],
+        &["en-US", "fr;q=0.5"],
+    ] {
+        let r = get_lang(spelled).await;
+        assert_eq!(
+            (r.x_cache(), r.body.as_ref()),
+            ("HIT", &b"hello in en-us,fr;q=0.5"[..]),
+            "{spelled:?}"
+        );
+    }
+    assert_eq!(
+        get_lang(&["fr, en-US;q=0.5"]).await.x_cache(),
+        "MISS",
+        "another order is another question"
+    );
+    assert_eq!(origin.count("/v"), 2);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn backend_down_is_a_clear_error() {
     let unused = lacquer_tests::unused_addr();

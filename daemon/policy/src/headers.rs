@@ -105,3 +105,112 @@ mod tests {
         assert_eq!(left, ["cache-control", "x-kept"]);
     }
 }
+
+/// Request fields a response's `Vary` names most, whose values are lists in which spacing, and for the
+/// first two letter case, carry no meaning (RFC 9110 §5.6.1, §12.5.3, §12.5.4, RFC 4647 §2).
+const SELECTING: [(HeaderName, bool); 3] = [
+    (header::ACCEPT_LANGUAGE, true),
+    (header::ACCEPT_ENCODING, true),
+    (header::ACCEPT, false),
+];
+
+/// Writes the selecting fields in one canonical form: one line, no optional whitespace around `,` and `;`,
+/// and `Accept-Language` and `Accept-Encoding` lower-cased. Done to the head the origin receives, which
+/// the variant is then made of: `en-US, fr` and `en-us,fr` select one stored answer because the origin was
+/// asked the same question for both, never because the cache read two questions as one.
+pub fn normalize_selecting(headers: &mut HeaderMap) {
+    for (name, fold) in &SELECTING {
+        let mut lines = headers.get_all(name).iter();
+        let Some(first) = lines.next() else {
+            continue;
+        };
+        let single = lines.next().is_none();
+        // Most requests send one line already canonical: nothing to do.
+        let canonical = |b: &[u8]| {
+            !b.iter()
+                .any(|c| *c == b' ' || *c == b'\t' || (*fold && c.is_ascii_uppercase()))
+        };
+        if single && canonical(first.as_bytes()) {
+            continue;
+        }
+        let Ok(texts) = headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str())
+            .collect::<Result<Vec<&str>, _>>()
+        else {
+            // Bytes that are not text are left as sent (and select as sent).
+            continue;
+        };
+        let mut items = Vec::new();
+        for text in texts {
+            for item in text.split(',') {
+                let parts: Vec<&str> = item.split(';').map(str::trim).collect();
+                if parts.iter().all(|p| p.is_empty()) {
+                    continue;
+                }
+                let item = parts.join(";");
+                items.push(if *fold {
+                    item.to_ascii_lowercase()
+                } else {
+                    item
+                });
+            }
+        }
+        match http::HeaderValue::from_str(&items.join(",")) {
+            Ok(value) => {
+                headers.insert(name, value);
+            }
+            Err(_) => continue,
+        }
+    }
+}
+
+#[cfg(test)]
+mod selecting_tests {
+    use super::*;
+
+    #[test]
+    fn selecting_fields_have_one_form() {
+        let table: [(&[(&str, &str)], &[(&str, &str)]); 6] = [
+            (
+                &[("accept-language", "en-US, fr;q=0.5")],
+                &[("accept-language", "en-us,fr;q=0.5")],
+            ),
+            (
+                &[("accept-language", "EN-us,FR ; q=0.5")],
+                &[("accept-language", "en-us,fr;q=0.5")],
+            ),
+            (
+                &[("accept-language", "en"), ("accept-language", " fr")],
+                &[("accept-language", "en,fr")],
+            ),
+            (
+                &[("accept-encoding", "gzip, deflate, BR")],
+                &[("accept-encoding", "gzip,deflate,br")],
+            ),
+            // Accept keeps its case (a parameter's value may need it); its spacing goes.
+            (
+                &[("accept", "text/html, application/JSON; q=0.9")],
+                &[("accept", "text/html,application/JSON;q=0.9")],
+            ),
+            (&[("accept", "*/*")], &[("accept", "*/*")]),
+        ];
+        for (sent, want) in table {
+            let mut headers = HeaderMap::new();
+            for (n, v) in sent {
+                headers.append(*n, v.parse().unwrap());
+            }
+            normalize_selecting(&mut headers);
+            let got: Vec<(String, String)> = headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                .collect();
+            let want: Vec<(String, String)> = want
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect();
+            assert_eq!(got, want, "{sent:?}");
+        }
+    }
+}

@@ -19,7 +19,7 @@ use lacquer_backends::{
     routing::{Route, Target},
 };
 use lacquer_policy::{
-    headers::{strip_forwarding, strip_hop_by_hop},
+    headers::{normalize_selecting, strip_forwarding, strip_hop_by_hop},
     normalize,
     request::{classify, RequestClass},
     storable::Adjust,
@@ -231,6 +231,9 @@ pub(crate) fn request(
     trace: Option<&mut Trace>,
 ) -> Result<Admitted, Answered> {
     normalize::apply(parts, &live.normalize);
+    // The fields responses vary on most, in one form: the origin is asked, and the variant made of, that
+    // form (cache-tests' vary-normalise: `en-US, fr` and `en-us,fr` share one stored answer).
+    normalize_selecting(&mut parts.headers);
     let denied = |parts: &Parts| live.deny.iter().any(|rule| rule.matches(parts, client));
     if denied(parts) {
         return Err(Answered::Denied);
