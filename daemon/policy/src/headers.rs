@@ -170,9 +170,12 @@ pub fn normalize_selecting(headers: &mut HeaderMap) {
 mod selecting_tests {
     use super::*;
 
+    /// Fields as sent, and as written after.
+    type Fields<'a> = &'a [(&'a str, &'a str)];
+
     #[test]
     fn selecting_fields_have_one_form() {
-        let table: [(&[(&str, &str)], &[(&str, &str)]); 6] = [
+        let table: [(Fields, Fields); 6] = [
             (
                 &[("accept-language", "en-US, fr;q=0.5")],
                 &[("accept-language", "en-us,fr;q=0.5")],
