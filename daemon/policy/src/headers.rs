@@ -117,9 +117,13 @@ const SELECTING: [(HeaderName, bool); 3] = [
 /// Writes the selecting fields in one canonical form: one line, no optional whitespace around `,` and `;`,
 /// and `Accept-Language` and `Accept-Encoding` lower-cased. Done to the head the origin receives, which
 /// the variant is then made of: `en-US, fr` and `en-us,fr` select one stored answer because the origin was
-/// asked the same question for both, never because the cache read two questions as one.
-pub fn normalize_selecting(headers: &mut HeaderMap) {
+/// asked the same question for both, never because the cache read two questions as one. `Accept-Encoding`
+/// only `with_accept_encoding` (a route negotiating codings replaces it whole).
+pub fn normalize_selecting(headers: &mut HeaderMap, with_accept_encoding: bool) {
     for (name, fold) in &SELECTING {
+        if *name == header::ACCEPT_ENCODING && !with_accept_encoding {
+            continue;
+        }
         let mut lines = headers.get_all(name).iter();
         let Some(first) = lines.next() else {
             continue;
@@ -204,7 +208,7 @@ mod selecting_tests {
             for (n, v) in sent {
                 headers.append(*n, v.parse().unwrap());
             }
-            normalize_selecting(&mut headers);
+            normalize_selecting(&mut headers, true);
             let got: Vec<(String, String)> = headers
                 .iter()
                 .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))

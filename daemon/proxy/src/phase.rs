@@ -231,14 +231,15 @@ pub(crate) fn request(
     trace: Option<&mut Trace>,
 ) -> Result<Admitted, Answered> {
     normalize::apply(parts, &live.normalize);
-    // The fields responses vary on most, in one form: the origin is asked, and the variant made of, that
-    // form (cache-tests' vary-normalise: `en-US, fr` and `en-us,fr` share one stored answer).
-    normalize_selecting(&mut parts.headers);
     let denied = |parts: &Parts| live.deny.iter().any(|rule| rule.matches(parts, client));
     if denied(parts) {
         return Err(Answered::Denied);
     }
     let mut route = live.router.route(parts);
+    // The fields responses vary on most, in one form, before the rules: the origin is asked, and the
+    // variant made of, that form (cache-tests' vary-normalise: `en-US, fr` and `en-us,fr` share one stored
+    // answer). A route that negotiates codings replaces `Accept-Encoding` with its own: not worth writing.
+    normalize_selecting(&mut parts.headers, route.policy.compression.is_none());
     if route.strip_forwarding {
         strip_forwarding(&mut parts.headers);
     }
