@@ -75,3 +75,22 @@ pub async fn daemon_with_traffic() -> (Origin, Daemon) {
     }
     (origin, d)
 }
+
+/// `lacquerd --check` of `config`, written to `dir` (the store under it): its exit status and what it said.
+pub fn check_config(dir: &std::path::Path, config: &str) -> (Option<i32>, String) {
+    let file = dir.join("lacquer.toml");
+    std::fs::write(&file, config).unwrap();
+    let out = std::process::Command::new(daemon::binary("lacquerd"))
+        .arg("--check")
+        .arg("--config")
+        .arg(&file)
+        .arg("--disk")
+        .arg(dir.join("store"))
+        .env_remove("LACQUER_CONFIG")
+        .output()
+        .expect("lacquerd runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

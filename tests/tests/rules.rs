@@ -17,7 +17,7 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::Method;
 use lacquer_tests::{
-    daemon::binary,
+    check_config as check,
     origin::Seen,
     raw_status, request,
     tls::{self, TestCa},
@@ -1494,25 +1494,6 @@ async fn a_reload_with_broken_rules_keeps_the_old_ones() {
     assert_eq!(r.status, 200, "{}", text(&r));
     get(&d, "t", "/nocc/3", &[]).await;
     assert_eq!(header(&last(&origin, "t", "/nocc/3"), "x-rules"), "v2");
-}
-
-/// `lacquerd --check` on `config`: its exit status and what it wrote to stderr.
-fn check(dir: &std::path::Path, config: &str) -> (Option<i32>, String) {
-    let file = dir.join("lacquer.toml");
-    std::fs::write(&file, config).unwrap();
-    let out = std::process::Command::new(binary("lacquerd"))
-        .arg("--check")
-        .arg("--config")
-        .arg(&file)
-        .arg("--disk")
-        .arg(dir.join("store"))
-        .env_remove("LACQUER_CONFIG")
-        .output()
-        .expect("lacquerd runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// `lacquerd --check` runs the rules' examples: one that fails fails the check, naming the rule.

@@ -3,7 +3,7 @@
 //! run with the recipe's own examples (those of its hand-written rules), a translation that reports
 //! nothing untranslated behaves as the recipe does: what vcl2rules says it translated, it translated.
 
-use lacquer_tests::{daemon::binary, run_tool};
+use lacquer_tests::{check_config as check, daemon::binary, run_tool};
 
 /// One recipe: its heading's line, its VCL, and the examples of its rules.
 struct Recipe {
@@ -53,25 +53,6 @@ fn recipes() -> Vec<Recipe> {
     }
     recipes.retain(|r| !r.vcl.is_empty());
     recipes
-}
-
-/// `lacquerd --check` of `config`; its exit status and what it said.
-fn check(dir: &std::path::Path, config: &str) -> (Option<i32>, String) {
-    let file = dir.join("lacquer.toml");
-    std::fs::write(&file, config).unwrap();
-    let out = std::process::Command::new(binary("lacquerd"))
-        .arg("--check")
-        .arg("--config")
-        .arg(&file)
-        .arg("--disk")
-        .arg(dir.join("store"))
-        .env_remove("LACQUER_CONFIG")
-        .output()
-        .expect("lacquerd runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// The translation of `vcl`, made a configuration lacquerd starts with: the error pages it reads made,

@@ -535,15 +535,7 @@ impl Rules {
                         }
                     }
                     Err(why) => {
-                        let values = Values {
-                            parts,
-                            client,
-                            secure,
-                            status: None,
-                            groups: &groups,
-                            response: None,
-                            outcome: None,
-                        };
+                        let values = Values::request(parts, client, secure, &groups);
                         v.respond = Some(match &s.refuse {
                             Some(r) => synthesize(r, StatusCode::FORBIDDEN, &values),
                             None => refused_link(why),
@@ -571,15 +563,7 @@ impl Rules {
                 parts.headers.insert(b.to.clone(), value.clone());
                 bucketed.push((&b.to, value));
             }
-            let values = Values {
-                parts,
-                client,
-                secure,
-                status: None,
-                groups: &groups,
-                response: None,
-                outcome: None,
-            };
+            let values = Values::request(parts, client, secure, &groups);
             // Rendered before the head they go into is borrowed for writing.
             let set: Lines = a.set.iter().map(|l| (l, l.value(&values))).collect();
             let append: Lines = a.append.iter().map(|l| (l, l.value(&values))).collect();
@@ -645,15 +629,7 @@ impl Rules {
                 v.cache_body = Some(cap);
             }
             if let Some(s) = &a.respond {
-                let values = Values {
-                    parts,
-                    client,
-                    secure,
-                    status: None,
-                    groups: &groups,
-                    response: None,
-                    outcome: None,
-                };
+                let values = Values::request(parts, client, secure, &groups);
                 v.respond = Some(synthesize(s, StatusCode::OK, &values));
                 break;
             }

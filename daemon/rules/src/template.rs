@@ -58,6 +58,21 @@ pub(crate) struct Values<'a> {
     pub outcome: Option<&'static str>,
 }
 
+impl<'a> Values<'a> {
+    /// The request phase's values: the request alone, no response yet.
+    pub fn request(parts: &'a Parts, client: IpAddr, secure: bool, groups: &'a [String]) -> Self {
+        Self {
+            parts,
+            client,
+            secure,
+            status: None,
+            groups,
+            response: None,
+            outcome: None,
+        }
+    }
+}
+
 impl Template {
     /// Parses `text`; `groups` is how many groups the rule's regular expression has.
     pub fn parse(text: &str, groups: usize) -> Result<Self, String> {

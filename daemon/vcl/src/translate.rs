@@ -1143,6 +1143,28 @@ impl Translator<'_> {
             Expr::Var(b) if b == "false" => Ok(false),
             _ => Err(format!("`set {lhs}` to a value that is not true or false")),
         };
+        // The fields a duration or a flag sets, one arm each.
+        let duration_field: Option<fn(&mut Rule) -> &mut Option<Duration>> =
+            match (phase, lower.as_str()) {
+                (Phase::Request, "req.grace") => Some(|r| &mut r.request_grace),
+                (Phase::BackendResponse, "beresp.ttl") => Some(|r| &mut r.ttl),
+                (Phase::BackendResponse, "beresp.grace") => Some(|r| &mut r.grace),
+                (Phase::BackendResponse, "beresp.keep") => Some(|r| &mut r.keep),
+                _ => None,
+            };
+        if let Some(field) = duration_field {
+            *field(rule) = Some(dur()?);
+            return Ok(Some(Flow::On));
+        }
+        let flag_field: Option<fn(&mut Rule) -> &mut Option<bool>> = match (phase, lower.as_str()) {
+            (Phase::BackendResponse, "beresp.do_esi") => Some(|r| &mut r.esi),
+            (Phase::BackendResponse, "beresp.do_gzip") => Some(|r| &mut r.compress),
+            _ => None,
+        };
+        if let Some(field) = flag_field {
+            *field(rule) = Some(flag()?);
+            return Ok(Some(Flow::On));
+        }
         match (phase, lower.as_str()) {
             (Phase::Request, "req.url") => self.set_url(value, rule, line),
             (Phase::Request, "req.backend_hint" | "req.backend") => match value {
@@ -1156,34 +1178,10 @@ impl Translator<'_> {
                 }
                 _ => Err("a backend chosen by an expression".into()),
             },
-            (Phase::Request, "req.grace") => {
-                rule.request_grace = Some(dur()?);
-                Ok(Some(Flow::On))
-            }
-            (Phase::BackendResponse, "beresp.ttl") => {
-                rule.ttl = Some(dur()?);
-                Ok(Some(Flow::On))
-            }
-            (Phase::BackendResponse, "beresp.grace") => {
-                rule.grace = Some(dur()?);
-                Ok(Some(Flow::On))
-            }
-            (Phase::BackendResponse, "beresp.keep") => {
-                rule.keep = Some(dur()?);
-                Ok(Some(Flow::On))
-            }
             (Phase::BackendResponse, "beresp.uncacheable") => {
                 if flag()? {
                     rule.store = Some(false);
                 }
-                Ok(Some(Flow::On))
-            }
-            (Phase::BackendResponse, "beresp.do_esi") => {
-                rule.esi = Some(flag()?);
-                Ok(Some(Flow::On))
-            }
-            (Phase::BackendResponse, "beresp.do_gzip") => {
-                rule.compress = Some(flag()?);
                 Ok(Some(Flow::On))
             }
             (Phase::BackendResponse, "beresp.do_stream") => {
