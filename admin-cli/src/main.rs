@@ -10,6 +10,7 @@ mod query;
 mod stats;
 mod table;
 mod top;
+mod warm;
 
 use std::{io::Write, process::ExitCode};
 
@@ -164,6 +165,30 @@ enum Command {
     Reload,
     /// Print a completion script, e.g. `cachectl completions bash > /etc/bash_completion.d/cachectl`.
     Completions { shell: clap_complete::Shell },
+    /// Fetch URLs through the cache so that they are stored before clients ask: from a list (one URL a
+    /// line), or the GETs of an access log. At a bounded rate and concurrency; then how many were cached
+    /// already, stored, or not stored and why (from `Cache-Status`). In a cluster, any node's listener
+    /// will do: each URL is fetched on the node that owns it. Needs no secret.
+    Warm {
+        /// A file of URLs (`http://host/path`, or paths with --host), `-` for standard input.
+        #[arg(value_name = "FILE", required_unless_present = "from_log")]
+        file: Option<std::path::PathBuf>,
+        /// An access log: lacquerd's `default` format names full URLs; with paths, give --host.
+        #[arg(long, value_name = "FILE", conflicts_with = "file")]
+        from_log: Option<std::path::PathBuf>,
+        /// The host of URLs given as paths.
+        #[arg(long)]
+        host: Option<String>,
+        /// The cache's client listener the requests are sent to.
+        #[arg(long, default_value = "127.0.0.1:6081")]
+        via: std::net::SocketAddr,
+        /// Requests per second, at most.
+        #[arg(long, default_value = "10")]
+        rate: f64,
+        /// Requests at once, at most.
+        #[arg(long, default_value = "2")]
+        concurrency: usize,
+    },
     /// Sign a URL for a rule's `signed`: prints it with its expiry and signature appended. Needs no daemon.
     Sign {
         /// `http://host/path?query`, or `/path?query`.
@@ -423,6 +448,63 @@ fn main() -> ExitCode {
     if let Command::Vcl2rules { file } = &cli.command {
         return vcl2rules(file, cli.json);
     }
+    if let Command::Warm {
+        file,
+        from_log,
+        host,
+        via,
+        rate,
+        concurrency,
+    } = &cli.command
+    {
+        let (path, log) = match (file, from_log) {
+            (_, Some(log)) => (log, true),
+            (Some(file), None) => (file, false),
+            (None, None) => unreachable!("clap requires one"),
+        };
+        let text = if path.as_os_str() == "-" {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map(|_| text)
+        } else {
+            std::fs::read_to_string(path)
+        };
+        let text = match text {
+            Ok(text) => text,
+            Err(e) => return fail(cli.json, "io", &format!("{}: {e}", path.display()), 1),
+        };
+        let urls = if log {
+            warm::from_log(&text, host.as_deref())
+        } else {
+            warm::from_list(&text, host.as_deref())
+        };
+        let urls = match urls {
+            Ok(urls) => urls,
+            Err(e) => return fail(cli.json, "usage", &e, 2),
+        };
+        if !rate.is_finite() || *rate <= 0.0 || *concurrency == 0 {
+            return fail(
+                cli.json,
+                "usage",
+                "--rate and --concurrency must be above 0",
+                2,
+            );
+        }
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        let summary = runtime.block_on(warm::warm(urls, *via, *rate, *concurrency));
+        if cli.json {
+            write_out(&format!(
+                "{}\n",
+                serde_json::to_string(&summary).expect("a summary is JSON")
+            ));
+        } else {
+            write_out(&warm::render(&summary));
+        }
+        return if summary.failed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
+    }
     if let Command::Sign {
         url,
         expires,
@@ -524,6 +606,7 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
         Command::Completions { .. }
         | Command::Man { .. }
         | Command::Vcl2rules { .. }
+        | Command::Warm { .. }
         | Command::Sign { .. } => {
             unreachable!("handled before connecting")
         }

@@ -1055,3 +1055,100 @@ fn completions_for_the_usual_shells() {
         );
     }
 }
+
+/// `cachectl warm`: a list (and an access log) fetched through the cache at the rate and concurrency given,
+/// then what happened to each URL, from `Cache-Status`; what is stored is served to the next client.
+#[tokio::test(flavor = "multi_thread")]
+async fn warm_fetches_a_list_through_the_cache_and_says_what_was_stored() {
+    let origin = Origin::start(|seen| {
+        let reply = Reply::ok(format!("page {}", seen.path)).delay(Duration::from_millis(50));
+        match seen.path.as_str() {
+            "/account" => reply.header("cache-control", "private"),
+            _ => reply.header("cache-control", "max-age=600"),
+        }
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("urls.txt");
+    std::fs::write(
+        &list,
+        "# the shop\nhttp://shop.test/\nhttp://shop.test/p/1\n/p/2\nhttp://shop.test/account\nhttp://shop.test/p/1\n",
+    )
+    .unwrap();
+    let via = d.addr.to_string();
+    let args = |extra: &[&'static str]| {
+        let mut all = vec![
+            "warm",
+            list.to_str().unwrap(),
+            "--host",
+            "shop.test",
+            "--via",
+            &via,
+            "--concurrency",
+            "1",
+        ];
+        all.extend_from_slice(extra);
+        all.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            cachectl(&refs)
+        })
+    };
+    let (status, out, err) = run(args(&["--rate", "20"])).await.unwrap();
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.starts_with("4 URLs in ")
+            && out.contains(": 0 already cached, 3 stored, 1 not stored, 0 failed"),
+        "{out}"
+    );
+    assert!(out.contains("  not stored: private: 1"), "{out}");
+    assert_eq!(origin.max_in_flight(), 1, "--concurrency 1");
+    assert_eq!(origin.total(), 4, "each URL once");
+    d.wait_for_stats("stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(3)
+    })
+    .await;
+    // What was warmed is a hit for the next client, and for the next warm run.
+    let hit = lacquer_tests::request(
+        d.addr,
+        http::Method::GET,
+        "/p/2",
+        &[("host", "shop.test")],
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(hit.x_cache(), "HIT");
+    let (status, out, _) = run(args(&["--json"])).await.unwrap();
+    assert_eq!(status, 0);
+    let summary = json(&out);
+    assert_eq!(summary["cached"], 3, "{summary}");
+    assert_eq!(summary["not_stored"]["private"], 1);
+    // From an access log in lacquerd's own format: its GETs, each once.
+    let log = dir.path().join("access.log");
+    std::fs::write(
+        &log,
+        "203.0.113.7 - - [30/Nov/2026:07:36:14 +0000] \"GET http://shop.test/p/3 HTTP/1.1\" 200 5 \"-\" \"x\" MISS 0.01 0.01 -\n\
+         203.0.113.7 - - [30/Nov/2026:07:36:15 +0000] \"POST http://shop.test/cart HTTP/1.1\" 200 5 \"-\" \"x\" PASS 0.01 0.01 -\n\
+         203.0.113.7 - - [30/Nov/2026:07:36:16 +0000] \"GET http://shop.test/p/3 HTTP/1.1\" 200 5 \"-\" \"x\" HIT 0.0 0.0 -\n",
+    )
+    .unwrap();
+    let from_log = vec![
+        "warm".to_owned(),
+        "--from-log".to_owned(),
+        log.to_str().unwrap().to_owned(),
+        "--via".to_owned(),
+        via.clone(),
+    ];
+    let (status, out, err) = run(from_log).await.unwrap();
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.starts_with("1 URLs in ") && out.contains("1 stored"),
+        "{out}"
+    );
+    assert_eq!(origin.count("/p/3"), 1);
+    assert_eq!(origin.count("/cart"), 0, "only GETs are warmed");
+}
