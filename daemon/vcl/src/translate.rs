@@ -1931,7 +1931,11 @@ fn dropped_parameters(re: &str) -> Option<(Vec<String>, Vec<String>)> {
     if !(rest.starts_with('[') && (rest.ends_with("+&?") || rest.ends_with("*&?"))) {
         return None;
     }
-    let inner = re[..eq].strip_prefix('(')?;
+    Some(split_names(re[..eq].strip_prefix('(')?))
+}
+
+/// The alternatives of `inner` that are names (as rule names), and those that are more than a name.
+fn split_names(inner: &str) -> (Vec<String>, Vec<String>) {
     let (mut names, mut left) = (Vec::new(), Vec::new());
     for alt in alternatives(inner) {
         match names_of(alt) {
@@ -1939,7 +1943,7 @@ fn dropped_parameters(re: &str) -> Option<(Vec<String>, Vec<String>)> {
             None => left.push(alt.to_owned()),
         }
     }
-    Some((names, left))
+    (names, left)
 }
 
 /// The top-level alternatives of a regular expression (`a|(b|c)d` is `a` and `(b|c)d`).
@@ -1975,15 +1979,7 @@ fn dropped_cookies(re: &str) -> Option<(Vec<String>, Vec<String>)> {
     if &rest[eq + 2..] != "[^;]*" {
         return None;
     }
-    let inner = rest[..eq].strip_prefix('(')?;
-    let (mut names, mut left) = (Vec::new(), Vec::new());
-    for alt in alternatives(inner) {
-        match names_of(alt) {
-            Some(n) => names.extend(n),
-            None => left.push(alt.to_owned()),
-        }
-    }
-    Some((names, left))
+    Some(split_names(rest[..eq].strip_prefix('(')?))
 }
 
 /// Cookie rewrites that only tidy separators, which lacquerd's cookie handling does anyway, or the steps
