@@ -622,6 +622,22 @@ async fn self_routing_fetches_each_object_once_and_a_dead_owner_is_replaced_with
             assert_eq!(r.status, 200, "{p} over h2c");
         }
     }
+    // A QUERY is keyed by its body: forwarded to the owner with that body, fetched once for the cluster.
+    let queries = paths("/q/", 30);
+    for (i, p) in queries.iter().enumerate() {
+        for k in 0..3 {
+            let r = lacquer_tests::request(
+                nodes[(i + k) % 3].addr,
+                http::Method::from_bytes(b"QUERY").unwrap(),
+                p,
+                &[("host", "cluster.test"), ("content-type", "text/plain")],
+                bytes::Bytes::from(format!("select {i}")),
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 200, "QUERY {p}");
+        }
+    }
     for d in &nodes {
         let stats = d.stats().await;
         assert_eq!(stats["proxy"]["peer_failures"], 0, "{}", stats["proxy"]);
@@ -631,7 +647,7 @@ async fn self_routing_fetches_each_object_once_and_a_dead_owner_is_replaced_with
             stats["proxy"]
         );
     }
-    for p in objects.iter().chain(&h2_objects) {
+    for p in objects.iter().chain(&h2_objects).chain(&queries) {
         if o.origin.count(p) != 1 {
             let seen: Vec<_> = o
                 .origin

@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use bytes::Bytes;
 use http::{request::Parts, HeaderValue, Response};
 use lacquer_backends::{
     body::{self, Body},
@@ -58,17 +59,20 @@ pub(crate) async fn ask(
     node: &str,
     client: IpAddr,
     (peer, proof): (&Peer, HeaderValue),
-    parts: &Parts,
+    (parts, keyed_body): (&Parts, Option<&Bytes>),
     trace: Option<&Trace>,
 ) -> Option<Response<Body>> {
     inc(&stats.peer_requests);
     let pool = peers.lock().expect("peers lock").pool(peer.addr)?;
+    // A request keyed by its body (a QUERY, a `cache_body` POST) goes with that body: the owner keys it
+    // the same way. Any other's body was not read.
+    let body = keyed_body.map_or_else(body::empty, |b| body::full(b.clone()));
     let mut req = forward::origin_request(
         parts.method.clone(),
         parts.uri.clone(),
         parts.headers.clone(),
         client,
-        body::empty(),
+        body,
     );
     req.headers_mut()
         .insert(FORWARDED_BY.clone(), HeaderValue::from_str(node).ok()?);

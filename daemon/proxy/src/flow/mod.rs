@@ -242,7 +242,8 @@ async fn ask_owner<S: crate::store::CacheStore>(
     let node = worker.shared.cluster.as_ref()?.node();
     let stats = &worker.shared.stats;
     let (client, trace) = (txn.client, txn.trace.as_ref());
-    crate::peer::ask(&worker.peers, stats, node, client, owner, txn.head(), trace).await
+    let head = (&**txn.head(), txn.decided.body.as_ref());
+    crate::peer::ask(&worker.peers, stats, node, client, owner, head, trace).await
 }
 
 fn too_many_connections() -> Response<Body> {
