@@ -118,6 +118,26 @@ async fn queries_are_stored_by_their_content_coalesced_and_revalidated_with_it()
         assert_eq!((status, x_cache.as_str()), (200, "PASS"));
         assert_eq!(body.len(), "rows for ".len() + 2000);
     }
+    // The same bytes in another coding are another query too: stored and fresh, a query is not the answer
+    // to the same bytes sent with a Content-Encoding.
+    assert_eq!(query(&d, "/orders", form, "status=held").await.1, "MISS");
+    d.wait_for_stats("stored", |s| {
+        s["store"]["objects_published"].as_u64() >= Some(4)
+    })
+    .await;
+    assert_eq!(query(&d, "/orders", form, "status=held").await.1, "HIT");
+    let before = queries(&origin).len();
+    let coded = lacquer_tests::request(
+        d.addr,
+        http::Method::from_bytes(b"QUERY").unwrap(),
+        "/orders",
+        &[("content-type", form), ("content-encoding", "identity")],
+        bytes::Bytes::from_static(b"status=held"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(coded.x_cache(), "MISS");
+    assert_eq!(queries(&origin).len(), before + 1);
     let stats = d.stats().await;
     assert_eq!(
         stats["proxy"]["invalidations"], 0,

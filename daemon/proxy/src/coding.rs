@@ -509,6 +509,15 @@ impl DecodeState {
     }
 }
 
+/// Everything `encoder` has ready, as one piece (empty when it has nothing yet).
+pub(crate) fn drain(encoder: &mut Encoder) -> Result<Bytes, CodecError> {
+    let mut out = Vec::new();
+    while let Some(piece) = encoder.piece()? {
+        out.extend_from_slice(&piece);
+    }
+    Ok(Bytes::from(out))
+}
+
 /// What a fill does to the body it streams.
 pub enum FillCoding {
     /// Nothing: sent and stored as the origin sent it.

@@ -129,21 +129,17 @@ fn compressed(body: Body, encoder: Encoder) -> Body {
                         true
                     }
                 };
-                let mut out = Vec::new();
-                loop {
-                    match e.piece() {
-                        Ok(Some(piece)) => out.extend_from_slice(&piece),
-                        Ok(None) => break,
-                        Err(err) => return Some((Err(BoxError::from(err)), (body, None))),
-                    }
-                }
+                let out = match crate::coding::drain(e) {
+                    Ok(out) => out,
+                    Err(err) => return Some((Err(BoxError::from(err)), (body, None))),
+                };
                 if ended {
                     encoder = None;
                 }
                 if out.is_empty() && encoder.is_some() {
                     continue;
                 }
-                return Some((Ok(Frame::data(Bytes::from(out))), (body, encoder)));
+                return Some((Ok(Frame::data(out)), (body, encoder)));
             }
         },
     );

@@ -184,7 +184,8 @@ fn keyed_body(parts: &Parts, rule_cap: Option<u64>, query_cap: u64) -> Option<u6
 }
 
 /// Keys a POST or a QUERY by its `body` (read whole, within the cap): the digest goes into the head as a
-/// field the variant is made of (with `Content-Type`), and the body into what every fill sends.
+/// field the variant is made of (with `Content-Type` and `Content-Encoding`), and the body into what every
+/// fill sends.
 ///
 /// Sharing one client's answer with every client that sends the same body loosens caching, so the digest
 /// must be one nobody can collide: SHA-256. A fast non-cryptographic hash (xxh3 with its public secret)
@@ -199,9 +200,12 @@ pub(crate) fn key_body(parts: &mut Parts, decided: &mut Decided, body: Bytes) {
     let value = HeaderValue::from_str(&hex).expect("hex is a field value");
     parts.headers.insert(BODY_DIGEST, value);
     decided.key.push(BODY_DIGEST);
-    // The same bytes read as another media type are another query (RFC 10008 §2.2).
-    if !decided.key.contains(&header::CONTENT_TYPE) {
-        decided.key.push(header::CONTENT_TYPE);
+    // The same bytes read as another media type, or in another coding, are another query (RFC 10008
+    // §2.2): the origin reads them with these fields, so the key does too.
+    for field in [header::CONTENT_TYPE, header::CONTENT_ENCODING] {
+        if !decided.key.contains(&field) {
+            decided.key.push(field);
+        }
     }
     decided.body = Some(body);
 }

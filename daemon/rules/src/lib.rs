@@ -76,6 +76,8 @@ pub struct Rules {
     matched: Box<[Box<[AtomicU64]>]>,
     /// A rule shows hit counts (asked on every request).
     counts_hits: bool,
+    /// Some rule turns Edge Side Includes on (`esi = true`).
+    turns_on_esi: bool,
     /// What the rules that edit prepared heads are (a digest of how they are written): a head prepared
     /// under other ones is not theirs to skip, and one prepared before a reload that kept them still is.
     id: u64,
@@ -378,6 +380,7 @@ impl Rules {
                 })
                 .collect(),
             counts_hits: compiled.iter().any(|r| r.actions.debug_headers),
+            turns_on_esi: compiled.iter().any(|r| r.actions.adjust.esi == Some(true)),
             reads_outcome: compiled.iter().any(Compiled::reads_outcome),
             rules: compiled,
             by_phase,
@@ -387,6 +390,11 @@ impl Rules {
     /// Whether any rule acts in `phase`: the data path skips a phase without rules.
     pub fn has(&self, phase: Phase) -> bool {
         !self.by_phase[slot(phase)].is_empty()
+    }
+
+    /// Whether a rule turns Edge Side Includes on: a passed page may then be assembled.
+    pub fn turns_on_esi(&self) -> bool {
+        self.turns_on_esi
     }
 
     /// Whether a rule shows hit counts, which the data path then counts.

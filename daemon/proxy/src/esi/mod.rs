@@ -436,14 +436,7 @@ impl Assembly {
 
 /// Everything the compressor has ready.
 fn drain(encoder: &mut Encoder) -> Result<Bytes, Cut> {
-    let mut out = Vec::new();
-    while let Some(piece) = encoder
-        .piece()
-        .map_err(|e| Cut(format!("compressing the page failed: {e}")))?
-    {
-        out.extend_from_slice(&piece);
-    }
-    Ok(Bytes::from(out))
+    crate::coding::drain(encoder).map_err(|e| Cut(format!("compressing the page failed: {e}")))
 }
 
 /// The template's next segment, reading its body as needed; `None` at its end.

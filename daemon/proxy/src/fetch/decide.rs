@@ -284,12 +284,14 @@ pub(super) fn decide<S: CacheStore>(
         policy.compression.as_ref().map(|n| &n.settings),
         head.status,
         &mut head.headers,
+        // A page parsed for ESI is never compressed as stored: it is compressed as it is assembled.
         (
             writer.is_some(),
-            adjust
-                .compress
-                .filter(|_| esi.is_none())
-                .or(esi.as_ref().map(|_| false)),
+            if esi.is_some() {
+                Some(false)
+            } else {
+                adjust.compress
+            },
         ),
         max_object_size,
     );

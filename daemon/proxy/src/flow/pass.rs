@@ -37,7 +37,7 @@ pub(super) async fn pass<S: CacheStore>(
         },
     };
     // The head stays for the deliver rules, and for the fragments of a page that may be assembled.
-    let may_assemble = txn.route.esi || worker.shared.live.load().rules.has(Phase::BackendResponse);
+    let may_assemble = txn.route.esi || worker.shared.live.load().rules.turns_on_esi();
     let parts = if txn.delivers || may_assemble {
         Parts::clone(txn.head())
     } else {
