@@ -144,10 +144,13 @@ impl Haproxy {
             child: Some(child),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(addr).is_err() {
+        // Its stats socket too: haproxy may open the listener before it, and a test asks it at once.
+        while std::net::TcpStream::connect(addr).is_err()
+            || UnixStream::connect(proxy.socket()).is_err()
+        {
             assert!(
                 Instant::now() < deadline,
-                "haproxy did not listen on {addr}: {}",
+                "haproxy did not listen on {addr} and its stats socket: {}",
                 proxy.log()
             );
             std::thread::sleep(Duration::from_millis(20));
