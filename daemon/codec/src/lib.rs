@@ -5,6 +5,10 @@
 
 #![warn(missing_docs)]
 
+use brotli::enc::{
+    encode::{BrotliEncoderOperation, BrotliEncoderStateStruct},
+    StandardAlloc,
+};
 use bytes::{Buf, Bytes};
 use compression_codecs::{
     brotli::params::EncoderParams,
@@ -16,7 +20,7 @@ use compression_codecs::{
     BrotliDecoder, BrotliEncoder, DecodeV2, EncodeV2, GzipDecoder, GzipEncoder, ZstdDecoder,
     ZstdEncoder,
 };
-pub use lacquer_config::Coding;
+pub use lacquer_config::{Coding, DictionaryCoding};
 
 /// Largest piece of output one call to `piece` returns: small enough that the first bytes of a decoded
 /// body leave early, large enough that a frame's overhead stays small.
@@ -82,8 +86,11 @@ pub enum CodecError {
 
 /// Compresses a body fed piece by piece.
 pub struct Encoder {
-    coding: Coding,
+    /// The `Content-Encoding` token produced.
+    token: &'static str,
     codec: Box<dyn EncodeV2 + Send>,
+    /// Bytes sent before the codec's output: a dictionary coding's magic number and dictionary hash.
+    prefix: Option<Bytes>,
     input: Bytes,
     ending: bool,
     done: bool,
@@ -113,9 +120,14 @@ impl Encoder {
                 &[CParameter::window_log(ENCODER_WINDOW_LOG)],
             )),
         };
+        Self::of(coding.token(), codec, None)
+    }
+
+    fn of(token: &'static str, codec: Box<dyn EncodeV2 + Send>, prefix: Option<Bytes>) -> Self {
         Self {
-            coding,
+            token,
             codec,
+            prefix,
             input: Bytes::new(),
             ending: false,
             done: false,
@@ -126,9 +138,40 @@ impl Encoder {
         }
     }
 
-    /// The coding produced.
-    pub fn coding(&self) -> Coding {
-        self.coding
+    /// An encoder for `coding` against `dictionary`, whose SHA-256 is `hash` (RFC 9842 §4): the raw
+    /// dictionary is what the stream's first bytes may refer back into, and the stream starts with the
+    /// coding's magic number and the hash, so that a client never decodes it against another dictionary.
+    /// `level` as for [`Encoder::new`] (brotli at 9 at least). A dictionary over [`MAX_DICTIONARY`] is
+    /// refused.
+    pub fn with_dictionary(
+        coding: DictionaryCoding,
+        level: u32,
+        dictionary: &[u8],
+        hash: &[u8; 32],
+    ) -> Result<Self, CodecError> {
+        let token = coding.token();
+        if dictionary.len() > MAX_DICTIONARY {
+            return Err(CodecError::Encode {
+                coding: token,
+                source: std::io::Error::other("the dictionary is larger than 8 MiB"),
+            });
+        }
+        let codec: Box<dyn EncodeV2 + Send> = match coding {
+            DictionaryCoding::Dcb => Box::new(BrotliWithDictionary::new(level, dictionary)),
+            // Levels up to 19 keep zstd's window within the 8 MiB RFC 9842 §5 allows; a raw dictionary
+            // (one without zstd's own header) is loaded as content, as the RFC's dictionaries are.
+            DictionaryCoding::Dcz => Box::new(
+                ZstdEncoder::new_with_dict(level.min(19) as i32, dictionary).map_err(|source| {
+                    CodecError::Encode {
+                        coding: token,
+                        source,
+                    }
+                })?,
+            ),
+        };
+        let mut prefix = magic(coding).to_vec();
+        prefix.extend_from_slice(hash);
+        Ok(Self::of(token, codec, Some(Bytes::from(prefix))))
     }
 
     /// Queues `data`; take the output with [`Encoder::piece`] until it returns `None` before feeding more.
@@ -152,9 +195,13 @@ impl Encoder {
     /// The next piece of output, `None` when everything fed so far has been consumed (or, after
     /// [`Encoder::end`], when the stream is complete).
     pub fn piece(&mut self) -> Result<Option<Bytes>, CodecError> {
+        if let Some(prefix) = self.prefix.take() {
+            self.produced += prefix.len() as u64;
+            return Ok(Some(prefix));
+        }
         let mut out = vec![0u8; PIECE];
         let mut buf = WriteBuffer::new_initialized(&mut out);
-        let coding = self.coding.token();
+        let coding = self.token;
         let fail = |source| CodecError::Encode { coding, source };
         while !buf.has_no_spare_space() {
             let written = buf.written_len();
@@ -199,6 +246,94 @@ impl Encoder {
     /// How many bytes had been fed when output last came out.
     pub fn consumed_at_output(&self) -> u64 {
         self.consumed_at_output
+    }
+}
+
+/// The largest dictionary [`Encoder::with_dictionary`] takes: half of brotli's largest window (16 MiB, all
+/// that `dcb` allows), so that the body compressed after it is seen whole as well.
+pub const MAX_DICTIONARY: usize = 8 << 20;
+
+/// The bytes a stream in `coding` starts with, before the dictionary's SHA-256: `dcb`'s magic number, and
+/// for `dcz` a zstd skippable frame holding the 32 bytes of the hash.
+pub fn magic(coding: DictionaryCoding) -> &'static [u8] {
+    match coding {
+        DictionaryCoding::Dcb => &[0xff, 0x44, 0x43, 0x42],
+        DictionaryCoding::Dcz => &[0x5e, 0x2a, 0x4d, 0x18, 0x20, 0x00, 0x00, 0x00],
+    }
+}
+
+/// Brotli with a raw dictionary: `compression-codecs`' brotli encoder takes none, so its state is driven
+/// here as that encoder drives it, the dictionary set first.
+struct BrotliWithDictionary {
+    state: BrotliEncoderStateStruct<StandardAlloc>,
+}
+
+impl BrotliWithDictionary {
+    fn new(level: u32, dictionary: &[u8]) -> Self {
+        let mut state = BrotliEncoderStateStruct::new(StandardAlloc::default());
+        // Below quality 9 this encoder's hashers take a dictionary in a way no decoder reads back (the
+        // stream fails in Chromium and in brotli-decompressor alike): a sibling is made once, so the
+        // slower qualities cost little.
+        state.params.quality = level.clamp(9, 11) as i32;
+        // The window must reach back over the whole dictionary (brotli uses only its last window's
+        // worth): at least lacquerd's usual 1 MiB, at most brotli's 16 MiB.
+        let needed = (dictionary.len() + 16).next_power_of_two().trailing_zeros();
+        state.params.lgwin = needed.clamp(ENCODER_WINDOW_LOG, 24) as i32;
+        state.set_custom_dictionary(dictionary.len(), dictionary);
+        Self { state }
+    }
+
+    fn run(
+        &mut self,
+        input: &mut PartialBuffer<&[u8]>,
+        output: &mut WriteBuffer<'_>,
+        op: BrotliEncoderOperation,
+    ) -> std::io::Result<()> {
+        let in_buf = input.unwritten();
+        let out_buf = output.initialize_unwritten();
+        let (mut taken, mut written) = (0, 0);
+        if !self.state.compress_stream(
+            op,
+            &mut in_buf.len(),
+            in_buf,
+            &mut taken,
+            &mut out_buf.len(),
+            out_buf,
+            &mut written,
+            &mut None,
+            &mut |_, _, _, _| (),
+        ) {
+            return Err(std::io::Error::other("brotli error"));
+        }
+        input.advance(taken);
+        output.advance(written);
+        Ok(())
+    }
+}
+
+impl EncodeV2 for BrotliWithDictionary {
+    fn encode(
+        &mut self,
+        input: &mut PartialBuffer<&[u8]>,
+        output: &mut WriteBuffer<'_>,
+    ) -> std::io::Result<()> {
+        self.run(
+            input,
+            output,
+            BrotliEncoderOperation::BROTLI_OPERATION_PROCESS,
+        )
+    }
+
+    fn flush(&mut self, output: &mut WriteBuffer<'_>) -> std::io::Result<bool> {
+        let op = BrotliEncoderOperation::BROTLI_OPERATION_FLUSH;
+        self.run(&mut PartialBuffer::new(&[][..]), output, op)?;
+        Ok(!self.state.has_more_output())
+    }
+
+    fn finish(&mut self, output: &mut WriteBuffer<'_>) -> std::io::Result<bool> {
+        let op = BrotliEncoderOperation::BROTLI_OPERATION_FINISH;
+        self.run(&mut PartialBuffer::new(&[][..]), output, op)?;
+        Ok(self.state.is_finished())
     }
 }
 

@@ -39,6 +39,32 @@ impl Coding {
     }
 }
 
+/// A content coding against a dictionary the client holds (RFC 9842 §4, §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DictionaryCoding {
+    /// `dcb`: brotli with the dictionary as a raw prefix.
+    Dcb,
+    /// `dcz`: zstd with the dictionary as raw content.
+    Dcz,
+}
+
+impl DictionaryCoding {
+    /// The token in `Content-Encoding` and `Accept-Encoding`.
+    pub fn token(self) -> &'static str {
+        match self {
+            DictionaryCoding::Dcb => "dcb",
+            DictionaryCoding::Dcz => "dcz",
+        }
+    }
+
+    /// The coding `token` names, in any letter case.
+    pub fn from_token(token: &str) -> Option<Self> {
+        [DictionaryCoding::Dcb, DictionaryCoding::Dcz]
+            .into_iter()
+            .find(|c| token.eq_ignore_ascii_case(c.token()))
+    }
+}
+
 /// `[compression]`: like Varnish's `http_gzip_support` and NGINX's `gzip`/`gunzip`. `Accept-Encoding` is
 /// negotiated by lacquerd instead of being a variant per client string: the origin is asked once for a
 /// compressed body, text it sends uncompressed is compressed once when stored, and every client gets the
@@ -91,6 +117,18 @@ pub struct Compression {
     /// the way out, as the first one was (`representations_deferred`). 0: none is made, every such client
     /// is converted for. Default: 4.
     pub conversions: u32,
+    /// Compression dictionaries (RFC 9842). A stored response with `Use-As-Dictionary` is kept as a
+    /// dictionary, known by the SHA-256 of its bytes; a client that holds it (`Available-Dictionary`, and
+    /// `dcz` or `dcb` in `Accept-Encoding`) is sent later responses of the same host compressed against it,
+    /// each made once from the stored body (as `conversions` makes the others) and kept beside it. A client
+    /// whose dictionary is not held gets the ordinary codings. Default: true.
+    pub dictionaries: bool,
+    /// Memory the dictionaries held may take together; past it the least recently used is let go (its
+    /// clients get the ordinary codings until its URL is served again). Default: 32 MiB.
+    pub dictionary_memory: ByteSize,
+    /// A larger `Use-As-Dictionary` response is not kept as a dictionary. At most 8 MiB (half of the
+    /// largest brotli window, which `dcb` allows). Default: 4 MiB.
+    pub max_dictionary_size: ByteSize,
 }
 
 impl Default for Compression {
@@ -130,6 +168,9 @@ impl Default for Compression {
             range_decode: ByteSize::mib(1),
             max_expansion: 1000,
             conversions: 4,
+            dictionaries: true,
+            dictionary_memory: ByteSize::mib(32),
+            max_dictionary_size: ByteSize::mib(4),
         }
     }
 }
@@ -170,6 +211,15 @@ impl Compression {
         // Below one gzip decoder nothing could ever be decoded.
         if self.decode_memory.as_u64() < 128 * 1024 {
             return bad("decode_memory", "must be at least 128KiB");
+        }
+        if self.max_dictionary_size.as_u64() > 8 << 20 {
+            return bad("max_dictionary_size", "must be at most 8MiB");
+        }
+        if self.max_dictionary_size > self.dictionary_memory {
+            return bad(
+                "max_dictionary_size",
+                "must be at most dictionary_memory, or no dictionary could be held",
+            );
         }
         // Text itself expands up to about 20 times.
         if self.max_expansion < 20 {

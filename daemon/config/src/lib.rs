@@ -20,7 +20,7 @@ mod rules;
 mod upstream;
 
 pub use self::{
-    compression::{Coding, Compression},
+    compression::{Coding, Compression, DictionaryCoding},
     listen::{Certificate, Listen},
     protection::{Deny, Normalize, RateLimit},
     routes::{Cookies, Route, RoutePrefetch},

@@ -12,7 +12,10 @@ use lacquer_backends::body::{self, Body, BoxError};
 use lacquer_codec::{CodecError, Decoder, Encoder};
 use lacquer_policy::{
     cache_control::CacheControl,
-    encoding::{self, Accepts, Coded, Coding, Compression, Delivery, Negotiation},
+    encoding::{
+        self, Accepts, Coded, Coding, Compression, Delivery, DictionaryCoding, Negotiation,
+        AVAILABLE_DICTIONARY, DICTIONARY_ID,
+    },
 };
 
 use crate::{
@@ -40,6 +43,18 @@ pub struct Negotiated {
     /// The request says `no-transform`: it gets the stored coding or the origin's answer, never a
     /// conversion.
     no_transform: bool,
+    /// The dictionary the client holds, when it takes a coding against one.
+    dictionary: Option<DictionaryAsked>,
+}
+
+/// A client's compression dictionary (RFC 9842): its hash, and the codings against it that it takes.
+#[derive(Clone, Copy, Debug)]
+pub struct DictionaryAsked {
+    /// The dictionary's SHA-256 (`Available-Dictionary`).
+    pub hash: [u8; 32],
+    /// The coding to send it in: `dcz` when the client takes it (zstd decodes faster, and the C library
+    /// makes it), `dcb` when it takes only that.
+    pub coding: DictionaryCoding,
 }
 
 impl Negotiated {
@@ -52,11 +67,29 @@ impl Negotiated {
             .cloned()
             .collect();
         headers.insert(header::ACCEPT_ENCODING, negotiation.accept_encoding.clone());
+        let coding = [DictionaryCoding::Dcz, DictionaryCoding::Dcb]
+            .into_iter()
+            .find(|c| accepts.accepts_dictionary(*c));
+        let dictionary = coding.and_then(|coding| {
+            Some(DictionaryAsked {
+                hash: encoding::available_dictionary(headers)?,
+                coding,
+            })
+        });
+        // They speak of codings the origin is not asked for: it is sent neither, and never varies on them.
+        headers.remove(AVAILABLE_DICTIONARY);
+        headers.remove(DICTIONARY_ID);
         Self {
             accepts,
             original,
             no_transform: CacheControl::from_headers(headers).no_transform,
+            dictionary,
         }
+    }
+
+    /// The dictionary the client holds, when it takes a coding against one.
+    pub fn dictionary(&self) -> Option<DictionaryAsked> {
+        self.dictionary
     }
 
     /// How a response with `headers` reaches this client.

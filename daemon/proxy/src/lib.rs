@@ -6,6 +6,7 @@ pub mod access_log;
 pub mod cluster;
 pub mod coalesce;
 mod coding;
+mod dictionary;
 pub mod error_page;
 mod esi;
 pub mod explain;

@@ -8,7 +8,7 @@ use std::sync::{
 
 use arc_swap::ArcSwapOption;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
-use lacquer_policy::encoding::{self, Coded, Coding};
+use lacquer_policy::encoding::{self, Coded, Coding, DictionaryCoding};
 use lacquer_rules::{Ahead, Rules};
 use lacquer_storage::ObjectMeta;
 
@@ -31,6 +31,8 @@ pub struct Prepared {
     pub coded: Coded,
     /// The decoded length recorded at fill time, for a body stored compressed.
     pub identity_length: Option<u64>,
+    /// A 200 with `Use-As-Dictionary`: a hit offers it as a compression dictionary (read once).
+    pub dictionary: bool,
     /// Times this copy was served, counted only while a rule shows it (`debug_headers`): as Varnish's
     /// `obj.hits`, it starts again when the object is read back into memory.
     pub hits: Hits,
@@ -85,6 +87,8 @@ impl Prepared {
         head.insert(CACHE_STATUS, HeaderValue::from_static("lacquer"));
         append(&mut head, header::VIA, VIA);
         Self {
+            dictionary: meta.status == StatusCode::OK.as_u16()
+                && head.contains_key(encoding::USE_AS_DICTIONARY),
             head,
             coded,
             identity_length,
@@ -134,6 +138,33 @@ impl Prepared {
             head,
             coded: coding.map_or(Coded::Identity, Coded::With),
             identity_length: None,
+            dictionary: false,
+            hits: Hits::default(),
+            delivered: Delivered::default(),
+        }
+    }
+
+    /// The head of a sibling of `variant`'s body compressed against a dictionary, `length` bytes in
+    /// `coding`: as [`Prepared::sibling`], and varying on `Available-Dictionary` as well, so that no cache
+    /// after this one sends it to a client without that dictionary.
+    pub fn dictionary_sibling(variant: &Prepared, coding: DictionaryCoding, length: u64) -> Self {
+        let mut head = variant.head.clone();
+        head.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static(coding.token()),
+        );
+        vary_on_accept_encoding(&mut head);
+        head.append(
+            header::VARY,
+            HeaderValue::from_static("Available-Dictionary"),
+        );
+        weaken_etag(&mut head);
+        head.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        Self {
+            head,
+            coded: Coded::Other,
+            identity_length: None,
+            dictionary: false,
             hits: Hits::default(),
             delivered: Delivered::default(),
         }

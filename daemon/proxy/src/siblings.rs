@@ -10,18 +10,21 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use lacquer_codec::{CodecError, Decoder, Encoder};
+use bytes::Bytes;
+
+use lacquer_codec::{CodecError, Decoder, DictionaryCoding, Encoder};
 use lacquer_policy::encoding::{Coding, Compression};
 
 use crate::{
     coding::{Reserved, EXPANSION_FLOOR, IDENTITY_LENGTH},
+    dictionary::Dictionary,
     stats::{inc, Stats},
     store::Found,
     store::{BodyWriter, CacheStore},
 };
 
-/// A representation to make: the variant body it is made from, in which coding it is stored and which
-/// one is wanted (`None`: identity). Borrowed: most hits that ask find it made or being made, and copy
+/// A representation to make: the variant body it is made from, in which coding it is stored (`None`:
+/// identity) and what is wanted. Borrowed: most hits that ask find it made or being made, and copy
 /// nothing.
 pub(crate) struct Wanted<'a> {
     /// The body's cache key.
@@ -29,17 +32,50 @@ pub(crate) struct Wanted<'a> {
     /// The stored variant.
     pub found: &'a Found,
     /// The coding the body is stored in.
-    pub stored: Coding,
-    /// The coding to make.
-    pub coding: Option<Coding>,
+    pub stored: Option<Coding>,
+    /// What to make.
+    pub made: Made,
 }
 
-/// The representations being made, by variant body (generation) and coding: one at a time for each,
-/// at most `conversions` in all; and those that could not be made, which are not tried again.
+/// What a representation is made as.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Made {
+    /// Another coding (`None`: identity).
+    Coding(Option<Coding>),
+    /// A coding against a dictionary, by its hash.
+    Dictionary(DictionaryCoding, [u8; 32]),
+}
+
+impl Made {
+    /// The coding the representation is kept under: the `Content-Encoding` token, and for a dictionary
+    /// coding the dictionary's hash after a colon (`dcz:…`): one representation per dictionary.
+    pub fn kept_as(&self) -> Option<String> {
+        match self {
+            Made::Coding(coding) => coding.map(|c| c.token().to_owned()),
+            Made::Dictionary(coding, hash) => Some(dictionary_coding(*coding, hash)),
+        }
+    }
+}
+
+/// How a representation compressed against the dictionary with `hash` is kept: `dcz:` and the hash in
+/// hexadecimal.
+pub(crate) fn dictionary_coding(coding: DictionaryCoding, hash: &[u8; 32]) -> String {
+    use std::fmt::Write;
+    let mut kept = String::with_capacity(68);
+    kept.push_str(coding.token());
+    kept.push(':');
+    for b in hash {
+        let _ = write!(kept, "{b:02x}");
+    }
+    kept
+}
+
+/// The representations being made, by variant body (generation) and what is made: one at a time for
+/// each, at most `conversions` in all; and those that could not be made, which are not tried again.
 #[derive(Default)]
 pub struct Making {
-    in_flight: Mutex<HashSet<(u64, Option<Coding>)>>,
-    failed: Mutex<HashSet<(u64, Option<Coding>)>>,
+    in_flight: Mutex<HashSet<(u64, Made)>>,
+    failed: Mutex<HashSet<(u64, Made)>>,
 }
 
 /// Representations remembered as failed: past it the memory starts again (a body that fails again costs
@@ -49,7 +85,7 @@ const FAILED_KEPT: usize = 4096;
 /// A place among the representations being made, given back when the making ends, however it ends.
 struct Slot {
     making: Arc<Making>,
-    what: (u64, Option<Coding>),
+    what: (u64, Made),
 }
 
 impl Drop for Slot {
@@ -64,12 +100,7 @@ impl Drop for Slot {
 
 impl Making {
     /// A slot for making `what`, unless it is being made already or `budget` are being made (counted).
-    fn slot(
-        self: &Arc<Self>,
-        what: (u64, Option<Coding>),
-        budget: u32,
-        stats: &Stats,
-    ) -> Option<Slot> {
+    fn slot(self: &Arc<Self>, what: (u64, Made), budget: u32, stats: &Stats) -> Option<Slot> {
         if self.failed.lock().expect("making mutex").contains(&what) {
             return None;
         }
@@ -81,7 +112,7 @@ impl Making {
             inc(&stats.representations_deferred);
             return None;
         }
-        in_flight.insert(what);
+        in_flight.insert(what.clone());
         Some(Slot {
             making: self.clone(),
             what,
@@ -90,7 +121,7 @@ impl Making {
 
     /// Remembers that `what` could not be made (a body that does not decode, or decodes past the limit):
     /// the clients that need it are served by converting on the way out, without making it again each time.
-    fn failed(&self, what: (u64, Option<Coding>)) {
+    fn failed(&self, what: (u64, Made)) {
         let mut failed = self.failed.lock().expect("making mutex");
         if failed.len() >= FAILED_KEPT {
             failed.clear();
@@ -101,14 +132,15 @@ impl Making {
 
 /// The coding of the representation a client should get of a body stored in `stored` that it does not
 /// take: gzip when it takes gzip and the body is in another coding, identity otherwise.
-pub fn coding_for(stored: Coding, takes_gzip: bool) -> Option<Coding> {
+pub(crate) fn coding_for(stored: Coding, takes_gzip: bool) -> Option<Coding> {
     (takes_gzip && stored != Coding::Gzip).then_some(Coding::Gzip)
 }
 
 /// Starts making `wanted` in the background, unless it is being made or `settings.conversions` are (the
-/// client that asked is served by converting on the way out, either way). `limit` is the largest body the
-/// route stores (`max_object_size`): a representation that would be larger, or whose decoded length was
-/// not recorded when the body was stored, is not made.
+/// client that asked is served by converting on the way out, or in a coding it takes, either way). `limit`
+/// is the largest body the route stores (`max_object_size`): a representation that would be larger, or
+/// of a compressed body whose decoded length was not recorded when it was stored, is not made.
+/// `dictionary` is the dictionary a [`Made::Dictionary`] is made against.
 pub(crate) fn start<S: CacheStore>(
     store: &S,
     making: &Arc<Making>,
@@ -116,16 +148,20 @@ pub(crate) fn start<S: CacheStore>(
     settings: &Compression,
     limit: u64,
     wanted: Wanted<'_>,
+    dictionary: Option<Arc<Dictionary>>,
 ) {
     let meta = wanted.found.meta();
-    let decoded = meta
-        .header(IDENTITY_LENGTH.as_str())
-        .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+    let decoded = match wanted.stored {
+        Some(_) => meta
+            .header(IDENTITY_LENGTH.as_str())
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok()),
+        None => Some(meta.length),
+    };
     if decoded.is_none_or(|len| len > limit) {
         return;
     }
-    let what = (meta.generation, wanted.coding);
-    let Some(slot) = making.slot(what, settings.conversions, stats) else {
+    let what = (meta.generation, wanted.made.clone());
+    let Some(slot) = making.slot(what.clone(), settings.conversions, stats) else {
         return;
     };
     let making = making.clone();
@@ -135,11 +171,16 @@ pub(crate) fn start<S: CacheStore>(
         limit,
         max_expansion: u64::from(settings.max_expansion),
         decode_memory: settings.decode_memory.as_u64(),
-        level: settings.gzip_level,
+        levels: (
+            settings.gzip_level,
+            settings.brotli_level,
+            settings.zstd_level,
+        ),
         key: wanted.key.to_owned(),
         found: wanted.found.clone(),
         stored: wanted.stored,
-        coding: wanted.coding,
+        made: wanted.made,
+        dictionary,
     };
     tokio::spawn(async move {
         let _slot = slot;
@@ -181,11 +222,13 @@ struct Job<S> {
     limit: u64,
     max_expansion: u64,
     decode_memory: u64,
-    level: u32,
+    /// gzip's, brotli's and zstd's levels.
+    levels: (u32, u32, u32),
     key: String,
     found: Found,
-    stored: Coding,
-    coding: Option<Coding>,
+    stored: Option<Coding>,
+    made: Made,
+    dictionary: Option<Arc<Dictionary>>,
 }
 
 /// Output written between two yields of the thread: a large body is converted without holding a worker.
@@ -199,7 +242,8 @@ impl<S: CacheStore> Job<S> {
             key,
             found,
             stored,
-            coding,
+            made,
+            levels: (gzip, brotli, zstd),
             ..
         } = self;
         let meta = found.meta();
@@ -213,22 +257,39 @@ impl<S: CacheStore> Job<S> {
         let mut writer = self.store.writer(key, &meta.variant, self.store.mark())?;
         let first = read(0).await?;
         // Counted with the decoders clients hold: the conversions share `decode_memory` with them.
-        let window = Decoder::memory(*stored, Some(&first));
+        let window = stored.map_or(0, |stored| Decoder::memory(stored, Some(&first)));
         let Some(_reserved) = Reserved::take(&self.stats, window, self.decode_memory) else {
             return Err(NotMade::NoMemory);
         };
-        let mut decoder = Decoder::new(*stored, self.limit)
-            .with_max_expansion(self.max_expansion, EXPANSION_FLOOR);
-        let mut encoder = coding.map(|c| Encoder::new(c, self.level));
+        let decoder = stored.map(|stored| {
+            Decoder::new(stored, self.limit).with_max_expansion(self.max_expansion, EXPANSION_FLOOR)
+        });
+        let mut encoder = match (made, &self.dictionary) {
+            (Made::Coding(coding), _) => coding.map(|c| Encoder::new(c, *gzip)),
+            (Made::Dictionary(coding, hash), Some(dictionary)) => {
+                let level = match coding {
+                    DictionaryCoding::Dcb => *brotli,
+                    DictionaryCoding::Dcz => *zstd,
+                };
+                Some(Encoder::with_dictionary(
+                    *coding,
+                    level,
+                    &dictionary.bytes,
+                    hash,
+                )?)
+            }
+            (Made::Dictionary(..), None) => unreachable!("a dictionary coding is made with one"),
+        };
         let mut since_yield = 0;
         let mut first = Some(first);
+        let mut identity = Identity::new(decoder);
         for index in 0..=meta.chunk_count() {
             match first.take() {
-                Some(data) => decoder.feed(data),
-                None if index < meta.chunk_count() => decoder.feed(read(index).await?),
-                None => decoder.end(),
+                Some(data) => identity.feed(data),
+                None if index < meta.chunk_count() => identity.feed(read(index).await?),
+                None => identity.end(),
             }
-            while let Some(piece) = decoder.piece()? {
+            while let Some(piece) = identity.piece()? {
                 since_yield += piece.len();
                 match &mut encoder {
                     Some(encoder) => {
@@ -251,9 +312,43 @@ impl<S: CacheStore> Job<S> {
                 writer.push(&out).await?;
             }
         }
-        let coding = coding.map(|c| c.token().to_owned());
         Ok(writer
-            .finish_sibling(key.clone(), meta.generation, coding)
+            .finish_sibling(key.clone(), meta.generation, made.kept_as())
             .await?)
+    }
+}
+
+/// A stored body's identity bytes: decoded, or as stored when it is stored uncompressed.
+enum Identity {
+    Decoded(Decoder),
+    AsStored { next: Option<Bytes> },
+}
+
+impl Identity {
+    fn new(decoder: Option<Decoder>) -> Self {
+        match decoder {
+            Some(decoder) => Identity::Decoded(decoder),
+            None => Identity::AsStored { next: None },
+        }
+    }
+
+    fn feed(&mut self, data: Bytes) {
+        match self {
+            Identity::Decoded(decoder) => decoder.feed(data),
+            Identity::AsStored { next } => *next = Some(data),
+        }
+    }
+
+    fn end(&mut self) {
+        if let Identity::Decoded(decoder) = self {
+            decoder.end();
+        }
+    }
+
+    fn piece(&mut self) -> Result<Option<Bytes>, CodecError> {
+        match self {
+            Identity::Decoded(decoder) => decoder.piece(),
+            Identity::AsStored { next } => Ok(next.take()),
+        }
     }
 }

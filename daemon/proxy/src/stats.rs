@@ -123,6 +123,13 @@ counters! {
     representations_evicted,
     representations_deferred,
     representations_failed,
+    dictionaries_held,
+    dictionary_memory,
+    dictionaries_kept,
+    dictionaries_refused,
+    dictionaries_dropped,
+    dictionary_responses,
+    dictionary_bytes_saved,
     slices_fetched,
     slices_served,
     slice_mismatches,
@@ -201,6 +208,11 @@ pub fn inc(counter: &AtomicU64) {
 /// Counts `n`.
 pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Relaxed);
+}
+
+/// Takes `n` off a gauge.
+pub fn sub(counter: &AtomicU64, n: u64) {
+    counter.fetch_sub(n, Relaxed);
 }
 
 /// Takes one off a gauge.

@@ -15,6 +15,7 @@ use crate::{
     access_log::AccessLog,
     cluster::{self, Applied, Cluster, InvalidateError, Invalidation},
     coalesce::Coalescer,
+    dictionary::Dictionaries,
     hls::BlockingReloads,
     invalidation::PurgeTarget,
     peer::Peers,
@@ -43,6 +44,8 @@ pub struct Shared<S: CacheStore = Store> {
     pub cluster: Option<Arc<dyn Cluster>>,
     /// The representations being made from stored bodies.
     pub(crate) making: Arc<Making>,
+    /// The compression dictionaries held.
+    pub(crate) dictionaries: Arc<Dictionaries>,
     /// What the routes' `prefetch` has in flight, waiting and listed.
     pub(crate) prefetch: Prefetcher,
     /// LL-HLS blocking reloads at the origin, by playlist.
@@ -68,6 +71,7 @@ impl<S: CacheStore> Shared<S> {
             started: lacquer_clock::monotonic(),
             cluster: None,
             making: Arc::default(),
+            dictionaries: Arc::default(),
             prefetch: Prefetcher::default(),
             blocking: BlockingReloads::default(),
             telemetry: lacquer_telemetry::Telemetry::default(),

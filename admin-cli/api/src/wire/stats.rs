@@ -221,6 +221,22 @@ stats_section! {
         /// Representations started but not kept: the body could not be read or converted, or the store
         /// refused it.
         representations_failed: Counter "lacquer_representations_total" { event = "failed" },
+        /// Compression dictionaries held (`Use-As-Dictionary` responses, `compression.dictionaries`).
+        dictionaries_held: Gauge "lacquer_dictionaries",
+        /// Memory they hold (`compression.dictionary_memory` bounds it).
+        dictionary_memory: Gauge "lacquer_dictionary_memory_bytes",
+        /// `Use-As-Dictionary` responses read and held as dictionaries.
+        dictionaries_kept: Counter "lacquer_dictionary_events_total" { event = "kept" },
+        /// `Use-As-Dictionary` responses not held: larger than `max_dictionary_size`, in a coding that does
+        /// not decode, or whose body could not be read.
+        dictionaries_refused: Counter "lacquer_dictionary_events_total" { event = "refused" },
+        /// Dictionaries let go: past `dictionary_memory`, or their response purged, banned, replaced or
+        /// evicted.
+        dictionaries_dropped: Counter "lacquer_dictionary_events_total" { event = "dropped" },
+        /// Responses sent compressed against a dictionary the client holds (`dcb`, `dcz`).
+        dictionary_responses: Counter "lacquer_dictionary_responses_total",
+        /// Bytes those responses saved against the stored representation the client would have been sent.
+        dictionary_bytes_saved: Counter "lacquer_dictionary_saved_bytes_total",
         /// Slices of objects on a route with `slice` fetched from the origin (aligned range requests), and
         /// the gaps between the stored parts of other objects.
         slices_fetched: Counter "lacquer_slices_total" { source = "origin" },

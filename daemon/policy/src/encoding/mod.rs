@@ -3,9 +3,9 @@
 
 use http::{
     header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE},
-    HeaderMap, HeaderValue, StatusCode,
+    HeaderMap, HeaderName, HeaderValue, StatusCode,
 };
-pub use lacquer_config::{Coding, Compression};
+pub use lacquer_config::{Coding, Compression, DictionaryCoding};
 
 use crate::cache_control::CacheControl;
 
@@ -14,6 +14,9 @@ use crate::cache_control::CacheControl;
 pub struct Accepts {
     /// `br`, `gzip`, `zstd`: the quality the field gives each, when it names it.
     known: [Option<u16>; 3],
+    /// `dcb`, `dcz` (RFC 9842), when named: never implied by `*`, since a client takes them only with a
+    /// dictionary it announces.
+    dictionary: [Option<u16>; 2],
     /// `identity`, when named.
     identity: Option<u16>,
     /// `*`, when named: the quality of every coding not named.
@@ -74,6 +77,8 @@ impl Accepts {
                     &mut accepts.identity
                 } else if let Some(coding) = Coding::from_token(token) {
                     &mut accepts.known[slot(coding)]
+                } else if let Some(coding) = DictionaryCoding::from_token(token) {
+                    &mut accepts.dictionary[coding as usize]
                 } else {
                     continue;
                 };
@@ -101,6 +106,37 @@ impl Accepts {
         }
     }
 }
+
+impl Accepts {
+    /// Whether the field names `coding` with a quality above 0.
+    pub fn accepts_dictionary(&self, coding: DictionaryCoding) -> bool {
+        self.dictionary[coding as usize].is_some_and(|q| q > 0)
+    }
+}
+
+/// The SHA-256 of the dictionary a request says its client holds (`Available-Dictionary`, RFC 9842 §2.2:
+/// a byte sequence of 32 bytes); `None` without one, or when the field is malformed, repeated or of
+/// another length, which makes the request one without a dictionary.
+pub fn available_dictionary(headers: &HeaderMap) -> Option<[u8; 32]> {
+    let mut values = headers.get_all(AVAILABLE_DICTIONARY).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let item: sfv::Item = sfv::Parser::new(value.to_str().ok()?).parse().ok()?;
+    match item.bare_item {
+        sfv::BareItem::ByteSequence(bytes) => bytes.try_into().ok(),
+        _ => None,
+    }
+}
+
+/// `Available-Dictionary` (RFC 9842 §2.2).
+pub const AVAILABLE_DICTIONARY: HeaderName = HeaderName::from_static("available-dictionary");
+
+/// `Dictionary-ID` (RFC 9842 §2.3).
+pub const DICTIONARY_ID: HeaderName = HeaderName::from_static("dictionary-id");
+
+/// `Use-As-Dictionary` (RFC 9842 §2.1).
+pub const USE_AS_DICTIONARY: HeaderName = HeaderName::from_static("use-as-dictionary");
 
 /// How a response body is coded, from its `Content-Encoding`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -268,3 +268,56 @@ fn the_origin_is_asked_for_every_configured_coding() {
     };
     assert_eq!(origin_accept_encoding(&three), "br, zstd;q=0.9, gzip;q=0.8");
 }
+
+#[test]
+fn what_real_fields_say_of_dictionaries() {
+    // Chromium 156 with a dictionary for the URL (captured), then variations.
+    let chromium = test_headers(&[
+        ("accept-encoding", "gzip, deflate, br, zstd, dcb, dcz"),
+        (
+            "available-dictionary",
+            ":gt9yVRbR2aRfZXFEuDdv7LT9O+WsPPV5cY0qHxHTqBw=:",
+        ),
+    ]);
+    let a = Accepts::from_headers(&chromium);
+    assert!(
+        a.accepts_dictionary(DictionaryCoding::Dcb) && a.accepts_dictionary(DictionaryCoding::Dcz)
+    );
+    let hash = available_dictionary(&chromium).expect("a hash");
+    assert_eq!(&hash[..4], &[0x82, 0xdf, 0x72, 0x55]);
+    for (ae, dcb, dcz) in [
+        ("gzip, deflate, br, zstd", false, false),
+        ("*", false, false),
+        ("dcz;q=0, dcb", true, false),
+        ("DCZ;q=0.5", false, true),
+        ("dcb;q=abc", false, false),
+    ] {
+        let a = accepts(Some(ae));
+        assert_eq!(
+            (
+                a.accepts_dictionary(DictionaryCoding::Dcb),
+                a.accepts_dictionary(DictionaryCoding::Dcz)
+            ),
+            (dcb, dcz),
+            "{ae}"
+        );
+    }
+    for bad in [
+        vec!["gt9yVRbR2aRfZXFEuDdv7LT9O+WsPPV5cY0qHxHTqBw="],
+        vec![":AAEC:"],
+        vec!["\"sha-256\""],
+        vec![
+            ":gt9yVRbR2aRfZXFEuDdv7LT9O+WsPPV5cY0qHxHTqBw=:",
+            ":gt9yVRbR2aRfZXFEuDdv7LT9O+WsPPV5cY0qHxHTqBw=:",
+        ],
+    ] {
+        let lines: Vec<_> = bad.iter().map(|v| ("available-dictionary", *v)).collect();
+        assert_eq!(available_dictionary(&test_headers(&lines)), None, "{bad:?}");
+    }
+    // Parameters on the item are allowed and ignored.
+    let with_param = test_headers(&[(
+        "available-dictionary",
+        ":gt9yVRbR2aRfZXFEuDdv7LT9O+WsPPV5cY0qHxHTqBw=:;x=1",
+    )]);
+    assert_eq!(available_dictionary(&with_param), Some(hash));
+}

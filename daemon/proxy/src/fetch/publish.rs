@@ -4,6 +4,7 @@ use std::{sync::Arc, time::SystemTime};
 
 use http::{header, HeaderMap, StatusCode};
 use lacquer_policy::{
+    encoding::USE_AS_DICTIONARY,
     storable::{NotStored, Storable},
     surrogate, Policy,
 };
@@ -117,11 +118,36 @@ pub(super) async fn publish<S: CacheStore>(
         span.fail("store_error");
     }
     match finished {
-        Ok(()) => Ending::Stored,
+        Ok(()) => {
+            if head.headers.contains_key(USE_AS_DICTIONARY) {
+                offer_dictionary(worker, request, key).await;
+            }
+            Ending::Stored
+        }
         Err(e) if e.is_refusal() => Ending::NotStored(NotStored::StoreRefused),
         Err(e) => {
             tracing::warn!(key, error = %e, "storing failed");
             Ending::NotStored(NotStored::StoreRefused)
+        }
+    }
+}
+
+/// Offers the response just stored under `key` as a compression dictionary (read in the background), so
+/// that the next request for a file it compresses finds it held.
+async fn offer_dictionary<S: CacheStore>(worker: &Arc<Worker<S>>, request: &Fill, key: &str) {
+    let shared = &worker.shared;
+    let Some(negotiation) = &request.route.policy.compression else {
+        return;
+    };
+    if let Ok(Some(set)) = shared.store.lookup(key).await {
+        for meta in &set.variants {
+            shared.dictionaries.offer(
+                &shared.store,
+                &shared.stats,
+                &negotiation.settings,
+                key,
+                meta,
+            );
         }
     }
 }

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use lacquer_policy::encoding::{Coding, Delivery};
+use http::header;
+use lacquer_policy::encoding::{Coded, Coding, Delivery};
 use lacquer_storage::{ChunkRead, ObjectMeta, Tier};
 
 use super::{
@@ -13,13 +14,14 @@ use super::{
 };
 use crate::{
     coalesce::Joined,
-    coding::Conversion,
+    coding::{Conversion, DictionaryAsked},
+    esi::fill::TEMPLATE,
     fetch::Fill,
     prefetch,
     prepared::{self, Prepared},
     respond::{self, Outcome},
-    siblings,
-    stats::inc,
+    siblings::{self, Made},
+    stats::{add, inc},
     store::{CacheStore, Found},
     worker::Worker,
 };
@@ -54,6 +56,23 @@ pub(super) async fn serve_stored<S: CacheStore>(
     let shared = &worker.shared;
     let meta = found.meta();
     let prepared = prepared::prepared(meta);
+    if prepared.dictionary {
+        // Read as a dictionary once (after a restart, or once let go, again when next served).
+        if let Some(negotiation) = &txn.route.policy.compression {
+            shared.dictionaries.offer(
+                &shared.store,
+                &shared.stats,
+                &negotiation.settings,
+                &txn.key,
+                meta,
+            );
+        }
+    }
+    if let Some(asked) = txn.negotiated.as_ref().and_then(|n| n.dictionary()) {
+        if let Some(step) = dictionary(worker, txn, found, &prepared, now, outcome, asked).await {
+            return Some(step);
+        }
+    }
     let delivery = txn.delivery_of(prepared.coded, &prepared.head);
     if delivery == Delivery::Forward {
         inc(&shared.stats.coding_forwarded);
@@ -136,6 +155,131 @@ pub(super) async fn serve_stored<S: CacheStore>(
     Some(txn.made(made, outcome))
 }
 
+/// Serves the client the stored body compressed against the dictionary it holds, when that
+/// representation is made; `None` otherwise (it is then made for the clients after this one, when the
+/// dictionary is held, and this one is served as any other).
+async fn dictionary<S: CacheStore>(
+    worker: &Arc<Worker<S>>,
+    txn: &mut Txn,
+    found: &Found,
+    prepared: &Prepared,
+    now: u64,
+    outcome: Outcome,
+    asked: DictionaryAsked,
+) -> Option<Step> {
+    let shared = &worker.shared;
+    let negotiation = txn.route.policy.compression.as_ref()?;
+    let meta = found.meta();
+    // A range is of the bytes sent: the ordinary representation's, which the client can check against
+    // what it holds. A template is assembled, never sent as stored.
+    if !negotiation.settings.dictionaries
+        || meta.status != 200
+        || meta.length == 0
+        || prepared.coded == Coded::Other
+        || txn.head().headers.contains_key(header::RANGE)
+        || meta.header(TEMPLATE.as_str()).is_some()
+    {
+        return None;
+    }
+    let made = Made::Dictionary(asked.coding, asked.hash);
+    let kept = made.kept_as();
+    if let Some(index) = found.set.sibling(meta.generation, kept.as_deref()) {
+        let body = &found.set.siblings[index].body;
+        match shared.store.open_body(body).await {
+            Ok(Some(first)) => {
+                record_hit(&shared.stats, first.tier);
+                inc(&shared.stats.dictionary_responses);
+                add(
+                    &shared.stats.dictionary_bytes_saved,
+                    meta.length.saturating_sub(body.length),
+                );
+                txn.step("Body", || {
+                    format!(
+                        "stored, {:?} tier, compressed against the client's dictionary ({})",
+                        first.tier,
+                        asked.coding.token()
+                    )
+                });
+                let make =
+                    |m: &ObjectMeta| Prepared::dictionary_sibling(prepared, asked.coding, m.length);
+                let owned;
+                let head = match body.prepared(make) {
+                    Some(head) => head,
+                    None => {
+                        owned = make(body);
+                        &owned
+                    }
+                };
+                let (made, ahead) = respond::stored(
+                    &shared.store,
+                    &found.set,
+                    found.index,
+                    Some(index),
+                    Some(first.data),
+                    now,
+                    outcome,
+                    txn.head(),
+                    head,
+                    &Conversion::None,
+                    &shared.live.load().rules,
+                );
+                txn.ahead = ahead;
+                with_debug(txn, prepared, meta, now);
+                return Some(txn.made(made, outcome));
+            }
+            // Made again below: the new one replaces it.
+            Ok(None) => inc(&shared.stats.representations_evicted),
+            Err(e) => tracing::warn!(key = txn.key, error = %e, "reading a representation failed"),
+        }
+    }
+    if negotiation.settings.conversions == 0 || made_against_dictionaries(found) >= PER_BODY {
+        return None;
+    }
+    let dictionary = shared
+        .dictionaries
+        .get(&shared.store, &shared.stats, &asked.hash, &txn.key)
+        .await?;
+    let stored = match prepared.coded {
+        Coded::With(coding) => Some(coding),
+        _ => None,
+    };
+    siblings::start(
+        &shared.store,
+        &shared.making,
+        &shared.stats,
+        &negotiation.settings,
+        txn.route.policy.cache.max_object_size.as_u64(),
+        siblings::Wanted {
+            key: &txn.key,
+            found,
+            stored,
+            made,
+        },
+        Some(dictionary),
+    );
+    None
+}
+
+/// Representations against dictionaries kept for one body at most: one per version of a file that
+/// clients still hold is a handful; more would let clients with many dictionaries fill the store.
+const PER_BODY: usize = 4;
+
+/// How many representations of `found`'s body against dictionaries are kept.
+fn made_against_dictionaries(found: &Found) -> usize {
+    let generation = found.meta().generation;
+    found
+        .set
+        .siblings
+        .iter()
+        .filter(|s| {
+            s.of == generation
+                && s.coding
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with("dcb:") || c.starts_with("dcz:"))
+        })
+        .count()
+}
+
 /// Counts the hit while a rule shows hit counts (`debug_headers`), and keeps the count and the freshness
 /// left for the deliver phase when that rule may show them to this request.
 fn with_debug(txn: &mut Txn, prepared: &Prepared, meta: &ObjectMeta, now: u64) {
@@ -198,9 +342,10 @@ async fn sibling<S: CacheStore>(
         siblings::Wanted {
             key: &txn.key,
             found,
-            stored: coding,
-            coding: wanted,
+            stored: Some(coding),
+            made: siblings::Made::Coding(wanted),
         },
+        None,
     );
     None
 }

@@ -1,0 +1,270 @@
+//! Compression dictionaries (RFC 9842, `[compression] dictionaries`). A stored response with
+//! `Use-As-Dictionary` is read back once, decoded, and held as a dictionary known by the SHA-256 of its
+//! bytes. A later client that announces it holds that dictionary (`Available-Dictionary`, `dcz` or `dcb` in
+//! `Accept-Encoding`) is sent a stored body of the same host compressed against it: made once from the
+//! stored body as another representation of it ([`crate::siblings`]), so the compression is never paid per
+//! hit, and dropped with that body.
+//!
+//! Using a dictionary loosens nothing that is stored or shared: the body sent is one every client of the
+//! URL is sent, in another coding. What it must not do is let a client learn what it could not fetch
+//! (compressed against a dictionary, a body's back-references show which of its strings the dictionary
+//! holds). So a dictionary is used only for its own host, is taken only from a response stored for every
+//! client (one that varies on no field but `Accept-Encoding`), is keyed by the hash of the bytes held (which
+//! a client cannot forge), and is looked up again before each use: a dictionary purged or banned since is
+//! never used again.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use bytes::{Bytes, BytesMut};
+use lacquer_codec::Decoder;
+use lacquer_policy::encoding::{self, Coded, Compression, USE_AS_DICTIONARY};
+use lacquer_storage::ObjectMeta;
+
+use crate::{
+    coding::IDENTITY_LENGTH,
+    stats::{add, dec, inc, sub, Stats},
+    store::CacheStore,
+};
+
+/// A dictionary held (by the SHA-256 of its bytes): its bytes, decoded, and where they were stored.
+pub(crate) struct Dictionary {
+    /// The bytes, as clients hold them (decoded).
+    pub bytes: Bytes,
+    /// The cache key of the response it was read from, and that body's generation: looked up before each
+    /// use, so that a purge or a ban of that response ends its use.
+    key: String,
+    generation: u64,
+}
+
+impl Dictionary {
+    /// The host part of the key it was read from: it is used for that host's responses only.
+    fn host(&self) -> &str {
+        host_of(&self.key)
+    }
+}
+
+/// The host part of a cache key (`host[:port]/path?query`).
+fn host_of(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(host, _)| host)
+}
+
+/// The dictionaries held, within `dictionary_memory`.
+#[derive(Default)]
+pub struct Dictionaries {
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    /// By hash, with the tick of their last use (least recently used goes first).
+    by_hash: HashMap<[u8; 32], (Arc<Dictionary>, u64)>,
+    /// Stored bodies read or being read as dictionaries, by (key, generation): each is read once (one
+    /// refused, too large or undecodable, is not read again).
+    read: HashMap<(String, u64), Option<[u8; 32]>>,
+    /// Bytes held in `by_hash`.
+    memory: u64,
+    tick: u64,
+}
+
+/// Stored bodies remembered as read: past it the memory starts again (each is then read once more).
+const READ_KEPT: usize = 4096;
+
+impl Held {
+    /// Lets go of the dictionary with `hash`, and forgets that its body was read (served again, it is read
+    /// again).
+    fn drop_hash(&mut self, hash: &[u8; 32], stats: &Stats) {
+        if let Some((dictionary, _)) = self.by_hash.remove(hash) {
+            self.memory -= dictionary.bytes.len() as u64;
+            self.read
+                .remove(&(dictionary.key.clone(), dictionary.generation));
+            dec(&stats.dictionaries_held);
+            sub(&stats.dictionary_memory, dictionary.bytes.len() as u64);
+            inc(&stats.dictionaries_dropped);
+        }
+    }
+}
+
+impl Dictionaries {
+    /// Reads `meta`'s body (stored under `key`) as a dictionary in the background, if its response says
+    /// `Use-As-Dictionary`, it may serve as one (see the module's comment) and it was not read before.
+    pub(crate) fn offer<S: CacheStore>(
+        self: &Arc<Self>,
+        store: &S,
+        stats: &Arc<Stats>,
+        settings: &Compression,
+        key: &str,
+        meta: &ObjectMeta,
+    ) {
+        if !settings.dictionaries
+            || meta.status != 200
+            || meta.header(USE_AS_DICTIONARY.as_str()).is_none()
+            || !meta
+                .variant
+                .iter()
+                .all(|(name, _)| name.eq_ignore_ascii_case("accept-encoding"))
+        {
+            return;
+        }
+        let max = settings.max_dictionary_size.as_u64();
+        let identity = meta
+            .header(IDENTITY_LENGTH.as_str())
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+            .unwrap_or(meta.length);
+        {
+            let mut held = self.held.lock().expect("dictionaries mutex");
+            if held.read.contains_key(&(key.to_owned(), meta.generation)) {
+                return;
+            }
+            if held.read.len() >= READ_KEPT {
+                held.read.clear();
+            }
+            held.read.insert((key.to_owned(), meta.generation), None);
+        }
+        if identity > max || meta.length == 0 {
+            inc(&stats.dictionaries_refused);
+            return;
+        }
+        let coded = encoding::coded(&meta.header_map(0));
+        let this = self.clone();
+        let store = store.clone();
+        let stats = stats.clone();
+        let budget = settings.dictionary_memory.as_u64();
+        let key = key.to_owned();
+        let meta = meta.clone();
+        tokio::spawn(async move {
+            match read(&store, &meta, coded, max).await {
+                Some(bytes) => this.hold(&stats, budget, key, meta.generation, bytes),
+                None => {
+                    inc(&stats.dictionaries_refused);
+                    tracing::debug!(
+                        key,
+                        "a Use-As-Dictionary response was not kept as a dictionary"
+                    );
+                }
+            }
+        });
+    }
+
+    /// Holds `bytes`, read from `key`'s body `generation`, letting go of the least recently used past
+    /// `budget`.
+    fn hold(&self, stats: &Stats, budget: u64, key: String, generation: u64, bytes: Bytes) {
+        let hash: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, &bytes)
+            .as_ref()
+            .try_into()
+            .expect("SHA-256 is 32 bytes");
+        let len = bytes.len() as u64;
+        let mut held = self.held.lock().expect("dictionaries mutex");
+        if let Some(slot) = held.read.get_mut(&(key.clone(), generation)) {
+            *slot = Some(hash);
+        }
+        // The same bytes from another URL or generation: one copy is enough.
+        if held.by_hash.contains_key(&hash) {
+            return;
+        }
+        while held.memory + len > budget {
+            let Some(oldest) = held
+                .by_hash
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(hash, _)| *hash)
+            else {
+                break;
+            };
+            held.drop_hash(&oldest, stats);
+        }
+        held.tick += 1;
+        let tick = held.tick;
+        held.memory += len;
+        held.by_hash.insert(
+            hash,
+            (
+                Arc::new(Dictionary {
+                    bytes,
+                    key,
+                    generation,
+                }),
+                tick,
+            ),
+        );
+        inc(&stats.dictionaries_held);
+        add(&stats.dictionary_memory, len);
+        inc(&stats.dictionaries_kept);
+    }
+
+    /// The dictionary with `hash`, for a response stored under `key`: `None` when none is held, when it
+    /// is another host's, or when the response it was read from is no longer stored (purged, banned,
+    /// replaced or evicted: it is let go).
+    pub(crate) async fn get<S: CacheStore>(
+        &self,
+        store: &S,
+        stats: &Stats,
+        hash: &[u8; 32],
+        key: &str,
+    ) -> Option<Arc<Dictionary>> {
+        let dictionary = {
+            let mut held = self.held.lock().expect("dictionaries mutex");
+            held.tick += 1;
+            let tick = held.tick;
+            let (dictionary, used) = held.by_hash.get_mut(hash)?;
+            if dictionary.host() != host_of(key) {
+                return None;
+            }
+            *used = tick;
+            dictionary.clone()
+        };
+        let stored = match store.lookup(&dictionary.key).await {
+            Ok(Some(set)) => set
+                .variants
+                .iter()
+                .any(|v| v.generation == dictionary.generation),
+            Ok(None) => false,
+            // Not proven stored: not used this time, kept for the next.
+            Err(_) => return None,
+        };
+        if !stored {
+            self.held
+                .lock()
+                .expect("dictionaries mutex")
+                .drop_hash(hash, stats);
+            return None;
+        }
+        Some(dictionary)
+    }
+}
+
+/// `meta`'s body, decoded from `coded`, when it is at most `max` bytes and reads whole.
+async fn read<S: CacheStore>(
+    store: &S,
+    meta: &ObjectMeta,
+    coded: Coded,
+    max: u64,
+) -> Option<Bytes> {
+    let mut decoder = match coded {
+        Coded::Identity => None,
+        Coded::With(coding) => Some(Decoder::new(coding, max)),
+        Coded::Other => return None,
+    };
+    let mut out = BytesMut::new();
+    for index in 0..meta.chunk_count() {
+        let chunk = store.read_chunk(meta, index).await.ok()??.data;
+        match &mut decoder {
+            Some(decoder) => {
+                decoder.feed(chunk);
+                while let Some(piece) = decoder.piece().ok()? {
+                    out.extend_from_slice(&piece);
+                }
+            }
+            None => out.extend_from_slice(&chunk),
+        }
+    }
+    if let Some(decoder) = &mut decoder {
+        decoder.end();
+        while let Some(piece) = decoder.piece().ok()? {
+            out.extend_from_slice(&piece);
+        }
+    }
+    (out.len() as u64 <= max).then(|| out.freeze())
+}

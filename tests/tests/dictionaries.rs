@@ -1,0 +1,263 @@
+//! Compression dictionaries (RFC 9842) through the real daemon: a `Use-As-Dictionary` response held as a
+//! dictionary, later versions of the file sent compressed against it (`dcz`, `dcb`) to clients that hold it,
+//! made once and kept beside the stored body; checked with independent decoders and with Chromium, and
+//! with what the origin saw.
+
+use std::time::Duration;
+
+use base64::Engine;
+use http::Method;
+use lacquer_tests::{eventually, request, Daemon, Origin, Reply};
+
+/// Version `n` of a script: most of it the same from one version to the next, as a bundle's is.
+fn script(n: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in 0..3000 {
+        let line = if i % 500 == 7 {
+            format!(
+                "export function changed{i}() {{ return {}; }}\n",
+                n * 1000 + i
+            )
+        } else {
+            format!(
+                "export function f{i}(a, b) {{ return a * {i} + b - {}; }}\n",
+                i % 13
+            )
+        };
+        out.extend_from_slice(line.as_bytes());
+    }
+    out
+}
+
+fn sha256(bytes: &[u8]) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .to_vec()
+}
+
+/// `Available-Dictionary` for `dictionary`: its SHA-256 as a structured byte sequence.
+fn available(dictionary: &[u8]) -> String {
+    format!(
+        ":{}:",
+        base64::engine::general_purpose::STANDARD.encode(sha256(dictionary))
+    )
+}
+
+/// The body of a `dcz` or `dcb` response, decoded against `dictionary` by decoders lacquerd does not use
+/// to encode; the hash the stream names is checked too.
+fn decode(reply: &lacquer_tests::client::Reply, dictionary: &[u8]) -> Vec<u8> {
+    let body = &reply.body[..];
+    let (magic, rest): (&[u8], _) = match reply.header("content-encoding") {
+        "dcz" => (&[0x5e, 0x2a, 0x4d, 0x18, 0x20, 0, 0, 0], &body[8..]),
+        "dcb" => (&[0xff, 0x44, 0x43, 0x42], &body[4..]),
+        other => panic!("not a dictionary coding: {other:?}"),
+    };
+    assert_eq!(&body[..magic.len()], magic);
+    assert_eq!(
+        &rest[..32],
+        &sha256(dictionary)[..],
+        "the stream names its dictionary"
+    );
+    let mut out = Vec::new();
+    if reply.header("content-encoding") == "dcz" {
+        let mut r = zstd::stream::read::Decoder::with_dictionary(&rest[32..], dictionary).unwrap();
+        std::io::Read::read_to_end(&mut r, &mut out).unwrap();
+    } else {
+        let mut r = brotli::Decompressor::new_with_custom_dict(
+            &rest[32..],
+            4096,
+            dictionary.to_vec().into(),
+        );
+        std::io::Read::read_to_end(&mut r, &mut out).unwrap();
+    }
+    out
+}
+
+fn gunzip(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(body), &mut out).unwrap();
+    out
+}
+
+async fn get(d: &Daemon, path: &str, headers: &[(&str, &str)]) -> lacquer_tests::client::Reply {
+    request(d.addr, Method::GET, path, headers, Default::default())
+        .await
+        .unwrap()
+}
+
+async fn scripts_origin() -> Origin {
+    Origin::start(|seen| {
+        let version: usize = seen
+            .path
+            .trim_start_matches("/js/app.v")
+            .trim_end_matches(".js")
+            .parse()
+            .unwrap_or(0);
+        let reply = Reply::ok(script(version))
+            .header("content-type", "application/javascript")
+            .header("cache-control", "max-age=600");
+        // Each version is the dictionary for the next, as a site that ships them does.
+        reply.header("use-as-dictionary", "match=\"/js/app.v*.js\"")
+    })
+    .await
+}
+
+const CHROME: &str = "gzip, deflate, br, zstd, dcb, dcz";
+
+/// Asks for `path` holding `dictionary` until the representation against it is made and sent.
+async fn until_compressed_against(
+    d: &Daemon,
+    path: &str,
+    accept_encoding: &str,
+    dictionary: &[u8],
+) -> lacquer_tests::client::Reply {
+    let have = available(dictionary);
+    eventually(Duration::from_secs(10), || async {
+        let r = get(
+            d,
+            path,
+            &[
+                ("accept-encoding", accept_encoding),
+                ("available-dictionary", &have),
+            ],
+        )
+        .await;
+        r.header("content-encoding").starts_with("dc").then_some(r)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_holding_a_version_gets_the_next_compressed_against_it() {
+    let origin = scripts_origin().await;
+    let d = Daemon::start(origin.addr, &[]);
+    let (v1, v2) = (script(1), script(2));
+
+    // The first version: an ordinary response (gzip'd once when stored), and held as a dictionary.
+    let r = get(&d, "/js/app.v1.js", &[("accept-encoding", "gzip, br")]).await;
+    assert_eq!(r.header("content-encoding"), "gzip");
+    assert_eq!(gunzip(&r.body), v1);
+    assert_eq!(r.header("use-as-dictionary"), "match=\"/js/app.v*.js\"");
+    d.wait_for_stats("the dictionary held", |s| {
+        s["proxy"]["dictionaries_held"].as_u64() == Some(1)
+    })
+    .await;
+
+    // A client that holds it: the first answer is the ordinary one while the representation against it
+    // is made from the stored body; then every such client is sent that.
+    let r = get(
+        &d,
+        "/js/app.v2.js",
+        &[
+            ("accept-encoding", CHROME),
+            ("available-dictionary", &available(&v1)),
+        ],
+    )
+    .await;
+    assert_eq!(r.header("content-encoding"), "gzip");
+    let r = until_compressed_against(&d, "/js/app.v2.js", CHROME, &v1).await;
+    assert_eq!(r.header("content-encoding"), "dcz");
+    assert_eq!(decode(&r, &v1), v2);
+    let vary: Vec<_> = r
+        .headers
+        .get_all("vary")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    let vary = vary.join(", ").to_ascii_lowercase();
+    assert!(
+        vary.contains("accept-encoding") && vary.contains("available-dictionary"),
+        "{vary}"
+    );
+    assert!(r.header("etag").is_empty() || r.header("etag").starts_with("W/"));
+    assert_eq!(r.header("content-length"), r.body.len().to_string());
+    let gzip_len = {
+        let g = get(&d, "/js/app.v2.js", &[("accept-encoding", "gzip")]).await;
+        assert_eq!(g.header("content-encoding"), "gzip");
+        g.body.len()
+    };
+    println!(
+        "v2: {} bytes, {gzip_len} gzip'd, {} against v1 (dcz)",
+        v2.len(),
+        r.body.len()
+    );
+    assert!(
+        r.body.len() * 20 < gzip_len,
+        "{} vs {gzip_len}",
+        r.body.len()
+    );
+
+    // Only `dcb` taken: brotli against the dictionary, made once too.
+    let r = until_compressed_against(&d, "/js/app.v2.js", "gzip, br, dcb", &v1).await;
+    assert_eq!(r.header("content-encoding"), "dcb");
+    assert_eq!(decode(&r, &v1), v2);
+
+    // A dictionary not held, or announced without a coding that uses it, changes nothing.
+    for headers in [
+        vec![
+            ("accept-encoding", CHROME),
+            (
+                "available-dictionary",
+                ":AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=:",
+            ),
+        ],
+        vec![
+            ("accept-encoding", "gzip, br"),
+            ("available-dictionary", &*available(&v1)),
+        ],
+        vec![
+            ("accept-encoding", CHROME),
+            ("available-dictionary", "not a byte sequence"),
+        ],
+    ] {
+        let r = get(&d, "/js/app.v2.js", &headers).await;
+        assert_eq!(r.header("content-encoding"), "gzip", "{headers:?}");
+        assert_eq!(gunzip(&r.body), v2);
+    }
+    // Nor is it used for another host's files, though the path is the same.
+    let other_host = [
+        ("host", "other.test"),
+        ("accept-encoding", CHROME),
+        ("available-dictionary", &*available(&v1)),
+    ];
+    for _ in 0..3 {
+        let r = get(&d, "/js/app.v2.js", &other_host).await;
+        assert_eq!(r.header("content-encoding"), "gzip");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The origin was asked once per file and host: the representations are made from stored bodies, and
+    // it never saw the dictionary fields.
+    assert_eq!(origin.count("/js/app.v1.js"), 1);
+    assert_eq!(origin.count("/js/app.v2.js"), 2);
+    assert!(origin
+        .seen()
+        .iter()
+        .all(|s| !s.headers.contains_key("available-dictionary")));
+    let stats = d.stats().await;
+    assert!(stats["proxy"]["dictionary_responses"].as_u64() >= Some(2));
+    assert!(stats["proxy"]["dictionary_bytes_saved"].as_u64() > Some(0));
+
+    // Purged, the dictionary is never used again: a newer version is not compressed against it.
+    let r = d
+        .admin_post(
+            "/v1/purge",
+            serde_json::json!({ "url": format!("http://{}/js/app.v1.js", d.addr) }),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v3_asked = [
+        ("accept-encoding", CHROME),
+        ("available-dictionary", &*available(&v1)),
+    ];
+    for _ in 0..5 {
+        let r = get(&d, "/js/app.v3.js", &v3_asked).await;
+        assert_eq!(r.header("content-encoding"), "gzip");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = d.stats().await;
+    assert_eq!(stats["proxy"]["dictionaries_dropped"].as_u64(), Some(1));
+    // What was made against it before stays right: it lives and dies with the body it was made from.
+    let r = get(&d, "/js/app.v2.js", &v3_asked).await;
+    assert_eq!(r.header("content-encoding"), "dcz");
+    assert_eq!(decode(&r, &v1), v2);
+}
