@@ -85,8 +85,31 @@ async fn get(d: &Daemon, path: &str, headers: &[(&str, &str)]) -> lacquer_tests:
         .unwrap()
 }
 
+/// A page that fetches version 1 (which Chromium keeps as a dictionary), then version 2, and shows the
+/// length and SHA-256 of what it decoded.
+const PAGE: &str = r#"<html><body><script>
+async function go() {
+  await (await fetch('/js/app.v1.js')).text();
+  await new Promise(r => setTimeout(r, 1000));
+  const text = await (await fetch('/js/app.v2.js')).text();
+  const hash = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(text));
+  const hex = Array.from(new Uint8Array(hash)).map(b => b.toString(16).padStart(2, '0')).join('');
+  document.body.setAttribute('data-decoded', text.length + ':' + hex);
+}
+go().catch(e => document.body.setAttribute('data-decoded', 'error: ' + e));
+</script></body></html>"#;
+
 async fn scripts_origin() -> Origin {
     Origin::start(|seen| {
+        if seen.path == "/" {
+            return Reply::ok(PAGE)
+                .header("content-type", "text/html")
+                .header("cache-control", "no-store");
+        }
+        if !seen.path.starts_with("/js/") {
+            // Chromium asks for /favicon.ico: had it a dictionary, Chromium would prefer the newer one.
+            return Reply::ok("").status(404);
+        }
         let version: usize = seen
             .path
             .trim_start_matches("/js/app.v")
@@ -260,4 +283,84 @@ async fn a_client_holding_a_version_gets_the_next_compressed_against_it() {
     let r = get(&d, "/js/app.v2.js", &v3_asked).await;
     assert_eq!(r.header("content-encoding"), "dcz");
     assert_eq!(decode(&r, &v1), v2);
+}
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chromium_decodes_what_it_is_sent_against_its_dictionary() {
+    if !std::path::Path::new(CHROMIUM).exists() {
+        eprintln!("skipped: {CHROMIUM} is missing (Debian's chromium package)");
+        return;
+    }
+    let origin = scripts_origin().await;
+    let d = Daemon::start(origin.addr, &[]);
+    let (v1, v2) = (script(1), script(2));
+    // Both versions stored and the representation against v1 made, so Chromium's request is a hit on it
+    // (under the host it sends).
+    let host = format!("localhost:{}", d.addr.port());
+    get(
+        &d,
+        "/js/app.v1.js",
+        &[("accept-encoding", "gzip"), ("host", &host)],
+    )
+    .await;
+    d.wait_for_stats("the dictionary held", |s| {
+        s["proxy"]["dictionaries_held"].as_u64() == Some(1)
+    })
+    .await;
+    let have = available(&v1);
+    let asked = [
+        ("accept-encoding", CHROME),
+        ("available-dictionary", &*have),
+        ("host", &*host),
+    ];
+    eventually(Duration::from_secs(10), || async {
+        let r = get(&d, "/js/app.v2.js", &asked).await;
+        (r.header("content-encoding") == "dcz").then_some(())
+    })
+    .await;
+    let before = d.stats().await["proxy"]["dictionary_responses"]
+        .as_u64()
+        .unwrap();
+
+    let profile = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(CHROMIUM)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        // `localhost` is a secure context, where Chromium uses dictionaries over plain HTTP.
+        .arg(format!("http://localhost:{}/", d.addr.port()))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("chromium ends")
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let want = format!(
+        "data-decoded=\"{}:{}\"",
+        v2.len(),
+        sha256(&v2)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    assert!(
+        dom.contains(&want),
+        "{dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What it decoded was sent against its dictionary, not in an ordinary coding.
+    let after = d.stats().await["proxy"]["dictionary_responses"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(after, before + 1);
 }

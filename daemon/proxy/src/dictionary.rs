@@ -39,13 +39,6 @@ pub(crate) struct Dictionary {
     generation: u64,
 }
 
-impl Dictionary {
-    /// The host part of the key it was read from: it is used for that host's responses only.
-    fn host(&self) -> &str {
-        host_of(&self.key)
-    }
-}
-
 /// The host part of a cache key (`host[:port]/path?query`).
 fn host_of(key: &str) -> &str {
     key.split_once('/').map_or(key, |(host, _)| host)
@@ -59,8 +52,9 @@ pub struct Dictionaries {
 
 #[derive(Default)]
 struct Held {
-    /// By hash, with the tick of their last use (least recently used goes first).
-    by_hash: HashMap<[u8; 32], (Arc<Dictionary>, u64)>,
+    /// By hash and host (the same file served by two hosts is two dictionaries, each for its own), with
+    /// the tick of their last use (least recently used goes first).
+    by_hash: HashMap<([u8; 32], String), (Arc<Dictionary>, u64)>,
     /// Stored bodies read or being read as dictionaries, by (key, generation): each is read once (one
     /// refused, too large or undecodable, is not read again).
     read: HashMap<(String, u64), Option<[u8; 32]>>,
@@ -75,8 +69,8 @@ const READ_KEPT: usize = 4096;
 impl Held {
     /// Lets go of the dictionary with `hash`, and forgets that its body was read (served again, it is read
     /// again).
-    fn drop_hash(&mut self, hash: &[u8; 32], stats: &Stats) {
-        if let Some((dictionary, _)) = self.by_hash.remove(hash) {
+    fn drop_hash(&mut self, held: &([u8; 32], String), stats: &Stats) {
+        if let Some((dictionary, _)) = self.by_hash.remove(held) {
             self.memory -= dictionary.bytes.len() as u64;
             self.read
                 .remove(&(dictionary.key.clone(), dictionary.generation));
@@ -160,8 +154,9 @@ impl Dictionaries {
         if let Some(slot) = held.read.get_mut(&(key.clone(), generation)) {
             *slot = Some(hash);
         }
-        // The same bytes from another URL or generation: one copy is enough.
-        if held.by_hash.contains_key(&hash) {
+        // The same bytes from another URL or generation of the host: one copy is enough.
+        let id = (hash, host_of(&key).to_owned());
+        if held.by_hash.contains_key(&id) {
             return;
         }
         while held.memory + len > budget {
@@ -169,7 +164,7 @@ impl Dictionaries {
                 .by_hash
                 .iter()
                 .min_by_key(|(_, (_, used))| *used)
-                .map(|(hash, _)| *hash)
+                .map(|(id, _)| id.clone())
             else {
                 break;
             };
@@ -179,7 +174,7 @@ impl Dictionaries {
         let tick = held.tick;
         held.memory += len;
         held.by_hash.insert(
-            hash,
+            id,
             (
                 Arc::new(Dictionary {
                     bytes,
@@ -194,9 +189,9 @@ impl Dictionaries {
         inc(&stats.dictionaries_kept);
     }
 
-    /// The dictionary with `hash`, for a response stored under `key`: `None` when none is held, when it
-    /// is another host's, or when the response it was read from is no longer stored (purged, banned,
-    /// replaced or evicted: it is let go).
+    /// The dictionary with `hash` of the host of `key`, for the response stored there: `None` when none is
+    /// held, or when the response it was read from is no longer stored (purged, banned, replaced or
+    /// evicted: it is let go).
     pub(crate) async fn get<S: CacheStore>(
         &self,
         store: &S,
@@ -204,14 +199,12 @@ impl Dictionaries {
         hash: &[u8; 32],
         key: &str,
     ) -> Option<Arc<Dictionary>> {
+        let id = (*hash, host_of(key).to_owned());
         let dictionary = {
             let mut held = self.held.lock().expect("dictionaries mutex");
             held.tick += 1;
             let tick = held.tick;
-            let (dictionary, used) = held.by_hash.get_mut(hash)?;
-            if dictionary.host() != host_of(key) {
-                return None;
-            }
+            let (dictionary, used) = held.by_hash.get_mut(&id)?;
             *used = tick;
             dictionary.clone()
         };
@@ -228,7 +221,7 @@ impl Dictionaries {
             self.held
                 .lock()
                 .expect("dictionaries mutex")
-                .drop_hash(hash, stats);
+                .drop_hash(&id, stats);
             return None;
         }
         Some(dictionary)
