@@ -25,7 +25,7 @@ Usage: h3client.py SPEC, SPEC being JSON:
                `streams` MiB of it), "huge_headers" (a request whose HEADERS announces 2^40 bytes, then
                64 KiB of it; its answer waited for at most `streams` seconds); `requests` given with an
                attack are sent on the same connection after it, if it is still open
-Prints JSON: {"results": [{status, headers, length, sha256, ms, error}], "early_data_accepted",
+Prints JSON: {"results": [{status, headers, interim: [{status, headers}], length, sha256, ms, error}], "early_data_accepted",
 "session_resumed", "closed": {"error_code", "reason"} or null, "flood_allowed": bytes the server let a
 flood send, "attack_sent": bytes an attack sent, "attack_result": the answer to an attack's request}.
 """
@@ -39,7 +39,7 @@ import time
 
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.connection import H3_ALPN, H3Connection, HeadersState
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, StreamReset
@@ -49,7 +49,9 @@ H3_REQUEST_CANCELLED = 0x10C
 
 class H3(H3Connection):
     """aioquic's HTTP/3, but for HEAD: aioquic 1.2 checks a response's Content-Length against the DATA that
-    came even for a HEAD request, whose response has none (RFC 9110 §9.3.2), and closes the connection."""
+    came even for a HEAD request, whose response has none (RFC 9110 §9.3.2), and closes the connection.
+    And for informational responses: aioquic 1.2 takes the HEADERS frame after a 103 for trailers (and
+    refuses its `:status`), where RFC 9114 §4.1 has the final response follow any number of them."""
 
     def __init__(self, quic):
         super().__init__(quic)
@@ -58,6 +60,15 @@ class H3(H3Connection):
     def _check_content_length(self, stream):
         if stream.stream_id not in self.heads:
             super()._check_content_length(stream)
+
+    def _handle_request_or_push_frame(self, frame_type, frame_data, stream, stream_ended):
+        events = super()._handle_request_or_push_frame(frame_type, frame_data, stream, stream_ended)
+        for event in events:
+            if isinstance(event, HeadersReceived) and any(
+                k == b":status" and v.startswith(b"1") for k, v in event.headers
+            ):
+                stream.headers_recv_state = HeadersState.INITIAL
+        return events
 
 
 class Client(QuicConnectionProtocol):
@@ -165,6 +176,7 @@ class Stream:
         self.started = time.monotonic()
         self.status = None
         self.headers = []
+        self.interim = []
         self.length = 0
         self.digest = hashlib.sha256()
         self.error = None
@@ -172,7 +184,15 @@ class Stream:
 
     def on_event(self, client, event):
         if isinstance(event, HeadersReceived):
-            if self.status is None:
+            status = next((int(v) for k, v in event.headers if k == b":status"), None)
+            if self.status is None and status is not None and status < 200:
+                self.interim.append(
+                    {
+                        "status": status,
+                        "headers": [[k.decode(), v.decode()] for k, v in event.headers if k != b":status"],
+                    }
+                )
+            elif self.status is None:
                 for k, v in event.headers:
                     if k == b":status":
                         self.status = int(v)
@@ -204,6 +224,7 @@ class Stream:
         return {
             "status": self.status,
             "headers": self.headers,
+            "interim": self.interim,
             "length": self.length,
             "sha256": self.digest.hexdigest(),
             "ms": round((time.monotonic() - self.started) * 1000, 3),

@@ -115,6 +115,13 @@ pub struct Rule {
     /// must be `["POST"]`. Default: none (a POST invalidates and passes, RFC 9111 §4.4).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_body: Option<ByteSize>,
+    /// `Link` fields sent to the client in a `103 Early Hints` response (request), as soon as the request
+    /// goes to the origin (a miss or a pass), so a browser fetches the page's styles and scripts while
+    /// the origin makes the page: NGINX's `early_hints`, with the hints written here (each one `Link`
+    /// value, like `"</app.css>; rel=preload; as=style"`). An origin's own 103 is forwarded as well.
+    /// Default: none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub early_hints: Vec<String>,
     /// The most stale an object in grace may be and still be answered at once (request, Varnish's
     /// `req.grace`); past it the request waits for the origin, and the object still stands in if the
     /// origin fails. Default: the object's grace.

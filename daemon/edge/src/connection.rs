@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     stats::{dec, inc, EdgeStats, ListenerStats},
-    Client, RequestBody, Service,
+    Client, Interim, RequestBody, Service,
 };
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -51,7 +51,9 @@ impl Protocols {
         // response is written it holds up to hyper's `max_buf_size` (~400 KiB) plus one stored chunk:
         // 64 KiB frames and buffer cut that to a fifth for a stalled reader, and a 200 MiB read from disk
         // to 0.5-0.8x the speed (bench/RESULTS.md, 2026-12-04 third session).
+        // Each request can send `103 Early Hints` (an origin's, or a rule's) before its answer.
         h1.timer(TokioTimer::new())
+            .informational_responses(true)
             .keep_alive(true)
             .writev(false)
             .header_read_timeout(c.header_read_timeout)
@@ -63,6 +65,7 @@ impl Protocols {
         }
         let mut h2 = http2::Builder::new(TokioExecutor::new());
         h2.timer(TokioTimer::new())
+            .informational_responses(true)
             .max_header_list_size(c.max_header_size.as_u64() as u32);
         Self {
             http1: h1,
@@ -268,7 +271,7 @@ impl<S: Service> Handler<S> {
         } = self;
         let refused = client.refused;
         let alt_svc = protocols.alt_svc.clone();
-        let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
             let in_wait = waiting.enter();
             inc(if http2 {
                 &listener.requests_http2
@@ -277,7 +280,15 @@ impl<S: Service> Handler<S> {
             });
             // Boxed: hyper moves the future into its dispatcher by value, and the data path's is many
             // kilobytes, one memcpy per request (5 % of a hit's CPU in perf).
-            let answer = Box::pin(service.clone().call(req.map(RequestBody::Http), client));
+            let interim = req
+                .extensions_mut()
+                .remove::<hyper::ext::Interim>()
+                .map(Interim::Hyper);
+            let answer = Box::pin(service.clone().call(
+                req.map(RequestBody::Http),
+                client,
+                interim,
+            ));
             let alt_svc = alt_svc.clone();
             let listener = listener.clone();
             async move {

@@ -44,17 +44,45 @@ pub struct Client {
     pub too_early: bool,
 }
 
+/// Sends informational (1xx) responses, such as `103 Early Hints`, to one request's client ahead of its
+/// final response: over HTTP/1.1 and HTTP/2 through hyper (the vendored patch, vendor/README.md), over
+/// HTTP/3 on the request's stream. An HTTP/1.0 request has none (RFC 9110 §15.2).
+#[derive(Debug, Clone)]
+pub enum Interim {
+    /// HTTP/1.1 and HTTP/2.
+    Hyper(hyper::ext::Interim),
+    /// HTTP/3: sent by the stream's task while it waits for the final response.
+    H3(tokio::sync::mpsc::Sender<Response<()>>),
+}
+
+impl Interim {
+    /// Sends `res` (a 1xx other than 101) before the final response; `false` when it cannot be: the final
+    /// response has begun, or a few are already waiting to be written.
+    pub fn send(&self, res: Response<()>) -> bool {
+        match self {
+            Interim::Hyper(interim) => interim.send(res).is_ok(),
+            Interim::H3(tx) => {
+                let status = res.status();
+                status.is_informational()
+                    && status != http::StatusCode::SWITCHING_PROTOCOLS
+                    && tx.try_send(res).is_ok()
+            }
+        }
+    }
+}
+
 /// What answers the requests of one worker thread (made on that thread).
 pub trait Service: Send + Sync + 'static {
     /// The response body (`Unpin`: the edge wraps it to count its bytes).
     type Body: http_body::Body<Data = Bytes, Error = Self::Error> + Send + Unpin + 'static;
     /// The response body's error.
     type Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send;
-    /// Answers one request from `client`.
+    /// Answers one request from `client`; `interim` sends informational responses ahead of the answer.
     fn call(
         self: std::sync::Arc<Self>,
         req: Request<RequestBody>,
         client: Client,
+        interim: Option<Interim>,
     ) -> impl Future<Output = Response<Self::Body>> + Send + 'static;
     /// The counters the edge keeps.
     fn stats(&self) -> &EdgeStats;

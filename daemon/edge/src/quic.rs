@@ -27,7 +27,7 @@ use crate::{
     drain::{Drain, Watcher},
     stats::{add, dec, inc, ListenerStats},
     tls::{self, SniResolver},
-    Client, Listener, Service,
+    Client, Interim, Listener, Service,
 };
 use lacquer_config::Listen;
 
@@ -475,16 +475,37 @@ async fn answer<S: Service>(
         .and_then(|v| v.to_str().ok()?.parse().ok());
     let req: Request<RequestBody> =
         req.map(|()| RequestBody::H3(Box::new(H3Body::new(recv, length))));
+    // Informational responses wait here for the stream to send them, a few at most.
+    let (interim, mut interims) = tokio::sync::mpsc::channel(INTERIM_QUEUED);
     // Boxed: the data path's future is many kilobytes, moved otherwise at every await of this one.
-    let answering = Box::pin(service.clone().call(req, client));
-    let resp = tokio::select! {
-        resp = answering => resp,
-        _ = shared.conn.closed() => return,
+    let mut answering = Box::pin(
+        service
+            .clone()
+            .call(req, client, Some(Interim::H3(interim))),
+    );
+    let resp = loop {
+        tokio::select! {
+            biased;
+            resp = &mut answering => break resp,
+            Some(res) = interims.recv() => {
+                // Another HEADERS frame before the final one (RFC 9114 §4.1).
+                if let Err(e) = within(shared.idle_timeout, send.send_response(res)).await {
+                    tracing::debug!(error = %e, "HTTP/3 informational response not sent");
+                    return;
+                }
+            }
+            _ = shared.conn.closed() => return,
+        }
     };
+    // None after the final response.
+    drop(interims);
     if let Err(e) = respond(&mut send, resp, head_only, &shared).await {
         tracing::debug!(error = %e, "HTTP/3 response not completed");
     }
 }
+
+/// Informational responses one request may have waiting to be sent.
+const INTERIM_QUEUED: usize = 8;
 
 /// Why a response was not sent to its end.
 #[derive(Debug, thiserror::Error)]

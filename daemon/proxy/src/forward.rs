@@ -5,7 +5,8 @@ use std::{net::IpAddr, sync::Arc};
 use bytes::Bytes;
 
 use http::{
-    header, request::Parts, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version,
+    header, request::Parts, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri,
+    Version,
 };
 use http_body::Frame;
 use http_body_util::BodyExt;
@@ -14,6 +15,7 @@ use lacquer_backends::{
     BackendBody,
 };
 use lacquer_codec::{Coding, Encoder};
+use lacquer_edge::Interim;
 use lacquer_policy::encoding::{self, Accepts, Compression};
 use lacquer_policy::{headers::strip_hop_by_hop, key, normalize};
 use lacquer_rules::Rules;
@@ -289,11 +291,31 @@ pub fn fill_request(
     req
 }
 
-/// Counts the interim (1xx) responses the backend sends before its final answer to `req`. hyper's client
-/// reads past them (HTTP/1 only); its server cannot send them on (hyper#3815, #4114), so they stop here.
-pub fn count_interim<B>(req: &mut Request<B>, stats: &Arc<Stats>) {
+/// Counts the interim (1xx) responses the backend sends before its final answer to `req` (hyper's client
+/// reads them over HTTP/1 only), and sends each on to the client through `interim`, as a proxy must (RFC
+/// 9110 §15.2): without the fields that speak of one connection or of the final message, and without
+/// cookies, which a browser takes from the final response only.
+pub fn forward_interim<B>(req: &mut Request<B>, stats: &Arc<Stats>, interim: Option<&Interim>) {
     let stats = stats.clone();
-    hyper::ext::on_informational(req, move |_| inc(&stats.interim_responses));
+    let interim = interim.cloned();
+    hyper::ext::on_informational(req, move |res| {
+        inc(&stats.interim_responses);
+        let Some(interim) = &interim else { return };
+        let status = res.status();
+        if status == StatusCode::CONTINUE || status == StatusCode::SWITCHING_PROTOCOLS {
+            return;
+        }
+        let mut sent = Response::new(());
+        *sent.status_mut() = status;
+        *sent.headers_mut() = res.headers().clone();
+        let headers = sent.headers_mut();
+        strip_hop_by_hop(headers);
+        headers.remove(header::CONTENT_LENGTH);
+        headers.remove(header::SET_COOKIE);
+        if interim.send(sent) {
+            inc(&stats.interim_forwarded);
+        }
+    });
 }
 
 /// Keys an unsafe request invalidates on success (RFC 9111 §4.4): its own URL, and `Location` and

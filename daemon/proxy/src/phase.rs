@@ -65,6 +65,8 @@ pub(crate) struct Decided {
     pub wants_debug: bool,
     /// A POST keyed by its body (`cache_body`): the body, read before the lookup, that every fill sends.
     pub body: Option<Bytes>,
+    /// `Link` values sent in a `103 Early Hints` as the request goes to the origin (`early_hints`).
+    pub early_hints: Vec<HeaderValue>,
 }
 
 /// The request field a POST keyed by its body carries from the lookup to the variant: the body's digest.
@@ -317,6 +319,7 @@ pub(crate) fn request(
         counts_hits: live.rules.counts_hits(),
         wants_debug: live.rules.wants_debug(parts, client),
         body: None,
+        early_hints: verdict.early_hints,
     };
     if matches!(class, RequestClass::Lookup | RequestClass::Miss(_)) {
         if let Some(Some(values)) = keyed_cookies {

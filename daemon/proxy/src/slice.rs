@@ -679,6 +679,7 @@ impl<S: CacheStore> Asker<S> {
             if_range: how.if_range,
             note: self.note.clone(),
             trace: self.trace.clone(),
+            interim: None,
         }
     }
 

@@ -94,6 +94,8 @@ counters! {
     backend_requests,
     backend_errors,
     interim_responses,
+    interim_forwarded,
+    early_hints_sent,
     fetches_in_flight,
     fetches_cancelled,
     background_fills,

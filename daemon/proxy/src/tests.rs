@@ -1770,7 +1770,7 @@ fn the_flow_futures_sizes() {
             Arc<Service>,
             Request<lacquer_edge::RequestBody>,
             lacquer_edge::Client,
-        )| { lacquer_edge::Service::call(w, req, client) },
+        )| { lacquer_edge::Service::call(w, req, client, None) },
     );
     let steps = future_size(|(w, txn): (Arc<Worker<MemoryStore>>, Txn)| async move {
         let mut txn = txn;

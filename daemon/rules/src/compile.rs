@@ -160,6 +160,7 @@ pub(crate) struct Actions {
     pub respond: Option<Synthesis>,
     pub invalidate: Option<Arc<crate::Invalidation>>,
     pub request_grace: Option<Duration>,
+    pub early_hints: Vec<HeaderValue>,
     pub cache_body: Option<u64>,
     pub adjust: Adjust,
     pub debug_headers: bool,
@@ -817,6 +818,10 @@ pub(crate) fn compile(
         allowed(phase, "request_grace", &request_only)?;
         actions.request_grace = Some(g);
     }
+    if !rule.early_hints.is_empty() {
+        allowed(phase, "early_hints", &request_only)?;
+        actions.early_hints = early_hints(&rule.early_hints)?;
+    }
     if let Some(s) = &rule.signed {
         allowed(phase, "signed", &request_only)?;
         if s.algorithm != "hmac-sha256" {
@@ -924,6 +929,7 @@ pub(crate) fn compile(
         || actions.respond.is_some()
         || actions.invalidate.is_some()
         || actions.request_grace.is_some()
+        || !actions.early_hints.is_empty()
         || actions.cache_body.is_some()
         || actions.adjust != Adjust::default()
         || actions.debug_headers
@@ -972,6 +978,32 @@ fn status_range(s: &StatusPattern) -> Result<(u16, u16), String> {
         ));
     }
     Ok((lo, hi))
+}
+
+/// Hints a 103 may carry: a handful, each a `Link` value naming a target between angle brackets
+/// (RFC 8288), within a field's bytes.
+const MAX_EARLY_HINTS: usize = 16;
+
+/// A rule's `early_hints`, each a `Link` field value.
+fn early_hints(hints: &[String]) -> Result<Vec<HeaderValue>, (String, String)> {
+    if hints.len() > MAX_EARLY_HINTS {
+        return Err((
+            "early_hints".into(),
+            format!("at most {MAX_EARLY_HINTS} hints"),
+        ));
+    }
+    hints
+        .iter()
+        .enumerate()
+        .map(|(i, hint)| {
+            let bad = |why: &str| (format!("early_hints[{i}]"), format!("{hint:?}: {why}"));
+            let target = hint.trim_start().strip_prefix('<').and_then(|rest| rest.split_once('>'));
+            if target.is_none_or(|(uri, _)| uri.is_empty()) {
+                return Err(bad("a Link value starts with its target in angle brackets, like \"</app.css>; rel=preload; as=style\""));
+            }
+            HeaderValue::from_str(hint.trim()).map_err(|_| bad("not a valid field value"))
+        })
+        .collect()
 }
 
 fn synthesis(r: &Respond, phase: Phase, groups: usize) -> Result<Synthesis, (String, String)> {

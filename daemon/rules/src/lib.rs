@@ -187,6 +187,8 @@ pub struct RequestVerdict {
     pub cache_cookies: bool,
     /// The most stale an object in grace may be to be answered at once.
     pub request_grace: Option<Duration>,
+    /// `Link` values sent in a `103 Early Hints` when the request goes to the origin (`early_hints`).
+    pub early_hints: Vec<HeaderValue>,
     /// The host or path changed: the request is routed again.
     pub rerouted: bool,
     /// A POST body of at most this many bytes is read and keyed (`cache_body`).
@@ -632,6 +634,11 @@ impl Rules {
             }
             if let Some(g) = a.request_grace {
                 v.request_grace = Some(g);
+            }
+            for hint in &a.early_hints {
+                if !v.early_hints.contains(hint) {
+                    v.early_hints.push(hint.clone());
+                }
             }
             if let Some(cap) = a.cache_body {
                 v.cache_body = Some(cap);

@@ -150,9 +150,13 @@ stats_section! {
         backend_requests: Counter "lacquer_backend_requests_total",
         /// Backend requests that failed: refused, reset, timed out, or cut short.
         backend_errors: Counter "lacquer_backend_errors_total",
-        /// Interim (1xx) responses backends sent before their final one (103 Early Hints, 102): counted,
-        /// never stored, and not forwarded (hyper's server cannot send them).
+        /// Interim (1xx) responses backends sent before their final one (103 Early Hints, 102): never
+        /// stored; forwarded to the client that waits (over HTTP/1 origin connections).
         interim_responses: Counter "lacquer_backend_interim_responses_total",
+        /// Those sent on to a client (not to an HTTP/1.0 client, nor once the final response began).
+        interim_forwarded: Counter "lacquer_interim_responses_total" { source = "origin" },
+        /// `103 Early Hints` sent from rules' `early_hints` as requests went to the origin.
+        early_hints_sent: Counter "lacquer_interim_responses_total" { source = "rule" },
         /// Backend fetches in flight.
         fetches_in_flight: Gauge "lacquer_backend_fetches_in_flight",
         /// Backend fetches stopped because every client reading them had gone (closed, or reset its HTTP/2

@@ -57,6 +57,9 @@ pub struct Fill {
     pub note: Option<Arc<Note>>,
     /// That request's trace, when it is sampled: the fetch's and the store's spans are its children.
     pub trace: Option<Trace>,
+    /// Sends the origin's `103 Early Hints` on to the client whose request started the fill, while it
+    /// waits (none for a fill nobody waits for).
+    pub interim: Option<lacquer_edge::Interim>,
 }
 
 /// A byte range a fill asks the origin for instead of the whole object.

@@ -107,7 +107,7 @@ pub(super) async fn send<'a, S: CacheStore>(
         if let Some(span) = &fetching {
             span.inject(req.headers_mut());
         }
-        forward::count_interim(&mut req, &shared.stats);
+        forward::forward_interim(&mut req, &shared.stats, request.interim.as_ref());
         if let Some(ask) = request.part {
             let headers = req.headers_mut();
             headers.insert(

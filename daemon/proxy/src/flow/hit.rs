@@ -378,6 +378,7 @@ fn refresh<S: CacheStore>(worker: &Arc<Worker<S>>, txn: &Txn, found: Found) {
             if_range: None,
             note: txn.note.clone(),
             trace: txn.trace.clone(),
+            interim: None,
         };
         tokio::spawn(prefetch::fill(worker.clone(), fetch, fill));
     }

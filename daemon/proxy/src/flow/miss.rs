@@ -36,6 +36,7 @@ pub(super) async fn miss<S: CacheStore>(
     txn: &mut Txn,
     miss: Miss,
 ) -> Step {
+    txn.send_early_hints(&worker.shared.stats);
     let Miss {
         joining,
         stale: Stale {
@@ -88,6 +89,7 @@ pub(super) async fn miss<S: CacheStore>(
             if_range: None,
             note: txn.note.clone(),
             trace: txn.trace.clone(),
+            interim: txn.interim.clone(),
         };
         tokio::spawn(prefetch::fill(worker.clone(), fetch.clone(), fill));
         (fetch, reader)

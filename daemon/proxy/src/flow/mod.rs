@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use lacquer_backends::body::{self, Body};
-use lacquer_edge::{Client, EdgeStats, RequestBody};
+use lacquer_edge::{Client, EdgeStats, Interim, RequestBody};
 
 pub use self::observe::Observed;
 use self::step::{Step, Txn};
@@ -52,6 +52,7 @@ impl lacquer_edge::Service for Worker {
         self: Arc<Self>,
         req: Request<RequestBody>,
         client: Client,
+        interim: Option<Interim>,
     ) -> impl std::future::Future<Output = Response<Observed>> + Send + 'static {
         let (observing, note, trace) = observe::Observing::begin(&self.shared, &req, client.ip);
         // Read only for an error page of lacquerd's own: kept as sent (a count of the connection's buffer
@@ -70,7 +71,7 @@ impl lacquer_edge::Service for Worker {
                 inc(&self.shared.stats.requests);
                 (too_early(), None)
             } else {
-                run(&self, client, req, (note, trace)).await
+                run(&self, client, req, (note, trace), interim).await
             };
             // A refused connection's 503 is lacquerd's own too: the same page.
             let failure = client.refused || txn.as_ref().is_some_and(|t| t.failure);
@@ -132,11 +133,13 @@ pub(crate) async fn run(
     client: Client,
     req: Request<RequestBody>,
     noted: (Option<Arc<Note>>, Option<Trace>),
+    interim: Option<Interim>,
 ) -> (Response<Body>, Option<Txn>) {
     let (mut txn, first) = match receive::receive(worker, client, req, noted, None).await {
         Ok(received) => received,
         Err(resp) => return (resp, None),
     };
+    txn.interim = interim;
     let resp = steps(worker, &mut txn, first).await;
     let resp = assemble(worker, &txn, resp, client);
     (resp, Some(txn))

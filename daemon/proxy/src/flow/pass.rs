@@ -69,6 +69,7 @@ pub(crate) async fn forward<S: CacheStore>(
     body: Body,
     outcome: Outcome,
 ) -> Step {
+    txn.send_early_hints(&worker.shared.stats);
     let (client, route, decided) = (txn.client, &txn.route, &txn.decided);
     let shared = &worker.shared;
     inc(&shared.stats.passes);
@@ -105,7 +106,7 @@ pub(crate) async fn forward<S: CacheStore>(
             if let Some(span) = &fetching {
                 span.inject(req.headers_mut());
             }
-            forward::count_interim(&mut req, &shared.stats);
+            forward::forward_interim(&mut req, &shared.stats, txn.interim.as_ref());
             // Boxed: hyper's client future is ten kilobytes, and every step that may pass (a hit, a
             // miss sending a request as it came) would carry it unboxed, copied with each request.
             Box::pin(worker.pool(backend).send(req)).await

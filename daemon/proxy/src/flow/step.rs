@@ -5,6 +5,7 @@ use std::{net::IpAddr, sync::Arc};
 
 use http::{request::Parts, HeaderMap, HeaderValue, Response, StatusCode};
 use lacquer_backends::{body::Body, routing::Route};
+use lacquer_edge::Interim;
 use lacquer_policy::{
     encoding::{Coded, Delivery},
     request::RequestClass,
@@ -76,6 +77,8 @@ pub(crate) struct Txn {
     pub assembles: bool,
     /// The request is a fragment of an ESI page: the pages above it.
     pub within: Option<Arc<Within>>,
+    /// Sends `103 Early Hints` to the client ahead of the answer (not for a fragment, nor over HTTP/1.0).
+    pub interim: Option<Interim>,
 }
 
 impl Txn {
@@ -112,6 +115,27 @@ impl Txn {
             owner_answered: false,
             assembles: false,
             within: None,
+            interim: None,
+        }
+    }
+
+    /// Sends the request's rules' `early_hints` in a `103 Early Hints`, as the request goes to the origin
+    /// (once: a miss that looks again does not send them again).
+    pub fn send_early_hints(&mut self, stats: &Stats) {
+        let Some(interim) = &self.interim else {
+            return;
+        };
+        let links = std::mem::take(&mut self.decided.early_hints);
+        if links.is_empty() {
+            return;
+        }
+        let mut hints = Response::new(());
+        *hints.status_mut() = StatusCode::EARLY_HINTS;
+        for link in links {
+            hints.headers_mut().append(http::header::LINK, link);
+        }
+        if interim.send(hints) {
+            crate::stats::inc(&stats.early_hints_sent);
         }
     }
 

@@ -291,6 +291,7 @@ fn start<S: CacheStore>(
             if_range: None,
             note: None,
             trace: None,
+            interim: None,
         };
         let mut running = tokio::spawn(fetch::run(worker.clone(), fetch.clone(), fill));
         // Counted as they arrive: a prefetch still running spends the budget of the ones after it.

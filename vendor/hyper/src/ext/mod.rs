@@ -63,6 +63,14 @@ pub(crate) use informational::OnInformational;
 #[cfg(all(feature = "http1", feature = "client", feature = "ffi"))]
 pub(crate) use informational::{on_informational_raw, OnInformationalCallback};
 
+// [Vendored patch] Informational responses from a server (see `interim.rs`).
+#[cfg(all(feature = "server", any(feature = "http1", feature = "http2")))]
+mod interim;
+#[cfg(all(feature = "server", any(feature = "http1", feature = "http2")))]
+pub(crate) use interim::{pair as interim_pair, InterimReceiver};
+#[cfg(all(feature = "server", any(feature = "http1", feature = "http2")))]
+pub use interim::{Interim, InterimError};
+
 #[cfg(feature = "http2")]
 /// Extension type representing the `:protocol` pseudo-header in HTTP/2.
 ///

@@ -629,6 +629,36 @@ where
         self.io.has_buffered_write()
     }
 
+    /// [Vendored patch] Writes an informational (1xx) head ahead of the final one: only while that is not
+    /// begun, and to an HTTP/1.1 peer (RFC 9110 §15.2). Fields are written as given; a field value with
+    /// bytes a head may not carry cannot be in a `HeaderValue`.
+    pub(crate) fn write_interim(&mut self, head: MessageHead<http::StatusCode>) {
+        if !matches!(self.state.writing, Writing::Init)
+            || self.state.version != Version::HTTP_11
+            || !head.subject.is_informational()
+        {
+            return;
+        }
+        let buf = self.io.headers_buf();
+        buf.extend_from_slice(b"HTTP/1.1 ");
+        buf.extend_from_slice(head.subject.as_str().as_bytes());
+        buf.push(b' ');
+        buf.extend_from_slice(
+            head.subject
+                .canonical_reason()
+                .unwrap_or("Informational")
+                .as_bytes(),
+        );
+        buf.extend_from_slice(b"\r\n");
+        for (name, value) in &head.headers {
+            buf.extend_from_slice(name.as_str().as_bytes());
+            buf.extend_from_slice(b": ");
+            buf.extend_from_slice(value.as_bytes());
+            buf.extend_from_slice(b"\r\n");
+        }
+        buf.extend_from_slice(b"\r\n");
+    }
+
     pub(crate) fn write_head(&mut self, head: MessageHead<T::Outgoing>, body: Option<BodyLength>) {
         if let Some(encoder) = self.encode_head(head, body) {
             self.state.writing = if !encoder.is_eof() {

@@ -40,6 +40,11 @@ pub(crate) trait Dispatch {
         -> crate::Result<()>;
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>>;
     fn should_poll(&self) -> bool;
+    /// [Vendored patch] The next informational response the service sent for the message in flight, to be
+    /// written before its final head (a server's; a client sends none).
+    fn poll_interim(&mut self, _cx: &mut Context<'_>) -> Poll<MessageHead<http::StatusCode>> {
+        Poll::Pending
+    }
 }
 
 cfg_server! {
@@ -48,6 +53,9 @@ cfg_server! {
     pub(crate) struct Server<S: HttpService<B>, B> {
         in_flight: Pin<Box<Option<S::Future>>>,
         pub(crate) service: S,
+        // [Vendored patch] Whether each request gets an `Interim`, and the one in flight's receiver.
+        informational: bool,
+        interim: Option<crate::ext::InterimReceiver>,
     }
 }
 
@@ -361,6 +369,10 @@ where
                 && self.conn.can_write_head()
                 && self.dispatch.should_poll()
             {
+                // [Vendored patch] Informational responses go out ahead of the final one.
+                while let Poll::Ready(head) = self.dispatch.poll_interim(cx) {
+                    self.conn.write_interim(head);
+                }
                 if let Some(msg) = ready!(Pin::new(&mut self.dispatch).poll_msg(cx)) {
                     let (head, body) = msg.map_err(crate::Error::new_user_service)?;
 
@@ -572,7 +584,15 @@ cfg_server! {
             Server {
                 in_flight: Box::pin(None),
                 service,
+                informational: false,
+                interim: None,
             }
+        }
+
+        /// [Vendored patch] Gives each request an `Interim` (`informational_responses`).
+        pub(crate) fn with_informational(mut self, enabled: bool) -> Self {
+            self.informational = enabled;
+            self
         }
 
         pub(crate) fn into_service(self) -> S {
@@ -615,6 +635,8 @@ cfg_server! {
 
             // Since in_flight finished, remove it
             this.in_flight.set(None);
+            // [Vendored patch] Its final head is written now: no informational response after it.
+            this.interim = None;
             ret
         }
 
@@ -626,9 +648,30 @@ cfg_server! {
             *req.headers_mut() = msg.headers;
             *req.version_mut() = msg.version;
             *req.extensions_mut() = msg.extensions;
+            // [Vendored patch] Only an HTTP/1.1 client may be sent informational responses.
+            if self.informational && req.version() == http::Version::HTTP_11 {
+                let (interim, receiver) = crate::ext::interim_pair();
+                req.extensions_mut().insert(interim);
+                self.interim = Some(receiver);
+            }
             let fut = self.service.call(req);
             self.in_flight.set(Some(fut));
             Ok(())
+        }
+
+        fn poll_interim(&mut self, cx: &mut Context<'_>) -> Poll<MessageHead<http::StatusCode>> {
+            match &self.interim {
+                Some(receiver) => receiver.poll_next(cx).map(|res| {
+                    let (parts, ()) = res.into_parts();
+                    MessageHead {
+                        version: http::Version::HTTP_11,
+                        subject: parts.status,
+                        headers: parts.headers,
+                        extensions: parts.extensions,
+                    }
+                }),
+                None => Poll::Pending,
+            }
         }
 
         fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ()>> {

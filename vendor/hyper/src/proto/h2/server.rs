@@ -56,6 +56,8 @@ pub(crate) struct Config {
     pub(crate) header_table_size: Option<u32>,
     pub(crate) max_header_list_size: u32,
     pub(crate) date_header: bool,
+    // [Vendored patch] Each request gets an `Interim` (`informational_responses`).
+    pub(crate) informational: bool,
 }
 
 impl Default for Config {
@@ -75,6 +77,7 @@ impl Default for Config {
             max_send_buffer_size: DEFAULT_MAX_SEND_BUF_SIZE,
             max_header_list_size: DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE,
             date_header: true,
+            informational: false,
         }
     }
 }
@@ -90,6 +93,7 @@ pin_project! {
         service: S,
         state: State<T, B>,
         date_header: bool,
+        informational: bool,
         close_pending: bool
     }
 }
@@ -115,6 +119,7 @@ where
     conn: Connection<Compat<T>, SendBuf<B::Data>>,
     closing: Option<crate::Error>,
     date_header: bool,
+    informational: bool,
 }
 
 impl<T, S, B, E> Server<T, S, B, E>
@@ -178,6 +183,7 @@ where
             },
             service,
             date_header: config.date_header,
+            informational: config.informational,
             close_pending: false,
         }
     }
@@ -224,6 +230,7 @@ where
                         conn,
                         closing: None,
                         date_header: me.date_header,
+                        informational: me.informational,
                     })
                 }
                 State::Serving(srv) => {
@@ -305,13 +312,21 @@ where
                             req.extensions_mut().insert(Protocol::from_inner(protocol));
                         }
 
+                        // [Vendored patch] Informational responses, sent with h2's own support.
+                        let interim = self.informational.then(|| {
+                            let (interim, receiver) = crate::ext::interim_pair();
+                            req.extensions_mut().insert(interim);
+                            receiver
+                        });
+
                         let fut = H2Stream::new(
                             service.call(req),
                             connect_parts,
                             respond,
                             self.date_header,
                             exec.clone(),
-                        );
+                        )
+                        .with_interim(interim);
 
                         exec.execute_h2stream(fut);
                     }
@@ -369,6 +384,7 @@ pin_project! {
         state: H2StreamState<F, B>,
         date_header: bool,
         exec: E,
+        interim: Option<crate::ext::InterimReceiver>,
     }
 }
 
@@ -412,7 +428,13 @@ where
             state: H2StreamState::Service { fut, connect_parts },
             date_header,
             exec,
+            interim: None,
         }
+    }
+
+    fn with_interim(mut self, interim: Option<crate::ext::InterimReceiver>) -> Self {
+        self.interim = interim;
+        self
     }
 }
 
@@ -446,7 +468,19 @@ where
                     fut: h,
                     connect_parts,
                 } => {
-                    let res = match h.poll(cx) {
+                    let polled = h.poll(cx);
+                    // [Vendored patch] Informational responses go out ahead of the final one; once
+                    // that is ready, none after it.
+                    if let Some(receiver) = me.interim.as_ref() {
+                        while let Poll::Ready(interim) = receiver.poll_next(cx) {
+                            // Refused only for a stream already reset: its final response fails too.
+                            let _ = me.reply.send_informational(interim);
+                        }
+                        if polled.is_ready() {
+                            *me.interim = None;
+                        }
+                    }
+                    let res = match polled {
                         Poll::Ready(Ok(r)) => r,
                         Poll::Pending => {
                             // Response is not yet ready, so we want to check if the client has sent a

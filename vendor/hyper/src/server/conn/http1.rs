@@ -83,6 +83,8 @@ pub struct Builder {
     max_buf_size: Option<usize>,
     pipeline_flush: bool,
     date_header: bool,
+    // [Vendored patch] `informational_responses`.
+    informational: bool,
 }
 
 /// Deconstructed parts of a `Connection`.
@@ -255,6 +257,7 @@ impl Builder {
             max_buf_size: None,
             pipeline_flush: false,
             date_header: true,
+            informational: false,
         }
     }
     /// Set whether HTTP/1 connections should support half-closures.
@@ -415,6 +418,16 @@ impl Builder {
         self
     }
 
+    /// [Vendored patch] Whether each HTTP/1.1 request carries an [`Interim`](crate::ext::Interim) in its
+    /// extensions, with which the service sends informational (1xx) responses, such as `103 Early
+    /// Hints`, before the final one.
+    ///
+    /// Default is `false`.
+    pub fn informational_responses(&mut self, enabled: bool) -> &mut Self {
+        self.informational = enabled;
+        self
+    }
+
     /// Aggregates flushes to better support pipelined responses.
     ///
     /// Experimental, may have bugs.
@@ -516,7 +529,7 @@ impl Builder {
         if !self.date_header {
             conn.disable_date_header();
         }
-        let sd = proto::h1::dispatch::Server::new(service);
+        let sd = proto::h1::dispatch::Server::new(service).with_informational(self.informational);
         let proto = proto::h1::Dispatcher::new(sd, conn);
         Connection { conn: proto }
     }

@@ -289,6 +289,16 @@ impl<E> Builder<E> {
         self
     }
 
+    /// [Vendored patch] Whether each request carries an [`Interim`](crate::ext::Interim) in its
+    /// extensions, with which the service sends informational (1xx) responses, such as `103 Early
+    /// Hints`, before the final one.
+    ///
+    /// Default is false.
+    pub fn informational_responses(&mut self, enabled: bool) -> &mut Self {
+        self.h2_builder.informational = enabled;
+        self
+    }
+
     /// Set whether the `date` header should be included in HTTP responses.
     ///
     /// Note that including the `date` header is recommended by RFC 7231.
