@@ -9,6 +9,7 @@ use http::Method;
 use lacquer_tests::{
     eventually,
     h3::{self, get, header},
+    origin::Raw,
     pattern,
     tls::{self, TestCa},
     Daemon, Origin, Reply, Step,
@@ -696,4 +697,56 @@ async fn a_frame_announcing_terabytes_is_skipped_or_refused_not_buffered() {
         "refused from its length, not at header_read_timeout"
     );
     assert_eq!(out["results"][0]["status"], 200, "{out}");
+}
+
+#[tokio::test]
+async fn early_hints_reach_an_http3_client_before_the_answer() {
+    if !h3::available() {
+        return;
+    }
+    let origin = Origin::raw(|seen| {
+        let body = format!("page {}", seen.path);
+        vec![
+            Raw::write(
+                "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n",
+            ),
+            Raw::Sleep(Duration::from_millis(200)),
+            Raw::write(format!(
+                "HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )),
+        ]
+    })
+    .await;
+    let q = Quic::start(
+        &origin,
+        "",
+        "[[rule]]\nname = \"hints\"\nmatch = { path_prefix = [\"/shop/\"] }\n\
+         early_hints = [\"</app.js>; rel=preload; as=script\"]\n",
+    );
+    let results = q
+        .requests(vec![h3::get("/shop/a"), h3::get("/shop/a")])
+        .await;
+    // A miss: the rule's hint, then the origin's, then the answer, each its own HEADERS frame.
+    let interim = results[0]["interim"].as_array().unwrap();
+    let links: Vec<_> = interim
+        .iter()
+        .map(|i| {
+            assert_eq!(i["status"], 103);
+            i["headers"][0].clone()
+        })
+        .collect();
+    assert_eq!(
+        links,
+        [
+            json!(["link", "</app.js>; rel=preload; as=script"]),
+            json!(["link", "</style.css>; rel=preload; as=style"])
+        ]
+    );
+    assert_eq!(results[0]["status"], 200);
+    assert_eq!(results[0]["length"], "page /shop/a".len());
+    // A hit: the answer alone.
+    assert_eq!(results[1]["interim"], json!([]));
+    assert_eq!(results[1]["status"], 200);
+    assert_eq!(origin.total(), 1);
 }
