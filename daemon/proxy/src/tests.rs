@@ -467,6 +467,106 @@ async fn one_compressed_body_serves_every_accept_encoding() {
     assert_eq!(origin.count("/t"), 1);
 }
 
+/// Compression dictionaries (RFC 9842) on the data path: a stored `Use-As-Dictionary` response is held; a
+/// client announcing it is sent the next version in `dcz`, made once from the stored body; a dictionary
+/// response that varies on a cookie is never held, and a purged one is let go.
+#[tokio::test]
+async fn a_dictionary_held_compresses_the_next_version_for_its_holders() {
+    use base64::Engine;
+    let v1: String = (0..2000)
+        .map(|i| format!("function f{i}() {{ return {i}; }}\n"))
+        .collect();
+    let v2 = format!("{v1}function added() {{}}\n");
+    let (a, b) = (Bytes::from(v1.clone()), Bytes::from(v2.clone()));
+    let origin = Origin::start(move |seen| {
+        let script = |body: &Bytes| {
+            Reply::ok(body.clone())
+                .header("content-type", "application/javascript")
+                .header("cache-control", "max-age=60")
+        };
+        match seen.path.as_str() {
+            "/v1.js" => script(&a).header("use-as-dictionary", "match=\"/v*.js\""),
+            "/mine.js" => script(&a)
+                .header("use-as-dictionary", "match=\"/v*.js\"")
+                .header("vary", "cookie"),
+            _ => script(&b),
+        }
+    })
+    .await;
+    let store = MemoryStore::new(1024);
+    let w = worker(&origin, &store);
+    let stats = &w.shared.stats;
+    get(&w, "/mine.js", &[("cookie", "user=7")]).await;
+    get(&w, "/v1.js", &[]).await;
+    fills_done(&w).await;
+    for _ in 0..500 {
+        if stats.dictionaries_held.load(SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        stats.dictionaries_held.load(SeqCst),
+        1,
+        "the dictionary held"
+    );
+    // The same bytes under a cookie's variant were never held: one dictionary.
+    assert_eq!(stats.dictionaries_kept.load(SeqCst), 1);
+
+    let digest = ring::digest::digest(&ring::digest::SHA256, v1.as_bytes());
+    let have = format!(
+        ":{}:",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    );
+    let asked = [
+        ("accept-encoding", "gzip, br, zstd, dcb, dcz"),
+        ("available-dictionary", have.as_str()),
+    ];
+    let first = get(&w, "/v2.js", &asked).await;
+    assert_eq!(first.header("content-encoding"), "gzip");
+    fills_done(&w).await;
+    // The first hit starts the representation; the ones after it are sent it.
+    let mut sent = None;
+    for _ in 0..500 {
+        let got = get(&w, "/v2.js", &asked).await;
+        if got.header("content-encoding") == "dcz" {
+            sent = Some(got);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let sent = sent.expect("a dcz representation");
+    assert_eq!(&sent.body[..8], &[0x5e, 0x2a, 0x4d, 0x18, 0x20, 0, 0, 0]);
+    assert_eq!(&sent.body[8..40], digest.as_ref());
+    let mut decoded = Vec::new();
+    let mut r =
+        zstd::stream::read::Decoder::with_dictionary(&sent.body[40..], v1.as_bytes()).unwrap();
+    std::io::Read::read_to_end(&mut r, &mut decoded).unwrap();
+    assert_eq!(decoded, v2.as_bytes());
+    let kept = &store.set(&key("/v2.js")).expect("stored").siblings;
+    assert_eq!(kept.len(), 1);
+    assert!(kept[0]
+        .coding
+        .as_deref()
+        .is_some_and(|c| c.starts_with("dcz:")));
+    // The origin never saw the dictionary, and was asked once per file.
+    assert_eq!(origin.count("/v2.js"), 1);
+    assert!(origin
+        .seen()
+        .iter()
+        .all(|s| !s.headers.contains_key("available-dictionary")));
+
+    // Purged, it is let go when next looked for: v3 is not compressed against it.
+    crate::store::CacheStore::invalidate(&store, &key("/v1.js")).unwrap();
+    for _ in 0..3 {
+        let got = get(&w, "/v3.js", &asked).await;
+        assert_eq!(got.header("content-encoding"), "gzip");
+        fills_done(&w).await;
+    }
+    assert_eq!(stats.dictionaries_dropped.load(SeqCst), 1);
+    assert_eq!(stats.dictionaries_held.load(SeqCst), 0);
+}
+
 /// An object within `stale-while-revalidate` is served at once while one background fetch refreshes it.
 #[tokio::test]
 async fn stale_while_revalidate_serves_at_once_and_refreshes_once() {
