@@ -2,6 +2,7 @@
 //! ephemeral ports with its own store directory, a small HTTP client, and HAProxy running the packaged
 //! example configuration.
 
+pub mod chromium;
 pub mod client;
 pub mod daemon;
 pub mod etcd;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use http::Method;
-use lacquer_tests::{eventually, request, Daemon, Origin, Reply};
+use lacquer_tests::{chromium, eventually, request, Daemon, Origin, Reply};
 
 /// Version `n` of a script: most of it the same from one version to the next, as a bundle's is.
 fn script(n: usize) -> Vec<u8> {
@@ -285,12 +285,9 @@ async fn a_client_holding_a_version_gets_the_next_compressed_against_it() {
     assert_eq!(decode(&r, &v1), v2);
 }
 
-const CHROMIUM: &str = "/usr/bin/chromium";
-
 #[tokio::test(flavor = "multi_thread")]
 async fn chromium_decodes_what_it_is_sent_against_its_dictionary() {
-    if !std::path::Path::new(CHROMIUM).exists() {
-        eprintln!("skipped: {CHROMIUM} is missing (Debian's chromium package)");
+    if !chromium::available() {
         return;
     }
     let origin = scripts_origin().await;
@@ -324,27 +321,9 @@ async fn chromium_decodes_what_it_is_sent_against_its_dictionary() {
         .as_u64()
         .unwrap();
 
-    let profile = tempfile::tempdir().unwrap();
-    let out = tokio::process::Command::new(CHROMIUM)
-        .args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        // `localhost` is a secure context, where Chromium uses dictionaries over plain HTTP.
-        .arg(format!("http://localhost:{}/", d.addr.port()))
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), out)
-        .await
-        .expect("chromium ends")
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
+    // `localhost` is a secure context, where Chromium uses dictionaries over plain HTTP.
+    let url = format!("http://localhost:{}/", d.addr.port());
+    let (dom, printed) = chromium::dump_dom(&url, &[]).await;
     let want = format!(
         "data-decoded=\"{}:{}\"",
         v2.len(),
@@ -353,11 +332,7 @@ async fn chromium_decodes_what_it_is_sent_against_its_dictionary() {
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     );
-    assert!(
-        dom.contains(&want),
-        "{dom}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(dom.contains(&want), "{dom}\n{printed}");
     // What it decoded was sent against its dictionary, not in an ordinary coding.
     let after = d.stats().await["proxy"]["dictionary_responses"]
         .as_u64()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Method;
 use lacquer_tests::{
-    eventually,
+    chromium, eventually,
     h3::{self, get, header},
     origin::Raw,
     pattern,
@@ -586,12 +586,9 @@ async fn a_stop_finishes_the_requests_in_flight_over_http3() {
     q.d.stop();
 }
 
-const CHROMIUM: &str = "/usr/bin/chromium";
-
 #[tokio::test]
 async fn chromium_fetches_a_page_over_http3() {
-    if !std::path::Path::new(CHROMIUM).exists() {
-        eprintln!("skipped: {CHROMIUM} is missing (Debian's chromium package)");
+    if !chromium::available() {
         return;
     }
     let origin = Origin::start(|_| {
@@ -614,36 +611,17 @@ async fn chromium_fetches_a_page_over_http3() {
     let spki = String::from_utf8(spki.stdout).unwrap().trim().to_owned();
     assert!(!spki.is_empty(), "openssl computed the key's hash");
     let port = q.d.addr.port();
-    let profile = tempfile::tempdir().unwrap();
-    let out = tokio::process::Command::new(CHROMIUM)
-        .args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--enable-quic",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg("--host-resolver-rules=MAP example.test 127.0.0.1")
-        .arg(format!("--origin-to-force-quic-on=example.test:{port}"))
-        .arg(format!("--ignore-certificate-errors-spki-list={spki}"))
-        .arg("--dump-dom")
-        .arg(format!("https://example.test:{port}/page"))
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), out)
-        .await
-        .expect("chromium ends")
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        dom.contains("over quic"),
-        "{dom}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (dom, printed) = chromium::dump_dom(
+        &format!("https://example.test:{port}/page"),
+        &[
+            "--enable-quic".to_owned(),
+            "--host-resolver-rules=MAP example.test 127.0.0.1".to_owned(),
+            format!("--origin-to-force-quic-on=example.test:{port}"),
+            format!("--ignore-certificate-errors-spki-list={spki}"),
+        ],
+    )
+    .await;
+    assert!(dom.contains("over quic"), "{dom}\n{printed}");
     let stats = q.d.stats().await;
     assert!(
         stats["proxy"]["requests_http3"].as_u64().unwrap() >= 1,

@@ -352,6 +352,22 @@ fn decode_against(
     (hash, out)
 }
 
+/// `body` fed to `encoder` `piece` bytes at a time, and the whole stream it made.
+fn encode_in_pieces(encoder: &mut Encoder, body: &[u8], piece: usize) -> Vec<u8> {
+    let mut stream = Vec::new();
+    for piece in body.chunks(piece) {
+        encoder.feed(Bytes::copy_from_slice(piece));
+        while let Some(out) = encoder.piece().unwrap() {
+            stream.extend_from_slice(&out);
+        }
+    }
+    encoder.end();
+    while let Some(out) = encoder.piece().unwrap() {
+        stream.extend_from_slice(&out);
+    }
+    stream
+}
+
 #[test]
 fn a_body_coded_against_a_dictionary_decodes_against_it_and_is_far_smaller() {
     // Version 2 of a script, and version 1 as its dictionary: most of it is shared.
@@ -364,17 +380,7 @@ fn a_body_coded_against_a_dictionary_decodes_against_it_and_is_far_smaller() {
     let hash = [7u8; 32];
     for coding in [DictionaryCoding::Dcb, DictionaryCoding::Dcz] {
         let mut encoder = Encoder::with_dictionary(coding, 5, &v1, &hash).unwrap();
-        let mut stream = Vec::new();
-        for piece in v2.chunks(10_000) {
-            encoder.feed(Bytes::copy_from_slice(piece));
-            while let Some(out) = encoder.piece().unwrap() {
-                stream.extend_from_slice(&out);
-            }
-        }
-        encoder.end();
-        while let Some(out) = encoder.piece().unwrap() {
-            stream.extend_from_slice(&out);
-        }
+        let stream = encode_in_pieces(&mut encoder, &v2, 10_000);
         assert_eq!(encoder.produced(), stream.len() as u64);
         let (sent_hash, decoded) = decode_against(coding, &stream, &v1);
         assert_eq!(sent_hash, hash);
@@ -421,17 +427,7 @@ proptest! {
         }
         for coding in [DictionaryCoding::Dcb, DictionaryCoding::Dcz] {
             let mut encoder = Encoder::with_dictionary(coding, level, &dictionary, &[1; 32]).unwrap();
-            let mut stream = Vec::new();
-            for piece in body.chunks(7_000) {
-                encoder.feed(Bytes::copy_from_slice(piece));
-                while let Some(out) = encoder.piece().unwrap() {
-                    stream.extend_from_slice(&out);
-                }
-            }
-            encoder.end();
-            while let Some(out) = encoder.piece().unwrap() {
-                stream.extend_from_slice(&out);
-            }
+            let stream = encode_in_pieces(&mut encoder, &body, 7_000);
             let (_, decoded) = decode_against(coding, &stream, &dictionary);
             prop_assert!(decoded == body, "{:?} at level {}", coding, level);
         }

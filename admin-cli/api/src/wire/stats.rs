@@ -598,6 +598,16 @@ pub const FAMILY_HELP: &[(&str, &str)] = &[
          includes that failed.",
     ),
     (
+        "lacquer_dictionary_events_total",
+        "Compression dictionaries: Use-As-Dictionary responses held (kept), not held (refused), let go \
+         (dropped).",
+    ),
+    (
+        "lacquer_interim_responses_total",
+        "Informational (1xx) responses sent to clients ahead of the answer: an origin's forwarded \
+         (origin), a rule's early_hints (rule).",
+    ),
+    (
         "lacquer_slices_total",
         "Slices of objects on sliced routes: fetched from the origin, served from the store.",
     ),

@@ -15,6 +15,7 @@ use super::{
 use crate::{
     coalesce::Joined,
     coding::{Conversion, DictionaryAsked},
+    dictionary::Dictionary,
     esi::fill::TEMPLATE,
     fetch::Fill,
     prefetch,
@@ -84,33 +85,16 @@ pub(super) async fn serve_stored<S: CacheStore>(
             txn.step("Body", || {
                 format!("stored, {:?} tier, its {coding:?} sibling", first.tier)
             });
-            let body = &found.set.siblings[sibling].body;
             let Conversion::Sibling { coding, .. } = conversion else {
                 unreachable!("a sibling is sent as one");
             };
             let make = |m: &ObjectMeta| Prepared::sibling(&prepared, coding, m.length);
-            let owned;
-            let head = match body.prepared(make) {
-                Some(head) => head,
-                None => {
-                    owned = make(body);
-                    &owned
-                }
+            let sent = Sibling {
+                index: sibling,
+                first: first.data,
+                conversion: &conversion,
             };
-            let (made, ahead) = respond::stored(
-                &shared.store,
-                &found.set,
-                found.index,
-                Some(sibling),
-                Some(first.data),
-                now,
-                outcome,
-                txn.head(),
-                head,
-                &conversion,
-                &shared.live.load().rules,
-            );
-            txn.ahead = ahead;
+            let made = send_sibling(worker, txn, found, sent, (now, outcome), make);
             with_debug(txn, &prepared, meta, now);
             return Some(txn.made(made, outcome));
         }
@@ -202,28 +186,12 @@ async fn dictionary<S: CacheStore>(
                 });
                 let make =
                     |m: &ObjectMeta| Prepared::dictionary_sibling(prepared, asked.coding, m.length);
-                let owned;
-                let head = match body.prepared(make) {
-                    Some(head) => head,
-                    None => {
-                        owned = make(body);
-                        &owned
-                    }
+                let sent = Sibling {
+                    index,
+                    first: first.data,
+                    conversion: &Conversion::None,
                 };
-                let (made, ahead) = respond::stored(
-                    &shared.store,
-                    &found.set,
-                    found.index,
-                    Some(index),
-                    Some(first.data),
-                    now,
-                    outcome,
-                    txn.head(),
-                    head,
-                    &Conversion::None,
-                    &shared.live.load().rules,
-                );
-                txn.ahead = ahead;
+                let made = send_sibling(worker, txn, found, sent, (now, outcome), make);
                 with_debug(txn, prepared, meta, now);
                 return Some(txn.made(made, outcome));
             }
@@ -243,21 +211,53 @@ async fn dictionary<S: CacheStore>(
         Coded::With(coding) => Some(coding),
         _ => None,
     };
-    siblings::start(
-        &shared.store,
-        &shared.making,
-        &shared.stats,
-        &negotiation.settings,
-        txn.route.policy.cache.max_object_size.as_u64(),
-        siblings::Wanted {
-            key: &txn.key,
-            found,
-            stored,
-            made,
-        },
-        Some(dictionary),
-    );
+    start_making(worker, txn, found, stored, made, Some(dictionary));
     None
+}
+
+/// A stored representation of a variant's body to send: its index among the set's siblings, its chunk
+/// 0, and how it is sent.
+struct Sibling<'a> {
+    index: usize,
+    first: bytes::Bytes,
+    conversion: &'a Conversion,
+}
+
+/// The response sending `sibling` of `found`'s body, under the head `make` prepares from its metadata
+/// (made once per copy of it, as a variant's is).
+fn send_sibling<S: CacheStore>(
+    worker: &Worker<S>,
+    txn: &mut Txn,
+    found: &Found,
+    sibling: Sibling<'_>,
+    (now, outcome): (u64, Outcome),
+    make: impl Fn(&ObjectMeta) -> Prepared,
+) -> respond::Made {
+    let shared = &worker.shared;
+    let body = &found.set.siblings[sibling.index].body;
+    let owned;
+    let head = match body.prepared(&make) {
+        Some(head) => head,
+        None => {
+            owned = make(body);
+            &owned
+        }
+    };
+    let (made, ahead) = respond::stored(
+        &shared.store,
+        &found.set,
+        found.index,
+        Some(sibling.index),
+        Some(sibling.first),
+        now,
+        outcome,
+        txn.head(),
+        head,
+        sibling.conversion,
+        &shared.live.load().rules,
+    );
+    txn.ahead = ahead;
+    made
 }
 
 /// Representations against dictionaries kept for one body at most: one per version of a file that
@@ -333,6 +333,25 @@ async fn sibling<S: CacheStore>(
             Err(e) => tracing::warn!(key = txn.key, error = %e, "reading a representation failed"),
         }
     }
+    start_making(worker, txn, found, Some(coding), Made::Coding(wanted), None);
+    None
+}
+
+/// Starts making `made` from `found`'s body (stored in `stored`, `None`: identity) in the background, for
+/// the clients after this one (see [`siblings::start`]); `dictionary` is the one a dictionary coding is
+/// made against.
+fn start_making<S: CacheStore>(
+    worker: &Worker<S>,
+    txn: &Txn,
+    found: &Found,
+    stored: Option<Coding>,
+    made: Made,
+    dictionary: Option<Arc<Dictionary>>,
+) {
+    let shared = &worker.shared;
+    let Some(negotiation) = &txn.route.policy.compression else {
+        return;
+    };
     siblings::start(
         &shared.store,
         &shared.making,
@@ -342,12 +361,11 @@ async fn sibling<S: CacheStore>(
         siblings::Wanted {
             key: &txn.key,
             found,
-            stored: Some(coding),
-            made: siblings::Made::Coding(wanted),
+            stored,
+            made,
         },
-        None,
+        dictionary,
     );
-    None
 }
 
 /// Starts one background fetch (a revalidation when the object has validators) for a key served in grace,
