@@ -1670,6 +1670,51 @@ mod tests {
         assert!(conn.io.read_buf_capacity() <= IDLE_READ_BUFFER_SIZE);
     }
 
+    /// [Vendored patch] An informational head is written ahead of the final
+    /// one to an HTTP/1.1 client, and never to an HTTP/1.0 one.
+    #[cfg(feature = "server")]
+    #[test]
+    fn conn_writes_interim_heads_to_http11_only() {
+        fn early_hints() -> MessageHead<http::StatusCode> {
+            let mut head = MessageHead {
+                version: Version::HTTP_11,
+                subject: http::StatusCode::EARLY_HINTS,
+                ..Default::default()
+            };
+            head.headers.insert(
+                http::header::LINK,
+                http::HeaderValue::from_static("</a.css>; rel=preload"),
+            );
+            head
+        }
+        let io = tokio_test::io::Builder::new()
+            .read(b"GET / HTTP/1.1\r\n\r\n")
+            .write(b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n")
+            .build();
+        let mut conn = Conn::<_, Bytes, ServerTransaction>::new(Compat::new(io));
+        ready(poll_head(&mut conn))
+            .expect("request")
+            .expect("valid request");
+        tokio_test::task::spawn(()).enter(|cx, _| {
+            conn.write_interim(early_hints());
+            assert!(conn.poll_flush(cx).is_ready());
+        });
+
+        // HTTP/1.0: nothing is written (the mock fails on any write).
+        let io = tokio_test::io::Builder::new()
+            .read(b"GET / HTTP/1.0\r\n\r\n")
+            .build();
+        let mut conn = Conn::<_, Bytes, ServerTransaction>::new(Compat::new(io));
+        ready(poll_head(&mut conn))
+            .expect("request")
+            .expect("valid request");
+        tokio_test::task::spawn(()).enter(|cx, _| {
+            conn.write_interim(early_hints());
+            assert!(!conn.has_buffered_write());
+            assert!(conn.poll_flush(cx).is_ready());
+        });
+    }
+
     /// [Vendored patch] After a large request body, the read buffer is
     /// released (and the read size starts over) once the connection is idle.
     #[cfg(feature = "server")]
