@@ -339,3 +339,53 @@ async fn chromium_decodes_what_it_is_sent_against_its_dictionary() {
         .unwrap();
     assert_eq!(after, before + 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_was_made_survives_a_restart_and_a_dictionary_is_held_again_once_served() {
+    let origin = scripts_origin().await;
+    let mut d = Daemon::start(origin.addr, &[]);
+    let (v1, v2, v3) = (script(1), script(2), script(3));
+    let host = ("host", "scripts.test");
+    let have = available(&v1);
+    let asked = [
+        ("accept-encoding", CHROME),
+        ("available-dictionary", &*have),
+        host,
+    ];
+    get(&d, "/js/app.v1.js", &[("accept-encoding", "gzip"), host]).await;
+    d.wait_for_stats("the dictionary held", |s| {
+        s["proxy"]["dictionaries_held"].as_u64() == Some(1)
+    })
+    .await;
+    let made = eventually(Duration::from_secs(10), || async {
+        let r = get(&d, "/js/app.v2.js", &asked).await;
+        (r.header("content-encoding") == "dcz").then_some(r.body)
+    })
+    .await;
+    d.stop();
+    let d = d.restart();
+
+    // The representation is stored beside its body: sent at once, as before.
+    let r = get(&d, "/js/app.v2.js", &asked).await;
+    assert_eq!((r.header("content-encoding"), r.x_cache()), ("dcz", "HIT"));
+    assert_eq!(r.body, made);
+    assert_eq!(decode(&r, &v1), v2);
+    // The dictionary itself is held again once its file is served: until then a new file goes in the
+    // ordinary codings.
+    for _ in 0..3 {
+        let r = get(&d, "/js/app.v3.js", &asked).await;
+        assert_eq!(r.header("content-encoding"), "gzip");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = get(&d, "/js/app.v1.js", &[("accept-encoding", "gzip"), host]).await;
+    assert_eq!(r.x_cache(), "HIT");
+    let r = eventually(Duration::from_secs(10), || async {
+        let r = get(&d, "/js/app.v3.js", &asked).await;
+        (r.header("content-encoding") == "dcz").then_some(r)
+    })
+    .await;
+    assert_eq!(decode(&r, &v1), v3);
+    assert_eq!(origin.count("/js/app.v1.js"), 1);
+    assert_eq!(origin.count("/js/app.v2.js"), 1);
+    assert_eq!(origin.count("/js/app.v3.js"), 1);
+}
