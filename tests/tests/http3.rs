@@ -2,7 +2,10 @@
 //! through the whole data path (hits, misses, ranges, compression, invalidation), with its limits, 0-RTT
 //! policy and counters, and malformed input.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
 use http::Method;
@@ -60,6 +63,27 @@ impl Quic {
         spec["server_name"] = json!("example.test");
         spec["cafile"] = json!(self.cafile);
         h3::run(self.d.addr, spec).await
+    }
+
+    /// Chromium's flags to reach this daemon as `example.test` and trust its certificate (by the hash of
+    /// its public key).
+    fn chromium_trusts(&self) -> Vec<String> {
+        let cert = self.certs.path().join("site.pem");
+        let spki = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "openssl x509 -in {} -pubkey -noout | openssl pkey -pubin -outform der \
+                 | openssl dgst -sha256 -binary | base64",
+                cert.display()
+            ))
+            .output()
+            .unwrap();
+        let spki = String::from_utf8(spki.stdout).unwrap().trim().to_owned();
+        assert!(!spki.is_empty(), "openssl computed the key's hash");
+        vec![
+            "--host-resolver-rules=MAP example.test 127.0.0.1".to_owned(),
+            format!("--ignore-certificate-errors-spki-list={spki}"),
+        ]
     }
 
     async fn requests(&self, requests: Vec<Value>) -> Vec<Value> {
@@ -597,30 +621,14 @@ async fn chromium_fetches_a_page_over_http3() {
     })
     .await;
     let q = Quic::start(&origin, "", "[access_log]\npath = \"{dir}/access.log\"\n");
-    let cert = q.certs.path().join("site.pem");
-    // Chromium trusts the test certificate by the hash of its public key.
-    let spki = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "openssl x509 -in {} -pubkey -noout | openssl pkey -pubin -outform der \
-             | openssl dgst -sha256 -binary | base64",
-            cert.display()
-        ))
-        .output()
-        .unwrap();
-    let spki = String::from_utf8(spki.stdout).unwrap().trim().to_owned();
-    assert!(!spki.is_empty(), "openssl computed the key's hash");
     let port = q.d.addr.port();
-    let (dom, printed) = chromium::dump_dom(
-        &format!("https://example.test:{port}/page"),
-        &[
-            "--enable-quic".to_owned(),
-            "--host-resolver-rules=MAP example.test 127.0.0.1".to_owned(),
-            format!("--origin-to-force-quic-on=example.test:{port}"),
-            format!("--ignore-certificate-errors-spki-list={spki}"),
-        ],
-    )
-    .await;
+    let mut args = q.chromium_trusts();
+    args.extend([
+        "--enable-quic".to_owned(),
+        format!("--origin-to-force-quic-on=example.test:{port}"),
+    ]);
+    let (dom, printed) =
+        chromium::dump_dom(&format!("https://example.test:{port}/page"), &args).await;
     assert!(dom.contains("over quic"), "{dom}\n{printed}");
     let stats = q.d.stats().await;
     assert!(
@@ -727,4 +735,76 @@ async fn early_hints_reach_an_http3_client_before_the_answer() {
     assert_eq!(results[1]["interim"], json!([]));
     assert_eq!(results[1]["status"], 200);
     assert_eq!(origin.total(), 1);
+}
+
+/// Chromium acts on a 103 before the page arrives: the origin holds the page until the stylesheet its 103
+/// hinted has been asked for, so the page is never answered unless the browser preloaded it.
+#[tokio::test(flavor = "multi_thread")]
+async fn chromium_preloads_what_an_origins_103_hints_while_the_page_is_made() {
+    if !chromium::available() {
+        return;
+    }
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let held = gate.clone();
+    let origin = Origin::raw(move |seen| {
+        if seen.path == "/style.css" {
+            let css = "p { color: green }";
+            return vec![Raw::write(format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/css\r\nCache-Control: max-age=600\r\n\
+                 Content-Length: {}\r\n\r\n{css}",
+                css.len()
+            ))];
+        }
+        if seen.path != "/page" {
+            // Chromium asks for /favicon.ico too.
+            return vec![Raw::write(
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+            )];
+        }
+        let page = "<html><head><link rel=stylesheet href=/style.css></head>\
+                    <body><p id=x>hinted</p></body></html>";
+        vec![
+            Raw::write(
+                "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n",
+            ),
+            Raw::Gate(held.clone()),
+            Raw::write(format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nCache-Control: no-store\r\n\
+                 Content-Length: {}\r\n\r\n{page}",
+                page.len()
+            )),
+        ]
+    })
+    .await;
+    let q = Quic::start(&origin, "", "");
+    let port = q.d.addr.port();
+    // Over TLS and HTTP/2 (Chromium acts on Early Hints for navigations over HTTP/2 and HTTP/3 only).
+    let browsing = tokio::spawn({
+        let args = q.chromium_trusts();
+        async move { chromium::dump_dom(&format!("https://example.test:{port}/page"), &args).await }
+    });
+    eventually(Duration::from_secs(30), || async {
+        (origin.count("/style.css") == 1).then_some(())
+    })
+    .await;
+    // Preloaded while the page was held: now the page may come (to every request for it).
+    let opening = tokio::spawn(async move {
+        loop {
+            gate.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let (dom, printed) = browsing.await.unwrap();
+    opening.abort();
+    eprintln!(
+        "SEEN {:?}",
+        origin
+            .seen()
+            .iter()
+            .map(|s| s.path.clone())
+            .collect::<Vec<_>>()
+    );
+    assert!(dom.contains("hinted"), "{dom}\n{printed}");
+    assert_eq!(origin.count("/page"), 1);
+    assert!(q.d.stats().await["proxy"]["interim_forwarded"].as_u64() >= Some(1));
 }
