@@ -79,6 +79,11 @@ fn render(e: &Explanation) -> String {
     if !e.key_fields.is_empty() {
         line(&mut out, "key fields", e.key_fields.join(", "));
     }
+    let mut label = "early hints";
+    for link in &e.early_hints {
+        line(&mut out, label, link);
+        label = "";
+    }
     if e.rules.is_empty() {
         line(&mut out, "rules", "none");
     }
@@ -190,6 +195,7 @@ mod tests {
             backend: "default".into(),
             key: Some("example.com/a?b=1".into()),
             key_fields: vec!["x-device".into(), "accept-encoding".into()],
+            early_hints: vec![],
             synthetic: None,
             stored: Some(ExplainedObject {
                 state: "grace".into(),
@@ -243,6 +249,7 @@ response    200
             rules: vec![step(0, "old", "request", true)],
             key: None,
             key_fields: vec![],
+            early_hints: vec![],
             synthetic: Some(ExplainedResponse {
                 status: 301,
                 headers: vec![field("location", "/new/a")],

@@ -127,6 +127,27 @@ early_hints = ["</app.js>; rel=preload; as=script", "</shop.css>; rel=preload; a
         ["http/2 103", "http/2 103", "http/2 200"]
     );
 
+    // `cachectl explain` shows the hints a request would be sent.
+    let admin = d.admin.to_string();
+    let secret = d.secret_file();
+    let (status, out, err) = lacquer_tests::run_tool(
+        lacquer_tests::daemon::binary("cachectl").to_str().unwrap(),
+        &[
+            "--admin",
+            &admin,
+            "--secret",
+            secret.to_str().unwrap(),
+            "explain",
+            "http://shop.test/shop/checkout",
+        ],
+    );
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.contains("early hints </app.js>; rel=preload; as=script\n")
+            && out.contains("            </shop.css>; rel=preload; as=style\n"),
+        "{out}"
+    );
+
     let stats = d.stats().await;
     assert_eq!(stats["proxy"]["early_hints_sent"].as_u64(), Some(2));
     assert_eq!(stats["proxy"]["interim_forwarded"].as_u64(), Some(4));

@@ -169,6 +169,7 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
         backend: String::new(),
         key: None,
         key_fields: Vec::new(),
+        early_hints: Vec::new(),
         synthetic: None,
         stored: None,
     };
@@ -242,6 +243,9 @@ fn simulate(live: &Live, req: &ExplainRequest) -> Result<Simulated, String> {
             };
             explanation.action = action.into();
             explanation.reason = reason;
+            explanation.early_hints = (admitted.decided.early_hints.iter())
+                .filter_map(|link| link.to_str().ok().map(str::to_owned))
+                .collect();
             if matches!(admitted.class, RequestClass::Lookup | RequestClass::Miss(_)) {
                 let policy = &route.policy;
                 explanation.key = Some(primary_key(&parts));

@@ -80,6 +80,10 @@ pub struct Explanation {
     /// Request fields every stored response varies on, beyond its own `Vary` (rules' `key`, keyed
     /// forwarding fields, `accept-encoding` under compression).
     pub key_fields: Vec<String>,
+    /// `Link` values a rule's `early_hints` sends in a `103 Early Hints` when the request goes to the
+    /// origin (a miss or a pass).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub early_hints: Vec<String>,
     /// The answer a rule makes without the origin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<ExplainedResponse>,
