@@ -205,6 +205,16 @@ enum Command {
         /// The expiry's query parameter (the rule's `signed.expires`).
         #[arg(long, default_value = "exp")]
         expires_param: String,
+        /// `hmac-sha256`, or `nginx-md5` for a link NGINX's `secure_link_md5` (and a rule's
+        /// `algorithm = "nginx-md5"`) checks.
+        #[arg(long, default_value = "hmac-sha256", value_parser = ["hmac-sha256", "nginx-md5"])]
+        algorithm: String,
+        /// With `nginx-md5`: what the MD5 is of (the rule's `signed.expression`).
+        #[arg(long, default_value = lacquer_rules::NGINX_EXPRESSION)]
+        expression: String,
+        /// With `nginx-md5`: the client address the link is for, when the expression has `$remote_addr`.
+        #[arg(long, default_value = "127.0.0.1")]
+        client: std::net::IpAddr,
     },
     /// Translate a VCL file (the subset templates use) into lacquerd's configuration: backends, the purge
     /// ACL and rules, each under the VCL lines it came from, then every construct not translated, with its
@@ -292,11 +302,21 @@ fn manual_pages(dir: &std::path::Path) -> std::io::Result<()> {
 
 /// `cachectl sign`: the URL with its expiry and signature appended (the secret read as the rule reads it:
 /// a trailing newline is not part of it).
+/// How `cachectl sign` signs: HMAC-SHA256, or NGINX's MD5 of `expression` for `client`.
+enum Algorithm<'a> {
+    HmacSha256,
+    NginxMd5 {
+        expression: &'a str,
+        client: std::net::IpAddr,
+    },
+}
+
 fn sign(
     url: &str,
     lives: std::time::Duration,
     secret_file: &std::path::Path,
     (param, expires_param): (&str, &str),
+    algorithm: Algorithm<'_>,
     json: bool,
 ) -> ExitCode {
     let secret = match std::fs::read(secret_file) {
@@ -323,7 +343,23 @@ fn sign(
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let signed = lacquer_rules::sign(secret, target, now + lives.as_secs(), param, expires_param);
+    let expires_at = now + lives.as_secs();
+    let signed = match algorithm {
+        Algorithm::HmacSha256 => {
+            lacquer_rules::sign(secret, target, expires_at, param, expires_param)
+        }
+        Algorithm::NginxMd5 { expression, client } => match lacquer_rules::sign_nginx_md5(
+            secret,
+            expression,
+            target,
+            client,
+            expires_at,
+            (param, expires_param),
+        ) {
+            Ok(signed) => signed,
+            Err(why) => return fail(json, "usage", &format!("--expression: {why}"), 2),
+        },
+    };
     write_out(&format!("{origin}{signed}\n"));
     ExitCode::SUCCESS
 }
@@ -511,9 +547,26 @@ fn main() -> ExitCode {
         secret_file,
         param,
         expires_param,
+        algorithm,
+        expression,
+        client,
     } = &cli.command
     {
-        return sign(url, *expires, secret_file, (param, expires_param), cli.json);
+        let algorithm = match algorithm.as_str() {
+            "nginx-md5" => Algorithm::NginxMd5 {
+                expression,
+                client: *client,
+            },
+            _ => Algorithm::HmacSha256,
+        };
+        return sign(
+            url,
+            *expires,
+            secret_file,
+            (param, expires_param),
+            algorithm,
+            cli.json,
+        );
     }
     if let Command::Completions { shell } = cli.command {
         let mut script = Vec::new();

@@ -122,3 +122,92 @@ signed = {{ secret_file = "{secret}", param = "token", refuse = {{ status = 410,
     assert_eq!(String::from_utf8_lossy(&r.body), "video /dl/setup.exe");
     assert_eq!(origin.total(), 2);
 }
+
+/// A link as NGINX's documentation makes one for `secure_link_md5`, with openssl.
+fn nginx_link(path: &str, expires: u64, client: &str, secret: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "printf '%s' '{expires}{path}{client} {secret}' | openssl md5 -binary | openssl base64 \
+             | tr +/ -_ | tr -d ="
+        ))
+        .output()
+        .expect("openssl runs");
+    let md5 = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert_eq!(md5.len(), 22, "openssl made an MD5");
+    format!("{path}?md5={md5}&expires={expires}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn links_made_for_nginxs_secure_link_md5_check_as_nginx_checks_them() {
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("nginx-secret");
+    std::fs::write(&secret, "the secret nginx.conf held inline\n").unwrap();
+    let origin = Origin::start(|seen| {
+        Reply::ok(format!("file {}", seen.path)).header("cache-control", "max-age=600")
+    })
+    .await;
+    let d = Daemon::with_config_only(&format!(
+        r#"
+[[listen]]
+address = "127.0.0.1:0"
+
+[[backend]]
+name = "files"
+address = "{}"
+
+[[rule]]
+name = "moved-from-nginx"
+match = {{ path_prefix = ["/s/"] }}
+signed = {{ secret_file = "{secret}", algorithm = "nginx-md5", param = "md5", expires = "expires" }}
+"#,
+        origin.addr,
+        secret = secret.display()
+    ));
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let inline = "the secret nginx.conf held inline";
+    // The test client connects from 127.0.0.1: the link NGINX would have checked for it.
+    let link = nginx_link("/s/link", later, "127.0.0.1", inline);
+    let r = get(&d, &link).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(String::from_utf8_lossy(&r.body), "file /s/link");
+    // Another client's link, an expired one, one for another path: refused, the origin not asked.
+    for (wrong, why) in [
+        (nginx_link("/s/link", later, "10.0.0.9", inline), "wrong"),
+        (nginx_link("/s/link", 1_000, "127.0.0.1", inline), "expired"),
+        (
+            nginx_link("/s/link", later, "127.0.0.1", inline).replace("/s/link", "/s/other"),
+            "wrong",
+        ),
+    ] {
+        let r = get(&d, &wrong).await;
+        assert_eq!(r.status, 403, "{wrong}");
+        assert!(String::from_utf8_lossy(&r.body).contains(why), "{wrong}");
+    }
+    // `cachectl sign --algorithm nginx-md5` makes the same link.
+    let (status, out, err) = run_tool(
+        binary("cachectl").to_str().unwrap(),
+        &[
+            "sign",
+            "/s/link",
+            "--expires",
+            "1h",
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--algorithm",
+            "nginx-md5",
+            "--param",
+            "md5",
+            "--expires-param",
+            "expires",
+        ],
+    );
+    assert_eq!(status, 0, "{err}");
+    let r = get(&d, out.trim()).await;
+    assert_eq!((r.status.as_u16(), r.x_cache()), (200, "HIT"));
+    assert_eq!(origin.total(), 1);
+}

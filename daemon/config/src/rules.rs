@@ -329,9 +329,16 @@ pub struct Signed {
     /// `exp`.
     #[serde(default = "exp")]
     pub expires: String,
-    /// `hmac-sha256`, the one algorithm. Default: `hmac-sha256`.
+    /// `hmac-sha256`, or `nginx-md5` for links made for NGINX's `secure_link_md5`: the MD5 of
+    /// `expression` in base64url, as NGINX checks it. Default: `hmac-sha256`.
     #[serde(default = "hmac_sha256")]
     pub algorithm: String,
+    /// What an `nginx-md5` link's MD5 is of, in NGINX's `secure_link_md5` syntax: text and the variables
+    /// `$secure_link_expires` (the expiry as sent), `$uri` (the path, percent-decoded), `$remote_addr`
+    /// (the client's address) and `$secret` (the secret file's content, which NGINX's configuration writes
+    /// inline). Default: `"$secure_link_expires$uri$remote_addr $secret"`, NGINX's documented example.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expression: Option<String>,
     /// The answer to a request whose signature is missing, wrong or expired. Default: `403`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refuse: Option<Respond>,

@@ -824,10 +824,20 @@ pub(crate) fn compile(
     }
     if let Some(s) = &rule.signed {
         allowed(phase, "signed", &request_only)?;
-        if s.algorithm != "hmac-sha256" {
+        let nginx = match s.algorithm.as_str() {
+            "hmac-sha256" => false,
+            "nginx-md5" => true,
+            other => {
+                return Err((
+                    "signed.algorithm".into(),
+                    format!("{other:?}: \"hmac-sha256\" or \"nginx-md5\""),
+                ))
+            }
+        };
+        if !nginx && s.expression.is_some() {
             return Err((
-                "signed.algorithm".into(),
-                format!("{:?}: the one algorithm is \"hmac-sha256\"", s.algorithm),
+                "signed.expression".into(),
+                "is for algorithm = \"nginx-md5\" only".into(),
             ));
         }
         if s.param.is_empty() || s.expires.is_empty() || s.param == s.expires {
@@ -860,10 +870,17 @@ pub(crate) fn compile(
             .map(|r| synthesis(r, phase, groups))
             .transpose()
             .map_err(|(field, reason)| (format!("signed.refuse.{field}"), reason))?;
-        actions.signed = Some(SignedAction {
-            signing: crate::signed::Signing::new(secret, &s.param, &s.expires),
-            refuse,
-        });
+        let signing = if nginx {
+            let expression = s
+                .expression
+                .as_deref()
+                .unwrap_or(crate::signed::NGINX_EXPRESSION);
+            crate::signed::Signing::nginx_md5(secret, expression, &s.param, &s.expires)
+                .map_err(|why| ("signed.expression".to_owned(), why))?
+        } else {
+            crate::signed::Signing::new(secret, &s.param, &s.expires)
+        };
+        actions.signed = Some(SignedAction { signing, refuse });
     }
     let adjust = Adjust {
         ttl: rule.ttl,

@@ -33,7 +33,7 @@ use lacquer_policy::{head::valid_host, host::request_host, normalize, storable::
 
 pub use compile::{page_type, read_page, MAX_BODY, MAX_FILE};
 use compile::{Body, Compiled, Line, Synthesis};
-pub use signed::sign;
+pub use signed::{sign, sign_nginx_md5, NGINX_EXPRESSION};
 use template::Values;
 
 /// A rule that cannot be compiled, named as the file names it.
@@ -536,7 +536,7 @@ impl Rules {
             // Checked before the rule's other actions: the signature is over the link as it came.
             if let Some(s) = &a.signed {
                 let now = lacquer_clock::now_ms() / 1000;
-                match s.signing.check(&parts.uri, now) {
+                match s.signing.check(&parts.uri, client, now) {
                     Ok(target) => {
                         if let Ok(uri) = target.parse::<Uri>() {
                             parts.uri = uri;
