@@ -171,11 +171,15 @@ enum Command {
     /// will do: each URL is fetched on the node that owns it. Needs no secret.
     Warm {
         /// A file of URLs (`http://host/path`, or paths with --host), `-` for standard input.
-        #[arg(value_name = "FILE", required_unless_present = "from_log")]
+        #[arg(value_name = "FILE", required_unless_present_any = ["from_log", "sitemap"])]
         file: Option<std::path::PathBuf>,
         /// An access log: lacquerd's `default` format names full URLs; with paths, give --host.
         #[arg(long, value_name = "FILE", conflicts_with = "file")]
         from_log: Option<std::path::PathBuf>,
+        /// A sitemap (`http://host/sitemap.xml`, or a sitemap index, gzip'd or not), fetched through the
+        /// cache: every page it lists.
+        #[arg(long, value_name = "URL", conflicts_with_all = ["file", "from_log"])]
+        sitemap: Option<String>,
         /// The host of URLs given as paths.
         #[arg(long)]
         host: Option<String>,
@@ -487,36 +491,13 @@ fn main() -> ExitCode {
     if let Command::Warm {
         file,
         from_log,
+        sitemap,
         host,
         via,
         rate,
         concurrency,
     } = &cli.command
     {
-        let (path, log) = match (file, from_log) {
-            (_, Some(log)) => (log, true),
-            (Some(file), None) => (file, false),
-            (None, None) => unreachable!("clap requires one"),
-        };
-        let text = if path.as_os_str() == "-" {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map(|_| text)
-        } else {
-            std::fs::read_to_string(path)
-        };
-        let text = match text {
-            Ok(text) => text,
-            Err(e) => return fail(cli.json, "io", &format!("{}: {e}", path.display()), 1),
-        };
-        let urls = if log {
-            warm::from_log(&text, host.as_deref())
-        } else {
-            warm::from_list(&text, host.as_deref())
-        };
-        let urls = match urls {
-            Ok(urls) => urls,
-            Err(e) => return fail(cli.json, "usage", &e, 2),
-        };
         if !rate.is_finite() || *rate <= 0.0 || *concurrency == 0 {
             return fail(
                 cli.json,
@@ -526,6 +507,41 @@ fn main() -> ExitCode {
             );
         }
         let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        let urls = if let Some(sitemap) = sitemap {
+            let url = match warm::Url::parse(sitemap, host.as_deref()) {
+                Ok(url) => url,
+                Err(e) => return fail(cli.json, "usage", &e, 2),
+            };
+            match runtime.block_on(warm::from_sitemap(&url, *via)) {
+                Ok(urls) => urls,
+                Err(e) => return fail(cli.json, "sitemap", &e, 1),
+            }
+        } else {
+            let (path, log) = match (file, from_log) {
+                (_, Some(log)) => (log, true),
+                (Some(file), None) => (file, false),
+                (None, None) => unreachable!("clap requires one"),
+            };
+            let text = if path.as_os_str() == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map(|_| text)
+            } else {
+                std::fs::read_to_string(path)
+            };
+            let text = match text {
+                Ok(text) => text,
+                Err(e) => return fail(cli.json, "io", &format!("{}: {e}", path.display()), 1),
+            };
+            let urls = if log {
+                warm::from_log(&text, host.as_deref())
+            } else {
+                warm::from_list(&text, host.as_deref())
+            };
+            match urls {
+                Ok(urls) => urls,
+                Err(e) => return fail(cli.json, "usage", &e, 2),
+            }
+        };
         let summary = runtime.block_on(warm::warm(urls, *via, *rate, *concurrency));
         if cli.json {
             write_out(&format!(

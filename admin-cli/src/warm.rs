@@ -53,6 +53,13 @@ impl Url {
     }
 }
 
+impl Url {
+    /// `http://host/target`, for messages.
+    fn name(&self) -> String {
+        format!("http://{}{}", self.host, self.target)
+    }
+}
+
 /// The URLs a list names: one per line; blank lines and `#` comments skipped; each once, in order.
 pub fn from_list(text: &str, host: Option<&str>) -> Result<Vec<Url>, String> {
     let lines = text
@@ -84,6 +91,167 @@ pub fn from_log(text: &str, host: Option<&str>) -> Result<Vec<Url>, String> {
         }
     }
     dedup(urls)
+}
+
+/// The largest sitemap read, decoded: the protocol's own limit (sitemaps.org: 50 MB uncompressed).
+const MAX_SITEMAP: u64 = 50 << 20;
+
+/// Sitemaps of an index read at most: an index lists up to 50 000, each of up to 50 000 URLs; warming
+/// that many is not what a list is for.
+const MAX_SITEMAPS: usize = 1000;
+
+/// What a sitemap lists (sitemaps.org): pages (`<urlset>`), or other sitemaps (`<sitemapindex>`).
+#[derive(Debug, PartialEq, Eq)]
+enum Sitemap {
+    Pages(Vec<String>),
+    Index(Vec<String>),
+}
+
+/// Reads a sitemap's `<loc>` entries, entities and character references resolved, whitespace trimmed.
+fn read_sitemap(xml: &[u8]) -> Result<Sitemap, String> {
+    use quick_xml::{escape::resolve_predefined_entity, events::Event};
+    let mut reader = quick_xml::Reader::from_reader(xml);
+    let mut root: Option<Vec<u8>> = None;
+    let mut loc: Option<String> = None;
+    let mut locs = Vec::new();
+    let bad = |e: &dyn std::fmt::Display, at: u64| format!("not a sitemap: {e} at byte {at}");
+    loop {
+        let event = reader
+            .read_event()
+            .map_err(|e| bad(&e, reader.error_position()))?;
+        let at = reader.buffer_position();
+        match event {
+            Event::Start(e) => {
+                let name = e.local_name().as_ref().to_vec();
+                if name == b"loc" {
+                    loc = Some(String::new());
+                }
+                root.get_or_insert(name);
+            }
+            Event::Text(t) => {
+                if let Some(loc) = &mut loc {
+                    loc.push_str(&t.decode().map_err(|e| bad(&e, at))?);
+                }
+            }
+            Event::CData(t) => {
+                if let Some(loc) = &mut loc {
+                    loc.push_str(&t.decode().map_err(|e| bad(&e, at))?);
+                }
+            }
+            Event::GeneralRef(r) => {
+                if let Some(loc) = &mut loc {
+                    match r.resolve_char_ref().map_err(|e| bad(&e, at))? {
+                        Some(c) => loc.push(c),
+                        None => {
+                            let name = r.decode().map_err(|e| bad(&e, at))?;
+                            let text = resolve_predefined_entity(&name)
+                                .ok_or_else(|| bad(&format!("unknown entity &{name};"), at))?;
+                            loc.push_str(text);
+                        }
+                    }
+                }
+            }
+            Event::End(e) if e.local_name().as_ref() == b"loc" => {
+                if let Some(found) = loc.take() {
+                    locs.push(found.trim().to_owned());
+                }
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    match root.as_deref() {
+        Some(b"urlset") => Ok(Sitemap::Pages(locs)),
+        Some(b"sitemapindex") => Ok(Sitemap::Index(locs)),
+        _ => Err("not a sitemap: its root is neither <urlset> nor <sitemapindex>".into()),
+    }
+}
+
+/// The pages a sitemap at `url` lists, fetched through the cache at `via` (a sitemap index's sitemaps
+/// too, at most [`MAX_SITEMAPS`]), each once, in order. Sitemaps compressed with gzip (`.xml.gz`) are
+/// read too.
+pub async fn from_sitemap(url: &Url, via: SocketAddr) -> Result<Vec<Url>, String> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let read = |url: Url| {
+        let client = client.clone();
+        async move {
+            let body = fetch_body(&client, via, &url, MAX_SITEMAP).await?;
+            read_sitemap(&body).map_err(|e| format!("{}: {e}", url.name()))
+        }
+    };
+    let urls = |locs: Vec<String>| {
+        locs.iter()
+            .map(|l| Url::parse(l, None))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    match read(url.clone()).await? {
+        Sitemap::Pages(locs) => dedup(urls(locs)?),
+        Sitemap::Index(sitemaps) => {
+            let mut all = Vec::new();
+            for sitemap in urls(sitemaps)?.into_iter().take(MAX_SITEMAPS) {
+                match read(sitemap.clone()).await? {
+                    Sitemap::Pages(locs) => all.extend(urls(locs)?),
+                    Sitemap::Index(_) => {
+                        return Err(format!(
+                            "{}: an index within an index (the protocol allows none)",
+                            sitemap.name()
+                        ))
+                    }
+                }
+            }
+            dedup(all)
+        }
+    }
+}
+
+/// `url`'s body, fetched through the cache at `via`, decoded when gzip'd (by `Content-Encoding`, or a
+/// `.gz` file's own bytes), at most `limit` bytes decoded.
+async fn fetch_body(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
+    via: SocketAddr,
+    url: &Url,
+    limit: u64,
+) -> Result<Bytes, String> {
+    use http_body::Body as _;
+    let name = url.name();
+    let req = http::Request::get(format!("http://{via}{}", url.target))
+        .header(http::header::HOST, &url.host)
+        .header(http::header::USER_AGENT, "cachectl-warm")
+        .body(Empty::new())
+        .map_err(|e| format!("{name}: {e}"))?;
+    let resp = tokio::time::timeout(Duration::from_secs(60), client.request(req))
+        .await
+        .map_err(|_| format!("{name}: no answer in 60 s"))?
+        .map_err(|e| format!("{name}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("{name}: status {}", resp.status().as_u16()));
+    }
+    if resp.body().size_hint().lower() > limit {
+        return Err(format!("{name}: larger than {limit} bytes"));
+    }
+    let mut body = resp.into_body();
+    let mut raw = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("{name}: {e}"))?;
+        if let Ok(data) = frame.into_data() {
+            raw.extend_from_slice(&data);
+            if raw.len() as u64 > limit {
+                return Err(format!("{name}: larger than {limit} bytes"));
+            }
+        }
+    }
+    // A `.xml.gz` is gzip'd bytes, with or without a `Content-Encoding` saying so.
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(Bytes::from(raw));
+    }
+    let mut decoder = lacquer_codec::Decoder::new(lacquer_codec::Coding::Gzip, limit);
+    decoder.feed(Bytes::from(raw));
+    decoder.end();
+    let mut out = Vec::new();
+    while let Some(piece) = decoder.piece().map_err(|e| format!("{name}: {e}"))? {
+        out.extend_from_slice(&piece);
+    }
+    Ok(Bytes::from(out))
 }
 
 fn dedup(urls: Vec<Url>) -> Result<Vec<Url>, String> {
@@ -239,6 +407,60 @@ pub fn render(s: &Summary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sitemaps_as_sites_write_them() {
+        // As sitemaps.org shows one, with an entity in a query and surrounding whitespace.
+        let urlset = br#"<?xml version="1.0" encoding="UTF-8"?>
+<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
+   <url>
+      <loc>http://www.example.com/</loc>
+      <lastmod>2005-01-01</lastmod>
+      <changefreq>monthly</changefreq>
+      <priority>0.8</priority>
+   </url>
+   <url>
+      <loc>
+        http://www.example.com/catalog?item=12&amp;desc=vacation_hawaii
+      </loc>
+   </url>
+   <url><loc><![CDATA[http://www.example.com/cdata?a=1&b=2]]></loc></url>
+   <url><loc>http://www.example.com/caf&#233;</loc></url>
+</urlset>"#;
+        assert_eq!(
+            read_sitemap(urlset),
+            Ok(Sitemap::Pages(vec![
+                "http://www.example.com/".into(),
+                "http://www.example.com/catalog?item=12&desc=vacation_hawaii".into(),
+                "http://www.example.com/cdata?a=1&b=2".into(),
+                "http://www.example.com/café".into(),
+            ]))
+        );
+        // A prefixed namespace, as some generators write it; an index.
+        let index = br#"<sm:sitemapindex xmlns:sm="http://www.sitemaps.org/schemas/sitemap/0.9">
+  <sm:sitemap><sm:loc>http://www.example.com/sitemap1.xml.gz</sm:loc></sm:sitemap>
+  <sm:sitemap><sm:loc>http://www.example.com/sitemap2.xml.gz</sm:loc></sm:sitemap>
+</sm:sitemapindex>"#;
+        assert_eq!(
+            read_sitemap(index),
+            Ok(Sitemap::Index(vec![
+                "http://www.example.com/sitemap1.xml.gz".into(),
+                "http://www.example.com/sitemap2.xml.gz".into(),
+            ]))
+        );
+        for bad in [
+            &b"<html><body>not found</body></html>"[..],
+            b"<urlset><url><loc>http://a/</url></urlset>",
+            b"<urlset><url><loc>http://a/&nbsp;</loc></url></urlset>",
+            b"",
+        ] {
+            assert!(
+                read_sitemap(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 
     #[test]
     fn lists_and_logs() {

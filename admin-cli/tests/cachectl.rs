@@ -1152,3 +1152,94 @@ async fn warm_fetches_a_list_through_the_cache_and_says_what_was_stored() {
     assert_eq!(origin.count("/p/3"), 1);
     assert_eq!(origin.count("/cart"), 0, "only GETs are warmed");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn warm_reads_a_sitemap_index_and_its_gzipped_sitemaps() {
+    let gzipped = {
+        let urlset = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+            <urlset xmlns=\"http://www.sitemaps.org/schemas/sitemap/0.9\">\n\
+            <url><loc>http://shop.test/p/1?ref=map&amp;x=1</loc></url>\n\
+            <url><loc>http://shop.test/p/2</loc></url>\n\
+            <url><loc>http://shop.test/</loc></url>\n\
+            </urlset>\n";
+        let mut gzip = std::process::Command::new("gzip")
+            .arg("-c")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("gzip runs");
+        use std::io::Write;
+        gzip.stdin
+            .take()
+            .unwrap()
+            .write_all(urlset.as_bytes())
+            .unwrap();
+        gzip.wait_with_output().unwrap().stdout
+    };
+    let origin = Origin::start(move |seen| {
+        let xml = |body: String| {
+            Reply::ok(body)
+                .header("content-type", "application/xml")
+                .header("cache-control", "no-store")
+        };
+        match seen.path.as_str() {
+            "/sitemap.xml" => xml(
+                "<sitemapindex xmlns=\"http://www.sitemaps.org/schemas/sitemap/0.9\">\n\
+                 <sitemap><loc>http://shop.test/sitemap-pages.xml</loc></sitemap>\n\
+                 <sitemap><loc>http://shop.test/sitemap-products.xml.gz</loc></sitemap>\n\
+                 </sitemapindex>"
+                    .into(),
+            ),
+            "/sitemap-pages.xml" => xml(
+                "<urlset xmlns=\"http://www.sitemaps.org/schemas/sitemap/0.9\">\n\
+                 <url><loc>http://shop.test/</loc></url>\n\
+                 <url><loc>http://shop.test/about</loc></url>\n\
+                 </urlset>"
+                    .into(),
+            ),
+            // A `.xml.gz` file as a web server sends one: gzip'd bytes, no `Content-Encoding`.
+            "/sitemap-products.xml.gz" => Reply::ok(gzipped.clone())
+                .header("content-type", "application/gzip")
+                .header("cache-control", "no-store"),
+            _ => Reply::ok(format!("page {}", seen.path)).header("cache-control", "max-age=600"),
+        }
+    })
+    .await;
+    let d = Daemon::start(origin.addr, &[]);
+    let via = d.addr.to_string();
+    let warm = |via: String| {
+        tokio::task::spawn_blocking(move || {
+            cachectl(&[
+                "warm",
+                "--sitemap",
+                "http://shop.test/sitemap.xml",
+                "--via",
+                &via,
+                "--rate",
+                "50",
+            ])
+        })
+    };
+    let (status, out, err) = warm(via.clone()).await.unwrap();
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.starts_with("4 URLs in ") && out.contains(": 0 already cached, 4 stored, 0 not stored"),
+        "{out}"
+    );
+    // Each page once, the entity in the query resolved; the sitemaps themselves were read once each.
+    for path in ["/", "/about", "/p/1?ref=map&x=1", "/p/2"] {
+        assert_eq!(origin.count(path), 1, "{path}");
+    }
+    assert_eq!(origin.count("/sitemap-products.xml.gz"), 1);
+    let (status, out, _) = warm(via.clone()).await.unwrap();
+    assert_eq!(status, 0);
+    assert!(out.contains(": 4 already cached, 0 stored"), "{out}");
+    // Not a sitemap: said so, exit 1.
+    let (status, _, err) = tokio::task::spawn_blocking(move || {
+        cachectl(&["warm", "--sitemap", "http://shop.test/p/2", "--via", &via])
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 1);
+    assert!(err.contains("not a sitemap"), "{err}");
+}
