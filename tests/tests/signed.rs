@@ -27,37 +27,42 @@ async fn get(d: &Daemon, target: &str) -> lacquer_tests::client::Reply {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn signed_links_are_checked_and_share_one_object() {
+/// A daemon with `rules` (where `{secret}` names a file holding `secret`) in front of an origin that
+/// answers every path with its name, stored for ten minutes; the folder holding the secret.
+async fn signing_daemon(secret: &str, rules: &str) -> (tempfile::TempDir, Origin, Daemon) {
     let secrets = tempfile::tempdir().unwrap();
-    let secret = secrets.path().join("url-secret");
-    std::fs::write(&secret, "a secret the site and the cache share\n").unwrap();
+    let file = secrets.path().join("secret");
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
     let origin = Origin::start(|seen| {
-        Reply::ok(format!("video {}", seen.path)).header("cache-control", "max-age=600")
+        Reply::ok(format!("file {}", seen.path)).header("cache-control", "max-age=600")
     })
     .await;
     let d = Daemon::with_config_only(&format!(
+        "[[listen]]\naddress = \"127.0.0.1:0\"\n\n[[backend]]\nname = \"files\"\naddress = \"{}\"\n{}",
+        origin.addr,
+        rules.replace("{secret}", &file.display().to_string())
+    ));
+    (secrets, origin, d)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn signed_links_are_checked_and_share_one_object() {
+    let (secrets, origin, d) = signing_daemon(
+        "a secret the site and the cache share",
         r#"
-[[listen]]
-address = "127.0.0.1:0"
-
-[[backend]]
-name = "videos"
-address = "{}"
-
 [[rule]]
 name = "signed-videos"
-match = {{ path_prefix = ["/video/"] }}
-signed = {{ secret_file = "{secret}" }}
+match = { path_prefix = ["/video/"] }
+signed = { secret_file = "{secret}" }
 
 [[rule]]
 name = "signed-downloads"
-match = {{ path_prefix = ["/dl/"] }}
-signed = {{ secret_file = "{secret}", param = "token", refuse = {{ status = 410, body = "this link is gone" }} }}
+match = { path_prefix = ["/dl/"] }
+signed = { secret_file = "{secret}", param = "token", refuse = { status = 410, body = "this link is gone" } }
 "#,
-        origin.addr,
-        secret = secret.display()
-    ));
+    )
+    .await;
+    let secret = secrets.path().join("secret");
     let first = sign(&secret, "http://cdn.test/video/a.mp4?user=7", "1h");
     let target = first.strip_prefix("http://cdn.test").unwrap();
     assert!(
@@ -67,10 +72,7 @@ signed = {{ secret_file = "{secret}", param = "token", refuse = {{ status = 410,
     let r = get(&d, target).await;
     assert_eq!(r.status, 200);
     // The origin is sent the link without its signature and expiry: they are not the key either.
-    assert_eq!(
-        String::from_utf8_lossy(&r.body),
-        "video /video/a.mp4?user=7"
-    );
+    assert_eq!(String::from_utf8_lossy(&r.body), "file /video/a.mp4?user=7");
     d.wait_for_stats("stored", |s| {
         s["store"]["objects_published"].as_u64() >= Some(1)
     })
@@ -119,7 +121,7 @@ signed = {{ secret_file = "{secret}", param = "token", refuse = {{ status = 410,
     );
     assert_eq!(status, 0);
     let r = get(&d, out.trim()).await;
-    assert_eq!(String::from_utf8_lossy(&r.body), "video /dl/setup.exe");
+    assert_eq!(String::from_utf8_lossy(&r.body), "file /dl/setup.exe");
     assert_eq!(origin.total(), 2);
 }
 
@@ -140,30 +142,17 @@ fn nginx_link(path: &str, expires: u64, client: &str, secret: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn links_made_for_nginxs_secure_link_md5_check_as_nginx_checks_them() {
-    let secrets = tempfile::tempdir().unwrap();
-    let secret = secrets.path().join("nginx-secret");
-    std::fs::write(&secret, "the secret nginx.conf held inline\n").unwrap();
-    let origin = Origin::start(|seen| {
-        Reply::ok(format!("file {}", seen.path)).header("cache-control", "max-age=600")
-    })
-    .await;
-    let d = Daemon::with_config_only(&format!(
+    let (secrets, origin, d) = signing_daemon(
+        "the secret nginx.conf held inline",
         r#"
-[[listen]]
-address = "127.0.0.1:0"
-
-[[backend]]
-name = "files"
-address = "{}"
-
 [[rule]]
 name = "moved-from-nginx"
-match = {{ path_prefix = ["/s/"] }}
-signed = {{ secret_file = "{secret}", algorithm = "nginx-md5", param = "md5", expires = "expires" }}
+match = { path_prefix = ["/s/"] }
+signed = { secret_file = "{secret}", algorithm = "nginx-md5", param = "md5", expires = "expires" }
 "#,
-        origin.addr,
-        secret = secret.display()
-    ));
+    )
+    .await;
+    let secret = secrets.path().join("secret");
     let later = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
