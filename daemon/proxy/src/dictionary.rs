@@ -14,7 +14,7 @@
 //! never used again.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
 };
 
@@ -33,10 +33,10 @@ use crate::{
 pub(crate) struct Dictionary {
     /// The bytes, as clients hold them (decoded).
     pub bytes: Bytes,
-    /// The cache key of the response it was read from, and that body's generation: looked up before each
-    /// use, so that a purge or a ban of that response ends its use.
+    /// The cache key of the response it was read from, and that body (object, generation): looked up
+    /// before each use, so that a purge or a ban of that response ends its use.
     key: String,
-    generation: u64,
+    body: (u64, u64),
 }
 
 /// The host part of a cache key (`host[:port]/path?query`).
@@ -55,9 +55,10 @@ struct Held {
     /// By hash and host (the same file served by two hosts is two dictionaries, each for its own), with
     /// the tick of their last use (least recently used goes first).
     by_hash: HashMap<([u8; 32], String), (Arc<Dictionary>, u64)>,
-    /// Stored bodies read or being read as dictionaries, by (key, generation): each is read once (one
-    /// refused, too large or undecodable, is not read again).
-    read: HashMap<(String, u64), Option<[u8; 32]>>,
+    /// Stored bodies (object, generation) read or being read as dictionaries: each is read once (one
+    /// refused, too large or undecodable, is not read again). Asked on every hit of such a body: no
+    /// allocation.
+    read: HashSet<(u64, u64)>,
     /// Bytes held in `by_hash`.
     memory: u64,
     tick: u64,
@@ -72,8 +73,7 @@ impl Held {
     fn drop_hash(&mut self, held: &([u8; 32], String), stats: &Stats) {
         if let Some((dictionary, _)) = self.by_hash.remove(held) {
             self.memory -= dictionary.bytes.len() as u64;
-            self.read
-                .remove(&(dictionary.key.clone(), dictionary.generation));
+            self.read.remove(&dictionary.body);
             dec(&stats.dictionaries_held);
             sub(&stats.dictionary_memory, dictionary.bytes.len() as u64);
             inc(&stats.dictionaries_dropped);
@@ -107,15 +107,16 @@ impl Dictionaries {
             .header(IDENTITY_LENGTH.as_str())
             .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
             .unwrap_or(meta.length);
+        let body = (meta.object, meta.generation);
         {
             let mut held = self.held.lock().expect("dictionaries mutex");
-            if held.read.contains_key(&(key.to_owned(), meta.generation)) {
+            if held.read.contains(&body) {
                 return;
             }
             if held.read.len() >= READ_KEPT {
                 held.read.clear();
             }
-            held.read.insert((key.to_owned(), meta.generation), None);
+            held.read.insert(body);
         }
         if identity > max || meta.length == 0 {
             inc(&stats.dictionaries_refused);
@@ -130,7 +131,7 @@ impl Dictionaries {
         let meta = meta.clone();
         tokio::spawn(async move {
             match read(&store, &meta, coded, max).await {
-                Some(bytes) => this.hold(&stats, budget, key, meta.generation, bytes),
+                Some(bytes) => this.hold(&stats, budget, key, body, bytes),
                 None => {
                     inc(&stats.dictionaries_refused);
                     tracing::debug!(
@@ -142,18 +143,14 @@ impl Dictionaries {
         });
     }
 
-    /// Holds `bytes`, read from `key`'s body `generation`, letting go of the least recently used past
-    /// `budget`.
-    fn hold(&self, stats: &Stats, budget: u64, key: String, generation: u64, bytes: Bytes) {
+    /// Holds `bytes`, read from `key`'s `body`, letting go of the least recently used past `budget`.
+    fn hold(&self, stats: &Stats, budget: u64, key: String, body: (u64, u64), bytes: Bytes) {
         let hash: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, &bytes)
             .as_ref()
             .try_into()
             .expect("SHA-256 is 32 bytes");
         let len = bytes.len() as u64;
         let mut held = self.held.lock().expect("dictionaries mutex");
-        if let Some(slot) = held.read.get_mut(&(key.clone(), generation)) {
-            *slot = Some(hash);
-        }
         // The same bytes from another URL or generation of the host: one copy is enough.
         let id = (hash, host_of(&key).to_owned());
         if held.by_hash.contains_key(&id) {
@@ -173,17 +170,8 @@ impl Dictionaries {
         held.tick += 1;
         let tick = held.tick;
         held.memory += len;
-        held.by_hash.insert(
-            id,
-            (
-                Arc::new(Dictionary {
-                    bytes,
-                    key,
-                    generation,
-                }),
-                tick,
-            ),
-        );
+        held.by_hash
+            .insert(id, (Arc::new(Dictionary { bytes, key, body }), tick));
         inc(&stats.dictionaries_held);
         add(&stats.dictionary_memory, len);
         inc(&stats.dictionaries_kept);
@@ -212,7 +200,7 @@ impl Dictionaries {
             Ok(Some(set)) => set
                 .variants
                 .iter()
-                .any(|v| v.generation == dictionary.generation),
+                .any(|v| (v.object, v.generation) == dictionary.body),
             Ok(None) => false,
             // Not proven stored: not used this time, kept for the next.
             Err(_) => return None,
