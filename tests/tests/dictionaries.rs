@@ -232,6 +232,12 @@ async fn a_client_holding_a_version_gets_the_next_compressed_against_it() {
             ("accept-encoding", CHROME),
             ("available-dictionary", "not a byte sequence"),
         ],
+        // A client that says `no-transform` gets the stored coding, never one made for it.
+        vec![
+            ("accept-encoding", CHROME),
+            ("available-dictionary", &*available(&v1)),
+            ("cache-control", "no-transform"),
+        ],
     ] {
         let r = get(&d, "/js/app.v2.js", &headers).await;
         assert_eq!(r.header("content-encoding"), "gzip", "{headers:?}");

@@ -70,7 +70,9 @@ impl Negotiated {
         let coding = [DictionaryCoding::Dcz, DictionaryCoding::Dcb]
             .into_iter()
             .find(|c| accepts.accepts_dictionary(*c));
-        let dictionary = coding.and_then(|coding| {
+        let no_transform = CacheControl::from_headers(headers).no_transform;
+        // A request that says `no-transform` gets the stored coding, never one made for it.
+        let dictionary = coding.filter(|_| !no_transform).and_then(|coding| {
             Some(DictionaryAsked {
                 hash: encoding::available_dictionary(headers)?,
                 coding,
@@ -82,7 +84,7 @@ impl Negotiated {
         Self {
             accepts,
             original,
-            no_transform: CacheControl::from_headers(headers).no_transform,
+            no_transform,
             dictionary,
         }
     }
@@ -122,7 +124,7 @@ impl Negotiated {
 
 /// Whether a stored response's `Cache-Control` says `no-transform`: parsed only when the word is there, as
 /// it nearly never is (every identity hit of a compressed object asks).
-fn says_no_transform(headers: &HeaderMap) -> bool {
+pub(crate) fn says_no_transform(headers: &HeaderMap) -> bool {
     let word = b"no-transform";
     headers.get_all(header::CACHE_CONTROL).iter().any(|v| {
         v.as_bytes()

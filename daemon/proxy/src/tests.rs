@@ -489,6 +489,9 @@ async fn a_dictionary_held_compresses_the_next_version_for_its_holders() {
             "/mine.js" => script(&a)
                 .header("use-as-dictionary", "match=\"/v*.js\"")
                 .header("vary", "cookie"),
+            "/fixed.js" => Reply::ok(b.clone())
+                .header("content-type", "application/javascript")
+                .header("cache-control", "max-age=60, no-transform"),
             _ => script(&b),
         }
     })
@@ -549,6 +552,13 @@ async fn a_dictionary_held_compresses_the_next_version_for_its_holders() {
         .coding
         .as_deref()
         .is_some_and(|c| c.starts_with("dcz:")));
+    // A response that says `no-transform` is never sent in a coding made for the client.
+    for _ in 0..20 {
+        let got = get(&w, "/fixed.js", &asked).await;
+        assert_ne!(got.header("content-encoding"), "dcz");
+        fills_done(&w).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // The origin never saw the dictionary, and was asked once per file.
     assert_eq!(origin.count("/v2.js"), 1);
     assert!(origin

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     coalesce::Joined,
-    coding::{Conversion, DictionaryAsked},
+    coding::{says_no_transform, Conversion, DictionaryAsked},
     dictionary::Dictionary,
     esi::fill::TEMPLATE,
     fetch::Fill,
@@ -155,13 +155,15 @@ async fn dictionary<S: CacheStore>(
     let negotiation = txn.route.policy.compression.as_ref()?;
     let meta = found.meta();
     // A range is of the bytes sent: the ordinary representation's, which the client can check against
-    // what it holds. A template is assembled, never sent as stored.
+    // what it holds. A template is assembled, never sent as stored. A response that says `no-transform`
+    // is sent in its own coding.
     if !negotiation.settings.dictionaries
         || meta.status != 200
         || meta.length == 0
         || prepared.coded == Coded::Other
         || txn.head().headers.contains_key(header::RANGE)
         || meta.header(TEMPLATE.as_str()).is_some()
+        || says_no_transform(&prepared.head)
     {
         return None;
     }
