@@ -61,7 +61,21 @@ struct Held {
     read: HashSet<(u64, u64)>,
     /// Bytes held in `by_hash`.
     memory: u64,
+    /// Bodies being read now.
+    reading: usize,
     tick: u64,
+}
+
+/// Bodies read as dictionaries at once, at most.
+const MAX_READING: usize = 2;
+
+/// A read in progress, counted out when it ends, however it ends.
+struct Reading(Arc<Dictionaries>);
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.0.held.lock().expect("dictionaries mutex").reading -= 1;
+    }
 }
 
 /// Stored bodies remembered as read: past it the memory starts again (each is then read once more).
@@ -92,32 +106,41 @@ impl Dictionaries {
         key: &str,
         meta: &ObjectMeta,
     ) {
-        if !settings.dictionaries
-            || meta.status != 200
-            || meta.header(USE_AS_DICTIONARY.as_str()).is_none()
-            || !meta
-                .variant
-                .iter()
-                .all(|(name, _)| name.eq_ignore_ascii_case("accept-encoding"))
-        {
+        if !settings.dictionaries || meta.status != 200 {
             return;
         }
-        let max = settings.max_dictionary_size.as_u64();
-        let identity = meta
-            .header(IDENTITY_LENGTH.as_str())
-            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
-            .unwrap_or(meta.length);
         let body = (meta.object, meta.generation);
-        {
+        let max = settings.max_dictionary_size.as_u64();
+        let reading = {
             let mut held = self.held.lock().expect("dictionaries mutex");
+            // Every hit of a dictionary's body asks: one read done, this is all it costs.
             if held.read.contains(&body) {
+                return;
+            }
+            let eligible = meta.header(USE_AS_DICTIONARY.as_str()).is_some()
+                && meta
+                    .variant
+                    .iter()
+                    .all(|(name, _)| name.eq_ignore_ascii_case("accept-encoding"));
+            if !eligible {
+                return;
+            }
+            // A read holds up to `max` bytes and a decoder: a few at once, whatever the origin marks
+            // `Use-As-Dictionary`. One not started now is offered again when its body is next served.
+            if held.reading >= MAX_READING {
                 return;
             }
             if held.read.len() >= READ_KEPT {
                 held.read.clear();
             }
             held.read.insert(body);
-        }
+            held.reading += 1;
+            Reading(self.clone())
+        };
+        let identity = meta
+            .header(IDENTITY_LENGTH.as_str())
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+            .unwrap_or(meta.length);
         if identity > max || meta.length == 0 {
             inc(&stats.dictionaries_refused);
             return;
@@ -130,6 +153,7 @@ impl Dictionaries {
         let key = key.to_owned();
         let meta = meta.clone();
         tokio::spawn(async move {
+            let _reading = reading;
             match read(&store, &meta, coded, max).await {
                 Some(bytes) => this.hold(&stats, budget, key, body, bytes),
                 None => {
