@@ -85,15 +85,23 @@ async fn get(d: &Daemon, path: &str, headers: &[(&str, &str)]) -> lacquer_tests:
         .unwrap()
 }
 
-/// A page that fetches version 1 (which Chromium keeps as a dictionary), then version 2, and shows the
-/// length and SHA-256 of what it decoded.
+/// A page that fetches version 1 (which Chromium keeps as a dictionary), then version 2 until Chromium has
+/// stored the dictionary and names it, and shows the coding, length and SHA-256 of what it decoded.
+/// Chromium stores a dictionary in the background; `/wait` spends real time between tries, which the
+/// virtual-time budget would otherwise skip.
 const PAGE: &str = r#"<html><body><script>
 async function go() {
   await (await fetch('/js/app.v1.js')).text();
-  await new Promise(r => setTimeout(r, 1000));
-  const text = await (await fetch('/js/app.v2.js')).text();
+  let response, text;
+  for (let i = 0; i < 40; i++) {
+    await (await fetch('/wait', {cache: 'no-store'})).text();
+    response = await fetch('/js/app.v2.js', {cache: 'no-store'});
+    text = await response.text();
+    if (response.headers.get('content-encoding') === 'dcz') break;
+  }
   const hash = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(text));
   const hex = Array.from(new Uint8Array(hash)).map(b => b.toString(16).padStart(2, '0')).join('');
+  document.body.setAttribute('data-coding', response.headers.get('content-encoding'));
   document.body.setAttribute('data-decoded', text.length + ':' + hex);
 }
 go().catch(e => document.body.setAttribute('data-decoded', 'error: ' + e));
@@ -105,6 +113,11 @@ async fn scripts_origin() -> Origin {
             return Reply::ok(PAGE)
                 .header("content-type", "text/html")
                 .header("cache-control", "no-store");
+        }
+        if seen.path == "/wait" {
+            return Reply::ok("")
+                .header("cache-control", "no-store")
+                .delay(Duration::from_millis(250));
         }
         if !seen.path.starts_with("/js/") {
             // Chromium asks for /favicon.ico: had it a dictionary, Chromium would prefer the newer one.
@@ -339,6 +352,7 @@ async fn chromium_decodes_what_it_is_sent_against_its_dictionary() {
             .collect::<String>()
     );
     assert!(dom.contains(&want), "{dom}\n{printed}");
+    assert!(dom.contains("data-coding=\"dcz\""), "{dom}\n{printed}");
     // What it decoded was sent against its dictionary, not in an ordinary coding.
     let after = d.stats().await["proxy"]["dictionary_responses"]
         .as_u64()
