@@ -114,6 +114,13 @@ enum Command {
     },
     /// The backends and how their requests have been going.
     Backends,
+    /// The certificates the listeners obtain by ACME: what is served, until when, how renewal goes.
+    Certificates {
+        /// Order every one now, whatever its age, and show the outcome (as `certbot renew
+        /// --force-renewal`); a failed order keeps the certificate served.
+        #[arg(long)]
+        renew: bool,
+    },
     /// Force a backend sick (drain it) or healthy whatever its probe says, or hand it back to the probe
     /// (`auto`), like `varnishadm backend.set_health`. Kept until set again or lacquerd restarts.
     Backend {
@@ -642,6 +649,7 @@ async fn run(client: &AdminClient, command: Command, out: Output) -> Result<(), 
             explain::explain(client, out, request).await
         }
         Command::Backends => operations::backends(client, out).await,
+        Command::Certificates { renew } => operations::certificates(client, out, renew).await,
         Command::Backend { name, health } => {
             operations::set_backend_health(client, out, &name, health).await
         }

@@ -1,8 +1,8 @@
-//! `cachectl health`, `backends` and `reload`.
+//! `cachectl health`, `backends`, `certificates` and `reload`.
 
 use lacquer_admin::{
     format::duration,
-    wire::{BackendAdmin, BackendList, BackendView, Health, Reloaded},
+    wire::{BackendAdmin, BackendList, BackendView, CertificateList, Health, Reloaded},
     AdminClient, AdminError,
 };
 
@@ -112,6 +112,72 @@ fn render_backends(list: &BackendList) -> String {
             ("FAILING", Align::Right),
             ("CONNS", Align::Right),
             ("RESETS", Align::Right),
+            ("LAST ERROR", Align::Left),
+        ],
+        &rows,
+    )
+}
+
+pub async fn certificates(
+    client: &AdminClient,
+    out: Output,
+    renew: bool,
+) -> Result<(), AdminError> {
+    let list = if renew {
+        client.renew_certificates().await?
+    } else {
+        client.certificates().await?
+    };
+    out.show(&list, render_certificates);
+    Ok(())
+}
+
+fn render_certificates(list: &CertificateList) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let rows: Vec<Vec<String>> = list
+        .certificates
+        .iter()
+        .map(|c| {
+            let (serial, expires) = match &c.held {
+                Some(h) if h.not_after > now => (
+                    h.serial.clone(),
+                    format!("in {}", duration(h.not_after - now)),
+                ),
+                Some(h) => (h.serial.clone(), "expired".into()),
+                None => ("-".into(), "-".into()),
+            };
+            vec![
+                c.domains.join(","),
+                c.listeners.join(","),
+                c.challenge.clone(),
+                serial,
+                expires,
+                c.next_attempt.map_or_else(
+                    || "ordering".into(),
+                    |t| {
+                        if t > now {
+                            format!("in {}", duration(t - now))
+                        } else {
+                            "now".into()
+                        }
+                    },
+                ),
+                format!("{}/{}", c.orders_succeeded, c.orders_failed),
+                c.last_error.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            ("DOMAINS", Align::Left),
+            ("LISTENERS", Align::Left),
+            ("CHALLENGE", Align::Left),
+            ("SERIAL", Align::Left),
+            ("EXPIRES", Align::Left),
+            ("NEXT ORDER", Align::Left),
+            ("OK/FAILED", Align::Right),
             ("LAST ERROR", Align::Left),
         ],
         &rows,

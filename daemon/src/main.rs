@@ -152,6 +152,7 @@ fn run(
         log_filter: _,
         access_format,
         cluster,
+        acme,
     } = settings;
     let store = control
         .block_on(store.open(control.handle().clone()))
@@ -182,6 +183,10 @@ fn run(
         lacquer_telemetry::Telemetry::start(&config.telemetry, dropped)?
     };
 
+    if let Some(acme) = &acme {
+        // Before the listeners accept: a restart serves the certificates it kept at once.
+        acme.load();
+    }
     let workers = config.workers();
     let listeners: Vec<_> = listeners.into_iter().map(Arc::new).collect();
     let (sockets, bound) = lacquer_edge::bind(&listeners, workers)?;
@@ -218,6 +223,9 @@ fn run(
     if let Some(cluster) = &cluster {
         shared = shared.with_cluster(Arc::new(cluster.clone()));
     }
+    if let Some(acme) = &acme {
+        shared = shared.with_acme(acme.clone());
+    }
     let shared = Arc::new(shared);
     let (stop, stopped) = watch::channel(false);
     let settings = Arc::new(WorkerSettings {
@@ -236,6 +244,9 @@ fn run(
         stop: stopped.clone(),
     };
     probes.start(&backends);
+    if let Some(acme) = &acme {
+        acme.start(control.handle(), stopped.clone());
+    }
     let serving = shared.clone();
     let threads = lacquer_edge::spawn_workers(
         Arc::new(move || Worker::new(serving.clone())),
@@ -268,11 +279,12 @@ fn run(
     });
     for (addr, listener) in bound.iter().zip(&listeners) {
         let c = &listener.config;
-        let tls = (!c.tls.is_empty()).then_some("tls");
+        let tls = (!c.tls.is_empty() || c.acme.is_some()).then_some("tls");
+        let acme = c.acme.is_some().then_some("acme");
         let proxy = c.proxy_protocol.then_some("proxy");
         let h2 = c.http2.then_some("h2");
         let h3 = c.quic.then_some("h3");
-        let features: Vec<&str> = [tls, proxy, h2, h3].into_iter().flatten().collect();
+        let features: Vec<&str> = [tls, acme, proxy, h2, h3].into_iter().flatten().collect();
         tracing::info!(%addr, features = %features.join(","), "listening");
     }
     tracing::info!(addr = %admin_addr, "admin listening");

@@ -103,7 +103,8 @@ impl Reloader {
         settings::log_filter(&next.log.level)?;
         let access_format = LogFormat::compile(&next.access_log.format)?;
         settings::store(&next)?;
-        let built = settings::listeners(&next)?;
+        let acme = settings::acme(&next)?;
+        let built = settings::listeners(&next, acme.as_ref())?;
         let mut running = self.running.lock().expect("reload mutex");
         let mut candidate = running.clone();
         candidate.cache = next.cache.clone();
@@ -154,7 +155,7 @@ impl Reloader {
             if !outcome.applied.contains(&c.setting) {
                 outcome.applied.push(c.setting);
             }
-            c.resolver.0.store(c.loaded);
+            c.resolver.replace_files(c.loaded);
             candidate.listen[c.listener].tls = next.listen[c.listener].tls.clone();
         }
         if outcome.applied.iter().any(|s| s == "log.level") {
@@ -255,7 +256,7 @@ impl Reloader {
                 listener: n,
                 setting: format!("listen[{n}].tls"),
                 resolver: resolver.clone(),
-                loaded: loaded.0.load_full(),
+                loaded: loaded.files(),
             });
         }
         out

@@ -3,11 +3,12 @@
 //! them is the validation: `--check`, the start and a reload all run these functions, and every error
 //! names the setting that cannot be used.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
+use lacquer_acme::Acme;
 use lacquer_backends::{backend_set, BackendSet};
 use lacquer_cluster::{EtcdTls, Secret, Settings as ClusterSettings};
-use lacquer_config::{Config, ConfigError};
+use lacquer_config::{AcmeChallenge, Config, ConfigError};
 use lacquer_edge::Listener;
 use lacquer_proxy::{log_format::LogFormat, worker::Live};
 use lacquer_storage::StoreBuilder;
@@ -31,13 +32,16 @@ pub struct Settings {
     pub access_format: LogFormat,
     /// `[cluster]`, when there is one; an advertised port 0 is the bound one, filled in at start.
     pub cluster: Option<ClusterSettings>,
+    /// The certificates the listeners' `acme` keep, when any does: checked, nothing read or started.
+    pub acme: Option<Arc<Acme>>,
 }
 
 /// Builds every setting of `config`.
 pub fn compile(config: &Config) -> Result<Settings, ConfigError> {
     let backends = backend_set(config)?;
     let live = Live::new(config, &backends)?;
-    let listeners = listeners(config)?;
+    let acme = acme(config)?;
+    let listeners = listeners(config, acme.as_ref())?;
     let log_filter = log_filter(&config.log.level)?;
     let access_format = LogFormat::compile(&config.access_log.format)?;
     let store = store(config)?;
@@ -50,6 +54,7 @@ pub fn compile(config: &Config) -> Result<Settings, ConfigError> {
         log_filter,
         access_format,
         cluster,
+        acme,
     })
 }
 
@@ -230,16 +235,53 @@ fn etcd_user(c: &lacquer_config::Cluster) -> Result<Option<(String, String)>, Co
 }
 
 /// The listeners of `config`, certificates read and checked.
-pub fn listeners(config: &Config) -> Result<Vec<Listener>, ConfigError> {
+pub fn listeners(config: &Config, acme: Option<&Arc<Acme>>) -> Result<Vec<Listener>, ConfigError> {
     config
         .listen
         .iter()
         .enumerate()
         .map(|(n, l)| {
-            Listener::new(l.clone())
+            Listener::new(l.clone(), acme.and_then(|a| a.for_listener(n)))
                 .map_err(|e| ConfigError::setting(format!("listen[{n}].{}", e.setting()), e))
         })
         .collect()
+}
+
+/// The listeners' `acme`, checked; kept in `<store>/acme`. HTTP-01 needs a plain listener: the CA asks on
+/// port 80.
+pub fn acme(config: &Config) -> Result<Option<Arc<Acme>>, ConfigError> {
+    let configured: Vec<_> = config
+        .listen
+        .iter()
+        .enumerate()
+        .filter_map(|(n, l)| Some((n, l.acme.as_ref()?)))
+        .collect();
+    if configured.is_empty() {
+        return Ok(None);
+    }
+    let acme = Acme::new(config.storage_dir().join("acme"), configured)
+        .map_err(|(n, e)| ConfigError::setting(format!("listen[{n}].acme.{}", e.setting()), e))?;
+    let plain = config
+        .listen
+        .iter()
+        .any(|l| l.tls.is_empty() && l.acme.is_none());
+    if acme.uses_http_01() && !plain {
+        let n = config
+            .listen
+            .iter()
+            .position(|l| {
+                l.acme
+                    .as_ref()
+                    .is_some_and(|a| a.challenge == AcmeChallenge::Http01)
+            })
+            .unwrap_or_default();
+        return Err(ConfigError::setting(
+            format!("listen[{n}].acme.challenge"),
+            "http-01 needs a listener without TLS, reached on port 80 (the CA asks for \
+             http://<domain>/.well-known/acme-challenge/); add one, or use tls-alpn-01",
+        ));
+    }
+    Ok(Some(Arc::new(acme)))
 }
 
 /// The filter of a `log.level`.

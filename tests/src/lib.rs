@@ -11,6 +11,7 @@ pub mod h3;
 pub mod haproxy;
 pub mod nginx;
 pub mod origin;
+pub mod pebble;
 pub mod tls;
 
 pub use client::{get, open, raw, raw_status, request, Reply as ClientReply};

@@ -41,6 +41,11 @@ impl TestCa {
         Self { issuer }
     }
 
+    /// `params` signed by this CA for `key`.
+    pub fn sign(&self, params: CertificateParams, key: &KeyPair) -> rcgen::Certificate {
+        params.signed_by(key, &self.issuer).unwrap()
+    }
+
     /// A leaf certificate for `names` signed by this CA, and its key.
     fn leaf(&self, names: &[&str]) -> (rcgen::Certificate, KeyPair) {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();

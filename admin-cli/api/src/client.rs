@@ -16,9 +16,9 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::{
     target::{io_reason, plain, Target},
     wire::{
-        ApiError, BackendAdmin, BackendList, BackendView, BanList, BanView, ClusterView,
-        ExplainRequest, Explanation, Health, Inspection, LogEntry, LogFilter, NewBan, ObjectQuery,
-        PurgeTags, PurgeUrl, Purged, Reloaded, SetBackendHealth, Stats,
+        ApiError, BackendAdmin, BackendList, BackendView, BanList, BanView, CertificateList,
+        ClusterView, ExplainRequest, Explanation, Health, Inspection, LogEntry, LogFilter, NewBan,
+        ObjectQuery, PurgeTags, PurgeUrl, Purged, Reloaded, SetBackendHealth, Stats,
     },
 };
 
@@ -93,7 +93,7 @@ impl AdminClient {
     /// The stats document once a second, for as long as the daemon keeps sending it.
     pub async fn stats_stream(&self) -> Result<StatsStream, AdminError> {
         let resp = self
-            .send(Method::GET, "/v1/stats/stream", None, true)
+            .send(Method::GET, "/v1/stats/stream", None, true, self.timeout)
             .await?;
         let resp = self.check(resp).await?;
         let addr = self.target.addr;
@@ -108,7 +108,13 @@ impl AdminClient {
     pub async fn log_stream(&self, filter: &LogFilter) -> Result<LogStream, AdminError> {
         let query = serde_urlencoded::to_string(filter).expect("a query of strings encodes");
         let resp = self
-            .send(Method::GET, &format!("/v1/log/stream?{query}"), None, true)
+            .send(
+                Method::GET,
+                &format!("/v1/log/stream?{query}"),
+                None,
+                true,
+                self.timeout,
+            )
             .await?;
         let resp = self.check(resp).await?;
         Ok(LogStream {
@@ -183,6 +189,26 @@ impl AdminClient {
         }
     }
 
+    /// `GET /v1/certificates`: the certificates obtained by ACME.
+    pub async fn certificates(&self) -> Result<CertificateList, AdminError> {
+        self.call(Method::GET, "/v1/certificates", None::<&()>, true)
+            .await
+    }
+
+    /// `POST /v1/certificates/renew`: orders every ACME certificate now; answered when the orders end
+    /// (the daemon waits up to 150 s for them).
+    pub async fn renew_certificates(&self) -> Result<CertificateList, AdminError> {
+        let timeout = self.timeout.max(Duration::from_secs(160));
+        self.call_within(
+            Method::POST,
+            "/v1/certificates/renew",
+            None::<&()>,
+            true,
+            timeout,
+        )
+        .await
+    }
+
     pub async fn reload(&self) -> Result<Reloaded, AdminError> {
         self.call(Method::POST, "/v1/reload", None::<&()>, true)
             .await
@@ -195,12 +221,25 @@ impl AdminClient {
         body: Option<&impl Serialize>,
         authorized: bool,
     ) -> Result<T, AdminError> {
-        let body = body.map(|b| serde_json::to_vec(b).expect("wire types serialize"));
-        let resp = self.send(method, path, body, authorized).await?;
-        let resp = self.check(resp).await?;
-        let bytes = tokio::time::timeout(self.timeout, resp.into_body().collect())
+        self.call_within(method, path, body, authorized, self.timeout)
             .await
-            .map_err(|_| self.unreachable(format!("no answer within {:?}", self.timeout)))?
+    }
+
+    /// As `call`, counting the daemon unreachable after `timeout`.
+    async fn call_within<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        authorized: bool,
+        timeout: Duration,
+    ) -> Result<T, AdminError> {
+        let body = body.map(|b| serde_json::to_vec(b).expect("wire types serialize"));
+        let resp = self.send(method, path, body, authorized, timeout).await?;
+        let resp = self.check(resp).await?;
+        let bytes = tokio::time::timeout(timeout, resp.into_body().collect())
+            .await
+            .map_err(|_| self.unreachable(format!("no answer within {timeout:?}")))?
             .map_err(|e| self.unreachable(root_cause(&e)))?
             .to_bytes();
         serde_json::from_slice(&bytes).map_err(|e| AdminError::NotAdminApi {
@@ -215,6 +254,7 @@ impl AdminClient {
         path: &str,
         body: Option<Vec<u8>>,
         authorized: bool,
+        timeout: Duration,
     ) -> Result<Response<Incoming>, AdminError> {
         let mut req = Request::builder()
             .method(method)
@@ -228,9 +268,9 @@ impl AdminClient {
         let req = req
             .body(Full::new(body.map(Bytes::from).unwrap_or_default()))
             .expect("a valid request");
-        tokio::time::timeout(self.timeout, self.http.request(req))
+        tokio::time::timeout(timeout, self.http.request(req))
             .await
-            .map_err(|_| self.unreachable(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|_| self.unreachable(format!("no answer within {timeout:?}")))?
             .map_err(|e| self.unreachable(root_cause(&e)))
     }
 

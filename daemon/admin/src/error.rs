@@ -80,6 +80,10 @@ pub enum AdminError {
     /// `GET /v1/cluster` on a node without a `[cluster]` section: `404 cluster_disabled`.
     #[error("this node is not in a cluster: its configuration has no [cluster] section")]
     ClusterDisabled,
+    /// `GET /v1/certificates` or `POST /v1/certificates/renew` without a listener's `acme`:
+    /// `404 acme_disabled`.
+    #[error("no listener obtains its certificate by ACME: none has `acme`")]
+    AcmeDisabled,
 }
 
 impl From<InvalidateError> for AdminError {
@@ -109,7 +113,9 @@ impl AdminError {
             | Self::Unexplainable(_) => StatusCode::BAD_REQUEST,
             Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::ClusterUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::ClusterDisabled | Self::UnknownBackend { .. } => StatusCode::NOT_FOUND,
+            Self::ClusterDisabled | Self::AcmeDisabled | Self::UnknownBackend { .. } => {
+                StatusCode::NOT_FOUND
+            }
         }
     }
 
@@ -129,6 +135,7 @@ impl AdminError {
             Self::Store(_) => "store_error",
             Self::ClusterUnavailable(_) => "cluster_unavailable",
             Self::ClusterDisabled => "cluster_disabled",
+            Self::AcmeDisabled => "acme_disabled",
             Self::UnknownBackend { .. } => "unknown_backend",
         }
     }

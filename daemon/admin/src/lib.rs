@@ -155,6 +155,8 @@ fn routes(state: &AdminState) -> OpenApiRouter<AdminState> {
         .routes(routes!(operations::backends))
         .routes(routes!(operations::set_backend_health))
         .routes(routes!(operations::reload))
+        .routes(routes!(operations::certificates))
+        .routes(routes!(operations::renew_certificates))
         .route_layer(guard());
     let metrics = OpenApiRouter::new().routes(routes!(status::metrics));
     let metrics = if state.open_metrics {

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use lacquer_admin::wire::{
-    BackendHealth, BackendView, ClusterState, ClusterView, Field, Histogram, Kind, Stats,
-    FAMILY_HELP, LATENCY_BOUNDS_US, LISTENER_FAMILY_HELP, LISTENER_LABEL, RULE_MATCHES_HELP,
+    BackendHealth, BackendView, CertificateView, ClusterState, ClusterView, Field, Histogram, Kind,
+    Stats, FAMILY_HELP, LATENCY_BOUNDS_US, LISTENER_FAMILY_HELP, LISTENER_LABEL, RULE_MATCHES_HELP,
     RULE_MATCHES_METRIC,
 };
 use prometheus::{
@@ -23,6 +23,7 @@ pub fn render(
     stats: &Stats,
     backends: &[BackendView],
     cluster: Option<&ClusterView>,
+    certificates: &[CertificateView],
     foyer: &Registry,
 ) -> String {
     let mut families: BTreeMap<&str, Vec<(&Field, u64)>> = BTreeMap::new();
@@ -75,6 +76,11 @@ pub fn render(
     for extra in backend_families(backends) {
         registry.register(extra).expect("unique names");
     }
+    if !certificates.is_empty() {
+        for extra in certificate_families(certificates) {
+            registry.register(extra).expect("unique names");
+        }
+    }
     let mut gathered = registry.gather();
     gathered.extend(latency_families(stats, backends));
     gathered.sort_by(|a, b| a.name().cmp(b.name()));
@@ -120,6 +126,40 @@ fn cluster_gauges(view: &ClusterView) -> Vec<Box<dyn Collector>> {
             u64::from(lagging),
         ),
     ]
+}
+
+/// The certificates kept by ACME, by their first domain: when each expires (what an alert on one left
+/// unrenewed needs) and how their orders went.
+fn certificate_families(certificates: &[CertificateView]) -> Vec<Box<dyn Collector>> {
+    let expiry = IntGaugeVec::new(
+        Opts::new(
+            "lacquer_certificate_expiry_timestamp_seconds",
+            "When the certificate served for a domain expires (Unix seconds), for each certificate obtained by ACME that is held.",
+        ),
+        &["certificate"],
+    )
+    .expect("valid metric");
+    let orders = IntCounterVec::new(
+        Opts::new(
+            "lacquer_acme_orders_total",
+            "ACME orders since start, by certificate and result (succeeded, failed).",
+        ),
+        &["certificate", "result"],
+    )
+    .expect("valid metric");
+    for c in certificates {
+        let name = c.domains.first().map_or("", String::as_str);
+        if let Some(held) = &c.held {
+            expiry.with_label_values(&[name]).set(held.not_after as i64);
+        }
+        orders
+            .with_label_values(&[name, "succeeded"])
+            .inc_by(c.orders_succeeded);
+        orders
+            .with_label_values(&[name, "failed"])
+            .inc_by(c.orders_failed);
+    }
+    vec![Box::new(expiry), Box::new(orders)]
 }
 
 /// Client responses by status code, and each backend's traffic: what a per-backend panel or a 5xx alert
@@ -402,7 +442,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let text = render(&stats, &[], None, &Registry::new());
+        let text = render(&stats, &[], None, &[], &Registry::new());
         for line in [
             "# TYPE lacquer_cache_requests_total counter",
             "lacquer_cache_requests_total{result=\"hit\"} 7",
@@ -474,7 +514,7 @@ mod tests {
             responses: [(200, 5), (502, 1)].into(),
             latency,
         };
-        let text = render(&stats, &[backend], None, &Registry::new());
+        let text = render(&stats, &[backend], None, &[], &Registry::new());
         for line in [
             "# TYPE lacquer_client_ttfb_seconds histogram",
             "lacquer_client_ttfb_seconds_bucket{outcome=\"hit\",le=\"0.000025\"} 3",
@@ -507,7 +547,7 @@ mod tests {
 
     #[test]
     fn no_rules_no_rule_family() {
-        let text = render(&Stats::default(), &[], None, &Registry::new());
+        let text = render(&Stats::default(), &[], None, &[], &Registry::new());
         assert!(!text.contains(RULE_MATCHES_METRIC), "{text}");
         assert!(!text.contains("lacquer_listener_"), "{text}");
     }

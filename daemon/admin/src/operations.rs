@@ -1,10 +1,13 @@
-//! `GET /v1/backends`, `PUT /v1/backends/{name}/health` and `POST /v1/reload`.
+//! `GET /v1/backends`, `PUT /v1/backends/{name}/health`, `POST /v1/reload`, `GET /v1/certificates` and
+//! `POST /v1/certificates/renew`.
 
 use axum::{
     extract::{Path, State},
     Json,
 };
-use lacquer_admin::wire::{ApiError, BackendList, BackendView, Reloaded, SetBackendHealth};
+use lacquer_admin::wire::{
+    ApiError, BackendList, BackendView, CertificateList, Reloaded, SetBackendHealth,
+};
 use lacquer_proxy::worker::Shared;
 
 use super::{AdminError, AdminState, ApiJson};
@@ -84,4 +87,43 @@ pub async fn reload(State(state): State<AdminState>) -> Result<Json<Reloaded>, A
         .await
         .expect("reloading does not panic")?;
     Ok(Json(reloaded))
+}
+
+/// How long `POST /v1/certificates/renew` waits for the orders to end: the CA's checks take seconds, and
+/// the order gives up after two minutes of them.
+const RENEW_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
+
+/// The certificates obtained by ACME: what each listener serves, when it expires, how its orders went.
+#[utoipa::path(get, path = "/v1/certificates", tag = "operations", security(("secret" = [])),
+    responses(
+        (status = 200, description = "Every certificate kept by ACME", body = CertificateList),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 404, description = "`acme_disabled`: no listener has `acme`", body = ApiError),
+    ))]
+pub async fn certificates(
+    State(state): State<AdminState>,
+) -> Result<Json<CertificateList>, AdminError> {
+    let acme = state.shared.acme.as_ref().ok_or(AdminError::AcmeDisabled)?;
+    Ok(Json(CertificateList {
+        certificates: acme.views(),
+    }))
+}
+
+/// Orders every ACME certificate now, whatever its age, and answers once the orders end (at most 150 s):
+/// a renewed certificate is served from the next handshake on; a failed order keeps the one held, and
+/// `last_error` says why.
+#[utoipa::path(post, path = "/v1/certificates/renew", tag = "operations", security(("secret" = [])),
+    responses(
+        (status = 200, description = "Every certificate after its order", body = CertificateList),
+        (status = 401, description = "Missing or wrong secret", body = ApiError),
+        (status = 404, description = "`acme_disabled`: no listener has `acme`", body = ApiError),
+    ))]
+pub async fn renew_certificates(
+    State(state): State<AdminState>,
+) -> Result<Json<CertificateList>, AdminError> {
+    let acme = state.shared.acme.as_ref().ok_or(AdminError::AcmeDisabled)?;
+    tracing::info!("certificate renewal asked for by the operator");
+    Ok(Json(CertificateList {
+        certificates: acme.renew(RENEW_WAIT).await,
+    }))
 }

@@ -29,6 +29,9 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
     responses((status = 200, description = "The daemon is serving (`degraded`: with the problems listed)", body = Health)))]
 pub async fn health(State(state): State<AdminState>) -> Json<Health> {
     let mut problems = state.shared.store.problems();
+    if let Some(acme) = &state.shared.acme {
+        problems.extend(acme.problems());
+    }
     if let Some(view) = cluster_view(&state.shared) {
         match view.state {
             ClusterState::Serving | ClusterState::Disconnected => {}
@@ -111,6 +114,12 @@ pub async fn metrics(State(state): State<AdminState>) -> Response {
         &snapshot(&state.shared),
         &super::operations::backend_views(&state.shared),
         cluster_view(&state.shared).as_ref(),
+        &state
+            .shared
+            .acme
+            .as_ref()
+            .map(|a| a.views())
+            .unwrap_or_default(),
         state.shared.store.metrics_registry(),
     );
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()

@@ -21,7 +21,7 @@ mod upstream;
 
 pub use self::{
     compression::{Coding, Compression, DictionaryCoding},
-    listen::{Certificate, Listen},
+    listen::{Acme, AcmeChallenge, Certificate, Listen},
     protection::{Deny, Normalize, RateLimit},
     routes::{Cookies, Route, RoutePrefetch},
     rules::{

@@ -14,6 +14,10 @@ pub struct Listen {
     /// Certificate chains and keys (PEM files). Any given: the listener speaks TLS only, and picks the
     /// certificate by the name the client asks for (SNI), the first one when none matches. Default: none.
     pub tls: Vec<Certificate>,
+    /// Obtain and renew a certificate for this listener by ACME (RFC 8555), from Let's Encrypt by default:
+    /// the listener then speaks TLS, with that certificate first and any `tls` files after it. Default:
+    /// none.
+    pub acme: Option<Acme>,
     /// Every connection must start with a PROXY protocol header (v1 or v2, as HAProxy's `send-proxy` and
     /// `send-proxy-v2` write), whose client address is then used everywhere; one without is closed.
     /// Default: false.
@@ -73,6 +77,7 @@ impl Default for Listen {
         Self {
             address: SocketAddr::from(([0, 0, 0, 0], 6081)),
             tls: Vec::new(),
+            acme: None,
             proxy_protocol: false,
             http2: true,
             max_connections: 65536,
@@ -109,4 +114,51 @@ pub struct Certificate {
     pub cert: PathBuf,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1, ECDSA or RSA) that must match the leaf.
     pub key: PathBuf,
+}
+
+/// `acme = { ... }` on a listener: one certificate for `domains`, obtained from `directory` and renewed
+/// there.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Acme {
+    /// The DNS names the certificate is for, the first its subject. Required. Wildcards need DNS-01, which
+    /// lacquerd does not answer.
+    pub domains: Vec<String>,
+    /// The account's contact URLs (`mailto:ops@example.com`). Default: none.
+    #[serde(default)]
+    pub contact: Vec<String>,
+    /// The CA's ACME directory (HTTPS). Default: Let's Encrypt's production directory,
+    /// `https://acme-v02.api.letsencrypt.org/directory`.
+    #[serde(default = "Acme::letsencrypt")]
+    pub directory: String,
+    /// How the CA checks that this machine answers for the names. Default: `http-01`.
+    #[serde(default)]
+    pub challenge: AcmeChallenge,
+    /// A PEM file of the root the directory's own HTTPS certificate chains to, for a private or test CA.
+    /// Default: none (the system's roots).
+    #[serde(default)]
+    pub directory_ca: Option<PathBuf>,
+}
+
+impl Acme {
+    /// Let's Encrypt's production directory.
+    pub const LETSENCRYPT: &'static str = "https://acme-v02.api.letsencrypt.org/directory";
+
+    fn letsencrypt() -> String {
+        Self::LETSENCRYPT.to_owned()
+    }
+}
+
+/// The ACME challenge a listener answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum AcmeChallenge {
+    /// The CA fetches `http://<domain>/.well-known/acme-challenge/<token>` on port 80: a plain listener
+    /// (any, reached on port 80) answers it.
+    #[default]
+    #[serde(rename = "http-01")]
+    Http01,
+    /// The CA opens TLS to `<domain>` on port 443 asking for ALPN `acme-tls/1` (RFC 8737): this listener
+    /// answers it, reached on port 443.
+    #[serde(rename = "tls-alpn-01")]
+    TlsAlpn01,
 }

@@ -196,8 +196,13 @@ async fn open(
     let (io, http2) = match &listener.tls {
         Some(tls) => match tls.accept(Prefixed::new(read_ahead, stream)).await {
             Ok(io) => {
+                let alpn = io.get_ref().1.alpn_protocol();
+                if alpn == Some(lacquer_acme::ACME_TLS_ALPN) {
+                    // The CA's TLS-ALPN-01 check ends with the handshake; it sends no request.
+                    return None;
+                }
                 inc(&listener.stats.connections_tls);
-                let h2 = io.get_ref().1.alpn_protocol() == Some(b"h2");
+                let h2 = alpn == Some(b"h2");
                 (Stream::Tls(Box::new(io)), h2)
             }
             Err(e) => {

@@ -96,7 +96,6 @@ use std::{
 };
 
 use anyhow::Context;
-use arc_swap::ArcSwap;
 use futures_util::future::join_all;
 use socket2::{Domain, Socket, Type};
 use tokio::sync::watch;
@@ -105,6 +104,7 @@ use tokio_rustls::TlsAcceptor;
 use self::{
     connection::Protocols, drain::Drain, limits::ConnectionLimits, quic::Quic, tls::SniResolver,
 };
+use lacquer_acme::Managed;
 use lacquer_config::Listen;
 
 /// A listener's settings and the state its connections share across workers.
@@ -122,11 +122,11 @@ pub struct Listener {
 
 impl Listener {
     /// Reads and checks the certificates, so a bad file fails `--check`, start or reload rather than a
-    /// handshake; binds nothing (see [`bind`]).
-    pub fn new(config: Listen) -> Result<Self, tls::TlsError> {
+    /// handshake; binds nothing (see [`bind`]). With `acme` (its certificate, obtained by ACME) the listener
+    /// speaks TLS even before one is held.
+    pub fn new(config: Listen, acme: Option<Arc<Managed>>) -> Result<Self, tls::TlsError> {
         let certificates = tls::Certificates::load(&config.tls)?;
-        let resolver = (!certificates.is_empty())
-            .then(|| Arc::new(SniResolver(ArcSwap::from_pointee(certificates))));
+        let resolver = SniResolver::new(certificates, acme).map(Arc::new);
         let quic = match (&resolver, config.quic) {
             (_, false) => None,
             (None, true) => return Err(tls::TlsError::QuicWithoutTls),
@@ -370,14 +370,14 @@ mod tests {
             quic: true,
             ..Listen::default()
         };
-        let e = Listener::new(plain.clone()).err().unwrap();
+        let e = Listener::new(plain.clone(), None).err().unwrap();
         assert_eq!(e.setting(), "quic");
         let no_streams = Listen {
             tls: vec![cert.clone()],
             quic_max_streams: 0,
             ..plain.clone()
         };
-        let e = Listener::new(no_streams).err().unwrap();
+        let e = Listener::new(no_streams, None).err().unwrap();
         assert_eq!(
             (e.setting(), e.to_string().as_str()),
             ("quic_max_streams", "must be at least 1")
@@ -386,9 +386,9 @@ mod tests {
             tls: vec![cert],
             ..plain
         };
-        assert!(Listener::new(tls.clone()).unwrap().quic.is_some());
+        assert!(Listener::new(tls.clone(), None).unwrap().quic.is_some());
         let off = Listen { quic: false, ..tls };
-        assert!(Listener::new(off).unwrap().quic.is_none());
+        assert!(Listener::new(off, None).unwrap().quic.is_none());
     }
 
     /// A client that reads nothing: how much of a 16 MiB write the kernel takes before it blocks.

@@ -12,6 +12,7 @@ use rustls::{
     ServerConfig,
 };
 
+use lacquer_acme::{Managed, ACME_TLS_ALPN};
 use lacquer_config::Certificate;
 
 /// Why a listener's certificates (or its QUIC settings, which depend on them) cannot be used; the message
@@ -70,9 +71,14 @@ impl Certificates {
         self.0.is_empty()
     }
 
-    /// The first certificate valid for `name` (wildcards included, as a client would check it), else the
-    /// first one: a client without SNI, or asking for a name we do not have, gets the default and decides.
-    fn select(&self, name: Option<&str>) -> Option<Arc<CertifiedKey>> {
+    /// The first certificate valid for `name` (wildcards included, as a client would check it), `obtained`
+    /// (by ACME) before the files, else the first of them: a client without SNI, or asking for a name we
+    /// do not have, gets the default and decides.
+    fn select(
+        &self,
+        obtained: Option<Arc<CertifiedKey>>,
+        name: Option<&str>,
+    ) -> Option<Arc<CertifiedKey>> {
         let wanted = name.and_then(|n| ServerName::try_from(n).ok());
         let valid_for = |key: &CertifiedKey, name: &ServerName<'_>| {
             key.end_entity_cert()
@@ -80,9 +86,10 @@ impl Certificates {
                 .and_then(|der| webpki::EndEntityCert::try_from(der).ok())
                 .is_some_and(|cert| cert.verify_is_valid_for_subject_name(name).is_ok())
         };
+        let mut candidates = obtained.iter().chain(&self.0);
         wanted
-            .and_then(|name| self.0.iter().find(|key| valid_for(key, &name)))
-            .or_else(|| self.0.first())
+            .and_then(|name| candidates.clone().find(|key| valid_for(key, &name)))
+            .or_else(|| candidates.next())
             .cloned()
     }
 }
@@ -104,8 +111,37 @@ fn load_one(c: &Certificate) -> Result<Arc<CertifiedKey>, TlsError> {
     Ok(Arc::new(key))
 }
 
-/// Picks among the current certificates; a reload swaps them under running listeners.
-pub struct SniResolver(pub ArcSwap<Certificates>);
+/// Picks among the current certificates: the one obtained by ACME, if any, then the files (which a reload
+/// swaps under running listeners); answers TLS-ALPN-01 (RFC 8737) while an order waits on it.
+pub struct SniResolver {
+    files: ArcSwap<Certificates>,
+    acme: Option<Arc<Managed>>,
+}
+
+impl SniResolver {
+    /// A resolver over `files` and `acme`'s certificate; `None` when there is neither, and the listener
+    /// speaks plain HTTP.
+    pub fn new(files: Certificates, acme: Option<Arc<Managed>>) -> Option<Self> {
+        (!files.is_empty() || acme.is_some()).then(|| Self {
+            files: ArcSwap::from_pointee(files),
+            acme,
+        })
+    }
+
+    /// Serves `files` from the next handshake on (a reload).
+    pub fn replace_files(&self, files: Arc<Certificates>) {
+        self.files.store(files);
+    }
+
+    /// The files now served: what a reload read.
+    pub fn files(&self) -> Arc<Certificates> {
+        self.files.load_full()
+    }
+
+    fn answers_tls_alpn(&self) -> bool {
+        self.acme.as_ref().is_some_and(|a| a.answers_tls_alpn())
+    }
+}
 
 impl fmt::Debug for SniResolver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -115,7 +151,18 @@ impl fmt::Debug for SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.0.load().select(hello.server_name())
+        let name = hello.server_name();
+        if let Some(acme) = &self.acme {
+            // The CA's validation offers `acme-tls/1` alone; it gets the challenge's certificate or none.
+            if hello
+                .alpn()
+                .is_some_and(|mut offered| offered.any(|p| p == ACME_TLS_ALPN))
+            {
+                return acme.challenge(name);
+            }
+        }
+        let obtained = self.acme.as_ref().and_then(|a| a.current());
+        self.files.load().select(obtained, name)
     }
 }
 
@@ -123,7 +170,9 @@ impl ResolvesServerCert for SniResolver {
 /// than aws-lc's built without its assembly, in bench/edge.py's handshake test), session tickets for
 /// resumption (keys rotated every 6 hours, as NGINX's `ssl_session_tickets` default), `h2` offered before
 /// `http/1.1` when HTTP/2 is on.
+/// With TLS-ALPN-01, `acme-tls/1` is offered last.
 pub fn server_config(resolver: Arc<SniResolver>, http2: bool) -> Arc<ServerConfig> {
+    let resolver_answers_tls_alpn = resolver.answers_tls_alpn();
     let mut config = ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
@@ -135,6 +184,10 @@ pub fn server_config(resolver: Arc<SniResolver>, http2: bool) -> Arc<ServerConfi
     } else {
         vec![b"http/1.1".to_vec()]
     };
+    // Chosen only by a client that offers nothing else: the CA's TLS-ALPN-01 validation.
+    if resolver_answers_tls_alpn {
+        config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+    }
     Arc::new(config)
 }
 
@@ -197,7 +250,7 @@ mod tests {
             (None, "default.test"),
         ];
         for (sni, want) in cases {
-            let got = certs.select(sni).unwrap();
+            let got = certs.select(None, sni).unwrap();
             assert_eq!(leaf_names(&got)[0], want, "{sni:?}");
         }
     }

@@ -52,6 +52,8 @@ pub struct Shared<S: CacheStore = Store> {
     pub(crate) blocking: BlockingReloads,
     /// `[telemetry]`: the tracer requests' spans are made with, or nothing.
     pub telemetry: lacquer_telemetry::Telemetry,
+    /// The certificates kept by ACME, whose HTTP-01 challenges requests may be; `None` without `acme`.
+    pub acme: Option<Arc<lacquer_acme::Acme>>,
 }
 
 /// What a worker cannot do without: [`Shared::new`]'s defaults cover the rest.
@@ -75,6 +77,7 @@ impl<S: CacheStore> Shared<S> {
             prefetch: Prefetcher::default(),
             blocking: BlockingReloads::default(),
             telemetry: lacquer_telemetry::Telemetry::default(),
+            acme: None,
         }
     }
 
@@ -88,6 +91,12 @@ impl<S: CacheStore> Shared<S> {
     /// Serves as a member of `cluster` (default: a single node).
     pub fn with_cluster(mut self, cluster: Arc<dyn Cluster>) -> Self {
         self.cluster = Some(cluster);
+        self
+    }
+
+    /// Answers the HTTP-01 challenges of `acme`'s orders.
+    pub fn with_acme(mut self, acme: Arc<lacquer_acme::Acme>) -> Self {
+        self.acme = Some(acme);
         self
     }
 

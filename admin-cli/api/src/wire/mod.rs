@@ -2,6 +2,7 @@
 //! `cachetop` read them, and the OpenAPI document is generated from them.
 
 mod backends;
+mod certificates;
 mod cluster;
 mod explain;
 mod invalidation;
@@ -17,6 +18,7 @@ use utoipa::ToSchema;
 pub use backends::{
     BackendAdmin, BackendHealth, BackendList, BackendView, LastError, ProbeView, SetBackendHealth,
 };
+pub use certificates::{CertificateList, CertificateView, HeldCertificate};
 pub use cluster::{ClusterCounters, ClusterMember, ClusterState, ClusterView};
 pub use explain::{ExplainRequest, ExplainedObject, ExplainedResponse, Explanation, RuleStep};
 pub use invalidation::{BanList, BanView, NewBan, PurgeTags, PurgeUrl, Purged};

@@ -48,6 +48,13 @@ pub(super) async fn receive(
     if let Some(what) = answered_here(&parts) {
         return Err(own_answer(what));
     }
+    if let Some(acme) = &worker.shared.acme {
+        // Before the rules: one that redirects to HTTPS, denies or rewrites must not stop the CA's check.
+        if let Some(key_authorization) = acme.challenges().http_01(&parts.method, parts.uri.path())
+        {
+            return Err(acme_answer(key_authorization));
+        }
+    }
     host_from_authority(&mut parts);
     // Taken before the hop-by-hop fields go: a `pipe` rule's tunnel sends them on.
     let upgrade = pipe::Upgrade::take(&mut parts);
@@ -234,6 +241,18 @@ fn own_answer(what: AnsweredHere) -> Response<Body> {
         ),
     };
     resp.headers_mut().insert(header::ALLOW, ALLOWED);
+    resp
+}
+
+/// The answer to the CA's HTTP-01 check (RFC 8555 §8.3): made here, stored nowhere.
+fn acme_answer(key_authorization: String) -> Response<Body> {
+    let mut resp = Response::new(body::full(key_authorization));
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 
