@@ -157,14 +157,14 @@ fn tls_alpn_certificate(domain: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>
 }
 
 /// The challenges one order answers, withdrawn when it ends however it ends.
-struct Answering<'a> {
+pub(crate) struct Answering<'a> {
     challenges: &'a Challenges,
     tokens: Vec<String>,
     domains: Vec<String>,
 }
 
 impl<'a> Answering<'a> {
-    fn new(challenges: &'a Challenges) -> Self {
+    pub(crate) fn new(challenges: &'a Challenges) -> Self {
         Self {
             challenges,
             tokens: Vec::new(),
@@ -172,7 +172,7 @@ impl<'a> Answering<'a> {
         }
     }
 
-    fn http(&mut self, token: String, key_authorization: String) {
+    pub(crate) fn http(&mut self, token: String, key_authorization: String) {
         let mut http = self.challenges.http.lock().expect("challenges");
         if http.insert(token.clone(), key_authorization).is_none() {
             self.challenges.waiting.fetch_add(1, Relaxed);
