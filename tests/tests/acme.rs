@@ -70,7 +70,13 @@ async fn get_tls(
 /// `cachectl certificates` and its arguments against `d`: exit status and output.
 fn cachectl(d: &Daemon, args: &[&str]) -> (i32, String) {
     let (admin, secret) = (d.admin.to_string(), d.secret_file());
-    let mut all = vec!["--admin", &admin, "--secret", secret.to_str().unwrap(), "certificates"];
+    let mut all = vec![
+        "--admin",
+        &admin,
+        "--secret",
+        secret.to_str().unwrap(),
+        "certificates",
+    ];
     all.extend(args);
     let (status, out, err) = lacquer_tests::run_tool(
         lacquer_tests::daemon::binary("cachectl").to_str().unwrap(),
@@ -151,7 +157,14 @@ async fn http_01_obtains_a_certificate_serves_it_keeps_it_and_reads_it_back() {
     assert_eq!(status, 0, "{out}");
     let row = out.lines().nth(1).unwrap();
     let serial = &first.held.as_ref().unwrap().serial;
-    for cell in ["shop.test,www.shop.test", "listen[1]", "http-01", serial, "in 89d", "1/0"] {
+    for cell in [
+        "shop.test,www.shop.test",
+        "listen[1]",
+        "http-01",
+        serial,
+        "in 89d",
+        "1/0",
+    ] {
         assert!(row.contains(cell), "{cell}: {out}");
     }
 

@@ -191,8 +191,8 @@ async fn the_openapi_document_matches_the_routes_and_the_answers() {
         let reply = call(&d, method.clone(), &target, &body).await;
         // A single node has no cluster to show, and one without `acme` no certificates: their documented
         // 404s are checked like any answer.
-        let single_node = (path == "/v1/cluster" || path.starts_with("/v1/certificates"))
-            && reply.status == 404;
+        let single_node =
+            (path == "/v1/cluster" || path.starts_with("/v1/certificates")) && reply.status == 404;
         assert!(
             reply.status.is_success() || single_node,
             "{method} {target}: {} {:?}",

@@ -15,7 +15,10 @@ fn configured(domains: &[&str]) -> Configured {
 }
 
 fn built(list: &[Configured]) -> Result<Acme, (usize, SettingError)> {
-    Acme::new(PathBuf::from("/var/lib/lacquer/acme"), list.iter().enumerate())
+    Acme::new(
+        PathBuf::from("/var/lib/lacquer/acme"),
+        list.iter().enumerate(),
+    )
 }
 
 #[test]
@@ -31,24 +34,35 @@ fn settings_are_checked_and_the_key_at_fault_named() {
         (configured(&["*.shop.example"]), Some("domains")),
         (configured(&["192.0.2.1"]), Some("domains")),
         (configured(&["shop example"]), Some("domains")),
-        (configured(&["shop.example", "SHOP.example"]), Some("domains")),
+        (
+            configured(&["shop.example", "SHOP.example"]),
+            Some("domains"),
+        ),
         (
             with(|c| c.contact = vec!["mailto:ops@shop.example".into()]),
             None,
         ),
-        (with(|c| c.contact = vec!["ops@shop.example".into()]), Some("contact")),
+        (
+            with(|c| c.contact = vec!["ops@shop.example".into()]),
+            Some("contact"),
+        ),
         (
             with(|c| c.directory = "http://acme.example/directory".into()),
             Some("directory"),
         ),
-        (with(|c| c.directory = "not a url".into()), Some("directory")),
+        (
+            with(|c| c.directory = "not a url".into()),
+            Some("directory"),
+        ),
         (
             with(|c| c.directory_ca = Some("/nonexistent/ca.pem".into())),
             Some("directory_ca"),
         ),
     ];
     for (c, want) in cases {
-        let got = built(std::slice::from_ref(&c)).err().map(|(_, e)| e.setting());
+        let got = built(std::slice::from_ref(&c))
+            .err()
+            .map(|(_, e)| e.setting());
         assert_eq!(got, want, "{c:?}");
     }
 }
@@ -74,13 +88,24 @@ fn listeners_with_the_same_settings_share_a_certificate_and_a_first_domain_names
 fn http_01_answers_only_waiting_tokens_to_get_and_head() {
     let challenges = Challenges::default();
     let get = http::Method::GET;
-    assert_eq!(challenges.http_01(&get, "/.well-known/acme-challenge/abc"), None);
+    assert_eq!(
+        challenges.http_01(&get, "/.well-known/acme-challenge/abc"),
+        None
+    );
     {
         let mut answering = order::Answering::new(&challenges);
         answering.http("abc".into(), "abc.thumb".into());
         let cases = [
-            (http::Method::GET, "/.well-known/acme-challenge/abc", Some("abc.thumb")),
-            (http::Method::HEAD, "/.well-known/acme-challenge/abc", Some("abc.thumb")),
+            (
+                http::Method::GET,
+                "/.well-known/acme-challenge/abc",
+                Some("abc.thumb"),
+            ),
+            (
+                http::Method::HEAD,
+                "/.well-known/acme-challenge/abc",
+                Some("abc.thumb"),
+            ),
             (http::Method::POST, "/.well-known/acme-challenge/abc", None),
             (http::Method::GET, "/.well-known/acme-challenge/abd", None),
             (http::Method::GET, "/.well-known/acme-challenge/abc/", None),
@@ -96,7 +121,10 @@ fn http_01_answers_only_waiting_tokens_to_get_and_head() {
         }
     }
     // The order ended: withdrawn.
-    assert_eq!(challenges.http_01(&get, "/.well-known/acme-challenge/abc"), None);
+    assert_eq!(
+        challenges.http_01(&get, "/.well-known/acme-challenge/abc"),
+        None
+    );
     assert_eq!(challenges.waiting.load(Relaxed), 0);
 }
 
@@ -139,7 +167,9 @@ fn renewal_is_due_two_thirds_through_and_health_warns_past_five_sixths_or_14_day
     m.progress.lock().unwrap().last_error = Some("connection refused".into());
     assert_eq!(
         m.problem(now).as_deref(),
-        Some("acme: no certificate for shop.example yet; the last order failed: connection refused")
+        Some(
+            "acme: no certificate for shop.example yet; the last order failed: connection refused"
+        )
     );
     // Backing off after failures: 5 minutes, doubling, at most 6 hours.
     let after = |failures| m.due(failures).duration_since(now).unwrap().as_secs() / 60;
@@ -157,7 +187,10 @@ fn a_kept_file_is_replaced_whole_and_readable_by_its_user_only() {
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&file), 0o600);
     assert_eq!(mode(file.parent().unwrap()), 0o700);
-    assert_eq!(std::fs::read_dir(file.parent().unwrap()).unwrap().count(), 1);
+    assert_eq!(
+        std::fs::read_dir(file.parent().unwrap()).unwrap().count(),
+        1
+    );
 }
 
 #[test]
@@ -174,7 +207,9 @@ fn a_kept_certificate_for_other_names_or_with_another_key_is_refused() {
     let e = Held::from_pem(good.as_bytes(), &names).err().unwrap();
     assert_eq!(e, "is not for www.shop.example");
     let mismatched = format!("{}{}", cert.pem(), other.serialize_pem());
-    let e = Held::from_pem(mismatched.as_bytes(), &names[..1]).err().unwrap();
+    let e = Held::from_pem(mismatched.as_bytes(), &names[..1])
+        .err()
+        .unwrap();
     assert!(e.starts_with("the key does not fit"), "{e}");
     let e = Held::from_pem(b"garbage", &names[..1]).err().unwrap();
     assert_eq!(e, "holds no certificate");
