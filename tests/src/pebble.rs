@@ -1,8 +1,8 @@
 //! Debian's `pebble`, the ACME test CA, and `pebble-challtestsrv` as its DNS server: every name resolves to
-//! 127.0.0.1, where the CA checks its challenges on the ports it is given (lacquerd's listeners).
+//! the test's loopback address, where the CA checks its challenges on the ports it is given (lacquerd's listeners).
 
 use std::{
-    net::SocketAddr,
+    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -24,9 +24,11 @@ pub fn available() -> bool {
     there
 }
 
-/// A port free now on 127.0.0.1, for a server that must be told its neighbours' ports before they start.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
+/// A port free now on `ip`, for a server that must be told its neighbours' ports before they start. Give
+/// each test a loopback address of its own (127.0.0.N, which no other test binds): a port released here
+/// cannot then be taken by another test's daemon, which would share it silently (`SO_REUSEPORT`).
+pub fn free_port(ip: Ipv4Addr) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
         .and_then(|l| l.local_addr())
         .expect("an ephemeral port")
         .port()
@@ -40,6 +42,8 @@ pub struct Pebble {
     /// Where pebble listens (the directory's host and port).
     pub addr: SocketAddr,
     management: SocketAddr,
+    /// pebble-challtestsrv's management port: up once its DNS server is.
+    dns_admin: SocketAddr,
     ca: TestCa,
     spawn: Box<dyn Fn() -> Vec<Child> + Send + Sync>,
     children: Vec<Child>,
@@ -47,20 +51,20 @@ pub struct Pebble {
 }
 
 impl Pebble {
-    /// Starts a CA that checks HTTP-01 on `http_port` and TLS-ALPN-01 on `tls_port` of 127.0.0.1, issuing
-    /// certificates valid for `validity`.
-    pub async fn start(http_port: u16, tls_port: u16, validity: Duration) -> Pebble {
+    /// Starts a CA on `ip` whose DNS resolves every name to `ip`, and that checks HTTP-01 on `http_port`
+    /// and TLS-ALPN-01 on `tls_port` there, issuing certificates valid for `validity`.
+    pub async fn start(ip: Ipv4Addr, http_port: u16, tls_port: u16, validity: Duration) -> Pebble {
         let dir = tempfile::tempdir().expect("pebble's directory");
         let ca = TestCa::new();
-        let (cert, key) = ca.issue(dir.path(), "pebble", &["localhost", "127.0.0.1"]);
+        let (cert, key) = ca.issue(dir.path(), "pebble", &[&ip.to_string()]);
         let directory_ca = dir.path().join("directory-ca.pem");
         std::fs::write(&directory_ca, ca.pem()).unwrap();
-        let port = free_port();
-        let (management, dns, dns_admin) = (free_port(), free_port(), free_port());
+        let port = free_port(ip);
+        let (management, dns, dns_admin) = (free_port(ip), free_port(ip), free_port(ip));
         let config = serde_json::json!({
             "pebble": {
-                "listenAddress": format!("127.0.0.1:{port}"),
-                "managementListenAddress": format!("127.0.0.1:{management}"),
+                "listenAddress": format!("{ip}:{port}"),
+                "managementListenAddress": format!("{ip}:{management}"),
                 "certificate": cert,
                 "privateKey": key,
                 "httpPort": http_port,
@@ -75,17 +79,17 @@ impl Pebble {
         let spawn = move || {
             let mut dns_server = Command::new(CHALLTESTSRV);
             dns_server
-                .args(["-dns01", &format!("127.0.0.1:{dns}")])
+                .args(["-dns01", &format!("{ip}:{dns}")])
                 .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
-                .args(["-management", &format!("127.0.0.1:{dns_admin}")])
-                .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
+                .args(["-management", &format!("{ip}:{dns_admin}")])
+                .args(["-defaultIPv4", &ip.to_string(), "-defaultIPv6", ""])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
             let mut pebble = Command::new(PEBBLE);
             pebble
                 .arg("-config")
                 .arg(&file)
-                .args(["-dnsserver", &format!("127.0.0.1:{dns}")])
+                .args(["-dnsserver", &format!("{ip}:{dns}")])
                 // No random sleeps before checking, no valid nonce refused at random, no reuse of an
                 // authorization: every order is checked anew, as a renewal at Let's Encrypt is after 30
                 // days.
@@ -99,12 +103,13 @@ impl Pebble {
                 pebble.spawn().expect("pebble starts"),
             ]
         };
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let addr: SocketAddr = (ip, port).into();
         let mut pebble = Pebble {
-            directory: format!("https://localhost:{port}/dir"),
+            directory: format!("https://{ip}:{port}/dir"),
             directory_ca,
             addr,
-            management: ([127, 0, 0, 1], management).into(),
+            management: (ip, management).into(),
+            dns_admin: (ip, dns_admin).into(),
             ca,
             spawn: Box::new(spawn),
             children: Vec::new(),
@@ -120,22 +125,21 @@ impl Pebble {
         self.stop();
         self.children = (self.spawn)();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(self.addr).await.is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "pebble did not listen on {}",
-                self.addr
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        for addr in [self.addr, self.management, self.dns_admin] {
+            while tokio::net::TcpStream::connect(addr).await.is_err() {
+                assert!(Instant::now() < deadline, "pebble did not listen on {addr}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 
     /// The root pebble issues under (made at its start), as PEM: what a client of lacquerd trusts.
     pub async fn issuing_root(&self) -> String {
-        let tls = connect(self.management, "localhost", self.ca.client(&["http/1.1"]))
+        let ip = self.addr.ip().to_string();
+        let tls = connect(self.management, &ip, self.ca.client(&["http/1.1"]))
             .await
             .expect("pebble's management interface");
-        let reply = h1_request(tls, Method::GET, "localhost", "/roots/0", &[])
+        let reply = h1_request(tls, Method::GET, &ip, "/roots/0", &[])
             .await
             .expect("pebble's root");
         assert_eq!(reply.status, 200);

@@ -3,7 +3,7 @@
 //! start, renewed without a restart, and a certificate held through a dead CA with the health check
 //! warning before it expires.
 
-use std::{os::unix::fs::PermissionsExt, sync::Arc, time::Duration};
+use std::{net::Ipv4Addr, os::unix::fs::PermissionsExt, sync::Arc, time::Duration};
 
 use http::Method;
 use lacquer_admin::wire::{CertificateList, CertificateView};
@@ -19,6 +19,11 @@ use rustls::{
 };
 
 const DAYS: u64 = 24 * 3600;
+
+/// Each test's loopback address, bound by no other test: see [`free_port`].
+const HTTP_01: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 61);
+const TLS_ALPN_01: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 62);
+const DEAD_CA: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 63);
 
 async fn certificates(d: &Daemon) -> Vec<CertificateView> {
     let reply = d.admin_get("/v1/certificates", Some(&d.secret())).await;
@@ -95,14 +100,14 @@ async fn http_01_obtains_a_certificate_serves_it_keeps_it_and_reads_it_back() {
         return;
     }
     let origin = Origin::start(origin_script).await;
-    let (plain, secure) = (free_port(), free_port());
-    let ca = Pebble::start(plain, secure, Duration::from_secs(90 * DAYS)).await;
+    let (plain, secure) = (free_port(HTTP_01), free_port(HTTP_01));
+    let ca = Pebble::start(HTTP_01, plain, secure, Duration::from_secs(90 * DAYS)).await;
     let config = format!(
         r#"
         [[listen]]
-        address = "127.0.0.1:{plain}"
+        address = "{HTTP_01}:{plain}"
         [[listen]]
-        address = "127.0.0.1:{secure}"
+        address = "{HTTP_01}:{secure}"
         acme = {{ domains = ["shop.test", "www.shop.test"], contact = ["mailto:ops@shop.test"], directory = "{}", directory_ca = "{}" }}
         "#,
         ca.directory,
@@ -133,6 +138,11 @@ async fn http_01_obtains_a_certificate_serves_it_keeps_it_and_reads_it_back() {
             .map(|s| s.path.clone())
             .collect::<Vec<_>>()
     );
+    // A token no order waits on is any request: it goes to the origin.
+    let stray = "/.well-known/acme-challenge/not-a-token";
+    let reply = lacquer_tests::get(d.addr, stray).await;
+    assert_eq!(&reply.body[..], format!("origin: {stray}").as_bytes());
+    assert_eq!(origin.count(stray), 1);
     // Kept beside the store, for this user only: the chain, then its key.
     let file = std::path::PathBuf::from(&first.file);
     assert!(file.starts_with(d.dir.path().join("store").join("acme")));
@@ -199,14 +209,19 @@ async fn tls_alpn_01_is_answered_by_the_tls_listener_alone() {
         return;
     }
     let origin = Origin::start(origin_script).await;
-    let secure = free_port();
+    let secure = free_port(TLS_ALPN_01);
     // No plain listener is needed (nor asked: its port has nothing).
-    let ca = Pebble::start(free_port(), secure, Duration::from_secs(90 * DAYS)).await;
+    let ca = Pebble::start(
+        TLS_ALPN_01,
+        free_port(TLS_ALPN_01),
+        secure,
+        Duration::from_secs(90 * DAYS),
+    )
+    .await;
     let config = format!(
         r#"
         [[listen]]
-        address = "127.0.0.1:{secure}"
-        http2 = false
+        address = "{TLS_ALPN_01}:{secure}"
         acme = {{ domains = ["api.test"], directory = "{}", directory_ca = "{}", challenge = "tls-alpn-01" }}
         "#,
         ca.directory,
@@ -244,17 +259,17 @@ async fn a_dead_ca_keeps_the_held_certificate_served_and_health_warns_before_it_
         return;
     }
     let origin = Origin::start(origin_script).await;
-    let (plain, secure) = (free_port(), free_port());
+    let (plain, secure) = (free_port(DEAD_CA), free_port(DEAD_CA));
     // The CA, stopped: its address answers nothing.
-    let mut ca = Pebble::start(plain, secure, Duration::from_secs(90 * DAYS)).await;
+    let mut ca = Pebble::start(DEAD_CA, plain, secure, Duration::from_secs(90 * DAYS)).await;
     ca.stop();
     let (directory, directory_ca) = (ca.directory.clone(), ca.directory_ca.clone());
     let config = format!(
         r#"
         [[listen]]
-        address = "127.0.0.1:{plain}"
+        address = "{DEAD_CA}:{plain}"
         [[listen]]
-        address = "127.0.0.1:{secure}"
+        address = "{DEAD_CA}:{secure}"
         acme = {{ domains = ["shop.test"], directory = "{directory}", directory_ca = "{}" }}
         "#,
         directory_ca.display()
@@ -298,25 +313,33 @@ async fn a_dead_ca_keeps_the_held_certificate_served_and_health_warns_before_it_
     let d = d.restart();
     let (reply, old_leaf) = get_tls(d.listeners[1], "shop.test", &old_ca.pem(), "/").await;
     assert_eq!(reply.status, 200);
-    // Renewal is overdue, so it is tried at once, fails, and the held certificate stays served.
-    eventually(Duration::from_secs(30), || async {
-        let c = certificates(&d).await.remove(0);
-        (c.orders_failed > 0 && c.held.is_some()).then_some(())
-    })
-    .await;
-    d.wait_for_log("certificate order failed; serving the held certificate, which expires")
-        .await;
-    let (_, leaf) = get_tls(d.listeners[1], "shop.test", &old_ca.pem(), "/").await;
-    assert_eq!(leaf, old_leaf);
+    // The failure before the restart still counts: the next order waits out its backoff (5 minutes from
+    // it), and the health check says why the certificate was not renewed.
+    let kept = certificates(&d).await.remove(0);
+    assert_eq!(kept.orders_failed, 0, "{kept:?}");
+    assert_eq!(kept.next_attempt, Some(failed.last_attempt.unwrap() + 300));
     let health: serde_json::Value =
         serde_json::from_slice(&d.admin_get("/v1/health", None).await.body).unwrap();
     assert_eq!(health["status"], "degraded");
     let problem = health["problems"][0].as_str().unwrap();
+    let hours: u64 = problem
+        .strip_prefix("acme: the certificate for shop.test expires in ")
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{problem}"));
+    assert!(matches!(hours, 47 | 48), "{problem}");
     assert!(
-        problem.starts_with("acme: the certificate for shop.test expires in 4")
-            && problem.contains("the last order failed"),
+        problem.contains("; the last order failed: ") && problem.contains("Connection refused"),
         "{problem}"
     );
+    // The operator's renewal with the CA still dead: it fails, and the held certificate stays served.
+    let (status, out) = cachectl(&d, &["--renew"]);
+    assert_eq!(status, 0, "{out}");
+    assert!(out.contains("Connection refused"), "{out}");
+    d.wait_for_log("certificate order failed; serving the held certificate, which expires")
+        .await;
+    let (_, leaf) = get_tls(d.listeners[1], "shop.test", &old_ca.pem(), "/").await;
+    assert_eq!(leaf, old_leaf);
+    assert_eq!(certificates(&d).await[0].orders_failed, 1);
 
     // The CA back: the operator's renewal replaces it under the running listener.
     ca.restart().await;

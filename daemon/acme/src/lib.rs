@@ -29,7 +29,8 @@ use arc_swap::ArcSwapOption;
 use lacquer_admin::wire::{CertificateView, HeldCertificate};
 use lacquer_config::AcmeChallenge;
 use rustls::sign::CertifiedKey;
-use tokio::sync::{watch, Notify};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use self::{held::Held, order::Accounts};
 
@@ -61,8 +62,9 @@ pub enum SettingError {
     /// `directory_ca` is missing or holds no PEM certificate.
     #[error("{0}")]
     DirectoryCa(String),
-    /// Two listeners' `acme` share a first domain (which names the file) with other settings.
-    #[error("names {0:?} first, as another listener's acme does with other settings; one file keeps one certificate: make them the same, or name another domain first")]
+    /// Two listeners' `acme` with other settings name the same domain: one certificate per name, and one
+    /// challenge per name at a time.
+    #[error("names {0:?}, as another listener's acme does with other settings: give both the same settings (they then share one certificate), or keep each name in one")]
     Conflict(String),
 }
 
@@ -126,6 +128,21 @@ struct Progress {
     last_error: Option<String>,
     succeeded: u64,
     failed: u64,
+    /// Failed orders in a row, kept across restarts (see [`Kept`]).
+    failures: u32,
+    /// An order runs now.
+    ordering: bool,
+}
+
+/// What is kept beside a certificate of its orders, so that a restart (a crash loop too) keeps backing
+/// off rather than ordering at once: the CA's rate limits count across restarts.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Kept {
+    failures: u32,
+    /// Unix seconds.
+    last_attempt: u64,
+    /// Why the last order failed, for the health check after a restart.
+    last_error: Option<String>,
 }
 
 /// One certificate kept by ACME: its settings, what is held, and how renewal goes.
@@ -139,11 +156,14 @@ pub struct Managed {
     configured: lacquer_config::Acme,
     listeners: Vec<String>,
     file: PathBuf,
+    /// [`Kept`], beside `file`.
+    state_file: PathBuf,
     held: ArcSwapOption<Held>,
     progress: Mutex<Progress>,
     challenges: Arc<Challenges>,
-    /// An order now, whatever the held certificate's age (`POST /v1/certificates/renew`).
-    wake: Notify,
+    /// Orders asked for now, whatever the held certificate's age (`POST /v1/certificates/renew`): a
+    /// count, so that asking while an order runs starts no other.
+    asked: watch::Sender<u64>,
     /// Orders ended, so that one asked for can be waited on.
     ended: watch::Sender<u64>,
 }
@@ -158,8 +178,12 @@ impl std::fmt::Debug for Managed {
 }
 
 /// After a failed order, the next waits this long, doubling up to [`MAX_BACKOFF`]: Let's Encrypt allows 5
-/// failed validations per name per hour.
+/// failed validations per name per hour. Also the least time between two orders that succeeded, whatever
+/// the certificate's life.
 const FIRST_BACKOFF: Duration = Duration::from_secs(5 * 60);
+
+/// An order that has not ended in this long (a CA that accepts connections and then stalls) fails.
+const ORDER_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 const MAX_BACKOFF: Duration = Duration::from_secs(6 * 3600);
 
 /// A sleep until the next order is cut into pieces this long, so that a wall clock set forward (or a
@@ -212,8 +236,10 @@ impl Managed {
                 SettingError::DirectoryCa(format!("cannot read {}: {e}", ca.display()))
             })?;
         }
+        let stem = format!("{}-{}", domains[0], directory_id(&configured.directory));
         Ok(Self {
-            file: dir.join(format!("{}.pem", domains[0])),
+            file: dir.join(format!("{stem}.pem")),
+            state_file: dir.join(format!("{stem}.json")),
             domains,
             contact: configured.contact.clone(),
             directory: configured.directory.clone(),
@@ -224,14 +250,19 @@ impl Managed {
             held: ArcSwapOption::empty(),
             progress: Mutex::default(),
             challenges,
-            wake: Notify::new(),
+            asked: watch::channel(0).0,
             ended: watch::channel(0).0,
         })
     }
 
-    /// The certificate to present, once one is held.
+    /// The certificate to present, once one is held and until it expires (then the listener's `tls` files,
+    /// if any, are presented instead).
     pub fn current(&self) -> Option<Arc<CertifiedKey>> {
-        self.held.load().as_ref().map(|h| h.key.clone())
+        self.held
+            .load()
+            .as_ref()
+            .filter(|h| h.not_after > SystemTime::now())
+            .map(|h| h.key.clone())
     }
 
     /// The TLS-ALPN-01 certificate for `name` (the client's SNI), while an order of this certificate waits
@@ -256,8 +287,18 @@ impl Managed {
         &self.domains[0]
     }
 
-    /// Reads the kept certificate back: installed if it is whole, covers the domains and has not expired.
+    /// Reads the kept certificate back (installed if it is whole, covers the domains and has not expired),
+    /// and how its last orders went.
     fn load(&self) {
+        if let Ok(Some(bytes)) = stored::read(&self.state_file) {
+            if let Ok(kept) = serde_json::from_slice::<Kept>(&bytes) {
+                let mut progress = self.progress.lock().expect("progress");
+                progress.failures = kept.failures;
+                progress.last_error = kept.last_error;
+                progress.last_attempt =
+                    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(kept.last_attempt));
+            }
+        }
         match stored::read(&self.file) {
             Ok(None) => {}
             Ok(Some(pem)) => match Held::from_pem(&pem, &self.domains) {
@@ -291,82 +332,118 @@ impl Managed {
         }
     }
 
-    /// When the next order is due: now without a certificate, two thirds through the held one's life,
-    /// or after a backoff following `failures` failed orders in a row.
-    fn due(&self, failures: u32) -> SystemTime {
+    /// When the next order is due, after `failures` failed ones in a row, the last of which ended at
+    /// `last`: after a backoff from a failure; else two thirds through the held certificate's life (but
+    /// not sooner than [`FIRST_BACKOFF`] after the last order); at once without a certificate.
+    fn next_due(&self, failures: u32, last: Option<SystemTime>) -> SystemTime {
         let now = SystemTime::now();
         if failures > 0 {
             let backoff = FIRST_BACKOFF
                 .saturating_mul(1 << (failures - 1).min(16))
                 .min(MAX_BACKOFF);
-            return now + backoff;
+            return last.unwrap_or(now) + backoff;
         }
-        match &*self.held.load() {
-            None => now,
-            Some(held) => held.renew_at(),
+        match (&*self.held.load(), last) {
+            (None, _) => now,
+            (Some(held), None) => held.renew_at(),
+            (Some(held), Some(last)) => held.renew_at().max(last + FIRST_BACKOFF),
         }
     }
 
     /// Orders until `stop`: whenever due, or asked.
     async fn keep(self: Arc<Self>, accounts: Arc<Accounts>, mut stop: watch::Receiver<bool>) {
-        let mut failures = 0;
+        let mut asked = self.asked.subscribe();
         loop {
-            let due = self.due(failures);
-            self.progress.lock().expect("progress").next_attempt = Some(due);
-            let wait = due
-                .duration_since(SystemTime::now())
-                .unwrap_or_default()
-                .min(RECHECK);
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {
-                    if SystemTime::now() < due {
-                        continue;
+            let due = {
+                let mut progress = self.progress.lock().expect("progress");
+                let due = self.next_due(progress.failures, progress.last_attempt);
+                progress.next_attempt = Some(due);
+                due
+            };
+            // Slept in pieces, so that a wall clock set forward is noticed.
+            loop {
+                let wait = due
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default()
+                    .min(RECHECK);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {
+                        if SystemTime::now() >= due {
+                            break;
+                        }
                     }
+                    changed = asked.changed() => match changed {
+                        Ok(()) => break,
+                        Err(_) => return,
+                    },
+                    _ = stop.wait_for(|stopping| *stopping) => return,
                 }
-                _ = self.wake.notified() => {}
-                _ = stop.wait_for(|stopping| *stopping) => return,
             }
-            self.progress.lock().expect("progress").next_attempt = None;
+            {
+                // Under the lock `Acme::renew` asks under: an ask from now on waits for this order.
+                let mut progress = self.progress.lock().expect("progress");
+                progress.next_attempt = None;
+                progress.ordering = true;
+                asked.borrow_and_update();
+            }
+            let ordered = tokio::time::timeout(ORDER_TIMEOUT, order::obtain(&self, &accounts));
             let outcome = tokio::select! {
-                outcome = order::obtain(&self, &accounts) => outcome,
+                outcome = ordered => outcome.unwrap_or(Err(order::OrderError::TimedOut(ORDER_TIMEOUT))),
                 _ = stop.wait_for(|stopping| *stopping) => return,
             };
-            let mut progress = self.progress.lock().expect("progress");
-            progress.last_attempt = Some(SystemTime::now());
-            match outcome {
-                Ok(held) => {
-                    failures = 0;
-                    progress.succeeded += 1;
-                    progress.last_error = None;
-                    tracing::info!(
-                        certificate = self.name(),
-                        serial = %held.serial,
-                        expires = %held::rfc3339(held.not_after),
-                        "certificate obtained"
-                    );
-                    self.held.store(Some(Arc::new(held)));
-                }
-                Err(e) => {
-                    let e = with_causes(&e);
-                    failures += 1;
-                    progress.failed += 1;
-                    progress.last_error = Some(e.clone());
-                    let serving = match &*self.held.load() {
-                        Some(held) => format!(
-                            "serving the held certificate, which expires {}",
-                            held::rfc3339(held.not_after)
-                        ),
-                        None => "no certificate to serve yet".to_owned(),
-                    };
-                    tracing::warn!(
-                        certificate = self.name(),
-                        error = %e,
-                        "certificate order failed; {serving}"
-                    );
-                }
+            let kept = self.ended_with(outcome);
+            let bytes = serde_json::to_vec(&kept).expect("the state serializes");
+            if let Err(e) = stored::write_async(self.state_file.clone(), bytes).await {
+                tracing::warn!(file = %self.state_file.display(), error = %e, "cannot keep the ACME order state");
             }
-            drop(progress);
             self.ended.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Records how an order ended, installs what it obtained, and says so in the log.
+    fn ended_with(&self, outcome: Result<Held, order::OrderError>) -> Kept {
+        let now = SystemTime::now();
+        let mut progress = self.progress.lock().expect("progress");
+        progress.ordering = false;
+        progress.last_attempt = Some(now);
+        match outcome {
+            Ok(held) => {
+                progress.failures = 0;
+                progress.succeeded += 1;
+                progress.last_error = None;
+                tracing::info!(
+                    certificate = self.name(),
+                    serial = %held.serial,
+                    expires = %held::rfc3339(held.not_after),
+                    "certificate obtained"
+                );
+                self.held.store(Some(Arc::new(held)));
+            }
+            Err(e) => {
+                let e = with_causes(&e);
+                progress.failures += 1;
+                progress.failed += 1;
+                progress.last_error = Some(e.clone());
+                let serving = match &*self.held.load() {
+                    Some(held) => format!(
+                        "serving the held certificate, which expires {}",
+                        held::rfc3339(held.not_after)
+                    ),
+                    None => "no certificate to serve yet".to_owned(),
+                };
+                tracing::warn!(
+                    certificate = self.name(),
+                    error = %e,
+                    "certificate order failed; {serving}"
+                );
+            }
+        }
+        Kept {
+            failures: progress.failures,
+            last_error: progress.last_error.clone(),
+            last_attempt: now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
         }
     }
 
@@ -439,6 +516,9 @@ pub struct Acme {
     by_listener: Vec<(usize, Arc<Managed>)>,
     challenges: Arc<Challenges>,
     accounts: Arc<Accounts>,
+    dir: PathBuf,
+    /// Why nothing can be kept in `dir`, found at start: every restart then orders anew.
+    unkept: Mutex<Option<String>>,
 }
 
 impl Acme {
@@ -457,8 +537,12 @@ impl Acme {
             let at = match certificates.iter().position(|c| c.configured == *acme) {
                 Some(at) => at,
                 None => {
-                    if certificates.iter().any(|c| c.file == made.file) {
-                        return Err((n, SettingError::Conflict(made.domains[0].clone())));
+                    let shared = made
+                        .domains
+                        .iter()
+                        .find(|d| certificates.iter().any(|c| c.domains.contains(d)));
+                    if let Some(domain) = shared {
+                        return Err((n, SettingError::Conflict(domain.clone())));
                     }
                     certificates.push(made);
                     certificates.len() - 1
@@ -475,7 +559,9 @@ impl Acme {
                 .collect(),
             certificates,
             challenges,
-            accounts: Arc::new(Accounts::new(dir)),
+            accounts: Arc::new(Accounts::new(dir.clone())),
+            dir,
+            unkept: Mutex::new(None),
         })
     }
 
@@ -499,8 +585,17 @@ impl Acme {
         &self.challenges
     }
 
-    /// Reads the kept certificates back, before the listeners accept: a restart serves at once.
+    /// Reads the kept certificates back, before the listeners accept: a restart serves at once. Checks
+    /// that new ones can be kept: without that, every restart orders again, into the CA's rate limits.
     pub fn load(&self) {
+        if let Err(e) = stored::writable(&self.dir) {
+            let why = format!(
+                "cannot keep certificates in {}: {e}; each start orders them anew",
+                self.dir.display()
+            );
+            tracing::error!("acme: {why}");
+            *self.unkept.lock().expect("unkept") = Some(why);
+        }
         for certificate in &self.certificates {
             certificate.load();
         }
@@ -517,7 +612,8 @@ impl Acme {
         }
     }
 
-    /// Orders every certificate now, whatever their age, and waits up to `timeout` for the orders to end.
+    /// Orders every certificate now, whatever their age (an order already running counts), and waits up to
+    /// `timeout` for the orders to end.
     pub async fn renew(&self, timeout: Duration) -> Vec<CertificateView> {
         let waits: Vec<_> = self
             .certificates
@@ -525,7 +621,11 @@ impl Acme {
             .map(|c| {
                 let mut ended = c.ended.subscribe();
                 let before = *ended.borrow_and_update();
-                c.wake.notify_one();
+                let progress = c.progress.lock().expect("progress");
+                if !progress.ordering {
+                    c.asked.send_modify(|n| *n += 1);
+                }
+                drop(progress);
                 async move {
                     let _ = ended.wait_for(|n| *n > before).await;
                 }
@@ -544,11 +644,23 @@ impl Acme {
     /// its life) and why it was not renewed, or none obtained after an order failed.
     pub fn problems(&self) -> Vec<String> {
         let now = SystemTime::now();
-        self.certificates
-            .iter()
-            .filter_map(|c| c.problem(now))
+        let unkept = self.unkept.lock().expect("unkept").clone();
+        unkept
+            .map(|why| format!("acme: {why}"))
+            .into_iter()
+            .chain(self.certificates.iter().filter_map(|c| c.problem(now)))
             .collect()
     }
+}
+
+/// What names a directory in file names: the first 6 bytes of its URL's SHA-256, in hexadecimal. A
+/// certificate from Let's Encrypt's staging directory is never read back for its production one.
+fn directory_id(directory: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, directory.as_bytes());
+    digest.as_ref()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// `e` and what caused it, each once: a refused connection or a certificate the CA's server presented is

@@ -31,6 +31,9 @@ pub(crate) enum OrderError {
     /// An account's key cannot be kept or read.
     #[error("{0}")]
     Account(String),
+    /// The order did not end in time (a CA that accepts connections and then stalls).
+    #[error("no answer from the CA within {0:?}")]
+    TimedOut(Duration),
     /// The TLS-ALPN-01 certificate cannot be made.
     #[error("cannot make the tls-alpn-01 certificate: {0}")]
     Challenge(String),
@@ -56,7 +59,7 @@ pub(crate) async fn obtain(m: &Managed, accounts: &Accounts) -> Result<Held, Ord
     let (chain, key) = outcome?;
     let pem = format!("{chain}{key}");
     let held = Held::from_pem(pem.as_bytes(), &m.domains).map_err(OrderError::Issued)?;
-    if let Err(e) = stored::write(&m.file, pem.as_bytes()) {
+    if let Err(e) = stored::write_async(m.file.clone(), pem.into_bytes()).await {
         // Served all the same; a restart without it orders again.
         tracing::warn!(
             certificate = m.name(),
@@ -231,12 +234,8 @@ impl Accounts {
     }
 
     fn file(&self, directory: &str) -> PathBuf {
-        let digest = ring::digest::digest(&ring::digest::SHA256, directory.as_bytes());
-        let hex: String = digest.as_ref()[..6]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        self.dir.join(format!("account-{hex}.json"))
+        self.dir
+            .join(format!("account-{}.json", crate::directory_id(directory)))
     }
 
     /// `m`'s account: the one open, else the one kept, else a new one (agreeing to the CA's terms, which
@@ -252,7 +251,8 @@ impl Accounts {
             None => Account::builder(),
         };
         let file = self.file(&m.directory);
-        let kept = stored::read(&file)
+        let kept = stored::read_async(file.clone())
+            .await
             .map_err(|e| OrderError::Account(format!("cannot read {}: {e}", file.display())))?;
         let account = match kept {
             Some(bytes) => {
@@ -273,11 +273,12 @@ impl Accounts {
                         None,
                     )
                     .await?;
-                let json = serde_json::to_vec(&credentials).expect("credentials serialize");
-                stored::write(&file, &json).map_err(|e| {
-                    OrderError::Account(format!("cannot keep {}: {e}", file.display()))
-                })?;
                 tracing::info!(directory = %m.directory, id = account.id(), "ACME account created");
+                let json = serde_json::to_vec(&credentials).expect("credentials serialize");
+                // Used all the same, so that the next order does not make yet another account.
+                if let Err(e) = stored::write_async(file.clone(), json).await {
+                    tracing::warn!(file = %file.display(), error = %e, "cannot keep the ACME account's key; a restart makes another account");
+                }
                 account
             }
         };

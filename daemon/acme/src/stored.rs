@@ -37,3 +37,23 @@ pub(crate) fn write(file: &Path, bytes: &[u8]) -> io::Result<()> {
     fs::rename(&aside, file)?;
     fs::File::open(dir)?.sync_all()
 }
+
+/// [`read`] off the runtime's threads.
+pub(crate) async fn read_async(file: std::path::PathBuf) -> io::Result<Option<Vec<u8>>> {
+    tokio::task::spawn_blocking(move || read(&file))
+        .await
+        .map_err(io::Error::other)?
+}
+
+/// [`write`] off the runtime's threads (it syncs).
+pub(crate) async fn write_async(file: std::path::PathBuf, bytes: Vec<u8>) -> io::Result<()> {
+    tokio::task::spawn_blocking(move || write(&file, &bytes))
+        .await
+        .map_err(io::Error::other)?
+}
+
+/// Whether files can be kept in `dir` (made 0700 if missing): a file is written and removed.
+pub(crate) fn writable(dir: &Path) -> io::Result<()> {
+    write(&dir.join(".writable"), b"")?;
+    fs::remove_file(dir.join(".writable"))
+}

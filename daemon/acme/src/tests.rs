@@ -76,12 +76,20 @@ fn listeners_with_the_same_settings_share_a_certificate_and_a_first_domain_names
     assert_eq!(acme.views()[0].listeners, ["listen[0]", "listen[1]"]);
     assert_eq!(
         acme.views()[0].file,
-        "/var/lib/lacquer/acme/shop.example.pem"
+        format!(
+            "/var/lib/lacquer/acme/shop.example-{}.pem",
+            directory_id(Configured::LETSENCRYPT)
+        )
     );
     assert!(acme.for_listener(2).is_none());
-    let other = configured(&["shop.example"]);
+    // One name in two certificates: their TLS-ALPN-01 challenges would meet.
+    let other = configured(&["api.example", "www.shop.example"]);
     let (n, e) = built(&[a, other]).unwrap_err();
     assert_eq!((n, e.setting()), (1, "domains"));
+    assert!(
+        e.to_string().starts_with("names \"www.shop.example\""),
+        "{e}"
+    );
 }
 
 #[test]
@@ -171,9 +179,30 @@ fn renewal_is_due_two_thirds_through_and_health_warns_past_five_sixths_or_14_day
             "acme: no certificate for shop.example yet; the last order failed: connection refused"
         )
     );
-    // Backing off after failures: 5 minutes, doubling, at most 6 hours.
-    let after = |failures| m.due(failures).duration_since(now).unwrap().as_secs() / 60;
+    // Backing off after failures from the last one: 5 minutes, doubling, at most 6 hours; kept across a
+    // restart, so the next start waits too.
+    let after = |failures| {
+        m.next_due(failures, Some(now))
+            .duration_since(now)
+            .unwrap()
+            .as_secs()
+            / 60
+    };
     assert_eq!([after(1), after(2), after(3), after(8)], [5, 10, 20, 360]);
+    assert!(
+        m.next_due(0, Some(now)) <= SystemTime::now(),
+        "none held: at once"
+    );
+    // A certificate whose renewal is already due (issued with a short life, or a clock set forward) is
+    // not ordered again and again: 5 minutes at least between orders.
+    let short = held(now - 3 * DAY, 4 * DAY);
+    m.held.store(Some(Arc::new(short)));
+    assert_eq!(m.next_due(0, Some(now)), now + Duration::from_secs(300));
+    assert_eq!(m.next_due(0, None), now - 3 * DAY + 4 * DAY * 2 / 3);
+    // Expired: not presented (a listener's `tls` files are, if any).
+    let expired = held(now - 5 * DAY, 4 * DAY);
+    m.held.store(Some(Arc::new(expired)));
+    assert!(m.current().is_none());
 }
 
 #[test]

@@ -1226,8 +1226,10 @@ mod tests {
         let every = serde_json::to_value(&every).unwrap();
         let mut defaults = serde_json::to_value(Config::default()).unwrap();
         defaults["cluster"] = serde_json::to_value(Cluster::default()).unwrap();
-        // The package sets these; the cluster's are examples (their defaults come from the host).
+        // The package sets these; the cluster's and `acme` are examples (the cluster's defaults come from
+        // the host; `acme` has none: off).
         let set_by_the_package = [
+            "listen.acme",
             "backend.address",
             "admin.secret_file",
             "storage.dir",
