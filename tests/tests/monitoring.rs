@@ -109,6 +109,27 @@ fn check(source: &str, expr: &str, exposed: &BTreeSet<String>, problems: &mut Ve
     }
 }
 
+/// The series a daemon with `acme` adds: one holding a kept certificate (its CA is never reached).
+async fn acme_names(origin: std::net::SocketAddr) -> BTreeSet<String> {
+    let config = r#"
+        [[listen]]
+        address = "127.0.0.1:0"
+        [[listen]]
+        address = "127.0.0.1:0"
+        acme = { domains = ["shop.test"], directory = "https://127.0.0.1:9/dir" }
+        "#;
+    let mut d = Daemon::with_config(origin, config);
+    let reply = d.admin_get("/v1/certificates", Some(&d.secret())).await;
+    let list: Value = serde_json::from_slice(&reply.body).unwrap();
+    let file = PathBuf::from(list["certificates"][0]["file"].as_str().unwrap());
+    d.stop();
+    let made = rcgen::generate_simple_self_signed(vec!["shop.test".to_owned()]).unwrap();
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, made.cert.pem() + &made.signing_key.serialize_pem()).unwrap();
+    let d = d.restart();
+    exposed_names(&d).await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn dashboard_and_alerts_ask_only_for_exposed_metrics() {
     let origin = Origin::start(|_| Reply::ok("body").header("cache-control", "max-age=60")).await;
@@ -117,7 +138,8 @@ async fn dashboard_and_alerts_ask_only_for_exposed_metrics() {
     for path in ["/a", "/a"] {
         get(d.addr, path).await;
     }
-    let exposed = exposed_names(&d).await;
+    let mut exposed = exposed_names(&d).await;
+    exposed.extend(acme_names(origin.addr).await);
     for name in [
         "lacquer_cache_requests_total",
         "lacquer_client_ttfb_seconds_bucket",
