@@ -271,6 +271,9 @@ async fn a_dead_ca_keeps_the_held_certificate_served_and_health_warns_before_it_
         [[listen]]
         address = "{DEAD_CA}:{secure}"
         acme = {{ domains = ["shop.test"], directory = "{directory}", directory_ca = "{}" }}
+        # The CA's check is answered before deny rules (and rules, and routes).
+        [[deny]]
+        path_regex = "^/\\.well-known/"
         "#,
         directory_ca.display()
     );
@@ -360,4 +363,7 @@ async fn a_dead_ca_keeps_the_held_certificate_served_and_health_warns_before_it_
     let health: serde_json::Value =
         serde_json::from_slice(&d.admin_get("/v1/health", None).await.body).unwrap();
     assert_eq!(health["status"], "ok", "{health}");
+    // The deny rule holds for everything else there.
+    let stray = lacquer_tests::get(d.addr, "/.well-known/acme-challenge/not-a-token").await;
+    assert_eq!(stray.status, 403);
 }
