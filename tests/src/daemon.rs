@@ -40,6 +40,8 @@ pub struct Daemon {
     pub dir: Arc<tempfile::TempDir>,
     backend: Option<SocketAddr>,
     extra: Vec<String>,
+    /// Environment variables besides `RUST_LOG`, kept for a restart.
+    env: Vec<(String, String)>,
     child: Option<Child>,
     log: Arc<Mutex<Vec<String>>>,
 }
@@ -50,7 +52,7 @@ impl Daemon {
         let dir = Arc::new(tempfile::tempdir().expect("store directory"));
         let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::launch(Some(backend), dir, args)
+        Self::launch(Some(backend), dir, args, Vec::new())
     }
 
     /// Starts `lacquerd` in front of `backend` on a store directory prepared by the caller (`dir/store`, a
@@ -58,7 +60,7 @@ impl Daemon {
     pub fn start_in(backend: SocketAddr, dir: Arc<tempfile::TempDir>, extra: &[&str]) -> Daemon {
         let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::launch(Some(backend), dir, args)
+        Self::launch(Some(backend), dir, args, Vec::new())
     }
 
     /// Starts `lacquerd` with `config` as its configuration file, which names the listeners (port 0 for
@@ -72,13 +74,30 @@ impl Daemon {
         Self::configured(None, config)
     }
 
+    /// As [`Daemon::with_config`], with `env` set for the process (and its restarts).
+    pub fn with_config_env(backend: SocketAddr, config: &str, env: &[(&str, &str)]) -> Daemon {
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::configured_env(Some(backend), config, env)
+    }
+
     fn configured(backend: Option<SocketAddr>, config: &str) -> Daemon {
+        Self::configured_env(backend, config, Vec::new())
+    }
+
+    fn configured_env(
+        backend: Option<SocketAddr>,
+        config: &str,
+        env: Vec<(String, String)>,
+    ) -> Daemon {
         let dir = Arc::new(tempfile::tempdir().expect("store directory"));
         let file = dir.path().join("lacquer.toml");
         let text = config.replace("{dir}", &dir.path().display().to_string());
         std::fs::write(&file, text).expect("config file");
         let args = vec!["--config".to_owned(), file.display().to_string()];
-        Self::launch(backend, dir, args)
+        Self::launch(backend, dir, args, env)
     }
 
     /// The configuration file of a daemon started [`Daemon::with_config`].
@@ -90,6 +109,7 @@ impl Daemon {
         backend: Option<SocketAddr>,
         dir: Arc<tempfile::TempDir>,
         extra: Vec<String>,
+        env: Vec<(String, String)>,
     ) -> Daemon {
         let backend_flag = backend.map(|b| vec!["--backend".to_owned(), b.to_string()]);
         // A test that needs the admin port to stay across a restart names it in `extra`.
@@ -104,6 +124,7 @@ impl Daemon {
             .args(default_flag(&extra, "--disk-size", "256MiB"))
             .args(&extra)
             .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -158,6 +179,7 @@ impl Daemon {
             dir,
             backend,
             extra,
+            env,
             child: Some(child),
             log,
         }
@@ -303,7 +325,12 @@ impl Daemon {
     /// A new process on the same store directory (and new ports).
     pub fn restart(&self) -> Daemon {
         assert!(self.child.is_none(), "stop or kill the daemon first");
-        Self::launch(self.backend, self.dir.clone(), self.extra.clone())
+        Self::launch(
+            self.backend,
+            self.dir.clone(),
+            self.extra.clone(),
+            self.env.clone(),
+        )
     }
 }
 

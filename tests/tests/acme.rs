@@ -222,12 +222,14 @@ async fn tls_alpn_01_is_answered_by_the_tls_listener_alone() {
         r#"
         [[listen]]
         address = "{TLS_ALPN_01}:{secure}"
-        acme = {{ domains = ["api.test"], directory = "{}", directory_ca = "{}", challenge = "tls-alpn-01" }}
+        acme = {{ domains = ["api.test"], directory = "{}", challenge = "tls-alpn-01" }}
         "#,
-        ca.directory,
-        ca.directory_ca.display()
+        ca.directory
     );
-    let d = Daemon::with_config(origin.addr, &config);
+    // No `directory_ca`: the system's roots, as in production; here the test CA's, by the variable the
+    // system's root store reads (rustls-native-certs, OpenSSL).
+    let roots = ca.directory_ca.display().to_string();
+    let d = Daemon::with_config_env(origin.addr, &config, &[("SSL_CERT_FILE", &roots)]);
     let got = held(&d).await;
     assert_eq!(got.challenge, "tls-alpn-01");
     let root = ca.issuing_root().await;
