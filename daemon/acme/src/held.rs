@@ -45,11 +45,7 @@ impl Held {
         };
         Ok(Self {
             key: Arc::new(key),
-            serial: x509
-                .raw_serial()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect(),
+            serial: crate::hex(x509.raw_serial()),
             issuer: x509.issuer().to_string(),
             not_before: time(&x509.validity().not_before),
             not_after: time(&x509.validity().not_after),

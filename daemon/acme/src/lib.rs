@@ -147,11 +147,8 @@ struct Kept {
 
 /// One certificate kept by ACME: its settings, what is held, and how renewal goes.
 pub struct Managed {
+    /// `configured`'s, in lower case.
     domains: Vec<String>,
-    contact: Vec<String>,
-    directory: String,
-    challenge: AcmeChallenge,
-    directory_ca: Option<PathBuf>,
     /// As configured: listeners with equal settings share this certificate.
     configured: lacquer_config::Acme,
     listeners: Vec<String>,
@@ -172,7 +169,7 @@ impl std::fmt::Debug for Managed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Managed")
             .field("domains", &self.domains)
-            .field("directory", &self.directory)
+            .field("directory", &self.configured.directory)
             .finish_non_exhaustive()
     }
 }
@@ -182,9 +179,10 @@ impl std::fmt::Debug for Managed {
 /// the certificate's life.
 const FIRST_BACKOFF: Duration = Duration::from_secs(5 * 60);
 
+const MAX_BACKOFF: Duration = Duration::from_secs(6 * 3600);
+
 /// An order that has not ended in this long (a CA that accepts connections and then stalls) fails.
 const ORDER_TIMEOUT: Duration = Duration::from_secs(5 * 60);
-const MAX_BACKOFF: Duration = Duration::from_secs(6 * 3600);
 
 /// A sleep until the next order is cut into pieces this long, so that a wall clock set forward (or a
 /// machine woken from suspend) is noticed.
@@ -241,10 +239,6 @@ impl Managed {
             file: dir.join(format!("{stem}.pem")),
             state_file: dir.join(format!("{stem}.json")),
             domains,
-            contact: configured.contact.clone(),
-            directory: configured.directory.clone(),
-            challenge: configured.challenge,
-            directory_ca: configured.directory_ca.clone(),
             configured: configured.clone(),
             listeners: Vec::new(),
             held: ArcSwapOption::empty(),
@@ -269,9 +263,7 @@ impl Managed {
     /// on it; `None` otherwise, and the handshake fails.
     pub fn challenge(&self, name: Option<&str>) -> Option<Arc<CertifiedKey>> {
         let name = name?;
-        if self.challenge != AcmeChallenge::TlsAlpn01
-            || !self.domains.iter().any(|d| d.eq_ignore_ascii_case(name))
-        {
+        if !self.answers_tls_alpn() || !self.domains.iter().any(|d| d.eq_ignore_ascii_case(name)) {
             return None;
         }
         self.challenges.tls_alpn_01(name)
@@ -279,7 +271,7 @@ impl Managed {
 
     /// Whether the listener offers ALPN `acme-tls/1` (TLS-ALPN-01).
     pub fn answers_tls_alpn(&self) -> bool {
-        self.challenge == AcmeChallenge::TlsAlpn01
+        self.configured.challenge == AcmeChallenge::TlsAlpn01
     }
 
     /// The first domain, which names it in logs and metrics.
@@ -455,8 +447,8 @@ impl Managed {
         let progress = self.progress.lock().expect("progress");
         CertificateView {
             domains: self.domains.clone(),
-            directory: self.directory.clone(),
-            challenge: match self.challenge {
+            directory: self.configured.directory.clone(),
+            challenge: match self.configured.challenge {
                 AcmeChallenge::Http01 => "http-01",
                 AcmeChallenge::TlsAlpn01 => "tls-alpn-01",
             }
@@ -577,7 +569,7 @@ impl Acme {
     pub fn uses_http_01(&self) -> bool {
         self.certificates
             .iter()
-            .any(|c| c.challenge == AcmeChallenge::Http01)
+            .any(|c| c.configured.challenge == AcmeChallenge::Http01)
     }
 
     /// The challenges the proxy answers (HTTP-01).
@@ -631,7 +623,7 @@ impl Acme {
                 }
             })
             .collect();
-        let _ = tokio::time::timeout(timeout, futures_join(waits)).await;
+        let _ = tokio::time::timeout(timeout, futures_util::future::join_all(waits)).await;
         self.views()
     }
 
@@ -657,10 +649,12 @@ impl Acme {
 /// certificate from Let's Encrypt's staging directory is never read back for its production one.
 fn directory_id(directory: &str) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, directory.as_bytes());
-    digest.as_ref()[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&digest.as_ref()[..6])
+}
+
+/// `bytes` in lower-case hexadecimal.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `e` and what caused it, each once: a refused connection or a certificate the CA's server presented is
@@ -677,13 +671,6 @@ fn with_causes(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// Waits for every future (few: one per certificate).
-async fn futures_join(waits: Vec<impl std::future::Future<Output = ()>>) {
-    for wait in waits {
-        wait.await;
-    }
 }
 
 #[cfg(test)]

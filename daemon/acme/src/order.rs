@@ -53,7 +53,7 @@ pub(crate) async fn obtain(m: &Managed, accounts: &Accounts) -> Result<Held, Ord
             .is_some_and(|t| t.ends_with(":accountDoesNotExist"))
         {
             // The CA forgot the account (a test CA restarted, or it was deactivated): a new one next time.
-            accounts.forget(m);
+            accounts.forget(m).await;
         }
     }
     let (chain, key) = outcome?;
@@ -76,7 +76,7 @@ async fn order(m: &Managed, account: &Account) -> Result<(String, String), Order
     let identifiers: Vec<Identifier> = m.domains.iter().cloned().map(Identifier::Dns).collect();
     let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
     let mut answering = Answering::new(&m.challenges);
-    let kind = match m.challenge {
+    let kind = match m.configured.challenge {
         AcmeChallenge::Http01 => ChallengeType::Http01,
         AcmeChallenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
     };
@@ -98,7 +98,7 @@ async fn order(m: &Managed, account: &Account) -> Result<(String, String), Order
             OrderError::Refused(format!("{domain}: the CA offers no {kind:?} challenge"))
         })?;
         let key_authorization = challenge.key_authorization();
-        match m.challenge {
+        match m.configured.challenge {
             AcmeChallenge::Http01 => answering.http(
                 challenge.token.clone(),
                 key_authorization.as_str().to_owned(),
@@ -242,15 +242,15 @@ impl Accounts {
     /// configuring `acme` is).
     async fn get(&self, m: &Managed) -> Result<Account, OrderError> {
         let mut open = self.open.lock().await;
-        let id = (m.directory.clone(), m.directory_ca.clone());
+        let id = Self::id(m);
         if let Some(account) = open.get(&id) {
             return Ok(account.clone());
         }
-        let builder = || match &m.directory_ca {
+        let builder = || match &m.configured.directory_ca {
             Some(ca) => Account::builder_with_root(ca),
             None => Account::builder(),
         };
-        let file = self.file(&m.directory);
+        let file = self.file(&m.configured.directory);
         let kept = stored::read_async(file.clone())
             .await
             .map_err(|e| OrderError::Account(format!("cannot read {}: {e}", file.display())))?;
@@ -261,7 +261,7 @@ impl Accounts {
                 builder()?.from_credentials(credentials).await?
             }
             None => {
-                let contact: Vec<&str> = m.contact.iter().map(String::as_str).collect();
+                let contact: Vec<&str> = m.configured.contact.iter().map(String::as_str).collect();
                 let (account, credentials) = builder()?
                     .create(
                         &NewAccount {
@@ -269,11 +269,11 @@ impl Accounts {
                             terms_of_service_agreed: true,
                             only_return_existing: false,
                         },
-                        m.directory.clone(),
+                        m.configured.directory.clone(),
                         None,
                     )
                     .await?;
-                tracing::info!(directory = %m.directory, id = account.id(), "ACME account created");
+                tracing::info!(directory = %m.configured.directory, id = account.id(), "ACME account created");
                 let json = serde_json::to_vec(&credentials).expect("credentials serialize");
                 // Used all the same, so that the next order does not make yet another account.
                 if let Err(e) = stored::write_async(file.clone(), json).await {
@@ -287,10 +287,17 @@ impl Accounts {
     }
 
     /// Drops `m`'s account, open and kept: the CA no longer knows it.
-    fn forget(&self, m: &Managed) {
-        let _ = std::fs::remove_file(self.file(&m.directory));
-        if let Ok(mut open) = self.open.try_lock() {
-            open.remove(&(m.directory.clone(), m.directory_ca.clone()));
-        }
+    async fn forget(&self, m: &Managed) {
+        let mut open = self.open.lock().await;
+        open.remove(&Self::id(m));
+        let _ = tokio::fs::remove_file(self.file(&m.configured.directory)).await;
+    }
+
+    /// What tells `m`'s account from others: its directory, and the root it is reached with.
+    fn id(m: &Managed) -> (String, Option<PathBuf>) {
+        (
+            m.configured.directory.clone(),
+            m.configured.directory_ca.clone(),
+        )
     }
 }
